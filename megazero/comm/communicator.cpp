@@ -1,0 +1,146 @@
+#include "megazero/comm/communicator.h"
+
+#include <numeric>
+#include <sstream>
+
+#include "megazero/core/error.h"
+
+namespace megazero {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+  }
+  return "?";
+}
+
+std::string_view collective_name(CollectiveType t) {
+  switch (t) {
+    case CollectiveType::AllReduce: return "all_reduce";
+    case CollectiveType::ReduceScatter: return "reduce_scatter";
+    case CollectiveType::AllGather: return "all_gather";
+    case CollectiveType::Broadcast: return "broadcast";
+    case CollectiveType::Reduce: return "reduce";
+    case CollectiveType::Barrier: return "barrier";
+    case CollectiveType::Send: return "send";
+    case CollectiveType::Recv: return "recv";
+    case CollectiveType::kCount: break;
+  }
+  return "?";
+}
+
+std::string CollectiveRecord::to_string() const {
+  std::ostringstream os;
+  os << group << " #" << seq << " " << collective_name(type);
+  if (type == CollectiveType::AllReduce || type == CollectiveType::ReduceScatter || type == CollectiveType::Reduce)
+    os << "(" << reduce_op_name(op) << ")";
+  os << " " << dtype_name(dtype) << " x" << count;
+  if (peer >= 0) os << (type == CollectiveType::Send || type == CollectiveType::Recv ? " peer " : " root ") << peer;
+  return os.str();
+}
+
+bool CollectiveRecord::same_collective(const CollectiveRecord& o) const {
+  return group == o.group && type == o.type && op == o.op && dtype == o.dtype && count == o.count && seq == o.seq &&
+         peer == o.peer;
+}
+
+std::uint64_t Communicator::record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer) {
+  const bool p2p = type == CollectiveType::Send || type == CollectiveType::Recv;
+  CollectiveRecord r{name_, type, op, dtype, count, p2p ? 0 : ++seq_, peer};
+  auto& c = stats_.by_type[static_cast<std::size_t>(type)];
+  ++c.calls;
+  c.elements += count;
+  c.bytes += count * static_cast<std::int64_t>(dtype_size(dtype));
+  if (hook_) hook_(r);
+  if (keep_records_) records_.push_back(r);
+  return r.seq;
+}
+
+void Communicator::check_tensor(const Tensor& t, const char* what) const {
+  MZ_CHECK(t.defined(), name_, ": ", what, " of an undefined tensor");
+  MZ_CHECK(t.is_contiguous(), name_, ": ", what, " needs a contiguous tensor, got a strided view ", t.to_string());
+}
+
+void Communicator::check_peer(int peer, const char* what) const {
+  MZ_CHECK(peer >= 0 && peer < size_, name_, ": ", what, " peer/root ", peer, " outside [0, ", size_, ")");
+}
+
+std::vector<std::int64_t> Communicator::resolve_counts(std::vector<std::int64_t> counts, std::int64_t chunk,
+                                                      const char* what) const {
+  if (counts.empty()) return std::vector<std::int64_t>(static_cast<std::size_t>(size_), chunk);
+  MZ_CHECK(static_cast<int>(counts.size()) == size_, name_, ": ", what, " got ", counts.size(),
+           " counts for ", size_, " ranks");
+  for (auto c : counts) MZ_CHECK(c >= 0, name_, ": ", what, " negative count");
+  MZ_CHECK(counts[static_cast<std::size_t>(rank_)] == chunk, name_, ": ", what, " this rank's count ",
+           counts[static_cast<std::size_t>(rank_)], " differs from its tensor's ", chunk, " elements");
+  return counts;
+}
+
+Work Communicator::all_reduce(Tensor& t, ReduceOp op) {
+  check_tensor(t, "all_reduce");
+  const auto seq = record(CollectiveType::AllReduce, op, t.dtype(), t.numel(), -1);
+  return Work(do_all_reduce(t, op), seq);
+}
+
+Work Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op, std::vector<std::int64_t> counts) {
+  check_tensor(input, "reduce_scatter input");
+  check_tensor(output, "reduce_scatter output");
+  MZ_CHECK(input.dtype() == output.dtype(), name_, ": reduce_scatter dtypes differ");
+  counts = resolve_counts(std::move(counts), output.numel(), "reduce_scatter");
+  const auto total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  MZ_CHECK(total == input.numel(), name_, ": reduce_scatter input has ", input.numel(), " elements, counts sum to ",
+           total);
+  const auto seq = record(CollectiveType::ReduceScatter, op, input.dtype(), input.numel(), -1);
+  return Work(do_reduce_scatter(input, output, op, counts), seq);
+}
+
+Work Communicator::all_gather(const Tensor& input, Tensor& output, std::vector<std::int64_t> counts) {
+  check_tensor(input, "all_gather input");
+  check_tensor(output, "all_gather output");
+  MZ_CHECK(input.dtype() == output.dtype(), name_, ": all_gather dtypes differ");
+  counts = resolve_counts(std::move(counts), input.numel(), "all_gather");
+  const auto total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+  MZ_CHECK(total == output.numel(), name_, ": all_gather output has ", output.numel(), " elements, counts sum to ",
+           total);
+  const auto seq = record(CollectiveType::AllGather, ReduceOp::Sum, input.dtype(), output.numel(), -1);
+  return Work(do_all_gather(input, output, counts), seq);
+}
+
+Work Communicator::broadcast(Tensor& t, int root) {
+  check_tensor(t, "broadcast");
+  check_peer(root, "broadcast");
+  const auto seq = record(CollectiveType::Broadcast, ReduceOp::Sum, t.dtype(), t.numel(), root);
+  return Work(do_broadcast(t, root), seq);
+}
+
+Work Communicator::reduce(Tensor& t, int root, ReduceOp op) {
+  check_tensor(t, "reduce");
+  check_peer(root, "reduce");
+  const auto seq = record(CollectiveType::Reduce, op, t.dtype(), t.numel(), root);
+  return Work(do_reduce(t, root, op), seq);
+}
+
+Work Communicator::barrier() {
+  const auto seq = record(CollectiveType::Barrier, ReduceOp::Sum, DType::F32, 0, -1);
+  return Work(do_barrier(), seq);
+}
+
+Work Communicator::send(const Tensor& t, int peer, int tag) {
+  check_tensor(t, "send");
+  check_peer(peer, "send");
+  MZ_CHECK(peer != rank_, name_, ": send to self");
+  record(CollectiveType::Send, ReduceOp::Sum, t.dtype(), t.numel(), peer);
+  return Work(do_send(t, peer, tag), 0);
+}
+
+Work Communicator::recv(Tensor& t, int peer, int tag) {
+  check_tensor(t, "recv");
+  check_peer(peer, "recv");
+  MZ_CHECK(peer != rank_, name_, ": recv from self");
+  record(CollectiveType::Recv, ReduceOp::Sum, t.dtype(), t.numel(), peer);
+  return Work(do_recv(t, peer, tag), 0);
+}
+
+}  // namespace megazero

@@ -1,0 +1,40 @@
+// Failing consistently: a rank that finds bad input must not exit while the
+// others wait in a collective (the classic hang). Every rank calls
+// agree_on_error at the same point; if any rank failed, every rank throws a
+// ConfigError carrying the lowest failing rank's message, so all exit alike.
+#pragma once
+
+#include <string>
+
+#include "megazero/comm/communicator.h"
+#include "megazero/core/error.h"
+
+namespace megazero {
+
+// `local_error` empty means this rank is fine. Collective over `comm`.
+void agree_on_error(Communicator& comm, const std::string& local_error);
+
+// Runs fn; a ConfigError thrown on any rank is rethrown on all ranks.
+template <typename Fn>
+auto run_consistently(Communicator& comm, Fn&& fn) {
+  std::string error;
+  if constexpr (std::is_void_v<decltype(fn())>) {
+    try {
+      fn();
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    agree_on_error(comm, error);
+  } else {
+    decltype(fn()) result{};
+    try {
+      result = fn();
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+    agree_on_error(comm, error);
+    return result;
+  }
+}
+
+}  // namespace megazero

@@ -1,0 +1,321 @@
+#include "megazero/comm/mpi_communicator.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstring>
+
+#include "megazero/comm/mpi_dtypes.h"
+#include "megazero/core/error.h"
+
+namespace megazero {
+
+// ---------------------------------------------------------------- environment
+MpiEnvironment::MpiEnvironment(int* argc, char*** argv) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  int provided = 0;
+  if (!initialized) {
+    MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+    owns_ = true;
+  } else {
+    MPI_Query_thread(&provided);
+  }
+  if (provided < MPI_THREAD_MULTIPLE)
+    throw ConfigError(
+        "the MPI library does not provide MPI_THREAD_MULTIPLE, which megazero's communication threads need; "
+        "use Debian's MPICH (tools/install_deps.sh installs it)");
+}
+
+MpiEnvironment::~MpiEnvironment() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (owns_ && !finalized) MPI_Finalize();
+}
+
+// ---------------------------------------------------------------- helpers
+namespace {
+
+// A host pointer MPI can use for a tensor: its own memory on the CPU, a staged
+// host copy for device tensors (copied in first, written back by copy_out).
+class HostView {
+ public:
+  HostView(const Tensor& t, bool copy_in) : t_(t) {
+    if (t.device().kind() == DeviceKind::CPU) {
+      ptr_ = t.data();
+    } else {
+      staging_.resize(t.nbytes());
+      if (copy_in) t.device().copy_to_host(staging_.data(), t.data(), t.nbytes());
+      ptr_ = staging_.data();
+    }
+  }
+  void* ptr() const { return ptr_; }
+  void copy_out() {
+    if (!staging_.empty()) t_.device().copy_from_host(t_.data(), staging_.data(), staging_.size());
+  }
+
+ private:
+  Tensor t_;
+  std::vector<char> staging_;
+  void* ptr_ = nullptr;
+};
+
+void divide_in_place(void* p, DType t, std::int64_t n, int by) {
+  MZ_CHECK(is_floating(t), "avg of a ", dtype_name(t), " tensor; use sum");
+  const auto count = static_cast<std::size_t>(n);
+  if (t == DType::F64) {
+    for (std::size_t i = 0; i < count; ++i) static_cast<double*>(p)[i] /= by;
+    return;
+  }
+  const float inv_by = static_cast<float>(by);
+  for (std::size_t i = 0; i < count; ++i)
+    store_from_double(p, t, i, static_cast<double>(static_cast<float>(load_as_double(p, t, i)) / inv_by));
+}
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.buffer() != b.buffer()) return false;
+  const auto* a0 = static_cast<const char*>(a.data());
+  const auto* b0 = static_cast<const char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+std::vector<MPI_Count> to_mpi_counts(const std::vector<std::int64_t>& c) { return {c.begin(), c.end()}; }
+std::vector<MPI_Aint> displacements(const std::vector<std::int64_t>& c) {
+  std::vector<MPI_Aint> d(c.size(), 0);
+  for (std::size_t i = 1; i < c.size(); ++i) d[i] = d[i - 1] + static_cast<MPI_Aint>(c[i - 1]);
+  return d;
+}
+bool all_equal(const std::vector<std::int64_t>& c) {
+  for (auto x : c)
+    if (x != c.front()) return false;
+  return true;
+}
+
+// Send/recv in flight: an MPI request on the caller's thread.
+class RequestWork final : public WorkImpl {
+ public:
+  RequestWork(MPI_Request req, std::unique_ptr<HostView> view, bool copy_out, std::string comm)
+      : req_(req), view_(std::move(view)), copy_out_(copy_out), comm_(std::move(comm)) {}
+  void wait() override {
+    if (done_) return;
+    mpi::check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait", comm_);
+    complete();
+  }
+  bool test() override {
+    if (done_) return true;
+    int flag = 0;
+    mpi::check(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE), "MPI_Test", comm_);
+    if (flag) complete();
+    return done_;
+  }
+
+ private:
+  void complete() {
+    if (copy_out_) view_->copy_out();
+    done_ = true;
+  }
+  MPI_Request req_;
+  std::unique_ptr<HostView> view_;
+  bool copy_out_;
+  std::string comm_;
+  bool done_ = false;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- communicator
+int MpiCommunicator::rank_of(MPI_Comm c) {
+  int r = 0;
+  MPI_Comm_rank(c, &r);
+  return r;
+}
+int MpiCommunicator::size_of(MPI_Comm c) {
+  int s = 0;
+  MPI_Comm_size(c, &s);
+  return s;
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::world(const std::string& name) {
+  MPI_Comm dup;
+  mpi::check(MPI_Comm_dup(MPI_COMM_WORLD, &dup), "MPI_Comm_dup", name);
+  return std::make_unique<MpiCommunicator>(dup, name);
+}
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
+    : Communicator(rank_of(comm), size_of(comm), std::move(name)), comm_(comm) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  worker_ = std::thread([this] { worker_loop(); });
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();  // drains the queue first
+  MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::worker_loop() {
+  for (;;) {
+    std::pair<std::function<void()>, std::shared_ptr<ThreadWork>> task;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stop_ and drained
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    try {
+      task.first();
+      task.second->finish();
+    } catch (...) {
+      task.second->finish(std::current_exception());
+    }
+  }
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn) {
+  auto work = std::make_shared<ThreadWork>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.emplace_back(std::move(fn), work);
+  }
+  cv_.notify_one();
+  return work;
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+  return enqueue([this, t, op] {
+    HostView h(t, true);
+    mpi::check(MPI_Allreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
+                               mpi::reduce_op(t.dtype(), op), comm_),
+               "MPI_Allreduce", name());
+    if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
+    h.copy_out();
+  });
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                                             const std::vector<std::int64_t>& counts) {
+  return enqueue([this, input, output, op, counts] {
+    HostView in(input, true);
+    // MPI cannot reduce-scatter into a part of its own input: use a temporary.
+    const bool alias = overlaps(input, output) || output.device().kind() != DeviceKind::CPU;
+    std::vector<char> tmp(alias ? output.nbytes() : 0);
+    void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
+    const auto type = mpi::datatype(input.dtype());
+    const auto mop = mpi::reduce_op(input.dtype(), op);
+    if (all_equal(counts)) {
+      mpi::check(MPI_Reduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_),
+                 "MPI_Reduce_scatter_block", name());
+    } else {
+      const auto c = to_mpi_counts(counts);
+      mpi::check(MPI_Reduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_), "MPI_Reduce_scatter", name());
+    }
+    if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
+    if (alias) output.device().copy_from_host(output.data(), tmp.data(), tmp.size());
+  });
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, Tensor& output,
+                                                         const std::vector<std::int64_t>& counts) {
+  return enqueue([this, input, output, counts] {
+    HostView out(output, false);
+    const auto displ = displacements(counts);
+    const auto esize = static_cast<std::ptrdiff_t>(dtype_size(output.dtype()));
+    const auto my_displ = displ[static_cast<std::size_t>(rank())] * esize;
+    // ZeRO gathers partitions that already sit at their place in the full
+    // buffer: that is MPI's in-place form.
+    const bool in_place = output.device().kind() == DeviceKind::CPU &&
+                          input.data() == static_cast<char*>(output.data()) + my_displ;
+    std::unique_ptr<HostView> in;
+    const void* send = MPI_IN_PLACE;
+    if (!in_place) {
+      if (output.device().kind() != DeviceKind::CPU) {
+        in = std::make_unique<HostView>(input, true);
+        std::memcpy(static_cast<char*>(out.ptr()) + my_displ, in->ptr(), input.nbytes());
+      } else {
+        // MPI forbids overlapping send and receive buffers; copy into place.
+        std::memmove(static_cast<char*>(out.ptr()) + my_displ, input.data(), input.nbytes());
+      }
+    }
+    const auto type = mpi::datatype(output.dtype());
+    if (all_equal(counts)) {
+      mpi::check(MPI_Allgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_), "MPI_Allgather", name());
+    } else {
+      const auto c = to_mpi_counts(counts);
+      mpi::check(MPI_Allgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_), "MPI_Allgatherv",
+                 name());
+    }
+    out.copy_out();
+  });
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(Tensor& t, int root) {
+  return enqueue([this, t, root] {
+    HostView h(t, rank() == root);
+    mpi::check(MPI_Bcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_), "MPI_Bcast", name());
+    h.copy_out();
+  });
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(Tensor& t, int root, ReduceOp op) {
+  return enqueue([this, t, root, op] {
+    HostView h(t, true);
+    const bool is_root = rank() == root;
+    mpi::check(MPI_Reduce_c(is_root ? MPI_IN_PLACE : h.ptr(), is_root ? h.ptr() : nullptr, t.numel(),
+                            mpi::datatype(t.dtype()), mpi::reduce_op(t.dtype(), op), root, comm_),
+               "MPI_Reduce", name());
+    if (is_root) {
+      if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
+      h.copy_out();
+    }
+  });
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_barrier() {
+  return enqueue([this] { mpi::check(MPI_Barrier(comm_), "MPI_Barrier", name()); });
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_send(const Tensor& t, int peer, int tag) {
+  auto view = std::make_unique<HostView>(t, true);
+  MPI_Request req;
+  mpi::check(MPI_Isend_c(view->ptr(), t.numel(), mpi::datatype(t.dtype()), peer, tag, comm_, &req), "MPI_Isend",
+             name());
+  return std::make_shared<RequestWork>(req, std::move(view), false, name());
+}
+
+std::shared_ptr<WorkImpl> MpiCommunicator::do_recv(Tensor& t, int peer, int tag) {
+  auto view = std::make_unique<HostView>(t, false);
+  MPI_Request req;
+  mpi::check(MPI_Irecv_c(view->ptr(), t.numel(), mpi::datatype(t.dtype()), peer, tag, comm_, &req), "MPI_Irecv",
+             name());
+  return std::make_shared<RequestWork>(req, std::move(view), true, name());
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
+  // On the worker, so it is ordered with this communicator's queued collectives.
+  MPI_Comm out = MPI_COMM_NULL;
+  enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); })->wait();
+  return std::make_unique<MpiCommunicator>(out, name);
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::split_node_local(const std::string& name) {
+  MPI_Comm out = MPI_COMM_NULL;
+  enqueue([&] {
+    mpi::check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &out), "MPI_Comm_split_type",
+               this->name());
+  })->wait();
+  return std::make_unique<MpiCommunicator>(out, name);
+}
+
+std::string MpiCommunicator::host_name() {
+  char buf[MPI_MAX_PROCESSOR_NAME];
+  int len = 0;
+  MPI_Get_processor_name(buf, &len);
+  return std::string(buf, static_cast<std::size_t>(len));
+}
+
+}  // namespace megazero

@@ -1,0 +1,81 @@
+// Communicator over MPI (Debian's MPICH): the CPU backend, and the fallback for
+// several processes sharing one GPU (device tensors are staged through host).
+//
+// Collectives of one communicator run, in issue order, on that communicator's
+// worker thread, so a non-blocking collective really overlaps the caller's
+// compute (MPICH makes no progress without an MPI call in flight). Hence
+// MPI_THREAD_MULTIPLE. Send/recv use MPI requests on the calling thread, so a
+// pair of exchanges never deadlocks behind the worker.
+#pragma once
+
+#include <mpi.h>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "megazero/comm/communicator.h"
+
+namespace megazero {
+
+// Owns MPI's lifetime: initialises MPI with MPI_THREAD_MULTIPLE unless already
+// initialised (then checks the level), finalises in the destructor if it
+// initialised. Create it first in main(); destroy communicators before it.
+class MpiEnvironment {
+ public:
+  MpiEnvironment(int* argc, char*** argv);
+  ~MpiEnvironment();
+  MpiEnvironment(const MpiEnvironment&) = delete;
+  MpiEnvironment& operator=(const MpiEnvironment&) = delete;
+
+ private:
+  bool owns_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // A duplicate of MPI_COMM_WORLD, so megazero's traffic never mixes with the
+  // application's.
+  static std::unique_ptr<MpiCommunicator> world(const std::string& name = "world");
+  // Takes ownership of `comm` (freed in the destructor).
+  MpiCommunicator(MPI_Comm comm, std::string name);
+  ~MpiCommunicator() override;
+
+  std::string_view backend() const override { return "mpi"; }
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+  MPI_Comm native() const { return comm_; }
+
+  // Ranks that share this rank's machine (MPI_COMM_TYPE_SHARED).
+  std::unique_ptr<MpiCommunicator> split_node_local(const std::string& name);
+  // This rank's host name.
+  static std::string host_name();
+
+ protected:
+  std::shared_ptr<WorkImpl> do_all_reduce(Tensor& t, ReduceOp op) override;
+  std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                              const std::vector<std::int64_t>& counts) override;
+  std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, Tensor& output,
+                                          const std::vector<std::int64_t>& counts) override;
+  std::shared_ptr<WorkImpl> do_broadcast(Tensor& t, int root) override;
+  std::shared_ptr<WorkImpl> do_reduce(Tensor& t, int root, ReduceOp op) override;
+  std::shared_ptr<WorkImpl> do_barrier() override;
+  std::shared_ptr<WorkImpl> do_send(const Tensor& t, int peer, int tag) override;
+  std::shared_ptr<WorkImpl> do_recv(Tensor& t, int peer, int tag) override;
+
+ private:
+  static int rank_of(MPI_Comm c);
+  static int size_of(MPI_Comm c);
+  // Runs fn on the worker thread, after everything enqueued before it.
+  std::shared_ptr<WorkImpl> enqueue(std::function<void()> fn);
+  void worker_loop();
+
+  MPI_Comm comm_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::pair<std::function<void()>, std::shared_ptr<ThreadWork>>> queue_;
+  bool stop_ = false;
+};
+
+}  // namespace megazero

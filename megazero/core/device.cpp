@@ -1,0 +1,131 @@
+#include "megazero/core/device.h"
+
+#include <omp.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "megazero/core/error.h"
+
+extern "C" void openblas_set_num_threads(int num_threads);  // from OpenBLAS
+
+namespace megazero {
+
+std::string_view device_kind_name(DeviceKind k) {
+  switch (k) {
+    case DeviceKind::CPU: return "cpu";
+    case DeviceKind::CUDA: return "cuda";
+    case DeviceKind::Meta: return "meta";
+  }
+  return "?";
+}
+
+Buffer::Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category,
+               std::string label)
+    : device_(std::move(device)), data_(data), bytes_(bytes), category_(category), label_(std::move(label)) {}
+
+Buffer::~Buffer() {
+  device_->raw_free(data_, bytes_);
+  device_->memory().on_free(category_, bytes_);
+}
+
+std::string Device::name() const {
+  std::string n(device_kind_name(kind()));
+  if (kind() == DeviceKind::CUDA) n.append(":").append(std::to_string(index()));
+  return n;
+}
+
+std::shared_ptr<Buffer> Device::allocate(std::size_t bytes, MemoryCategory category, std::string label) {
+  void* p = raw_allocate(bytes);
+  memory_.on_allocate(category, bytes);
+  return std::make_shared<Buffer>(shared_from_this(), p, bytes, category, std::move(label));
+}
+
+// ---- CPU ----
+void* CpuDevice::raw_allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  if (!p)
+    throw ConfigError(detail::concat("out of host memory allocating ", bytes,
+                                     " bytes; reduce the micro-batch size, raise --zero-stage, or add ranks"));
+  return p;
+}
+void CpuDevice::raw_free(void* p, std::size_t) { std::free(p); }
+void CpuDevice::copy_to_host(void* dst, const void* src, std::size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void CpuDevice::copy_from_host(void* dst, const void* src, std::size_t bytes) {
+  if (bytes) std::memcpy(dst, src, bytes);
+}
+void CpuDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+void CpuDevice::fill_zero(void* dst, std::size_t bytes) {
+  if (bytes) std::memset(dst, 0, bytes);
+}
+
+// ---- Meta ----
+void MetaDevice::copy_to_host(void*, const void*, std::size_t) {
+  throw InternalError("the meta device holds no data: a dry run tried to read a tensor's values");
+}
+void MetaDevice::copy_from_host(void*, const void*, std::size_t) {}
+
+#ifndef MEGAZERO_WITH_CUDA
+std::shared_ptr<Device> make_cuda_device(int) {
+  throw ConfigError(
+      "--device cuda: this megazero was built without the CUDA backend; rebuild with "
+      "-DMEGAZERO_CUDA=ON on a machine with the CUDA toolkit, cuDNN and NCCL, or use --device cpu");
+}
+#else
+std::shared_ptr<Device> make_cuda_device(int index);  // megazero/cuda/cuda_device.cpp
+#endif
+
+std::shared_ptr<Device> make_device(DeviceKind kind, int index) {
+  switch (kind) {
+    case DeviceKind::CPU: return std::make_shared<CpuDevice>();
+    case DeviceKind::Meta: return std::make_shared<MetaDevice>();
+    case DeviceKind::CUDA: return make_cuda_device(index);
+  }
+  return nullptr;
+}
+
+std::shared_ptr<Device> make_device(const std::string& spec) {
+  if (spec == "cpu") return make_device(DeviceKind::CPU);
+  if (spec == "meta") return make_device(DeviceKind::Meta);
+  if (spec == "cuda") return make_device(DeviceKind::CUDA, 0);
+  if (spec.rfind("cuda:", 0) == 0) {
+    char* end = nullptr;
+    const long idx = std::strtol(spec.c_str() + 5, &end, 10);
+    if (end && *end == '\0' && idx >= 0 && spec.size() > 5) return make_device(DeviceKind::CUDA, static_cast<int>(idx));
+  }
+  throw ConfigError("--device: unknown device '" + spec + "'; use cpu, cuda, cuda:N or meta");
+}
+
+namespace {
+int initial_threads() {
+  for (const char* var : {"MEGAZERO_NUM_THREADS", "OMP_NUM_THREADS"}) {
+    if (const char* v = std::getenv(var)) {
+      const int n = std::atoi(v);
+      if (n > 0) return n;
+    }
+  }
+  return omp_get_num_procs();
+}
+int g_threads = 0;  // process-wide by nature: OpenMP's pool is process-wide
+}  // namespace
+
+void set_cpu_math_threads(int n) {
+  MZ_REQUIRE(n > 0, "math threads must be positive, got ", n, " (set MEGAZERO_NUM_THREADS to 1 or more)");
+  g_threads = n;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int cpu_math_threads() {
+  if (g_threads == 0) set_cpu_math_threads(initial_threads());
+  return g_threads;
+}
+
+}  // namespace megazero

@@ -1,0 +1,116 @@
+// The device abstraction. Algorithms (TP layers, ZeRO, checkpoints) allocate and
+// copy through this interface and never ask which device they run on; kernels
+// dispatch on Device::kind(). Three implementations:
+//   CpuDevice  — host memory, 64-byte aligned (AVX-512 loads, oneDNN).
+//   CudaDevice — cudaMalloc'd memory (megazero/cuda/, built with MEGAZERO_CUDA).
+//   MetaDevice — counts bytes but stores nothing: the memory planner runs the
+//                real model/ZeRO code on it, so the plan cannot drift from the run.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "megazero/core/memory_tracker.h"
+
+namespace megazero {
+
+enum class DeviceKind { CPU, CUDA, Meta };
+std::string_view device_kind_name(DeviceKind k);
+
+class Device;
+
+// A block of device memory owned by megazero, accounted under one category.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category, std::string label);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }  // nullptr on the meta device
+  std::size_t bytes() const { return bytes_; }
+  MemoryCategory category() const { return category_; }
+  const std::string& label() const { return label_; }
+  Device& device() const { return *device_; }
+  const std::shared_ptr<Device>& device_ptr() const { return device_; }
+
+ private:
+  std::shared_ptr<Device> device_;
+  void* data_;
+  std::size_t bytes_;
+  MemoryCategory category_;
+  std::string label_;
+};
+
+class Device : public std::enable_shared_from_this<Device> {
+ public:
+  virtual ~Device() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual int index() const { return 0; }
+  std::string name() const;
+  // False on the meta device: tensors there have shapes but no storage.
+  bool has_storage() const { return kind() != DeviceKind::Meta; }
+
+  // Allocates `bytes` (may be 0) and counts them under `category`.
+  std::shared_ptr<Buffer> allocate(std::size_t bytes, MemoryCategory category, std::string label = {});
+
+  MemoryTracker& memory() { return memory_; }
+  const MemoryTracker& memory() const { return memory_; }
+
+  // Byte copies. `*_host` variants move data between this device and host memory.
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
+  virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void copy_within(void* dst, const void* src, std::size_t bytes) = 0;
+  virtual void fill_zero(void* dst, std::size_t bytes) = 0;
+  // Waits for all work queued on the device (no-op on CPU).
+  virtual void synchronize() {}
+
+ protected:
+  friend class Buffer;
+  virtual void* raw_allocate(std::size_t bytes) = 0;
+  virtual void raw_free(void* p, std::size_t bytes) = 0;
+
+ private:
+  MemoryTracker memory_;
+};
+
+class CpuDevice final : public Device {
+ public:
+  static constexpr std::size_t kAlignment = 64;
+  DeviceKind kind() const override { return DeviceKind::CPU; }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
+  void copy_from_host(void* dst, const void* src, std::size_t bytes) override;
+  void copy_within(void* dst, const void* src, std::size_t bytes) override;
+  void fill_zero(void* dst, std::size_t bytes) override;
+
+ protected:
+  void* raw_allocate(std::size_t bytes) override;
+  void raw_free(void* p, std::size_t bytes) override;
+};
+
+class MetaDevice final : public Device {
+ public:
+  DeviceKind kind() const override { return DeviceKind::Meta; }
+  void copy_to_host(void*, const void*, std::size_t) override;
+  void copy_from_host(void*, const void*, std::size_t) override;
+  void copy_within(void*, const void*, std::size_t) override {}
+  void fill_zero(void*, std::size_t) override {}
+
+ protected:
+  void* raw_allocate(std::size_t) override { return nullptr; }
+  void raw_free(void*, std::size_t) override {}
+};
+
+// Creates a device of the given kind. CUDA in a build without MEGAZERO_CUDA, or
+// on a machine without a GPU, is a ConfigError that says so.
+std::shared_ptr<Device> make_device(DeviceKind kind, int index = 0);
+// Parses "cpu", "cuda", "cuda:1", "meta" (for --device); ConfigError otherwise.
+std::shared_ptr<Device> make_device(const std::string& spec);
+
+// Number of math threads used by CPU kernels (oneDNN via OpenMP, OpenBLAS).
+// Default: $MEGAZERO_NUM_THREADS, else $OMP_NUM_THREADS, else all cores.
+void set_cpu_math_threads(int n);
+int cpu_math_threads();
+
+}  // namespace megazero

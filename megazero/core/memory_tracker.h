@@ -1,0 +1,64 @@
+// Live and peak bytes per memory category, per device. The ZeRO memory claims
+// (Table 1 of the paper) are proven against these counters, so every byte that
+// any megazero allocation asks for is counted here — exactly the requested
+// size, not the allocator's rounded size — and released bytes are subtracted.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+namespace megazero {
+
+enum class MemoryCategory : std::uint8_t {
+  Parameters,       // 16-bit (or fp32) model weights used by forward/backward
+  Gradients,        // gradients of those weights (full or a ZeRO partition)
+  OptimizerStates,  // fp32 master weights and Adam moments
+  Activations,      // activations and activation checkpoints
+  CommBuffers,      // fused communication buckets, gather buffers
+  Workspace,        // scratch: GEMM workspace, temporary casts
+  Other,
+  kCount
+};
+inline constexpr std::size_t kNumMemoryCategories = static_cast<std::size_t>(MemoryCategory::kCount);
+
+std::string_view memory_category_name(MemoryCategory c);
+
+struct MemoryCounters {
+  std::int64_t live_bytes = 0;
+  std::int64_t peak_bytes = 0;
+  std::int64_t allocations = 0;  // number of allocate() calls so far
+  std::int64_t live_allocations = 0;
+};
+
+struct MemorySnapshot {
+  std::array<MemoryCounters, kNumMemoryCategories> by_category{};
+  std::int64_t total_live_bytes = 0;
+  std::int64_t total_peak_bytes = 0;  // peak of the sum, not the sum of peaks
+  const MemoryCounters& operator[](MemoryCategory c) const { return by_category[static_cast<std::size_t>(c)]; }
+  std::string to_string() const;  // one line per non-empty category
+};
+
+// Thread-safe: communication worker threads allocate too.
+class MemoryTracker {
+ public:
+  void on_allocate(MemoryCategory c, std::size_t bytes);
+  void on_free(MemoryCategory c, std::size_t bytes);
+
+  std::int64_t live(MemoryCategory c) const;
+  std::int64_t peak(MemoryCategory c) const;
+  std::int64_t total_live() const;
+  std::int64_t total_peak() const;
+  MemorySnapshot snapshot() const;
+  // Starts a new peak window: each peak becomes the current live value.
+  void reset_peaks();
+
+ private:
+  mutable std::mutex mu_;
+  MemorySnapshot s_;
+};
+
+}  // namespace megazero

@@ -1,0 +1,41 @@
+// Shape checking and device dispatch for gemm(); the kernels live in
+// gemm_cpu.cpp and megazero/cuda/gemm_cuda.cpp.
+#include "megazero/kernels/gemm.h"
+
+#include "megazero/core/error.h"
+
+namespace megazero {
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
+  MZ_CHECK(a.dim() == 2 || a.dim() == 3, "gemm: A must be 2-D or 3-D, got ", a.to_string());
+  MZ_CHECK(b.dim() == 2 || b.dim() == 3, "gemm: B must be 2-D or 3-D, got ", b.to_string());
+  MZ_CHECK(c.dim() == a.dim(), "gemm: C ", c.to_string(), " must have A's rank ", a.to_string());
+  MZ_CHECK(b.dim() <= a.dim(), "gemm: a 3-D B needs a 3-D A");
+  const std::int64_t m = a.size(trans_a ? -1 : -2), k = a.size(trans_a ? -2 : -1);
+  const std::int64_t kb = b.size(trans_b ? -1 : -2), n = b.size(trans_b ? -2 : -1);
+  MZ_CHECK(k == kb, "gemm: inner dimensions differ: op(A) ", m, "x", k, ", op(B) ", kb, "x", n);
+  MZ_CHECK(c.size(-2) == m && c.size(-1) == n, "gemm: C ", c.to_string(), " should be ", m, "x", n);
+  if (a.dim() == 3) {
+    MZ_CHECK(c.size(0) == a.size(0), "gemm: batch of C differs from A");
+    if (b.dim() == 3) MZ_CHECK(b.size(0) == a.size(0), "gemm: batch of B differs from A");
+  }
+  MZ_CHECK(a.dtype() == b.dtype(), "gemm: A is ", dtype_name(a.dtype()), ", B is ", dtype_name(b.dtype()));
+  MZ_CHECK(c.dtype() == a.dtype() || c.dtype() == DType::F32, "gemm: C must be fp32 or ", dtype_name(a.dtype()));
+  MZ_CHECK(c.strides().back() == 1 || n == 1, "gemm: C needs a unit stride in its last dimension");
+  MZ_CHECK(a.device_ptr() == b.device_ptr() && a.device_ptr() == c.device_ptr(),
+           "gemm: A, B and C must be on one device");
+  switch (a.device().kind()) {
+    case DeviceKind::Meta: return;  // dry run: shapes checked, nothing to compute
+    case DeviceKind::CPU: cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta); return;
+    case DeviceKind::CUDA:
+#ifdef MEGAZERO_WITH_CUDA
+      cuda::gemm(a, trans_a, b, trans_b, c, alpha, beta);
+      return;
+#else
+      break;
+#endif
+  }
+  MZ_CHECK(false, "gemm: no kernel for device ", a.device().name());
+}
+
+}  // namespace megazero

@@ -1,0 +1,37 @@
+// Matrix multiply, the one kernel everything heavy goes through:
+//   C = alpha * op(A) @ op(B) + beta * C,  op(X) = X or X^T (last two dims).
+// A: (M, K) or (batch, M, K); B: (K, N) or (batch, K, N) — a 2-D B is shared by
+// every batch (a linear layer's weight); C: (M, N) or (batch, M, N).
+// Inputs may be strided views (transposes, narrows); C must have a unit stride
+// in its last dimension.
+//
+// dtypes: A and B alike, fp32, bf16 or fp16 with fp32 accumulation; C fp32 or
+// the input dtype. fp64 (reference paths in tests) uses OpenBLAS dgemm.
+// CPU: oneDNN matmul (AMX/AVX-512-BF16 where the CPU has them). Where the CPU has
+// no native 16-bit path, inputs are widened to fp32 first — exact, since
+// every bf16/fp16 value is an fp32 value — so results do not depend on the CPU.
+#pragma once
+
+#include <string>
+
+#include "megazero/core/tensor.h"
+
+namespace megazero {
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
+          float beta = 0.0f);
+
+// How the CPU backend computes (A dtype) x (B dtype) -> (C dtype): "onednn" for
+// the native path or "onednn-f32-widened" for the fallback. For reports.
+std::string cpu_gemm_path(DType in, DType out);
+
+namespace cpu {
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+}
+#ifdef MEGAZERO_WITH_CUDA
+namespace cuda {
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+}
+#endif
+
+}  // namespace megazero

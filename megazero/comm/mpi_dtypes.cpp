@@ -37,8 +37,22 @@ void max16(void* in, void* inout, MPI_Count* len, MPI_Datatype* dt) {
   combine16(in, inout, len, dt, [](float a, float b) { return (a != a || a > b) ? a : b; });
 }
 
+// MPI calls attribute-delete callbacks on MPI_COMM_SELF first thing in
+// MPI_Finalize: the standard hook to free our types and ops before MPI goes.
+int release_types(MPI_Comm, int, void*, void*) {
+  MPI_Type_free(&g_types.f16);
+  MPI_Type_free(&g_types.bf16);
+  MPI_Op_free(&g_types.sum16);
+  MPI_Op_free(&g_types.max16);
+  return MPI_SUCCESS;
+}
+
 void init_types() {
   std::call_once(g_once, [] {
+    int keyval = MPI_KEYVAL_INVALID;
+    MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, &release_types, &keyval, nullptr);
+    MPI_Comm_set_attr(MPI_COMM_SELF, keyval, nullptr);
+    MPI_Comm_free_keyval(&keyval);
     MPI_Type_contiguous(2, MPI_BYTE, &g_types.f16);
     MPI_Type_commit(&g_types.f16);
     MPI_Type_contiguous(2, MPI_BYTE, &g_types.bf16);

@@ -1,0 +1,164 @@
+#include "megazero/cuda/cuda_device.h"
+
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+namespace megazero {
+
+namespace cuda {
+void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line) {
+  throw InternalError(detail::concat(file, ":", line, ": CUDA error ", cudaGetErrorName(err), " (",
+                                     cudaGetErrorString(err), ") from ", expr));
+}
+}  // namespace cuda
+
+namespace {
+std::string mib(std::size_t bytes) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1024.0 * 1024.0) << " MiB";
+  return os.str();
+}
+}  // namespace
+
+// ---------------------------------------------------------------- guard
+CudaDeviceGuard::CudaDeviceGuard(int index) {
+  int current = -1;
+  MZ_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != index) {
+    MZ_CUDA_CHECK(cudaSetDevice(index));
+    previous_ = current;
+  }
+}
+
+CudaDeviceGuard::~CudaDeviceGuard() {
+  // A destructor must not throw; a failure here would have shown up in the
+  // guarded calls already.
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+// ---------------------------------------------------------------- device
+CudaDevice::CudaDevice(int index) : index_(index) {
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+}
+
+CudaDevice::~CudaDevice() {
+  // Errors are ignored: at process exit the runtime may already be unloading
+  // (cudaErrorCudartUnloading), and a destructor has nobody to report to.
+  (void)cudaStreamSynchronize(stream_);
+  (void)cudaStreamDestroy(stream_);  // needs no current device: the stream knows its own
+}
+
+void* CudaDevice::raw_allocate(std::size_t bytes) {
+  if (bytes == 0) return nullptr;
+  CudaDeviceGuard guard(index_);
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: clear it so later launch checks do not report it again
+    std::size_t free_bytes = 0, total_bytes = 0;
+    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
+    throw ConfigError(detail::concat(
+        "out of GPU memory on ", name(), ": requested ", bytes, " bytes (", mib(bytes), ") with ", mib(free_bytes),
+        " free of ", mib(total_bytes), " (megazero holds ", mib(static_cast<std::size_t>(memory().total_live())),
+        "); lower --micro-batch-size, raise --zero-stage, or enable --recompute-activations"));
+  }
+  MZ_CUDA_CHECK(err);
+  return p;
+}
+
+void CudaDevice::raw_free(void* p, std::size_t) {
+  if (!p) return;
+  // cudaFree waits for all work on the device, so a buffer is never recycled
+  // while a queued kernel or collective (on any stream) still uses it. It is
+  // called from Buffer's destructor, so it must not throw: report and go on.
+  // cudaFree needs no current device: the pointer identifies its own.
+  const cudaError_t err = cudaFree(p);
+  if (err != cudaSuccess && err != cudaErrorCudartUnloading)
+    std::fprintf(stderr, "megazero: cudaFree on %s failed: %s\n", name().c_str(), cudaGetErrorString(err));
+}
+
+void CudaDevice::copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+  if (bytes == 0) return;
+  CudaDeviceGuard guard(index_);
+  // On the compute stream, so the copy sees every kernel queued before it.
+  MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
+  MZ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  copy_sync(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+void CudaDevice::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
+  copy_sync(dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+
+void CudaDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  const auto* d = static_cast<const char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  if (d < s + bytes && s < d + bytes) {
+    // cudaMemcpy is undefined for overlapping ranges, while the CPU device
+    // gives memmove semantics: go through a (counted) temporary.
+    auto tmp = allocate(bytes, MemoryCategory::Workspace, "copy_within overlap");
+    copy_sync(tmp->data(), src, bytes, cudaMemcpyDeviceToDevice);
+    copy_sync(dst, tmp->data(), bytes, cudaMemcpyDeviceToDevice);
+    return;
+  }
+  copy_sync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+}
+
+void CudaDevice::fill_zero(void* dst, std::size_t bytes) {
+  if (bytes == 0) return;
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaDevice::synchronize() {
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ---------------------------------------------------------------- factory
+CudaDevice& as_cuda_device(Device& d) {
+  auto* cuda = dynamic_cast<CudaDevice*>(&d);
+  MZ_CHECK(cuda != nullptr, "expected a CUDA device, got ", d.name());
+  return *cuda;
+}
+
+int cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // "no driver" / "no device" must not poison later checks
+    return 0;
+  }
+  return n;
+}
+
+std::shared_ptr<Device> make_cuda_device(int index) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw ConfigError(detail::concat("--device cuda:", index, ": no CUDA GPU is visible (0 devices; the CUDA runtime says: ",
+                                     cudaGetErrorString(err),
+                                     "); check the driver and CUDA_VISIBLE_DEVICES, or use --device cpu"));
+  }
+  if (count == 0)
+    throw ConfigError(detail::concat("--device cuda:", index,
+                                     ": no CUDA GPU is visible (0 devices); check the driver and "
+                                     "CUDA_VISIBLE_DEVICES, or use --device cpu"));
+  if (index < 0 || index >= count)
+    throw ConfigError(detail::concat("--device cuda:", index, ": no such GPU, ", count,
+                                     " visible (indices 0..", count - 1, "); pick an index below ", count,
+                                     ", check CUDA_VISIBLE_DEVICES, or use --device cpu"));
+  auto device = std::make_shared<CudaDevice>(index);
+  // The rank's GPU becomes current, so libraries that use the current device
+  // (cuDNN handles, NCCL init) land on it without further ado.
+  MZ_CUDA_CHECK(cudaSetDevice(index));
+  return device;
+}
+
+}  // namespace megazero

@@ -1,0 +1,94 @@
+// The CUDA device: cudaMalloc'd memory plus one compute stream on which every
+// megazero kernel of this device runs (GEMM, conversions, copies). Keeping one
+// in-order stream per device gives the same "each call sees the previous one's
+// result" semantics as the CPU device without a device-wide synchronisation;
+// the NCCL backend orders its own stream against this one with events.
+//
+// Host-visible calls (copy_to_host, copy_from_host, copy_within) return only
+// when the copy is complete, as on the CPU. Create one CudaDevice per process
+// and GPU and share it: operands of one kernel must live on the same object.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+
+#include "megazero/core/device.h"
+#include "megazero/core/error.h"
+
+namespace megazero {
+
+namespace cuda {
+// Throws InternalError naming the failed call, cudaGetErrorString and file:line.
+[[noreturn]] void throw_cuda_error(cudaError_t err, const char* expr, const char* file, int line);
+}  // namespace cuda
+
+// Any CUDA runtime call whose failure is a megazero bug (or a dead GPU).
+#define MZ_CUDA_CHECK(expr)                                                          \
+  do {                                                                               \
+    const cudaError_t mz_cuda_err_ = (expr);                                         \
+    if (mz_cuda_err_ != cudaSuccess)                                                 \
+      ::megazero::cuda::throw_cuda_error(mz_cuda_err_, #expr, __FILE__, __LINE__);   \
+  } while (0)
+
+// Makes `index` the calling thread's current GPU for the guard's lifetime and
+// restores the previous one afterwards. The current device is per thread, and
+// communication or data-loader threads may call into a device, so every entry
+// point that launches work sets it rather than trusting the caller.
+class CudaDeviceGuard {
+ public:
+  explicit CudaDeviceGuard(int index);
+  ~CudaDeviceGuard();
+  CudaDeviceGuard(const CudaDeviceGuard&) = delete;
+  CudaDeviceGuard& operator=(const CudaDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // -1: nothing to restore
+};
+
+class CudaDevice final : public Device {
+ public:
+  // Creates the compute stream on GPU `index` (validated by make_cuda_device).
+  explicit CudaDevice(int index);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  DeviceKind kind() const override { return DeviceKind::CUDA; }
+  int index() const override { return index_; }
+  // The compute stream (cudaStreamNonBlocking: never serialised with the
+  // legacy default stream that third-party code may use).
+  cudaStream_t stream() const { return stream_; }
+
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
+  void copy_within(void* dst, const void* src, std::size_t bytes) override;
+  // Queued on the stream; later work on the stream (and host copies) see it.
+  void fill_zero(void* dst, std::size_t bytes) override;
+  // Waits for the compute stream (not for communicators' streams: wait on
+  // their Work for those).
+  void synchronize() override;
+
+ protected:
+  void* raw_allocate(std::size_t bytes) override;
+  void raw_free(void* p, std::size_t bytes) override;
+
+ private:
+  void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+
+  int index_;
+  cudaStream_t stream_ = nullptr;
+};
+
+// The CudaDevice behind `d`; InternalError if `d` is another kind of device.
+CudaDevice& as_cuda_device(Device& d);
+
+// Number of visible GPUs; 0 when the driver or runtime reports an error.
+int cuda_device_count();
+
+// A new CudaDevice for GPU `index`, made the calling thread's current device.
+// ConfigError (naming the visible count and the way out) when no GPU is
+// visible or `index` is out of range. Also declared in core/device.cpp.
+std::shared_ptr<Device> make_cuda_device(int index);
+
+}  // namespace megazero

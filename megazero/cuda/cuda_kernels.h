@@ -1,0 +1,28 @@
+// Elementwise GPU kernels the rest of the CUDA backend needs: dtype conversion
+// (master weights <-> 16-bit copies, gradient casts) and in-place scaling
+// (gradient averaging, loss scaling). Launched asynchronously on `s`; pointers
+// are device pointers; launch errors throw InternalError.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "megazero/core/dtype.h"
+
+namespace megazero::cuda {
+
+// dst[i] = src[i] converted, for F32, F16, BF16 and F64 in any combination.
+// Rounds to nearest, ties to even, through the CUDA intrinsics
+// (__float2half_rn, __float2bfloat16_rn, __double2half, ...), so finite values
+// match megazero::convert on the host bit for bit; a NaN stays a NaN but its
+// sign and payload are whatever the intrinsic produces. src and dst may not
+// overlap unless they are the same pointer with the same dtype (a no-op).
+void convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t s);
+
+// data[i] *= factor in place (F32, F16, BF16, F64). 16-bit values are widened
+// to fp32, multiplied and rounded once to nearest even; F64 multiplies in
+// double by (double)factor.
+void scale(void* data, DType t, std::size_t n, float factor, cudaStream_t s);
+
+}  // namespace megazero::cuda

@@ -1,0 +1,316 @@
+// Every collective x dtype x op on the launched rank count (CTest runs this
+// binary on 1, 2, 3, 4 and 8 ranks), with sizes that do not divide evenly, in
+// place and out of place, blocking and overlapped with compute. Inputs are
+// small multiples of 1/4, so sums are exact even in bf16 and the expected
+// values are exact; averaging rounds once, as documented.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+#include <random>
+
+#include "megazero/comm/consensus.h"
+#include "megazero/comm/mpi_communicator.h"
+#include "megazero/kernels/gemm.h"
+
+using namespace megazero;
+using MC = MemoryCategory;
+
+namespace {
+
+// Values whose sums over up to 8 ranks are exact in every dtype.
+double value(int rank, std::int64_t i) {
+  return static_cast<double>((rank + 1) * (i % 7) - 3) * 0.25 + (i % 3 == 0 ? -0.5 : 0.0);
+}
+
+double round_to(DType t, double x) {
+  std::vector<double> v{x};
+  auto cpu = make_device(DeviceKind::CPU);
+  Tensor s = Tensor::empty(cpu, {1}, t, MC::Other);
+  s.copy_from_doubles(v);
+  return s.to_double_vector()[0];
+}
+
+double expected(ReduceOp op, int size, std::int64_t i, DType t) {
+  double sum = 0, mx = -1e300;
+  for (int r = 0; r < size; ++r) {
+    sum += value(r, i);
+    mx = std::max(mx, value(r, i));
+  }
+  switch (op) {
+    case ReduceOp::Sum: return sum;
+    case ReduceOp::Max: return mx;
+    case ReduceOp::Avg:
+      // Implementation contract: exact sum, then one fp32 division (fp64
+      // division for fp64), rounded once to the dtype.
+      if (t == DType::F64) return sum / size;
+      return round_to(t, static_cast<double>(static_cast<float>(sum) / static_cast<float>(size)));
+  }
+  return 0;
+}
+
+Tensor filled(const std::shared_ptr<Device>& dev, std::int64_t n, DType t, int rank, std::int64_t first = 0) {
+  std::vector<double> v(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = value(rank, first + i);
+  Tensor out = Tensor::empty(dev, {n}, t, MC::CommBuffers);
+  out.copy_from_doubles(v);
+  return out;
+}
+
+class Collectives : public testing::Test {
+ protected:
+  void SetUp() override {
+    world = MpiCommunicator::world("test-world");
+    dev = make_device(DeviceKind::CPU);
+  }
+  void TearDown() override { world.reset(); }
+  std::unique_ptr<MpiCommunicator> world;
+  std::shared_ptr<Device> dev;
+};
+
+const DType kFloatTypes[] = {DType::F32, DType::F16, DType::BF16, DType::F64};
+const ReduceOp kOps[] = {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max};
+const std::int64_t kSizes[] = {0, 1, 7, 1031};
+
+}  // namespace
+
+TEST_F(Collectives, AllReduceEveryDtypeOpAndSize) {
+  const int n = world->size(), me = world->rank();
+  for (DType t : kFloatTypes)
+    for (ReduceOp op : kOps)
+      for (std::int64_t size : kSizes) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " " << reduce_op_name(op) << " " << size);
+        Tensor x = filled(dev, size, t, me);
+        world->all_reduce(x, op).wait();
+        const auto got = x.to_double_vector();
+        for (std::int64_t i = 0; i < size; ++i)
+          ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(op, n, i, t)) << "element " << i;
+      }
+}
+
+TEST_F(Collectives, AllReduceIntegers) {
+  for (DType t : {DType::I32, DType::I64}) {
+    Tensor x = Tensor::empty(dev, {5}, t, MC::CommBuffers);
+    x.copy_from_doubles({1, 2, 3, 4, static_cast<double>(world->rank())});
+    world->all_reduce(x, ReduceOp::Sum).wait();
+    const double n = world->size();
+    EXPECT_EQ(x.to_double_vector(), (std::vector<double>{n, 2 * n, 3 * n, 4 * n, n * (n - 1) / 2}));
+  }
+}
+
+TEST_F(Collectives, SixteenBitSumOfRandomValuesIsWithinRoundingOfTheTrueSum) {
+  // Each pairwise combine rounds once: error <= (n - 1) * ulp/2 of the magnitude.
+  const int n = world->size();
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<std::vector<double>> all(static_cast<std::size_t>(n), std::vector<double>(513));
+  for (auto& v : all)
+    for (auto& x : v) x = u(rng);
+  for (DType t : {DType::F16, DType::BF16}) {
+    Tensor x = Tensor::empty(dev, {513}, t, MC::CommBuffers);
+    x.copy_from_doubles(all[static_cast<std::size_t>(world->rank())]);
+    world->all_reduce(x, ReduceOp::Sum).wait();
+    const auto got = x.to_double_vector();
+    const double eps = t == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
+    for (std::size_t i = 0; i < 513; ++i) {
+      double sum = 0, mag = 0;
+      for (int r = 0; r < n; ++r) {
+        const double v = round_to(t, all[static_cast<std::size_t>(r)][i]);
+        sum += v;
+        mag += std::fabs(v);
+      }
+      ASSERT_NEAR(got[i], sum, n * eps * mag + 1e-7) << dtype_name(t) << " element " << i;
+    }
+  }
+}
+
+TEST_F(Collectives, ReduceScatterEvenUnevenAndInPlace) {
+  const int n = world->size(), me = world->rank();
+  for (DType t : kFloatTypes)
+    for (ReduceOp op : kOps)
+      for (bool uneven : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " " << reduce_op_name(op) << " uneven " << uneven);
+        // Uneven: rank r gets 2r + 1 elements, rank 1 gets none (ZeRO's padding-free tail).
+        std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 5);
+        if (uneven)
+          for (int r = 0; r < n; ++r) counts[static_cast<std::size_t>(r)] = r == 1 ? 0 : 2 * r + 1;
+        const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+        const std::int64_t offset = std::accumulate(counts.begin(), counts.begin() + me, std::int64_t{0});
+        const std::int64_t mine = counts[static_cast<std::size_t>(me)];
+        for (bool in_place : {false, true}) {
+          Tensor input = filled(dev, total, t, me);
+          Tensor output = in_place ? input.narrow(0, offset, mine) : Tensor::empty(dev, {mine}, t, MC::CommBuffers);
+          world->reduce_scatter(input, output, op, uneven ? counts : std::vector<std::int64_t>{}).wait();
+          const auto got = output.to_double_vector();
+          for (std::int64_t i = 0; i < mine; ++i)
+            ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(op, n, offset + i, t)) << "in place " << in_place;
+        }
+      }
+}
+
+TEST_F(Collectives, AllGatherEvenUnevenAndInPlace) {
+  const int n = world->size(), me = world->rank();
+  for (DType t : {DType::F32, DType::F16, DType::BF16, DType::I64})
+    for (bool uneven : {false, true})
+      for (bool in_place : {false, true}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << " uneven " << uneven << " in place " << in_place);
+        std::vector<std::int64_t> counts(static_cast<std::size_t>(n), 4);
+        if (uneven)
+          for (int r = 0; r < n; ++r) counts[static_cast<std::size_t>(r)] = (r * 3) % 4;
+        const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
+        std::vector<std::int64_t> displ(static_cast<std::size_t>(n), 0);
+        for (int r = 1; r < n; ++r)
+          displ[static_cast<std::size_t>(r)] = displ[static_cast<std::size_t>(r - 1)] + counts[static_cast<std::size_t>(r - 1)];
+        Tensor output = Tensor::zeros(dev, {total}, t, MC::CommBuffers);
+        Tensor mine = filled(dev, counts[static_cast<std::size_t>(me)], t, me, displ[static_cast<std::size_t>(me)]);
+        Tensor input = mine;
+        if (in_place) {
+          input = output.narrow(0, displ[static_cast<std::size_t>(me)], counts[static_cast<std::size_t>(me)]);
+          input.copy_from(mine);
+        }
+        world->all_gather(input, output, uneven ? counts : std::vector<std::int64_t>{}).wait();
+        const auto got = output.to_double_vector();
+        for (int r = 0; r < n; ++r)
+          for (std::int64_t i = 0; i < counts[static_cast<std::size_t>(r)]; ++i) {
+            const std::int64_t g = displ[static_cast<std::size_t>(r)] + i;
+            ASSERT_EQ(got[static_cast<std::size_t>(g)], round_to(t, value(r, g))) << "from rank " << r;
+          }
+      }
+}
+
+TEST_F(Collectives, BroadcastAndReduceFromEveryRoot) {
+  const int n = world->size(), me = world->rank();
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (int root = 0; root < n; ++root) {
+      Tensor x = filled(dev, 9, t, me);
+      world->broadcast(x, root).wait();
+      const auto got = x.to_double_vector();
+      for (std::int64_t i = 0; i < 9; ++i) ASSERT_EQ(got[static_cast<std::size_t>(i)], round_to(t, value(root, i)));
+      for (ReduceOp op : kOps) {
+        Tensor y = filled(dev, 9, t, me);
+        world->reduce(y, root, op).wait();
+        if (me != root) continue;
+        const auto r = y.to_double_vector();
+        for (std::int64_t i = 0; i < 9; ++i) ASSERT_EQ(r[static_cast<std::size_t>(i)], expected(op, n, i, t));
+      }
+    }
+  world->barrier().wait();
+}
+
+TEST_F(Collectives, SendRecvRingDoesNotDeadlock) {
+  const int n = world->size(), me = world->rank();
+  if (n == 1) GTEST_SKIP() << "a ring needs two ranks";
+  // Large enough for MPI's rendezvous protocol: both sides post before waiting.
+  const std::int64_t count = 1 << 18;
+  Tensor out = filled(dev, count, DType::F32, me);
+  Tensor in = Tensor::empty(dev, {count}, DType::F32, MC::CommBuffers);
+  Work s = world->send(out, (me + 1) % n, 7);
+  Work r = world->recv(in, (me + n - 1) % n, 7);
+  r.wait();
+  s.wait();
+  const auto got = in.to_double_vector();
+  const int from = (me + n - 1) % n;
+  for (std::int64_t i = 0; i < count; i += 4099) ASSERT_EQ(got[static_cast<std::size_t>(i)], value(from, i));
+}
+
+TEST_F(Collectives, NonBlockingOverlapsComputeAndCompletesInOrder) {
+  const int n = world->size(), me = world->rank();
+  const std::int64_t count = (1 << 20) + 3;
+  Tensor big = filled(dev, count, DType::F32, me);
+  Tensor small = filled(dev, 11, DType::BF16, me);
+  Work w1 = world->all_reduce(big, ReduceOp::Sum);
+  Work w2 = world->all_reduce(small, ReduceOp::Max);
+  // Compute while both are in flight.
+  Tensor a = Tensor::zeros(dev, {256, 256}, DType::F32, MC::Activations);
+  Tensor c = Tensor::empty(dev, {256, 256}, DType::F32, MC::Activations);
+  for (int i = 0; i < 4; ++i) gemm(a, false, a, false, c);
+  w2.wait();
+  EXPECT_TRUE(w1.test()) << "an earlier collective on the same communicator finished first";
+  w1.wait();
+  EXPECT_LT(w1.seq(), w2.seq());
+  const auto got = big.to_double_vector();
+  for (std::int64_t i = 0; i < count; i += 10007) ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(ReduceOp::Sum, n, i, DType::F32));
+  const auto s = small.to_double_vector();
+  for (std::int64_t i = 0; i < 11; ++i) ASSERT_EQ(s[static_cast<std::size_t>(i)], expected(ReduceOp::Max, n, i, DType::BF16));
+}
+
+TEST_F(Collectives, SplitCommunicatorsRunConcurrently) {
+  const int n = world->size(), me = world->rank();
+  auto half = world->split(me % 2, me, "test-parity");
+  const int group_size = (n + 1 - me % 2) / 2;
+  ASSERT_EQ(half->size(), group_size);
+  ASSERT_EQ(half->rank(), me / 2);
+  Tensor a = filled(dev, 100, DType::F32, me);
+  Tensor b = filled(dev, 100, DType::F32, me);
+  Work wa = half->all_reduce(a, ReduceOp::Sum);  // outstanding on two communicators at once
+  Work wb = world->all_reduce(b, ReduceOp::Sum);
+  wb.wait();
+  wa.wait();
+  const auto got = a.to_double_vector();
+  for (std::int64_t i = 0; i < 100; ++i) {
+    double sum = 0;
+    for (int r = me % 2; r < n; r += 2) sum += value(r, i);
+    ASSERT_EQ(got[static_cast<std::size_t>(i)], sum);
+  }
+}
+
+TEST_F(Collectives, RecordsFingerprintsAndCountsBytes) {
+  world->set_keep_records(true);
+  std::vector<CollectiveRecord> hooked;
+  world->set_record_hook([&](const CollectiveRecord& r) { hooked.push_back(r); });
+  const std::uint64_t before = world->collectives_issued();
+  Tensor x = filled(dev, 10, DType::BF16, world->rank());
+  Tensor out = Tensor::empty(dev, {10L * world->size()}, DType::BF16, MC::CommBuffers);
+  world->all_reduce(x, ReduceOp::Avg).wait();
+  world->all_gather(x, out).wait();
+  world->barrier().wait();
+  ASSERT_EQ(world->records().size(), 3u);
+  ASSERT_EQ(hooked.size(), 3u);
+  const auto& r0 = world->records()[0];
+  EXPECT_EQ(r0.group, "test-world");
+  EXPECT_EQ(r0.type, CollectiveType::AllReduce);
+  EXPECT_EQ(r0.op, ReduceOp::Avg);
+  EXPECT_EQ(r0.dtype, DType::BF16);
+  EXPECT_EQ(r0.count, 10);
+  EXPECT_EQ(r0.seq, before + 1);
+  EXPECT_EQ(world->records()[2].seq, before + 3);
+  EXPECT_TRUE(r0.same_collective(hooked[0]));
+  EXPECT_NE(r0.to_string().find("all_reduce(avg) bf16 x10"), std::string::npos) << r0.to_string();
+  EXPECT_EQ(world->stats()[CollectiveType::AllReduce].bytes, 20);
+  EXPECT_EQ(world->stats()[CollectiveType::AllGather].elements, 10L * world->size());
+  // Every rank issued the same fingerprints: compare with rank 0's.
+  Tensor fp = Tensor::empty(dev, {3}, DType::I64, MC::CommBuffers);
+  for (std::int64_t i = 0; i < 3; ++i) fp.data_as<std::int64_t>()[i] = world->records()[static_cast<std::size_t>(i)].count;
+  Tensor ref = fp.clone(MC::CommBuffers);
+  world->set_record_hook(nullptr);
+  world->broadcast(ref, 0).wait();
+  EXPECT_EQ(ref.to_double_vector(), fp.to_double_vector());
+}
+
+TEST_F(Collectives, AnErrorOnOneRankReachesEveryRank) {
+  const int last = world->size() - 1;
+  try {
+    run_consistently(*world, [&] {
+      if (world->rank() == last) throw ConfigError("--data-path: file 'x.bin' not found; pass an existing file");
+    });
+    FAIL() << "no rank threw";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--data-path"), std::string::npos) << msg;
+    if (world->rank() != last) {
+      EXPECT_NE(msg.find("rank " + std::to_string(last)), std::string::npos) << msg;
+    }
+  }
+  // And when nobody fails, nobody throws.
+  EXPECT_NO_THROW(agree_on_error(*world, ""));
+}
+
+TEST_F(Collectives, MisuseIsCaughtBeforeAnyCommunication) {
+  Tensor x = Tensor::zeros(dev, {4, 4}, DType::F32, MC::CommBuffers);
+  Tensor strided = x.narrow(1, 0, 2);
+  EXPECT_THROW(world->all_reduce(strided), InternalError);
+  Tensor out = Tensor::empty(dev, {3}, DType::F32, MC::CommBuffers);
+  EXPECT_THROW(world->reduce_scatter(x, out), InternalError);  // 16 != 3 * size (for any size >= 1 here)
+  EXPECT_THROW(world->broadcast(x, world->size()), InternalError);
+  EXPECT_EQ(world->collectives_issued(), 0u);
+}

@@ -81,24 +81,33 @@ std::string summary_line(const Topology& topo) {
   return os.str();
 }
 
-std::string to_table(const Topology& topo) {
+std::string to_table(const Topology& topo, const std::vector<std::string>& hosts) {
   std::ostringstream os;
   os << summary_line(topo) << "\n";
   for (const std::string& w : topo.warnings()) os << "warning: " << w << "\n";
 
-  // Every column is at least as wide as its header and as the largest rank.
+  // Every column is at least as wide as its header and as the largest rank;
+  // the host column (live jobs only) as wide as the longest host name.
+  const bool with_hosts = !hosts.empty();
   const int digits = static_cast<int>(std::to_string(topo.world_size() - 1).size());
   const char* headers[] = {"rank", "node", "local_rank", "tp_rank", "dp_rank"};
   int widths[5];
+  int host_width = 4;
+  for (const auto& h : hosts) host_width = std::max(host_width, static_cast<int>(h.size()));
   for (int c = 0; c < 5; ++c) {
     widths[c] = std::max(digits, static_cast<int>(std::char_traits<char>::length(headers[c])));
     os << (c ? "  " : "") << std::setw(widths[c]) << headers[c];
+    if (c == 0 && with_hosts) os << "  " << std::left << std::setw(host_width) << "host" << std::right;
   }
   os << "\n";
   for (int r = 0; r < topo.world_size(); ++r) {
     const RankCoord c = topo.coord(r);
     const int values[] = {c.rank, c.node, c.local_rank, c.tp_rank, c.dp_rank};
-    for (int k = 0; k < 5; ++k) os << (k ? "  " : "") << std::setw(widths[k]) << values[k];
+    for (int k = 0; k < 5; ++k) {
+      os << (k ? "  " : "") << std::setw(widths[k]) << values[k];
+      if (k == 0 && with_hosts)
+        os << "  " << std::left << std::setw(host_width) << hosts[static_cast<std::size_t>(r)] << std::right;
+    }
     os << "\n";
   }
   print_groups(os, topo, "TP", topo.tp_groups(), "dp_rank");

@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "parallel_state/topology.h"
 
@@ -15,7 +16,7 @@ std::string summary_line(const Topology& topo);
 
 // The summary line, any warnings, one row per rank (rank, node, local_rank,
 // tp_rank, dp_rank), then the TP and DP groups with the nodes they touch.
-std::string to_table(const Topology& topo);
+std::string to_table(const Topology& topo, const std::vector<std::string>& hosts = {});
 
 // One JSON object with keys world_size, tensor_model_parallel_size,
 // data_parallel_size, ranks_per_node, num_nodes, grid (the dimensions, fastest

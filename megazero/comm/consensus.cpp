@@ -20,8 +20,8 @@ void agree_on_error(Communicator& comm, const std::string& local_error) {
   if (comm.rank() == root && !local_error.empty()) std::memcpy(text.data(), local_error.data(), local_error.size());
   comm.broadcast(text, root).wait();
   std::string message(static_cast<const char*>(text.data()), static_cast<std::size_t>(text.numel()));
-  if (comm.rank() == root) throw ConfigError(message);
-  throw ConfigError(message + " (reported by rank " + std::to_string(root) + ")");
+  if (root == 0) throw AgreedConfigError(message);
+  throw AgreedConfigError(message + " (reported by rank " + std::to_string(root) + ")");
 }
 
 }  // namespace megazero

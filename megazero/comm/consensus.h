@@ -1,7 +1,7 @@
 // Failing consistently: a rank that finds bad input must not exit while the
 // others wait in a collective (the classic hang). Every rank calls
 // agree_on_error at the same point; if any rank failed, every rank throws a
-// ConfigError carrying the lowest failing rank's message, so all exit alike.
+// AgreedConfigError carrying the lowest failing rank's message, so all exit alike.
 #pragma once
 
 #include <string>
@@ -10,6 +10,13 @@
 #include "megazero/core/error.h"
 
 namespace megazero {
+
+// A ConfigError that every rank of the communicator raised together, so each
+// may exit cleanly (the entry point prints it once, on rank 0).
+class AgreedConfigError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
 
 // `local_error` empty means this rank is fine. Collective over `comm`.
 void agree_on_error(Communicator& comm, const std::string& local_error);

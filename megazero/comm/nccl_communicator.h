@@ -1,0 +1,118 @@
+// Communicator over NCCL: the GPU backend. One NCCL communicator, one
+// communication stream and one CUDA device per object.
+//
+// Ordering: each operation first makes the communication stream wait (on the
+// GPU, via an event) for everything already queued on the device's compute
+// stream, so it sees finished gradients/parameters; then it is launched on the
+// communication stream and a completion event is recorded. The host is never
+// blocked at issue time, so compute issued afterwards overlaps the transfer.
+// Consumers of the result either block with Work::wait() (host side), or keep
+// the GPU ordered without blocking through wait_on_stream().
+//
+// Buffers: a tensor freed while a collective still uses it is safe, because
+// CudaDevice frees with cudaFree, which waits for all work on the device.
+//
+// Send/recv: NCCL has no tags (the tag is ignored; messages between a pair of
+// ranks match in issue order) and a send only completes once the peer posts
+// the matching recv on its stream, so two ranks exchanging data must issue
+// send and recv in opposite orders (e.g. the lower rank sends first).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "megazero/comm/communicator.h"
+#include "megazero/cuda/cuda_device.h"
+
+// nccl.h's communicator type (ncclComm_t is `ncclComm*`); declared here so that
+// users of this header need not see NCCL's headers.
+struct ncclComm;
+
+namespace megazero {
+
+// The Work of an NCCL operation: a CUDA event recorded after it on the
+// communication stream. Also holds temporaries the operation reads or writes.
+class CudaEventWork final : public WorkImpl {
+ public:
+  // Creates the event on the current device; `what` names it in errors.
+  explicit CudaEventWork(std::string what);
+  ~CudaEventWork() override;
+  CudaEventWork(const CudaEventWork&) = delete;
+  CudaEventWork& operator=(const CudaEventWork&) = delete;
+
+  void record(cudaStream_t stream);
+  void keep_alive(std::shared_ptr<Buffer> buffer) { keep_alive_ = std::move(buffer); }
+
+  // Blocks the host until the operation finished (cudaEventSynchronize).
+  void wait() override;
+  // Polls (cudaEventQuery).
+  bool test() override;
+  // Makes `stream` wait for the operation on the GPU, without blocking the host.
+  void wait_on_stream(cudaStream_t stream) const;
+  cudaEvent_t event() const { return event_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  std::shared_ptr<Buffer> keep_alive_;
+  std::string what_;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `bootstrap` (an MpiCommunicator of the same ranks, in the
+  // same order): rank 0 creates the NCCL id and broadcasts it through
+  // `bootstrap`, then every rank joins with its bootstrap rank.
+  NcclCommunicator(Communicator& bootstrap, std::shared_ptr<CudaDevice> device, std::string name);
+  ~NcclCommunicator() override;
+
+  std::string_view backend() const override { return "nccl"; }
+  // Collective over this communicator (ncclCommSplit). color must be >= 0.
+  // The new communicator shares this one's device.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
+
+  ncclComm* native() const { return comm_; }
+  const std::shared_ptr<CudaDevice>& cuda_device() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Makes `stream` (default: the device's compute stream) wait on the GPU for
+  // every operation issued so far on this communicator, without blocking the
+  // host. For one operation's Work, see CudaEventWork::wait_on_stream.
+  void wait_on_stream(cudaStream_t stream);
+  void wait_on_stream() { wait_on_stream(device_->stream()); }
+
+ protected:
+  std::shared_ptr<WorkImpl> do_all_reduce(Tensor& t, ReduceOp op) override;
+  std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                              const std::vector<std::int64_t>& counts) override;
+  std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, Tensor& output,
+                                          const std::vector<std::int64_t>& counts) override;
+  std::shared_ptr<WorkImpl> do_broadcast(Tensor& t, int root) override;
+  std::shared_ptr<WorkImpl> do_reduce(Tensor& t, int root, ReduceOp op) override;
+  std::shared_ptr<WorkImpl> do_barrier() override;
+  std::shared_ptr<WorkImpl> do_send(const Tensor& t, int peer, int tag) override;
+  std::shared_ptr<WorkImpl> do_recv(Tensor& t, int peer, int tag) override;
+
+ private:
+  // Adopts `comm` (from ncclCommSplit); rank and size come from it.
+  NcclCommunicator(ncclComm* comm, int rank, int size, std::shared_ptr<CudaDevice> device, std::string name);
+
+  void init_resources();    // stream, event, barrier scratch
+  void release() noexcept;  // everything init_resources and the NCCL init made
+  void check_on_device(const Tensor& t, const char* what) const;
+  // Call with a CudaDeviceGuard held: the communication stream waits for the
+  // compute stream, then the caller launches on stream_ and calls end_op().
+  void begin_op();
+  std::shared_ptr<WorkImpl> end_op(const char* what, std::shared_ptr<Buffer> keep_alive = {});
+
+  std::shared_ptr<CudaDevice> device_;
+  ncclComm* comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  // Orders one stream after another: cudaStreamWaitEvent snapshots the event's
+  // latest record at call time, so one event serves every hand-off.
+  cudaEvent_t order_event_ = nullptr;
+  std::shared_ptr<Buffer> barrier_scratch_;  // one int32 the barrier all-reduces
+};
+
+}  // namespace megazero

@@ -1,0 +1,135 @@
+// GEMM on the GPU through cuBLAS. megazero tensors are row-major and cuBLAS is
+// column-major; a row-major matrix is the column-major storage of its
+// transpose, so we compute C^T = op(B)^T op(A)^T: cuBLAS sees C^T (N x M), with
+// B as its first operand and A as its second, and nothing is copied.
+//
+// 16-bit inputs accumulate in fp32 (CUBLAS_COMPUTE_32F) on tensor cores; fp32
+// inputs run as true fp32 (the handle keeps the default math mode, so no TF32)
+// and fp64 through cublasDgemm. Shapes and dtypes were checked by gemm().
+#include <cublas_v2.h>
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "megazero/core/error.h"
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/kernels/gemm.h"
+
+namespace megazero::cuda {
+namespace {
+
+void check_cublas(cublasStatus_t st, const char* call) {
+  if (st != CUBLAS_STATUS_SUCCESS)
+    throw InternalError(detail::concat("cuBLAS ", call, " failed: ", cublasGetStatusName(st), " (",
+                                       cublasGetStatusString(st), ")"));
+}
+
+// cuBLAS handles are not thread safe and belong to one device, so each thread
+// keeps one per GPU. They are destroyed at thread exit (errors ignored: the
+// runtime may be unloading by then).
+class HandleCache {
+ public:
+  ~HandleCache() {
+    for (auto& [index, handle] : handles_) (void)cublasDestroy(handle);
+  }
+  cublasHandle_t get(int index) {
+    auto it = handles_.find(index);
+    if (it != handles_.end()) return it->second;
+    cublasHandle_t h = nullptr;
+    check_cublas(cublasCreate(&h), "cublasCreate");  // on the current device: the caller holds a guard
+    handles_.emplace(index, h);
+    return h;
+  }
+
+ private:
+  std::unordered_map<int, cublasHandle_t> handles_;
+};
+
+cublasHandle_t handle_for(const CudaDevice& dev) {
+  thread_local HandleCache cache;
+  cublasHandle_t h = cache.get(dev.index());
+  // Several CudaDevice objects may share a GPU, each with its own stream, so
+  // bind the stream on every call (cheap: it only stores the pointer).
+  check_cublas(cublasSetStream(h, dev.stream()), "cublasSetStream");
+  return h;
+}
+
+// One operand as cuBLAS sees it: its memory read as a column-major matrix with
+// leading dimension ld, and whether that memory holds the row-major matrix
+// itself (row_major) or its transpose (a transposed view).
+struct Operand {
+  const void* data;
+  bool row_major;
+  std::int64_t ld;
+  long long batch_stride;
+};
+
+Operand describe(const Tensor& x, const char* what) {
+  const int d = x.dim();
+  const std::int64_t rows = x.size(-2), cols = x.size(-1);
+  const std::int64_t s_row = x.strides()[static_cast<std::size_t>(d - 2)];
+  const std::int64_t s_col = x.strides()[static_cast<std::size_t>(d - 1)];
+  const long long batch = d == 3 ? static_cast<long long>(x.strides()[0]) : 0;  // 2-D: shared by every batch
+  // A size-1 dimension has a meaningless stride; cuBLAS still wants ld to be
+  // at least the stored row count, hence the max().
+  if (s_col == 1 || cols == 1) return {x.data(), true, std::max<std::int64_t>({s_row, cols, 1}), batch};
+  MZ_CHECK(s_row == 1 || rows == 1, "gemm (cuda): ", what, " ", x.to_string(),
+           " has no unit stride in either of its last two dimensions (strides ", shape_str(x.strides()),
+           "); make it contiguous first");
+  return {x.data(), false, std::max<std::int64_t>({s_col, rows, 1}), batch};
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F16: return CUDA_R_16F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F64: return CUDA_R_64F;
+    default: break;
+  }
+  throw InternalError(detail::concat("gemm (cuda): no cuBLAS type for ", dtype_name(t)));
+}
+
+}  // namespace
+
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
+  const std::int64_t m = c.size(-2), n = c.size(-1);
+  const std::int64_t k = a.size(trans_a ? -2 : -1);
+  const std::int64_t batch = a.dim() == 3 ? a.size(0) : 1;
+  if (m == 0 || n == 0 || batch == 0) return;  // k == 0 is left to cuBLAS: C = beta * C
+
+  CudaDevice& dev = as_cuda_device(c.device());
+  CudaDeviceGuard guard(dev.index());
+  cublasHandle_t h = handle_for(dev);
+
+  const Operand oa = describe(a, "A"), ob = describe(b, "B");
+  // cuBLAS's first operand must be op(B)^T (N x K). Memory of a row-major B is
+  // B^T already, so it needs no transpose unless trans_b asks for one; a
+  // transposed view flips that. Likewise A, which must become op(A)^T.
+  const cublasOperation_t op_b = (trans_b != !ob.row_major) ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = (trans_a != !oa.row_major) ? CUBLAS_OP_T : CUBLAS_OP_N;
+
+  // C is row-major with a unit last stride (checked by gemm()), i.e. C^T in
+  // column-major with ldc = its row stride.
+  const std::int64_t ldc = std::max<std::int64_t>({c.strides()[static_cast<std::size_t>(c.dim() - 2)], n, 1});
+  const long long stride_c = c.dim() == 3 ? static_cast<long long>(c.strides()[0]) : 0;
+
+  if (a.dtype() == DType::F64) {
+    MZ_CHECK(c.dtype() == DType::F64, "gemm (cuda): fp64 inputs need an fp64 C, got ", c.to_string());
+    const double alpha64 = alpha, beta64 = beta;
+    check_cublas(cublasDgemmStridedBatched_64(h, op_b, op_a, n, m, k, &alpha64, static_cast<const double*>(ob.data),
+                                              ob.ld, ob.batch_stride, static_cast<const double*>(oa.data), oa.ld,
+                                              oa.batch_stride, &beta64, static_cast<double*>(c.data()), ldc,
+                                              stride_c, batch),
+                 "cublasDgemmStridedBatched_64");
+    return;
+  }
+  // alpha/beta are fp32 host scalars, as CUBLAS_COMPUTE_32F requires.
+  check_cublas(cublasGemmStridedBatchedEx_64(h, op_b, op_a, n, m, k, &alpha, ob.data, cuda_type(b.dtype()), ob.ld,
+                                             ob.batch_stride, oa.data, cuda_type(a.dtype()), oa.ld, oa.batch_stride,
+                                             &beta, c.data(), cuda_type(c.dtype()), ldc, stride_c, batch,
+                                             CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               "cublasGemmStridedBatchedEx_64");
+}
+
+}  // namespace megazero::cuda

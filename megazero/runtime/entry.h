@@ -1,0 +1,17 @@
+// The one way every megazero executable starts and ends, so that a bad flag or
+// a crash ends the whole job the same way on every rank:
+//  - AgreedConfigError (all ranks agreed): rank 0 prints "PROG: error: ...",
+//    every rank finalises MPI and exits 2.
+//  - ConfigError on some ranks only: that rank prints it with its rank and host,
+//    then MPI_Abort(2) so no other rank waits forever.
+//  - Anything else (InternalError, std::exception): as above with exit code 3.
+#pragma once
+
+#include <functional>
+
+namespace megazero {
+
+// Runs body() between MPI initialisation and finalisation; returns its exit code.
+int run_main(const char* program, int argc, char** argv, const std::function<int(int, char**)>& body);
+
+}  // namespace megazero

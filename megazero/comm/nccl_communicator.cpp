@@ -1,0 +1,381 @@
+#include "megazero/comm/nccl_communicator.h"
+
+#include <nccl.h>
+
+#include <cstring>
+
+#include "megazero/core/error.h"
+
+namespace megazero {
+namespace {
+
+void check_nccl(ncclResult_t r, const char* call, const std::string& comm, const char* file, int line) {
+  if (r == ncclSuccess) return;
+  const char* detail = ncclGetLastError(nullptr);
+  throw InternalError(detail::concat(file, ":", line, ": NCCL ", call, " failed on communicator '", comm, "': ",
+                                     ncclGetErrorString(r), (detail && *detail ? ": " : ""),
+                                     (detail ? detail : ""), " (rerun with NCCL_DEBUG=INFO for details)"));
+}
+
+}  // namespace
+}  // namespace megazero
+
+// Inside NcclCommunicator members: names the communicator and the NCCL call.
+#define MZ_NCCL_CHECK(expr, call) ::megazero::check_nccl((expr), call, this->name(), __FILE__, __LINE__)
+
+namespace megazero {
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F16: return ncclFloat16;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F64: return ncclFloat64;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+  }
+  throw InternalError(detail::concat("nccl: no NCCL type for ", dtype_name(t)));
+}
+
+ncclRedOp_t nccl_op(DType t, ReduceOp op, const std::string& comm) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Avg:
+      // As in the MPI backend: an integer average would silently truncate.
+      MZ_CHECK(is_floating(t), comm, ": avg of a ", dtype_name(t), " tensor; use sum");
+      return ncclAvg;
+  }
+  throw InternalError(detail::concat(comm, ": unknown reduce op"));
+}
+
+std::size_t count_of(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
+
+bool overlaps(const Tensor& a, const Tensor& b) {
+  if (a.buffer() != b.buffer()) return false;
+  const auto* a0 = static_cast<const char*>(a.data());
+  const auto* b0 = static_cast<const char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+bool all_equal(const std::vector<std::int64_t>& c) {
+  for (auto x : c)
+    if (x != c.front()) return false;
+  return true;
+}
+
+// Byte offset of each rank's chunk.
+std::vector<std::size_t> byte_displacements(const std::vector<std::int64_t>& counts, DType t) {
+  std::vector<std::size_t> d(counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + static_cast<std::size_t>(counts[i - 1]) * dtype_size(t);
+  return d;
+}
+
+// ncclGroupStart/End. A group left open (an exception between the two) would
+// swallow every later NCCL call of this thread, so the destructor closes it.
+class NcclGroup {
+ public:
+  explicit NcclGroup(const std::string& comm) : comm_(comm) {
+    check_nccl(ncclGroupStart(), "ncclGroupStart", comm_, __FILE__, __LINE__);
+  }
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  void end() {
+    open_ = false;
+    check_nccl(ncclGroupEnd(), "ncclGroupEnd", comm_, __FILE__, __LINE__);
+  }
+
+ private:
+  const std::string& comm_;
+  bool open_ = true;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------- work
+CudaEventWork::CudaEventWork(std::string what) : what_(std::move(what)) {
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+}
+
+CudaEventWork::~CudaEventWork() {
+  // Safe while the event is pending: CUDA releases it once it completes.
+  (void)cudaEventDestroy(event_);
+}
+
+void CudaEventWork::record(cudaStream_t stream) { MZ_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+
+void CudaEventWork::wait() {
+  const cudaError_t err = cudaEventSynchronize(event_);
+  if (err != cudaSuccess)
+    throw InternalError(detail::concat(what_, ": waiting for the operation failed: ", cudaGetErrorName(err), " (",
+                                       cudaGetErrorString(err), ")"));
+  keep_alive_.reset();
+}
+
+bool CudaEventWork::test() {
+  const cudaError_t err = cudaEventQuery(event_);
+  if (err == cudaErrorNotReady) return false;
+  if (err != cudaSuccess)
+    throw InternalError(detail::concat(what_, ": polling the operation failed: ", cudaGetErrorName(err), " (",
+                                       cudaGetErrorString(err), ")"));
+  return true;
+}
+
+void CudaEventWork::wait_on_stream(cudaStream_t stream) const {
+  MZ_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+}
+
+// ---------------------------------------------------------------- setup
+NcclCommunicator::NcclCommunicator(Communicator& bootstrap, std::shared_ptr<CudaDevice> device, std::string name)
+    : Communicator(bootstrap.rank(), bootstrap.size(), std::move(name)), device_(std::move(device)) {
+  MZ_CHECK(device_ != nullptr, this->name(), ": NcclCommunicator needs a CUDA device");
+  // Byte 0 says whether rank 0 made the id: if it failed, the other ranks
+  // learn it from the broadcast instead of waiting in NCCL init forever.
+  ncclUniqueId id{};
+  Tensor msg = Tensor::empty(make_device(DeviceKind::CPU), Shape{static_cast<std::int64_t>(sizeof id + 1)}, DType::U8,
+                             MemoryCategory::CommBuffers, "nccl unique id");
+  auto* bytes = static_cast<unsigned char*>(msg.data());
+  std::memset(bytes, 0, sizeof id + 1);
+  ncclResult_t id_result = ncclSuccess;
+  if (rank() == 0) {
+    id_result = ncclGetUniqueId(&id);
+    bytes[0] = id_result == ncclSuccess ? 1 : 0;
+    std::memcpy(bytes + 1, &id, sizeof id);
+  }
+  bootstrap.broadcast(msg, 0).wait();
+  MZ_NCCL_CHECK(id_result, "ncclGetUniqueId");
+  MZ_CHECK(bytes[0] == 1, this->name(), ": rank 0 failed to create the NCCL unique id (see its error)");
+  std::memcpy(&id, bytes + 1, sizeof id);
+
+  CudaDeviceGuard guard(device_->index());
+  ncclComm_t comm = nullptr;
+  MZ_NCCL_CHECK(ncclCommInitRank(&comm, size(), id, rank()), "ncclCommInitRank");
+  comm_ = comm;
+  try {
+    init_resources();
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+NcclCommunicator::NcclCommunicator(ncclComm* comm, int rank, int size, std::shared_ptr<CudaDevice> device,
+                                   std::string name)
+    : Communicator(rank, size, std::move(name)), device_(std::move(device)), comm_(comm) {
+  try {
+    CudaDeviceGuard guard(device_->index());
+    init_resources();
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void NcclCommunicator::init_resources() {
+  MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&order_event_, cudaEventDisableTiming));
+}
+
+NcclCommunicator::~NcclCommunicator() { release(); }
+
+void NcclCommunicator::release() noexcept {
+  if (!device_) return;  // nothing was created without a device
+  int previous = -1;
+  const bool restore = cudaGetDevice(&previous) == cudaSuccess && previous != device_->index();
+  (void)cudaSetDevice(device_->index());
+  // Let queued operations finish before their communicator disappears.
+  if (stream_) (void)cudaStreamSynchronize(stream_);
+  if (comm_) (void)ncclCommDestroy(comm_);
+  if (order_event_) (void)cudaEventDestroy(order_event_);
+  if (stream_) (void)cudaStreamDestroy(stream_);
+  comm_ = nullptr;
+  order_event_ = nullptr;
+  stream_ = nullptr;
+  barrier_scratch_.reset();
+  if (restore) (void)cudaSetDevice(previous);
+}
+
+std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+  MZ_CHECK(color >= 0, this->name(), ": split needs a color >= 0, got ", color);
+  CudaDeviceGuard guard(device_->index());
+  ncclComm_t out = nullptr;
+  MZ_NCCL_CHECK(ncclCommSplit(comm_, color, key, &out, nullptr), "ncclCommSplit");
+  int rank = 0, size = 0;
+  const ncclResult_t r1 = ncclCommUserRank(out, &rank);
+  const ncclResult_t r2 = r1 == ncclSuccess ? ncclCommCount(out, &size) : r1;
+  if (r2 != ncclSuccess) (void)ncclCommDestroy(out);
+  MZ_NCCL_CHECK(r2, "ncclCommUserRank/ncclCommCount");
+  // The constructor is private (it adopts a raw NCCL handle), hence no make_unique.
+  return std::unique_ptr<Communicator>(new NcclCommunicator(out, rank, size, device_, name));
+}
+
+// ---------------------------------------------------------------- helpers
+void NcclCommunicator::check_on_device(const Tensor& t, const char* what) const {
+  MZ_CHECK(t.device_ptr().get() == static_cast<Device*>(device_.get()), name(), ": ", what, " of ", t.to_string(),
+           ", but this NCCL communicator works on ", device_->name(),
+           " (its own CudaDevice object); allocate the tensor on the communicator's device");
+}
+
+void NcclCommunicator::begin_op() {
+  MZ_CUDA_CHECK(cudaEventRecord(order_event_, device_->stream()));
+  MZ_CUDA_CHECK(cudaStreamWaitEvent(stream_, order_event_, 0));
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::end_op(const char* what, std::shared_ptr<Buffer> keep_alive) {
+  auto work = std::make_shared<CudaEventWork>(detail::concat(name(), ": ", what));
+  work->record(stream_);
+  work->keep_alive(std::move(keep_alive));
+  return work;
+}
+
+void NcclCommunicator::wait_on_stream(cudaStream_t stream) {
+  CudaDeviceGuard guard(device_->index());
+  MZ_CUDA_CHECK(cudaEventRecord(order_event_, stream_));
+  MZ_CUDA_CHECK(cudaStreamWaitEvent(stream, order_event_, 0));
+}
+
+// ---------------------------------------------------------------- collectives
+std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+  check_on_device(t, "all_reduce");
+  const ncclRedOp_t rop = nccl_op(t.dtype(), op, name());
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  MZ_NCCL_CHECK(ncclAllReduce(t.data(), t.data(), count_of(t), nccl_type(t.dtype()), rop, comm_, stream_),
+                "ncclAllReduce");
+  return end_op("all_reduce");
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+                                                              const std::vector<std::int64_t>& counts) {
+  check_on_device(input, "reduce_scatter input");
+  check_on_device(output, "reduce_scatter output");
+  const ncclDataType_t type = nccl_type(input.dtype());
+  const ncclRedOp_t rop = nccl_op(input.dtype(), op, name());
+  const auto displ = byte_displacements(counts, input.dtype());
+  const auto* in = static_cast<const char*>(input.data());
+  const auto me = static_cast<std::size_t>(rank());
+  // In place (output is this rank's chunk of input) is NCCL's own in-place
+  // form; any other overlap would race, so reduce into a staging buffer.
+  const bool in_place = output.data() == in + displ[me];
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  std::shared_ptr<Buffer> staging;
+  void* recv = output.data();
+  if (!in_place && overlaps(input, output)) {
+    staging = device_->allocate(output.nbytes(), MemoryCategory::CommBuffers, "nccl reduce_scatter staging");
+    recv = staging->data();
+  }
+  if (all_equal(counts)) {
+    MZ_NCCL_CHECK(ncclReduceScatter(in, recv, static_cast<std::size_t>(counts.front()), type, rop, comm_, stream_),
+                  "ncclReduceScatter");
+  } else {
+    // Uneven chunks: one reduce per rank onto its own slice, fused by the group.
+    NcclGroup group(name());
+    for (int r = 0; r < size(); ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      MZ_NCCL_CHECK(ncclReduce(in + displ[ri], r == rank() ? recv : nullptr, static_cast<std::size_t>(counts[ri]),
+                               type, rop, r, comm_, stream_),
+                    "ncclReduce (uneven reduce_scatter)");
+    }
+    group.end();
+  }
+  if (staging)
+    MZ_CUDA_CHECK(cudaMemcpyAsync(output.data(), recv, output.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  return end_op("reduce_scatter", std::move(staging));
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, Tensor& output,
+                                                          const std::vector<std::int64_t>& counts) {
+  check_on_device(input, "all_gather input");
+  check_on_device(output, "all_gather output");
+  const ncclDataType_t type = nccl_type(input.dtype());
+  const auto displ = byte_displacements(counts, input.dtype());
+  auto* out = static_cast<char*>(output.data());
+  const auto me = static_cast<std::size_t>(rank());
+  // ZeRO gathers partitions that already sit at their place in the full
+  // buffer: NCCL's in-place form. Any other overlap goes through staging.
+  const bool in_place = input.data() == out + displ[me];
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  std::shared_ptr<Buffer> staging;
+  const void* send = input.data();
+  if (!in_place && overlaps(input, output)) {
+    staging = device_->allocate(input.nbytes(), MemoryCategory::CommBuffers, "nccl all_gather staging");
+    MZ_CUDA_CHECK(cudaMemcpyAsync(staging->data(), input.data(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+    send = staging->data();
+  }
+  if (all_equal(counts)) {
+    MZ_NCCL_CHECK(ncclAllGather(send, out, static_cast<std::size_t>(counts.front()), type, comm_, stream_),
+                  "ncclAllGather");
+  } else {
+    // Uneven chunks: every rank broadcasts its chunk into its displacement.
+    NcclGroup group(name());
+    for (int r = 0; r < size(); ++r) {
+      const auto ri = static_cast<std::size_t>(r);
+      char* dst = out + displ[ri];
+      MZ_NCCL_CHECK(ncclBroadcast(r == rank() ? send : dst, dst, static_cast<std::size_t>(counts[ri]), type, r,
+                                  comm_, stream_),
+                    "ncclBroadcast (uneven all_gather)");
+    }
+    group.end();
+  }
+  return end_op("all_gather", std::move(staging));
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(Tensor& t, int root) {
+  check_on_device(t, "broadcast");
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  MZ_NCCL_CHECK(ncclBroadcast(t.data(), t.data(), count_of(t), nccl_type(t.dtype()), root, comm_, stream_),
+                "ncclBroadcast");
+  return end_op("broadcast");
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(Tensor& t, int root, ReduceOp op) {
+  check_on_device(t, "reduce");
+  const ncclRedOp_t rop = nccl_op(t.dtype(), op, name());
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  MZ_NCCL_CHECK(ncclReduce(t.data(), t.data(), count_of(t), nccl_type(t.dtype()), rop, root, comm_, stream_),
+                "ncclReduce");
+  return end_op("reduce");
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_barrier() {
+  CudaDeviceGuard guard(device_->index());
+  if (!barrier_scratch_) {
+    // Made on first use, under Other: it is not a communication bucket, and
+    // communicators that never barrier should not show up in the counters.
+    barrier_scratch_ = device_->allocate(sizeof(std::int32_t), MemoryCategory::Other, "nccl barrier scratch");
+    MZ_CUDA_CHECK(cudaMemsetAsync(barrier_scratch_->data(), 0, sizeof(std::int32_t), stream_));
+  }
+  begin_op();
+  void* p = barrier_scratch_->data();
+  MZ_NCCL_CHECK(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
+  // A barrier is a host-side rendezvous: return only once every rank got here.
+  end_op("barrier")->wait();
+  return nullptr;
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_send(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
+  check_on_device(t, "send");
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  MZ_NCCL_CHECK(ncclSend(t.data(), count_of(t), nccl_type(t.dtype()), peer, comm_, stream_), "ncclSend");
+  return end_op("send");
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(Tensor& t, int peer, int /*tag: NCCL has none*/) {
+  check_on_device(t, "recv");
+  CudaDeviceGuard guard(device_->index());
+  begin_op();
+  MZ_NCCL_CHECK(ncclRecv(t.data(), count_of(t), nccl_type(t.dtype()), peer, comm_, stream_), "ncclRecv");
+  return end_op("recv");
+}
+
+}  // namespace megazero

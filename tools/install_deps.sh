@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every system package megazero needs, from Debian's archive. Safe to
+# run again: it asks apt only for packages that are missing. The CUDA toolkit
+# is optional and not installed here (see docs/BUILD.md).
+set -euo pipefail
+
+packages=(
+  cmake g++ make pkg-config            # toolchain (CMake >= 3.25, C++20)
+  mpich libmpich-dev                   # MPI: the CPU collective backend and the launcher
+  libboost-program-options-dev         # command lines and config files
+  libgtest-dev libgmock-dev            # the test suite
+  libdnnl-dev                          # oneDNN: CPU GEMM (fp32, bf16/AMX)
+  libopenblas-dev                      # OpenBLAS: fp64 GEMM for reference paths, GEMM baseline
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install_deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install_deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+echo "install_deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

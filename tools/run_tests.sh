@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's test command (and CI's): installs what is missing, builds
+# everything (CUDA sources too when the toolkit is present: they compile and
+# link even without a GPU), and runs the whole suite. Fails on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash tools/install_deps.sh
+bash tools/build.sh
+cd "${BUILD_DIR:-build}"
+# Multi-rank tests oversubscribe the cores and are marked RUN_SERIAL.
+ctest --output-on-failure --timeout 900 "$@"

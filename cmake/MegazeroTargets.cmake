@@ -2,7 +2,8 @@
 
 add_library(megazero_warnings INTERFACE)
 target_compile_options(megazero_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>
+  $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wshadow,-Wconversion,-Wno-sign-conversion>)
 
 find_program(MEGAZERO_MPIEXEC NAMES ${MPIEXEC_EXECUTABLE} mpiexec REQUIRED)
 

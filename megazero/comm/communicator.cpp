@@ -78,13 +78,13 @@ std::vector<std::int64_t> Communicator::resolve_counts(std::vector<std::int64_t>
   return counts;
 }
 
-Work Communicator::all_reduce(Tensor& t, ReduceOp op) {
+Work Communicator::all_reduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
   const auto seq = record(CollectiveType::AllReduce, op, t.dtype(), t.numel(), -1);
   return Work(do_all_reduce(t, op), seq);
 }
 
-Work Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op, std::vector<std::int64_t> counts) {
+Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op, std::vector<std::int64_t> counts) {
   check_tensor(input, "reduce_scatter input");
   check_tensor(output, "reduce_scatter output");
   MZ_CHECK(input.dtype() == output.dtype(), name_, ": reduce_scatter dtypes differ");
@@ -96,7 +96,7 @@ Work Communicator::reduce_scatter(const Tensor& input, Tensor& output, ReduceOp 
   return Work(do_reduce_scatter(input, output, op, counts), seq);
 }
 
-Work Communicator::all_gather(const Tensor& input, Tensor& output, std::vector<std::int64_t> counts) {
+Work Communicator::all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts) {
   check_tensor(input, "all_gather input");
   check_tensor(output, "all_gather output");
   MZ_CHECK(input.dtype() == output.dtype(), name_, ": all_gather dtypes differ");
@@ -108,14 +108,14 @@ Work Communicator::all_gather(const Tensor& input, Tensor& output, std::vector<s
   return Work(do_all_gather(input, output, counts), seq);
 }
 
-Work Communicator::broadcast(Tensor& t, int root) {
+Work Communicator::broadcast(const Tensor& t, int root) {
   check_tensor(t, "broadcast");
   check_peer(root, "broadcast");
   const auto seq = record(CollectiveType::Broadcast, ReduceOp::Sum, t.dtype(), t.numel(), root);
   return Work(do_broadcast(t, root), seq);
 }
 
-Work Communicator::reduce(Tensor& t, int root, ReduceOp op) {
+Work Communicator::reduce(const Tensor& t, int root, ReduceOp op) {
   check_tensor(t, "reduce");
   check_peer(root, "reduce");
   const auto seq = record(CollectiveType::Reduce, op, t.dtype(), t.numel(), root);
@@ -135,7 +135,7 @@ Work Communicator::send(const Tensor& t, int peer, int tag) {
   return Work(do_send(t, peer, tag), 0);
 }
 
-Work Communicator::recv(Tensor& t, int peer, int tag) {
+Work Communicator::recv(const Tensor& t, int peer, int tag) {
   check_tensor(t, "recv");
   check_peer(peer, "recv");
   MZ_CHECK(peer != rank_, name_, ": recv from self");

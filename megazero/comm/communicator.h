@@ -70,21 +70,21 @@ class Communicator {
   virtual std::string_view backend() const = 0;
 
   // In place on `t`.
-  Work all_reduce(Tensor& t, ReduceOp op = ReduceOp::Sum);
+  Work all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum);
   // input holds every rank's chunk back to back; output gets this rank's chunk,
   // reduced. counts[r] = elements of rank r's chunk; empty = equal chunks of
   // output.numel() each.
-  Work reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op = ReduceOp::Sum,
+  Work reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op = ReduceOp::Sum,
                       std::vector<std::int64_t> counts = {});
   // output gets every rank's input back to back; counts as in reduce_scatter.
-  Work all_gather(const Tensor& input, Tensor& output, std::vector<std::int64_t> counts = {});
-  Work broadcast(Tensor& t, int root);
+  Work all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts = {});
+  Work broadcast(const Tensor& t, int root);
   // In place; the result is defined on `root` only.
-  Work reduce(Tensor& t, int root, ReduceOp op = ReduceOp::Sum);
+  Work reduce(const Tensor& t, int root, ReduceOp op = ReduceOp::Sum);
   Work barrier();
   // Point to point; these do not take part in the collective sequence.
   Work send(const Tensor& t, int peer, int tag = 0);
-  Work recv(Tensor& t, int peer, int tag = 0);
+  Work recv(const Tensor& t, int peer, int tag = 0);
 
   // New communicator of the ranks that pass the same color, ordered by key.
   // Collective over this communicator.
@@ -106,15 +106,15 @@ class Communicator {
 
   // Backends implement these; arguments are already validated and recorded.
   // nullptr means "already complete".
-  virtual std::shared_ptr<WorkImpl> do_all_reduce(Tensor& t, ReduceOp op) = 0;
-  virtual std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+  virtual std::shared_ptr<WorkImpl> do_all_reduce(const Tensor& t, ReduceOp op) = 0;
+  virtual std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                  const std::vector<std::int64_t>& counts) = 0;
-  virtual std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, Tensor& output, const std::vector<std::int64_t>& counts) = 0;
-  virtual std::shared_ptr<WorkImpl> do_broadcast(Tensor& t, int root) = 0;
-  virtual std::shared_ptr<WorkImpl> do_reduce(Tensor& t, int root, ReduceOp op) = 0;
+  virtual std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, const Tensor& output, const std::vector<std::int64_t>& counts) = 0;
+  virtual std::shared_ptr<WorkImpl> do_broadcast(const Tensor& t, int root) = 0;
+  virtual std::shared_ptr<WorkImpl> do_reduce(const Tensor& t, int root, ReduceOp op) = 0;
   virtual std::shared_ptr<WorkImpl> do_barrier() = 0;
   virtual std::shared_ptr<WorkImpl> do_send(const Tensor& t, int peer, int tag) = 0;
-  virtual std::shared_ptr<WorkImpl> do_recv(Tensor& t, int peer, int tag) = 0;
+  virtual std::shared_ptr<WorkImpl> do_recv(const Tensor& t, int peer, int tag) = 0;
 
  private:
   std::uint64_t record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer);

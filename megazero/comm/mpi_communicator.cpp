@@ -186,7 +186,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn) {
   return work;
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
   return enqueue([this, t, op] {
     HostView h(t, true);
     mpi::check(MPI_Allreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
@@ -197,7 +197,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(Tensor& t, ReduceOp op)
   });
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                                              const std::vector<std::int64_t>& counts) {
   return enqueue([this, input, output, op, counts] {
     HostView in(input, true);
@@ -219,7 +219,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
   });
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, Tensor& output,
+std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
                                                          const std::vector<std::int64_t>& counts) {
   return enqueue([this, input, output, counts] {
     HostView out(output, false);
@@ -253,7 +253,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, Te
   });
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(Tensor& t, int root) {
+std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int root) {
   return enqueue([this, t, root] {
     HostView h(t, rank() == root);
     mpi::check(MPI_Bcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_), "MPI_Bcast", name());
@@ -261,7 +261,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(Tensor& t, int root) {
   });
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(Tensor& t, int root, ReduceOp op) {
+std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
   return enqueue([this, t, root, op] {
     HostView h(t, true);
     const bool is_root = rank() == root;
@@ -287,7 +287,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_send(const Tensor& t, int peer, in
   return std::make_shared<RequestWork>(req, std::move(view), false, name());
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::do_recv(Tensor& t, int peer, int tag) {
+std::shared_ptr<WorkImpl> MpiCommunicator::do_recv(const Tensor& t, int peer, int tag) {
   auto view = std::make_unique<HostView>(t, false);
   MPI_Request req;
   mpi::check(MPI_Irecv_c(view->ptr(), t.numel(), mpi::datatype(t.dtype()), peer, tag, comm_, &req), "MPI_Irecv",

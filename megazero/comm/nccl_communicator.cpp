@@ -11,20 +11,14 @@ namespace {
 
 void check_nccl(ncclResult_t r, const char* call, const std::string& comm, const char* file, int line) {
   if (r == ncclSuccess) return;
-  const char* detail = ncclGetLastError(nullptr);
+  const char* last = ncclGetLastError(nullptr);  // NCCL's own explanation, when it has one
   throw InternalError(detail::concat(file, ":", line, ": NCCL ", call, " failed on communicator '", comm, "': ",
-                                     ncclGetErrorString(r), (detail && *detail ? ": " : ""),
-                                     (detail ? detail : ""), " (rerun with NCCL_DEBUG=INFO for details)"));
+                                     ncclGetErrorString(r), (last && *last ? ": " : ""), (last ? last : ""),
+                                     " (rerun with NCCL_DEBUG=INFO for details)"));
 }
 
-}  // namespace
-}  // namespace megazero
-
 // Inside NcclCommunicator members: names the communicator and the NCCL call.
-#define MZ_NCCL_CHECK(expr, call) ::megazero::check_nccl((expr), call, this->name(), __FILE__, __LINE__)
-
-namespace megazero {
-namespace {
+#define MZ_NCCL_CHECK(expr, call) check_nccl((expr), call, this->name(), __FILE__, __LINE__)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -205,13 +199,13 @@ std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const 
   CudaDeviceGuard guard(device_->index());
   ncclComm_t out = nullptr;
   MZ_NCCL_CHECK(ncclCommSplit(comm_, color, key, &out, nullptr), "ncclCommSplit");
-  int rank = 0, size = 0;
-  const ncclResult_t r1 = ncclCommUserRank(out, &rank);
-  const ncclResult_t r2 = r1 == ncclSuccess ? ncclCommCount(out, &size) : r1;
+  int new_rank = 0, new_size = 0;
+  const ncclResult_t r1 = ncclCommUserRank(out, &new_rank);
+  const ncclResult_t r2 = r1 == ncclSuccess ? ncclCommCount(out, &new_size) : r1;
   if (r2 != ncclSuccess) (void)ncclCommDestroy(out);
   MZ_NCCL_CHECK(r2, "ncclCommUserRank/ncclCommCount");
   // The constructor is private (it adopts a raw NCCL handle), hence no make_unique.
-  return std::unique_ptr<Communicator>(new NcclCommunicator(out, rank, size, device_, name));
+  return std::unique_ptr<Communicator>(new NcclCommunicator(out, new_rank, new_size, device_, name));
 }
 
 // ---------------------------------------------------------------- helpers
@@ -240,7 +234,7 @@ void NcclCommunicator::wait_on_stream(cudaStream_t stream) {
 }
 
 // ---------------------------------------------------------------- collectives
-std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op) {
+std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
   check_on_device(t, "all_reduce");
   const ncclRedOp_t rop = nccl_op(t.dtype(), op, name());
   CudaDeviceGuard guard(device_->index());
@@ -250,7 +244,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(Tensor& t, ReduceOp op
   return end_op("all_reduce");
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                                               const std::vector<std::int64_t>& counts) {
   check_on_device(input, "reduce_scatter input");
   check_on_device(output, "reduce_scatter output");
@@ -289,7 +283,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& inpu
   return end_op("reduce_scatter", std::move(staging));
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, Tensor& output,
+std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
                                                           const std::vector<std::int64_t>& counts) {
   check_on_device(input, "all_gather input");
   check_on_device(output, "all_gather output");
@@ -327,7 +321,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, T
   return end_op("all_gather", std::move(staging));
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(Tensor& t, int root) {
+std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(const Tensor& t, int root) {
   check_on_device(t, "broadcast");
   CudaDeviceGuard guard(device_->index());
   begin_op();
@@ -336,7 +330,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(Tensor& t, int root) {
   return end_op("broadcast");
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(Tensor& t, int root, ReduceOp op) {
+std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
   check_on_device(t, "reduce");
   const ncclRedOp_t rop = nccl_op(t.dtype(), op, name());
   CudaDeviceGuard guard(device_->index());
@@ -370,7 +364,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_send(const Tensor& t, int peer, i
   return end_op("send");
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(Tensor& t, int peer, int /*tag: NCCL has none*/) {
+std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
   check_on_device(t, "recv");
   CudaDeviceGuard guard(device_->index());
   begin_op();

@@ -83,16 +83,16 @@ class NcclCommunicator final : public Communicator {
   void wait_on_stream() { wait_on_stream(device_->stream()); }
 
  protected:
-  std::shared_ptr<WorkImpl> do_all_reduce(Tensor& t, ReduceOp op) override;
-  std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, Tensor& output, ReduceOp op,
+  std::shared_ptr<WorkImpl> do_all_reduce(const Tensor& t, ReduceOp op) override;
+  std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                               const std::vector<std::int64_t>& counts) override;
-  std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, Tensor& output,
+  std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, const Tensor& output,
                                           const std::vector<std::int64_t>& counts) override;
-  std::shared_ptr<WorkImpl> do_broadcast(Tensor& t, int root) override;
-  std::shared_ptr<WorkImpl> do_reduce(Tensor& t, int root, ReduceOp op) override;
+  std::shared_ptr<WorkImpl> do_broadcast(const Tensor& t, int root) override;
+  std::shared_ptr<WorkImpl> do_reduce(const Tensor& t, int root, ReduceOp op) override;
   std::shared_ptr<WorkImpl> do_barrier() override;
   std::shared_ptr<WorkImpl> do_send(const Tensor& t, int peer, int tag) override;
-  std::shared_ptr<WorkImpl> do_recv(Tensor& t, int peer, int tag) override;
+  std::shared_ptr<WorkImpl> do_recv(const Tensor& t, int peer, int tag) override;
 
  private:
   // Adopts `comm` (from ncclCommSplit); rank and size come from it.

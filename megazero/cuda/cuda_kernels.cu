@@ -76,6 +76,22 @@ __global__ void scale_f64_kernel(double* data, std::size_t n, double factor) {
     data[i] *= factor;
 }
 
+template <typename T>
+__global__ void scale_matrix_kernel(T* data, std::size_t rows, std::size_t cols, std::size_t batch_stride,
+                                    std::size_t row_stride, std::size_t n, float beta) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const std::size_t col = i % cols, row = (i / cols) % rows, b = i / (cols * rows);
+    T& x = data[b * batch_stride + row * row_stride + col];
+    // beta == 0 must not read x: BLAS lets C be uninitialised then.
+    if constexpr (std::is_same_v<T, double>) {
+      x = beta == 0.0f ? 0.0 : x * static_cast<double>(beta);
+    } else {
+      x = from_float<T>(beta == 0.0f ? 0.0f : to_float(x) * beta);
+    }
+  }
+}
+
 template <typename S, typename D>
 void launch_convert(const void* src, void* dst, std::size_t n, cudaStream_t s) {
   convert_kernel<S, D><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
@@ -125,6 +141,18 @@ void scale(void* data, DType t, std::size_t n, float factor, cudaStream_t s) {
       scale_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(data), n, factor);
       check_launch("scale");
     }
+  });
+}
+
+void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std::size_t cols,
+                  std::size_t batch_stride, std::size_t row_stride, float beta, cudaStream_t s) {
+  const std::size_t n = batch * rows * cols;
+  if (n == 0) return;
+  with_float_type(t, "scale_matrix", [&](auto tag) {
+    using T = decltype(tag);
+    scale_matrix_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(data), rows, cols, batch_stride,
+                                                             row_stride, n, beta);
+    check_launch("scale_matrix");
   });
 }
 

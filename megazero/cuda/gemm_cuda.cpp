@@ -13,6 +13,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/cuda_kernels.h"
 #include "megazero/kernels/gemm.h"
 
 namespace megazero::cuda {
@@ -96,10 +97,24 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const std::int64_t m = c.size(-2), n = c.size(-1);
   const std::int64_t k = a.size(trans_a ? -2 : -1);
   const std::int64_t batch = a.dim() == 3 ? a.size(0) : 1;
-  if (m == 0 || n == 0 || batch == 0) return;  // k == 0 is left to cuBLAS: C = beta * C
+  if (m == 0 || n == 0 || batch == 0) return;
+  MZ_CHECK(a.dtype() != DType::F64 || c.dtype() == DType::F64, "gemm (cuda): fp64 inputs need an fp64 C, got ",
+           c.to_string());
 
   CudaDevice& dev = as_cuda_device(c.device());
   CudaDeviceGuard guard(dev.index());
+  // C is row-major with a unit last stride (checked by gemm()), i.e. C^T in
+  // column-major with ldc = its row stride.
+  const std::int64_t ldc = std::max<std::int64_t>({c.strides()[static_cast<std::size_t>(c.dim() - 2)], n, 1});
+  const long long stride_c = c.dim() == 3 ? static_cast<long long>(c.strides()[0]) : 0;
+  if (k == 0) {
+    // An empty inner dimension (e.g. an empty shard) leaves C = beta * C; do
+    // it ourselves rather than rely on every cuBLAS path honouring k == 0.
+    scale_matrix(c.data(), c.dtype(), static_cast<std::size_t>(batch), static_cast<std::size_t>(m),
+                 static_cast<std::size_t>(n), static_cast<std::size_t>(stride_c), static_cast<std::size_t>(ldc), beta,
+                 dev.stream());
+    return;
+  }
   cublasHandle_t h = handle_for(dev);
 
   const Operand oa = describe(a, "A"), ob = describe(b, "B");
@@ -109,13 +124,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   const cublasOperation_t op_b = (trans_b != !ob.row_major) ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_a = (trans_a != !oa.row_major) ? CUBLAS_OP_T : CUBLAS_OP_N;
 
-  // C is row-major with a unit last stride (checked by gemm()), i.e. C^T in
-  // column-major with ldc = its row stride.
-  const std::int64_t ldc = std::max<std::int64_t>({c.strides()[static_cast<std::size_t>(c.dim() - 2)], n, 1});
-  const long long stride_c = c.dim() == 3 ? static_cast<long long>(c.strides()[0]) : 0;
-
   if (a.dtype() == DType::F64) {
-    MZ_CHECK(c.dtype() == DType::F64, "gemm (cuda): fp64 inputs need an fp64 C, got ", c.to_string());
     const double alpha64 = alpha, beta64 = beta;
     check_cublas(cublasDgemmStridedBatched_64(h, op_b, op_a, n, m, k, &alpha64, static_cast<const double*>(ob.data),
                                               ob.ld, ob.batch_stride, static_cast<const double*>(oa.data), oa.ld,

@@ -1,0 +1,47 @@
+#include "layers/embedding.h"
+
+#include <algorithm>
+
+#include "layers/mappings.h"
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::layers {
+
+VocabParallelEmbedding::VocabParallelEmbedding(ParameterSet& params, const std::string& name, std::int64_t vocab,
+                                               std::int64_t padded_vocab, std::int64_t hidden, const TpContext& ctx,
+                                               double init_std)
+    : ctx_(ctx) {
+  weight_ = &params.add(name + ".weight", {padded_vocab, hidden}, 0, ctx.rank(), ctx.size(), Init::Normal, init_std);
+  weight_->padding_from_row = vocab;
+  vocab_start_ = weight_->shard_start;
+  valid_ = std::clamp<std::int64_t>(vocab - vocab_start_, 0, weight_->local_shape[0]);
+}
+
+Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+  ids_ = ids;
+  Tensor out = ctx_.activation({ids.size(0), weight_->local_shape[1]});
+  kernels::embedding_forward(ids, weight_->value, vocab_start_, out);
+  ReduceFromTpRegion::forward(*ctx_.tp, out);
+  return out;
+}
+
+void VocabParallelEmbedding::backward(const Tensor& dout) {
+  MZ_CHECK(ids_.defined(), "VocabParallelEmbedding::backward before forward");
+  ReduceFromTpRegion::backward(*ctx_.tp, dout);
+  kernels::embedding_backward(ids_, dout, vocab_start_, weight_->grad);
+  ids_ = Tensor();
+}
+
+PositionEmbedding::PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions,
+                                     std::int64_t hidden, const TpContext&, double init_std) {
+  weight_ = &params.add(name + ".weight", {max_positions, hidden}, -1, 0, 1, Init::Normal, init_std);
+}
+
+void PositionEmbedding::forward(Tensor& x, std::int64_t seq) { kernels::add_position_embedding(x, weight_->value, seq); }
+
+void PositionEmbedding::backward(const Tensor& dout, std::int64_t seq) {
+  kernels::position_embedding_backward(dout, seq, weight_->grad);
+}
+
+}  // namespace megazero::layers

@@ -1,0 +1,36 @@
+#include "layers/gpt_config.h"
+
+#include "megazero/core/error.h"
+
+namespace megazero::layers {
+
+std::int64_t GPTConfig::padded_vocab(int tp) const {
+  const std::int64_t multiple = make_vocab_size_divisible_by * tp;
+  return (vocab_size + multiple - 1) / multiple * multiple;
+}
+
+void GPTConfig::validate(int tp) const {
+  MZ_REQUIRE(num_layers > 0, "--num-layers must be positive, got ", num_layers);
+  MZ_REQUIRE(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
+  MZ_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be positive, got ", num_attention_heads);
+  MZ_REQUIRE(hidden_size % num_attention_heads == 0, "--hidden-size ", hidden_size,
+             " is not divisible by --num-attention-heads ", num_attention_heads,
+             "; choose a head count that divides the hidden size");
+  MZ_REQUIRE(num_attention_heads % tp == 0, "--num-attention-heads ", num_attention_heads,
+             " is not divisible by --tensor-model-parallel-size ", tp,
+             "; each TP rank holds whole heads: choose a TP size that divides the head count");
+  MZ_REQUIRE(ffn() % tp == 0, "the MLP width ", ffn(), " is not divisible by --tensor-model-parallel-size ", tp);
+  MZ_REQUIRE(vocab_size > 0, "the vocabulary size must be positive, got ", vocab_size);
+  MZ_REQUIRE(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be positive");
+  MZ_REQUIRE(seq_length > 0, "--seq-length must be positive, got ", seq_length);
+  MZ_REQUIRE(max_position_embeddings > 0, "--max-position-embeddings must be positive");
+  MZ_REQUIRE(seq_length <= max_position_embeddings, "--seq-length ", seq_length,
+             " is longer than --max-position-embeddings ", max_position_embeddings,
+             "; raise --max-position-embeddings or shorten --seq-length");
+  MZ_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
+  MZ_REQUIRE(attention_dropout >= 0 && attention_dropout < 1, "--attention-dropout must be in [0, 1), got ",
+             attention_dropout);
+  MZ_REQUIRE(layernorm_epsilon > 0, "the LayerNorm epsilon must be positive");
+}
+
+}  // namespace megazero::layers

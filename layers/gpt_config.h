@@ -1,0 +1,33 @@
+// The shape of a GPT model and its regularisation, with the checks that turn
+// impossible combinations into messages naming the flag.
+#pragma once
+
+#include <cstdint>
+
+namespace megazero::layers {
+
+struct GPTConfig {
+  std::int64_t num_layers = 2;               // --num-layers
+  std::int64_t hidden_size = 64;             // --hidden-size
+  std::int64_t num_attention_heads = 4;      // --num-attention-heads
+  std::int64_t ffn_hidden_size = 0;          // 0 = 4 x hidden
+  std::int64_t vocab_size = 50257;           // from the tokenizer
+  std::int64_t max_position_embeddings = 1024;  // --max-position-embeddings
+  std::int64_t seq_length = 1024;            // --seq-length
+  double hidden_dropout = 0.1;               // --hidden-dropout
+  double attention_dropout = 0.1;            // --attention-dropout
+  double layernorm_epsilon = 1e-5;
+  double init_method_std = 0.02;             // GPT-2: normal(0, 0.02)
+  bool recompute_activations = false;        // --recompute-activations
+  std::int64_t make_vocab_size_divisible_by = 128;  // padded to a multiple of this x TP
+
+  std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  // Padded vocabulary for a TP degree (Megatron's rule); padding is masked out
+  // of the softmax, so results do not depend on it.
+  std::int64_t padded_vocab(int tp) const;
+  // Throws ConfigError naming the flag for anything impossible at this TP size.
+  void validate(int tp) const;
+};
+
+}  // namespace megazero::layers

@@ -1,0 +1,90 @@
+#include "layers/gpt_model.h"
+
+#include "layers/mappings.h"
+#include "megazero/core/error.h"
+#include "megazero/kernels/gemm.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::layers {
+namespace {
+const GPTConfig& validated(const GPTConfig& cfg, int tp) {
+  cfg.validate(tp);
+  return cfg;
+}
+}  // namespace
+
+GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& params)
+    : cfg_(validated(cfg, ctx.size())),
+      ctx_(ctx),
+      embedding_(params, "embedding.word", cfg.vocab_size, cfg.padded_vocab(ctx.size()), cfg.hidden_size, ctx,
+                 cfg.init_method_std),
+      position_(params, "embedding.position", cfg.max_position_embeddings, cfg.hidden_size, ctx, cfg.init_method_std),
+      loss_(ctx) {
+  // Declared in forward order, which is also the parameters' order.
+  for (int l = 0; l < cfg.num_layers; ++l) layers_.push_back(std::make_unique<TransformerLayer>(params, cfg, l, ctx));
+  final_ln_ = std::make_unique<LayerNorm>(params, "final_ln", cfg.hidden_size, cfg.layernorm_epsilon, ctx);
+}
+
+void GPTModel::check_ids(const Tensor& ids, const char* what) const {
+  MZ_CHECK(ids.dtype() == DType::I64 && ids.dim() == 1, what, " must be int64 [B*S]");
+  if (ids.device().kind() != DeviceKind::CPU) return;
+  const auto* p = ids.data_as<std::int64_t>();
+  for (std::int64_t i = 0; i < ids.numel(); ++i)
+    MZ_REQUIRE(p[i] >= 0 && p[i] < cfg_.vocab_size, what, " holds token id ", p[i], " at position ", i,
+               ", outside the vocabulary [0, ", cfg_.vocab_size,
+               "); the data was tokenized with a different vocabulary than the model's (check --vocab-file / "
+               "--data-path)");
+}
+
+double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInfo& step) {
+  MZ_REQUIRE(step.seq <= cfg_.max_position_embeddings, "sequence length ", step.seq,
+             " is longer than --max-position-embeddings ", cfg_.max_position_embeddings);
+  MZ_CHECK(ids.numel() == step.micro_batch * step.seq, "ids hold ", ids.numel(), " tokens for B*S = ",
+           step.micro_batch * step.seq);
+  check_ids(ids, "the input");
+  check_ids(targets, "the targets");
+  step_ = step;
+  Tensor h = embedding_.forward(ids);
+  position_.forward(h, step.seq);
+  if (step.training && cfg_.hidden_dropout > 0) {
+    kernels::DropoutLayout l{step.micro_batch, 1, step.seq, cfg_.hidden_size, step.sample_offset, 0, 1};
+    kernels::dropout_forward(h, cfg_.hidden_dropout, RngKey{step.seed, step.iteration, 0, kRngEmbeddingDropout}, l, h);
+  }
+  for (auto& layer : layers_) h = layer->forward(h, step);
+  final_hidden_ = final_ln_->forward(h);
+  CopyToTpRegion::forward(*ctx_.tp, final_hidden_);
+  logits_ = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
+  gemm(final_hidden_, false, embedding_.weight().value, true, logits_);
+  return loss_.forward(logits_, targets, embedding_.vocab_start(), embedding_.valid_rows());
+}
+
+void GPTModel::backward(double loss_scale) {
+  MZ_CHECK(final_hidden_.defined(), "GPTModel::backward before forward");
+  Tensor dlogits = loss_.backward(loss_scale);
+  auto& w = embedding_.weight();
+  gemm(dlogits, true, final_hidden_, false, w.grad, 1.0f, 1.0f);  // tied weight: logits part
+  Tensor dh = ctx_.activation(final_hidden_.shape());
+  gemm(dlogits, false, w.value, false, dh);
+  CopyToTpRegion::backward(*ctx_.tp, dh);
+  final_hidden_ = Tensor();
+  dh = final_ln_->backward(dh);
+  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) dh = (*it)->backward(dh);
+  if (step_.training && cfg_.hidden_dropout > 0) {
+    kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+    kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout},
+                              l, dh);
+  }
+  position_.backward(dh, step_.seq);
+  embedding_.backward(dh);
+}
+
+double GPTModel::flops_per_token(bool with_recompute) const {
+  // Narayanan et al. (2021) eq. 3 divided by B s: 72 (96 with recompute)
+  // l h^2 (1 + s/(6h) + V/(16 l h)).
+  const double l = static_cast<double>(cfg_.num_layers), h = static_cast<double>(cfg_.hidden_size);
+  const double s = static_cast<double>(step_.seq > 1 ? step_.seq : cfg_.seq_length);
+  const double v = static_cast<double>(cfg_.vocab_size);
+  return (with_recompute ? 96.0 : 72.0) * l * h * h * (1.0 + s / (6.0 * h) + v / (16.0 * l * h));
+}
+
+}  // namespace megazero::layers

@@ -1,0 +1,38 @@
+#include "layers/layernorm.h"
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::layers {
+
+LayerNorm::LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps,
+                     const TpContext& ctx)
+    : ctx_(ctx), eps_(eps) {
+  gamma_ = &params.add(name + ".weight", {hidden}, -1, 0, 1, Init::Ones, 0, false);
+  beta_ = &params.add(name + ".bias", {hidden}, -1, 0, 1, Init::Zeros, 0, false);
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  input_ = x;
+  mean_ = ctx_.activation({x.size(0)});
+  rstd_ = ctx_.activation({x.size(0)});
+  Tensor y = ctx_.activation(x.shape());
+  kernels::layernorm_forward(x, gamma_->value, beta_->value, eps_, y, mean_, rstd_);
+  return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) {
+  MZ_CHECK(input_.defined(), "LayerNorm::backward before forward");
+  Tensor dx = ctx_.activation(input_.shape());
+  kernels::layernorm_backward(dy, input_, gamma_->value, mean_, rstd_, dx, gamma_->grad, beta_->grad);
+  release();
+  return dx;
+}
+
+void LayerNorm::release() {
+  input_ = Tensor();
+  mean_ = Tensor();
+  rstd_ = Tensor();
+}
+
+}  // namespace megazero::layers

@@ -1,0 +1,25 @@
+// LayerNorm over the hidden dimension; gamma and beta replicated across TP
+// (every TP rank holds the full vector and computes the same result).
+#pragma once
+
+#include "layers/parameter.h"
+#include "layers/tp_context.h"
+
+namespace megazero::layers {
+
+class LayerNorm {
+ public:
+  LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
+  Tensor forward(const Tensor& x);       // [N, hidden]
+  Tensor backward(const Tensor& dy);     // dx; accumulates dgamma, dbeta
+  void release();
+
+ private:
+  TpContext ctx_;
+  Parameter* gamma_;
+  Parameter* beta_;
+  double eps_;
+  Tensor input_, mean_, rstd_;
+};
+
+}  // namespace megazero::layers

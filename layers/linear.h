@@ -1,0 +1,54 @@
+// Megatron's two tensor-parallel linear layers. Weights are stored [out, in]
+// (y = x W^T + b) as at TP = 1, split along out (column-parallel) or in
+// (row-parallel). Each layer keeps what its backward needs (its input) until
+// backward or release().
+#pragma once
+
+#include "layers/parameter.h"
+#include "layers/tp_context.h"
+
+namespace megazero::layers {
+
+// Y = X A^T with A split by rows of the weight (output features): each rank
+// computes its slice of the outputs. Input X replicated across TP.
+class ColumnParallelLinear {
+ public:
+  ColumnParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out, bool bias,
+                       bool gather_output, const TpContext& ctx, double init_std);
+  // x: [N, in] -> [N, out / tp] (or [N, out] with gather_output).
+  Tensor forward(const Tensor& x);
+  // dy like forward's output -> dx [N, in] (TP-reduced); accumulates dW, db.
+  Tensor backward(const Tensor& dy);
+  void release() { input_ = Tensor(); }
+  std::int64_t local_out() const { return local_out_; }
+
+ private:
+  TpContext ctx_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  bool gather_output_;
+  std::int64_t local_out_;
+  Tensor input_;
+};
+
+// Y = X A^T with A split by columns (input features): input already split
+// across TP (the output of a ColumnParallelLinear); partial products summed by
+// an all-reduce, then the (replicated) bias added.
+class RowParallelLinear {
+ public:
+  RowParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out, bool bias,
+                    const TpContext& ctx, double init_std);
+  // x: [N, in / tp] -> [N, out], identical on every TP rank.
+  Tensor forward(const Tensor& x);
+  // dy [N, out] -> dx [N, in / tp]; accumulates dW, db.
+  Tensor backward(const Tensor& dy);
+  void release() { input_ = Tensor(); }
+
+ private:
+  TpContext ctx_;
+  Parameter* weight_;
+  Parameter* bias_ = nullptr;
+  Tensor input_;
+};
+
+}  // namespace megazero::layers

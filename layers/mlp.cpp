@@ -1,0 +1,37 @@
+#include "layers/mlp.h"
+
+#include <cmath>
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::layers {
+
+ParallelMLP::ParallelMLP(ParameterSet& params, const std::string& name, const GPTConfig& cfg, const TpContext& ctx)
+    : ctx_(ctx),
+      fc1_(params, name + ".fc1", cfg.hidden_size, cfg.ffn(), true, false, ctx, cfg.init_method_std),
+      fc2_(params, name + ".fc2", cfg.ffn(), cfg.hidden_size, true, ctx,
+           cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
+
+Tensor ParallelMLP::forward(const Tensor& x) {
+  pre_gelu_ = fc1_.forward(x);
+  Tensor act = ctx_.activation(pre_gelu_.shape());
+  kernels::gelu_forward(pre_gelu_, act);
+  return fc2_.forward(act);
+}
+
+Tensor ParallelMLP::backward(const Tensor& dy) {
+  MZ_CHECK(pre_gelu_.defined(), "MLP backward before forward");
+  Tensor dact = fc2_.backward(dy);
+  kernels::gelu_backward(dact, pre_gelu_, dact);
+  pre_gelu_ = Tensor();
+  return fc1_.backward(dact);
+}
+
+void ParallelMLP::release() {
+  pre_gelu_ = Tensor();
+  fc1_.release();
+  fc2_.release();
+}
+
+}  // namespace megazero::layers

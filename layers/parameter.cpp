@@ -1,0 +1,112 @@
+#include "layers/parameter.h"
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/rng.h"
+
+namespace megazero::layers {
+
+std::uint32_t Parameter::id() const {
+  std::uint32_t h = 2166136261u;  // FNV-1a
+  for (unsigned char c : name) h = (h ^ c) * 16777619u;
+  return h;
+}
+
+std::int64_t Parameter::global_index(std::int64_t local_flat) const {
+  std::int64_t global = 0, rem = local_flat;
+  Shape local_strides = contiguous_strides(local_shape);
+  Shape global_strides = contiguous_strides(global_shape);
+  for (std::size_t d = 0; d < local_shape.size(); ++d) {
+    std::int64_t coord = rem / local_strides[d];
+    rem %= local_strides[d];
+    if (static_cast<int>(d) == split_dim) coord += shard_start;
+    global += coord * global_strides[d];
+  }
+  return global;
+}
+
+Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
+                             double init_std, bool weight_decay) {
+  for (const auto& p : params_) MZ_CHECK(p.name != name, "parameter '", name, "' declared twice");
+  Parameter p;
+  p.name = std::move(name);
+  p.global_shape = global_shape;
+  p.local_shape = global_shape;
+  p.split_dim = split_dim;
+  if (split_dim >= 0) {
+    const auto d = static_cast<std::size_t>(split_dim);
+    MZ_CHECK(d < global_shape.size() && parts > 0 && global_shape[d] % parts == 0, "parameter '", p.name,
+             "': dim ", split_dim, " of ", shape_str(global_shape), " does not split into ", parts, " parts");
+    p.local_shape[d] = global_shape[d] / parts;
+    p.shard_start = p.local_shape[d] * part;
+  }
+  p.init = init;
+  p.init_std = init_std;
+  p.weight_decay = weight_decay;
+  params_.push_back(std::move(p));
+  return params_.back();
+}
+
+std::vector<Parameter*> ParameterSet::all() {
+  std::vector<Parameter*> out;
+  for (auto& p : params_) out.push_back(&p);
+  return out;
+}
+std::vector<const Parameter*> ParameterSet::all() const {
+  std::vector<const Parameter*> out;
+  for (const auto& p : params_) out.push_back(&p);
+  return out;
+}
+
+Parameter& ParameterSet::get(const std::string& name) {
+  for (auto& p : params_)
+    if (p.name == name) return p;
+  throw InternalError("no parameter named '" + name + "'");
+}
+
+std::int64_t ParameterSet::local_numel() const {
+  std::int64_t n = 0;
+  for (const auto& p : params_) n += p.local_numel();
+  return n;
+}
+
+void ParameterSet::allocate(const std::shared_ptr<Device>& device, DType dtype) {
+  const std::int64_t total = local_numel();
+  flat_values_ = Tensor::empty(device, {total}, dtype, MemoryCategory::Parameters, "parameters");
+  flat_grads_ = Tensor::zeros(device, {total}, dtype, MemoryCategory::Gradients, "gradients");
+  std::int64_t offset = 0;
+  for (auto& p : params_) {
+    p.value = flat_values_.narrow(0, offset, p.local_numel()).view(p.local_shape);
+    p.grad = flat_grads_.narrow(0, offset, p.local_numel()).view(p.local_shape);
+    offset += p.local_numel();
+  }
+}
+
+void ParameterSet::initialize(std::uint64_t seed) {
+  for (auto& p : params_) {
+    MZ_CHECK(p.value.defined(), "parameter '", p.name, "' has no storage; allocate() first");
+    if (!p.value.device().has_storage()) continue;
+    const std::int64_t n = p.local_numel();
+    std::vector<double> v(static_cast<std::size_t>(n), p.init == Init::Ones ? 1.0 : 0.0);
+    if (p.init == Init::Normal) {
+      const RngKey key{seed, 0, p.id(), kRngInit};
+      const std::int64_t row = p.global_shape.size() > 1 ? shape_numel(p.global_shape) / p.global_shape[0] : 1;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t g = p.global_index(i);
+        if (p.padding_from_row >= 0 && g / row >= p.padding_from_row) continue;  // padding stays 0
+        v[static_cast<std::size_t>(i)] = p.init_std * normal_at(key, static_cast<std::uint64_t>(g));
+      }
+    }
+    p.value.copy_from_doubles(v);
+  }
+}
+
+void ParameterSet::zero_grad() {
+  if (flat_grads_.defined()) {
+    flat_grads_.zero_();
+    return;
+  }
+  for (auto& p : params_)
+    if (p.grad.defined()) p.grad.zero_();
+}
+
+}  // namespace megazero::layers

@@ -1,0 +1,72 @@
+// Parameters and the metadata that travels with them. ZeRO (partitioning),
+// gradient clipping (count TP-replicated parameters once) and checkpoints
+// (reshard on load from global shapes) all read this metadata; layers only
+// declare parameters and use their `value` / `grad` views.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "megazero/core/tensor.h"
+
+namespace megazero::layers {
+
+enum class Init { Normal, Zeros, Ones };
+
+struct Parameter {
+  std::string name;           // e.g. "layers.3.attention.qkv.weight"
+  Shape global_shape;         // the full tensor, as at TP = 1
+  int split_dim = -1;         // dimension split across TP ranks; -1 = replicated
+  std::int64_t shard_start = 0;  // this rank's first index along split_dim (global)
+  Shape local_shape;          // what this rank holds
+  bool weight_decay = true;   // false for biases and LayerNorm
+  Init init = Init::Normal;
+  double init_std = 0.0;      // for Init::Normal
+  // Rows of dim 0 at or beyond this index are padding (vocab padding) and stay
+  // zero at init; -1 = none.
+  std::int64_t padding_from_row = -1;
+
+  Tensor value;  // views into storage bound by the owner (ParameterSet::allocate or ZeRO)
+  Tensor grad;
+
+  bool tp_replicated() const { return split_dim < 0; }
+  std::int64_t local_numel() const { return shape_numel(local_shape); }
+  // Stable id from the name: the RNG stream of this parameter's init, the
+  // same in every layout.
+  std::uint32_t id() const;
+  // Global flat index (row-major over global_shape) of local flat index i.
+  std::int64_t global_index(std::int64_t local_flat) const;
+};
+
+// All parameters of a model on this rank, in registration (= forward) order.
+class ParameterSet {
+ public:
+  // Declares a parameter split along `split_dim` into `parts` equal contiguous
+  // shards, of which this rank holds shard `part`. split_dim -1: replicated.
+  Parameter& add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
+                 double init_std = 0.0, bool weight_decay = true);
+
+  std::vector<Parameter*> all();
+  std::vector<const Parameter*> all() const;
+  Parameter& get(const std::string& name);
+  std::int64_t local_numel() const;  // elements this rank holds
+
+  // Default storage: one flat value buffer and one flat gradient buffer on
+  // `device`, parameters packed in registration order. (ZeRO binds its own.)
+  void allocate(const std::shared_ptr<Device>& device, DType dtype);
+  // Fills values from the seed: a function of (seed, parameter name, global
+  // element index) only, so every TP layout holds bit-identical shards.
+  void initialize(std::uint64_t seed);
+  void zero_grad();
+
+  const Tensor& flat_values() const { return flat_values_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+
+ private:
+  std::deque<Parameter> params_;  // stable addresses
+  Tensor flat_values_, flat_grads_;
+};
+
+}  // namespace megazero::layers

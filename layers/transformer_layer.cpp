@@ -1,0 +1,80 @@
+#include "layers/transformer_layer.h"
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::layers {
+
+TransformerLayer::TransformerLayer(ParameterSet& params, const GPTConfig& cfg, int layer, const TpContext& ctx)
+    : cfg_(cfg),
+      layer_(layer),
+      ctx_(ctx),
+      ln1_(params, "layers." + std::to_string(layer) + ".ln1", cfg.hidden_size, cfg.layernorm_epsilon, ctx),
+      attention_(params, "layers." + std::to_string(layer) + ".attention", cfg, layer, ctx),
+      ln2_(params, "layers." + std::to_string(layer) + ".ln2", cfg.hidden_size, cfg.layernorm_epsilon, ctx),
+      mlp_(params, "layers." + std::to_string(layer) + ".mlp", cfg, ctx) {}
+
+Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
+  const double p = step_.training ? cfg_.hidden_dropout : 0.0;
+  if (p == 0) return x;
+  // Hidden states are replicated across TP: every TP rank draws the same mask.
+  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  Tensor y = ctx_.activation(x.shape());
+  kernels::dropout_forward(x, p, RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, l, y);
+  return y;
+}
+
+Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site) const {
+  const double p = step_.training ? cfg_.hidden_dropout : 0.0;
+  Tensor dx = ctx_.activation(dy.shape());
+  if (p == 0) {
+    dx.copy_from(dy);
+    return dx;
+  }
+  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  kernels::dropout_backward(dy, p, RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, l, dx);
+  return dx;
+}
+
+Tensor TransformerLayer::forward_impl(const Tensor& x) {
+  Tensor a = hidden_dropout(attention_.forward(ln1_.forward(x), step_), kRngAttentionOutputDropout);
+  Tensor x1 = ctx_.activation(x.shape());
+  kernels::add(x, a, x1);
+  Tensor m = hidden_dropout(mlp_.forward(ln2_.forward(x1)), kRngMlpOutputDropout);
+  kernels::add(x1, m, m.data() == x1.data() ? x1 : m);
+  return m;
+}
+
+Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
+  step_ = step;
+  Tensor out = forward_impl(x);
+  if (cfg_.recompute_activations) {
+    checkpoint_ = x;
+    release();
+  }
+  return out;
+}
+
+Tensor TransformerLayer::backward(const Tensor& dy) {
+  if (cfg_.recompute_activations) {
+    MZ_CHECK(checkpoint_.defined(), "layer ", layer_, ": backward before forward");
+    forward_impl(checkpoint_);  // same step_, same masks
+    checkpoint_ = Tensor();
+  }
+  Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout);
+  Tensor dx1 = ln2_.backward(mlp_.backward(dm));
+  kernels::axpy(1.0, dy, dx1);  // residual
+  Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout);
+  Tensor dx = ln1_.backward(attention_.backward(da));
+  kernels::axpy(1.0, dx1, dx);
+  return dx;
+}
+
+void TransformerLayer::release() {
+  ln1_.release();
+  attention_.release();
+  ln2_.release();
+  mlp_.release();
+}
+
+}  // namespace megazero::layers

@@ -1,0 +1,39 @@
+// One pre-LayerNorm GPT block:
+//   x1  = x  + dropout(attention(ln1(x)))
+//   out = x1 + dropout(mlp(ln2(x1)))
+// With recompute (activation checkpointing) the block keeps only its input
+// after forward and re-runs forward in backward; dropout masks come from the
+// counter-based RNG, so the recomputed masks are the same without saving state.
+#pragma once
+
+#include "layers/attention.h"
+#include "layers/layernorm.h"
+#include "layers/mlp.h"
+#include "megazero/kernels/rng.h"
+
+namespace megazero::layers {
+
+class TransformerLayer {
+ public:
+  TransformerLayer(ParameterSet& params, const GPTConfig& cfg, int layer, const TpContext& ctx);
+  Tensor forward(const Tensor& x, const StepInfo& step);
+  Tensor backward(const Tensor& dy);
+
+ private:
+  Tensor forward_impl(const Tensor& x);
+  Tensor hidden_dropout(const Tensor& x, RngSite site) const;
+  Tensor hidden_dropout_backward(const Tensor& dy, RngSite site) const;
+  void release();
+
+  GPTConfig cfg_;
+  int layer_;
+  TpContext ctx_;
+  LayerNorm ln1_;
+  ParallelSelfAttention attention_;
+  LayerNorm ln2_;
+  ParallelMLP mlp_;
+  StepInfo step_;
+  Tensor checkpoint_;  // the input, kept when recomputing
+};
+
+}  // namespace megazero::layers

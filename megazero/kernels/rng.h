@@ -1,0 +1,40 @@
+// Counter-based random numbers (Philox-4x32-10, Salmon et al., SC 2011).
+// A random value is a pure function of (seed, stream, global element index):
+// no state to save, nothing that depends on how a tensor is split across
+// ranks. Dropout masks and weight initialisation key on *global* coordinates,
+// so any TP/DP layout draws the same value for the same element, and
+// activation recompute reproduces a mask without saving RNG state.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+namespace megazero {
+
+// Identifies one independent stream of random numbers.
+struct RngKey {
+  std::uint64_t seed = 0;       // --seed
+  std::uint64_t iteration = 0;  // training iteration (dropout); 0 for init
+  std::uint32_t layer = 0;      // layer number, or parameter id for init
+  std::uint32_t site = 0;       // which use inside the layer (see RngSite)
+};
+
+// Distinct uses of randomness; part of the key so they never collide.
+enum RngSite : std::uint32_t {
+  kRngInit = 1,
+  kRngEmbeddingDropout = 2,
+  kRngAttentionDropout = 3,
+  kRngAttentionOutputDropout = 4,
+  kRngMlpOutputDropout = 5,
+};
+
+// One Philox-4x32-10 block: 4 random 32-bit words for a 128-bit counter.
+std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter, std::array<std::uint32_t, 2> key);
+
+// Uniform in [0, 1) (24 random bits) for element `index` of stream `key`.
+float uniform_at(const RngKey& key, std::uint64_t index);
+// Standard normal for element `index` (Box-Muller on two uniforms), in double
+// so fp64 reference runs see the same values rounded once.
+double normal_at(const RngKey& key, std::uint64_t index);
+
+}  // namespace megazero

@@ -1,0 +1,200 @@
+// Finite-difference checks, in fp64, of every layer's explicit backward and of
+// the whole GPT model (dropout on: masks are deterministic functions of the
+// key, so the loss is a smooth function of the parameters), with and without
+// activation recompute. TP = 1 here; test_gpt_tp proves TP > 1 equal to TP = 1.
+#include <gtest/gtest.h>
+
+#include "gradcheck.h"
+#include "layers/gpt_model.h"
+#include "layers/mappings.h"
+#include "megazero/comm/mpi_communicator.h"
+#include "megazero/core/error.h"
+
+using namespace megazero;
+using namespace megazero::layers;
+using namespace megazero::testing_util;
+
+namespace {
+
+class LayerGrad : public testing::Test {
+ protected:
+  void SetUp() override {
+    world = MpiCommunicator::world();
+    self = world->split(world->rank(), 0, "self");
+    ctx.tp = self.get();
+    ctx.device = make_device(DeviceKind::CPU);
+    ctx.dtype = DType::F64;
+    cfg.num_layers = 2;
+    cfg.hidden_size = 16;
+    cfg.num_attention_heads = 4;
+    cfg.vocab_size = 37;
+    cfg.max_position_embeddings = 12;
+    cfg.seq_length = 6;
+    cfg.hidden_dropout = 0.2;
+    cfg.attention_dropout = 0.25;
+    cfg.make_vocab_size_divisible_by = 8;
+    step.micro_batch = 2;
+    step.seq = 6;
+    step.iteration = 3;
+    step.sample_offset = 5;
+  }
+  void TearDown() override {
+    self.reset();
+    world.reset();
+  }
+  Tensor input(std::int64_t rows, std::int64_t cols, unsigned seed) {
+    Tensor x = random_like(ctx.activation({rows, cols}), seed);
+    return x;
+  }
+  std::vector<GradTarget> param_targets(ParameterSet& ps) {
+    std::vector<GradTarget> t;
+    for (auto* p : ps.all()) t.push_back({p->name, p->value, p->grad});
+    return t;
+  }
+  // Loss = sum(w * f(x)); analytic grads from backward(w); then FD.
+  template <typename Fwd, typename Bwd>
+  void check_layer(ParameterSet& ps, Tensor x, Fwd fwd, Bwd bwd) {
+    ps.allocate(ctx.device, DType::F64);
+    ps.initialize(11);
+    for (auto* p : ps.all())  // make biases and LN non-trivial
+      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 5, 0.5));
+    Tensor out = fwd(x);
+    Tensor w = random_like(out, 99);
+    ps.zero_grad();
+    Tensor dx = bwd(w);
+    auto targets = param_targets(ps);
+    if (dx.defined()) targets.push_back({"input", x, dx});
+    expect_gradients_match_fd([&] { return dot(fwd(x), w); }, targets);
+  }
+
+  std::unique_ptr<MpiCommunicator> world;
+  std::unique_ptr<Communicator> self;
+  TpContext ctx;
+  GPTConfig cfg;
+  StepInfo step;
+};
+
+}  // namespace
+
+TEST_F(LayerGrad, ColumnParallelLinear) {
+  for (bool gather : {false, true}) {
+    ParameterSet ps;
+    ColumnParallelLinear lin(ps, "lin", 5, 7, true, gather, ctx, 0.3);
+    check_layer(ps, input(4, 5, 1), [&](const Tensor& x) { return lin.forward(x); },
+                [&](const Tensor& dy) { return lin.backward(dy); });
+  }
+}
+
+TEST_F(LayerGrad, RowParallelLinear) {
+  ParameterSet ps;
+  RowParallelLinear lin(ps, "lin", 6, 3, true, ctx, 0.3);
+  check_layer(ps, input(4, 6, 2), [&](const Tensor& x) { return lin.forward(x); },
+              [&](const Tensor& dy) { return lin.backward(dy); });
+}
+
+TEST_F(LayerGrad, LayerNormLayer) {
+  ParameterSet ps;
+  LayerNorm ln(ps, "ln", 9, 1e-5, ctx);
+  check_layer(ps, input(5, 9, 3), [&](const Tensor& x) { return ln.forward(x); },
+              [&](const Tensor& dy) { return ln.backward(dy); });
+}
+
+TEST_F(LayerGrad, MLP) {
+  ParameterSet ps;
+  ParallelMLP mlp(ps, "mlp", cfg, ctx);
+  check_layer(ps, input(4, cfg.hidden_size, 4), [&](const Tensor& x) { return mlp.forward(x); },
+              [&](const Tensor& dy) { return mlp.backward(dy); });
+}
+
+TEST_F(LayerGrad, SelfAttentionWithDropout) {
+  ParameterSet ps;
+  ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+  check_layer(ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
+              [&](const Tensor& x) { return attn.forward(x, step); },
+              [&](const Tensor& dy) { return attn.backward(dy); });
+}
+
+TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    cfg.recompute_activations = recompute;
+    ParameterSet ps;
+    TransformerLayer layer(ps, cfg, 1, ctx);
+    check_layer(ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
+                [&](const Tensor& x) { return layer.forward(x, step); },
+                [&](const Tensor& dy) { return layer.backward(dy); });
+  }
+}
+
+TEST_F(LayerGrad, WholeModelIncludingEmbeddingsTiedLogitsAndCrossEntropy) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    cfg.recompute_activations = recompute;
+    ParameterSet ps;
+    GPTModel model(cfg, ctx, ps);
+    ps.allocate(ctx.device, DType::F64);
+    ps.initialize(21);
+    for (auto* p : ps.all())
+      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 8, 0.5));
+    const std::int64_t n = step.micro_batch * step.seq;
+    Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+    Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ids.data_as<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
+      targets.data_as<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
+    }
+    model.forward(ids, targets, step);
+    ps.zero_grad();
+    model.backward(1.0);
+    std::vector<GradTarget> t;
+    for (auto* p : ps.all()) t.push_back({p->name, p->value, p->grad});
+    expect_gradients_match_fd([&] { return model.forward(ids, targets, step); }, t, 4);
+    // Padding rows of the word embedding: never looked up, masked from the
+    // softmax: zero gradient.
+    auto& w = ps.get("embedding.word.weight");
+    const auto g = w.grad.to_double_vector();
+    for (std::int64_t r = cfg.vocab_size; r < w.local_shape[0]; ++r)
+      for (std::int64_t c = 0; c < cfg.hidden_size; ++c)
+        ASSERT_EQ(g[static_cast<std::size_t>(r * cfg.hidden_size + c)], 0.0) << "padding row " << r;
+  }
+}
+
+TEST_F(LayerGrad, ModelRejectsBadShapesAndIds) {
+  auto expect_error = [&](GPTConfig c, const std::string& needle, int tp = 1) {
+    try {
+      c.validate(tp);
+      ADD_FAILURE() << "accepted: " << needle;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  GPTConfig c = cfg;
+  c.num_attention_heads = 5;
+  expect_error(c, "--hidden-size 16 is not divisible by --num-attention-heads 5");
+  expect_error(cfg, "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 3", 3);
+  c = cfg;
+  c.seq_length = 13;
+  expect_error(c, "--seq-length 13 is longer than --max-position-embeddings 12");
+  c = cfg;
+  c.hidden_dropout = 1.0;
+  expect_error(c, "--hidden-dropout");
+
+  ParameterSet ps;
+  GPTModel model(cfg, ctx, ps);
+  ps.allocate(ctx.device, DType::F64);
+  ps.initialize(1);
+  const std::int64_t n = step.micro_batch * step.seq;
+  Tensor ids = Tensor::zeros(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+  ids.data_as<std::int64_t>()[3] = cfg.vocab_size;  // one past the end
+  try {
+    model.forward(ids, ids, step);
+    ADD_FAILURE() << "out-of-range id accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 37 at position 3"), std::string::npos) << e.what();
+  }
+  StepInfo too_long = step;
+  too_long.seq = 13;
+  too_long.micro_batch = 1;
+  Tensor long_ids = Tensor::zeros(ctx.device, {13}, DType::I64, MemoryCategory::Activations);
+  EXPECT_THROW(model.forward(long_ids, long_ids, too_long), ConfigError);
+}

@@ -1,0 +1,794 @@
+// The layer kernels against independent references written here with plain
+// loops in double: every forward against its reference (fp64 tightly, fp32
+// within fp32 rounding of the same inputs), every backward against central
+// finite differences in fp64 of a random linear functional L = sum(w * output).
+// Plus the properties the parallel layers rely on: causal masking, dropout masks
+// that do not depend on how a tensor is split over TP/DP ranks, embeddings and
+// cross-entropy split over vocabulary slices with padding.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <numbers>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "megazero/core/error.h"
+#include "megazero/core/tensor.h"
+#include "megazero/kernels/layer_kernels.h"
+
+using namespace megazero;
+using namespace megazero::kernels;
+using MC = MemoryCategory;
+using Vec = std::vector<double>;
+using i64 = std::int64_t;
+
+namespace {
+
+const std::shared_ptr<Device>& cpu() {
+  static const auto device = make_device(DeviceKind::CPU);
+  return device;
+}
+
+Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
+  Tensor out = Tensor::empty(cpu(), shape, t, MC::Other);
+  out.copy_from_doubles(values);
+  return out;
+}
+
+Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(cpu(), shape, t, MC::Other); }
+
+Tensor ids_tensor(const std::vector<i64>& ids) {
+  Tensor out = Tensor::empty(cpu(), {static_cast<i64>(ids.size())}, DType::I64, MC::Other);
+  std::copy(ids.begin(), ids.end(), out.data_as<i64>());
+  return out;
+}
+
+Vec vals(const Tensor& t) { return t.to_double_vector(); }
+
+Vec randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
+  std::normal_distribution<double> d(0.0, sd);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Rounds to fp32 so that fp32 and fp64 runs see identical inputs.
+Vec to_f32(Vec v) {
+  for (auto& x : v) x = static_cast<float>(x);
+  return v;
+}
+
+Vec minus(const Vec& a, const Vec& b) {
+  Vec out(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) out[i] = a[i] - b[i];
+  return out;
+}
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+void expect_close(const Vec& got, const Vec& want, double rtol, double atol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool ok = std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i]);
+    if (!ok && reported++ < 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+  }
+}
+
+// Central differences of L(x) = sum(w * f(x)) at every element of x, against
+// the analytic gradient `grad`. With h = 1e-6 in fp64 the difference quotient
+// is good to ~1e-9 absolute for O(1) values, so a relative tolerance of 1e-6
+// (floored at 1e-8 of the largest gradient) catches any wrong term.
+void expect_fd_gradient(const std::string& what, const Vec& x, const std::function<Vec(const Vec&)>& f, const Vec& w,
+                        const Vec& grad) {
+  ASSERT_EQ(x.size(), grad.size()) << what;
+  constexpr double h = 1e-6;
+  double gmax = 0;
+  for (double g : grad) gmax = std::max(gmax, std::fabs(g));
+  int reported = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    Vec xp = x, xm = x;
+    xp[i] += h;
+    xm[i] -= h;
+    const double fd = (dot(w, f(xp)) - dot(w, f(xm))) / (2 * h);
+    const double tol = 1e-6 * (std::fabs(fd) + 0.01 * gmax) + 1e-12;
+    if (std::fabs(grad[i] - fd) > tol && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: analytic " << grad[i] << ", finite differences " << fd;
+  }
+}
+
+i64 numel(const Shape& s) { return shape_numel(s); }
+std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
+
+// ============================== LayerNorm ==============================
+
+struct LayerNormOut {
+  Vec y, mean, rstd;
+};
+
+LayerNormOut layernorm_ref(const Vec& x, const Vec& gamma, const Vec& beta, i64 rows, i64 cols, double eps) {
+  LayerNormOut o{Vec(x.size()), Vec(usize(rows)), Vec(usize(rows))};
+  for (i64 r = 0; r < rows; ++r) {
+    double mean = 0, var = 0;
+    for (i64 c = 0; c < cols; ++c) mean += x[usize(r * cols + c)] / static_cast<double>(cols);
+    for (i64 c = 0; c < cols; ++c) var += std::pow(x[usize(r * cols + c)] - mean, 2) / static_cast<double>(cols);
+    const double rstd = 1.0 / std::sqrt(var + eps);
+    for (i64 c = 0; c < cols; ++c)
+      o.y[usize(r * cols + c)] = (x[usize(r * cols + c)] - mean) * rstd * gamma[usize(c)] + beta[usize(c)];
+    o.mean[usize(r)] = mean;
+    o.rstd[usize(r)] = rstd;
+  }
+  return o;
+}
+
+struct LayerNormCase {
+  Shape shape;
+  Vec x, gamma, beta;
+  double eps = 1e-5;
+  i64 cols() const { return shape.back(); }
+  i64 rows() const { return numel(shape) / cols(); }
+};
+
+LayerNormCase layernorm_case(const Shape& shape, unsigned seed, double row_offset) {
+  std::mt19937 rng(seed);
+  LayerNormCase c{shape, {}, {}, {}};
+  c.x = randn(usize(numel(shape)), rng);
+  for (std::size_t i = 0; i < c.x.size(); ++i)  // odd rows sit far from 0: a one-pass variance would cancel
+    if ((static_cast<i64>(i) / c.cols()) % 2) c.x[i] += row_offset;
+  c.gamma = randn(usize(c.cols()), rng);
+  c.beta = randn(usize(c.cols()), rng);
+  return c;
+}
+
+LayerNormOut layernorm_run(const LayerNormCase& c, DType t) {
+  Tensor y = empty(c.shape, t), mean = empty({c.rows()}, t), rstd = empty({c.rows()}, t);
+  layernorm_forward(tensor(c.shape, c.x, t), tensor({c.cols()}, c.gamma, t), tensor({c.cols()}, c.beta, t), c.eps, y,
+                    mean, rstd);
+  return {vals(y), vals(mean), vals(rstd)};
+}
+
+TEST(LayerNorm, ForwardMatchesReference) {
+  const auto c = layernorm_case({3, 4, 37}, 1, 1000.0);
+  const auto want = layernorm_ref(c.x, c.gamma, c.beta, c.rows(), c.cols(), c.eps);
+  const auto got = layernorm_run(c, DType::F64);
+  expect_close(got.y, want.y, 1e-11, 1e-11, "y");
+  expect_close(got.mean, want.mean, 1e-14, 1e-14, "mean");
+  expect_close(got.rstd, want.rstd, 1e-11, 0, "rstd");
+}
+
+TEST(LayerNorm, Fp32ForwardMatchesFp64) {
+  auto c = layernorm_case({6, 50}, 2, 300.0);
+  c.x = to_f32(c.x), c.gamma = to_f32(c.gamma), c.beta = to_f32(c.beta);
+  const auto f64 = layernorm_run(c, DType::F64), f32 = layernorm_run(c, DType::F32);
+  expect_close(f32.y, f64.y, 2e-6, 2e-6, "y");
+  expect_close(f32.mean, f64.mean, 1e-7, 0, "mean");
+  expect_close(f32.rstd, f64.rstd, 1e-7, 0, "rstd");
+}
+
+TEST(LayerNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  auto c = layernorm_case({2, 3, 9}, 3, 2.0);
+  std::mt19937 rng(30);
+  const Vec w = randn(c.x.size(), rng), dgamma0 = randn(usize(c.cols()), rng), dbeta0 = randn(usize(c.cols()), rng);
+  Tensor x = tensor(c.shape, c.x), gamma = tensor({c.cols()}, c.gamma), beta = tensor({c.cols()}, c.beta);
+  Tensor y = empty(c.shape), mean = empty({c.rows()}), rstd = empty({c.rows()});
+  layernorm_forward(x, gamma, beta, c.eps, y, mean, rstd);
+  Tensor dx = tensor(c.shape, Vec(c.x.size(), 1e30));  // overwritten, whatever it held
+  Tensor dgamma = tensor({c.cols()}, dgamma0), dbeta = tensor({c.cols()}, dbeta0);
+  layernorm_backward(tensor(c.shape, w), x, gamma, mean, rstd, dx, dgamma, dbeta);
+
+  auto with = [&](auto field) {
+    return [=](const Vec& v) {
+      LayerNormCase d = c;
+      d.*field = v;
+      return layernorm_run(d, DType::F64).y;
+    };
+  };
+  expect_fd_gradient("dx", c.x, with(&LayerNormCase::x), w, vals(dx));
+  expect_fd_gradient("dgamma", c.gamma, with(&LayerNormCase::gamma), w, minus(vals(dgamma), dgamma0));
+  expect_fd_gradient("dbeta", c.beta, with(&LayerNormCase::beta), w, minus(vals(dbeta), dbeta0));
+}
+
+TEST(LayerNorm, Fp32BackwardMatchesFp64) {
+  auto c = layernorm_case({5, 40}, 4, 0.0);
+  std::mt19937 rng(40);
+  const Vec w = to_f32(randn(c.x.size(), rng));
+  c.x = to_f32(c.x), c.gamma = to_f32(c.gamma), c.beta = to_f32(c.beta);
+  auto run = [&](DType t) {
+    Tensor x = tensor(c.shape, c.x, t), gamma = tensor({c.cols()}, c.gamma, t), beta = tensor({c.cols()}, c.beta, t);
+    Tensor y = empty(c.shape, t), mean = empty({c.rows()}, t), rstd = empty({c.rows()}, t);
+    layernorm_forward(x, gamma, beta, c.eps, y, mean, rstd);
+    Tensor dx = empty(c.shape, t), dgamma = tensor({c.cols()}, Vec(usize(c.cols()), 0.0), t);
+    Tensor dbeta = tensor({c.cols()}, Vec(usize(c.cols()), 0.0), t);
+    layernorm_backward(tensor(c.shape, w, t), x, gamma, mean, rstd, dx, dgamma, dbeta);
+    return std::vector<Vec>{vals(dx), vals(dgamma), vals(dbeta)};
+  };
+  const auto f32 = run(DType::F32), f64 = run(DType::F64);
+  for (std::size_t k = 0; k < 3; ++k) expect_close(f32[k], f64[k], 1e-5, 1e-5, "gradient " + std::to_string(k));
+}
+
+// ================================ GeLU ================================
+
+double gelu_ref(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (x + 0.044715 * x * x * x)));
+}
+
+Vec gelu_run(const Vec& x, DType t) {
+  Tensor y = empty({static_cast<i64>(x.size())}, t);
+  gelu_forward(tensor({static_cast<i64>(x.size())}, x, t), y);
+  return vals(y);
+}
+
+TEST(Gelu, ForwardMatchesReferenceAndRunsInPlace) {
+  std::mt19937 rng(5);
+  Vec x = randn(999, rng, 3.0);
+  x.insert(x.end(), {0.0, -0.0, 20.0, -20.0, 1e-8});
+  x = to_f32(x);
+  Vec want(x.size());
+  std::transform(x.begin(), x.end(), want.begin(), gelu_ref);
+  expect_close(gelu_run(x, DType::F64), want, 1e-15, 1e-15, "fp64");
+  expect_close(gelu_run(x, DType::F32), want, 1e-6, 1e-6, "fp32");
+  Tensor inplace = tensor({static_cast<i64>(x.size())}, x);
+  gelu_forward(inplace, inplace);
+  expect_close(vals(inplace), want, 1e-15, 1e-15, "in place");
+}
+
+TEST(Gelu, BackwardMatchesFiniteDifferencesAndAliases) {
+  std::mt19937 rng(6);
+  const Vec x = randn(60, rng, 2.5), w = randn(60, rng);
+  const Shape shape{4, 15};
+  Tensor dx = empty(shape);
+  gelu_backward(tensor(shape, w), tensor(shape, x), dx);
+  expect_fd_gradient(
+      "dx", x, [](const Vec& v) { return gelu_run(v, DType::F64); }, w, vals(dx));
+  Tensor d = tensor(shape, w);
+  gelu_backward(d, tensor(shape, x), d);  // dx aliasing dy
+  expect_close(vals(d), vals(dx), 0, 0, "aliased");
+  Tensor dx32 = empty(shape, DType::F32);
+  gelu_backward(tensor(shape, w, DType::F32), tensor(shape, to_f32(x), DType::F32), dx32);
+  expect_close(vals(dx32), vals(dx), 1e-5, 1e-5, "fp32");
+}
+
+// ======================== bias and element-wise ========================
+
+TEST(Elementwise, AddBiasMatchesReferenceAndBiasGradIsItsBackward) {
+  std::mt19937 rng(7);
+  const Shape shape{3, 4, 5};
+  const Vec y0 = randn(60, rng), bias = randn(5, rng), w = randn(60, rng), dbias0 = randn(5, rng);
+  auto run = [&](const Vec& b, DType t) {
+    Tensor y = tensor(shape, y0, t);
+    add_bias(y, tensor({5}, b, t));
+    return vals(y);
+  };
+  Vec want(60);
+  for (std::size_t i = 0; i < 60; ++i) want[i] = y0[i] + bias[i % 5];
+  expect_close(run(bias, DType::F64), want, 0, 0, "add_bias");
+  expect_close(run(to_f32(bias), DType::F32), run(to_f32(bias), DType::F64), 1e-7, 1e-7, "add_bias fp32");
+  Tensor dbias = tensor({5}, dbias0);
+  bias_grad(tensor(shape, w), dbias);
+  expect_fd_gradient(
+      "dbias", bias, [&](const Vec& b) { return run(b, DType::F64); }, w, minus(vals(dbias), dbias0));
+}
+
+TEST(Elementwise, AddAxpyScale) {
+  std::mt19937 rng(8);
+  const Shape shape{7, 3};
+  const Vec a = to_f32(randn(21, rng)), b = to_f32(randn(21, rng));
+  for (DType t : {DType::F64, DType::F32}) {
+    const double tol = t == DType::F32 ? 1e-6 : 0;
+    Vec sum(21), ax(21), sc(21);
+    for (std::size_t i = 0; i < 21; ++i) sum[i] = a[i] + b[i], ax[i] = b[i] + 0.75 * a[i], sc[i] = a[i] * -1.5;
+    Tensor ta = tensor(shape, a, t), tb = tensor(shape, b, t), out = empty(shape, t);
+    add(ta, tb, out);
+    expect_close(vals(out), sum, tol, tol, "add");
+    add(ta, tb, ta);  // out aliasing a
+    expect_close(vals(ta), sum, tol, tol, "add aliased");
+    ta = tensor(shape, a, t);
+    axpy(0.75, ta, tb);
+    expect_close(vals(tb), ax, tol, tol, "axpy");
+    scale(ta, -1.5);
+    expect_close(vals(ta), sc, tol, tol, "scale");
+  }
+}
+
+// =========================== causal softmax ===========================
+
+Vec causal_softmax_ref(const Vec& s, i64 mats, i64 n, double scale) {
+  Vec p(s.size(), 0.0);
+  for (i64 m = 0; m < mats; ++m)
+    for (i64 i = 0; i < n; ++i) {
+      const std::size_t row = usize((m * n + i) * n);
+      double mx = -1e300, sum = 0;
+      for (i64 j = 0; j <= i; ++j) mx = std::max(mx, scale * s[row + usize(j)]);
+      for (i64 j = 0; j <= i; ++j) sum += std::exp(scale * s[row + usize(j)] - mx);
+      for (i64 j = 0; j <= i; ++j) p[row + usize(j)] = std::exp(scale * s[row + usize(j)] - mx) / sum;
+    }
+  return p;
+}
+
+Vec softmax_run(const Shape& shape, const Vec& s, double scale, DType t) {
+  Tensor p = empty(shape, t);
+  causal_softmax_forward(tensor(shape, s, t), scale, p);
+  return vals(p);
+}
+
+TEST(CausalSoftmax, ForwardMatchesReferenceWithExactZerosAboveTheDiagonal) {
+  std::mt19937 rng(9);
+  const Shape shape{2, 3, 7, 7};  // [batch, heads, sq, sk]: leading dims flatten
+  const i64 n = 7, mats = 6;
+  const Vec s = to_f32(randn(usize(numel(shape)), rng, 4.0));
+  const Vec want = causal_softmax_ref(s, mats, n, 0.3);
+  const Vec p = softmax_run(shape, s, 0.3, DType::F64);
+  expect_close(p, want, 1e-14, 1e-15, "fp64");
+  expect_close(softmax_run(shape, s, 0.3, DType::F32), want, 1e-6, 1e-7, "fp32");
+  for (i64 row = 0; row < mats * n; ++row) {
+    const i64 i = row % n;
+    double sum = 0;
+    for (i64 j = 0; j < n; ++j) {
+      const double v = p[usize(row * n + j)];
+      if (j > i)
+        ASSERT_EQ(v, 0.0) << "row " << row << " col " << j;
+      else
+        sum += v;
+    }
+    EXPECT_NEAR(sum, 1.0, 1e-14) << "row " << row;
+  }
+  Tensor inplace = tensor(shape, s);
+  causal_softmax_forward(inplace, 0.3, inplace);
+  expect_close(vals(inplace), p, 0, 0, "in place");
+}
+
+TEST(CausalSoftmax, HugeScoresStayFinite) {
+  const Shape shape{1, 4, 4};
+  const Vec s = {1e30, 0, 0, 0, -1e30, 3e4, 0, 0, 5e4, 5e4, -5e4, 0, 1e4, 1e4, 1e4, 1e4};
+  for (DType t : {DType::F32, DType::F64}) {
+    const Vec p = softmax_run(shape, s, 1.0, t);
+    const Vec want = {1, 0, 0, 0, 0, 1, 0, 0, 0.5, 0.5, 0, 0, 0.25, 0.25, 0.25, 0.25};
+    expect_close(p, want, 1e-6, 1e-30, std::string(dtype_name(t)));
+  }
+}
+
+TEST(CausalSoftmax, BackwardMatchesFiniteDifferencesWithZeroAboveTheDiagonal) {
+  std::mt19937 rng(10);
+  const Shape shape{3, 5, 5};
+  const double scale = 0.7;
+  const Vec s = randn(75, rng, 2.0);
+  Vec w = randn(75, rng);
+  const Tensor probs = tensor(shape, softmax_run(shape, s, scale, DType::F64));
+  Tensor ds = tensor(shape, Vec(75, 1e30));
+  causal_softmax_backward(tensor(shape, w), probs, scale, ds);
+  const Vec grad = vals(ds);
+  expect_fd_gradient(
+      "dscores", s, [&](const Vec& v) { return softmax_run(shape, v, scale, DType::F64); }, w, grad);
+  // Above the diagonal the gradient is exactly 0 even if dprobs holds NaN there.
+  for (std::size_t k = 0; k < 75; ++k)
+    if (k % 5 > (k / 5) % 5) w[k] = std::numeric_limits<double>::quiet_NaN();
+  Tensor d = tensor(shape, w);
+  causal_softmax_backward(d, probs, scale, d);  // dscores aliasing dprobs
+  const Vec masked = vals(d);
+  for (std::size_t k = 0; k < 75; ++k) {
+    if (k % 5 > (k / 5) % 5)
+      ASSERT_EQ(masked[k], 0.0) << k;
+    else
+      ASSERT_EQ(masked[k], grad[k]) << k;
+  }
+  Tensor ds32 = empty(shape, DType::F32);
+  Vec w_finite = w;
+  for (double& v : w_finite) v = std::isnan(v) ? 0.0 : v;
+  causal_softmax_backward(tensor(shape, w_finite, DType::F32), tensor(shape, vals(probs), DType::F32), scale, ds32);
+  expect_close(vals(ds32), grad, 1e-5, 1e-6, "fp32");
+}
+
+// =============================== dropout ===============================
+
+std::uint64_t global_index(const DropoutLayout& l, i64 a, i64 b, i64 c, i64 d) {
+  return static_cast<std::uint64_t>(((l.a0 + a) * l.GB + (l.b0 + b)) * l.C * l.D + c * l.D + d);
+}
+
+Vec dropout_run(const Vec& x, double p, const RngKey& key, const DropoutLayout& l, DType t = DType::F64) {
+  const Shape shape{l.A, l.B, l.C, l.D};
+  Tensor y = empty(shape, t);
+  dropout_forward(tensor(shape, x, t), p, key, l, y);
+  return vals(y);
+}
+
+TEST(Dropout, MaskIsUniformAtOfTheGlobalIndex) {
+  std::mt19937 rng(11);
+  const DropoutLayout l{3, 2, 5, 7, 2, 1, 4};  // A B C D, a0 b0 GB: odd sizes, blocks of 4 straddle rows
+  // Every key word non-trivial, high halves included: the kernel's block-wise
+  // generator must map keys exactly as uniform_at does.
+  const RngKey key{(3ull << 40) | 2024, (5ull << 32) | 17, 3, kRngAttentionDropout};
+  const double p = 0.3;
+  const Vec x = to_f32(randn(210, rng));
+  for (DType t : {DType::F64, DType::F32}) {
+    const Vec y = dropout_run(x, p, key, l, t);
+    std::size_t i = 0;
+    for (i64 a = 0; a < l.A; ++a)
+      for (i64 b = 0; b < l.B; ++b)
+        for (i64 c = 0; c < l.C; ++c)
+          for (i64 d = 0; d < l.D; ++d, ++i) {
+            const bool keep = uniform_at(key, global_index(l, a, b, c, d)) >= p;
+            const double want = t == DType::F64 ? x[i] * (1.0 / (1.0 - p))
+                                                : static_cast<float>(x[i]) * static_cast<float>(1.0 / (1.0 - p));
+            ASSERT_EQ(y[i], keep ? want : 0.0) << dtype_name(t) << " element " << i;
+          }
+  }
+}
+
+TEST(Dropout, DropsAFractionPAndBackwardReusesTheMask) {
+  std::mt19937 rng(12);
+  const DropoutLayout l{2, 1, 1000, 500, 0, 0, 1};  // hidden states: B = 1
+  const RngKey key{7, 3, 1, kRngMlpOutputDropout};
+  for (double p : {0.1, 0.5}) {
+    const Vec x(usize(l.A * l.C * l.D), 1.0);
+    const Vec y = dropout_run(x, p, key, l, DType::F32);
+    const double dropped = static_cast<double>(std::count(y.begin(), y.end(), 0.0)) / static_cast<double>(y.size());
+    EXPECT_NEAR(dropped, p, 0.003) << "p " << p;  // standard error <= 5e-4
+  }
+  const DropoutLayout small{3, 2, 4, 9, 1, 0, 2};
+  const double p = 0.4;
+  const Vec x = randn(216, rng), dy = randn(216, rng);
+  const Vec y = dropout_run(x, p, key, small);
+  const Shape shape{3, 2, 4, 9};
+  Tensor d = tensor(shape, dy);
+  dropout_backward(d, p, key, small, d);  // dx aliasing dy
+  const Vec dx = vals(d);
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(dx[i] / dy[i], y[i] / x[i], 1e-12) << i;
+  // Dropout is linear: its backward is its own transpose.
+  expect_fd_gradient(
+      "dx", x, [&](const Vec& v) { return dropout_run(v, p, key, small); }, dy, dx);
+}
+
+// The mask of a whole tensor equals the masks of its pieces computed with
+// offsets: TP ranks (split along heads, B) and DP ranks (split along samples,
+// A) draw exactly the values a single rank would.
+TEST(Dropout, MaskDoesNotDependOnTheSplitAcrossRanks) {
+  const RngKey key{99, 5, 2, kRngAttentionDropout};
+  const double p = 0.5;
+  const DropoutLayout whole{4, 8, 6, 6, 0, 0, 8};
+  const Shape shape{4, 8, 6, 6};
+  const Vec ones(usize(numel(shape)), 1.0);
+  const Tensor y = tensor(shape, dropout_run(ones, p, key, whole));
+  for (int dim : {0, 1}) {
+    for (i64 half = 0; half < 2; ++half) {
+      DropoutLayout part = whole;
+      if (dim == 0) {
+        part.A = 2;
+        part.a0 = 2 * half;
+      } else {
+        part.B = 4;
+        part.b0 = 4 * half;
+      }
+      const Vec piece(usize(part.A * part.B * part.C * part.D), 1.0);
+      const Vec got = dropout_run(piece, p, key, part);
+      const i64 len = dim == 0 ? part.A : part.B;
+      const Vec want = vals(y.narrow(dim, half * len, len).clone(MC::Other));
+      EXPECT_EQ(got, want) << "split along " << (dim == 0 ? "A (DP)" : "B (TP)") << ", half " << half;
+    }
+  }
+  // A different iteration draws a different mask.
+  RngKey next = key;
+  next.iteration += 1;
+  EXPECT_NE(dropout_run(ones, p, next, whole), vals(y));
+}
+
+TEST(Dropout, ZeroProbabilityCopiesAndInvalidProbabilityIsRejected) {
+  std::mt19937 rng(13);
+  const DropoutLayout l{2, 3, 1, 5, 0, 0, 3};
+  const Vec x = randn(30, rng);
+  EXPECT_EQ(dropout_run(x, 0.0, RngKey{}, l), x);
+  Tensor t = tensor({2, 3, 1, 5}, x);
+  dropout_forward(t, 0.0, RngKey{}, l, t);
+  EXPECT_EQ(vals(t), x);
+  Tensor y = empty({2, 3, 1, 5});
+  EXPECT_THROW(dropout_forward(t, 1.0, RngKey{}, l, y), InternalError);
+  EXPECT_THROW(dropout_forward(t, -0.1, RngKey{}, l, y), InternalError);
+  EXPECT_THROW(dropout_backward(t, 1.5, RngKey{}, l, y), InternalError);
+  DropoutLayout bad = l;
+  bad.D = 4;  // does not cover the tensor
+  EXPECT_THROW(dropout_forward(t, 0.1, RngKey{}, bad, y), InternalError);
+  bad = l, bad.b0 = 1;  // b0 + B > GB
+  EXPECT_THROW(dropout_forward(t, 0.1, RngKey{}, bad, y), InternalError);
+}
+
+// ============================== embeddings ==============================
+
+TEST(Embedding, RowsOfTheSliceAndZerosForOtherIds) {
+  std::mt19937 rng(14);
+  const i64 v = 5, h = 6, start = 10;
+  const Vec table = to_f32(randn(usize(v * h), rng));
+  const std::vector<i64> ids = {10, 14, 9, 15, 12, 12, -1, 100, 11};
+  for (DType t : {DType::F64, DType::F32}) {
+    Tensor out = tensor({9, h}, Vec(usize(9 * h), 7.0), t);  // overwritten
+    embedding_forward(ids_tensor(ids), tensor({v, h}, table, t), start, out);
+    const Vec got = vals(out);
+    for (std::size_t n = 0; n < ids.size(); ++n) {
+      const bool mine = ids[n] >= start && ids[n] < start + v;
+      for (i64 c = 0; c < h; ++c)
+        ASSERT_EQ(got[n * usize(h) + usize(c)], mine ? table[usize((ids[n] - start) * h + c)] : 0.0) << n << "," << c;
+    }
+  }
+}
+
+TEST(Embedding, SlicesSumToTheFullTable) {  // what the TP all-reduce of the embedding output relies on
+  std::mt19937 rng(15);
+  const i64 vocab = 12, h = 4;
+  const Vec table = randn(usize(vocab * h), rng);
+  const std::vector<i64> ids = {0, 11, 5, 6, 3, 3, 8};
+  const Tensor id = ids_tensor(ids);
+  Tensor full = empty({7, h});
+  embedding_forward(id, tensor({vocab, h}, table), 0, full);
+  Vec sum(usize(7 * h), 0.0);
+  for (i64 r = 0; r < 3; ++r) {  // 3 slices of 4 rows
+    Tensor out = empty({7, h});
+    const Vec part(table.begin() + r * 4 * h, table.begin() + (r + 1) * 4 * h);
+    embedding_forward(id, tensor({4, h}, part), 4 * r, out);
+    const Vec o = vals(out);
+    for (std::size_t k = 0; k < sum.size(); ++k) sum[k] += o[k];
+  }
+  EXPECT_EQ(sum, vals(full));
+}
+
+TEST(Embedding, BackwardAccumulatesRepeatedIdsAndSkipsOtherSlices) {
+  std::mt19937 rng(16);
+  const i64 v = 4, h = 70, start = 3;  // h > 64: more than one column block
+  const std::vector<i64> ids = {3, 6, 6, 2, 7, 3, 5, 6};
+  const i64 n = static_cast<i64>(ids.size());
+  const Vec dout = randn(usize(n * h), rng), dtable0 = randn(usize(v * h), rng), table = randn(usize(v * h), rng);
+  Tensor dtable = tensor({v, h}, dtable0);
+  embedding_backward(ids_tensor(ids), tensor({n, h}, dout), start, dtable);
+  Vec want = dtable0;
+  for (i64 i = 0; i < n; ++i)
+    if (ids[usize(i)] >= start && ids[usize(i)] < start + v)
+      for (i64 c = 0; c < h; ++c) want[usize((ids[usize(i)] - start) * h + c)] += dout[usize(i * h + c)];
+  expect_close(vals(dtable), want, 1e-15, 1e-15, "dtable");
+  const auto forward = [&](const Vec& tab) {
+    Tensor out = empty({n, h});
+    embedding_forward(ids_tensor(ids), tensor({v, h}, tab), start, out);
+    return vals(out);
+  };
+  expect_fd_gradient("dtable", table, forward, dout, minus(vals(dtable), dtable0));
+}
+
+TEST(PositionEmbedding, AddAndBackward) {
+  std::mt19937 rng(17);
+  const i64 b = 3, s = 4, h = 5, positions = 6;  // the table has more positions than the sequence
+  const Vec out0 = randn(usize(b * s * h), rng), pos = randn(usize(positions * h), rng);
+  const Vec dout = randn(out0.size(), rng), dpos0 = randn(pos.size(), rng);
+  const auto forward = [&](const Vec& table) {
+    Tensor out = tensor({b * s, h}, out0);
+    add_position_embedding(out, tensor({positions, h}, table), s);
+    return vals(out);
+  };
+  Vec want = out0;
+  for (i64 r = 0; r < b * s; ++r)
+    for (i64 c = 0; c < h; ++c) want[usize(r * h + c)] += pos[usize((r % s) * h + c)];
+  expect_close(forward(pos), want, 0, 0, "add_position_embedding");
+  Tensor dpos = tensor({positions, h}, dpos0);
+  position_embedding_backward(tensor({b * s, h}, dout), s, dpos);
+  const Vec grad = minus(vals(dpos), dpos0);
+  expect_fd_gradient("dpos", pos, forward, dout, grad);
+  for (std::size_t k = usize(s * h); k < grad.size(); ++k) EXPECT_EQ(vals(dpos)[k], dpos0[k]) << "unused position";
+  Tensor out = tensor({b * s, h}, out0);
+  EXPECT_THROW(add_position_embedding(out, tensor({3, h}, pos), s), InternalError);  // 3 positions < seq 4
+}
+
+// ====================== vocab-parallel cross-entropy ======================
+
+struct CeProblem {
+  i64 n, vocab;
+  Vec logits;  // [n, vocab]
+  std::vector<i64> targets;
+};
+
+CeProblem ce_problem(unsigned seed) {
+  std::mt19937 rng(seed);
+  CeProblem p{6, 11, {}, {}};
+  p.logits = to_f32(randn(usize(p.n * p.vocab), rng, 3.0));
+  std::uniform_int_distribution<i64> pick(0, p.vocab - 1);
+  for (i64 i = 0; i < p.n; ++i) p.targets.push_back(pick(rng));
+  return p;
+}
+
+// Mean over rows of -log softmax(logits)[target], and its gradient.
+double ce_loss_ref(const CeProblem& p, const Vec& logits) {
+  double loss = 0;
+  for (i64 r = 0; r < p.n; ++r) {
+    double mx = -1e300, sum = 0;
+    for (i64 c = 0; c < p.vocab; ++c) mx = std::max(mx, logits[usize(r * p.vocab + c)]);
+    for (i64 c = 0; c < p.vocab; ++c) sum += std::exp(logits[usize(r * p.vocab + c)] - mx);
+    loss += std::log(sum) + mx - logits[usize(r * p.vocab + p.targets[usize(r)])];
+  }
+  return loss / static_cast<double>(p.n);
+}
+
+Vec ce_grad_ref(const CeProblem& p) {
+  Vec g(p.logits.size());
+  for (i64 r = 0; r < p.n; ++r) {
+    double mx = -1e300, sum = 0;
+    for (i64 c = 0; c < p.vocab; ++c) mx = std::max(mx, p.logits[usize(r * p.vocab + c)]);
+    for (i64 c = 0; c < p.vocab; ++c) sum += std::exp(p.logits[usize(r * p.vocab + c)] - mx);
+    for (i64 c = 0; c < p.vocab; ++c)
+      g[usize(r * p.vocab + c)] = (std::exp(p.logits[usize(r * p.vocab + c)] - mx) / sum - (c == p.targets[usize(r)])) /
+                                  static_cast<double>(p.n);
+  }
+  return g;
+}
+
+// One rank's slice: global columns [start, start + valid), stored in
+// `local` >= valid columns whose tail is padding (filled with huge values, which
+// must not leak into max, sum or gradient).
+struct Slice {
+  i64 start, valid, local;
+};
+
+struct CeResult {
+  double loss;
+  Vec grad;  // [n, vocab], the valid columns of every slice put back together
+};
+
+// Runs the pieces per slice and combines them as the TP all-reduces do.
+CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t) {
+  const Tensor targets = ids_tensor(p.targets);
+  const auto rows = usize(p.n);
+  std::vector<Tensor> logits;
+  std::vector<Vec> maxes, sums;
+  Vec gmax(rows, -std::numeric_limits<double>::infinity()), gsum(rows, 0.0), target(rows, 0.0);
+  for (const auto& s : slices) {
+    Vec local(rows * usize(s.local), 1e4);
+    for (i64 r = 0; r < p.n; ++r)
+      for (i64 c = 0; c < s.valid; ++c) local[usize(r * s.local + c)] = p.logits[usize(r * p.vocab + s.start + c)];
+    logits.push_back(tensor({p.n, s.local}, local, t));
+    Tensor mx = empty({p.n}, t), se = empty({p.n}, t), tl = empty({p.n}, t);
+    rowwise_max(logits.back(), s.valid, mx);
+    rowwise_sum_exp(logits.back(), mx, s.valid, se);  // with the local max, rescaled below
+    gather_target_logit(logits.back(), targets, s.start, s.valid, tl);
+    maxes.push_back(vals(mx)), sums.push_back(vals(se));
+    const Vec tv = vals(tl);
+    for (std::size_t r = 0; r < rows; ++r) gmax[r] = std::max(gmax[r], maxes.back()[r]), target[r] += tv[r];
+  }
+  for (std::size_t k = 0; k < slices.size(); ++k)
+    for (std::size_t r = 0; r < rows; ++r)
+      gsum[r] += sums[k][r] * std::exp(maxes[k][r] - gmax[r]);  // a slice of padding only: 0 * exp(-inf) = 0
+  CeResult out{0.0, Vec(p.logits.size(), 0.0)};
+  for (std::size_t r = 0; r < rows; ++r)
+    out.loss += (std::log(gsum[r]) + gmax[r] - target[r]) / static_cast<double>(p.n);
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    const auto& s = slices[k];
+    Tensor d = tensor({p.n, s.local}, Vec(rows * usize(s.local), 1e30), t);
+    cross_entropy_backward(logits[k], tensor({p.n}, gmax, t), tensor({p.n}, gsum, t), targets, s.start, s.valid,
+                           1.0 / static_cast<double>(p.n), d);
+    const Vec dv = vals(d);
+    for (i64 r = 0; r < p.n; ++r) {
+      for (i64 c = 0; c < s.valid; ++c) out.grad[usize(r * p.vocab + s.start + c)] = dv[usize(r * s.local + c)];
+      for (i64 c = s.valid; c < s.local; ++c) EXPECT_EQ(dv[usize(r * s.local + c)], 0.0) << "padding column";
+    }
+  }
+  return out;
+}
+
+// `per` columns per rank, each slice padded with 2 extra columns.
+std::vector<Slice> slices_of(i64 vocab, i64 per, i64 ranks) {
+  std::vector<Slice> out;
+  for (i64 r = 0; r < ranks; ++r) out.push_back({r * per, std::clamp(vocab - r * per, i64{0}, per), per + 2});
+  return out;
+}
+
+TEST(CrossEntropy, VocabSlicesCombineToTheUnsplitLossAndGradient) {
+  const CeProblem p = ce_problem(18);
+  const double loss = ce_loss_ref(p, p.logits);
+  const Vec grad = ce_grad_ref(p);
+  // {ranks, columns per rank}: 11 = 11, 6 + 5, 3 + 3 + 3 + 2, and 6 + 5 + 0 (a rank of padding only).
+  for (auto [ranks, per] : {std::pair<i64, i64>{1, 11}, {2, 6}, {4, 3}, {3, 6}}) {
+    SCOPED_TRACE(testing::Message() << ranks << " slices of " << per);
+    const CeResult r64 = ce_split(p, slices_of(p.vocab, per, ranks), DType::F64);
+    EXPECT_NEAR(r64.loss, loss, 1e-13);
+    expect_close(r64.grad, grad, 1e-13, 1e-15, "fp64 gradient");
+    const CeResult r32 = ce_split(p, slices_of(p.vocab, per, ranks), DType::F32);
+    EXPECT_NEAR(r32.loss, loss, 1e-5);
+    expect_close(r32.grad, grad, 1e-5, 1e-7, "fp32 gradient");
+  }
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferencesOfTheKernelLoss) {
+  const CeProblem p = ce_problem(19);
+  const auto slices = slices_of(p.vocab, 3, 4);
+  const Vec grad = ce_split(p, slices, DType::F64).grad;
+  const Vec one = {1.0};
+  expect_fd_gradient(
+      "dlogits", p.logits,
+      [&](const Vec& l) {
+        CeProblem q = p;
+        q.logits = l;
+        return Vec{ce_split(q, slices, DType::F64).loss};
+      },
+      one, grad);
+}
+
+TEST(CrossEntropy, GlobalMaxSumExpAndAliasedBackward) {
+  const CeProblem p = ce_problem(20);
+  const Tensor logits = tensor({p.n, p.vocab}, p.logits), targets = ids_tensor(p.targets);
+  Tensor mx = empty({p.n}), se = empty({p.n});
+  rowwise_max(logits, p.vocab, mx);
+  rowwise_sum_exp(logits, mx, p.vocab, se);
+  Tensor d = tensor({p.n, p.vocab}, p.logits);
+  cross_entropy_backward(d, mx, se, targets, 0, p.vocab, 1.0 / static_cast<double>(p.n), d);  // in place
+  expect_close(vals(d), ce_grad_ref(p), 1e-13, 1e-15, "in place");
+}
+
+// ======================= dispatch, meta, validation =======================
+
+TEST(LayerKernels, MetaDeviceChecksShapesAndComputesNothing) {
+  auto meta = make_device(DeviceKind::Meta);
+  Tensor x = Tensor::empty(meta, {4, 8}, DType::F32, MC::Other);
+  Tensor g = Tensor::empty(meta, {8}, DType::F32, MC::Other), m = Tensor::empty(meta, {4}, DType::F32, MC::Other);
+  layernorm_forward(x, g, g, 1e-5, x, m, m);
+  gelu_forward(x, x);
+  dropout_forward(x, 0.1, RngKey{}, DropoutLayout{4, 1, 1, 8, 0, 0, 1}, x);
+  Tensor bad = Tensor::empty(meta, {7}, DType::F32, MC::Other);
+  EXPECT_THROW(layernorm_forward(x, bad, g, 1e-5, x, m, m), InternalError);
+}
+
+TEST(LayerKernels, RejectsBadShapesAndDtypes) {
+  Tensor x = empty({4, 8}), y = empty({4, 8}), g = empty({8}), m = empty({4});
+  EXPECT_THROW(layernorm_forward(x, empty({7}), g, 1e-5, y, m, m), InternalError);
+  Tensor m3 = empty({3});
+  EXPECT_THROW(layernorm_forward(x, g, g, 1e-5, y, m3, m), InternalError);
+  EXPECT_THROW(layernorm_forward(x, empty({8}, DType::F32), g, 1e-5, y, m, m), InternalError);  // mixed dtypes
+  Tensor h = empty({4}, DType::F16), transposed = empty({8, 4}), scores = empty({2, 3, 4});
+  EXPECT_THROW(gelu_forward(h, h), InternalError);                           // fp16: not a kernel dtype
+  EXPECT_THROW(gelu_forward(x, transposed), InternalError);                  // shape differs
+  EXPECT_THROW(causal_softmax_forward(scores, 1.0, scores), InternalError);  // sq != sk
+  Tensor out = empty({3, 8});
+  EXPECT_THROW(embedding_forward(tensor({3}, {0, 1, 2}), x, 0, out), InternalError);  // fp64 ids
+  EXPECT_THROW(embedding_forward(ids_tensor({0, 1}), x, 0, out), InternalError);      // 2 ids, 3 rows
+  EXPECT_THROW(rowwise_max(x, 9, m), InternalError);                                  // valid > V_local
+  Tensor strided = empty({4, 16}).narrow(1, 0, 8);
+  EXPECT_THROW(gelu_forward(strided, y), InternalError);
+  EXPECT_THROW(add_bias(y, empty({4})), InternalError);
+}
+
+// Results are bitwise identical for any number of threads, and the parallel
+// paths (taken above the size threshold) agree with the serial ones.
+TEST(LayerKernels, SameBitsForAnyThreadCount) {
+  std::mt19937 rng(21);
+  const i64 rows = 600, cols = 130;
+  const Vec x = randn(usize(rows * cols), rng), w = randn(usize(rows * cols), rng), sc = randn(120000, rng, 3.0);
+  auto run_all = [&]() {
+    std::vector<Vec> out;
+    Tensor xt = tensor({rows, cols}, x), wt = tensor({rows, cols}, w);
+    Tensor y = empty({rows, cols}), mean = empty({rows}), rstd = empty({rows}),
+           gamma = tensor({cols}, Vec(usize(cols), 1.5));
+    Tensor dg = tensor({cols}, Vec(usize(cols), 0.0)), db = tensor({cols}, Vec(usize(cols), 0.0)),
+           dx = empty({rows, cols});
+    layernorm_forward(xt, gamma, gamma, 1e-5, y, mean, rstd);
+    layernorm_backward(wt, xt, gamma, mean, rstd, dx, dg, db);
+    out.push_back(vals(y)), out.push_back(vals(dx)), out.push_back(vals(dg)), out.push_back(vals(db));
+    Tensor d = empty({rows, cols});
+    dropout_forward(xt, 0.3, RngKey{1, 2, 3, kRngEmbeddingDropout}, DropoutLayout{1, 1, rows, cols, 0, 0, 1}, d);
+    out.push_back(vals(d));
+    Tensor s = tensor({3, 200, 200}, sc), pr = empty({3, 200, 200});
+    causal_softmax_forward(s, 0.5, pr);
+    out.push_back(vals(pr));
+    Tensor dpos = tensor({100, cols}, Vec(usize(100 * cols), 0.0));
+    position_embedding_backward(tensor({rows, cols}, w), 100, dpos);
+    out.push_back(vals(dpos));
+    return out;
+  };
+  const int before = cpu_math_threads();
+  set_cpu_math_threads(1);
+  const auto one = run_all();
+  set_cpu_math_threads(4);
+  const auto four = run_all();
+  set_cpu_math_threads(before);
+  for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], four[k]) << "output " << k;
+}
+
+}  // namespace

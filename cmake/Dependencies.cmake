@@ -3,9 +3,17 @@
 find_package(MPI REQUIRED COMPONENTS C)
 find_package(Boost 1.74 REQUIRED COMPONENTS program_options)
 find_package(dnnl CONFIG REQUIRED)           # oneDNN: CPU GEMM (f32, bf16 on AMX/AVX512 where present)
-find_package(OpenBLAS CONFIG REQUIRED)       # fp64 GEMM (reference paths) and the GEMM benchmark
+# OpenBLAS: fp32/fp64 GEMM. Prefer Debian's OpenMP build: it shares one OpenMP
+# thread pool with oneDNN and our kernels, where the pthread build's pool spins
+# against it (measured: 12% slower GPT steps on 2 cores, docs/PERFORMANCE.md).
+find_package(OpenBLAS CONFIG REQUIRED
+  HINTS /usr/lib/${CMAKE_LIBRARY_ARCHITECTURE}/openblas-openmp/cmake/openblas)
 if(NOT OpenBLAS_LIBRARIES)
-  message(FATAL_ERROR "OpenBLAS found but it sets no OpenBLAS_LIBRARIES; install libopenblas-dev")
+  message(FATAL_ERROR "OpenBLAS found but it sets no OpenBLAS_LIBRARIES; install libopenblas-openmp-dev")
+endif()
+if(NOT OpenBLAS_LIBRARIES MATCHES "openmp")
+  message(WARNING "megazero: using ${OpenBLAS_LIBRARIES}, not the OpenMP build of OpenBLAS; "
+                  "install libopenblas-openmp-dev for the thread pool oneDNN shares")
 endif()
 find_package(Threads REQUIRED)
 if(MEGAZERO_BUILD_TESTS)

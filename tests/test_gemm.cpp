@@ -130,7 +130,8 @@ TEST(Gemm, ReportsWhichCpuPathRan) {
   Tensor c = Tensor::empty(dev, {8, 8}, DType::F32, MC::Other);
   gemm(a, false, a, false, c);
   const auto path = cpu_gemm_path(DType::BF16, DType::F32);
-  EXPECT_TRUE(path == "onednn" || path == "onednn-f32-widened") << path;
+  EXPECT_TRUE(path == "onednn" || path == "fp32-widened-openblas") << path;
+  EXPECT_EQ(cpu_gemm_path(DType::F32, DType::F32), "openblas");
   RecordProperty("bf16_path", path);
 }
 

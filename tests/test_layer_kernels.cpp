@@ -105,6 +105,18 @@ void expect_fd_gradient(const std::string& what, const Vec& x, const std::functi
   }
 }
 
+// f must throw an InternalError whose message contains `needle`: the check
+// meant, not some other one, rejected the call.
+void expect_rejected(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no InternalError; expected one containing '" << needle << "'";
+}
+
 i64 numel(const Shape& s) { return shape_numel(s); }
 std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
 
@@ -452,8 +464,8 @@ TEST(Dropout, DropsAFractionPAndBackwardReusesTheMask) {
 TEST(Dropout, MaskDoesNotDependOnTheSplitAcrossRanks) {
   const RngKey key{99, 5, 2, kRngAttentionDropout};
   const double p = 0.5;
-  const DropoutLayout whole{4, 8, 6, 6, 0, 0, 8};
-  const Shape shape{4, 8, 6, 6};
+  const DropoutLayout whole{4, 8, 5, 7, 0, 0, 8};  // C * D = 35: pieces start inside a 4-value Philox block
+  const Shape shape{4, 8, 5, 7};
   const Vec ones(usize(numel(shape)), 1.0);
   const Tensor y = tensor(shape, dropout_run(ones, p, key, whole));
   for (int dim : {0, 1}) {
@@ -488,14 +500,14 @@ TEST(Dropout, ZeroProbabilityCopiesAndInvalidProbabilityIsRejected) {
   dropout_forward(t, 0.0, RngKey{}, l, t);
   EXPECT_EQ(vals(t), x);
   Tensor y = empty({2, 3, 1, 5});
-  EXPECT_THROW(dropout_forward(t, 1.0, RngKey{}, l, y), InternalError);
-  EXPECT_THROW(dropout_forward(t, -0.1, RngKey{}, l, y), InternalError);
-  EXPECT_THROW(dropout_backward(t, 1.5, RngKey{}, l, y), InternalError);
+  expect_rejected([&] { dropout_forward(t, 1.0, RngKey{}, l, y); }, "dropout_forward: dropout probability 1");
+  expect_rejected([&] { dropout_forward(t, -0.1, RngKey{}, l, y); }, "dropout_forward: dropout probability -0.1");
+  expect_rejected([&] { dropout_backward(t, 1.5, RngKey{}, l, y); }, "dropout_backward: dropout probability 1.5");
   DropoutLayout bad = l;
   bad.D = 4;  // does not cover the tensor
-  EXPECT_THROW(dropout_forward(t, 0.1, RngKey{}, bad, y), InternalError);
+  expect_rejected([&] { dropout_forward(t, 0.1, RngKey{}, bad, y); }, "does not cover");
   bad = l, bad.b0 = 1;  // b0 + B > GB
-  EXPECT_THROW(dropout_forward(t, 0.1, RngKey{}, bad, y), InternalError);
+  expect_rejected([&] { dropout_forward(t, 0.1, RngKey{}, bad, y); }, "b0 + B <= GB");
 }
 
 // ============================== embeddings ==============================
@@ -576,8 +588,16 @@ TEST(PositionEmbedding, AddAndBackward) {
   const Vec grad = minus(vals(dpos), dpos0);
   expect_fd_gradient("dpos", pos, forward, dout, grad);
   for (std::size_t k = usize(s * h); k < grad.size(); ++k) EXPECT_EQ(vals(dpos)[k], dpos0[k]) << "unused position";
+  Tensor out32 = tensor({b * s, h}, to_f32(out0), DType::F32);
+  add_position_embedding(out32, tensor({positions, h}, to_f32(pos), DType::F32), s);
+  Vec want32 = to_f32(out0);
+  for (i64 r = 0; r < b * s; ++r)
+    for (i64 c = 0; c < h; ++c) want32[usize(r * h + c)] += static_cast<float>(pos[usize((r % s) * h + c)]);
+  expect_close(vals(out32), want32, 1e-6, 1e-6, "fp32");
   Tensor out = tensor({b * s, h}, out0);
-  EXPECT_THROW(add_position_embedding(out, tensor({3, h}, pos), s), InternalError);  // 3 positions < seq 4
+  const Tensor short_table = tensor({3, h}, Vec(usize(3 * h), 0.0));
+  expect_rejected([&] { add_position_embedding(out, short_table, s); },
+                  "exceeds the 3 positions");  // 3 positions < seq 4
 }
 
 // ====================== vocab-parallel cross-entropy ======================
@@ -733,26 +753,28 @@ TEST(LayerKernels, MetaDeviceChecksShapesAndComputesNothing) {
   gelu_forward(x, x);
   dropout_forward(x, 0.1, RngKey{}, DropoutLayout{4, 1, 1, 8, 0, 0, 1}, x);
   Tensor bad = Tensor::empty(meta, {7}, DType::F32, MC::Other);
-  EXPECT_THROW(layernorm_forward(x, bad, g, 1e-5, x, m, m), InternalError);
+  expect_rejected([&] { layernorm_forward(x, bad, g, 1e-5, x, m, m); }, "layernorm_forward: gamma has shape");
 }
 
 TEST(LayerKernels, RejectsBadShapesAndDtypes) {
   Tensor x = empty({4, 8}), y = empty({4, 8}), g = empty({8}), m = empty({4});
-  EXPECT_THROW(layernorm_forward(x, empty({7}), g, 1e-5, y, m, m), InternalError);
+  expect_rejected([&] { layernorm_forward(x, empty({7}), g, 1e-5, y, m, m); }, "layernorm_forward: gamma has shape");
   Tensor m3 = empty({3});
-  EXPECT_THROW(layernorm_forward(x, g, g, 1e-5, y, m3, m), InternalError);
-  EXPECT_THROW(layernorm_forward(x, empty({8}, DType::F32), g, 1e-5, y, m, m), InternalError);  // mixed dtypes
+  expect_rejected([&] { layernorm_forward(x, g, g, 1e-5, y, m3, m); }, "layernorm_forward: mean must have shape");
+  expect_rejected([&] { layernorm_forward(x, empty({8}, DType::F32), g, 1e-5, y, m, m); },
+                  "layernorm_forward: gamma must be");  // mixed dtypes
   Tensor h = empty({4}, DType::F16), transposed = empty({8, 4}), scores = empty({2, 3, 4});
-  EXPECT_THROW(gelu_forward(h, h), InternalError);                           // fp16: not a kernel dtype
-  EXPECT_THROW(gelu_forward(x, transposed), InternalError);                  // shape differs
-  EXPECT_THROW(causal_softmax_forward(scores, 1.0, scores), InternalError);  // sq != sk
+  expect_rejected([&] { gelu_forward(h, h); }, "gelu_forward: x must be fp32 or fp64");  // fp16: not a kernel dtype
+  expect_rejected([&] { gelu_forward(x, transposed); }, "gelu_forward: y has shape");    // shape differs
+  expect_rejected([&] { causal_softmax_forward(scores, 1.0, scores); }, "sq == sk");     // sq != sk
   Tensor out = empty({3, 8});
-  EXPECT_THROW(embedding_forward(tensor({3}, {0, 1, 2}), x, 0, out), InternalError);  // fp64 ids
-  EXPECT_THROW(embedding_forward(ids_tensor({0, 1}), x, 0, out), InternalError);      // 2 ids, 3 rows
-  EXPECT_THROW(rowwise_max(x, 9, m), InternalError);                                  // valid > V_local
+  const Tensor fp64_ids = tensor({3}, {0, 1, 2}), two_ids = ids_tensor({0, 1});
+  expect_rejected([&] { embedding_forward(fp64_ids, x, 0, out); }, "embedding_forward: ids must be int64");
+  expect_rejected([&] { embedding_forward(two_ids, x, 0, out); }, "embedding_forward: out has shape");
+  expect_rejected([&] { rowwise_max(x, 9, m); }, "rowwise_max: valid columns 9");  // valid > V_local
   Tensor strided = empty({4, 16}).narrow(1, 0, 8);
-  EXPECT_THROW(gelu_forward(strided, y), InternalError);
-  EXPECT_THROW(add_bias(y, empty({4})), InternalError);
+  expect_rejected([&] { gelu_forward(strided, y); }, "gelu_forward: x must be contiguous");
+  expect_rejected([&] { add_bias(y, empty({4})); }, "add_bias: bias has shape");
 }
 
 // Results are bitwise identical for any number of threads, and the parallel

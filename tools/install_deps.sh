@@ -10,7 +10,7 @@ packages=(
   libboost-program-options-dev         # command lines and config files
   libgtest-dev libgmock-dev            # the test suite
   libdnnl-dev                          # oneDNN: CPU GEMM (fp32, bf16/AMX)
-  libopenblas-dev                      # OpenBLAS: fp64 GEMM for reference paths, GEMM baseline
+  libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
 )
 
 missing=()

@@ -78,6 +78,7 @@ class Device : public std::enable_shared_from_this<Device> {
 class CpuDevice final : public Device {
  public:
   static constexpr std::size_t kAlignment = 64;
+  CpuDevice();
   DeviceKind kind() const override { return DeviceKind::CPU; }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override;

@@ -6,10 +6,11 @@
 // in its last dimension.
 //
 // dtypes: A and B alike, fp32, bf16 or fp16 with fp32 accumulation; C fp32 or
-// the input dtype. fp64 (reference paths in tests) uses OpenBLAS dgemm.
-// CPU: oneDNN matmul (AMX/AVX-512-BF16 where the CPU has them). Where the CPU has
-// no native 16-bit path, inputs are widened to fp32 first — exact, since
-// every bf16/fp16 value is an fp32 value — so results do not depend on the CPU.
+// the input dtype; fp64 (reference paths in tests) with an fp64 C.
+// CPU: OpenBLAS sgemm/dgemm for fp32/fp64; oneDNN matmul for bf16/fp16 (AMX /
+// AVX512-BF16 where the CPU has them). Where the CPU has no native 16-bit path,
+// inputs are widened to fp32 first — exact, since every bf16/fp16 value is an
+// fp32 value — so results do not depend on the CPU.
 #pragma once
 
 #include <string>
@@ -21,8 +22,8 @@ namespace megazero {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
           float beta = 0.0f);
 
-// How the CPU backend computes (A dtype) x (B dtype) -> (C dtype): "onednn" for
-// the native path or "onednn-f32-widened" for the fallback. For reports.
+// How the CPU backend computes (A dtype) -> (C dtype): "openblas" (fp32, fp64),
+// "onednn" (native 16-bit) or "fp32-widened-openblas" (16-bit widened). For reports.
 std::string cpu_gemm_path(DType in, DType out);
 
 namespace cpu {

@@ -9,8 +9,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "megazero/core/error.h"
 
@@ -307,8 +309,7 @@ void dropout_cpu(const T* in, double p, const RngKey& key, const DropoutLayout& 
 
 void dropout(const char* op, const Tensor& in, double p, const RngKey& key, const DropoutLayout& layout, Tensor& out) {
   check_float(op, "input", in);
-  check_operand(op, "input", in, in, in.dtype());
-  check_operand(op, "output", out, in, in.dtype());
+  check_operands(op, in, in.dtype(), {{"input", &in}, {"output", &out}});
   check_shape(op, "output", out, in.shape());
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
   check_layout(op, layout, in.numel());
@@ -397,7 +398,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const Rows s = rows_of(op, "x", x);
   MZ_CHECK(s.cols > 0, op, ": x has no columns: ", x.to_string());
   MZ_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
-  check_operands(op, x, dt, {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
+  check_operands(op, x, dt,
+                 {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"beta", &beta}});
   check_shape(op, "y", y, x.shape());
   check_rows(op, "mean", mean, s.rows);
@@ -417,8 +419,14 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   const DType dt = x.dtype();
   const Rows s = rows_of(op, "x", x);
   check_operands(op, x, dt,
-                 {{"dy", &dy}, {"x", &x}, {"gamma", &gamma}, {"mean", &mean}, {"rstd", &rstd}, {"dx", &dx},
-                  {"dgamma", &dgamma}, {"dbeta", &dbeta}});
+                 {{"dy", &dy},
+                  {"x", &x},
+                  {"gamma", &gamma},
+                  {"mean", &mean},
+                  {"rstd", &rstd},
+                  {"dx", &dx},
+                  {"dgamma", &dgamma},
+                  {"dbeta", &dbeta}});
   check_shapes(op, x.shape(), {{"dy", &dy}, {"dx", &dx}});
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
@@ -543,8 +551,7 @@ void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
   constexpr const char* op = "causal_softmax_forward";
   check_float(op, "scores", scores);
   const i64 mats = check_square(op, "scores", scores);
-  check_operand(op, "scores", scores, scores, scores.dtype());
-  check_operand(op, "probs", probs, scores, scores.dtype());
+  check_operands(op, scores, scores.dtype(), {{"scores", &scores}, {"probs", &probs}});
   check_shape(op, "probs", probs, scores.shape());
   if (!on_host(op, scores)) return;
   with_float_type(scores.dtype(), [&](auto tag) {
@@ -557,11 +564,8 @@ void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double s
   constexpr const char* op = "causal_softmax_backward";
   check_float(op, "probs", probs);
   const i64 mats = check_square(op, "probs", probs);
-  for (auto [name, t] :
-       {std::pair<const char*, const Tensor*>{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}}) {
-    check_operand(op, name, *t, probs, probs.dtype());
-    check_shape(op, name, *t, probs.shape());
-  }
+  check_operands(op, probs, probs.dtype(), {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
+  check_shapes(op, probs.shape(), {{"dprobs", &dprobs}, {"dscores", &dscores}});
   if (!on_host(op, probs)) return;
   with_float_type(probs.dtype(), [&](auto tag) {
     using T = decltype(tag);
@@ -735,13 +739,10 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& row_max, const T
                             std::int64_t vocab_start, std::int64_t valid, double scale, Tensor& dlogits) {
   constexpr const char* op = "cross_entropy_backward";
   const VocabSlice s = check_logits(op, logits, valid);
-  for (auto [name, t] : {std::pair<const char*, const Tensor*>{"row_max", &row_max}, {"sum_exp", &sum_exp}}) {
-    check_operand(op, name, *t, logits, logits.dtype());
-    check_rows(op, name, *t, s.rows);
-  }
+  check_operands(op, logits, logits.dtype(), {{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"dlogits", &dlogits}});
   check_operand(op, "targets", targets, logits, DType::I64);
-  check_rows(op, "targets", targets, s.rows);
-  check_operand(op, "dlogits", dlogits, logits, logits.dtype());
+  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"targets", &targets}})
+    check_rows(op, name, *t, s.rows);
   check_shape(op, "dlogits", dlogits, logits.shape());
   if (!on_host(op, logits)) return;
   with_float_type(logits.dtype(), [&](auto tag) {

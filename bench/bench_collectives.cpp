@@ -10,6 +10,7 @@
 
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 
 namespace po = boost::program_options;
@@ -25,13 +26,7 @@ int run(int argc, char** argv) {
   d.add_options()("min-bytes", po::value(&min_bytes), "smallest message")("max-bytes", po::value(&max_bytes),
                                                                            "largest message")(
       "iters", po::value(&iters), "timed runs per size")("dtype", po::value(&dtype_s), "fp32, bf16 or fp16");
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(e.what());
-  }
+  parse_command_line(argc, argv, d, "bench_collectives");
   const DType t = parse_dtype(dtype_s, "--dtype");
   auto world = MpiCommunicator::world();
   auto cpu = make_device(DeviceKind::CPU);

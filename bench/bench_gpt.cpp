@@ -11,6 +11,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 
 namespace po = boost::program_options;
@@ -33,13 +34,7 @@ int run(int argc, char** argv) {
       "num-attention-heads", po::value(&cfg.num_attention_heads))("seq-length", po::value(&cfg.seq_length))(
       "micro-batch-size", po::value(&micro_batch))("vocab-size", po::value(&cfg.vocab_size))(
       "steps", po::value(&steps))("recompute-activations", po::bool_switch(&cfg.recompute_activations));
-  po::variables_map vm;
-  try {
-    po::store(po::parse_command_line(argc, argv, d), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(e.what());
-  }
+  parse_command_line(argc, argv, d, "bench_gpt");
   auto world = MpiCommunicator::world();
   TpContext ctx{world.get(), make_device(DeviceKind::CPU), DType::F32};
   ParameterSet params;

@@ -10,6 +10,7 @@
 
 #include "megazero/comm/consensus.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 #include "parallel_state/process_groups.h"
 
@@ -35,13 +36,7 @@ Args parse(int argc, char** argv) {
                                          "ranks per node (0 = detect)")(
       "allow-tp-across-nodes", po::bool_switch(&a.parallel.allow_tp_across_nodes), "accept TP groups across nodes")(
       "size-mib", po::value(&a.size_mib)->default_value(16), "size of the timed all-reduce, MiB of fp32");
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(d).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(std::string(e.what()) + "; run megazero-comm-check --help for the options");
-  }
+  parse_command_line(argc, argv, d, "megazero-comm-check");
   if (a.help) std::cout << d << "\n";
   MZ_REQUIRE(a.size_mib > 0 && a.size_mib <= 4096, "--size-mib must be in (0, 4096], got ", a.size_mib);
   return a;

@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "megazero/comm/consensus.h"
+#include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 #include "parallel_state/process_groups.h"
 #include "parallel_state/topology_format.h"
@@ -45,13 +46,7 @@ po::options_description describe_options(Args& a) {
 Args parse(int argc, char** argv) {
   Args a;
   auto desc = describe_options(a);
-  try {
-    po::variables_map vm;
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    po::notify(vm);
-  } catch (const po::error& e) {
-    throw ConfigError(std::string(e.what()) + "; run megazero-topology --help for the options");
-  }
+  parse_command_line(argc, argv, desc, "megazero-topology");
   if (a.help) {
     std::cout << desc << "\n";
     return a;

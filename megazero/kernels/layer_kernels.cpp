@@ -254,36 +254,6 @@ void check_layout(const char* op, const DropoutLayout& l, i64 numel) {
            " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
 }
 
-// uniform_at(key, i) for ascending i, computing each Philox block once for
-// its 4 values where uniform_at computes one block per value (4x faster on
-// dropout of attention probabilities). It mirrors the mapping documented in
-// rng.cpp; the dropout tests compare every mask element with uniform_at.
-class UniformStream {
- public:
-  explicit UniformStream(const RngKey& key)
-      : key_{lo32(key.seed), hi32(key.seed) ^ (key.site * 0x9E3779B9u)},
-        layer_(key.layer),
-        iter_word_(lo32(key.iteration) ^ (hi32(key.iteration) * 0x85EBCA6Bu)) {}
-
-  float at(std::uint64_t index) {
-    const std::uint64_t block = index >> 2;
-    if (block != block_) {
-      words_ = philox4x32({lo32(block), hi32(block), layer_, iter_word_}, key_);
-      block_ = block;
-    }
-    return static_cast<float>(words_[index & 3u] >> 8) * 0x1p-24f;
-  }
-
- private:
-  static std::uint32_t lo32(std::uint64_t v) { return static_cast<std::uint32_t>(v); }
-  static std::uint32_t hi32(std::uint64_t v) { return static_cast<std::uint32_t>(v >> 32); }
-
-  std::array<std::uint32_t, 2> key_;
-  std::uint32_t layer_, iter_word_;
-  std::uint64_t block_ = ~std::uint64_t{0};  // no block: indices stop at 2^64 - 1, blocks at 2^62 - 1
-  std::array<std::uint32_t, 4> words_{};
-};
-
 // out = in * keep / (1 - p), keep = uniform_at(key, global index) >= p. Work is
 // split into chunks of a [C, D] block so that every thread has some even when
 // A * B is small (hidden states have B = 1).

@@ -69,12 +69,16 @@ std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter, st
   return counter;
 }
 
-float uniform_at(const RngKey& key, std::uint64_t index) {
-  const Block w = philox4x32(counter_words(key, index >> 2), key_words(key));
-  // The top 24 bits fill an fp32 mantissa exactly, so the value is the same in
-  // fp32 and fp64 and never rounds up to 1.
-  return static_cast<float>(w[index & 3u] >> 8) * 0x1p-24f;
+UniformStream::UniformStream(const RngKey& key) : key_(key) {}
+
+void UniformStream::refill(std::uint64_t block) {
+  words_ = philox4x32(counter_words(key_, block), key_words(key_));
+  block_ = block;
 }
+
+// The top 24 bits fill an fp32 mantissa exactly, so the value is the same in
+// fp32 and fp64 and never rounds up to 1 (see UniformStream::at).
+float uniform_at(const RngKey& key, std::uint64_t index) { return UniformStream(key).at(index); }
 
 double normal_at(const RngKey& key, std::uint64_t index) {
   const Block w = philox4x32(counter_words(key, index >> 1), key_words(key));

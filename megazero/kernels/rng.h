@@ -33,6 +33,25 @@ std::array<std::uint32_t, 4> philox4x32(std::array<std::uint32_t, 4> counter, st
 
 // Uniform in [0, 1) (24 random bits) for element `index` of stream `key`.
 float uniform_at(const RngKey& key, std::uint64_t index);
+
+// The same values as uniform_at, for reads of nearby indices: each Philox
+// block yields four consecutive values, so walking indices in order costs a
+// quarter of the blocks (dropout's inner loop).
+class UniformStream {
+ public:
+  explicit UniformStream(const RngKey& key);
+  float at(std::uint64_t index) {
+    const std::uint64_t block = index >> 2;
+    if (block != block_) refill(block);
+    return static_cast<float>(words_[index & 3u] >> 8) * 0x1p-24f;
+  }
+
+ private:
+  void refill(std::uint64_t block);
+  RngKey key_;
+  std::uint64_t block_ = ~std::uint64_t{0};  // none yet: block numbers stop at 2^62 - 1
+  std::array<std::uint32_t, 4> words_{};
+};
 // Standard normal for element `index` (Box-Muller on two uniforms), in double
 // so fp64 reference runs see the same values rounded once.
 double normal_at(const RngKey& key, std::uint64_t index);

@@ -16,12 +16,19 @@ const GPTConfig& validated(const GPTConfig& cfg, int tp) {
 GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& params)
     : cfg_(validated(cfg, ctx.size())),
       ctx_(ctx),
+      embedding_group_(params.begin_group("embedding")),
       embedding_(params, "embedding.word", cfg.vocab_size, cfg.padded_vocab(ctx.size()), cfg.hidden_size, ctx,
                  cfg.init_method_std),
       position_(params, "embedding.position", cfg.max_position_embeddings, cfg.hidden_size, ctx, cfg.init_method_std),
       loss_(ctx) {
-  // Declared in forward order, which is also the parameters' order.
-  for (int l = 0; l < cfg.num_layers; ++l) layers_.push_back(std::make_unique<TransformerLayer>(params, cfg, l, ctx));
+  // Declared in forward order, which is also the parameters' order; one
+  // parameter group per block (param_hooks.h).
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const int g = params.begin_group("layers." + std::to_string(l));
+    if (l == 0) first_layer_group_ = g;
+    layers_.push_back(std::make_unique<TransformerLayer>(params, cfg, l, ctx));
+  }
+  final_group_ = params.begin_group("final_ln");
   final_ln_ = std::make_unique<LayerNorm>(params, "final_ln", cfg.hidden_size, cfg.layernorm_epsilon, ctx);
 }
 
@@ -44,31 +51,52 @@ double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInf
   check_ids(ids, "the input");
   check_ids(targets, "the targets");
   step_ = step;
+  // The word embedding is used again for the tied logits: its group stays in
+  // use until the end of forward (so ZeRO-3 gathers it once per pass).
+  hooks_->pre_forward(embedding_group_);
   Tensor h = embedding_.forward(ids);
   position_.forward(h, step.seq);
   if (step.training && cfg_.hidden_dropout > 0) {
     kernels::DropoutLayout l{step.micro_batch, 1, step.seq, cfg_.hidden_size, step.sample_offset, 0, 1};
     kernels::dropout_forward(h, cfg_.hidden_dropout, RngKey{step.seed, step.iteration, 0, kRngEmbeddingDropout}, l, h);
   }
-  for (auto& layer : layers_) h = layer->forward(h, step);
+  for (std::size_t l = 0; l < layers_.size(); ++l) {
+    const int g = first_layer_group_ + static_cast<int>(l);
+    hooks_->pre_forward(g);
+    h = layers_[l]->forward(h, step);
+    hooks_->post_forward(g);
+  }
+  hooks_->pre_forward(final_group_);
   final_hidden_ = final_ln_->forward(h);
+  hooks_->post_forward(final_group_);
   CopyToTpRegion::forward(*ctx_.tp, final_hidden_);
   logits_ = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
   gemm(final_hidden_, false, embedding_.weight().value, true, logits_);
+  hooks_->post_forward(embedding_group_);
   return loss_.forward(logits_, targets, embedding_.vocab_start(), embedding_.valid_rows());
 }
 
 void GPTModel::backward(double loss_scale) {
   MZ_CHECK(final_hidden_.defined(), "GPTModel::backward before forward");
   Tensor dlogits = loss_.backward(loss_scale);
+  // The embedding group's gradients collect from the logits (now) and the
+  // lookup (last): it stays in backward for the whole pass.
+  hooks_->pre_backward(embedding_group_);
   auto& w = embedding_.weight();
   gemm(dlogits, true, final_hidden_, false, w.grad, 1.0f, 1.0f);  // tied weight: logits part
   Tensor dh = ctx_.activation(final_hidden_.shape());
   gemm(dlogits, false, w.value, false, dh);
   CopyToTpRegion::backward(*ctx_.tp, dh);
   final_hidden_ = Tensor();
+  hooks_->pre_backward(final_group_);
   dh = final_ln_->backward(dh);
-  for (auto it = layers_.rbegin(); it != layers_.rend(); ++it) dh = (*it)->backward(dh);
+  hooks_->post_backward(final_group_);
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    const int g = first_layer_group_ + static_cast<int>(i);
+    hooks_->pre_backward(g);
+    dh = layers_[i]->backward(dh);
+    hooks_->post_backward(g);
+  }
   if (step_.training && cfg_.hidden_dropout > 0) {
     kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
     kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout},
@@ -76,6 +104,7 @@ void GPTModel::backward(double loss_scale) {
   }
   position_.backward(dh, step_.seq);
   embedding_.backward(dh);
+  hooks_->post_backward(embedding_group_);
 }
 
 double GPTModel::flops_per_token(bool with_recompute) const {

@@ -8,6 +8,7 @@
 
 #include "layers/cross_entropy.h"
 #include "layers/embedding.h"
+#include "layers/param_hooks.h"
 #include "layers/transformer_layer.h"
 
 namespace megazero::layers {
@@ -24,6 +25,10 @@ class GPTModel {
   double forward(const Tensor& ids, const Tensor& targets, const StepInfo& step);
   // Accumulates d(loss_scale * mean loss)/d(parameters) into the gradients.
   void backward(double loss_scale = 1.0);
+  // Storage manager called around each parameter group (ZeRO); none by default.
+  void set_param_hooks(ParamHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
+  // Parameter groups: embeddings (word + position), one per layer, final LN.
+  int embedding_group() const { return embedding_group_; }
 
   const GPTConfig& config() const { return cfg_; }
   // This rank's logits [B*S, V_local] of the last forward (kept for tests and
@@ -41,6 +46,7 @@ class GPTModel {
 
   GPTConfig cfg_;
   TpContext ctx_;
+  int embedding_group_ = 0, first_layer_group_ = 0, final_group_ = 0;  // before the layers: init order
   VocabParallelEmbedding embedding_;
   PositionEmbedding position_;
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
@@ -48,6 +54,8 @@ class GPTModel {
   VocabParallelCrossEntropy loss_;
   StepInfo step_;
   Tensor final_hidden_, logits_;
+  ParamHooks no_hooks_;
+  ParamHooks* hooks_ = &no_hooks_;
 };
 
 }  // namespace megazero::layers

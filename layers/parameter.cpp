@@ -24,6 +24,15 @@ std::int64_t Parameter::global_index(std::int64_t local_flat) const {
   return global;
 }
 
+double Parameter::init_value(std::uint64_t seed, std::int64_t local_flat) const {
+  if (init == Init::Ones) return 1.0;
+  if (init == Init::Zeros) return 0.0;
+  const std::int64_t g = global_index(local_flat);
+  const std::int64_t row = global_shape.size() > 1 ? shape_numel(global_shape) / global_shape[0] : 1;
+  if (padding_from_row >= 0 && g / row >= padding_from_row) return 0.0;  // padding stays 0
+  return init_std * normal_at(RngKey{seed, 0, id(), kRngInit}, static_cast<std::uint64_t>(g));
+}
+
 Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
                              double init_std, bool weight_decay) {
   for (const auto& p : params_) MZ_CHECK(p.name != name, "parameter '", name, "' declared twice");
@@ -39,11 +48,18 @@ Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim
     p.local_shape[d] = global_shape[d] / parts;
     p.shard_start = p.local_shape[d] * part;
   }
+  if (group_names_.empty()) group_names_.push_back("default");
+  p.group = num_groups() - 1;
   p.init = init;
   p.init_std = init_std;
   p.weight_decay = weight_decay;
   params_.push_back(std::move(p));
   return params_.back();
+}
+
+int ParameterSet::begin_group(std::string name) {
+  group_names_.push_back(std::move(name));
+  return num_groups() - 1;
 }
 
 std::vector<Parameter*> ParameterSet::all() {
@@ -85,17 +101,8 @@ void ParameterSet::initialize(std::uint64_t seed) {
   for (auto& p : params_) {
     MZ_CHECK(p.value.defined(), "parameter '", p.name, "' has no storage; allocate() first");
     if (!p.value.device().has_storage()) continue;
-    const std::int64_t n = p.local_numel();
-    std::vector<double> v(static_cast<std::size_t>(n), p.init == Init::Ones ? 1.0 : 0.0);
-    if (p.init == Init::Normal) {
-      const RngKey key{seed, 0, p.id(), kRngInit};
-      const std::int64_t row = p.global_shape.size() > 1 ? shape_numel(p.global_shape) / p.global_shape[0] : 1;
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t g = p.global_index(i);
-        if (p.padding_from_row >= 0 && g / row >= p.padding_from_row) continue;  // padding stays 0
-        v[static_cast<std::size_t>(i)] = p.init_std * normal_at(key, static_cast<std::uint64_t>(g));
-      }
-    }
+    std::vector<double> v(static_cast<std::size_t>(p.local_numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = p.init_value(seed, static_cast<std::int64_t>(i));
     p.value.copy_from_doubles(v);
   }
 }

@@ -28,6 +28,8 @@ struct Parameter {
   // zero at init; -1 = none.
   std::int64_t padding_from_row = -1;
 
+  int group = 0;  // parameter group (see param_hooks.h), in forward order
+
   Tensor value;  // views into storage bound by the owner (ParameterSet::allocate or ZeRO)
   Tensor grad;
 
@@ -38,6 +40,9 @@ struct Parameter {
   std::uint32_t id() const;
   // Global flat index (row-major over global_shape) of local flat index i.
   std::int64_t global_index(std::int64_t local_flat) const;
+  // Initial value of local element i: a function of (seed, name, global index)
+  // only, so every layout (TP shard, ZeRO partition) computes the same value.
+  double init_value(std::uint64_t seed, std::int64_t local_flat) const;
 };
 
 // All parameters of a model on this rank, in registration (= forward) order.
@@ -47,6 +52,12 @@ class ParameterSet {
   // shards, of which this rank holds shard `part`. split_dim -1: replicated.
   Parameter& add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
                  double init_std = 0.0, bool weight_decay = true);
+
+  // Parameters declared after this call belong to a new group named `name`.
+  // Groups must be declared in forward order and their parameters contiguously.
+  int begin_group(std::string name);
+  int num_groups() const { return static_cast<int>(group_names_.size()); }
+  const std::string& group_name(int g) const { return group_names_[static_cast<std::size_t>(g)]; }
 
   std::vector<Parameter*> all();
   std::vector<const Parameter*> all() const;
@@ -66,6 +77,7 @@ class ParameterSet {
 
  private:
   std::deque<Parameter> params_;  // stable addresses
+  std::vector<std::string> group_names_;
   Tensor flat_values_, flat_grads_;
 };
 

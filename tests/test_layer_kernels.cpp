@@ -4,7 +4,10 @@
 // finite differences in fp64 of a random linear functional L = sum(w * output).
 // Plus the properties the parallel layers rely on: causal masking, dropout masks
 // that do not depend on how a tensor is split over TP/DP ranks, embeddings and
-// cross-entropy split over vocabulary slices with padding.
+// cross-entropy split over vocabulary slices with padding. Then every kernel
+// with bf16 and fp16 storage (HalfStorage): within one rounding of the fp64
+// reference on the same rounded inputs, fp32 statistics, fp32 or 16-bit
+// gradient accumulators, the fp32 dropout mask, and the dtype rules enforced.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -655,7 +658,9 @@ struct CeResult {
 };
 
 // Runs the pieces per slice and combines them as the TP all-reduces do.
+// Statistics are kept in row_stat_dtype(t): fp32 for 16-bit logits.
 CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t) {
+  const DType stat = row_stat_dtype(t);
   const Tensor targets = ids_tensor(p.targets);
   const auto rows = usize(p.n);
   std::vector<Tensor> logits;
@@ -666,7 +671,7 @@ CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t)
     for (i64 r = 0; r < p.n; ++r)
       for (i64 c = 0; c < s.valid; ++c) local[usize(r * s.local + c)] = p.logits[usize(r * p.vocab + s.start + c)];
     logits.push_back(tensor({p.n, s.local}, local, t));
-    Tensor mx = empty({p.n}, t), se = empty({p.n}, t), tl = empty({p.n}, t);
+    Tensor mx = empty({p.n}, stat), se = empty({p.n}, stat), tl = empty({p.n}, stat);
     rowwise_max(logits.back(), s.valid, mx);
     rowwise_sum_exp(logits.back(), mx, s.valid, se);  // with the local max, rescaled below
     gather_target_logit(logits.back(), targets, s.start, s.valid, tl);
@@ -683,7 +688,7 @@ CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t)
   for (std::size_t k = 0; k < slices.size(); ++k) {
     const auto& s = slices[k];
     Tensor d = tensor({p.n, s.local}, Vec(rows * usize(s.local), 1e30), t);
-    cross_entropy_backward(logits[k], tensor({p.n}, gmax, t), tensor({p.n}, gsum, t), targets, s.start, s.valid,
+    cross_entropy_backward(logits[k], tensor({p.n}, gmax, stat), tensor({p.n}, gsum, stat), targets, s.start, s.valid,
                            1.0 / static_cast<double>(p.n), d);
     const Vec dv = vals(d);
     for (i64 r = 0; r < p.n; ++r) {
@@ -763,10 +768,10 @@ TEST(LayerKernels, RejectsBadShapesAndDtypes) {
   expect_rejected([&] { layernorm_forward(x, g, g, 1e-5, y, m3, m); }, "layernorm_forward: mean must have shape");
   expect_rejected([&] { layernorm_forward(x, empty({8}, DType::F32), g, 1e-5, y, m, m); },
                   "layernorm_forward: gamma must be");  // mixed dtypes
-  Tensor h = empty({4}, DType::F16), transposed = empty({8, 4}), scores = empty({2, 3, 4});
-  expect_rejected([&] { gelu_forward(h, h); }, "gelu_forward: x must be fp32 or fp64");  // fp16: not a kernel dtype
-  expect_rejected([&] { gelu_forward(x, transposed); }, "gelu_forward: y has shape");    // shape differs
-  expect_rejected([&] { causal_softmax_forward(scores, 1.0, scores); }, "sq == sk");     // sq != sk
+  Tensor h = empty({4}, DType::I32), transposed = empty({8, 4}), scores = empty({2, 3, 4});
+  expect_rejected([&] { gelu_forward(h, h); }, "gelu_forward: x must be fp32, fp64, bf16 or fp16");  // not a float
+  expect_rejected([&] { gelu_forward(x, transposed); }, "gelu_forward: y has shape");                // shape differs
+  expect_rejected([&] { causal_softmax_forward(scores, 1.0, scores); }, "sq == sk");                 // sq != sk
   Tensor out = empty({3, 8});
   const Tensor fp64_ids = tensor({3}, {0, 1, 2}), two_ids = ids_tensor({0, 1});
   expect_rejected([&] { embedding_forward(fp64_ids, x, 0, out); }, "embedding_forward: ids must be int64");
@@ -811,6 +816,626 @@ TEST(LayerKernels, SameBitsForAnyThreadCount) {
   const auto four = run_all();
   set_cpu_math_threads(before);
   for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], four[k]) << "output " << k;
+}
+
+// =========================== 16-bit storage ===========================
+// Every kernel again with bf16 and fp16 tensors. Inputs are rounded to the
+// dtype first and the fp64 reference sees the same rounded values, so what may
+// differ is the one rounding of each output (plus the fp32 arithmetic where a
+// kernel computes in fp32). Where the kernel's arithmetic is exactly that of the
+// fp32 path (elementwise kernels) or the fp64 path (LayerNorm, sums in double),
+// the 16-bit result is also checked bit for bit against that result rounded
+// once to nearest even.
+
+constexpr DType kHalfDtypes[] = {DType::BF16, DType::F16};
+
+// Unit roundoff: rounding to nearest errs by at most u |value| ...
+double unit_roundoff(DType t) { return t == DType::BF16 ? 0x1p-8 : 0x1p-11; }
+// ... or, below the normal range, by half the (fixed) subnormal spacing.
+double subnormal_error(DType t) { return t == DType::BF16 ? 0x1p-134 : 0x1p-25; }
+
+// The values a tensor of dtype t holds for `v` (the test inputs).
+Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
+
+// The 16-bit value nearest to each (finite, in-range) v, ties to even, chosen
+// among the neighbours of the double -> fp32 -> 16-bit conversion (which may be
+// one off after its double rounding). Written independently of the kernels.
+Vec round_once(const Vec& v, DType t) {
+  const auto decode = [t](std::uint16_t b) {
+    return t == DType::BF16 ? static_cast<double>(bf16_to_float(BFloat16{b})) : half_to_float(Half{b});
+  };
+  Vec out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const float f = static_cast<float>(v[i]);
+    std::uint16_t best = t == DType::BF16 ? float_to_bf16(f).bits : float_to_half(f).bits;
+    for (int d : {-1, 1}) {
+      const auto nb = static_cast<std::uint16_t>(best + d);
+      const double e = std::fabs(decode(nb) - v[i]), eb = std::fabs(decode(best) - v[i]);
+      if (e < eb || (e == eb && (nb & 1u) == 0)) best = nb;  // NaN neighbours compare false
+    }
+    out[i] = decode(best);
+  }
+  return out;
+}
+
+// |got - want| <= factor * u * |want| + atol + subnormal_error, element-wise.
+// factor 1.01 leaves 1% of a rounding for fp32 arithmetic before it (an fp32
+// operation errs by 2^-24 relative: 2^-16 of a bf16 and 2^-13 of an fp16
+// rounding); a conversion that truncates errs by up to 2u and fails.
+void expect_one_rounding(const Vec& got, const Vec& want, DType t, const std::string& what, const Vec& atol,
+                         double factor = 1.01) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double tol = factor * unit_roundoff(t) * std::fabs(want[i]) + atol[i] + subnormal_error(t);
+    if (!(std::fabs(got[i] - want[i]) <= tol) && reported++ < 5)
+      ADD_FAILURE() << what << " (" << dtype_name(t) << ")[" << i << "]: got " << got[i] << ", want " << want[i]
+                    << ", error " << std::fabs(got[i] - want[i]) / (unit_roundoff(t) * std::fabs(want[i]))
+                    << " roundings";
+  }
+}
+void expect_one_rounding(const Vec& got, const Vec& want, DType t, const std::string& what, double atol = 0) {
+  expect_one_rounding(got, want, t, what, Vec(want.size(), atol));
+}
+
+// Bit-for-bit equality (as doubles), reporting the first few differences.
+void expect_same(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+}
+
+TEST(HalfStorage, DtypeRules) {
+  EXPECT_EQ(row_stat_dtype(DType::BF16), DType::F32);
+  EXPECT_EQ(row_stat_dtype(DType::F16), DType::F32);
+  EXPECT_EQ(row_stat_dtype(DType::F32), DType::F32);
+  EXPECT_EQ(row_stat_dtype(DType::F64), DType::F64);
+  for (DType t : kHalfDtypes) {
+    EXPECT_TRUE(is_grad_accumulator_dtype(t, t));
+    EXPECT_TRUE(is_grad_accumulator_dtype(t, DType::F32));
+    EXPECT_FALSE(is_grad_accumulator_dtype(t, DType::F64));
+  }
+  EXPECT_FALSE(is_grad_accumulator_dtype(DType::BF16, DType::F16));
+  EXPECT_FALSE(is_grad_accumulator_dtype(DType::F64, DType::F32));
+  EXPECT_FALSE(is_grad_accumulator_dtype(DType::F32, DType::BF16));
+}
+
+// ----------------------------- LayerNorm -----------------------------
+
+struct LayerNormGrads {
+  Vec dx, dgamma, dbeta;
+};
+
+// dx = rstd (g - mean(g) - xhat mean(g xhat)), g = dy gamma, xhat = (x - mean) rstd;
+// dgamma0 + sum_r dy xhat; dbeta0 + sum_r dy. In double, from the given statistics.
+LayerNormGrads layernorm_backward_ref(const Vec& dy, const Vec& x, const Vec& gamma, const Vec& mean, const Vec& rstd,
+                                      const Vec& dgamma0, const Vec& dbeta0, i64 rows, i64 cols) {
+  LayerNormGrads o{Vec(x.size()), dgamma0, dbeta0};
+  for (i64 r = 0; r < rows; ++r) {
+    double mg = 0, mgx = 0;
+    for (i64 c = 0; c < cols; ++c) {
+      const std::size_t k = usize(r * cols + c);
+      const double xhat = (x[k] - mean[usize(r)]) * rstd[usize(r)], g = dy[k] * gamma[usize(c)];
+      mg += g / static_cast<double>(cols), mgx += g * xhat / static_cast<double>(cols);
+      o.dgamma[usize(c)] += dy[k] * xhat;
+      o.dbeta[usize(c)] += dy[k];
+    }
+    for (i64 c = 0; c < cols; ++c) {
+      const std::size_t k = usize(r * cols + c);
+      const double xhat = (x[k] - mean[usize(r)]) * rstd[usize(r)];
+      o.dx[k] = rstd[usize(r)] * (dy[k] * gamma[usize(c)] - mg - xhat * mgx);
+    }
+  }
+  return o;
+}
+
+TEST(HalfStorage, LayerNormForwardRoundsOnceWithFp32Statistics) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    auto c = layernorm_case({3, 5, 40}, 50, 30.0);
+    c.x = rounded(c.x, t), c.gamma = rounded(c.gamma, t), c.beta = rounded(c.beta, t);
+    const auto want = layernorm_ref(c.x, c.gamma, c.beta, c.rows(), c.cols(), c.eps);
+    Tensor x = tensor(c.shape, c.x, t), y = empty(c.shape, t);
+    Tensor mean = empty({c.rows()}, DType::F32), rstd = empty({c.rows()}, DType::F32);
+    layernorm_forward(x, tensor({c.cols()}, c.gamma, t), tensor({c.cols()}, c.beta, t), c.eps, y, mean, rstd);
+    expect_one_rounding(vals(y), want.y, t, "y");
+    expect_close(vals(mean), want.mean, 0x1p-24, 1e-12, "mean (fp32: one fp32 rounding)");
+    expect_close(vals(rstd), want.rstd, 0x1p-24, 0, "rstd (fp32: one fp32 rounding)");
+    // The math is the fp64 path's on the same values; y is its result rounded once.
+    const auto f64 = layernorm_run(c, DType::F64);
+    expect_same(vals(y), round_once(f64.y, t), "y == fp64 y rounded once");
+    expect_same(vals(mean), to_f32(f64.mean), "mean == fp64 mean rounded to fp32");
+    expect_same(vals(rstd), to_f32(f64.rstd), "rstd == fp64 rstd rounded to fp32");
+    layernorm_forward(x, tensor({c.cols()}, c.gamma, t), tensor({c.cols()}, c.beta, t), c.eps, x, mean, rstd);
+    expect_same(vals(x), vals(y), "in place");
+  }
+}
+
+TEST(HalfStorage, LayerNormBackwardRoundsOnceIntoStorageOrFp32Accumulators) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    auto c = layernorm_case({4, 3, 70}, 52, 3.0);  // 70 columns: two column blocks of the parameter sums
+    c.x = rounded(c.x, t), c.gamma = rounded(c.gamma, t), c.beta = rounded(c.beta, t);
+    std::mt19937 rng(53);
+    const Vec w = rounded(randn(c.x.size(), rng), t), dgamma0 = rounded(randn(usize(c.cols()), rng), t),
+              dbeta0 = rounded(randn(usize(c.cols()), rng), t);
+    Tensor x = tensor(c.shape, c.x, t), gamma = tensor({c.cols()}, c.gamma, t), y = empty(c.shape, t);
+    Tensor mean = empty({c.rows()}, DType::F32), rstd = empty({c.rows()}, DType::F32);
+    layernorm_forward(x, gamma, tensor({c.cols()}, c.beta, t), c.eps, y, mean, rstd);
+    Tensor dx = tensor(c.shape, Vec(c.x.size(), 1e4), t);  // overwritten
+    Tensor dgamma = tensor({c.cols()}, dgamma0, t), dbeta = tensor({c.cols()}, dbeta0, t);
+    Tensor dgamma32 = tensor({c.cols()}, dgamma0, DType::F32), dbeta32 = tensor({c.cols()}, dbeta0, DType::F32);
+    layernorm_backward(tensor(c.shape, w, t), x, gamma, mean, rstd, dx, dgamma, dbeta);
+    Tensor dx2 = empty(c.shape, t);
+    layernorm_backward(tensor(c.shape, w, t), x, gamma, mean, rstd, dx2, dgamma32, dbeta32);  // fp32 main grads
+    // Reference: the same values and the fp32 statistics the forward saved.
+    const auto want =
+        layernorm_backward_ref(w, c.x, c.gamma, vals(mean), vals(rstd), dgamma0, dbeta0, c.rows(), c.cols());
+    expect_one_rounding(vals(dx), want.dx, t, "dx");
+    expect_one_rounding(vals(dgamma), want.dgamma, t, "dgamma (16-bit)");
+    expect_one_rounding(vals(dbeta), want.dbeta, t, "dbeta (16-bit)");
+    expect_close(vals(dgamma32), want.dgamma, 0x1p-23, 1e-12, "dgamma (fp32)");
+    expect_close(vals(dbeta32), want.dbeta, 0x1p-23, 1e-12, "dbeta (fp32)");
+    expect_same(vals(dx2), vals(dx), "dx does not depend on the accumulator dtype");
+    // Bit for bit: the fp64 path on the same values and statistics, rounded once.
+    Tensor dx64 = empty(c.shape), dg64 = tensor({c.cols()}, dgamma0), db64 = tensor({c.cols()}, dbeta0);
+    layernorm_backward(tensor(c.shape, w), tensor(c.shape, c.x), tensor({c.cols()}, c.gamma),
+                       tensor({c.rows()}, vals(mean)), tensor({c.rows()}, vals(rstd)), dx64, dg64, db64);
+    expect_same(vals(dx), round_once(vals(dx64), t), "dx == fp64 dx rounded once");
+    expect_same(vals(dgamma), round_once(vals(dg64), t), "dgamma == fp64 dgamma rounded once");
+    expect_same(vals(dbeta), round_once(vals(db64), t), "dbeta == fp64 dbeta rounded once");
+    // dx may alias dy.
+    Tensor d = tensor(c.shape, w, t), dg = tensor({c.cols()}, dgamma0, t), db = tensor({c.cols()}, dbeta0, t);
+    layernorm_backward(d, x, gamma, mean, rstd, d, dg, db);
+    expect_same(vals(d), vals(dx), "dx aliasing dy");
+    expect_same(vals(dg), vals(dgamma), "dgamma with dx aliasing dy");
+  }
+}
+
+// fp32 main grads: two micro-batches of 16-bit activations accumulate into fp32
+// dgamma/dbeta exactly as the fp32 kernels accumulate the same values.
+TEST(HalfStorage, Fp32ParameterGradientsFromHalfInputsMatchTheFp32Path) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    auto c = layernorm_case({6, 50}, 54, 10.0);
+    c.x = rounded(c.x, t), c.gamma = rounded(c.gamma, t), c.beta = rounded(c.beta, t);
+    std::mt19937 rng(55);
+    const Vec w1 = rounded(randn(c.x.size(), rng), t), w2 = rounded(randn(c.x.size(), rng), t);
+    const Vec zero(usize(c.cols()), 0.0);
+    auto run = [&](DType storage) {  // returns dgamma, dbeta after two micro-batches
+      Tensor x = tensor(c.shape, c.x, storage), gamma = tensor({c.cols()}, c.gamma, storage);
+      Tensor y = empty(c.shape, storage), dx = empty(c.shape, storage);
+      Tensor mean = empty({c.rows()}, DType::F32), rstd = empty({c.rows()}, DType::F32);
+      Tensor dgamma = tensor({c.cols()}, zero, DType::F32), dbeta = tensor({c.cols()}, zero, DType::F32);
+      layernorm_forward(x, gamma, tensor({c.cols()}, c.beta, storage), c.eps, y, mean, rstd);
+      for (const Vec* w : {&w1, &w2})
+        layernorm_backward(tensor(c.shape, *w, storage), x, gamma, mean, rstd, dx, dgamma, dbeta);
+      return std::pair{vals(dgamma), vals(dbeta)};
+    };
+    const auto half = run(t), f32 = run(DType::F32);
+    // fp32 tolerance: each is the double sum rounded to fp32 (in fact the same bits).
+    expect_close(half.first, f32.first, 0x1p-22, 1e-12, "dgamma");
+    expect_close(half.second, f32.second, 0x1p-22, 1e-12, "dbeta");
+  }
+}
+
+// -------------------------------- GeLU --------------------------------
+
+// d/dx of gelu_ref.
+double gelu_grad_ref(double x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi), th = std::tanh(k * (x + 0.044715 * x * x * x));
+  return 0.5 * (1.0 + th) + 0.5 * x * (1.0 - th * th) * k * (1.0 + 3 * 0.044715 * x * x);
+}
+
+TEST(HalfStorage, Gelu) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::mt19937 rng(56);
+    Vec x = randn(600, rng, 3.0);
+    x.insert(x.end(), {0.0, -0.0, 12.0, -12.0, 1e-3});
+    x = rounded(x, t);
+    const Vec dy = rounded(randn(x.size(), rng), t);
+    const Shape shape{static_cast<i64>(x.size())};
+    Vec want(x.size()), dwant(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) want[i] = gelu_ref(x[i]), dwant[i] = dy[i] * gelu_grad_ref(x[i]);
+    // atol: the fp32 evaluation itself (tanh near -1 cancels in 1 + tanh), as in the fp32 test.
+    const Vec y = gelu_run(x, t);
+    expect_one_rounding(y, want, t, "gelu", 2e-6);
+    expect_same(y, rounded(gelu_run(x, DType::F32), t), "gelu == fp32 gelu rounded once");
+    Tensor inplace = tensor(shape, x, t);
+    gelu_forward(inplace, inplace);
+    expect_same(vals(inplace), y, "gelu in place");
+    Tensor dx = empty(shape, t), dx32 = empty(shape, DType::F32);
+    gelu_backward(tensor(shape, dy, t), tensor(shape, x, t), dx);
+    expect_one_rounding(vals(dx), dwant, t, "gelu_backward", 4e-6);
+    gelu_backward(tensor(shape, dy, DType::F32), tensor(shape, x, DType::F32), dx32);
+    expect_same(vals(dx), rounded(vals(dx32), t), "gelu_backward == fp32 rounded once");
+    Tensor d = tensor(shape, dy, t);
+    gelu_backward(d, tensor(shape, x, t), d);
+    expect_same(vals(d), vals(dx), "gelu_backward aliased");
+  }
+}
+
+// ------------------------- bias and element-wise -------------------------
+
+TEST(HalfStorage, BiasAndElementwise) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::mt19937 rng(57);
+    const Shape shape{3, 4, 70};  // 70 columns: two column blocks in bias_grad
+    const std::size_t n = 840, cols = 70;
+    const Vec a = rounded(randn(n, rng), t), b = rounded(randn(n, rng), t), bias = rounded(randn(cols, rng), t);
+    const Vec dbias0 = rounded(randn(cols, rng), t);
+    Vec want(n);
+    for (std::size_t i = 0; i < n; ++i) want[i] = a[i] + bias[i % cols];
+    Tensor y = tensor(shape, a, t), y32 = tensor(shape, a, DType::F32);
+    add_bias(y, tensor({70}, bias, t));
+    add_bias(y32, tensor({70}, bias, DType::F32));
+    expect_one_rounding(vals(y), want, t, "add_bias");
+    expect_same(vals(y), rounded(vals(y32), t), "add_bias == fp32 rounded once");
+
+    // bias_grad: the column sums in double, added to the accumulator, rounded once.
+    Vec sums(cols, 0.0);
+    for (std::size_t i = 0; i < n; ++i) sums[i % cols] += b[i];
+    Vec dwant(cols);
+    for (std::size_t c = 0; c < cols; ++c) dwant[c] = dbias0[c] + sums[c];
+    Tensor dbias = tensor({70}, dbias0, t), dbias32 = tensor({70}, dbias0, DType::F32);
+    bias_grad(tensor(shape, b, t), dbias);
+    bias_grad(tensor(shape, b, t), dbias32);
+    expect_one_rounding(vals(dbias), dwant, t, "bias_grad");
+    expect_same(vals(dbias), round_once(dwant, t), "bias_grad rounded once");
+    expect_same(vals(dbias32), to_f32(dwant), "bias_grad into fp32");
+
+    Vec sum(n), ax(n), sc(n);
+    for (std::size_t i = 0; i < n; ++i) sum[i] = a[i] + b[i], ax[i] = b[i] + 0.75 * a[i], sc[i] = a[i] * -1.5;
+    Tensor ta = tensor(shape, a, t), tb = tensor(shape, b, t), out = empty(shape, t);
+    Tensor ta32 = tensor(shape, a, DType::F32), tb32 = tensor(shape, b, DType::F32), out32 = empty(shape, DType::F32);
+    add(ta, tb, out);
+    add(ta32, tb32, out32);
+    expect_one_rounding(vals(out), sum, t, "add");
+    expect_same(vals(out), rounded(vals(out32), t), "add == fp32 rounded once");
+    add(ta, tb, ta);  // out aliasing a
+    expect_same(vals(ta), vals(out), "add aliased");
+    ta = tensor(shape, a, t);
+    axpy(0.75, ta, tb);
+    axpy(0.75, ta32, tb32);
+    expect_one_rounding(vals(tb), ax, t, "axpy");
+    expect_same(vals(tb), rounded(vals(tb32), t), "axpy == fp32 rounded once");
+    scale(ta, -1.5);
+    expect_one_rounding(vals(ta), sc, t, "scale");
+    expect_same(vals(ta), rounded(sc, t), "scale");
+  }
+}
+
+// ---------------------------- causal softmax ----------------------------
+
+TEST(HalfStorage, CausalSoftmax) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::mt19937 rng(58);
+    const Shape shape{2, 3, 9, 9};
+    const i64 n = 9, mats = 6;
+    const double sc = 0.3;
+    const Vec s = rounded(randn(usize(numel(shape)), rng, 4.0), t);
+    const Vec want = causal_softmax_ref(s, mats, n, sc);
+    // Each probability is fp32 exp (<= 1 ulp, its argument rounded once in
+    // fp32) over a double sum: well within the 1% slack of one rounding.
+    const Vec p = softmax_run(shape, s, sc, t);
+    expect_one_rounding(p, want, t, "probs");
+    for (i64 row = 0; row < mats * n; ++row) {
+      double sum = 0;
+      for (i64 j = 0; j < n; ++j) {
+        const double v = p[usize(row * n + j)];
+        if (j > row % n)
+          ASSERT_EQ(v, 0.0) << "row " << row << " col " << j;
+        else
+          sum += v;
+      }
+      EXPECT_NEAR(sum, 1.0, static_cast<double>(row % n + 1) * unit_roundoff(t)) << "row " << row;
+    }
+    Tensor inplace = tensor(shape, s, t);
+    causal_softmax_forward(inplace, sc, inplace);
+    expect_same(vals(inplace), p, "in place");
+
+    // Backward from the 16-bit probabilities: dot and difference in double, rounded once.
+    Vec w = rounded(randn(p.size(), rng), t);
+    Vec dwant(p.size(), 0.0);
+    for (i64 row = 0; row < mats * n; ++row) {
+      const std::size_t base = usize(row * n);
+      double dot = 0;
+      for (i64 j = 0; j <= row % n; ++j) dot += w[base + usize(j)] * p[base + usize(j)];
+      for (i64 j = 0; j <= row % n; ++j) dwant[base + usize(j)] = sc * p[base + usize(j)] * (w[base + usize(j)] - dot);
+    }
+    const Tensor probs = tensor(shape, p, t);
+    Tensor ds = tensor(shape, Vec(p.size(), 1e4), t);
+    causal_softmax_backward(tensor(shape, w, t), probs, sc, ds);
+    const Vec grad = vals(ds);
+    expect_one_rounding(grad, dwant, t, "dscores");
+    expect_same(grad, round_once(dwant, t), "dscores == the double result rounded once");
+    for (std::size_t k = 0; k < w.size(); ++k)
+      if (k % usize(n) > (k / usize(n)) % usize(n)) w[k] = std::numeric_limits<double>::quiet_NaN();
+    Tensor d = tensor(shape, w, t);
+    causal_softmax_backward(d, probs, sc, d);  // aliased, NaN above the diagonal
+    expect_same(vals(d), grad, "dscores aliased, masked NaN");
+  }
+}
+
+TEST(HalfStorage, CausalSoftmaxHugeScoresStayFinite) {
+  const Shape shape{1, 4, 4};
+  const Vec want = {1, 0, 0, 0, 0, 1, 0, 0, 0.5, 0.5, 0, 0, 0.25, 0.25, 0.25, 0.25};
+  // bf16 has fp32's range; fp16 tops out at 65504.
+  const Vec bf16_scores = {1e30, 0, 0, 0, -1e30, 3e4, 0, 0, 5e4, 5e4, -5e4, 0, 1e4, 1e4, 1e4, 1e4};
+  const Vec fp16_scores = {6e4, 0, 0, 0, -6e4, 3e4, 0, 0, 5e4, 5e4, -5e4, 0, 1e4, 1e4, 1e4, 1e4};
+  expect_same(softmax_run(shape, rounded(bf16_scores, DType::BF16), 1.0, DType::BF16), want, "bf16");
+  expect_same(softmax_run(shape, rounded(fp16_scores, DType::F16), 1.0, DType::F16), want, "fp16");
+}
+
+// ------------------------------- dropout -------------------------------
+
+TEST(HalfStorage, DropoutMaskEqualsTheFp32Mask) {
+  const DropoutLayout l{3, 2, 5, 7, 2, 1, 4};
+  const RngKey key{(3ull << 40) | 2024, (5ull << 32) | 17, 3, kRngAttentionDropout};
+  const double p = 0.3;
+  const Shape shape{l.A, l.B, l.C, l.D};
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::mt19937 rng(59);
+    const Vec x = rounded(randn(210, rng), t), dy = rounded(randn(210, rng), t);  // no exact zeros
+    const Vec y = dropout_run(x, p, key, l, t), y32 = dropout_run(x, p, key, l, DType::F32);
+    std::vector<bool> mask, mask32;
+    for (std::size_t i = 0; i < y.size(); ++i) mask.push_back(y[i] != 0), mask32.push_back(y32[i] != 0);
+    EXPECT_EQ(mask, mask32) << "the keep mask of " << dtype_name(t) << " differs from fp32's";
+    Vec want(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) want[i] = mask32[i] ? x[i] / (1 - p) : 0.0;
+    expect_one_rounding(y, want, t, "dropout");
+    expect_same(y, rounded(y32, t), "dropout == fp32 rounded once");
+    Tensor d = tensor(shape, dy, t), d32 = tensor(shape, dy, DType::F32);
+    dropout_backward(d, p, key, l, d);  // aliased
+    dropout_backward(d32, p, key, l, d32);
+    expect_same(vals(d), rounded(vals(d32), t), "dropout_backward == fp32 rounded once");
+    for (std::size_t i = 0; i < dy.size(); ++i) ASSERT_EQ(vals(d)[i] != 0, mask32[i]) << "backward mask " << i;
+    EXPECT_EQ(dropout_run(x, 0.0, key, l, t), x) << "p = 0 copies";
+  }
+  // The parallel path (hidden states, B = 1), a million elements.
+  const DropoutLayout big{2, 1, 1000, 500, 0, 0, 1};
+  const RngKey k2{7, 3, 1, kRngMlpOutputDropout};
+  const Vec ones(usize(big.A * big.C * big.D), 1.0);
+  const Vec y32 = dropout_run(ones, 0.1, k2, big, DType::F32);
+  for (DType t : kHalfDtypes) {
+    const Vec y = dropout_run(ones, 0.1, k2, big, t);
+    std::size_t differ = 0;
+    for (std::size_t i = 0; i < y.size(); ++i) differ += (y[i] == 0) != (y32[i] == 0);
+    EXPECT_EQ(differ, 0u) << dtype_name(t);
+  }
+}
+
+// ------------------------------ embeddings ------------------------------
+
+TEST(HalfStorage, Embeddings) {
+  const i64 v = 4, h = 70, start = 3;                     // h > 64: more than one column block
+  const std::vector<i64> ids = {3, 6, 6, 2, 7, 3, 5, 6};  // id 4 (local row 1) is never used
+  const i64 n = static_cast<i64>(ids.size());
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    std::mt19937 rng(60);
+    const Vec table = rounded(randn(usize(v * h), rng), t), dout = rounded(randn(usize(n * h), rng), t),
+              dtable0 = rounded(randn(usize(v * h), rng), t);
+    Tensor out = tensor({n, h}, Vec(usize(n * h), 7.0), t);
+    embedding_forward(ids_tensor(ids), tensor({v, h}, table, t), start, out);
+    Vec want(usize(n * h), 0.0);
+    for (i64 i = 0; i < n; ++i)
+      if (ids[usize(i)] >= start && ids[usize(i)] < start + v)
+        for (i64 c = 0; c < h; ++c) want[usize(i * h + c)] = table[usize((ids[usize(i)] - start) * h + c)];
+    expect_same(vals(out), want, "embedding_forward copies rows exactly");
+
+    // dtable += dout rows: summed in fp32 (<= 3 additions, each erring by
+    // 2^-24 of the partial sums: atol 2^-22 sum|terms|), rounded once.
+    Vec dwant = dtable0, abs_sum(dtable0.size());
+    for (std::size_t k = 0; k < abs_sum.size(); ++k) abs_sum[k] = std::fabs(dtable0[k]);
+    for (i64 i = 0; i < n; ++i)
+      if (ids[usize(i)] >= start && ids[usize(i)] < start + v)
+        for (i64 c = 0; c < h; ++c) {
+          const std::size_t k = usize((ids[usize(i)] - start) * h + c);
+          dwant[k] += dout[usize(i * h + c)], abs_sum[k] += std::fabs(dout[usize(i * h + c)]);
+        }
+    Vec atol(abs_sum.size());
+    for (std::size_t k = 0; k < atol.size(); ++k) atol[k] = 0x1p-22 * abs_sum[k];
+    Tensor dtable = tensor({v, h}, dtable0, t), dtable32 = tensor({v, h}, dtable0, DType::F32);
+    embedding_backward(ids_tensor(ids), tensor({n, h}, dout, t), start, dtable);
+    embedding_backward(ids_tensor(ids), tensor({n, h}, dout, t), start, dtable32);
+    expect_one_rounding(vals(dtable), dwant, t, "dtable (16-bit)", atol);
+    expect_close(vals(dtable32), dwant, 0x1p-22, 0x1p-22 * 16, "dtable (fp32)");
+    // The 16-bit accumulator is the fp32 accumulation rounded once (not once per token).
+    expect_same(vals(dtable), rounded(vals(dtable32), t), "dtable == fp32 accumulation rounded once");
+    for (i64 c = 0; c < h; ++c) EXPECT_EQ(vals(dtable)[usize(h + c)], dtable0[usize(h + c)]) << "unused row";
+
+    // Position embeddings.
+    const i64 b = 3, s = 4, positions = 6;
+    const Vec out0 = rounded(randn(usize(b * s * h), rng), t), pos = rounded(randn(usize(positions * h), rng), t);
+    const Vec pdout = rounded(randn(out0.size(), rng), t), dpos0 = rounded(randn(pos.size(), rng), t);
+    Tensor po = tensor({b * s, h}, out0, t), po32 = tensor({b * s, h}, out0, DType::F32);
+    add_position_embedding(po, tensor({positions, h}, pos, t), s);
+    add_position_embedding(po32, tensor({positions, h}, pos, DType::F32), s);
+    Vec pwant = out0;
+    for (i64 r = 0; r < b * s; ++r)
+      for (i64 c = 0; c < h; ++c) pwant[usize(r * h + c)] += pos[usize((r % s) * h + c)];
+    expect_one_rounding(vals(po), pwant, t, "add_position_embedding");
+    expect_same(vals(po), rounded(vals(po32), t), "add_position_embedding == fp32 rounded once");
+    Vec dpwant(dpos0.size(), 0.0);  // the kernel's sums: over samples in order, in double, then + dpos0
+    for (i64 r = 0; r < b * s; ++r)
+      for (i64 c = 0; c < h; ++c) dpwant[usize((r % s) * h + c)] += pdout[usize(r * h + c)];
+    for (std::size_t k = 0; k < dpwant.size(); ++k) dpwant[k] = k < usize(s * h) ? dpos0[k] + dpwant[k] : dpos0[k];
+    Tensor dpos = tensor({positions, h}, dpos0, t), dpos32 = tensor({positions, h}, dpos0, DType::F32);
+    position_embedding_backward(tensor({b * s, h}, pdout, t), s, dpos);
+    position_embedding_backward(tensor({b * s, h}, pdout, t), s, dpos32);
+    expect_one_rounding(vals(dpos), dpwant, t, "dpos (16-bit)");
+    expect_same(vals(dpos), round_once(dpwant, t), "dpos rounded once");
+    expect_same(vals(dpos32), to_f32(dpwant), "dpos (fp32)");
+  }
+}
+
+// ---------------------- vocab-parallel cross-entropy ----------------------
+
+TEST(HalfStorage, CrossEntropyPiecesWithFp32Statistics) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    CeProblem p = ce_problem(61);
+    p.logits = rounded(p.logits, t);
+    const double loss = ce_loss_ref(p, p.logits);
+    const Vec grad = ce_grad_ref(p);
+    for (auto [ranks, per] : {std::pair<i64, i64>{1, 11}, {2, 6}, {3, 6}}) {
+      SCOPED_TRACE(testing::Message() << ranks << " slices of " << per);
+      const CeResult r = ce_split(p, slices_of(p.vocab, per, ranks), t);
+      // Max and target logit are exact, sum_exp and the combination fp32.
+      EXPECT_NEAR(r.loss, loss, 1e-6 * std::fabs(loss));
+      // Probabilities: fp32 exp of an exact difference (<= 2^-23 absolute for
+      // p <= 1), then the one-hot subtraction in double and one rounding.
+      expect_one_rounding(r.grad, grad, t, "dlogits", 0x1p-22 / static_cast<double>(p.n));
+    }
+    // The pieces one by one, against double on the same values.
+    const Tensor logits = tensor({p.n, p.vocab}, p.logits, t), targets = ids_tensor(p.targets);
+    const i64 valid = p.vocab - 2;  // the last two columns act as padding
+    Tensor mx = empty({p.n}, DType::F32), se = empty({p.n}, DType::F32), tl = empty({p.n}, DType::F32);
+    rowwise_max(logits, valid, mx);
+    rowwise_sum_exp(logits, mx, valid, se);
+    gather_target_logit(logits, targets, 0, valid, tl);
+    Vec want_mx(usize(p.n), -1e300), want_se(usize(p.n), 0.0), want_tl(usize(p.n), 0.0);
+    for (i64 r = 0; r < p.n; ++r) {
+      for (i64 c = 0; c < valid; ++c) want_mx[usize(r)] = std::max(want_mx[usize(r)], p.logits[usize(r * p.vocab + c)]);
+      for (i64 c = 0; c < valid; ++c)
+        want_se[usize(r)] += std::exp(p.logits[usize(r * p.vocab + c)] - want_mx[usize(r)]);
+      if (p.targets[usize(r)] < valid) want_tl[usize(r)] = p.logits[usize(r * p.vocab + p.targets[usize(r)])];
+    }
+    expect_same(vals(mx), want_mx, "rowwise_max is exact");
+    expect_same(vals(tl), want_tl, "gather_target_logit is exact");
+    expect_close(vals(se), want_se, 1e-6, 0, "rowwise_sum_exp (fp32 exp per term, double sum)");
+    Tensor d = empty({p.n, p.vocab}, t), inplace = tensor({p.n, p.vocab}, p.logits, t);
+    cross_entropy_backward(logits, mx, se, targets, 0, valid, 0.5, d);
+    cross_entropy_backward(inplace, mx, se, targets, 0, valid, 0.5, inplace);
+    expect_same(vals(inplace), vals(d), "cross_entropy_backward in place");
+    for (i64 r = 0; r < p.n; ++r)
+      for (i64 c = valid; c < p.vocab; ++c) EXPECT_EQ(vals(d)[usize(r * p.vocab + c)], 0.0) << "padding";
+  }
+}
+
+// ------------------- rounding, validation, determinism -------------------
+
+// A result computed in double is rounded to 16 bits once: rounding it to fp32
+// first would turn a value just above a 16-bit midpoint into the midpoint itself,
+// which then rounds to even, i.e. down.
+TEST(HalfStorage, DoubleResultsAreNotRoundedThroughFp32) {
+  // dbias = 1 + (2^-8 + 2^-30) for bf16 (spacing 2^-7 at 1), 1 + (2^-11 + 2^-24) for fp16 (2^-10).
+  for (auto [t, half_ulp, tiny] :
+       {std::tuple{DType::BF16, 0x1p-8, 0x1p-30}, std::tuple{DType::F16, 0x1p-11, 0x1p-24}}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor dbias = tensor({1}, {1.0}, t);
+    bias_grad(tensor({2, 1}, {half_ulp, tiny}, t), dbias);
+    EXPECT_EQ(vals(dbias)[0], 1.0 + 2 * half_ulp) << "rounded up, as 1 + half_ulp + tiny is above the midpoint";
+    EXPECT_EQ(round_once({1.0 + half_ulp + tiny}, t)[0], 1.0 + 2 * half_ulp);
+    EXPECT_EQ(rounded({1.0 + half_ulp + tiny}, t)[0], 1.0) << "double -> fp32 -> 16-bit rounds twice";
+  }
+}
+
+TEST(HalfStorage, StatisticsMustBeFp32AndAccumulatorsStorageOrFp32) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const DType other = t == DType::BF16 ? DType::F16 : DType::BF16;
+    const auto zeros = [](const Shape& shape, DType dt) { return Tensor::zeros(cpu(), shape, dt, MC::Other); };
+    Tensor x = zeros({4, 8}, t), y = zeros({4, 8}, t), g = zeros({8}, t), m = zeros({4}, DType::F32);
+    Tensor m16 = zeros({4}, t), m64 = zeros({4}, DType::F64), g64 = zeros({8}, DType::F64), g_other = zeros({8}, other);
+    Tensor y_other = zeros({4, 8}, other);
+    layernorm_forward(x, g, g, 1e-5, y, m, m);  // fp32 statistics: accepted
+    expect_rejected([&] { layernorm_forward(x, g, g, 1e-5, y, m16, m); },
+                    "layernorm_forward: mean must be fp32 (per-row statistics of 16-bit activations are kept in fp32)");
+    expect_rejected([&] { layernorm_forward(x, g, g, 1e-5, y, m, m64); }, "layernorm_forward: rstd must be fp32");
+    expect_rejected([&] { layernorm_forward(x, empty({8}, other), g, 1e-5, y, m, m); },
+                    std::string("layernorm_forward: gamma must be ") + std::string(dtype_name(t)));
+    Tensor dg = zeros({8}, t), dg32 = zeros({8}, DType::F32);
+    layernorm_backward(x, x, g, m, m, y, dg, dg32);  // storage-dtype and fp32 accumulators, mixed
+    expect_rejected([&] { layernorm_backward(x, x, g, m, m16, y, dg, dg); }, "layernorm_backward: rstd must be fp32");
+    expect_rejected([&] { layernorm_backward(x, x, g, m, m, y, g64, dg); },
+                    std::string("layernorm_backward: dgamma must be ") + std::string(dtype_name(t)) + " or fp32");
+    expect_rejected([&] { layernorm_backward(x, x, g, m, m, y, dg, g_other); }, "layernorm_backward: dbeta must be");
+    expect_rejected([&] { bias_grad(x, g_other); }, "bias_grad: dbias must be");
+    expect_rejected(
+        [&] {
+          add(x, empty({4, 8}, other), y);
+        },
+        std::string("add: b must be ") + std::string(dtype_name(t)));
+    expect_rejected([&] { gelu_backward(empty({4, 8}, DType::F32), x, y); }, "gelu_backward: dy must be");
+    Tensor ids = ids_tensor({0, 1, 2, 3});
+    expect_rejected([&] { embedding_backward(ids, x, 0, m64); }, "embedding_backward: dtable must be");
+    Tensor dpos16 = empty({2, 8}, other);
+    expect_rejected([&] { position_embedding_backward(x, 2, dpos16); },
+                    "position_embedding_backward: position gradient must be");
+    expect_rejected([&] { rowwise_max(x, 8, m16); }, "rowwise_max: out must be fp32");
+    expect_rejected([&] { rowwise_sum_exp(x, m16, 8, m); }, "rowwise_sum_exp: row_max must be fp32");
+    expect_rejected([&] { rowwise_sum_exp(x, m, 8, m16); }, "rowwise_sum_exp: out must be fp32");
+    expect_rejected([&] { gather_target_logit(x, ids, 0, 8, m16); }, "gather_target_logit: out must be fp32");
+    expect_rejected([&] { cross_entropy_backward(x, m, m16, ids, 0, 8, 1.0, y); },
+                    "cross_entropy_backward: sum_exp must be fp32");
+    expect_rejected([&] { cross_entropy_backward(x, m, m, ids, 0, 8, 1.0, y_other); },
+                    std::string("cross_entropy_backward: dlogits must be ") + std::string(dtype_name(t)));
+  }
+  // fp32/fp64 storage: statistics and accumulators keep the storage dtype.
+  Tensor x = empty({4, 8}, DType::F32), dbias16 = empty({8}, DType::BF16);
+  expect_rejected([&] { bias_grad(x, dbias16); }, "bias_grad: dbias must be fp32 (a gradient");
+  Tensor x64 = empty({4, 8}), m32 = empty({4}, DType::F32);
+  expect_rejected([&] { rowwise_max(x64, 8, m32); }, "rowwise_max: out must be fp64");
+  Tensor dpos32 = empty({2, 8}, DType::F32);
+  expect_rejected([&] { position_embedding_backward(x64, 2, dpos32); }, "position gradient must be fp64");
+  // The meta device validates the same rules.
+  auto meta = make_device(DeviceKind::Meta);
+  Tensor mx = Tensor::empty(meta, {4, 8}, DType::BF16, MC::Other),
+         mg = Tensor::empty(meta, {8}, DType::BF16, MC::Other);
+  Tensor mm = Tensor::empty(meta, {4}, DType::F32, MC::Other), mm16 = Tensor::empty(meta, {4}, DType::BF16, MC::Other);
+  layernorm_forward(mx, mg, mg, 1e-5, mx, mm, mm);
+  expect_rejected([&] { layernorm_forward(mx, mg, mg, 1e-5, mx, mm16, mm); }, "mean must be fp32");
+}
+
+TEST(HalfStorage, SameBitsForAnyThreadCount) {
+  std::mt19937 rng(62);
+  const i64 rows = 600, cols = 130, v = 50;
+  const Vec x = randn(usize(rows * cols), rng), w = randn(usize(rows * cols), rng), sc = randn(120000, rng, 3.0);
+  std::vector<i64> idv(usize(rows));
+  for (auto& id : idv) id = std::uniform_int_distribution<i64>(0, v - 1)(rng);
+  auto run_all = [&](DType t) {
+    std::vector<Vec> out;
+    Tensor xt = tensor({rows, cols}, x, t), wt = tensor({rows, cols}, w, t);
+    Tensor y = empty({rows, cols}, t), mean = empty({rows}, DType::F32), rstd = empty({rows}, DType::F32),
+           gamma = tensor({cols}, Vec(usize(cols), 1.5), t);
+    Tensor dg = tensor({cols}, Vec(usize(cols), 0.0), t), db = tensor({cols}, Vec(usize(cols), 0.0), DType::F32),
+           dx = empty({rows, cols}, t);
+    layernorm_forward(xt, gamma, gamma, 1e-5, y, mean, rstd);
+    layernorm_backward(wt, xt, gamma, mean, rstd, dx, dg, db);
+    out.push_back(vals(y)), out.push_back(vals(dx)), out.push_back(vals(dg)), out.push_back(vals(db));
+    Tensor d = empty({rows, cols}, t);
+    dropout_forward(xt, 0.3, RngKey{1, 2, 3, kRngEmbeddingDropout}, DropoutLayout{1, 1, rows, cols, 0, 0, 1}, d);
+    out.push_back(vals(d));
+    Tensor s = tensor({3, 200, 200}, sc, t), pr = empty({3, 200, 200}, t);
+    causal_softmax_forward(s, 0.5, pr);
+    out.push_back(vals(pr));
+    Tensor dpos = tensor({100, cols}, Vec(usize(100 * cols), 0.0), t);
+    position_embedding_backward(wt, 100, dpos);
+    out.push_back(vals(dpos));
+    for (DType acc : {t, DType::F32}) {
+      Tensor dtable = tensor({v, cols}, Vec(usize(v * cols), 0.0), acc);
+      embedding_backward(ids_tensor(idv), wt, 0, dtable);
+      out.push_back(vals(dtable));
+    }
+    return out;
+  };
+  const int before = cpu_math_threads();
+  for (DType t : kHalfDtypes) {
+    set_cpu_math_threads(1);
+    const auto one = run_all(t);
+    set_cpu_math_threads(4);
+    const auto four = run_all(t);
+    for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], four[k]) << dtype_name(t) << " output " << k;
+  }
+  set_cpu_math_threads(before);
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 
 #include "megazero/comm/mpi_dtypes.h"
@@ -170,8 +172,14 @@ void MpiCommunicator::worker_loop() {
     try {
       task.first();
       task.second->finish();
-    } catch (...) {
-      task.second->finish(std::current_exception());
+    } catch (const std::exception& e) {
+      // A collective that failed on this rank leaves its peers waiting inside
+      // it: nothing can recover the group, and waiting would hang the job.
+      // End the whole job now, saying where and why (NCCL's watchdog does the same).
+      std::fprintf(stderr, "megazero: collective failed on rank %d (host %s), communicator '%s': %s; aborting the job\n",
+                   rank(), host_name().c_str(), name().c_str(), e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, kExitInternalError);
     }
   }
 }
@@ -202,8 +210,11 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
   return enqueue([this, input, output, op, counts] {
     HostView in(input, true);
     // MPI cannot reduce-scatter into a part of its own input: use a temporary.
-    const bool alias = overlaps(input, output) || output.device().kind() != DeviceKind::CPU;
-    std::vector<char> tmp(alias ? output.nbytes() : 0);
+    // An empty output counts too: its pointer may equal the input's, and MPI
+    // rejects aliased buffers even for zero elements.
+    const bool alias =
+        output.numel() == 0 || overlaps(input, output) || output.device().kind() != DeviceKind::CPU;
+    std::vector<char> tmp(alias ? std::max<std::size_t>(output.nbytes(), 8) : 0);
     void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
     const auto type = mpi::datatype(input.dtype());
     const auto mop = mpi::reduce_op(input.dtype(), op);
@@ -215,7 +226,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
       mpi::check(MPI_Reduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_), "MPI_Reduce_scatter", name());
     }
     if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
-    if (alias) output.device().copy_from_host(output.data(), tmp.data(), tmp.size());
+    if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
   });
 }
 

@@ -5,7 +5,9 @@
 // worker thread, so a non-blocking collective really overlaps the caller's
 // compute (MPICH makes no progress without an MPI call in flight). Hence
 // MPI_THREAD_MULTIPLE. Send/recv use MPI requests on the calling thread, so a
-// pair of exchanges never deadlocks behind the worker.
+// pair of exchanges never deadlocks behind the worker. A collective that fails
+// inside MPI aborts the job with the rank, host and communicator named: its
+// peers are blocked in the same collective and would otherwise hang.
 #pragma once
 
 #include <mpi.h>

@@ -1,9 +1,14 @@
 // Shape checking, device dispatch and the CPU implementations of the layer
 // kernels (layer_kernels.h). Each public function validates its arguments (also
-// on the meta device, where nothing is computed), then runs a template over
-// float or double on raw pointers. Loops over rows are OpenMP-parallel; sums
-// across rows (parameter gradients) are taken column block by column block in
-// a fixed row order, so results are bitwise identical for any thread count.
+// on the meta device, where nothing is computed), then runs a template over the
+// storage type S (float, double, BFloat16 or Half) on raw pointers. Elements
+// are read with ld() into the compute type C = compute_t<S> (float for 16-bit
+// storage, S otherwise) and written with st<S>(), which rounds once to nearest
+// even; for float and double both are the identity/the plain cast, so the
+// fp32/fp64 code is what it was before 16-bit storage existed. Loops over rows
+// are OpenMP-parallel; sums across rows (parameter gradients) are taken column
+// block by column block in a fixed row order, so results are bitwise identical
+// for any thread count.
 #include "megazero/kernels/layer_kernels.h"
 
 #include <algorithm>
@@ -13,10 +18,20 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "megazero/core/error.h"
 
 namespace megazero::kernels {
+
+DType row_stat_dtype(DType storage) {
+  return storage == DType::BF16 || storage == DType::F16 ? DType::F32 : storage;
+}
+
+bool is_grad_accumulator_dtype(DType storage, DType acc) {
+  return acc == storage || (acc == DType::F32 && (storage == DType::BF16 || storage == DType::F16));
+}
+
 namespace {
 
 using i64 = std::int64_t;
@@ -26,12 +41,78 @@ constexpr i64 kParallelMin = i64{1} << 15;
 
 int threads() { return cpu_math_threads(); }
 
+// ---- element types ----
+
+template <typename S>
+constexpr bool is_16bit_v = std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>;
+
+bool is_16bit(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// The type a storage type is computed in.
+template <typename S>
+struct ComputeOf {
+  using type = S;
+};
+template <>
+struct ComputeOf<Half> {
+  using type = float;
+};
+template <>
+struct ComputeOf<BFloat16> {
+  using type = float;
+};
+template <typename S>
+using compute_t = typename ComputeOf<S>::type;
+
+// Load: storage -> compute type (exact).
+inline float ld(float v) { return v; }
+inline double ld(double v) { return v; }
+inline float ld(Half v) { return half_to_float(v); }
+inline float ld(BFloat16 v) { return bf16_to_float(v); }
+
+// double -> float rounded to odd: truncate, then set the last bit if inexact.
+// Rounding that to bf16/fp16 (>= 2 bits fewer) to nearest even gives exactly
+// the nearest-even rounding of the double: one rounding, not two.
+inline float to_float_round_odd(double d) {
+  const float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || std::isnan(d)) return f;
+  std::uint32_t u = f32_bits(f);
+  if ((u & 1u) == 0) u += std::fabs(static_cast<double>(f)) > std::fabs(d) ? 0xffffffffu : 1u;  // the odd neighbour
+  return f32_from_bits(u);
+}
+
+// Store: a float or double result -> storage type S, rounded once to nearest even.
+template <typename S, typename V>
+S st(V v) {
+  static_assert(std::is_same_v<V, float> || std::is_same_v<V, double>);
+  if constexpr (is_16bit_v<S>) {
+    float f;
+    if constexpr (std::is_same_v<V, double>)
+      f = to_float_round_odd(v);
+    else
+      f = v;
+    if constexpr (std::is_same_v<S, Half>)
+      return float_to_half(f);
+    else
+      return float_to_bf16(f);
+  } else {
+    return static_cast<S>(v);
+  }
+}
+
+template <typename S>
+S zero() {
+  return st<S>(compute_t<S>{0});
+}
+
 // ---- validation ----
+
+constexpr const char* kStorageDtypes = "fp32, fp64, bf16 or fp16";
 
 void check_float(const char* op, const char* name, const Tensor& t) {
   MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
-  MZ_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64, op, ": ", name, " must be fp32 or fp64, got ",
-           t.to_string());
+  MZ_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64 || is_16bit(t.dtype()), op, ": ", name, " must be ",
+           kStorageDtypes, ", got ", t.to_string());
 }
 
 // `t` is a contiguous tensor of `dtype` on the same device as `ref`.
@@ -42,6 +123,26 @@ void check_operand(const char* op, const char* name, const Tensor& t, const Tens
            shape_str(t.strides()));
   MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index(), op, ": ", name,
            " is on ", t.device().name(), " but the other operands are on ", ref.device().name());
+}
+
+// A per-row statistic of activations of dtype `storage`: row_stat_dtype(storage).
+void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& ref, DType storage) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  const DType want = row_stat_dtype(storage);
+  MZ_CHECK(t.dtype() == want, op, ": ", name, " must be ", dtype_name(want),
+           is_16bit(storage) ? " (per-row statistics of 16-bit activations are kept in fp32)" : "", ", got ",
+           t.to_string(), " for ", dtype_name(storage), " activations");
+  check_operand(op, name, t, ref, want);
+}
+
+// A parameter-gradient accumulator for activations of dtype `storage`: the
+// storage dtype, or fp32 for 16-bit storage.
+void check_accumulator(const char* op, const char* name, const Tensor& t, const Tensor& ref, DType storage) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MZ_CHECK(is_grad_accumulator_dtype(storage, t.dtype()), op, ": ", name, " must be ", dtype_name(storage),
+           is_16bit(storage) ? " or fp32" : "", " (a gradient accumulator for ", dtype_name(storage),
+           " activations), got ", t.to_string());
+  check_operand(op, name, t, ref, t.dtype());
 }
 
 void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
@@ -90,13 +191,28 @@ bool on_host(const char* op, const Tensor& t) {
   throw InternalError(detail::concat(op, " has no CUDA kernel yet (device ", t.device().name(), ")"));
 }
 
-// Calls fn(T{}) with T = float or double for the dtype (already validated).
+// Calls fn(S{}) with the storage type S of the dtype (already validated).
 template <typename Fn>
-void with_float_type(DType t, Fn&& fn) {
-  if (t == DType::F64)
-    fn(double{});
-  else
-    fn(float{});
+void with_storage_type(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F64: fn(double{}); break;
+    case DType::BF16: fn(BFloat16{}); break;
+    case DType::F16: fn(Half{}); break;
+    default: fn(float{}); break;
+  }
+}
+
+// Calls fn(G{}) with the type G of a parameter-gradient accumulator for storage
+// type S (already validated): S itself, or float for 16-bit S.
+template <typename S, typename Fn>
+void with_accumulator_type(const Tensor& acc, Fn&& fn) {
+  if constexpr (is_16bit_v<S>) {
+    if (acc.dtype() == DType::F32) {
+      fn(float{});
+      return;
+    }
+  }
+  fn(S{});
 }
 
 // Typed data pointer; ptr<const T> for inputs.
@@ -107,9 +223,9 @@ T* ptr(const Tensor& t) {
 
 // dst[c] += sum_r term(r, c) for c < cols. Each column's sum is taken in double
 // and in row order by one thread, so the result does not depend on the number
-// of threads (per-thread partial sums would).
-template <typename T, typename Term>
-void accumulate_columns(T* dst, i64 rows, i64 cols, Term term) {
+// of threads (per-thread partial sums would); it is rounded once into G.
+template <typename G, typename Term>
+void accumulate_columns(G* dst, i64 rows, i64 cols, Term term) {
   constexpr i64 kBlock = 64;
   const i64 blocks = (cols + kBlock - 1) / kBlock;
 #pragma omp parallel for num_threads(threads()) schedule(static) if (rows * cols > kParallelMin)
@@ -118,64 +234,76 @@ void accumulate_columns(T* dst, i64 rows, i64 cols, Term term) {
     double acc[kBlock] = {};
     for (i64 r = 0; r < rows; ++r)
       for (i64 k = 0; k < n; ++k) acc[k] += term(r, c0 + k);
-    for (i64 k = 0; k < n; ++k) dst[c0 + k] = static_cast<T>(dst[c0 + k] + acc[k]);
+    for (i64 k = 0; k < n; ++k) dst[c0 + k] = st<G>(ld(dst[c0 + k]) + acc[k]);
   }
 }
 
 // ---- LayerNorm ----
 
 // Two-pass mean and variance in double: no cancellation for rows with a large
-// mean, and fp32 statistics are rounded once.
-template <typename T>
-void layernorm_forward_cpu(const T* x, const T* gamma, const T* beta, double eps, T* y, T* mean, T* rstd, Rows s) {
+// mean, and fp32 statistics are rounded once. Reads x[c] before writing y[c].
+template <typename S, typename C = compute_t<S>>
+void layernorm_forward_cpu(const S* x, const S* gamma, const S* beta, double eps, S* y, C* mean, C* rstd, Rows s) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const T* xr = x + r * s.cols;
-    T* yr = y + r * s.cols;
+    const S* xr = x + r * s.cols;
+    S* yr = y + r * s.cols;
     double sum = 0;
-    for (i64 c = 0; c < s.cols; ++c) sum += xr[c];
+    for (i64 c = 0; c < s.cols; ++c) sum += ld(xr[c]);
     const double m = sum / static_cast<double>(s.cols);
     double sq = 0;
-    for (i64 c = 0; c < s.cols; ++c) sq += (xr[c] - m) * (xr[c] - m);
+    for (i64 c = 0; c < s.cols; ++c) sq += (ld(xr[c]) - m) * (ld(xr[c]) - m);
     const double rs = 1.0 / std::sqrt(sq / static_cast<double>(s.cols) + eps);
-    for (i64 c = 0; c < s.cols; ++c) yr[c] = static_cast<T>((xr[c] - m) * rs * gamma[c] + beta[c]);
-    mean[r] = static_cast<T>(m);
-    rstd[r] = static_cast<T>(rs);
+    for (i64 c = 0; c < s.cols; ++c) yr[c] = st<S>((ld(xr[c]) - m) * rs * ld(gamma[c]) + ld(beta[c]));
+    mean[r] = static_cast<C>(m);
+    rstd[r] = static_cast<C>(rs);
   }
+}
+
+// dgamma += sum_r dy * xhat, dbeta += sum_r dy, each into its own accumulator type.
+template <typename S, typename C = compute_t<S>>
+void layernorm_param_grads_cpu(const S* dy, const S* x, const C* mean, const C* rstd, const Tensor& dgamma,
+                               const Tensor& dbeta, Rows s) {
+  with_accumulator_type<S>(dgamma, [&](auto tag) {
+    using G = decltype(tag);
+    accumulate_columns(ptr<G>(dgamma), s.rows, s.cols, [&](i64 r, i64 c) {
+      return static_cast<double>(ld(dy[r * s.cols + c])) *
+             ((ld(x[r * s.cols + c]) - static_cast<double>(mean[r])) * rstd[r]);
+    });
+  });
+  with_accumulator_type<S>(dbeta, [&](auto tag) {
+    using G = decltype(tag);
+    accumulate_columns(ptr<G>(dbeta), s.rows, s.cols,
+                       [&](i64 r, i64 c) { return static_cast<double>(ld(dy[r * s.cols + c])); });
+  });
 }
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
 // Reads dy[c] before writing dx[c], so dx may alias dy.
-template <typename T>
-void layernorm_backward_cpu(const T* dy, const T* x, const T* gamma, const T* mean, const T* rstd, T* dx, T* dgamma,
-                            T* dbeta, Rows s) {
+template <typename S, typename C = compute_t<S>>
+void layernorm_backward_dx_cpu(const S* dy, const S* x, const S* gamma, const C* mean, const C* rstd, S* dx, Rows s) {
   const double inv_cols = 1.0 / static_cast<double>(s.cols);
-  // Parameter gradients first: dx may overwrite dy.
-  accumulate_columns(dgamma, s.rows, s.cols, [&](i64 r, i64 c) {
-    return static_cast<double>(dy[r * s.cols + c]) * ((x[r * s.cols + c] - static_cast<double>(mean[r])) * rstd[r]);
-  });
-  accumulate_columns(dbeta, s.rows, s.cols, [&](i64 r, i64 c) { return static_cast<double>(dy[r * s.cols + c]); });
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const T* dyr = dy + r * s.cols;
-    const T* xr = x + r * s.cols;
-    T* dxr = dx + r * s.cols;
+    const S* dyr = dy + r * s.cols;
+    const S* xr = x + r * s.cols;
+    S* dxr = dx + r * s.cols;
     const double m = mean[r], rs = rstd[r];
     double sum_g = 0, sum_gx = 0;
     for (i64 c = 0; c < s.cols; ++c) {
-      const double g = static_cast<double>(dyr[c]) * gamma[c];
+      const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
       sum_g += g;
-      sum_gx += g * (xr[c] - m) * rs;
+      sum_gx += g * (ld(xr[c]) - m) * rs;
     }
     const double mean_g = sum_g * inv_cols, mean_gx = sum_gx * inv_cols;
     for (i64 c = 0; c < s.cols; ++c) {
-      const double g = static_cast<double>(dyr[c]) * gamma[c];
-      dxr[c] = static_cast<T>(rs * (g - mean_g - (xr[c] - m) * rs * mean_gx));
+      const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
+      dxr[c] = st<S>(rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx));
     }
   }
 }
 
-// ---- GeLU (tanh form) ----
+// ---- GeLU (tanh form), in the compute type ----
 
 constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
@@ -206,41 +334,52 @@ void elementwise(T* out, i64 n, F f) {
 // ---- causal softmax ----
 
 // Row i of each [n, n] matrix is softmax over j <= i of scale * s; the max is
-// subtracted before exp and the sum is taken in double.
-template <typename T>
-void causal_softmax_forward_cpu(const T* scores, double scale, T* probs, i64 mats, i64 n) {
-  const T sc = static_cast<T>(scale);
+// subtracted before exp and the sum is taken in double. The unnormalised
+// exponentials live in probs itself for fp32/fp64 and in a per-thread fp32 row
+// for 16-bit storage (so that probabilities are rounded to 16 bits once).
+template <typename S>
+void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mats, i64 n) {
+  using C = compute_t<S>;
+  const C sc = static_cast<C>(scale);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (mats * n * n > kParallelMin)
   for (i64 row = 0; row < mats * n; ++row) {
     const i64 i = row % n;
-    const T* s = scores + row * n;
-    T* p = probs + row * n;
-    T mx = -std::numeric_limits<T>::infinity();
-    for (i64 j = 0; j <= i; ++j) mx = std::max(mx, sc * s[j]);
+    const S* s = scores + row * n;
+    S* p = probs + row * n;
+    C* e;
+    if constexpr (std::is_same_v<S, C>) {
+      e = p;
+    } else {
+      thread_local std::vector<C> scratch;
+      if (static_cast<i64>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
+      e = scratch.data();
+    }
+    C mx = -std::numeric_limits<C>::infinity();
+    for (i64 j = 0; j <= i; ++j) mx = std::max(mx, sc * ld(s[j]));
     double sum = 0;
     for (i64 j = 0; j <= i; ++j) {  // overwrites s[j] after reading it when probs aliases scores
-      p[j] = std::exp(sc * s[j] - mx);
-      sum += p[j];
+      e[j] = std::exp(sc * ld(s[j]) - mx);
+      sum += e[j];
     }
     const double inv = 1.0 / sum;
-    for (i64 j = 0; j <= i; ++j) p[j] = static_cast<T>(p[j] * inv);
-    for (i64 j = i + 1; j < n; ++j) p[j] = 0;
+    for (i64 j = 0; j <= i; ++j) p[j] = st<S>(e[j] * inv);
+    for (i64 j = i + 1; j < n; ++j) p[j] = zero<S>();
   }
 }
 
 // Masked columns get an exact 0 whatever dprobs holds there (even NaN).
-template <typename T>
-void causal_softmax_backward_cpu(const T* dprobs, const T* probs, double scale, T* dscores, i64 mats, i64 n) {
+template <typename S>
+void causal_softmax_backward_cpu(const S* dprobs, const S* probs, double scale, S* dscores, i64 mats, i64 n) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (mats * n * n > kParallelMin)
   for (i64 row = 0; row < mats * n; ++row) {
     const i64 i = row % n;
-    const T* dp = dprobs + row * n;
-    const T* p = probs + row * n;
-    T* ds = dscores + row * n;
+    const S* dp = dprobs + row * n;
+    const S* p = probs + row * n;
+    S* ds = dscores + row * n;
     double dot = 0;
-    for (i64 j = 0; j <= i; ++j) dot += static_cast<double>(dp[j]) * p[j];
-    for (i64 j = 0; j <= i; ++j) ds[j] = static_cast<T>(scale * p[j] * (dp[j] - dot));
-    for (i64 j = i + 1; j < n; ++j) ds[j] = 0;
+    for (i64 j = 0; j <= i; ++j) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
+    for (i64 j = 0; j <= i; ++j) ds[j] = st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot));
+    for (i64 j = i + 1; j < n; ++j) ds[j] = zero<S>();
   }
 }
 
@@ -254,15 +393,17 @@ void check_layout(const char* op, const DropoutLayout& l, i64 numel) {
            " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
 }
 
-// out = in * keep / (1 - p), keep = uniform_at(key, global index) >= p. Work is
-// split into chunks of a [C, D] block so that every thread has some even when
-// A * B is small (hidden states have B = 1).
-template <typename T>
-void dropout_cpu(const T* in, double p, const RngKey& key, const DropoutLayout& l, T* out) {
+// out = in * keep / (1 - p), keep = uniform_at(key, global index) >= p (the
+// keep decision never looks at the data or its dtype). Work is split into
+// chunks of a [C, D] block so that every thread has some even when A * B is
+// small (hidden states have B = 1).
+template <typename S>
+void dropout_cpu(const S* in, double p, const RngKey& key, const DropoutLayout& l, S* out) {
+  using C = compute_t<S>;
   constexpr i64 kChunk = 4096;
   const i64 inner = l.C * l.D;
   const i64 chunks = (inner + kChunk - 1) / kChunk;
-  const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
+  const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
 #pragma omp parallel for num_threads(threads()) schedule(static) if (l.A * l.B * inner > kParallelMin / 8)
   for (i64 item = 0; item < l.A * l.B * chunks; ++item) {
     const i64 row = item / chunks, k0 = (item % chunks) * kChunk, k1 = std::min(inner, k0 + kChunk);
@@ -272,7 +413,7 @@ void dropout_cpu(const T* in, double p, const RngKey& key, const DropoutLayout& 
     for (i64 k = k0; k < k1; ++k) {
       const i64 idx = row * inner + k;
       const bool keep = uniform.at(base + static_cast<std::uint64_t>(k)) >= p;
-      out[idx] = keep ? in[idx] * keep_scale : static_cast<T>(0);
+      out[idx] = keep ? st<S>(ld(in[idx]) * keep_scale) : zero<S>();
     }
   }
 }
@@ -284,13 +425,13 @@ void dropout(const char* op, const Tensor& in, double p, const RngKey& key, cons
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
   check_layout(op, layout, in.numel());
   if (!on_host(op, in)) return;
-  with_float_type(in.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  with_storage_type(in.dtype(), [&](auto tag) {
+    using S = decltype(tag);
     if (p == 0.0) {  // no RNG at all: an identity, also in cost
-      if (ptr<T>(out) != ptr<T>(in)) std::copy_n(ptr<T>(in), in.numel(), ptr<T>(out));
+      if (ptr<S>(out) != ptr<S>(in)) std::copy_n(ptr<S>(in), in.numel(), ptr<S>(out));
       return;
     }
-    dropout_cpu(ptr<const T>(in), p, key, layout, ptr<T>(out));
+    dropout_cpu(ptr<const S>(in), p, key, layout, ptr<S>(out));
   });
 }
 
@@ -309,25 +450,25 @@ VocabSlice check_logits(const char* op, const Tensor& logits, i64 valid) {
   return {logits.size(0), logits.size(1), valid};
 }
 
-template <typename T>
-void rowwise_max_cpu(const T* logits, VocabSlice s, T* out) {
+template <typename S, typename C = compute_t<S>>
+void rowwise_max_cpu(const S* logits, VocabSlice s, C* out) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const T* lr = logits + r * s.cols;
-    T mx = -std::numeric_limits<T>::infinity();  // a slice of only padding contributes nothing
-    for (i64 c = 0; c < s.valid; ++c) mx = std::max(mx, lr[c]);
+    const S* lr = logits + r * s.cols;
+    C mx = -std::numeric_limits<C>::infinity();  // a slice of only padding contributes nothing
+    for (i64 c = 0; c < s.valid; ++c) mx = std::max(mx, ld(lr[c]));
     out[r] = mx;
   }
 }
 
-template <typename T>
-void rowwise_sum_exp_cpu(const T* logits, const T* row_max, VocabSlice s, T* out) {
+template <typename S, typename C = compute_t<S>>
+void rowwise_sum_exp_cpu(const S* logits, const C* row_max, VocabSlice s, C* out) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const T* lr = logits + r * s.cols;
+    const S* lr = logits + r * s.cols;
     double sum = 0;
-    for (i64 c = 0; c < s.valid; ++c) sum += std::exp(lr[c] - row_max[r]);
-    out[r] = static_cast<T>(sum);
+    for (i64 c = 0; c < s.valid; ++c) sum += std::exp(ld(lr[c]) - row_max[r]);
+    out[r] = static_cast<C>(sum);
   }
 }
 
@@ -337,22 +478,22 @@ inline i64 local_column(std::int64_t target, i64 vocab_start, i64 valid) {
   return c >= 0 && c < valid ? c : -1;
 }
 
-template <typename T>
-void cross_entropy_backward_cpu(const T* logits, const T* row_max, const T* sum_exp, const std::int64_t* targets,
-                                i64 vocab_start, VocabSlice s, double scale, T* dlogits) {
+template <typename S, typename C = compute_t<S>>
+void cross_entropy_backward_cpu(const S* logits, const C* row_max, const C* sum_exp, const std::int64_t* targets,
+                                i64 vocab_start, VocabSlice s, double scale, S* dlogits) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const T* lr = logits + r * s.cols;
-    T* dr = dlogits + r * s.cols;
+    const S* lr = logits + r * s.cols;
+    S* dr = dlogits + r * s.cols;
     const double inv_sum = 1.0 / static_cast<double>(sum_exp[r]);
     const i64 t = local_column(targets[r], vocab_start, s.valid);
-    const auto prob = [&](i64 c) { return std::exp(lr[c] - row_max[r]) * inv_sum; };
+    const auto prob = [&](i64 c) { return std::exp(ld(lr[c]) - row_max[r]) * inv_sum; };
     // Taken before the loop (dlogits may alias logits) and in double, so the
     // one-hot subtraction is not rounded twice.
     const double target_grad = t >= 0 ? scale * (prob(t) - 1.0) : 0.0;
-    for (i64 c = 0; c < s.valid; ++c) dr[c] = static_cast<T>(scale * prob(c));
-    if (t >= 0) dr[t] = static_cast<T>(target_grad);
-    for (i64 c = s.valid; c < s.cols; ++c) dr[c] = 0;
+    for (i64 c = 0; c < s.valid; ++c) dr[c] = st<S>(scale * prob(c));
+    if (t >= 0) dr[t] = st<S>(target_grad);
+    for (i64 c = s.valid; c < s.cols; ++c) dr[c] = zero<S>();
   }
 }
 
@@ -368,17 +509,19 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   const Rows s = rows_of(op, "x", x);
   MZ_CHECK(s.cols > 0, op, ": x has no columns: ", x.to_string());
   MZ_CHECK(eps >= 0, op, ": eps must be non-negative, got ", eps);
-  check_operands(op, x, dt,
-                 {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}, {"mean", &mean}, {"rstd", &rstd}});
+  check_operands(op, x, dt, {{"x", &x}, {"gamma", &gamma}, {"beta", &beta}, {"y", &y}});
+  check_stat(op, "mean", mean, x, dt);
+  check_stat(op, "rstd", rstd, x, dt);
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"beta", &beta}});
   check_shape(op, "y", y, x.shape());
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
   if (!on_host(op, x)) return;
-  with_float_type(dt, [&](auto tag) {
-    using T = decltype(tag);
-    layernorm_forward_cpu(ptr<const T>(x), ptr<const T>(gamma), ptr<const T>(beta), eps, ptr<T>(y), ptr<T>(mean),
-                          ptr<T>(rstd), s);
+  with_storage_type(dt, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    layernorm_forward_cpu<S>(ptr<const S>(x), ptr<const S>(gamma), ptr<const S>(beta), eps, ptr<S>(y), ptr<C>(mean),
+                             ptr<C>(rstd), s);
   });
 }
 
@@ -388,24 +531,24 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_float(op, "x", x);
   const DType dt = x.dtype();
   const Rows s = rows_of(op, "x", x);
-  check_operands(op, x, dt,
-                 {{"dy", &dy},
-                  {"x", &x},
-                  {"gamma", &gamma},
-                  {"mean", &mean},
-                  {"rstd", &rstd},
-                  {"dx", &dx},
-                  {"dgamma", &dgamma},
-                  {"dbeta", &dbeta}});
+  check_operands(op, x, dt, {{"dy", &dy}, {"x", &x}, {"gamma", &gamma}, {"dx", &dx}});
+  check_stat(op, "mean", mean, x, dt);
+  check_stat(op, "rstd", rstd, x, dt);
+  check_accumulator(op, "dgamma", dgamma, x, dt);
+  check_accumulator(op, "dbeta", dbeta, x, dt);
   check_shapes(op, x.shape(), {{"dy", &dy}, {"dx", &dx}});
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
   if (!on_host(op, x)) return;
-  with_float_type(dt, [&](auto tag) {
-    using T = decltype(tag);
-    layernorm_backward_cpu(ptr<const T>(dy), ptr<const T>(x), ptr<const T>(gamma), ptr<const T>(mean),
-                           ptr<const T>(rstd), ptr<T>(dx), ptr<T>(dgamma), ptr<T>(dbeta), s);
+  with_storage_type(dt, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    // Parameter gradients first: dx may overwrite dy.
+    layernorm_param_grads_cpu<S>(ptr<const S>(dy), ptr<const S>(x), ptr<const C>(mean), ptr<const C>(rstd), dgamma,
+                                 dbeta, s);
+    layernorm_backward_dx_cpu<S>(ptr<const S>(dy), ptr<const S>(x), ptr<const S>(gamma), ptr<const C>(mean),
+                                 ptr<const C>(rstd), ptr<S>(dx), s);
   });
 }
 
@@ -415,10 +558,10 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   check_operands(op, x, x.dtype(), {{"x", &x}, {"y", &y}});
   check_shape(op, "y", y, x.shape());
   if (!on_host(op, x)) return;
-  with_float_type(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = ptr<const T>(x);
-    elementwise(ptr<T>(y), x.numel(), [=](i64 i) { return gelu(xp[i]); });
+  with_storage_type(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* xp = ptr<const S>(x);
+    elementwise(ptr<S>(y), x.numel(), [=](i64 i) { return st<S>(gelu(ld(xp[i]))); });
   });
 }
 
@@ -428,11 +571,11 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   check_operands(op, x, x.dtype(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
   check_shapes(op, x.shape(), {{"dy", &dy}, {"dx", &dx}});
   if (!on_host(op, x)) return;
-  with_float_type(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = ptr<const T>(x);
-    const T* dyp = ptr<const T>(dy);
-    elementwise(ptr<T>(dx), x.numel(), [=](i64 i) { return dyp[i] * gelu_grad(xp[i]); });
+  with_storage_type(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* xp = ptr<const S>(x);
+    const S* dyp = ptr<const S>(dy);
+    elementwise(ptr<S>(dx), x.numel(), [=](i64 i) { return st<S>(ld(dyp[i]) * gelu_grad(ld(xp[i]))); });
   });
 }
 
@@ -443,11 +586,11 @@ void add_bias(Tensor& y, const Tensor& bias) {
   check_operands(op, y, y.dtype(), {{"y", &y}, {"bias", &bias}});
   check_shape(op, "bias", bias, {s.cols});
   if (!on_host(op, y)) return;
-  with_float_type(y.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* yp = ptr<T>(y);
-    const T* bp = ptr<const T>(bias);
-    elementwise(yp, y.numel(), [=](i64 i) { return yp[i] + bp[i % s.cols]; });
+  with_storage_type(y.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    S* yp = ptr<S>(y);
+    const S* bp = ptr<const S>(bias);
+    elementwise(yp, y.numel(), [=](i64 i) { return st<S>(ld(yp[i]) + ld(bp[i % s.cols])); });
   });
 }
 
@@ -455,14 +598,18 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   constexpr const char* op = "bias_grad";
   check_float(op, "dy", dy);
   const Rows s = rows_of(op, "dy", dy);
-  check_operands(op, dy, dy.dtype(), {{"dy", &dy}, {"dbias", &dbias}});
+  check_operand(op, "dy", dy, dy, dy.dtype());
+  check_accumulator(op, "dbias", dbias, dy, dy.dtype());
   check_shape(op, "dbias", dbias, {s.cols});
   if (!on_host(op, dy)) return;
-  with_float_type(dy.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* g = ptr<const T>(dy);
-    accumulate_columns(ptr<T>(dbias), s.rows, s.cols,
-                       [=](i64 r, i64 c) { return static_cast<double>(g[r * s.cols + c]); });
+  with_storage_type(dy.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* g = ptr<const S>(dy);
+    with_accumulator_type<S>(dbias, [&](auto acc_tag) {
+      using G = decltype(acc_tag);
+      accumulate_columns(ptr<G>(dbias), s.rows, s.cols,
+                         [=](i64 r, i64 c) { return static_cast<double>(ld(g[r * s.cols + c])); });
+    });
   });
 }
 
@@ -472,11 +619,11 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_operands(op, a, a.dtype(), {{"a", &a}, {"b", &b}, {"out", &out}});
   check_shapes(op, a.shape(), {{"b", &b}, {"out", &out}});
   if (!on_host(op, a)) return;
-  with_float_type(a.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* ap = ptr<const T>(a);
-    const T* bp = ptr<const T>(b);
-    elementwise(ptr<T>(out), a.numel(), [=](i64 i) { return ap[i] + bp[i]; });
+  with_storage_type(a.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* ap = ptr<const S>(a);
+    const S* bp = ptr<const S>(b);
+    elementwise(ptr<S>(out), a.numel(), [=](i64 i) { return st<S>(ld(ap[i]) + ld(bp[i])); });
   });
 }
 
@@ -486,12 +633,13 @@ void axpy(double alpha, const Tensor& x, Tensor& y) {
   check_operands(op, x, x.dtype(), {{"x", &x}, {"y", &y}});
   check_shape(op, "y", y, x.shape());
   if (!on_host(op, x)) return;
-  with_float_type(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* xp = ptr<const T>(x);
-    T* yp = ptr<T>(y);
-    const T a = static_cast<T>(alpha);
-    elementwise(yp, x.numel(), [=](i64 i) { return yp[i] + a * xp[i]; });
+  with_storage_type(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    const S* xp = ptr<const S>(x);
+    S* yp = ptr<S>(y);
+    const C a = static_cast<C>(alpha);
+    elementwise(yp, x.numel(), [=](i64 i) { return st<S>(ld(yp[i]) + a * ld(xp[i])); });
   });
 }
 
@@ -500,11 +648,12 @@ void scale(Tensor& x, double alpha) {
   check_float(op, "x", x);
   check_operand(op, "x", x, x, x.dtype());
   if (!on_host(op, x)) return;
-  with_float_type(x.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* xp = ptr<T>(x);
-    const T a = static_cast<T>(alpha);
-    elementwise(xp, x.numel(), [=](i64 i) { return xp[i] * a; });
+  with_storage_type(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    S* xp = ptr<S>(x);
+    const C a = static_cast<C>(alpha);
+    elementwise(xp, x.numel(), [=](i64 i) { return st<S>(ld(xp[i]) * a); });
   });
 }
 
@@ -524,9 +673,9 @@ void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
   check_operands(op, scores, scores.dtype(), {{"scores", &scores}, {"probs", &probs}});
   check_shape(op, "probs", probs, scores.shape());
   if (!on_host(op, scores)) return;
-  with_float_type(scores.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    causal_softmax_forward_cpu(ptr<const T>(scores), scale, ptr<T>(probs), mats, scores.size(-1));
+  with_storage_type(scores.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    causal_softmax_forward_cpu(ptr<const S>(scores), scale, ptr<S>(probs), mats, scores.size(-1));
   });
 }
 
@@ -537,9 +686,9 @@ void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double s
   check_operands(op, probs, probs.dtype(), {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
   check_shapes(op, probs.shape(), {{"dprobs", &dprobs}, {"dscores", &dscores}});
   if (!on_host(op, probs)) return;
-  with_float_type(probs.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    causal_softmax_backward_cpu(ptr<const T>(dprobs), ptr<const T>(probs), scale, ptr<T>(dscores), mats,
+  with_storage_type(probs.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    causal_softmax_backward_cpu(ptr<const S>(dprobs), ptr<const S>(probs), scale, ptr<S>(dscores), mats,
                                 probs.size(-1));
   });
 }
@@ -566,42 +715,31 @@ void embedding_forward(const Tensor& ids, const Tensor& table, std::int64_t voca
   check_operand(op, "out", out, table, table.dtype());
   check_shape(op, "out", out, {n, h});
   if (!on_host(op, table)) return;
-  with_float_type(table.dtype(), [&](auto tag) {
-    using T = decltype(tag);
+  with_storage_type(table.dtype(), [&](auto tag) {
+    using S = decltype(tag);
     const std::int64_t* id = ptr<const std::int64_t>(ids);
-    const T* tab = ptr<const T>(table);
-    T* o = ptr<T>(out);
+    const S* tab = ptr<const S>(table);
+    S* o = ptr<S>(out);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (n * h > kParallelMin)
     for (i64 i = 0; i < n; ++i) {
       const i64 row = local_column(id[i], vocab_start, v);
       if (row >= 0)
         std::copy_n(tab + row * h, h, o + i * h);
       else
-        std::fill_n(o + i * h, h, static_cast<T>(0));  // another rank's row; the all-reduce fills it
+        std::fill_n(o + i * h, h, zero<S>());  // another rank's row; the all-reduce fills it
     }
   });
 }
 
-void embedding_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start, Tensor& dtable) {
-  constexpr const char* op = "embedding_backward";
-  check_float(op, "dtable", dtable);
-  MZ_CHECK(dtable.dim() == 2, op, ": dtable must be [V_local, H], got ", dtable.to_string());
-  const i64 v = dtable.size(0), h = dtable.size(1);
-  check_operand(op, "dtable", dtable, dtable, dtable.dtype());
-  check_operand(op, "ids", ids, dtable, DType::I64);
-  MZ_CHECK(ids.dim() == 1, op, ": ids must be [N], got ", ids.to_string());
-  const i64 n = ids.size(0);
-  check_operand(op, "dout", dout, dtable, dtable.dtype());
-  check_shape(op, "dout", dout, {n, h});
-  if (!on_host(op, dtable)) return;
-  with_float_type(dtable.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const std::int64_t* id = ptr<const std::int64_t>(ids);
-    const T* g = ptr<const T>(dout);
-    T* dt = ptr<T>(dtable);
-    // Repeated ids add into one row: threads split the columns, never the
-    // tokens, so there are no races and the order of additions is fixed.
-    constexpr i64 kBlock = 64;
+namespace {
+// dtable[row] += dout[i] for the tokens i whose id is in the slice. Repeated ids
+// add into one row in token order, so the result is fixed whatever the threads.
+template <typename S, typename G>
+void embedding_backward_cpu(const std::int64_t* id, const S* g, i64 vocab_start, i64 n, i64 v, i64 h, G* dt) {
+  constexpr i64 kBlock = 64;
+  if constexpr (!is_16bit_v<G>) {
+    // An fp32/fp64 accumulator sums in place. Threads split the columns, never
+    // the tokens, so there are no races.
     const i64 blocks = (h + kBlock - 1) / kBlock;
 #pragma omp parallel for num_threads(threads()) schedule(static) if (n * h > kParallelMin)
     for (i64 blk = 0; blk < blocks; ++blk) {
@@ -609,18 +747,76 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, std::int64_t voca
       for (i64 i = 0; i < n; ++i) {
         const i64 row = local_column(id[i], vocab_start, v);
         if (row < 0) continue;
-        for (i64 c = c0; c < c1; ++c) dt[row * h + c] += g[i * h + c];
+        for (i64 c = c0; c < c1; ++c) dt[row * h + c] += ld(g[i * h + c]);
       }
     }
+  } else {
+    // A 16-bit accumulator is rounded once per call: the tokens of each row are
+    // listed (a counting sort, stable in token order) and summed in fp32 from
+    // the row's old value; threads split the rows.
+    std::vector<i64> first(static_cast<std::size_t>(v) + 1, 0);
+    for (i64 i = 0; i < n; ++i) {
+      const i64 row = local_column(id[i], vocab_start, v);
+      if (row >= 0) ++first[static_cast<std::size_t>(row) + 1];
+    }
+    for (std::size_t r = 0; r < static_cast<std::size_t>(v); ++r) first[r + 1] += first[r];
+    std::vector<i64> tokens(static_cast<std::size_t>(first.back())), next(first.begin(), first.end() - 1);
+    for (i64 i = 0; i < n; ++i) {
+      const i64 row = local_column(id[i], vocab_start, v);
+      if (row >= 0) tokens[static_cast<std::size_t>(next[static_cast<std::size_t>(row)]++)] = i;
+    }
+#pragma omp parallel for num_threads(threads()) schedule(static) if (n * h > kParallelMin)
+    for (i64 row = 0; row < v; ++row) {
+      const i64 t0 = first[static_cast<std::size_t>(row)], t1 = first[static_cast<std::size_t>(row) + 1];
+      if (t0 == t1) continue;
+      for (i64 c0 = 0; c0 < h; c0 += kBlock) {
+        const i64 len = std::min(kBlock, h - c0);
+        G* dr = dt + row * h + c0;
+        float acc[kBlock];
+        for (i64 k = 0; k < len; ++k) acc[k] = ld(dr[k]);
+        for (i64 t = t0; t < t1; ++t) {
+          const S* gr = g + tokens[static_cast<std::size_t>(t)] * h + c0;
+          for (i64 k = 0; k < len; ++k) acc[k] += ld(gr[k]);
+        }
+        for (i64 k = 0; k < len; ++k) dr[k] = st<G>(acc[k]);
+      }
+    }
+  }
+}
+}  // namespace
+
+void embedding_backward(const Tensor& ids, const Tensor& dout, std::int64_t vocab_start, Tensor& dtable) {
+  constexpr const char* op = "embedding_backward";
+  check_float(op, "dout", dout);
+  check_accumulator(op, "dtable", dtable, dout, dout.dtype());
+  MZ_CHECK(dtable.dim() == 2, op, ": dtable must be [V_local, H], got ", dtable.to_string());
+  const i64 v = dtable.size(0), h = dtable.size(1);
+  check_operand(op, "ids", ids, dtable, DType::I64);
+  MZ_CHECK(ids.dim() == 1, op, ": ids must be [N], got ", ids.to_string());
+  const i64 n = ids.size(0);
+  check_operand(op, "dout", dout, dtable, dout.dtype());
+  check_shape(op, "dout", dout, {n, h});
+  if (!on_host(op, dtable)) return;
+  with_storage_type(dout.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    with_accumulator_type<S>(dtable, [&](auto acc_tag) {
+      using G = decltype(acc_tag);
+      embedding_backward_cpu(ptr<const std::int64_t>(ids), ptr<const S>(dout), vocab_start, n, v, h, ptr<G>(dtable));
+    });
   });
 }
 
 namespace {
 // out/dout is [B * seq, H]; pos_table/dpos holds at least `seq` positions of H.
-Rows check_positions(const char* op, const Tensor& act, const Tensor& pos, std::int64_t seq) {
+// The position table has the activations' dtype; a gradient `accumulator` may
+// also be fp32 for 16-bit activations.
+Rows check_positions(const char* op, const Tensor& act, const Tensor& pos, std::int64_t seq, bool accumulator) {
   check_float(op, "activations", act);
   check_operand(op, "activations", act, act, act.dtype());
-  check_operand(op, "position table", pos, act, act.dtype());
+  if (accumulator)
+    check_accumulator(op, "position gradient", pos, act, act.dtype());
+  else
+    check_operand(op, "position table", pos, act, act.dtype());
   MZ_CHECK(act.dim() == 2, op, ": activations must be [B*S, H], got ", act.to_string());
   MZ_CHECK(pos.dim() == 2 && pos.size(1) == act.size(1), op, ": position table must be [P, ", act.size(1), "], got ",
            pos.to_string());
@@ -633,55 +829,59 @@ Rows check_positions(const char* op, const Tensor& act, const Tensor& pos, std::
 
 void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t seq) {
   constexpr const char* op = "add_position_embedding";
-  const Rows s = check_positions(op, out, pos_table, seq);
+  const Rows s = check_positions(op, out, pos_table, seq, false);
   if (!on_host(op, out)) return;
-  with_float_type(out.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    T* o = ptr<T>(out);
-    const T* pos = ptr<const T>(pos_table);
+  with_storage_type(out.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    S* o = ptr<S>(out);
+    const S* pos = ptr<const S>(pos_table);
     const i64 per_sample = seq * s.cols;  // out[b*S + s, :] is element b * per_sample + (s * H + h)
-    elementwise(o, out.numel(), [=](i64 i) { return o[i] + pos[i % per_sample]; });
+    elementwise(o, out.numel(), [=](i64 i) { return st<S>(ld(o[i]) + ld(pos[i % per_sample])); });
   });
 }
 
 void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& dpos) {
   constexpr const char* op = "position_embedding_backward";
-  const Rows s = check_positions(op, dout, dpos, seq);
+  const Rows s = check_positions(op, dout, dpos, seq, true);
   if (!on_host(op, dout)) return;
-  with_float_type(dout.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* g = ptr<const T>(dout);
+  with_storage_type(dout.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* g = ptr<const S>(dout);
     const i64 per_sample = seq * s.cols;
     // The first seq rows of dpos, flattened, are a sum over samples b of dout's
     // b-th [seq * H] block.
-    accumulate_columns(ptr<T>(dpos), s.rows, per_sample,
-                       [=](i64 b, i64 j) { return static_cast<double>(g[b * per_sample + j]); });
+    with_accumulator_type<S>(dpos, [&](auto acc_tag) {
+      using G = decltype(acc_tag);
+      accumulate_columns(ptr<G>(dpos), s.rows, per_sample,
+                         [=](i64 b, i64 j) { return static_cast<double>(ld(g[b * per_sample + j])); });
+    });
   });
 }
 
 void rowwise_max(const Tensor& logits, std::int64_t valid, Tensor& out) {
   constexpr const char* op = "rowwise_max";
   const VocabSlice s = check_logits(op, logits, valid);
-  check_operand(op, "out", out, logits, logits.dtype());
+  check_stat(op, "out", out, logits, logits.dtype());
   check_rows(op, "out", out, s.rows);
   if (!on_host(op, logits)) return;
-  with_float_type(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    rowwise_max_cpu(ptr<const T>(logits), s, ptr<T>(out));
+  with_storage_type(logits.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    rowwise_max_cpu<S>(ptr<const S>(logits), s, ptr<compute_t<S>>(out));
   });
 }
 
 void rowwise_sum_exp(const Tensor& logits, const Tensor& row_max, std::int64_t valid, Tensor& out) {
   constexpr const char* op = "rowwise_sum_exp";
   const VocabSlice s = check_logits(op, logits, valid);
-  check_operand(op, "row_max", row_max, logits, logits.dtype());
+  check_stat(op, "row_max", row_max, logits, logits.dtype());
   check_rows(op, "row_max", row_max, s.rows);
-  check_operand(op, "out", out, logits, logits.dtype());
+  check_stat(op, "out", out, logits, logits.dtype());
   check_rows(op, "out", out, s.rows);
   if (!on_host(op, logits)) return;
-  with_float_type(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    rowwise_sum_exp_cpu(ptr<const T>(logits), ptr<const T>(row_max), s, ptr<T>(out));
+  with_storage_type(logits.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    rowwise_sum_exp_cpu<S>(ptr<const S>(logits), ptr<const C>(row_max), s, ptr<C>(out));
   });
 }
 
@@ -691,16 +891,17 @@ void gather_target_logit(const Tensor& logits, const Tensor& targets, std::int64
   const VocabSlice s = check_logits(op, logits, valid);
   check_operand(op, "targets", targets, logits, DType::I64);
   check_rows(op, "targets", targets, s.rows);
-  check_operand(op, "out", out, logits, logits.dtype());
+  check_stat(op, "out", out, logits, logits.dtype());
   check_rows(op, "out", out, s.rows);
   if (!on_host(op, logits)) return;
-  with_float_type(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    const T* l = ptr<const T>(logits);
+  with_storage_type(logits.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    const S* l = ptr<const S>(logits);
     const std::int64_t* t = ptr<const std::int64_t>(targets);
-    elementwise(ptr<T>(out), s.rows, [=](i64 r) {
+    elementwise(ptr<C>(out), s.rows, [=](i64 r) {
       const i64 c = local_column(t[r], vocab_start, s.valid);
-      return c >= 0 ? l[r * s.cols + c] : static_cast<T>(0);  // 0: the all-reduce sums over ranks
+      return c >= 0 ? ld(l[r * s.cols + c]) : C{0};  // 0: the all-reduce sums over ranks
     });
   });
 }
@@ -709,16 +910,19 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& row_max, const T
                             std::int64_t vocab_start, std::int64_t valid, double scale, Tensor& dlogits) {
   constexpr const char* op = "cross_entropy_backward";
   const VocabSlice s = check_logits(op, logits, valid);
-  check_operands(op, logits, logits.dtype(), {{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"dlogits", &dlogits}});
+  check_stat(op, "row_max", row_max, logits, logits.dtype());
+  check_stat(op, "sum_exp", sum_exp, logits, logits.dtype());
+  check_operand(op, "dlogits", dlogits, logits, logits.dtype());
   check_operand(op, "targets", targets, logits, DType::I64);
   for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"targets", &targets}})
     check_rows(op, name, *t, s.rows);
   check_shape(op, "dlogits", dlogits, logits.shape());
   if (!on_host(op, logits)) return;
-  with_float_type(logits.dtype(), [&](auto tag) {
-    using T = decltype(tag);
-    cross_entropy_backward_cpu(ptr<const T>(logits), ptr<const T>(row_max), ptr<const T>(sum_exp),
-                               ptr<const std::int64_t>(targets), vocab_start, s, scale, ptr<T>(dlogits));
+  with_storage_type(logits.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    cross_entropy_backward_cpu<S>(ptr<const S>(logits), ptr<const C>(row_max), ptr<const C>(sum_exp),
+                                  ptr<const std::int64_t>(targets), vocab_start, s, scale, ptr<S>(dlogits));
   });
 }
 

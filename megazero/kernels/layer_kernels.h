@@ -1,10 +1,33 @@
 // The forward/backward kernels of the transformer layers, written out
 // explicitly (no autograd), as llm.c does. Every kernel works on contiguous
-// tensors of fp32 or fp64 (fp64 is the reference path of the gradient checks)
-// and dispatches on the device; these are the CPU implementations.
+// tensors and dispatches on the device; these are the CPU implementations.
 // Conventions: "rows" = all leading dimensions flattened, "cols" = the last
 // dimension. Backward kernels that produce parameter gradients ACCUMULATE into
 // them (+=), so micro-batches accumulate; input gradients are OVERWRITTEN.
+//
+// Dtypes. The "storage dtype" of a call is the dtype of its activations:
+// fp32, fp64 (the reference path of the gradient checks), bf16 or fp16.
+//  - Activations and parameters (x, y, dy, dx, scores, probs, dprobs, logits,
+//    dlogits, embedding tables and outputs, gamma, beta, bias, a, b, out) all
+//    have the storage dtype; one call never mixes them.
+//  - 16-bit storage is storage only: every element is loaded to fp32 (exactly),
+//    the math is the fp32 path's (softmax, cross-entropy, LayerNorm and all
+//    sums keep their fp32/double accumulations), and each result is rounded
+//    ONCE, to nearest even (a value computed in double is not rounded to fp32
+//    first). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
+//    they were before 16-bit storage, and no result depends on the thread count.
+//  - Per-row statistics (layernorm mean/rstd, rowwise_max and rowwise_sum_exp
+//    outputs, the row_max/sum_exp inputs of rowwise_sum_exp and
+//    cross_entropy_backward, gather_target_logit's out) have row_stat_dtype():
+//    fp32 for 16-bit storage, else the storage dtype. 16-bit statistics are
+//    rejected. (Max and target logit of 16-bit logits are exact in fp32.)
+//  - Parameter-gradient accumulators (layernorm dgamma/dbeta, bias_grad's dbias,
+//    embedding_backward's dtable, position_embedding_backward's dpos) may have
+//    the storage dtype or, for 16-bit storage, fp32 (Megatron-style fp32 main
+//    grads); each independently (is_grad_accumulator_dtype). The column sums
+//    are taken in double (embedding rows: in fp32, from the row's old value),
+//    added to the accumulator's value and rounded once per call on store.
+//  - ids/targets are int64. Dropout's keep mask does not depend on the dtype.
 #pragma once
 
 #include "megazero/core/tensor.h"
@@ -12,11 +35,19 @@
 
 namespace megazero::kernels {
 
+// The dtype of per-row statistics for activations of `storage` dtype: fp32 for
+// bf16/fp16, otherwise `storage` itself.
+DType row_stat_dtype(DType storage);
+// Whether `acc` may hold the parameter gradients of `storage` activations:
+// acc == storage, or acc == fp32 when storage is bf16/fp16.
+bool is_grad_accumulator_dtype(DType storage, DType acc);
+
 // ---- LayerNorm over the last dimension ----
-// y = (x - mean) * rstd * gamma + beta; saves mean and rstd ([rows], x's dtype).
+// y = (x - mean) * rstd * gamma + beta; saves mean and rstd ([rows],
+// row_stat_dtype(x.dtype())). y may alias x.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
                        Tensor& mean, Tensor& rstd);
-// dx = overwritten; dgamma, dbeta accumulated.
+// dx = overwritten (may alias dy); dgamma, dbeta accumulated.
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                         const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
 
@@ -49,8 +80,8 @@ struct DropoutLayout {
   std::int64_t A = 1, B = 1, C = 1, D = 1;
   std::int64_t a0 = 0, b0 = 0, GB = 1;
 };
-// y = x * keep / (1 - p) with keep = uniform_at(key, global index) >= p.
-// p == 0 copies. y may alias x.
+// y = x * keep / (1 - p) with keep = uniform_at(key, global index) >= p,
+// the same mask for every dtype. p == 0 copies. y may alias x.
 void dropout_forward(const Tensor& x, double p, const RngKey& key, const DropoutLayout& layout, Tensor& y);
 // dx = dy * keep / (1 - p), regenerating the same mask. dx may alias dy.
 void dropout_backward(const Tensor& dy, double p, const RngKey& key, const DropoutLayout& layout, Tensor& dx);
@@ -68,6 +99,7 @@ void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& d
 
 // logits: [N, V_local]; only the first `valid` columns are real vocabulary
 // (the rest is padding, excluded from max/sum and given zero gradient).
+// Statistics (out, row_max, sum_exp) are [N] of row_stat_dtype(logits.dtype()).
 void rowwise_max(const Tensor& logits, std::int64_t valid, Tensor& out);               // out [N]
 void rowwise_sum_exp(const Tensor& logits, const Tensor& row_max, std::int64_t valid,  // out [N]
                      Tensor& out);

@@ -1,0 +1,59 @@
+#include "megazero/optim/adamw.h"
+
+#include <cmath>
+
+#include "megazero/core/error.h"
+
+namespace megazero::optim {
+namespace {
+
+template <typename G>
+void update(float* w, float* m, float* v, const G* g, std::int64_t b, std::int64_t e, bool decay,
+            const AdamConfig& c, double lr, double bc1, double bc2, double scale, double (*load)(const G&)) {
+  const double b1 = c.beta1, b2 = c.beta2, wd = decay ? c.weight_decay : 0.0;
+  for (std::int64_t i = b; i < e; ++i) {
+    const double grad = load(g[i]) * scale;
+    const double mi = b1 * m[i] + (1 - b1) * grad;
+    const double vi = b2 * v[i] + (1 - b2) * grad * grad;
+    m[i] = static_cast<float>(mi);
+    v[i] = static_cast<float>(vi);
+    const double update = (mi / bc1) / (std::sqrt(vi / bc2) + c.eps);
+    w[i] = static_cast<float>(w[i] - lr * (update + wd * w[i]));  // decoupled decay
+  }
+}
+
+double load_f32(const float& x) { return x; }
+double load_f64(const double& x) { return x; }
+double load_bf16(const BFloat16& x) { return bf16_to_float(x); }
+double load_f16(const Half& x) { return half_to_float(x); }
+
+}  // namespace
+
+void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
+                const std::vector<DecaySegment>& segments, const AdamConfig& cfg, double lr, std::int64_t step,
+                double grad_scale) {
+  const std::int64_t n = master.numel();
+  MZ_CHECK(master.dtype() == DType::F32 && exp_avg.dtype() == DType::F32 && exp_avg_sq.dtype() == DType::F32,
+           "adamw: master weights and moments must be fp32");
+  MZ_CHECK(exp_avg.numel() == n && exp_avg_sq.numel() == n && grads.numel() == n, "adamw: sizes differ");
+  MZ_CHECK(step >= 1, "adamw: step counts from 1");
+  if (!master.device().has_storage()) return;
+  MZ_CHECK(master.device().kind() == DeviceKind::CPU, "adamw: no CUDA kernel yet");
+  const double bc1 = 1 - std::pow(cfg.beta1, static_cast<double>(step));
+  const double bc2 = 1 - std::pow(cfg.beta2, static_cast<double>(step));
+  auto* w = master.data_as<float>();
+  auto* m = exp_avg.data_as<float>();
+  auto* v = exp_avg_sq.data_as<float>();
+  for (const auto& s : segments) {
+    MZ_CHECK(s.begin >= 0 && s.end <= n && s.begin <= s.end, "adamw: segment out of range");
+    switch (grads.dtype()) {
+      case DType::F32: update(w, m, v, grads.data_as<float>(), s.begin, s.end, s.decay, cfg, lr, bc1, bc2, grad_scale, load_f32); break;
+      case DType::F64: update(w, m, v, grads.data_as<double>(), s.begin, s.end, s.decay, cfg, lr, bc1, bc2, grad_scale, load_f64); break;
+      case DType::BF16: update(w, m, v, grads.data_as<BFloat16>(), s.begin, s.end, s.decay, cfg, lr, bc1, bc2, grad_scale, load_bf16); break;
+      case DType::F16: update(w, m, v, grads.data_as<Half>(), s.begin, s.end, s.decay, cfg, lr, bc1, bc2, grad_scale, load_f16); break;
+      default: MZ_CHECK(false, "adamw: gradients of dtype ", dtype_name(grads.dtype()));
+    }
+  }
+}
+
+}  // namespace megazero::optim

@@ -1,0 +1,33 @@
+// AdamW (Loshchilov & Hutter) on flat fp32 buffers: the optimizer ZeRO runs on
+// the partition a rank owns. Decoupled weight decay, bias correction.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "megazero/core/tensor.h"
+
+namespace megazero::optim {
+
+struct AdamConfig {
+  double beta1 = 0.9;          // --adam-beta1
+  double beta2 = 0.999;        // --adam-beta2
+  double eps = 1e-8;           // --adam-eps
+  double weight_decay = 0.01;  // --weight-decay (not applied to biases and LayerNorm)
+};
+
+// A run of elements [begin, end) (relative to the buffers) sharing weight decay.
+struct DecaySegment {
+  std::int64_t begin = 0, end = 0;
+  bool decay = true;
+};
+
+// One AdamW step over n elements. grads (any floating dtype, n elements) are
+// multiplied by grad_scale first (1 / loss scale x clip coefficient).
+// master, exp_avg, exp_avg_sq: fp32, n elements, updated in place. `step` is
+// the 1-based step count for bias correction.
+void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
+                const std::vector<DecaySegment>& segments, const AdamConfig& cfg, double lr, std::int64_t step,
+                double grad_scale);
+
+}  // namespace megazero::optim

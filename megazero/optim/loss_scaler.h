@@ -1,0 +1,35 @@
+// Dynamic loss scaling for fp16 (Micikevicius et al.). The loss is multiplied
+// by `scale` before backward; if any gradient on any rank overflows, every rank
+// skips the step and the scale backs off; after `window` good steps it grows.
+// Defaults as Megatron/DeepSpeed: window 1000, hysteresis 2, min scale 1;
+// initial scale 2^32 (Megatron; DeepSpeed uses 2^16).
+#pragma once
+
+#include <cstdint>
+
+namespace megazero::optim {
+
+struct LossScalerConfig {
+  bool dynamic = false;          // on for fp16 only
+  double initial_scale = 4294967296.0;  // --initial-loss-scale
+  std::int64_t window = 1000;    // --loss-scale-window
+  int hysteresis = 2;            // --hysteresis: overflows tolerated before backing off
+  double min_scale = 1.0;        // --min-loss-scale
+};
+
+class LossScaler {
+ public:
+  explicit LossScaler(const LossScalerConfig& cfg);
+  double scale() const { return scale_; }
+  // Call once per step with the agreed overflow flag.
+  void update(bool overflow);
+  std::int64_t skipped_steps() const { return skipped_; }
+
+ private:
+  LossScalerConfig cfg_;
+  double scale_;
+  std::int64_t good_steps_ = 0, skipped_ = 0;
+  int hysteresis_left_;
+};
+
+}  // namespace megazero::optim

@@ -1,0 +1,25 @@
+// Learning-rate schedule as Megatron defines it: linear warmup from 0 to
+// --lr over --lr-warmup-iters, then decay to --min-lr over the remaining
+// iterations (--lr-decay-iters, default --train-iters): cosine, linear or
+// constant.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace megazero::optim {
+
+struct LrSchedule {
+  double max_lr = 1e-4;
+  double min_lr = 0.0;
+  std::int64_t warmup_iters = 0;
+  std::int64_t decay_iters = 1;   // iteration at which min_lr is reached
+  std::string style = "cosine";   // cosine | linear | constant
+
+  // Learning rate for 0-based iteration `it`.
+  double at(std::int64_t it) const;
+  // Throws ConfigError naming the flag for bad values.
+  void validate() const;
+};
+
+}  // namespace megazero::optim

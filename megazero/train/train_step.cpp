@@ -1,0 +1,34 @@
+#include "megazero/train/train_step.h"
+
+#include "megazero/core/error.h"
+
+namespace megazero::train {
+
+StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communicator& dp,
+                      const std::vector<MicroBatch>& micro_batches, const OptimizerSettings& opt,
+                      optim::LossScaler& scaler, std::int64_t iteration) {
+  MZ_CHECK(!micro_batches.empty(), "train_step without micro-batches");
+  model.set_param_hooks(&engine);
+  engine.zero_grad();
+  StepResult r;
+  r.loss_scale = scaler.scale();
+  const double per_micro = r.loss_scale / (static_cast<double>(micro_batches.size()) * dp.size());
+  double local = 0;
+  for (std::size_t i = 0; i < micro_batches.size(); ++i) {
+    const auto& mb = micro_batches[i];
+    local += model.forward(mb.ids, mb.targets, mb.step);
+    engine.begin_backward(i + 1 == micro_batches.size());
+    model.backward(per_micro);
+  }
+  r.lr = opt.lr.at(iteration);
+  r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1);
+  scaler.update(r.stats.skipped);
+  // The logged loss: mean over every micro-batch of every DP rank.
+  Tensor l = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
+  l.data_as<double>()[0] = local / static_cast<double>(micro_batches.size());
+  dp.all_reduce(l, ReduceOp::Avg).wait();
+  r.loss = l.data_as<double>()[0];
+  return r;
+}
+
+}  // namespace megazero::train

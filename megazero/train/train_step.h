@@ -1,0 +1,41 @@
+// One training iteration: the micro-batches of this DP rank through forward
+// and backward (gradient accumulation), then the ZeRO optimizer step.
+//
+// Every micro-batch's loss is the mean over its tokens; the iteration's loss
+// is the mean over the global batch, so each backward is scaled by
+// 1 / (micro-batches x DP size) and the DP reductions sum. With fp16 the loss
+// is also multiplied by the loss scale, which the optimizer divides out.
+#pragma once
+
+#include <vector>
+
+#include "layers/gpt_model.h"
+#include "megazero/optim/loss_scaler.h"
+#include "megazero/optim/lr_schedule.h"
+#include "megazero/zero/zero_engine.h"
+
+namespace megazero::train {
+
+struct MicroBatch {
+  Tensor ids, targets;      // int64 [B*S]
+  layers::StepInfo step;    // iteration, global sample offset, B, S
+};
+
+struct StepResult {
+  double loss = 0;          // mean over the global batch (all DP ranks)
+  double lr = 0;
+  double loss_scale = 1;
+  zero::StepStats stats;
+};
+
+struct OptimizerSettings {
+  optim::AdamConfig adam;
+  optim::LrSchedule lr;
+  double clip_grad = 1.0;   // --clip-grad; 0 = off
+};
+
+StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communicator& dp,
+                      const std::vector<MicroBatch>& micro_batches, const OptimizerSettings& opt,
+                      optim::LossScaler& scaler, std::int64_t iteration);
+
+}  // namespace megazero::train

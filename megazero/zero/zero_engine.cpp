@@ -1,0 +1,324 @@
+#include "megazero/zero/zero_engine.h"
+
+#include <cmath>
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::zero {
+
+using layers::Parameter;
+
+void ZeroConfig::validate() const {
+  MZ_REQUIRE(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", stage);
+  MZ_REQUIRE(reduce_bucket_size > 0, "--reduce-bucket-size must be positive, got ", reduce_bucket_size);
+  MZ_REQUIRE(is_floating(param_dtype), "parameters must be a floating dtype, got ", dtype_name(param_dtype));
+}
+
+namespace {
+
+FlatLayout make_layout(const std::vector<Parameter*>& ps, int dp) {
+  std::vector<std::int64_t> numels;
+  std::vector<int> groups;
+  for (auto* p : ps) {
+    numels.push_back(p->local_numel());
+    groups.push_back(p->group);
+  }
+  return FlatLayout(numels, groups, dp);
+}
+
+// The part of a flat buffer (that starts at flat offset `base`) covering r. An
+// empty r may lie outside the buffer: it gives an empty view.
+Tensor flat_slice(const Tensor& flat, Range r, std::int64_t base = 0) {
+  if (r.empty()) return flat.narrow(0, 0, 0);
+  return flat.narrow(0, r.begin - base, r.size());
+}
+
+}  // namespace
+
+ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp,
+                       std::shared_ptr<Device> device, const ZeroConfig& cfg)
+    : params_(params.all()),
+      dp_(dp),
+      tp_(tp),
+      device_(std::move(device)),
+      cfg_(cfg),
+      layout_(make_layout(params_, dp.size())) {
+  cfg_.validate();
+  part_ = layout_.partition(dp.rank());
+  owned_ = cfg_.stage == 0 ? Range{0, layout_.numel()} : part_;
+  // Weight decay per owned element; norm counting per partition element (a
+  // TP-replicated parameter is counted on TP rank 0 only).
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Range r = layout_.param(i);
+    const Range o = r.intersect(owned_);
+    if (!o.empty()) owned_segments_.push_back({o.begin - owned_.begin, o.end - owned_.begin, params_[i]->weight_decay});
+    const Range n = r.intersect(part_);
+    if (!n.empty())
+      norm_segments_.push_back({{n.begin - part_.begin, n.end - part_.begin}, !params_[i]->tp_replicated() || tp.rank() == 0});
+  }
+  const auto P = layout_.partition_size(), N = layout_.numel();
+  master_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "fp32-master");
+  exp_avg_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "adam-m");
+  exp_avg_sq_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "adam-v");
+  if (cfg_.stage <= 2) {
+    params_full_ = Tensor::zeros(device_, {N}, cfg_.param_dtype, MemoryCategory::Parameters, "params");
+    bind_full(&Parameter::value, params_full_, {0, N});
+  } else {
+    params_part_ = Tensor::zeros(device_, {P}, cfg_.param_dtype, MemoryCategory::Parameters, "params-partition");
+  }
+  if (cfg_.stage <= 1) {
+    grads_full_ = Tensor::zeros(device_, {N}, cfg_.param_dtype, MemoryCategory::Gradients, "grads");
+    bind_full(&Parameter::grad, grads_full_, {0, N});
+  } else {
+    grads_part_ = Tensor::zeros(device_, {P}, cfg_.param_dtype, MemoryCategory::Gradients, "grads-partition");
+    // Two constant-size staging buffers (the paper's CB): one filling while
+    // the other's reduce-scatter is in flight.
+    const std::int64_t slot = std::min(cfg_.reduce_bucket_size, N);
+    for (int i = 0; i < 2; ++i) {
+      slots_.push_back(Tensor::empty(device_, {slot}, cfg_.param_dtype, MemoryCategory::CommBuffers, "grad-bucket"));
+      slot_busy_.push_back(false);
+    }
+  }
+  buckets_ = layout_.buckets(cfg_.reduce_bucket_size);
+  slot_of_bucket_.assign(buckets_.size(), -1);
+}
+
+ZeroEngine::~ZeroEngine() {
+  try {
+    flush();
+    for (auto& [g, entry] : gathered_) entry.work.wait();
+  } catch (...) {  // a failed collective is reported by whoever waited first
+  }
+  for (auto* p : params_) p->value = p->grad = Tensor();
+}
+
+void ZeroEngine::bind_full(Tensor Parameter::*member, const Tensor& flat, Range within) {
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Range r = layout_.param(i);
+    if (r.intersect(within).size() != r.size()) continue;
+    params_[i]->*member = flat_slice(flat, r, within.begin).view(params_[i]->local_shape);
+  }
+}
+
+// ---------------------------------------------------------------- init / publish
+void ZeroEngine::initialize(std::uint64_t seed) {
+  std::vector<double> v(static_cast<std::size_t>(owned_.size()), 0.0);
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Range o = layout_.param(i).intersect(owned_);
+    for (std::int64_t f = o.begin; f < o.end; ++f)
+      v[static_cast<std::size_t>(f - owned_.begin)] = params_[i]->init_value(seed, f - layout_.param(i).begin);
+  }
+  master_.copy_from_doubles(v);
+  publish_params();
+}
+
+void ZeroEngine::publish_params() {
+  if (cfg_.stage == 0) {
+    params_full_.copy_from(master_);
+  } else if (cfg_.stage <= 2) {
+    Tensor mine = flat_slice(params_full_, part_);
+    mine.copy_from(master_);
+    dp_.all_gather(mine, params_full_).wait();  // in place: each partition is already at its place
+  } else {
+    params_part_.copy_from(master_);
+  }
+}
+
+// ---------------------------------------------------------------- gradients
+void ZeroEngine::zero_grad() {
+  flush();
+  if (grads_full_.defined()) grads_full_.zero_();
+  if (grads_part_.defined()) grads_part_.zero_();
+}
+
+void ZeroEngine::begin_backward(bool last_micro_batch) {
+  reduce_now_ = cfg_.stage >= 2 || last_micro_batch;
+  next_bucket_ = static_cast<std::int64_t>(buckets_.size()) - 1;
+}
+
+void ZeroEngine::pre_backward(int group) {
+  if (cfg_.stage == 3) gather(group);
+  if (cfg_.stage >= 2) {
+    const Range r = layout_.group(group);
+    Tensor g = Tensor::zeros(device_, {r.size()}, cfg_.param_dtype, MemoryCategory::Gradients, "group-grads");
+    bind_full(&Parameter::grad, g, r);
+    group_grads_[group] = g;
+  }
+}
+
+void ZeroEngine::post_backward(int group) {
+  if (cfg_.stage >= 2) stage_group_grads(group);
+  if (reduce_now_) launch_ready_buckets(layout_.group(group).begin);
+  if (cfg_.stage == 3) release(group);
+}
+
+// Copies a finished group's gradients into the staging slots of the buckets it
+// overlaps (highest first), launching each bucket as soon as it is complete.
+void ZeroEngine::stage_group_grads(int group) {
+  const Range r = layout_.group(group);
+  const Tensor& g = group_grads_.at(group);
+  for (std::size_t b = buckets_.size(); b-- > 0;) {
+    const Range part = buckets_[b].intersect(r);
+    if (part.empty()) continue;
+    if (slot_of_bucket_[b] < 0) {
+      slot_of_bucket_[b] = acquire_slot();
+      slots_[static_cast<std::size_t>(slot_of_bucket_[b])].zero_();  // padding and not-yet-staged parts
+    }
+    Tensor slot = slots_[static_cast<std::size_t>(slot_of_bucket_[b])];
+    flat_slice(slot, part, buckets_[b].begin).copy_from(flat_slice(g, part, r.begin));
+    launch_ready_buckets(std::max(part.begin, r.begin));
+  }
+  for (auto* p : params_)
+    if (p->group == group) p->grad = Tensor();
+  group_grads_.erase(group);
+}
+
+int ZeroEngine::acquire_slot() {
+  for (;;) {
+    for (std::size_t i = 0; i < slot_busy_.size(); ++i)
+      if (!slot_busy_[i]) {
+        slot_busy_[i] = true;
+        return static_cast<int>(i);
+      }
+    MZ_CHECK(!in_flight_.empty(), "no gradient bucket slot free and none in flight");
+    complete_oldest();
+  }
+}
+
+// Launches, highest first, every bucket whose range lies entirely at or above
+// `final_from` (backward finishes groups from the last to the first).
+void ZeroEngine::launch_ready_buckets(std::int64_t final_from) {
+  while (next_bucket_ >= 0 && buckets_[static_cast<std::size_t>(next_bucket_)].begin >= final_from) {
+    const auto b = static_cast<std::size_t>(next_bucket_--);
+    if (cfg_.stage >= 2 && slot_of_bucket_[b] < 0) {  // nothing staged: only padding
+      slot_of_bucket_[b] = acquire_slot();
+      slots_[static_cast<std::size_t>(slot_of_bucket_[b])].zero_();
+    }
+    launch(b);
+  }
+}
+
+void ZeroEngine::launch(std::size_t b) {
+  const Range bucket = buckets_[b];
+  const Range mine = bucket.intersect(part_);
+  const auto counts = layout_.split_counts(bucket);
+  Work w;
+  int slot = -1;
+  if (cfg_.stage == 0) {
+    w = dp_.all_reduce(flat_slice(grads_full_, bucket), ReduceOp::Sum);
+  } else if (cfg_.stage == 1) {
+    w = dp_.reduce_scatter(flat_slice(grads_full_, bucket), flat_slice(grads_full_, mine), ReduceOp::Sum, counts);
+  } else {
+    slot = slot_of_bucket_[b];
+    const Tensor s = slots_[static_cast<std::size_t>(slot)].narrow(0, 0, bucket.size());
+    w = dp_.reduce_scatter(s, flat_slice(s, mine, bucket.begin), ReduceOp::Sum, counts);
+  }
+  in_flight_.push_back({b, slot, w});
+  if (!cfg_.overlap_comm) complete_oldest();
+}
+
+void ZeroEngine::complete_oldest() {
+  InFlight f = in_flight_.front();
+  in_flight_.pop_front();
+  f.work.wait();
+  if (f.slot >= 0) {
+    const Range bucket = buckets_[f.bucket];
+    const Range mine = bucket.intersect(part_);
+    if (!mine.empty()) {
+      const Tensor s = slots_[static_cast<std::size_t>(f.slot)];
+      Tensor dst = flat_slice(grads_part_, mine, part_.begin);
+      kernels::axpy(1.0, flat_slice(s, mine, bucket.begin), dst);
+    }
+    slot_busy_[static_cast<std::size_t>(f.slot)] = false;
+    slot_of_bucket_[f.bucket] = -1;
+  }
+}
+
+void ZeroEngine::flush() {
+  while (!in_flight_.empty()) complete_oldest();
+}
+
+// ---------------------------------------------------------------- stage 3
+void ZeroEngine::pre_forward(int group) {
+  if (cfg_.stage == 3) gather(group);
+}
+
+void ZeroEngine::post_forward(int group) {
+  if (cfg_.stage == 3) release(group);
+}
+
+void ZeroEngine::issue_gather(int group) {
+  const Range r = layout_.group(group);
+  Gathered& e = gathered_[group];
+  e.buffer = Tensor::empty(device_, {r.size()}, cfg_.param_dtype, MemoryCategory::Parameters, "gathered-params");
+  gathered_bytes_ += static_cast<std::int64_t>(e.buffer.nbytes());
+  gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
+  const Range mine = r.intersect(part_);
+  const Tensor input = flat_slice(params_part_, mine, part_.begin);
+  e.work = dp_.all_gather(input, e.buffer, layout_.split_counts(r));
+}
+
+void ZeroEngine::gather(int group) {
+  if (recording_) sequence_.push_back(group);
+  ++seq_pos_;
+  if (!gathered_.count(group)) issue_gather(group);
+  Gathered& e = gathered_[group];
+  e.work.wait();
+  if (!e.bound) {
+    bind_full(&Parameter::value, e.buffer, layout_.group(group));
+    e.bound = true;
+  }
+  // Prefetch the group that came next on the recorded first step.
+  if (cfg_.prefetch && !recording_ && seq_pos_ < sequence_.size()) {
+    const int next = sequence_[seq_pos_];
+    if (!gathered_.count(next)) issue_gather(next);
+  }
+}
+
+void ZeroEngine::release(int group) {
+  auto it = gathered_.find(group);
+  if (it == gathered_.end()) return;
+  it->second.work.wait();
+  for (auto* p : params_)
+    if (p->group == group) p->value = Tensor();
+  gathered_bytes_ -= static_cast<std::int64_t>(it->second.buffer.nbytes());
+  gathered_.erase(it);
+}
+
+// ---------------------------------------------------------------- step
+double ZeroEngine::sum_of_squares(const Tensor& grads) const {
+  const auto v = grads.to_double_vector();
+  double s = 0;
+  for (const auto& [r, counted] : norm_segments_)
+    if (counted)
+      for (std::int64_t i = r.begin; i < r.end; ++i) s += v[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(i)];
+  return s;
+}
+
+StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip_grad, double loss_scale,
+                           std::int64_t step_number) {
+  flush();
+  recording_ = false;  // the first step recorded the group order
+  seq_pos_ = 0;
+  const Tensor part_grads = cfg_.stage <= 1 ? flat_slice(grads_full_, part_) : grads_part_;
+  Tensor sumsq = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
+  sumsq.data_as<double>()[0] = sum_of_squares(part_grads);
+  tp_.all_reduce(sumsq, ReduceOp::Sum).wait();
+  dp_.all_reduce(sumsq, ReduceOp::Sum).wait();
+  const double total = sumsq.data_as<double>()[0];
+  StepStats st;
+  st.grad_norm = std::sqrt(total) / loss_scale;
+  if (!std::isfinite(total)) {  // the same verdict on every rank: the sum was all-reduced
+    st.skipped = true;
+    return st;
+  }
+  st.clip_coef = clip_grad > 0 ? std::min(1.0, clip_grad / (st.grad_norm + 1e-6)) : 1.0;
+  const Tensor owned_grads = cfg_.stage == 0 ? grads_full_ : part_grads;
+  optim::adamw_step(master_, exp_avg_, exp_avg_sq_, owned_grads, owned_segments_, adam, lr, step_number,
+                    st.clip_coef / loss_scale);
+  publish_params();
+  return st;
+}
+
+}  // namespace megazero::zero

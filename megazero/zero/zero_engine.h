@@ -1,0 +1,137 @@
+// ZeRO-DP (Rajbhandari et al., SC 2020) stages 0-3 over the data-parallel
+// group, for any TP degree (each TP rank partitions its own shard's flat
+// buffer). Per rank, with Psi = the TP shard's parameters and Nd = DP size:
+//
+//   stage 0  plain DP: full 16-bit params and grads, full fp32 master + Adam (16 Psi);
+//            gradients all-reduced in buckets.
+//   stage 1  Pos: full params and grads; master + Adam for the own partition
+//            (4 Psi + 12 Psi/Nd); gradients reduce-scattered, params all-gathered.
+//   stage 2  Pos+g: full params; gradients exist in full only per group while
+//            that group runs backward, are reduce-scattered in constant-size
+//            buckets as soon as a bucket is complete, and only the partition is
+//            kept (2 Psi + 14 Psi/Nd + buckets).
+//   stage 3  Pos+g+p: params partitioned too (16 Psi/Nd); a group's params are
+//            all-gathered before its forward and again before its backward,
+//            released after; the next group's gather is prefetched.
+//
+// The engine implements the model's ParamHooks; it knows parameters and flat
+// buffers, nothing about layers.
+#pragma once
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "layers/param_hooks.h"
+#include "layers/parameter.h"
+#include "megazero/comm/communicator.h"
+#include "megazero/optim/adamw.h"
+#include "megazero/zero/flat_layout.h"
+
+namespace megazero::zero {
+
+struct ZeroConfig {
+  int stage = 0;                               // --zero-stage
+  DType param_dtype = DType::F32;              // 16-bit params/grads: --bf16 / --fp16
+  std::int64_t reduce_bucket_size = 50000000;  // --reduce-bucket-size, elements (the paper's CB)
+  bool overlap_comm = true;                    // --overlap-comm: launch buckets during backward
+  bool prefetch = true;                        // stage 3: gather the next group ahead
+
+  void validate() const;  // ConfigError naming the flag
+};
+
+struct StepStats {
+  bool skipped = false;    // an overflow (inf/NaN gradient) on some rank: nobody updated
+  double grad_norm = 0;    // global norm over all DP partitions and TP shards (unscaled)
+  double clip_coef = 1;
+};
+
+class ZeroEngine final : public layers::ParamHooks {
+ public:
+  ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp, std::shared_ptr<Device> device,
+             const ZeroConfig& cfg);
+  ~ZeroEngine() override;
+
+  // Initial weights from the seed, the same values as ParameterSet::initialize.
+  void initialize(std::uint64_t seed);
+  // Start of a step: clears the gradients.
+  void zero_grad();
+  // Before each micro-batch's backward; stages 0-1 reduce only on the last.
+  void begin_backward(bool last_micro_batch);
+  // Finishes the reductions, clips, updates the owned partition and makes the
+  // new parameters visible. Gradients are scaled by `loss_scale`.
+  StepStats step(double lr, const optim::AdamConfig& adam, double clip_grad, double loss_scale,
+                 std::int64_t step_number);
+
+  void pre_forward(int group) override;
+  void post_forward(int group) override;
+  void pre_backward(int group) override;
+  void post_backward(int group) override;
+
+  const ZeroConfig& config() const { return cfg_; }
+  const FlatLayout& layout() const { return layout_; }
+  Range owned() const { return owned_; }        // where this rank keeps master + Adam
+  Range partition() const { return part_; }      // this rank's DP partition
+  const Tensor& master() const { return master_; }  // fp32, owned().size() elements
+  // Stage 3: peak bytes of gathered (full) parameters at any time.
+  std::int64_t gathered_peak_bytes() const { return gathered_peak_; }
+
+ private:
+  struct InFlight {
+    std::size_t bucket;
+    int slot;  // staging slot (stages 2-3), -1 for in-place (stages 0-1)
+    Work work;
+  };
+
+  void bind_full(Tensor layers::Parameter::*member, const Tensor& flat, Range within);
+  void launch_ready_buckets(std::int64_t final_from);
+  void launch(std::size_t bucket);
+  void complete_oldest();
+  void flush();
+  int acquire_slot();
+  void stage_group_grads(int group);
+  void gather(int group);
+  void issue_gather(int group);
+  void release(int group);
+  void publish_params();
+  double sum_of_squares(const Tensor& grads) const;
+
+  std::vector<layers::Parameter*> params_;
+  Communicator& dp_;
+  Communicator& tp_;
+  std::shared_ptr<Device> device_;
+  ZeroConfig cfg_;
+  FlatLayout layout_;
+  Range part_, owned_;
+  std::vector<optim::DecaySegment> owned_segments_;
+  std::vector<std::pair<Range, bool>> norm_segments_;  // partition-relative; false = counted on another TP rank
+
+  Tensor master_, exp_avg_, exp_avg_sq_;  // fp32, owned
+  Tensor params_full_, params_part_;      // param dtype
+  Tensor grads_full_, grads_part_;        // param dtype
+  std::map<int, Tensor> group_grads_;     // stages 2-3: grads of groups in backward
+
+  // Bucketed reduction.
+  std::vector<Range> buckets_;
+  std::int64_t next_bucket_ = -1;  // highest bucket not yet launched this micro-batch
+  bool reduce_now_ = false;
+  std::vector<Tensor> slots_;
+  std::vector<int> slot_of_bucket_;
+  std::vector<bool> slot_busy_;
+  std::deque<InFlight> in_flight_;
+
+  // Stage 3 gathering.
+  struct Gathered {
+    Tensor buffer;
+    Work work;
+    bool bound = false;
+  };
+  std::map<int, Gathered> gathered_;
+  std::vector<int> sequence_;  // group order of pre_* calls, recorded on the first step
+  bool recording_ = true;
+  std::size_t seq_pos_ = 0;
+  std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
+};
+
+}  // namespace megazero::zero

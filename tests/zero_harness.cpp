@@ -1,0 +1,107 @@
+#include "zero_harness.h"
+
+#include "megazero/core/error.h"
+
+namespace megazero::testing_util {
+
+layers::GPTConfig zero_test_model(bool recompute) {
+  layers::GPTConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.vocab_size = 97;
+  c.max_position_embeddings = 16;
+  c.seq_length = 8;
+  c.hidden_dropout = 0.1;
+  c.attention_dropout = 0.1;
+  c.make_vocab_size_divisible_by = 4;
+  c.recompute_activations = recompute;
+  return c;
+}
+
+ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
+  const int me = world.rank();
+  tp = world.split(me / s.tp, me % s.tp, "tp");
+  dp = world.split(me % s.tp, me / s.tp, "dp");
+  device = make_device(DeviceKind::CPU);
+  params = std::make_unique<layers::ParameterSet>();
+  layers::TpContext ctx{tp.get(), device, s.dtype};
+  model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute), ctx, *params);
+  zero::ZeroConfig zc;
+  zc.stage = s.stage;
+  zc.param_dtype = s.dtype;
+  zc.reduce_bucket_size = s.bucket;
+  zc.overlap_comm = s.overlap;
+  engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
+  engine->initialize(77);
+}
+
+ZeroRun::~ZeroRun() {
+  engine.reset();
+  model.reset();
+}
+
+std::vector<double> ZeroRun::train() {
+  const auto cfg = model->config();
+  const std::int64_t S = cfg.seq_length, per_rank = spec.global_batch / spec.dp;
+  MZ_CHECK(per_rank % spec.micro_batch == 0, "test batch arithmetic");
+  train::OptimizerSettings opt;
+  opt.lr.max_lr = 3e-3;
+  opt.lr.min_lr = 3e-4;
+  opt.lr.warmup_iters = 1;
+  opt.lr.decay_iters = spec.steps;
+  opt.clip_grad = 0.5;  // small enough to clip on some steps
+  optim::LossScaler scaler(optim::LossScalerConfig{});
+  std::vector<double> losses;
+  for (int it = 0; it < spec.steps; ++it) {
+    std::vector<train::MicroBatch> mbs;
+    for (std::int64_t m = 0; m < per_rank / spec.micro_batch; ++m) {
+      train::MicroBatch mb;
+      mb.step.iteration = static_cast<std::uint64_t>(it);
+      mb.step.micro_batch = spec.micro_batch;
+      mb.step.seq = S;
+      mb.step.sample_offset = dp->rank() * per_rank + m * spec.micro_batch;
+      const std::int64_t n = spec.micro_batch * S;
+      mb.ids = Tensor::empty(device, {n}, DType::I64, MemoryCategory::Activations);
+      mb.targets = Tensor::empty(device, {n}, DType::I64, MemoryCategory::Activations);
+      for (std::int64_t b = 0; b < spec.micro_batch; ++b) {
+        const std::int64_t sample = it * spec.global_batch + mb.step.sample_offset + b;
+        for (std::int64_t t = 0; t <= S; ++t) {  // S + 1 tokens: inputs and shifted targets
+          const std::int64_t tok = (sample * 131 + t * t * 7 + t * 29) % cfg.vocab_size;
+          if (t < S) mb.ids.data_as<std::int64_t>()[b * S + t] = tok;
+          if (t > 0) mb.targets.data_as<std::int64_t>()[b * S + t - 1] = tok;
+        }
+      }
+      mbs.push_back(std::move(mb));
+    }
+    results.push_back(train::train_step(*model, *engine, *dp, mbs, opt, scaler, it));
+    losses.push_back(results.back().loss);
+  }
+  return losses;
+}
+
+void ZeroRun::for_each_owned(
+    const std::function<void(const layers::Parameter&, std::int64_t, double)>& fn) const {
+  const auto m = engine->master().to_double_vector();
+  const auto owned = engine->owned();
+  const auto all = params->all();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    const auto r = engine->layout().param(i).intersect(owned);
+    for (std::int64_t f = r.begin; f < r.end; ++f)
+      fn(*all[i], all[i]->global_index(f - engine->layout().param(i).begin),
+         m[static_cast<std::size_t>(f - owned.begin)]);
+  }
+}
+
+double ZeroRun::master_at(const std::string& name, std::int64_t global_index) const {
+  // Reference runs are TP = 1, DP = 1, stage 0: local index = global index.
+  const auto all = params->all();
+  for (std::size_t i = 0; i < all.size(); ++i)
+    if (all[i]->name == name) {
+      const auto f = engine->layout().param(i).begin + global_index;
+      return engine->master().flatten().narrow(0, f - engine->owned().begin, 1).to_double_vector()[0];
+    }
+  throw InternalError("no parameter " + name);
+}
+
+}  // namespace megazero::testing_util

@@ -1,0 +1,48 @@
+// Shared set-up for the ZeRO tests: a small GPT on a (TP, DP) layout carved out
+// of the MPI world, fed the same global batches whatever the layout (sample s
+// of iteration i is a pure function of (i, s); DP rank d takes its contiguous
+// share, split into micro-batches), trained with the real train_step.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "layers/gpt_model.h"
+#include "megazero/comm/mpi_communicator.h"
+#include "megazero/train/train_step.h"
+
+namespace megazero::testing_util {
+
+struct ZeroRunSpec {
+  int tp = 1, dp = 1, stage = 0;
+  DType dtype = DType::F32;
+  std::int64_t global_batch = 8, micro_batch = 2;
+  bool recompute = false;
+  std::int64_t bucket = 1000;  // elements: small, so models span many buckets
+  bool overlap = true;
+  int steps = 3;
+};
+
+layers::GPTConfig zero_test_model(bool recompute);
+
+class ZeroRun {
+ public:
+  // Collective over `world`; ranks beyond tp x dp must not call this. `self`
+  // runs TP = DP = 1 on each rank alone.
+  ZeroRun(Communicator& world, const ZeroRunSpec& spec);
+  ~ZeroRun();
+  std::vector<double> train();  // losses per step
+  // Owned fp32 master values keyed by (parameter name, global element index).
+  double master_at(const std::string& name, std::int64_t global_index) const;
+  void for_each_owned(const std::function<void(const layers::Parameter&, std::int64_t global, double v)>& fn) const;
+
+  ZeroRunSpec spec;
+  std::unique_ptr<Communicator> tp, dp;
+  std::unique_ptr<layers::ParameterSet> params;
+  std::unique_ptr<layers::GPTModel> model;
+  std::unique_ptr<zero::ZeroEngine> engine;
+  std::shared_ptr<Device> device;
+  std::vector<train::StepResult> results;
+};
+
+}  // namespace megazero::testing_util

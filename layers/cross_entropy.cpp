@@ -15,16 +15,16 @@ double VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& ta
   targets_ = targets;
   vocab_start_ = vocab_start;
   valid_ = valid;
-  max_ = ctx_.activation({n});
+  max_ = ctx_.row_stats({n});
   kernels::rowwise_max(logits, valid, max_);
   if (ctx_.size() > 1) ctx_.tp->all_reduce(max_, ReduceOp::Max).wait();
-  sum_exp_ = ctx_.activation({n});
+  sum_exp_ = ctx_.row_stats({n});
   kernels::rowwise_sum_exp(logits, max_, valid, sum_exp_);
-  Tensor target_logit = ctx_.activation({n});
+  Tensor target_logit = ctx_.row_stats({n});
   kernels::gather_target_logit(logits, targets, vocab_start, valid, target_logit);
   // One all-reduce for both sums (sum_exp and the target logit, which only
   // its owning rank contributes).
-  Tensor both = ctx_.activation({2, n});
+  Tensor both = ctx_.row_stats({2, n});
   both.narrow(0, 0, 1).view({n}).copy_from(sum_exp_);
   both.narrow(0, 1, 1).view({n}).copy_from(target_logit);
   ReduceFromTpRegion::forward(*ctx_.tp, both);

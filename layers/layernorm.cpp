@@ -14,8 +14,8 @@ LayerNorm::LayerNorm(ParameterSet& params, const std::string& name, std::int64_t
 
 Tensor LayerNorm::forward(const Tensor& x) {
   input_ = x;
-  mean_ = ctx_.activation({x.size(0)});
-  rstd_ = ctx_.activation({x.size(0)});
+  mean_ = ctx_.row_stats({x.size(0)});
+  rstd_ = ctx_.row_stats({x.size(0)});
   Tensor y = ctx_.activation(x.shape());
   kernels::layernorm_forward(x, gamma_->value, beta_->value, eps_, y, mean_, rstd_);
   return y;

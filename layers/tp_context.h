@@ -18,6 +18,12 @@ struct TpContext {
   Tensor activation(const Shape& shape) const {
     return Tensor::empty(device, shape, dtype, MemoryCategory::Activations);
   }
+  // Per-row statistics (LayerNorm mean/rstd, softmax max and sums): fp32 when
+  // the activations are 16-bit, as the kernels require.
+  Tensor row_stats(const Shape& shape) const {
+    const DType t = (dtype == DType::BF16 || dtype == DType::F16) ? DType::F32 : dtype;
+    return Tensor::empty(device, shape, t, MemoryCategory::Activations);
+  }
 };
 
 }  // namespace megazero::layers

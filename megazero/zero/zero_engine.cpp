@@ -296,12 +296,17 @@ double ZeroEngine::sum_of_squares(const Tensor& grads) const {
   return s;
 }
 
+Tensor ZeroEngine::partition_grads() {
+  flush();
+  return cfg_.stage <= 1 ? flat_slice(grads_full_, part_) : grads_part_;
+}
+
 StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip_grad, double loss_scale,
                            std::int64_t step_number) {
   flush();
   recording_ = false;  // the first step recorded the group order
   seq_pos_ = 0;
-  const Tensor part_grads = cfg_.stage <= 1 ? flat_slice(grads_full_, part_) : grads_part_;
+  const Tensor part_grads = partition_grads();
   Tensor sumsq = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
   sumsq.data_as<double>()[0] = sum_of_squares(part_grads);
   tp_.all_reduce(sumsq, ReduceOp::Sum).wait();

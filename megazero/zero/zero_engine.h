@@ -74,6 +74,9 @@ class ZeroEngine final : public layers::ParamHooks {
   Range owned() const { return owned_; }        // where this rank keeps master + Adam
   Range partition() const { return part_; }      // this rank's DP partition
   const Tensor& master() const { return master_; }  // fp32, owned().size() elements
+  // This rank's partition of the reduced gradients (valid between the last
+  // backward and step(); for diagnostics and fault-injection tests).
+  Tensor partition_grads();
   // Stage 3: peak bytes of gathered (full) parameters at any time.
   std::int64_t gathered_peak_bytes() const { return gathered_peak_; }
 

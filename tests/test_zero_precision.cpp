@@ -1,0 +1,165 @@
+// ZeRO with 16-bit model states: bf16 training on every layout tracks the bf16
+// one-rank run within mixed-precision tolerance; per-rank memory of
+// parameters + gradients + optimizer states equals the paper's Table 1 formula
+// for each stage; an fp16 overflow on one rank makes every rank skip the step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "megazero/core/error.h"
+#include "zero_harness.h"
+
+using namespace megazero;
+using namespace megazero::testing_util;
+using MC = MemoryCategory;
+
+namespace {
+
+std::unique_ptr<MpiCommunicator> g_world_ptr;
+MpiCommunicator& world() {
+  if (!g_world_ptr) g_world_ptr = MpiCommunicator::world();
+  return *g_world_ptr;
+}
+class WorldTeardown : public testing::Environment {
+ public:
+  void TearDown() override { g_world_ptr.reset(); }
+};
+const auto* const g_teardown = testing::AddGlobalTestEnvironment(new WorldTeardown);
+
+}  // namespace
+
+TEST(ZeroPrecision, Bf16OnEveryLayoutAndStageTracksTheOneRankRun) {
+  const int n = world().size();
+  auto self = world().split(world().rank(), 0, "self");
+  ZeroRunSpec ref_spec;
+  ref_spec.dtype = DType::BF16;
+  ZeroRun ref(*self, ref_spec);
+  const auto ref_losses = ref.train();
+  for (int tp : {1, 2, 4})
+    for (int stage = 0; stage <= 3; ++stage) {
+      if (n % tp || tp > n) continue;
+      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << n / tp << " stage " << stage);
+      ZeroRunSpec s = ref_spec;
+      s.tp = tp;
+      s.dp = n / tp;
+      s.stage = stage;
+      ZeroRun run(world(), s);
+      const auto losses = run.train();
+      // bf16 keeps 8 significant bits; different reduction orders round
+      // differently, so allow a few bf16 ulps of the loss (~ln 97 = 4.6).
+      for (std::size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref_losses[i], 0.03) << "step " << i;
+      EXPECT_LT(losses.back(), losses.front()) << "training lowers the loss";
+    }
+}
+
+TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP() << "partitioning needs a DP group of 2 or more";
+  for (int tp : {1, 2}) {
+    if (n % tp || n / tp < 2) continue;
+    const int nd = n / tp;
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << nd << " stage " << stage);
+      ZeroRunSpec s;
+      s.tp = tp;
+      s.dp = nd;
+      s.stage = stage;
+      s.dtype = DType::BF16;
+      s.steps = 1;
+      s.bucket = 4096;
+      ZeroRun run(world(), s);
+      run.train();
+      const auto& mem = run.device->memory();
+      const double psi = static_cast<double>(run.engine->layout().numel());  // this TP rank's (padded) parameters
+      const double k = 12;  // fp32 master + Adam m + v
+      // Table 1: model-state bytes per device.
+      const double params = stage == 3 ? 2 * psi / nd : 2 * psi;
+      const double grads = stage >= 2 ? 2 * psi / nd : 2 * psi;
+      const double optim = stage == 0 ? k * psi : k * psi / nd;
+      EXPECT_EQ(mem.live(MC::Parameters), static_cast<std::int64_t>(params));
+      EXPECT_EQ(mem.live(MC::Gradients), static_cast<std::int64_t>(grads));
+      EXPECT_EQ(mem.live(MC::OptimizerStates), static_cast<std::int64_t>(optim));
+      // Against the unpadded parameter count, as the paper states it: within 1%.
+      const double psi_true = static_cast<double>(run.engine->layout().unpadded_numel());
+      const double formula = stage == 0   ? (2 + 2 + k) * psi_true
+                             : stage == 1 ? 4 * psi_true + k * psi_true / nd
+                             : stage == 2 ? 2 * psi_true + (2 + k) * psi_true / nd
+                                          : (2 + 2 + k) * psi_true / nd;
+      const double measured =
+          static_cast<double>(mem.live(MC::Parameters) + mem.live(MC::Gradients) + mem.live(MC::OptimizerStates));
+      EXPECT_NEAR(measured / formula, 1.0, 0.01);
+      // Plus the declared constant-size buffers: two gradient buckets (stages 2-3).
+      const std::int64_t buckets = stage >= 2 ? 2 * std::min<std::int64_t>(4096, run.engine->layout().numel()) * 2 : 0;
+      EXPECT_EQ(mem.live(MC::CommBuffers), buckets);
+      if (stage == 3) {
+        EXPECT_GT(run.engine->gathered_peak_bytes(), 0);
+        EXPECT_LT(run.engine->gathered_peak_bytes(), static_cast<std::int64_t>(2 * psi));
+        RecordProperty("stage3_gathered_peak_bytes", std::to_string(run.engine->gathered_peak_bytes()));
+      }
+    }
+  }
+}
+
+TEST(ZeroPrecision, Fp16OverflowOnOneRankSkipsEverywhereAndBacksOff) {
+  const int n = world().size();
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    ZeroRunSpec s;
+    s.dp = n;
+    s.stage = stage;
+    s.dtype = DType::F16;
+    s.micro_batch = s.global_batch / n;
+    ZeroRun run(world(), s);
+    optim::LossScalerConfig sc;
+    sc.dynamic = true;
+    sc.initial_scale = 1024;
+    sc.hysteresis = 1;
+    optim::LossScaler scaler(sc);
+    // One micro-batch by hand so a gradient can be poisoned before the step.
+    run.model->set_param_hooks(run.engine.get());
+    run.engine->zero_grad();
+    const std::int64_t S = run.model->config().seq_length, b = s.micro_batch;
+    Tensor ids = Tensor::zeros(run.device, {b * S}, DType::I64, MC::Activations);
+    for (std::int64_t i = 0; i < b * S; ++i) ids.data_as<std::int64_t>()[i] = (i * 7 + world().rank()) % 97;
+    layers::StepInfo step;
+    step.micro_batch = b;
+    step.seq = S;
+    step.sample_offset = world().rank() * b;
+    run.model->forward(ids, ids, step);
+    run.engine->begin_backward(true);
+    run.model->backward(scaler.scale() / n);
+    const auto before = run.engine->master().to_double_vector();
+    if (world().rank() == n - 1) {
+      Tensor g = run.engine->partition_grads();
+      g.narrow(0, 3, 1).copy_from_doubles({std::numeric_limits<double>::infinity()});
+    }
+    optim::AdamConfig adam;
+    const auto st = run.engine->step(1e-3, adam, 1.0, scaler.scale(), 1);
+    scaler.update(st.skipped);
+    EXPECT_TRUE(st.skipped) << "every rank skips, not only the one that overflowed";
+    EXPECT_EQ(run.engine->master().to_double_vector(), before) << "nothing was updated";
+    EXPECT_EQ(scaler.scale(), 512.0);
+    EXPECT_EQ(scaler.skipped_steps(), 1);
+  }
+}
+
+TEST(ZeroPrecision, LossScalerWindowHysteresisAndFloor) {
+  optim::LossScalerConfig c;
+  c.dynamic = true;
+  c.initial_scale = 8;
+  c.window = 3;
+  c.hysteresis = 2;
+  c.min_scale = 2;
+  optim::LossScaler s(c);
+  s.update(true);  // first overflow: tolerated by hysteresis
+  EXPECT_EQ(s.scale(), 8);
+  s.update(true);  // second: back off
+  EXPECT_EQ(s.scale(), 4);
+  s.update(true);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 2);  // floor
+  for (int i = 0; i < 3; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 4);  // grew after a window of good steps
+  EXPECT_EQ(s.skipped_steps(), 4);
+}

@@ -1,13 +1,15 @@
 #include "zero_harness.h"
 
+#include <algorithm>
+
 #include "megazero/core/error.h"
 
 namespace megazero::testing_util {
 
-layers::GPTConfig zero_test_model(bool recompute) {
+layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden) {
   layers::GPTConfig c;
   c.num_layers = 2;
-  c.hidden_size = 32;
+  c.hidden_size = hidden;
   c.num_attention_heads = 4;
   c.vocab_size = 97;
   c.max_position_embeddings = 16;
@@ -26,7 +28,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   device = make_device(DeviceKind::CPU);
   params = std::make_unique<layers::ParameterSet>();
   layers::TpContext ctx{tp.get(), device, s.dtype};
-  model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute), ctx, *params);
+  model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute, s.hidden), ctx, *params);
   zero::ZeroConfig zc;
   zc.stage = s.stage;
   zc.param_dtype = s.dtype;
@@ -44,7 +46,9 @@ ZeroRun::~ZeroRun() {
 std::vector<double> ZeroRun::train() {
   const auto cfg = model->config();
   const std::int64_t S = cfg.seq_length, per_rank = spec.global_batch / spec.dp;
-  MZ_CHECK(per_rank % spec.micro_batch == 0, "test batch arithmetic");
+  // At large DP a rank may hold fewer samples than the requested micro-batch.
+  spec.micro_batch = std::min(spec.micro_batch, per_rank);
+  MZ_CHECK(per_rank > 0 && per_rank % spec.micro_batch == 0, "test batch arithmetic");
   train::OptimizerSettings opt;
   opt.lr.max_lr = 3e-3;
   opt.lr.min_lr = 3e-4;

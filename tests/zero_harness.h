@@ -21,9 +21,10 @@ struct ZeroRunSpec {
   std::int64_t bucket = 1000;  // elements: small, so models span many buckets
   bool overlap = true;
   int steps = 3;
+  std::int64_t hidden = 32;  // model width (the memory test uses a wider one: padding < 1%)
 };
 
-layers::GPTConfig zero_test_model(bool recompute);
+layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32);
 
 class ZeroRun {
  public:

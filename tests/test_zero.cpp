@@ -52,8 +52,16 @@ void expect_same_training(const ZeroRunSpec& spec) {
   const auto losses = run.train();
   const Ref ref = reference(spec);
   ASSERT_EQ(losses.size(), ref.losses.size());
-  for (std::size_t i = 0; i < losses.size(); ++i)
+  bool clipped = false;
+  for (std::size_t i = 0; i < losses.size(); ++i) {
     EXPECT_NEAR(losses[i], ref.losses[i], 1e-5 * std::fabs(ref.losses[i])) << "step " << i;
+    // The global gradient norm: every DP partition and TP shard, TP-replicated
+    // parameters counted once, equals the one-rank norm.
+    const double gn = run.results[i].stats.grad_norm, rn = ref.run->results[i].stats.grad_norm;
+    EXPECT_NEAR(gn, rn, 1e-5 * rn) << "grad norm, step " << i;
+    clipped = clipped || run.results[i].stats.clip_coef < 1.0;
+  }
+  EXPECT_TRUE(clipped) << "the test's clip threshold should clip at least one step";
   double num = 0, den = 0;
   run.for_each_owned([&](const layers::Parameter& p, std::int64_t g, double v) {
     const std::int64_t row = p.global_shape.size() > 1 ? shape_numel(p.global_shape) / p.global_shape[0] : 1;

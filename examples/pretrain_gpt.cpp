@@ -1,0 +1,187 @@
+// pretrain_gpt: trains a GPT with tensor parallelism x ZeRO data parallelism,
+// as Megatron's pretrain_gpt.py does (same flag names). The library does the
+// work; this file wires data, model, ZeRO and logging together.
+//   mpiexec -n 4 pretrain_gpt --config configs/gpt_tiny.cfg --tensor-model-parallel-size 2 --zero-stage 2
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "megazero/train/sample_source.h"
+#include "megazero/comm/consensus.h"
+#include "megazero/runtime/entry.h"
+#include "megazero/train/arguments.h"
+#include "megazero/train/train_step.h"
+
+using namespace megazero;
+using namespace megazero::train;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// min, max and the slowest rank of a per-rank value over the world.
+struct Spread {
+  double min, max;
+  int slowest;
+};
+Spread spread(Communicator& world, double v) {
+  auto cpu = make_device(DeviceKind::CPU);
+  Tensor t = Tensor::empty(cpu, {3}, DType::F64, MemoryCategory::Workspace);
+  t.data_as<double>()[0] = v;
+  t.data_as<double>()[1] = -v;
+  t.data_as<double>()[2] = 0;
+  world.all_reduce(t, ReduceOp::Max).wait();
+  const double mx = t.data_as<double>()[0];
+  Tensor who = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::Workspace);
+  who.data_as<std::int64_t>()[0] = v == mx ? world.size() - world.rank() : 0;
+  world.all_reduce(who, ReduceOp::Max).wait();
+  return {-t.data_as<double>()[1], mx, world.size() - static_cast<int>(who.data_as<std::int64_t>()[0])};
+}
+
+double max_over(Communicator& world, double v) { return spread(world, v).max; }
+
+int run(int argc, char** argv) {
+  auto world_comm = MpiCommunicator::world();
+  std::string help;
+  TrainArgs args = run_consistently(*world_comm, [&] {
+    TrainArgs a = parse_train_args(argc, argv, &help);
+    if (!a.help) {
+      a.validate();
+      a.validate_layout(world_comm->size());
+    }
+    return a;
+  });
+  if (args.help) {
+    if (world_comm->rank() == 0) std::cout << help << std::flush;
+    return 0;
+  }
+  auto groups = parallel_state::ProcessGroups::create(std::move(world_comm), args.parallel);
+  Communicator& world = groups->world();
+  const bool root = world.rank() == 0;
+  const int dp = groups->dp_size();
+  auto source = run_consistently(world, [&] { return make_sample_source(args); });
+  args.model.vocab_size = source->vocab_size();
+  run_consistently(world, [&] { args.model.validate(groups->tp_size()); });
+  const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
+  const std::int64_t accum = global / (args.micro_batch_size * dp), S = args.model.seq_length;
+  if (root) {
+    std::cout << groups->describe() << "---- resolved configuration ----\n" << args.to_config()
+              << "---- data: " << source->describe() << "\n" << std::flush;
+  }
+  if (args.dry_run) return 0;
+
+  auto device = make_device(DeviceKind::CPU);
+  layers::ParameterSet params;
+  layers::GPTModel model(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
+  zero::ZeroConfig zc = args.zero;
+  zc.param_dtype = args.dtype();
+  zero::ZeroEngine engine(params, groups->dp(), groups->tp(), device, zc);
+  engine.initialize(args.seed);
+  OptimizerSettings opt{args.adam, args.lr, args.clip_grad};
+  optim::LossScalerConfig lsc = args.loss_scale;
+  lsc.dynamic = args.fp16;
+  optim::LossScaler scaler(lsc);
+  std::ofstream metrics;
+  if (root && !args.metrics_file.empty()) {
+    metrics.open(args.metrics_file, std::ios::trunc);
+    MZ_REQUIRE(metrics.good(), "--metrics-file: cannot write '", args.metrics_file, "'");
+  }
+  const double peak = args.peak_tflops > 0 ? args.peak_tflops : 0.18;  // 2 cores: 180 GFLOP/s fp32 GEMM
+  const double flops_per_iter = model.flops_per_token(args.model.recompute_activations) * static_cast<double>(global * S);
+
+  auto micro_batches = [&](std::int64_t it, Split split) {
+    std::vector<MicroBatch> mbs;
+    for (std::int64_t m = 0; m < accum; ++m) {
+      MicroBatch mb;
+      mb.step.seed = args.seed;
+      mb.step.iteration = static_cast<std::uint64_t>(it);
+      mb.step.micro_batch = args.micro_batch_size;
+      mb.step.seq = S;
+      mb.step.training = split == Split::Train;
+      mb.step.sample_offset = groups->dp_rank() * (global / dp) + m * args.micro_batch_size;
+      source->fill(split, it * global + mb.step.sample_offset, args.micro_batch_size, S, device, mb.ids, mb.targets);
+      mbs.push_back(std::move(mb));
+    }
+    return mbs;
+  };
+  auto evaluate = [&](std::int64_t at) {
+    double sum = 0;
+    for (std::int64_t e = 0; e < args.eval_iters; ++e)
+      for (auto& mb : micro_batches(at * 1000003 + e, Split::Valid)) sum += model.forward(mb.ids, mb.targets, mb.step);
+    Tensor l = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
+    l.data_as<double>()[0] = args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0;
+    groups->dp().all_reduce(l, ReduceOp::Avg).wait();
+    const double loss = l.data_as<double>()[0];
+    if (root) std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss, std::exp(loss));
+    return loss;
+  };
+
+  const auto t_start = Clock::now();
+  double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
+  std::int64_t skipped_total = 0;
+  for (std::int64_t it = 0; it < args.train_iters; ++it) {
+    const auto t0 = Clock::now();
+    auto mbs = micro_batches(it, Split::Train);
+    const double t_data = seconds_since(t0);
+    const auto t1 = Clock::now();
+    const StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it);
+    const double t_step = seconds_since(t1);
+    window_time += seconds_since(t0);
+    window_data += t_data;
+    window_step += t_step;
+    if (r.stats.skipped) ++skipped_total;
+    if (it == 0) first_loss = r.loss;
+    last_loss = r.loss;
+    MZ_REQUIRE(std::isfinite(r.loss) || args.fp16, "the loss is ", r.loss, " at iteration ", it + 1,
+               "; training stopped instead of continuing on garbage: lower --lr, raise --lr-warmup-iters or use "
+               "--clip-grad");
+    if ((it + 1) % args.log_interval == 0 || it + 1 == args.train_iters) {
+      const std::int64_t n = (it % args.log_interval) + 1;
+      const double per_iter = window_time / static_cast<double>(n);
+      const auto data_spread = spread(world, window_data / static_cast<double>(n));
+      const auto step_spread = spread(world, window_step / static_cast<double>(n));
+      const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
+      const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
+      const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
+      if (root) {
+        std::printf(
+            " iteration %8lld/%8lld | consumed samples %10lld | elapsed time per iteration (ms): %.1f | learning rate "
+            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f | number of skipped "
+            "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
+            "peak memory (max over ranks) %.1f MiB | ETA %.0f s\n",
+            static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
+            static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
+            r.loss_scale, r.stats.grad_norm, static_cast<long long>(skipped_total),
+            static_cast<long long>(std::isfinite(r.loss) ? 0 : 1), static_cast<double>(global * S) / per_iter, tflops,
+            100.0 * tflops / peak, peak_mib, eta);
+        std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward-backward-optimizer %.1f/%.1f (slowest: rank %d)\n",
+                    data_spread.min * 1e3, data_spread.max * 1e3, step_spread.min * 1e3, step_spread.max * 1e3,
+                    step_spread.slowest);
+        std::fflush(stdout);
+        if (metrics.is_open())
+          metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
+                  << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
+                  << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << skipped_total
+                  << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": "
+                  << static_cast<double>(global * S) / per_iter << ", \"tflops_per_rank\": " << tflops
+                  << ", \"mfu\": " << tflops / peak << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0
+                  << ", \"slowest_rank\": " << step_spread.slowest << "}\n"
+                  << std::flush;
+      }
+      window_time = window_data = window_step = 0;
+    }
+    if (args.eval_interval > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) evaluate(it + 1);
+  }
+  const double valid = evaluate(args.train_iters);
+  if (root)
+    std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, validation loss %.4f\n",
+                static_cast<long long>(args.train_iters), seconds_since(t_start), first_loss, last_loss, valid);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_main("pretrain_gpt", argc, argv, run); }

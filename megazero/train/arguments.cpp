@@ -1,0 +1,191 @@
+#include "megazero/train/arguments.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include <boost/program_options.hpp>
+
+#include "megazero/core/error.h"
+
+namespace po = boost::program_options;
+
+namespace megazero::train {
+namespace {
+
+// Registers each flag once: its Program_options entry (in a --help group) and
+// a printer for the resolved configuration.
+class OptionTable {
+ public:
+  po::options_description& group(const std::string& title) {
+    auto it = groups_.find(title);
+    if (it == groups_.end()) {
+      order_.push_back(title);
+      it = groups_.emplace(title, po::options_description(title)).first;
+    }
+    return it->second;
+  }
+  template <typename T>
+  void add(const std::string& g, const char* name, T* field, const char* help) {
+    group(g).add_options()(name, po::value<T>(field)->default_value(*field), help);
+    printers_.emplace_back(name, [field] {
+      std::ostringstream os;
+      os << *field;
+      return os.str();
+    });
+  }
+  void flag(const std::string& g, const char* name, bool* field, const char* help) {
+    group(g).add_options()(name, po::bool_switch(field), help);
+    printers_.emplace_back(name, [field] { return std::string(*field ? "true" : "false"); });
+  }
+  po::options_description all() const {
+    po::options_description d("pretrain_gpt options");
+    for (const auto& t : order_) d.add(groups_.at(t));
+    return d;
+  }
+  std::string print() const {
+    std::string out;
+    for (const auto& [name, fn] : printers_) out += name + " = " + fn() + "\n";
+    return out;
+  }
+
+ private:
+  std::map<std::string, po::options_description> groups_;
+  std::vector<std::string> order_;
+  std::vector<std::pair<std::string, std::function<std::string()>>> printers_;
+};
+
+void define(OptionTable& t, TrainArgs& a) {
+  const std::string M = "Model", P = "Parallelism", Z = "ZeRO", T = "Training", L = "Learning rate",
+                    X = "Mixed precision", D = "Data", G = "Logging and evaluation", C = "Checkpointing", O = "Other";
+  t.add(M, "num-layers", &a.model.num_layers, "transformer layers");
+  t.add(M, "hidden-size", &a.model.hidden_size, "hidden size");
+  t.add(M, "num-attention-heads", &a.model.num_attention_heads, "attention heads (divisible by TP)");
+  t.add(M, "ffn-hidden-size", &a.model.ffn_hidden_size, "MLP width; 0 = 4 x hidden");
+  t.add(M, "seq-length", &a.model.seq_length, "sequence length");
+  t.add(M, "max-position-embeddings", &a.model.max_position_embeddings, "position table size (>= seq length)");
+  t.add(M, "vocab-size", &a.model.vocab_size, "vocabulary (set from the tokenizer when data is used)");
+  t.add(M, "make-vocab-size-divisible-by", &a.model.make_vocab_size_divisible_by, "vocab padded to this x TP");
+  t.add(M, "hidden-dropout", &a.model.hidden_dropout, "dropout after attention and MLP");
+  t.add(M, "attention-dropout", &a.model.attention_dropout, "dropout on attention probabilities");
+  t.add(M, "init-method-std", &a.model.init_method_std, "init std (output layers scaled by 1/sqrt(2 layers))");
+  t.flag(M, "recompute-activations", &a.model.recompute_activations, "keep only each layer's input; recompute in backward");
+  t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
+  t.add(P, "ranks-per-node", &a.parallel.ranks_per_node, "0 = detect from MPI");
+  t.flag(P, "allow-tp-across-nodes", &a.parallel.allow_tp_across_nodes, "accept TP groups spanning nodes (slow)");
+  t.add(Z, "zero-stage", &a.zero.stage, "0 plain DP, 1 Pos, 2 Pos+g, 3 Pos+g+p");
+  t.add(Z, "reduce-bucket-size", &a.zero.reduce_bucket_size, "gradient bucket, elements (the paper's CB)");
+  t.add(Z, "overlap-comm", &a.zero.overlap_comm, "reduce buckets during backward (true/false)");
+  t.add(Z, "zero-config", &a.zero_config, "C1..C5 (ZeRO-R configurations; not yet available)");
+  t.add(T, "micro-batch-size", &a.micro_batch_size, "samples per rank per micro-batch");
+  t.add(T, "global-batch-size", &a.global_batch_size, "samples per iteration; 0 = micro x DP");
+  t.add(T, "train-iters", &a.train_iters, "iterations to train");
+  t.add(T, "clip-grad", &a.clip_grad, "global gradient-norm clip; 0 = off");
+  t.add(T, "weight-decay", &a.adam.weight_decay, "AdamW decoupled weight decay");
+  t.add(T, "adam-beta1", &a.adam.beta1, "Adam beta1");
+  t.add(T, "adam-beta2", &a.adam.beta2, "Adam beta2");
+  t.add(T, "adam-eps", &a.adam.eps, "Adam epsilon");
+  t.add(T, "seed", &a.seed, "seed of initialisation, dropout and data order");
+  t.add(L, "lr", &a.lr.max_lr, "peak learning rate");
+  t.add(L, "min-lr", &a.lr.min_lr, "learning rate after decay");
+  t.add(L, "lr-warmup-iters", &a.lr.warmup_iters, "linear warmup iterations");
+  t.add(L, "lr-decay-iters", &a.lr.decay_iters, "iteration at which min-lr is reached; 0 = train-iters");
+  t.add(L, "lr-decay-style", &a.lr.style, "cosine, linear or constant");
+  t.flag(X, "fp16", &a.fp16, "fp16 params/grads, fp32 master, dynamic loss scaling");
+  t.flag(X, "bf16", &a.bf16, "bf16 params/grads, fp32 master");
+  t.add(X, "initial-loss-scale", &a.loss_scale.initial_scale, "fp16 initial loss scale (Megatron: 2^32)");
+  t.add(X, "loss-scale-window", &a.loss_scale.window, "good steps before the scale grows");
+  t.add(X, "hysteresis", &a.loss_scale.hysteresis, "overflows tolerated before the scale backs off");
+  t.add(X, "min-loss-scale", &a.loss_scale.min_scale, "floor of the loss scale");
+  t.add(D, "data-path", &a.data_path, "prefix of a .bin/.idx dataset (tools/preprocess_data)");
+  t.add(D, "split", &a.split, "train,valid,test weights, e.g. 969,30,1");
+  t.flag(D, "mock-data", &a.mock_data, "synthetic tokens (benchmarks), no dataset");
+  t.add(D, "vocab-file", &a.vocab_file, "GPT-2 encoder.json (for reports; data is pre-tokenized)");
+  t.add(D, "merge-file", &a.merge_file, "GPT-2 vocab.bpe");
+  t.add(G, "log-interval", &a.log_interval, "iterations between log lines");
+  t.add(G, "eval-interval", &a.eval_interval, "iterations between validation runs; 0 = only at the end");
+  t.add(G, "eval-iters", &a.eval_iters, "validation micro-batches per evaluation");
+  t.add(G, "metrics-file", &a.metrics_file, "JSON-lines metrics, one record per logged iteration");
+  t.add(G, "peak-tflops", &a.peak_tflops, "peak TFLOP/s per rank for MFU; 0 = device default");
+  t.add(C, "save", &a.save, "checkpoint directory (not yet available)");
+  t.add(C, "load", &a.load, "checkpoint to resume from (not yet available)");
+  t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints (not yet available)");
+  t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
+      "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
+      "help,h", po::bool_switch(&a.help), "print this help");
+}
+
+}  // namespace
+
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
+  TrainArgs a;
+  OptionTable table;
+  define(table, a);
+  const auto desc = table.all();
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    if (vm.count("config")) {
+      const std::string file = vm["config"].as<std::string>();
+      std::ifstream in(file);
+      MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; pass an existing config file (see configs/)");
+      try {
+        po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);  // command line stored first wins
+      } catch (const po::error& e) {
+        throw ConfigError("--config " + file + ": " + e.what() + "; keys are the flag names without '--'");
+      }
+    }
+    po::notify(vm);
+  } catch (const po::error& e) {
+    throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
+  }
+  if (a.help && help_text) {
+    std::ostringstream os;
+    os << desc;
+    *help_text = os.str();
+  }
+  if (a.lr.decay_iters <= 1 && a.train_iters > 0) a.lr.decay_iters = a.train_iters;
+  return a;
+}
+
+void TrainArgs::validate() const {
+  model.validate(parallel.tensor_model_parallel_size > 0 ? parallel.tensor_model_parallel_size : 1);
+  zero.validate();
+  lr.validate();
+  MZ_REQUIRE(!(fp16 && bf16), "--fp16 and --bf16 conflict; choose one");
+  MZ_REQUIRE(train_iters > 0, "--train-iters must be positive, got ", train_iters);
+  MZ_REQUIRE(micro_batch_size > 0, "--micro-batch-size must be positive, got ", micro_batch_size);
+  MZ_REQUIRE(global_batch_size >= 0, "--global-batch-size must not be negative");
+  MZ_REQUIRE(clip_grad >= 0, "--clip-grad must not be negative");
+  MZ_REQUIRE(log_interval > 0, "--log-interval must be positive");
+  MZ_REQUIRE(eval_iters >= 0 && eval_interval >= 0, "--eval-interval and --eval-iters must not be negative");
+  MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
+                                                         : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
+                                                           "tools/preprocess_data) or --mock-data");
+  MZ_REQUIRE(save.empty() && load.empty() && save_interval == 0,
+             "--save/--load/--save-interval: checkpointing is not available in this version yet; remove the flags");
+  MZ_REQUIRE(zero_config.empty(), "--zero-config ", zero_config,
+             ": the ZeRO-R configurations C1..C5 are not available in this version yet; use --zero-stage");
+}
+
+void TrainArgs::validate_layout(int world_size) const {
+  const int tp = parallel.tensor_model_parallel_size;
+  MZ_REQUIRE(tp > 0 && world_size % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the world size ",
+             world_size);
+  const std::int64_t dp = world_size / tp;
+  const std::int64_t global = global_batch_size > 0 ? global_batch_size : micro_batch_size * dp;
+  MZ_REQUIRE(global % (micro_batch_size * dp) == 0, "--global-batch-size ", global,
+             " is not a multiple of --micro-batch-size ", micro_batch_size, " x data-parallel size ", dp,
+             " (= world ", world_size, " / TP ", tp, "): global batch = micro batch x accumulation steps x DP; use "
+             "a global batch of ", micro_batch_size * dp, " x k, or change --micro-batch-size");
+}
+
+std::string TrainArgs::to_config() const {
+  TrainArgs copy = *this;
+  OptionTable table;
+  define(table, copy);
+  return table.print();
+}
+
+}  // namespace megazero::train

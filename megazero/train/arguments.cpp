@@ -125,7 +125,12 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   const auto desc = table.all();
   po::variables_map vm;
   try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    // No prefix guessing: a misspelt flag (--num-layer) is an error, not an abbreviation.
+    po::store(po::command_line_parser(argc, argv)
+                  .options(desc)
+                  .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+                  .run(),
+              vm);
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
       std::ifstream in(file);

@@ -48,14 +48,21 @@ int run(int argc, char** argv) {
   std::string help;
   TrainArgs args = run_consistently(*world_comm, [&] {
     TrainArgs a = parse_train_args(argc, argv, &help);
+    MZ_REQUIRE(a.world_size == 0 || a.dry_run, "--world-size plans a virtual world and needs --dry-run");
     if (!a.help) {
       a.validate();
-      a.validate_layout(world_comm->size());
+      a.validate_layout(a.world_size > 0 ? a.world_size : world_comm->size());
     }
     return a;
   });
   if (args.help) {
     if (world_comm->rank() == 0) std::cout << help << std::flush;
+    return 0;
+  }
+  if (args.dry_run && args.world_size > 0) {  // a virtual world: validated above, nothing to build
+    if (world_comm->rank() == 0)
+      std::cout << "---- resolved configuration (virtual world of " << args.world_size << " ranks) ----\n"
+                << args.to_config() << std::flush;
     return 0;
   }
   auto groups = parallel_state::ProcessGroups::create(std::move(world_comm), args.parallel);

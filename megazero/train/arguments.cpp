@@ -113,6 +113,7 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints (not yet available)");
   t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
+      "world-size", po::value(&a.world_size), "with --dry-run: validate for a virtual world of N ranks")(
       "help,h", po::bool_switch(&a.help), "print this help");
 }
 
@@ -174,15 +175,15 @@ void TrainArgs::validate() const {
              ": the ZeRO-R configurations C1..C5 are not available in this version yet; use --zero-stage");
 }
 
-void TrainArgs::validate_layout(int world_size) const {
+void TrainArgs::validate_layout(int world) const {
   const int tp = parallel.tensor_model_parallel_size;
-  MZ_REQUIRE(tp > 0 && world_size % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the world size ",
-             world_size);
-  const std::int64_t dp = world_size / tp;
+  MZ_REQUIRE(tp > 0 && world % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the world size ",
+             world);
+  const std::int64_t dp = world / tp;
   const std::int64_t global = global_batch_size > 0 ? global_batch_size : micro_batch_size * dp;
   MZ_REQUIRE(global % (micro_batch_size * dp) == 0, "--global-batch-size ", global,
              " is not a multiple of --micro-batch-size ", micro_batch_size, " x data-parallel size ", dp,
-             " (= world ", world_size, " / TP ", tp, "): global batch = micro batch x accumulation steps x DP; use "
+             " (= world ", world, " / TP ", tp, "): global batch = micro batch x accumulation steps x DP; use "
              "a global batch of ", micro_batch_size * dp, " x k, or change --micro-batch-size");
 }
 

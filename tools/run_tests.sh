@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/install_deps.sh
 bash tools/build.sh
+# The bundled corpus and GPT-2's BPE files: the end-to-end training test and
+# the tokenizer-vs-reference test use them.
+bash tools/setup_data.sh
 cd "${BUILD_DIR:-build}"
 # Multi-rank tests oversubscribe the cores and are marked RUN_SERIAL.
 ctest --output-on-failure --timeout 900 "$@"

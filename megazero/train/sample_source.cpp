@@ -1,6 +1,9 @@
 #include "megazero/train/sample_source.h"
 
+#include <algorithm>
+
 #include "megazero/core/error.h"
+#include "megazero/data/gpt_dataset.h"
 
 namespace megazero::train {
 namespace {
@@ -34,12 +37,55 @@ class MockSource final : public SampleSource {
   std::int64_t vocab_;
 };
 
+// Megatron's indexed dataset, split by documents (--split), sampled in
+// seq_length + 1 token windows over a seeded document order.
+class DatasetSource final : public SampleSource {
+ public:
+  DatasetSource(const TrainArgs& args) : vocab_(args.model.vocab_size) {
+    data_ = data::IndexedDataset::open(args.data_path, "--data-path");
+    const auto ranges = data::split_documents(data::parse_split(args.split, "--split"), data_->num_documents());
+    const char* names[] = {"train", "valid", "test"};
+    for (int i = 0; i < 3; ++i)
+      if (ranges[static_cast<std::size_t>(i)].size() > 0)
+        splits_[i] = std::make_unique<data::GptDataset>(data_, args.model.seq_length, args.seed,
+                                                        ranges[static_cast<std::size_t>(i)], names[i]);
+    MZ_REQUIRE(splits_[0] && splits_[0]->samples_per_epoch() > 0, "--data-path ", args.data_path,
+               ": the training split holds too few tokens for one sample of --seq-length ", args.model.seq_length,
+               " + 1; use more data, a shorter --seq-length, or a larger training --split weight");
+  }
+  std::int64_t vocab_size() const override { return vocab_; }
+  std::string describe() const override {
+    std::string s = data_->prefix() + " (" + std::to_string(data_->num_documents()) + " documents";
+    const char* names[] = {"train", "valid", "test"};
+    for (int i = 0; i < 3; ++i)
+      if (splits_[i])
+        s += std::string(", ") + names[i] + " " + std::to_string(splits_[i]->samples_per_epoch()) + " samples/epoch";
+    return s + ")";
+  }
+  void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
+            Tensor& ids, Tensor& targets) override {
+    const auto& ds = splits_[static_cast<int>(split)] ? splits_[static_cast<int>(split)] : splits_[0];
+    ids = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
+    targets = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
+    std::vector<std::int64_t> tokens(static_cast<std::size_t>(S + 1));
+    for (std::int64_t b = 0; b < B; ++b) {
+      ds->sample(first + b, tokens);
+      std::copy(tokens.begin(), tokens.end() - 1, ids.data_as<std::int64_t>() + b * S);
+      std::copy(tokens.begin() + 1, tokens.end(), targets.data_as<std::int64_t>() + b * S);
+    }
+  }
+
+ private:
+  std::int64_t vocab_;
+  std::shared_ptr<const data::IndexedDataset> data_;
+  std::unique_ptr<data::GptDataset> splits_[3];
+};
+
 }  // namespace
 
 std::unique_ptr<SampleSource> make_sample_source(const TrainArgs& args) {
   if (args.mock_data) return std::make_unique<MockSource>(args.model.vocab_size);
-  throw ConfigError("--data-path " + args.data_path +
-                    ": reading indexed datasets is not wired into pretrain_gpt yet; use --mock-data");
+  return std::make_unique<DatasetSource>(args);
 }
 
 }  // namespace megazero::train

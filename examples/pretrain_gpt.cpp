@@ -128,6 +128,7 @@ int run(int argc, char** argv) {
 
   const auto t_start = Clock::now();
   double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
+  double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
   std::int64_t skipped_total = 0;
   for (std::int64_t it = 0; it < args.train_iters; ++it) {
     const auto t0 = Clock::now();
@@ -139,6 +140,10 @@ int run(int argc, char** argv) {
     window_time += seconds_since(t0);
     window_data += t_data;
     window_step += t_step;
+    window_fwd += r.forward_s;
+    window_bwd += r.backward_s;
+    window_opt += r.optimizer_s;
+    window_comm += r.exposed_comm_s;
     if (r.stats.skipped) ++skipped_total;
     if (it == 0) first_loss = r.loss;
     last_loss = r.loss;
@@ -150,6 +155,9 @@ int run(int argc, char** argv) {
       const double per_iter = window_time / static_cast<double>(n);
       const auto data_spread = spread(world, window_data / static_cast<double>(n));
       const auto step_spread = spread(world, window_step / static_cast<double>(n));
+      const double nd = static_cast<double>(n);
+      const auto fwd = spread(world, window_fwd / nd), bwd = spread(world, window_bwd / nd);
+      const auto optim_t = spread(world, window_opt / nd), comm = spread(world, window_comm / nd);
       const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
       const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
@@ -164,9 +172,11 @@ int run(int argc, char** argv) {
             r.loss_scale, r.stats.grad_norm, static_cast<long long>(skipped_total),
             static_cast<long long>(std::isfinite(r.loss) ? 0 : 1), static_cast<double>(global * S) / per_iter, tflops,
             100.0 * tflops / peak, peak_mib, eta);
-        std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward-backward-optimizer %.1f/%.1f (slowest: rank %d)\n",
-                    data_spread.min * 1e3, data_spread.max * 1e3, step_spread.min * 1e3, step_spread.max * 1e3,
-                    step_spread.slowest);
+        std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
+                    "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)\n",
+                    data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3,
+                    bwd.max * 1e3, optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3,
+                    step_spread.min * 1e3, step_spread.max * 1e3, step_spread.slowest);
         std::fflush(stdout);
         if (metrics.is_open())
           metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
@@ -175,10 +185,12 @@ int run(int argc, char** argv) {
                   << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": "
                   << static_cast<double>(global * S) / per_iter << ", \"tflops_per_rank\": " << tflops
                   << ", \"mfu\": " << tflops / peak << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0
+                  << ", \"forward_ms\": " << fwd.max * 1e3 << ", \"backward_ms\": " << bwd.max * 1e3
+                  << ", \"optimizer_ms\": " << optim_t.max * 1e3 << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3
                   << ", \"slowest_rank\": " << step_spread.slowest << "}\n"
                   << std::flush;
       }
-      window_time = window_data = window_step = 0;
+      window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;
     }
     if (args.eval_interval > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) evaluate(it + 1);
   }

@@ -1,5 +1,7 @@
 #include "megazero/train/train_step.h"
 
+#include <chrono>
+
 #include "megazero/core/error.h"
 
 namespace megazero::train {
@@ -14,14 +16,23 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.loss_scale = scaler.scale();
   const double per_micro = r.loss_scale / (static_cast<double>(micro_batches.size()) * dp.size());
   double local = 0;
+  using Clock = std::chrono::steady_clock;
+  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
+    auto t = Clock::now();
     local += model.forward(mb.ids, mb.targets, mb.step);
+    r.forward_s += since(t);
+    t = Clock::now();
     engine.begin_backward(i + 1 == micro_batches.size());
     model.backward(per_micro);
+    r.backward_s += since(t);
   }
   r.lr = opt.lr.at(iteration);
+  const auto t_opt = Clock::now();
   r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1);
+  r.optimizer_s = since(t_opt);
+  r.exposed_comm_s = engine.exposed_comm_seconds();
   scaler.update(r.stats.skipped);
   // The logged loss: mean over every micro-batch of every DP rank.
   Tensor l = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);

@@ -26,6 +26,9 @@ struct StepResult {
   double lr = 0;
   double loss_scale = 1;
   zero::StepStats stats;
+  // Seconds of this rank's step by phase; exposed_comm is the DP communication
+  // the rank waited for (inside backward and optimizer).
+  double forward_s = 0, backward_s = 0, optimizer_s = 0, exposed_comm_s = 0;
 };
 
 struct OptimizerSettings {

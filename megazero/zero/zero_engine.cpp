@@ -1,5 +1,6 @@
 #include "megazero/zero/zero_engine.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "megazero/core/error.h"
@@ -101,6 +102,12 @@ void ZeroEngine::bind_full(Tensor Parameter::*member, const Tensor& flat, Range 
   }
 }
 
+void ZeroEngine::timed_wait(Work& w) {
+  const auto t0 = std::chrono::steady_clock::now();
+  w.wait();
+  exposed_comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 // ---------------------------------------------------------------- init / publish
 void ZeroEngine::initialize(std::uint64_t seed) {
   std::vector<double> v(static_cast<std::size_t>(owned_.size()), 0.0);
@@ -119,7 +126,8 @@ void ZeroEngine::publish_params() {
   } else if (cfg_.stage <= 2) {
     Tensor mine = flat_slice(params_full_, part_);
     mine.copy_from(master_);
-    dp_.all_gather(mine, params_full_).wait();  // in place: each partition is already at its place
+    Work w = dp_.all_gather(mine, params_full_);  // in place: each partition is already at its place
+    timed_wait(w);
   } else {
     params_part_.copy_from(master_);
   }
@@ -128,6 +136,7 @@ void ZeroEngine::publish_params() {
 // ---------------------------------------------------------------- gradients
 void ZeroEngine::zero_grad() {
   flush();
+  exposed_comm_s_ = 0;
   if (grads_full_.defined()) grads_full_.zero_();
   if (grads_part_.defined()) grads_part_.zero_();
 }
@@ -221,7 +230,7 @@ void ZeroEngine::launch(std::size_t b) {
 void ZeroEngine::complete_oldest() {
   InFlight f = in_flight_.front();
   in_flight_.pop_front();
-  f.work.wait();
+  timed_wait(f.work);
   if (f.slot >= 0) {
     const Range bucket = buckets_[f.bucket];
     const Range mine = bucket.intersect(part_);
@@ -264,7 +273,7 @@ void ZeroEngine::gather(int group) {
   ++seq_pos_;
   if (!gathered_.count(group)) issue_gather(group);
   Gathered& e = gathered_[group];
-  e.work.wait();
+  timed_wait(e.work);
   if (!e.bound) {
     bind_full(&Parameter::value, e.buffer, layout_.group(group));
     e.bound = true;

@@ -77,6 +77,9 @@ class ZeroEngine final : public layers::ParamHooks {
   // This rank's partition of the reduced gradients (valid between the last
   // backward and step(); for diagnostics and fault-injection tests).
   Tensor partition_grads();
+  // Seconds this rank spent blocked on DP communication since zero_grad():
+  // the communication that backward and compute did not hide.
+  double exposed_comm_seconds() const { return exposed_comm_s_; }
   // Stage 3: peak bytes of gathered (full) parameters at any time.
   std::int64_t gathered_peak_bytes() const { return gathered_peak_; }
 
@@ -135,6 +138,8 @@ class ZeroEngine final : public layers::ParamHooks {
   bool recording_ = true;
   std::size_t seq_pos_ = 0;
   std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
+  double exposed_comm_s_ = 0;
+  void timed_wait(Work& w);
 };
 
 }  // namespace megazero::zero

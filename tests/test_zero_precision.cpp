@@ -29,11 +29,13 @@ const auto* const g_teardown = testing::AddGlobalTestEnvironment(new WorldTeardo
 
 }  // namespace
 
-TEST(ZeroPrecision, Bf16OnEveryLayoutAndStageTracksTheOneRankRun) {
+TEST(ZeroPrecision, Bf16AndFp16OnEveryLayoutAndStageTrackTheOneRankRun) {
   const int n = world().size();
   auto self = world().split(world().rank(), 0, "self");
+  for (DType dtype : {DType::BF16, DType::F16}) {
+  SCOPED_TRACE(dtype_name(dtype));
   ZeroRunSpec ref_spec;
-  ref_spec.dtype = DType::BF16;
+  ref_spec.dtype = dtype;
   ZeroRun ref(*self, ref_spec);
   const auto ref_losses = ref.train();
   for (int tp : {1, 2, 4})
@@ -50,7 +52,9 @@ TEST(ZeroPrecision, Bf16OnEveryLayoutAndStageTracksTheOneRankRun) {
       // differently, so allow a few bf16 ulps of the loss (~ln 97 = 4.6).
       for (std::size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref_losses[i], 0.03) << "step " << i;
       EXPECT_LT(losses.back(), losses.front()) << "training lowers the loss";
+      for (const auto& r : run.results) EXPECT_FALSE(r.stats.skipped) << "no overflow at loss scale 1024";
     }
+  }
 }
 
 TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {

@@ -55,7 +55,10 @@ std::vector<double> ZeroRun::train() {
   opt.lr.warmup_iters = 1;
   opt.lr.decay_iters = spec.steps;
   opt.clip_grad = 0.5;  // small enough to clip on some steps
-  optim::LossScaler scaler(optim::LossScalerConfig{});
+  optim::LossScalerConfig scaler_cfg;
+  scaler_cfg.dynamic = spec.dtype == DType::F16;  // fp16 needs loss scaling; bf16/fp32 do not
+  scaler_cfg.initial_scale = 1024;
+  optim::LossScaler scaler(scaler_cfg);
   std::vector<double> losses;
   for (int it = 0; it < spec.steps; ++it) {
     std::vector<train::MicroBatch> mbs;

@@ -30,14 +30,14 @@ int run(int argc, char** argv) {
   cfg.vocab_size = 8192;
   std::int64_t micro_batch = 4, bucket = 1000000;
   int steps = 4, tp_size = 1, stage = 0;
-  bool bf16 = false;
+  bool bf16 = false, prefetch = true;
   po::options_description d("bench_zero");
   d.add_options()("zero-stage", po::value(&stage))("tensor-model-parallel-size", po::value(&tp_size))(
       "bf16", po::bool_switch(&bf16))("num-layers", po::value(&cfg.num_layers))(
       "hidden-size", po::value(&cfg.hidden_size))("num-attention-heads", po::value(&cfg.num_attention_heads))(
       "seq-length", po::value(&cfg.seq_length))("vocab-size", po::value(&cfg.vocab_size))(
       "micro-batch-size", po::value(&micro_batch))("steps", po::value(&steps))(
-      "reduce-bucket-size", po::value(&bucket));
+      "reduce-bucket-size", po::value(&bucket))("prefetch", po::value(&prefetch), "stage 3: prefetch the next group (true/false)");
   parse_command_line(argc, argv, d, "bench_zero");
   cfg.max_position_embeddings = cfg.seq_length;
   auto world = MpiCommunicator::world();
@@ -53,6 +53,7 @@ int run(int argc, char** argv) {
   zc.stage = stage;
   zc.param_dtype = dtype;
   zc.reduce_bucket_size = bucket;
+  zc.prefetch = prefetch;
   zero::ZeroEngine engine(params, *dp, *tp, dev, zc);
   engine.initialize(1);
   train::OptimizerSettings opt;

@@ -20,18 +20,7 @@ struct Ref {
   std::unique_ptr<ZeroRun> run;
 };
 
-// The world communicator, created on first use (tests may run filtered) and
-// destroyed before MPI_Finalize by the environment below.
-std::unique_ptr<MpiCommunicator> g_world_ptr;
-MpiCommunicator& world() {
-  if (!g_world_ptr) g_world_ptr = MpiCommunicator::world();
-  return *g_world_ptr;
-}
-class WorldTeardown : public testing::Environment {
- public:
-  void TearDown() override { g_world_ptr.reset(); }
-};
-const auto* const g_teardown = testing::AddGlobalTestEnvironment(new WorldTeardown);
+MpiCommunicator& world() { return test_world(); }
 
 Ref reference(const ZeroRunSpec& like) {
   auto self = world().split(world().rank(), 0, "self");

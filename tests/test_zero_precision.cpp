@@ -16,16 +16,7 @@ using MC = MemoryCategory;
 
 namespace {
 
-std::unique_ptr<MpiCommunicator> g_world_ptr;
-MpiCommunicator& world() {
-  if (!g_world_ptr) g_world_ptr = MpiCommunicator::world();
-  return *g_world_ptr;
-}
-class WorldTeardown : public testing::Environment {
- public:
-  void TearDown() override { g_world_ptr.reset(); }
-};
-const auto* const g_teardown = testing::AddGlobalTestEnvironment(new WorldTeardown);
+MpiCommunicator& world() { return test_world(); }
 
 }  // namespace
 

@@ -1,10 +1,26 @@
 #include "zero_harness.h"
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 
 #include "megazero/core/error.h"
 
 namespace megazero::testing_util {
+
+namespace {
+std::unique_ptr<MpiCommunicator> g_world;
+class WorldTeardown : public testing::Environment {
+ public:
+  void TearDown() override { g_world.reset(); }
+};
+const auto* const g_teardown = testing::AddGlobalTestEnvironment(new WorldTeardown);
+}  // namespace
+
+MpiCommunicator& test_world() {
+  if (!g_world) g_world = MpiCommunicator::world();
+  return *g_world;
+}
 
 layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden) {
   layers::GPTConfig c;

@@ -26,6 +26,10 @@ struct ZeroRunSpec {
 
 layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32);
 
+// The world communicator of a test binary: created on first use (tests may
+// run filtered), destroyed before MPI_Finalize by a GoogleTest environment.
+MpiCommunicator& test_world();
+
 class ZeroRun {
  public:
   // Collective over `world`; ranks beyond tp x dp must not call this. `self`

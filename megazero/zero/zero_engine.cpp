@@ -296,12 +296,18 @@ void ZeroEngine::release(int group) {
 }
 
 // ---------------------------------------------------------------- step
+// Reads the partition in place: a host copy of it (Psi/Nd doubles) every step
+// would cost more memory traffic than the sum itself.
 double ZeroEngine::sum_of_squares(const Tensor& grads) const {
-  const auto v = grads.to_double_vector();
+  MZ_CHECK(grads.device().kind() == DeviceKind::CPU && grads.is_contiguous(), "grad norm: no CUDA kernel yet");
+  const void* base = grads.data();
   double s = 0;
   for (const auto& [r, counted] : norm_segments_)
     if (counted)
-      for (std::int64_t i = r.begin; i < r.end; ++i) s += v[static_cast<std::size_t>(i)] * v[static_cast<std::size_t>(i)];
+      for (std::int64_t i = r.begin; i < r.end; ++i) {
+        const double g = load_as_double(base, grads.dtype(), static_cast<std::size_t>(i));
+        s += g * g;
+      }
   return s;
 }
 

@@ -52,6 +52,10 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.overlap_comm = s.overlap;
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
   engine->initialize(77);
+  optim::LossScalerConfig scaler_cfg;
+  scaler_cfg.dynamic = s.dtype == DType::F16;  // fp16 needs loss scaling; bf16/fp32 do not
+  scaler_cfg.initial_scale = 1024;
+  scaler = std::make_unique<optim::LossScaler>(scaler_cfg);
 }
 
 ZeroRun::~ZeroRun() {
@@ -59,7 +63,7 @@ ZeroRun::~ZeroRun() {
   model.reset();
 }
 
-std::vector<double> ZeroRun::train() {
+std::vector<double> ZeroRun::train(int first, int count) {
   const auto cfg = model->config();
   const std::int64_t S = cfg.seq_length, per_rank = spec.global_batch / spec.dp;
   // At large DP a rank may hold fewer samples than the requested micro-batch.
@@ -71,12 +75,9 @@ std::vector<double> ZeroRun::train() {
   opt.lr.warmup_iters = 1;
   opt.lr.decay_iters = spec.steps;
   opt.clip_grad = 0.5;  // small enough to clip on some steps
-  optim::LossScalerConfig scaler_cfg;
-  scaler_cfg.dynamic = spec.dtype == DType::F16;  // fp16 needs loss scaling; bf16/fp32 do not
-  scaler_cfg.initial_scale = 1024;
-  optim::LossScaler scaler(scaler_cfg);
   std::vector<double> losses;
-  for (int it = 0; it < spec.steps; ++it) {
+  const int last = count < 0 ? spec.steps : first + count;
+  for (int it = first; it < last; ++it) {
     std::vector<train::MicroBatch> mbs;
     for (std::int64_t m = 0; m < per_rank / spec.micro_batch; ++m) {
       train::MicroBatch mb;
@@ -97,7 +98,7 @@ std::vector<double> ZeroRun::train() {
       }
       mbs.push_back(std::move(mb));
     }
-    results.push_back(train::train_step(*model, *engine, *dp, mbs, opt, scaler, it));
+    results.push_back(train::train_step(*model, *engine, *dp, mbs, opt, *scaler, it));
     losses.push_back(results.back().loss);
   }
   return losses;

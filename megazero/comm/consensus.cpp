@@ -24,4 +24,15 @@ void agree_on_error(Communicator& comm, const std::string& local_error) {
   throw AgreedConfigError(message + " (reported by rank " + std::to_string(root) + ")");
 }
 
+std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
+  auto cpu = make_device(DeviceKind::CPU);
+  Tensor len = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::CommBuffers);
+  len.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(s.size());
+  comm.broadcast(len, root).wait();
+  Tensor text = Tensor::empty(cpu, {len.data_as<std::int64_t>()[0]}, DType::U8, MemoryCategory::CommBuffers);
+  if (comm.rank() == root && !s.empty()) std::memcpy(text.data(), s.data(), s.size());
+  comm.broadcast(text, root).wait();
+  return std::string(static_cast<const char*>(text.data()), static_cast<std::size_t>(text.numel()));
+}
+
 }  // namespace megazero

@@ -21,6 +21,9 @@ class AgreedConfigError : public ConfigError {
 // `local_error` empty means this rank is fine. Collective over `comm`.
 void agree_on_error(Communicator& comm, const std::string& local_error);
 
+// Root's string on every rank. Collective over `comm`.
+std::string broadcast_string(Communicator& comm, const std::string& s, int root = 0);
+
 // Runs fn; a ConfigError thrown on any rank is rethrown on all ranks.
 template <typename Fn>
 auto run_consistently(Communicator& comm, Fn&& fn) {

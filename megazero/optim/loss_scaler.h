@@ -25,6 +25,24 @@ class LossScaler {
   void update(bool overflow);
   std::int64_t skipped_steps() const { return skipped_; }
 
+  // Everything that evolves, for checkpoints (resume must be bit-exact).
+  struct State {
+    bool dynamic = false;
+    double scale = 1;
+    std::int64_t good_steps = 0, skipped = 0;
+    int hysteresis_left = 0;
+  };
+  State state() const { return {cfg_.dynamic, scale_, good_steps_, skipped_, hysteresis_left_}; }
+  // The scale continues only from a dynamic (fp16) run into a dynamic run; a
+  // bf16/fp32 checkpoint loaded with --fp16 starts from --initial-loss-scale.
+  void restore(const State& s) {
+    skipped_ = s.skipped;
+    if (!cfg_.dynamic || !s.dynamic) return;
+    scale_ = s.scale;
+    good_steps_ = s.good_steps;
+    hysteresis_left_ = s.hysteresis_left;
+  }
+
  private:
   LossScalerConfig cfg_;
   double scale_;

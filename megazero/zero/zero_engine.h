@@ -73,7 +73,17 @@ class ZeroEngine final : public layers::ParamHooks {
   const FlatLayout& layout() const { return layout_; }
   Range owned() const { return owned_; }        // where this rank keeps master + Adam
   Range partition() const { return part_; }      // this rank's DP partition
+  int dp_rank() const { return dp_.rank(); }
   const Tensor& master() const { return master_; }  // fp32, owned().size() elements
+  // The fp32 optimizer state of owned(): checkpoints read it to save and
+  // overwrite it to load, then call load_finished().
+  struct OwnedState {
+    Tensor master, exp_avg, exp_avg_sq;
+  };
+  OwnedState owned_state() { return {master_, exp_avg_, exp_avg_sq_}; }
+  // Recomputes the 16-bit parameters from freshly loaded master weights.
+  void load_finished() { publish_params(); }
+  const std::vector<layers::Parameter*>& parameters() const { return params_; }
   // This rank's partition of the reduced gradients (valid between the last
   // backward and step(); for diagnostics and fault-injection tests).
   Tensor partition_grads();

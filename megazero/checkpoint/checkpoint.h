@@ -1,0 +1,133 @@
+// Distributed checkpoints (format: docs/CHECKPOINTS.md).
+//
+// Save: every rank writes its own shard in parallel (its DP partition of its
+// TP shard's fp32 master weights and Adam moments; nothing is gathered to rank
+// 0) into a temporary directory; rank 0 then writes the manifest (global
+// shapes, splits, layout, resolved config, iteration, data position, loss
+// scaler, per-file sizes and XXH3 checksums), renames the directory into
+// place and only then updates `latest`. A crash at any moment leaves the
+// previous checkpoint and `latest` intact.
+//
+// Load: the newest checkpoint that is complete and whose every file matches
+// its checksum (verified in parallel, each file by one rank); unusable ones
+// are reported by name and skipped. Any layout loads any checkpoint: each rank
+// reshards what it owns from the saved global shapes (reshard.h), so TP, DP
+// and the ZeRO stage may all change between save and load.
+//
+// 16-bit parameters are not stored: they are the rounding of the fp32 master
+// weights, recomputed on load, exactly as after an optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "megazero/optim/loss_scaler.h"
+#include "megazero/zero/zero_engine.h"
+#include "parallel_state/process_groups.h"
+
+namespace megazero::checkpoint {
+
+// What, besides the optimizer state, a run needs to continue exactly. The RNG
+// needs no state: every random stream is counter-based (Philox), keyed on
+// (seed, iteration, layer, purpose) and the sample's global index.
+struct TrainState {
+  std::int64_t iteration = 0;         // completed iterations
+  std::int64_t consumed_samples = 0;  // the data position
+  std::uint64_t seed = 0;
+  optim::LossScaler::State loss_scaler;
+  std::string config;                 // the resolved configuration ("key = value" lines)
+};
+
+struct SaveOptions {
+  int keep = 0;  // keep this many newest checkpoints (0 = all)
+  // Fault injection for tests: this world rank dies (SIGKILL) with its shard
+  // half written. -1 = never. Set from MEGAZERO_TEST_KILL_IN_SAVE.
+  int kill_rank_midway = -1;
+};
+
+struct IoReport {
+  std::string path;                 // the checkpoint directory
+  double seconds = 0;               // this rank, wall
+  double max_seconds = 0;           // slowest rank
+  std::uint64_t rank_bytes = 0;     // this rank's shard (save) or bytes copied (load)
+  std::uint64_t total_bytes = 0;    // over all ranks
+};
+
+// Directory name of an iteration's checkpoint: iter_0000100.
+std::string iteration_dir_name(std::int64_t iteration);
+
+// Where this rank sits: the world (every rank takes part in save and load)
+// and its TP coordinate; the DP coordinate is the engine's.
+struct Placement {
+  Communicator* world = nullptr;
+  int tp_rank = 0, tp_size = 1;
+  static Placement of(parallel_state::ProcessGroups& g) { return {&g.world(), g.tp_rank(), g.tp_size()}; }
+};
+
+// Collective over where.world. Errors (a full disk, no permission) are
+// ConfigErrors raised on every rank together.
+IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::ZeroEngine& engine,
+                         const Placement& where, const SaveOptions& options = {});
+
+struct LoadResult {
+  bool loaded = false;          // false: no checkpoint in dir (a fresh start)
+  TrainState state;
+  IoReport io;
+  std::vector<std::string> rejected;  // "<dir>: <why>" for each unusable checkpoint skipped
+  int saved_tp = 0, saved_dp = 0, saved_stage = 0;
+};
+
+// Collective over where.world. Loads the newest usable checkpoint under
+// `dir` into the engine (master weights, Adam moments; 16-bit params
+// recomputed). A model that does not match the checkpoint (names, shapes) is a
+// ConfigError; so is a directory holding checkpoints none of which is usable.
+LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where);
+
+// ---- for tools and tests ----
+struct ParameterInfo {
+  std::string name;
+  std::vector<std::int64_t> global_shape;
+  int split_dim = -1;
+  std::int64_t padding_from_row = -1;
+};
+struct ShardFileInfo {
+  std::string name;
+  int tp_rank = 0, dp_rank = 0;
+  std::uint64_t bytes = 0, xxh3 = 0;
+};
+struct Manifest {
+  int version = 1;
+  TrainState state;
+  int tp = 1, dp = 1, stage = 0;
+  std::string params_dtype;
+  std::vector<ParameterInfo> parameters;
+  std::vector<ShardFileInfo> files;
+
+  std::string to_json() const;
+  // Throws ConfigError naming `path` for anything malformed.
+  static Manifest parse(const std::string& text, const std::string& path);
+};
+
+// Reads a checkpoint directory on one process, e.g. to consolidate it.
+// Verifies sizes and checksums of every file first.
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::string& checkpoint_dir);
+  ~CheckpointReader();
+  const Manifest& manifest() const { return manifest_; }
+  // The global tensor of a parameter's state ("master", "exp_avg",
+  // "exp_avg_sq") as fp32, row-major over its saved global shape.
+  std::vector<float> global_tensor(const std::string& param, const std::string& state);
+
+ private:
+  struct Impl;
+  Manifest manifest_;
+  Impl* impl_;
+};
+
+// The newest complete checkpoint directory under `dir` (by `latest`, else by
+// name), or "" if none. Does not verify checksums.
+std::string find_latest(const std::string& dir);
+
+}  // namespace megazero::checkpoint

@@ -219,7 +219,10 @@ void ZeroEngine::launch(std::size_t b) {
   } else if (cfg_.stage == 1) {
     w = dp_.reduce_scatter(flat_slice(grads_full_, bucket), flat_slice(grads_full_, mine), ReduceOp::Sum, counts);
   } else {
+    // The slot now belongs to this reduce-scatter until it completes; the
+    // next micro-batch stages the same bucket into a fresh slot.
     slot = slot_of_bucket_[b];
+    slot_of_bucket_[b] = -1;
     const Tensor s = slots_[static_cast<std::size_t>(slot)].narrow(0, 0, bucket.size());
     w = dp_.reduce_scatter(s, flat_slice(s, mine, bucket.begin), ReduceOp::Sum, counts);
   }
@@ -240,7 +243,6 @@ void ZeroEngine::complete_oldest() {
       kernels::axpy(1.0, flat_slice(s, mine, bucket.begin), dst);
     }
     slot_busy_[static_cast<std::size_t>(f.slot)] = false;
-    slot_of_bucket_[f.bucket] = -1;
   }
 }
 

@@ -8,8 +8,11 @@
 #include <fstream>
 #include <iostream>
 
-#include "megazero/train/sample_source.h"
+#include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/consensus.h"
+#include "megazero/comm/fault_tolerance.h"
+#include "megazero/train/sample_source.h"
+#include "megazero/train/stop_signals.h"
 #include "megazero/runtime/entry.h"
 #include "megazero/train/arguments.h"
 #include "megazero/train/train_step.h"
@@ -43,6 +46,29 @@ Spread spread(Communicator& world, double v) {
 
 double max_over(Communicator& world, double v) { return spread(world, v).max; }
 
+// Test fault injection: MEGAZERO_TEST_KILL_IN_SAVE=RANK[@ITERATION] makes that
+// world rank die with its shard half written (during the save of ITERATION, or
+// of any iteration); MEGAZERO_TEST_NAN_LOSS_AT=ITERATION reports a NaN loss
+// there, as a diverged run would.
+int kill_in_save_rank(std::int64_t iteration) {
+  const char* v = std::getenv("MEGAZERO_TEST_KILL_IN_SAVE");
+  if (!v) return -1;
+  const std::string s(v);
+  const auto at = s.find('@');
+  if (at != std::string::npos && std::stoll(s.substr(at + 1)) != iteration) return -1;
+  return std::stoi(s.substr(0, at));
+}
+std::int64_t nan_loss_at() {
+  const char* v = std::getenv("MEGAZERO_TEST_NAN_LOSS_AT");
+  return v ? std::stoll(v) : -1;
+}
+
+std::string mib_per_s(double bytes, double seconds) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.1f MiB/s", seconds > 0 ? bytes / 1048576.0 / seconds : 0.0);
+  return b;
+}
+
 int run(int argc, char** argv) {
   auto world_comm = MpiCommunicator::world();
   std::string help;
@@ -65,6 +91,10 @@ int run(int argc, char** argv) {
                 << args.to_config() << std::flush;
     return 0;
   }
+  set_collective_timeout(args.collective_timeout);
+  set_check_collectives_default(args.check_collectives);
+  world_comm->enable_collective_checking(args.check_collectives);
+  install_stop_signal_handlers();
   auto groups = parallel_state::ProcessGroups::create(std::move(world_comm), args.parallel);
   Communicator& world = groups->world();
   const bool root = world.rank() == 0;
@@ -91,6 +121,55 @@ int run(int argc, char** argv) {
   optim::LossScalerConfig lsc = args.loss_scale;
   lsc.dynamic = args.fp16;
   optim::LossScaler scaler(lsc);
+
+  // Resume: the newest good checkpoint under --load, in whatever layout it was saved.
+  const checkpoint::Placement placement = checkpoint::Placement::of(*groups);
+  std::int64_t start_iter = 0, consumed_at_start = 0;
+  if (!args.load.empty()) {
+    Activity activity("loading a checkpoint");
+    const auto res = checkpoint::load_checkpoint(args.load, engine, placement);
+    if (root)
+      for (const auto& r : res.rejected) std::printf(" WARNING: skipped unusable checkpoint %s\n", r.c_str());
+    if (res.loaded) {
+      start_iter = res.state.iteration;
+      consumed_at_start = res.state.consumed_samples;
+      scaler.restore(res.state.loss_scaler);
+      if (root) {
+        std::printf(" loaded checkpoint %s: iteration %lld, consumed samples %lld (saved at TP %d x DP %d, ZeRO stage "
+                    "%d) in %.2f s: %s per rank, %s total\n",
+                    res.io.path.c_str(), static_cast<long long>(start_iter), static_cast<long long>(consumed_at_start),
+                    res.saved_tp, res.saved_dp, res.saved_stage, res.io.max_seconds,
+                    mib_per_s(static_cast<double>(res.io.rank_bytes), res.io.seconds).c_str(),
+                    mib_per_s(static_cast<double>(res.io.total_bytes), res.io.max_seconds).c_str());
+        if (res.state.seed != args.seed)
+          std::printf(" WARNING: the checkpoint was trained with --seed %llu, this run uses %llu: data order and "
+                      "dropout change from here on\n",
+                      static_cast<unsigned long long>(res.state.seed), static_cast<unsigned long long>(args.seed));
+      }
+    } else if (root) {
+      std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
+    }
+    std::fflush(stdout);
+  }
+  auto save = [&](std::int64_t iteration) {
+    Activity activity("saving a checkpoint");
+    checkpoint::TrainState st;
+    st.iteration = iteration;
+    st.consumed_samples = consumed_at_start + (iteration - start_iter) * global;
+    st.seed = args.seed;
+    st.loss_scaler = scaler.state();
+    st.config = args.to_config();
+    checkpoint::SaveOptions so;
+    so.keep = args.keep_checkpoints;
+    so.kill_rank_midway = kill_in_save_rank(iteration);
+    const auto io = checkpoint::save_checkpoint(args.save, st, engine, placement, so);
+    if (root)
+      std::printf(" saved checkpoint %s in %.2f s: %.1f MiB, %s per rank, %s total\n", io.path.c_str(),
+                  io.max_seconds, static_cast<double>(io.total_bytes) / 1048576.0,
+                  mib_per_s(static_cast<double>(io.rank_bytes), io.seconds).c_str(),
+                  mib_per_s(static_cast<double>(io.total_bytes), io.max_seconds).c_str());
+    std::fflush(stdout);
+  };
   std::ofstream metrics;
   if (root && !args.metrics_file.empty()) {
     metrics.open(args.metrics_file, std::ios::trunc);
@@ -109,7 +188,11 @@ int run(int argc, char** argv) {
       mb.step.seq = S;
       mb.step.training = split == Split::Train;
       mb.step.sample_offset = groups->dp_rank() * (global / dp) + m * args.micro_batch_size;
-      source->fill(split, it * global + mb.step.sample_offset, args.micro_batch_size, S, device, mb.ids, mb.targets);
+      // Training reads from the data position (consumed samples), so a resumed
+      // run continues where the checkpoint left off.
+      const std::int64_t base =
+          split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
+      source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, device, mb.ids, mb.targets);
       mbs.push_back(std::move(mb));
     }
     return mbs;
@@ -129,29 +212,42 @@ int run(int argc, char** argv) {
   const auto t_start = Clock::now();
   double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
   double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
-  std::int64_t skipped_total = 0;
-  for (std::int64_t it = 0; it < args.train_iters; ++it) {
+  std::int64_t nan_total = 0, last_saved = -1, window_iters = 0;
+  const std::int64_t nan_at = nan_loss_at();
+  bool first = true;
+  for (std::int64_t it = start_iter; it < args.train_iters; ++it) {
+    set_activity_iteration(it + 1);
     const auto t0 = Clock::now();
     auto mbs = micro_batches(it, Split::Train);
     const double t_data = seconds_since(t0);
     const auto t1 = Clock::now();
-    const StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it);
+    StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it);
+    if (it + 1 == nan_at) r.loss = std::nan("");
     const double t_step = seconds_since(t1);
     window_time += seconds_since(t0);
+    ++window_iters;
     window_data += t_data;
     window_step += t_step;
     window_fwd += r.forward_s;
     window_bwd += r.backward_s;
     window_opt += r.optimizer_s;
     window_comm += r.exposed_comm_s;
-    if (r.stats.skipped) ++skipped_total;
-    if (it == 0) first_loss = r.loss;
+    if (first) first_loss = r.loss;
+    first = false;
     last_loss = r.loss;
-    MZ_REQUIRE(std::isfinite(r.loss) || args.fp16, "the loss is ", r.loss, " at iteration ", it + 1,
-               "; training stopped instead of continuing on garbage: lower --lr, raise --lr-warmup-iters or use "
-               "--clip-grad");
+    // The loss is the all-reduced mean: every rank takes the same branch. With
+    // fp16 a non-finite loss is an overflow the scaler already handled.
+    if (!std::isfinite(r.loss) && !args.fp16) {
+      ++nan_total;
+      if (args.on_nan_loss == "stop")
+        throw AgreedConfigError(detail::concat(
+            "the loss is ", r.loss, " at iteration ", it + 1,
+            "; training stopped instead of continuing on garbage (the step was not applied): lower --lr, raise "
+            "--lr-warmup-iters or use --clip-grad, resume from the last checkpoint with --load, or pass "
+            "--on-nan-loss skip to skip such iterations"));
+    }
     if ((it + 1) % args.log_interval == 0 || it + 1 == args.train_iters) {
-      const std::int64_t n = (it % args.log_interval) + 1;
+      const std::int64_t n = window_iters;
       const double per_iter = window_time / static_cast<double>(n);
       const auto data_spread = spread(world, window_data / static_cast<double>(n));
       const auto step_spread = spread(world, window_step / static_cast<double>(n));
@@ -169,8 +265,8 @@ int run(int argc, char** argv) {
             "peak memory (max over ranks) %.1f MiB | ETA %.0f s\n",
             static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
             static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
-            r.loss_scale, r.stats.grad_norm, static_cast<long long>(skipped_total),
-            static_cast<long long>(std::isfinite(r.loss) ? 0 : 1), static_cast<double>(global * S) / per_iter, tflops,
+            r.loss_scale, r.stats.grad_norm, static_cast<long long>(scaler.skipped_steps()),
+            static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops,
             100.0 * tflops / peak, peak_mib, eta);
         std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
                     "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)\n",
@@ -181,7 +277,8 @@ int run(int argc, char** argv) {
         if (metrics.is_open())
           metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
                   << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
-                  << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << skipped_total
+                  << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << scaler.skipped_steps()
+                  << ", \"nan_iterations\": " << nan_total
                   << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": "
                   << static_cast<double>(global * S) / per_iter << ", \"tflops_per_rank\": " << tflops
                   << ", \"mfu\": " << tflops / peak << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0
@@ -191,13 +288,34 @@ int run(int argc, char** argv) {
                   << std::flush;
       }
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;
+      window_iters = 0;
     }
-    if (args.eval_interval > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) evaluate(it + 1);
+    if (args.eval_interval > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) {
+      Activity activity("evaluation");
+      evaluate(it + 1);
+    }
+    if (!args.save.empty() && args.save_interval > 0 && (it + 1) % args.save_interval == 0) {
+      save(it + 1);
+      last_saved = it + 1;
+    }
+    if (stop_requested_anywhere(world)) {
+      if (!args.save.empty() && last_saved != it + 1) save(it + 1);
+      if (root)
+        std::printf("stopping after iteration %lld on a stop signal (SIGTERM/SIGUSR1)%s; exit code %d\n",
+                    static_cast<long long>(it + 1),
+                    args.save.empty() ? " without a checkpoint (no --save)" : ", checkpoint saved", kExitStoppedBySignal);
+      std::fflush(stdout);
+      return kExitStoppedBySignal;
+    }
   }
+  set_activity_iteration(-1);
+  if (!args.save.empty() && last_saved != args.train_iters && start_iter < args.train_iters) save(args.train_iters);
+  set_activity("final evaluation");
   const double valid = evaluate(args.train_iters);
   if (root)
     std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, validation loss %.4f\n",
-                static_cast<long long>(args.train_iters), seconds_since(t_start), first_loss, last_loss, valid);
+                static_cast<long long>(args.train_iters - start_iter), seconds_since(t_start), first_loss, last_loss,
+                valid);
   return 0;
 }
 

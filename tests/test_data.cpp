@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "megazero/core/error.h"
+#include "megazero/data/blend.h"
 #include "megazero/data/gpt2_tokenizer.h"
 #include "megazero/data/gpt_dataset.h"
 #include "megazero/data/indexed_dataset.h"
@@ -333,6 +334,45 @@ TEST(GptDataset, TooSmallSplitNamesTheFix) {
 }
 
 // ------------------------------------------------------------ tokenizers
+
+// Blending: every block holds each dataset's rounded share, each dataset is
+// read in order 0, 1, 2, ... with no gap or repeat, and the mix is even (no
+// dataset waits long for its turn) — as a pure function of the index.
+TEST(Blend, ExactSharesInOrderEvenlySpread) {
+  const std::vector<std::vector<double>> cases = {{0.3, 0.7}, {1, 1, 1}, {0.05, 0.25, 0.7}, {5, 1}};
+  for (const auto& w : cases) {
+    const data::BlendSchedule b(w, 1000);
+    double total = 0;
+    for (double x : w) total += x;
+    std::vector<std::int64_t> next(w.size(), 0), last_seen(w.size(), -1), max_gap(w.size(), 0);
+    const std::int64_t n = 5 * b.block_size() + 123;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto p = b.pick(i);
+      ASSERT_GE(p.dataset, 0);
+      const auto d = static_cast<std::size_t>(p.dataset);
+      ASSERT_EQ(p.index, next[d]) << "dataset " << d << " at sample " << i;
+      ++next[d];
+      max_gap[d] = std::max(max_gap[d], i - last_seen[d]);
+      last_seen[d] = i;
+    }
+    for (std::size_t d = 0; d < w.size(); ++d) {
+      EXPECT_NEAR(static_cast<double>(b.slots_per_block(d)), 1000 * w[d] / total, 1.0);
+      // Greedy deficit spreading: never more than ~1/share between visits.
+      EXPECT_LE(max_gap[d], static_cast<std::int64_t>(std::ceil(total / w[d])) + 1) << "dataset " << d;
+    }
+  }
+  EXPECT_THROW(data::BlendSchedule({0.5, -1}), ConfigError);
+  EXPECT_THROW(data::BlendSchedule({1, 1e-9}, 100), ConfigError);
+  std::vector<double> w;
+  std::vector<std::string> p;
+  data::parse_blend({"0.3", "a", "0.7", "b"}, w, p);
+  EXPECT_EQ(p, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(w, (std::vector<double>{0.3, 0.7}));
+  data::parse_blend({"only"}, w, p);
+  EXPECT_EQ(p, (std::vector<std::string>{"only"}));
+  EXPECT_THROW(data::parse_blend({"a", "0.3", "b"}, w, p), ConfigError);
+  EXPECT_THROW(data::parse_blend({"a", "b"}, w, p), ConfigError);
+}
 
 TEST(JsonLite, StringsAndSkippedValues) {
   std::string s;

@@ -3,6 +3,9 @@
 #include <numeric>
 #include <sstream>
 
+#include "megazero/comm/collective_check.h"
+#include "megazero/comm/fault_tolerance.h"
+#include "megazero/comm/watchdog.h"
 #include "megazero/core/error.h"
 
 namespace megazero {
@@ -46,16 +49,90 @@ bool CollectiveRecord::same_collective(const CollectiveRecord& o) const {
          peer == o.peer;
 }
 
-std::uint64_t Communicator::record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer) {
+Communicator::Communicator(int rank, int size, std::string name)
+    : rank_(rank), size_(size), name_(std::move(name)), checking_(check_collectives_default()),
+      watch_(detail::make_watch(name_)) {}
+
+Communicator::~Communicator() { detail::unregister_watch(watch_); }
+
+std::shared_ptr<Device> Communicator::scratch_device() const { return make_device(DeviceKind::CPU); }
+
+std::uint64_t Communicator::operations_in_flight() const { return watch_->in_flight(); }
+
+void Communicator::watch_done(std::uint64_t ticket) noexcept {
+  if (ticket != 0) watch_->done(ticket);
+}
+
+std::uint64_t Communicator::watch_split() {
+  detail::WatchedOp op;
+  op.kind = detail::WatchedOp::Kind::Split;
+  return watch_->issue(op);
+}
+
+std::uint64_t Communicator::record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer,
+                                   std::uint64_t counts_hash) {
   const bool p2p = type == CollectiveType::Send || type == CollectiveType::Recv;
-  CollectiveRecord r{name_, type, op, dtype, count, p2p ? 0 : ++seq_, peer};
+  CollectiveRecord r{name_, type, op, dtype, count, p2p ? 0 : seq_ + 1, peer};
+  // Before anything is counted: a divergence throws with this rank unchanged.
+  if (checking_ && !p2p) exchange_fingerprints(r, counts_hash);
+  if (!p2p) ++seq_;
   auto& c = stats_.by_type[static_cast<std::size_t>(type)];
   ++c.calls;
   c.elements += count;
   c.bytes += count * static_cast<std::int64_t>(dtype_size(dtype));
   if (hook_) hook_(r);
   if (keep_records_) records_.push_back(r);
+  issuing_ticket_ = p2p ? 0 : watch_->issue({detail::WatchedOp::Kind::Collective, type, op, dtype, count, r.seq});
   return r.seq;
+}
+
+template <typename Launch>
+Work Communicator::launch(std::uint64_t seq, Launch&& do_op) {
+  const auto ticket = issuing_ticket_;
+  std::shared_ptr<WorkImpl> impl;
+  try {
+    impl = do_op();
+  } catch (...) {
+    // Not issued after all: the error, not the watchdog, reports it.
+    issuing_ticket_ = 0;
+    watch_done(ticket);
+    throw;
+  }
+  issuing_ticket_ = 0;
+  if (!impl) watch_done(ticket);
+  return Work(std::move(impl), seq);
+}
+
+void Communicator::exchange_fingerprints(const CollectiveRecord& r, std::uint64_t counts_hash) {
+  constexpr auto words = static_cast<std::int64_t>(detail::kFingerprintWords);
+  if (!check_send_.defined()) {
+    auto dev = scratch_device();
+    check_send_ = Tensor::empty(dev, {words}, DType::I64, MemoryCategory::Other, "check-collectives send");
+    check_recv_ = Tensor::empty(dev, {words * size_}, DType::I64, MemoryCategory::Other, "check-collectives recv");
+  }
+  const auto mine = detail::make_fingerprint(r, counts_hash);
+  check_send_.device().copy_from_host(check_send_.data(), mine.data(), check_send_.nbytes());
+  issuing_ticket_ =
+      watch_->issue({detail::WatchedOp::Kind::FingerprintExchange, r.type, r.op, r.dtype, r.count, r.seq});
+  // The backend directly: the exchange is not itself recorded, counted or checked.
+  const std::vector<std::int64_t> counts(static_cast<std::size_t>(size_), words);
+  launch(0, [&] { return do_all_gather(check_send_, check_recv_, counts); }).wait();
+  std::vector<std::int64_t> all(static_cast<std::size_t>(words * size_));
+  check_recv_.device().copy_to_host(all.data(), check_recv_.data(), check_recv_.nbytes());
+  ++fingerprints_checked_;
+  const std::string mismatch = detail::compare_fingerprints(all, size_, name_);
+  if (!mismatch.empty()) throw CollectiveMismatchError(mismatch);
+}
+
+std::unique_ptr<Communicator> Communicator::split(int color, int key, const std::string& name) {
+  issuing_ticket_ = watch_split();
+  std::unique_ptr<Communicator> child;
+  launch(0, [&]() -> std::shared_ptr<WorkImpl> {
+    child = do_split(color, key, name);
+    return nullptr;
+  });
+  if (checking_) child->checking_ = true;
+  return child;
 }
 
 void Communicator::check_tensor(const Tensor& t, const char* what) const {
@@ -81,7 +158,7 @@ std::vector<std::int64_t> Communicator::resolve_counts(std::vector<std::int64_t>
 Work Communicator::all_reduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
   const auto seq = record(CollectiveType::AllReduce, op, t.dtype(), t.numel(), -1);
-  return Work(do_all_reduce(t, op), seq);
+  return launch(seq, [&] { return do_all_reduce(t, op); });
 }
 
 Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op, std::vector<std::int64_t> counts) {
@@ -92,8 +169,9 @@ Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, Red
   const auto total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   MZ_CHECK(total == input.numel(), name_, ": reduce_scatter input has ", input.numel(), " elements, counts sum to ",
            total);
-  const auto seq = record(CollectiveType::ReduceScatter, op, input.dtype(), input.numel(), -1);
-  return Work(do_reduce_scatter(input, output, op, counts), seq);
+  const auto seq =
+      record(CollectiveType::ReduceScatter, op, input.dtype(), input.numel(), -1, detail::hash_counts(counts));
+  return launch(seq, [&] { return do_reduce_scatter(input, output, op, counts); });
 }
 
 Work Communicator::all_gather(const Tensor& input, const Tensor& output, std::vector<std::int64_t> counts) {
@@ -104,27 +182,28 @@ Work Communicator::all_gather(const Tensor& input, const Tensor& output, std::ve
   const auto total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   MZ_CHECK(total == output.numel(), name_, ": all_gather output has ", output.numel(), " elements, counts sum to ",
            total);
-  const auto seq = record(CollectiveType::AllGather, ReduceOp::Sum, input.dtype(), output.numel(), -1);
-  return Work(do_all_gather(input, output, counts), seq);
+  const auto seq = record(CollectiveType::AllGather, ReduceOp::Sum, input.dtype(), output.numel(), -1,
+                          detail::hash_counts(counts));
+  return launch(seq, [&] { return do_all_gather(input, output, counts); });
 }
 
 Work Communicator::broadcast(const Tensor& t, int root) {
   check_tensor(t, "broadcast");
   check_peer(root, "broadcast");
   const auto seq = record(CollectiveType::Broadcast, ReduceOp::Sum, t.dtype(), t.numel(), root);
-  return Work(do_broadcast(t, root), seq);
+  return launch(seq, [&] { return do_broadcast(t, root); });
 }
 
 Work Communicator::reduce(const Tensor& t, int root, ReduceOp op) {
   check_tensor(t, "reduce");
   check_peer(root, "reduce");
   const auto seq = record(CollectiveType::Reduce, op, t.dtype(), t.numel(), root);
-  return Work(do_reduce(t, root, op), seq);
+  return launch(seq, [&] { return do_reduce(t, root, op); });
 }
 
 Work Communicator::barrier() {
   const auto seq = record(CollectiveType::Barrier, ReduceOp::Sum, DType::F32, 0, -1);
-  return Work(do_barrier(), seq);
+  return launch(seq, [&] { return do_barrier(); });
 }
 
 Work Communicator::send(const Tensor& t, int peer, int tag) {
@@ -132,7 +211,7 @@ Work Communicator::send(const Tensor& t, int peer, int tag) {
   check_peer(peer, "send");
   MZ_CHECK(peer != rank_, name_, ": send to self");
   record(CollectiveType::Send, ReduceOp::Sum, t.dtype(), t.numel(), peer);
-  return Work(do_send(t, peer, tag), 0);
+  return launch(0, [&] { return do_send(t, peer, tag); });
 }
 
 Work Communicator::recv(const Tensor& t, int peer, int tag) {
@@ -140,7 +219,7 @@ Work Communicator::recv(const Tensor& t, int peer, int tag) {
   check_peer(peer, "recv");
   MZ_CHECK(peer != rank_, name_, ": recv from self");
   record(CollectiveType::Recv, ReduceOp::Sum, t.dtype(), t.numel(), peer);
-  return Work(do_recv(t, peer, tag), 0);
+  return launch(0, [&] { return do_recv(t, peer, tag); });
 }
 
 }  // namespace megazero

@@ -5,9 +5,15 @@
 // Contract (as with NCCL and MPI): every rank of a communicator issues the
 // same collectives, with the same counts and dtypes, in the same order. Each
 // collective gets a sequence number and a fingerprint (group, op, dtype, count,
-// seq) that can be recorded, so a debug mode can cross-check ranks.
+// seq) that can be recorded, and that the --check-collectives mode exchanges
+// and compares across ranks before each collective (collective_check.cpp).
 // Operations on one communicator execute in issue order; operations on
 // different communicators may run concurrently.
+//
+// Hangs: every collective and split is watched from issue to completion by the
+// process-wide collective watchdog (watchdog.h, switched on by
+// set_collective_timeout in fault_tolerance.h). Backends report completion
+// through watch_ticket()/watch_done().
 #pragma once
 
 #include <array>
@@ -22,6 +28,10 @@
 #include "megazero/core/tensor.h"
 
 namespace megazero {
+
+namespace detail {
+class CollectiveWatch;
+}
 
 enum class ReduceOp : std::uint8_t { Sum, Avg, Max };
 std::string_view reduce_op_name(ReduceOp op);
@@ -60,7 +70,7 @@ struct CommStats {
 
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  virtual ~Communicator();
   Communicator(const Communicator&) = delete;
   Communicator& operator=(const Communicator&) = delete;
 
@@ -87,22 +97,54 @@ class Communicator {
   Work recv(const Tensor& t, int peer, int tag = 0);
 
   // New communicator of the ranks that pass the same color, ordered by key.
-  // Collective over this communicator.
-  virtual std::unique_ptr<Communicator> split(int color, int key, const std::string& name) = 0;
+  // Collective over this communicator. The child checks collectives if this
+  // communicator or the process-wide default does.
+  std::unique_ptr<Communicator> split(int color, int key, const std::string& name);
 
   // ---- observability ----
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = CommStats{}; }
   std::uint64_t collectives_issued() const { return seq_; }
   // Called on the issuing thread with each collective's record before it is
-  // launched (the --check-collectives mode and tests hook in here).
+  // launched (tests and tools hook in here).
   void set_record_hook(std::function<void(const CollectiveRecord&)> hook) { hook_ = std::move(hook); }
   // Keeps the records in memory (tests, debugging).
   void set_keep_records(bool keep) { keep_records_ = keep; }
   const std::vector<CollectiveRecord>& records() const { return records_; }
 
+  // ---- faults (fault_tolerance.h) ----
+  // --check-collectives on this communicator: before each collective (not
+  // send/recv) the ranks all-gather their fingerprints and every rank throws
+  // CollectiveMismatchError at the first divergence, before anything
+  // mismatched reaches the backend. Call on every rank alike. Starts as
+  // check_collectives_default(). The exchanges count in neither stats() nor
+  // the sequence numbers.
+  void enable_collective_checking(bool on) { checking_ = on; }
+  bool collective_checking() const { return checking_; }
+  std::uint64_t fingerprints_checked() const { return fingerprints_checked_; }
+  // Issued operations (collectives, exchanges, splits) not yet completed.
+  std::uint64_t operations_in_flight() const;
+
  protected:
-  Communicator(int rank, int size, std::string name) : rank_(rank), size_(size), name_(std::move(name)) {}
+  Communicator(int rank, int size, std::string name);
+
+  virtual std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) = 0;
+  // Where the --check-collectives exchange buffers live (the backend's
+  // collectives must accept tensors there). CPU unless overridden.
+  virtual std::shared_ptr<Device> scratch_device() const;
+
+  // Watchdog bookkeeping for backends. Inside do_* (and do_split) the ticket
+  // of the operation being issued, 0 for send/recv. The backend calls
+  // watch_done(ticket) once it has completed (any thread), before its Work's
+  // wait() returns; an operation whose do_* returns nullptr is marked done by
+  // the base class. Done(t) also means every earlier ticket is done: a backend
+  // must complete one communicator's operations in issue order.
+  std::uint64_t watch_ticket() const { return issuing_ticket_; }
+  void watch_done(std::uint64_t ticket) noexcept;
+  // For completion callbacks that may outlive this object (CUDA host functions).
+  const std::shared_ptr<detail::CollectiveWatch>& watch() const { return watch_; }
+  // Watches a backend-specific split-like operation: returns its ticket.
+  std::uint64_t watch_split();
 
   // Backends implement these; arguments are already validated and recorded.
   // nullptr means "already complete".
@@ -117,7 +159,15 @@ class Communicator {
   virtual std::shared_ptr<WorkImpl> do_recv(const Tensor& t, int peer, int tag) = 0;
 
  private:
-  std::uint64_t record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer);
+  // Checks (in --check-collectives mode), records and watches a collective
+  // about to be issued; returns its seq (0 for p2p). counts_hash covers the
+  // per-rank counts of uneven reduce-scatter/all-gather.
+  std::uint64_t record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer,
+                       std::uint64_t counts_hash = 0);
+  // Runs the backend call of the operation just recorded, keeping the watch right.
+  template <typename Launch>
+  Work launch(std::uint64_t seq, Launch&& do_op);
+  void exchange_fingerprints(const CollectiveRecord& r, std::uint64_t counts_hash);
   std::vector<std::int64_t> resolve_counts(std::vector<std::int64_t> counts, std::int64_t chunk,
                                            const char* what) const;
   void check_tensor(const Tensor& t, const char* what) const;
@@ -130,6 +180,11 @@ class Communicator {
   std::function<void(const CollectiveRecord&)> hook_;
   bool keep_records_ = false;
   std::vector<CollectiveRecord> records_;
+  bool checking_ = false;
+  std::uint64_t fingerprints_checked_ = 0;
+  Tensor check_send_, check_recv_;  // made on first use
+  std::shared_ptr<detail::CollectiveWatch> watch_;
+  std::uint64_t issuing_ticket_ = 0;
 };
 
 }  // namespace megazero

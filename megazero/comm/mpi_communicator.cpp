@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_dtypes.h"
 #include "megazero/core/error.h"
 
@@ -161,7 +162,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 void MpiCommunicator::worker_loop() {
   for (;;) {
-    std::pair<std::function<void()>, std::shared_ptr<ThreadWork>> task;
+    Task task;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -170,8 +171,10 @@ void MpiCommunicator::worker_loop() {
       queue_.pop_front();
     }
     try {
-      task.first();
-      task.second->finish();
+      task.fn();
+      // Before finish(): once wait() returns, the watchdog no longer sees it.
+      watch_done(task.ticket);
+      task.work->finish();
     } catch (const std::exception& e) {
       // A collective that failed on this rank leaves its peers waiting inside
       // it: nothing can recover the group, and waiting would hang the job.
@@ -179,16 +182,16 @@ void MpiCommunicator::worker_loop() {
       std::fprintf(stderr, "megazero: collective failed on rank %d (host %s), communicator '%s': %s; aborting the job\n",
                    rank(), host_name().c_str(), name().c_str(), e.what());
       std::fflush(stderr);
-      MPI_Abort(MPI_COMM_WORLD, kExitInternalError);
+      abort_world(kExitInternalError);
     }
   }
 }
 
-std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn) {
+std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn, std::uint64_t ticket) {
   auto work = std::make_shared<ThreadWork>();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.emplace_back(std::move(fn), work);
+    queue_.push_back(Task{std::move(fn), work, ticket});
   }
   cv_.notify_one();
   return work;
@@ -202,7 +205,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, Reduce
                "MPI_Allreduce", name());
     if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
     h.copy_out();
-  });
+  }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
@@ -227,7 +230,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
     }
     if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
     if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
-  });
+  }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
@@ -261,7 +264,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
                  name());
     }
     out.copy_out();
-  });
+  }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int root) {
@@ -269,7 +272,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int roo
     HostView h(t, rank() == root);
     mpi::check(MPI_Bcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_), "MPI_Bcast", name());
     h.copy_out();
-  });
+  }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
@@ -283,11 +286,11 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, 
       if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
       h.copy_out();
     }
-  });
+  }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_barrier() {
-  return enqueue([this] { mpi::check(MPI_Barrier(comm_), "MPI_Barrier", name()); });
+  return enqueue([this] { mpi::check(MPI_Barrier(comm_), "MPI_Barrier", name()); }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_send(const Tensor& t, int peer, int tag) {
@@ -306,10 +309,12 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_recv(const Tensor& t, int peer, in
   return std::make_shared<RequestWork>(req, std::move(view), true, name());
 }
 
-std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, const std::string& name) {
+std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, const std::string& name) {
   // On the worker, so it is ordered with this communicator's queued collectives.
   MPI_Comm out = MPI_COMM_NULL;
-  enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); })->wait();
+  enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); },
+          watch_ticket())
+      ->wait();
   return std::make_unique<MpiCommunicator>(out, name);
 }
 
@@ -318,7 +323,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split_node_local(const std::st
   enqueue([&] {
     mpi::check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &out), "MPI_Comm_split_type",
                this->name());
-  })->wait();
+  }, watch_split())->wait();
   return std::make_unique<MpiCommunicator>(out, name);
 }
 

@@ -45,7 +45,6 @@ class MpiCommunicator final : public Communicator {
   ~MpiCommunicator() override;
 
   std::string_view backend() const override { return "mpi"; }
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
   MPI_Comm native() const { return comm_; }
 
   // Ranks that share this rank's machine (MPI_COMM_TYPE_SHARED).
@@ -64,19 +63,26 @@ class MpiCommunicator final : public Communicator {
   std::shared_ptr<WorkImpl> do_barrier() override;
   std::shared_ptr<WorkImpl> do_send(const Tensor& t, int peer, int tag) override;
   std::shared_ptr<WorkImpl> do_recv(const Tensor& t, int peer, int tag) override;
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) override;
 
  private:
   static int rank_of(MPI_Comm c);
   static int size_of(MPI_Comm c);
-  // Runs fn on the worker thread, after everything enqueued before it.
-  std::shared_ptr<WorkImpl> enqueue(std::function<void()> fn);
+  // Runs fn on the worker thread, after everything enqueued before it; the
+  // worker then reports `ticket` (the watchdog's, see watch_ticket) done.
+  std::shared_ptr<WorkImpl> enqueue(std::function<void()> fn, std::uint64_t ticket);
   void worker_loop();
 
   MPI_Comm comm_;
   std::thread worker_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::pair<std::function<void()>, std::shared_ptr<ThreadWork>>> queue_;
+  struct Task {
+    std::function<void()> fn;
+    std::shared_ptr<ThreadWork> work;
+    std::uint64_t ticket;
+  };
+  std::deque<Task> queue_;
   bool stop_ = false;
 };
 

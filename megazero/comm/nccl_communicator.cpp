@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+#include "megazero/comm/fault_tolerance.h"
+#include "megazero/comm/watchdog.h"
 #include "megazero/core/error.h"
 
 namespace megazero {
@@ -194,7 +196,7 @@ void NcclCommunicator::release() noexcept {
   if (restore) (void)cudaSetDevice(previous);
 }
 
-std::unique_ptr<Communicator> NcclCommunicator::split(int color, int key, const std::string& name) {
+std::unique_ptr<Communicator> NcclCommunicator::do_split(int color, int key, const std::string& name) {
   MZ_CHECK(color >= 0, this->name(), ": split needs a color >= 0, got ", color);
   CudaDeviceGuard guard(device_->index());
   ncclComm_t out = nullptr;
@@ -224,6 +226,28 @@ std::shared_ptr<WorkImpl> NcclCommunicator::end_op(const char* what, std::shared
   auto work = std::make_shared<CudaEventWork>(detail::concat(name(), ": ", what));
   work->record(stream_);
   work->keep_alive(std::move(keep_alive));
+  if (const auto ticket = watch_ticket(); ticket != 0) {
+    if (collective_timeout() > 0) {
+      // Owns a reference to the watch: the callback may run after this object is gone.
+      struct Done {
+        std::shared_ptr<detail::CollectiveWatch> watch;
+        std::uint64_t ticket;
+      };
+      auto* done = new Done{watch(), ticket};
+      const cudaError_t err = cudaLaunchHostFunc(
+          stream_,
+          [](void* p) {
+            auto* d = static_cast<Done*>(p);
+            d->watch->done(d->ticket);
+            delete d;
+          },
+          done);
+      if (err != cudaSuccess) delete done;
+      MZ_CUDA_CHECK(err);
+    } else {
+      watch_done(ticket);  // the watchdog is off: nothing to report later
+    }
+  }
   return work;
 }
 

@@ -9,6 +9,10 @@
 // Consumers of the result either block with Work::wait() (host side), or keep
 // the GPU ordered without blocking through wait_on_stream().
 //
+// Watchdog: when a collective timeout is set, a CUDA host function queued
+// after each collective reports it complete to the watchdog (in stream order,
+// so the watchdog's "done up to ticket t" stays exact).
+//
 // Buffers: a tensor freed while a collective still uses it is safe, because
 // CudaDevice frees with cudaFree, which waits for all work on the device.
 //
@@ -68,10 +72,6 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override;
 
   std::string_view backend() const override { return "nccl"; }
-  // Collective over this communicator (ncclCommSplit). color must be >= 0.
-  // The new communicator shares this one's device.
-  std::unique_ptr<Communicator> split(int color, int key, const std::string& name) override;
-
   ncclComm* native() const { return comm_; }
   const std::shared_ptr<CudaDevice>& cuda_device() const { return device_; }
   cudaStream_t stream() const { return stream_; }
@@ -93,6 +93,11 @@ class NcclCommunicator final : public Communicator {
   std::shared_ptr<WorkImpl> do_barrier() override;
   std::shared_ptr<WorkImpl> do_send(const Tensor& t, int peer, int tag) override;
   std::shared_ptr<WorkImpl> do_recv(const Tensor& t, int peer, int tag) override;
+  // Collective over this communicator (ncclCommSplit). color must be >= 0.
+  // The new communicator shares this one's device.
+  std::unique_ptr<Communicator> do_split(int color, int key, const std::string& name) override;
+  // The --check-collectives exchange runs on this communicator's GPU.
+  std::shared_ptr<Device> scratch_device() const override { return device_; }
 
  private:
   // Adopts `comm` (from ncclCommSplit); rank and size come from it.

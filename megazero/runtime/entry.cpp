@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "megazero/comm/consensus.h"
+#include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
 
@@ -23,8 +24,7 @@ int world_rank() {
   std::fprintf(stderr, "%s: %s on rank %d (host %s): %s\n", program, kind, world_rank(),
                MpiCommunicator::host_name().c_str(), what);
   std::fflush(stderr);
-  MPI_Abort(MPI_COMM_WORLD, code);
-  std::_Exit(code);
+  abort_world(code);
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 //  - ConfigError on some ranks only: that rank prints it with its rank and host,
 //    then MPI_Abort(2) so no other rank waits forever.
 //  - Anything else (InternalError, std::exception): as above with exit code 3.
+//    That includes CollectiveMismatchError from --check-collectives.
+//  - A collective stuck past --collective-timeout: the watchdog thread aborts
+//    the job with exit code 4 (megazero/comm/fault_tolerance.h).
 #pragma once
 
 #include <functional>

@@ -35,6 +35,22 @@ class OptionTable {
       return os.str();
     });
   }
+  // Several values: `--flag a b c` on the command line, `flag = a b c` in a file.
+  void list(const std::string& g, const char* name, std::vector<std::string>* field, const char* help) {
+    group(g).add_options()(name, po::value(field)->multitoken()->notifier([field](const std::vector<std::string>& v) {
+      std::vector<std::string> split;
+      for (const auto& item : v) {  // a config-file value arrives as one token
+        std::istringstream is(item);
+        for (std::string w; is >> w;) split.push_back(w);
+      }
+      *field = split;
+    }), help);
+    printers_.emplace_back(name, [field] {
+      std::string out;
+      for (const auto& v : *field) out += (out.empty() ? "" : " ") + v;
+      return out;
+    });
+  }
   void flag(const std::string& g, const char* name, bool* field, const char* help) {
     group(g).add_options()(name, po::bool_switch(field), help);
     printers_.emplace_back(name, [field] { return std::string(*field ? "true" : "false"); });
@@ -58,7 +74,8 @@ class OptionTable {
 
 void define(OptionTable& t, TrainArgs& a) {
   const std::string M = "Model", P = "Parallelism", Z = "ZeRO", T = "Training", L = "Learning rate",
-                    X = "Mixed precision", D = "Data", G = "Logging and evaluation", C = "Checkpointing", O = "Other";
+                    X = "Mixed precision", D = "Data", G = "Logging and evaluation", C = "Checkpointing",
+                    F = "Faults and debugging", O = "Other";
   t.add(M, "num-layers", &a.model.num_layers, "transformer layers");
   t.add(M, "hidden-size", &a.model.hidden_size, "hidden size");
   t.add(M, "num-attention-heads", &a.model.num_attention_heads, "attention heads (divisible by TP)");
@@ -98,7 +115,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(X, "loss-scale-window", &a.loss_scale.window, "good steps before the scale grows");
   t.add(X, "hysteresis", &a.loss_scale.hysteresis, "overflows tolerated before the scale backs off");
   t.add(X, "min-loss-scale", &a.loss_scale.min_scale, "floor of the loss scale");
-  t.add(D, "data-path", &a.data_path, "prefix of a .bin/.idx dataset (tools/preprocess_data)");
+  t.list(D, "data-path", &a.data_path,
+         "prefix of a .bin/.idx dataset (tools/preprocess_data), or weight-prefix pairs to blend: 0.3 A 0.7 B");
   t.add(D, "split", &a.split, "train,valid,test weights, e.g. 969,30,1");
   t.flag(D, "mock-data", &a.mock_data, "synthetic tokens (benchmarks), no dataset");
   t.add(D, "vocab-file", &a.vocab_file, "GPT-2 encoder.json (for reports; data is pre-tokenized)");
@@ -108,9 +126,15 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "eval-iters", &a.eval_iters, "validation micro-batches per evaluation");
   t.add(G, "metrics-file", &a.metrics_file, "JSON-lines metrics, one record per logged iteration");
   t.add(G, "peak-tflops", &a.peak_tflops, "peak TFLOP/s per rank for MFU; 0 = device default");
-  t.add(C, "save", &a.save, "checkpoint directory (not yet available)");
-  t.add(C, "load", &a.load, "checkpoint to resume from (not yet available)");
-  t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints (not yet available)");
+  t.add(C, "save", &a.save, "checkpoint directory: saved every --save-interval, at the end and on SIGTERM/SIGUSR1");
+  t.add(C, "load", &a.load, "resume from the newest good checkpoint in DIR (any TP/DP/stage); none yet = fresh start");
+  t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints; 0 = only at the end and on a signal");
+  t.add(C, "keep-checkpoints", &a.keep_checkpoints, "keep the newest K checkpoints in --save; 0 = all");
+  t.add(F, "collective-timeout", &a.collective_timeout,
+        "seconds a collective may take before the watchdog ends the job naming the rank; 0 = off");
+  t.flag(F, "check-collectives", &a.check_collectives,
+         "debug: ranks cross-check every collective's fingerprint and report the first divergence");
+  t.add(F, "on-nan-loss", &a.on_nan_loss, "stop (default) or skip: what a NaN/Inf loss does outside fp16 scaling");
   t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
       "world-size", po::value(&a.world_size), "with --dry-run: validate for a virtual world of N ranks")(
@@ -169,8 +193,14 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
                                                          : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
                                                            "tools/preprocess_data) or --mock-data");
-  MZ_REQUIRE(save.empty() && load.empty() && save_interval == 0,
-             "--save/--load/--save-interval: checkpointing is not available in this version yet; remove the flags");
+  MZ_REQUIRE(save_interval >= 0, "--save-interval must not be negative, got ", save_interval);
+  MZ_REQUIRE(save_interval == 0 || !save.empty(), "--save-interval ", save_interval,
+             " needs --save DIR (where to write the checkpoints)");
+  MZ_REQUIRE(keep_checkpoints >= 0, "--keep-checkpoints must not be negative, got ", keep_checkpoints);
+  MZ_REQUIRE(collective_timeout >= 0, "--collective-timeout must not be negative (0 turns the watchdog off), got ",
+             collective_timeout);
+  MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '",
+             on_nan_loss, "'");
   MZ_REQUIRE(zero_config.empty(), "--zero-config ", zero_config,
              ": the ZeRO-R configurations C1..C5 are not available in this version yet; use --zero-stage");
 }

@@ -32,16 +32,25 @@ struct TrainArgs {
   std::uint64_t seed = 1234;
   bool fp16 = false, bf16 = false;
   // data
-  std::string data_path, split = "969,30,1";
+  // One prefix, or weight-prefix pairs to blend ("0.3 wiki 0.7 books"), as Megatron.
+  std::vector<std::string> data_path;
+  std::string split = "969,30,1";
   bool mock_data = false;
   std::string vocab_file, merge_file;
   // logging and evaluation
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
   std::string metrics_file;  // JSON lines, one record per logged iteration
   double peak_tflops = 0;    // for MFU; 0 = the device default (docs/PERFORMANCE.md)
-  // arrive with later issues; refused with a message until then
-  std::string save, load, zero_config;
+  // checkpoints (megazero/checkpoint/)
+  std::string save, load;
   std::int64_t save_interval = 0;
+  int keep_checkpoints = 0;
+  // faults (megazero/comm/fault_tolerance.h)
+  double collective_timeout = 600;  // a generous NCCL-like default: a slow save or eval never trips it
+  bool check_collectives = false;
+  std::string on_nan_loss = "stop";
+  // arrives with a later issue; refused with a message until then
+  std::string zero_config;
 
   std::string config_file;
   bool help = false;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megazero/core/error.h"
+#include "megazero/data/blend.h"
 #include "megazero/data/gpt_dataset.h"
 
 namespace megazero::train {
@@ -41,15 +42,15 @@ class MockSource final : public SampleSource {
 // seq_length + 1 token windows over a seeded document order.
 class DatasetSource final : public SampleSource {
  public:
-  DatasetSource(const TrainArgs& args) : vocab_(args.model.vocab_size) {
-    data_ = data::IndexedDataset::open(args.data_path, "--data-path");
+  DatasetSource(const TrainArgs& args, const std::string& prefix) : vocab_(args.model.vocab_size) {
+    data_ = data::IndexedDataset::open(prefix, "--data-path");
     const auto ranges = data::split_documents(data::parse_split(args.split, "--split"), data_->num_documents());
     const char* names[] = {"train", "valid", "test"};
     for (int i = 0; i < 3; ++i)
       if (ranges[static_cast<std::size_t>(i)].size() > 0)
         splits_[i] = std::make_unique<data::GptDataset>(data_, args.model.seq_length, args.seed,
                                                         ranges[static_cast<std::size_t>(i)], names[i]);
-    MZ_REQUIRE(splits_[0] && splits_[0]->samples_per_epoch() > 0, "--data-path ", args.data_path,
+    MZ_REQUIRE(splits_[0] && splits_[0]->samples_per_epoch() > 0, "--data-path ", prefix,
                ": the training split holds too few tokens for one sample of --seq-length ", args.model.seq_length,
                " + 1; use more data, a shorter --seq-length, or a larger training --split weight");
   }
@@ -64,15 +65,17 @@ class DatasetSource final : public SampleSource {
   }
   void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
             Tensor& ids, Tensor& targets) override {
-    const auto& ds = splits_[static_cast<int>(split)] ? splits_[static_cast<int>(split)] : splits_[0];
     ids = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
     targets = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
+    for (std::int64_t b = 0; b < B; ++b) fill_one(split, first + b, S, ids, targets, b);
+  }
+  // Sample i of `split` into row `row` of ids/targets.
+  void fill_one(Split split, std::int64_t i, std::int64_t S, Tensor& ids, Tensor& targets, std::int64_t row) const {
+    const auto& ds = splits_[static_cast<int>(split)] ? splits_[static_cast<int>(split)] : splits_[0];
     std::vector<std::int64_t> tokens(static_cast<std::size_t>(S + 1));
-    for (std::int64_t b = 0; b < B; ++b) {
-      ds->sample(first + b, tokens);
-      std::copy(tokens.begin(), tokens.end() - 1, ids.data_as<std::int64_t>() + b * S);
-      std::copy(tokens.begin() + 1, tokens.end(), targets.data_as<std::int64_t>() + b * S);
-    }
+    ds->sample(i, tokens);
+    std::copy(tokens.begin(), tokens.end() - 1, ids.data_as<std::int64_t>() + row * S);
+    std::copy(tokens.begin() + 1, tokens.end(), targets.data_as<std::int64_t>() + row * S);
   }
 
  private:
@@ -81,11 +84,51 @@ class DatasetSource final : public SampleSource {
   std::unique_ptr<data::GptDataset> splits_[3];
 };
 
+// Several datasets mixed by weight (data/blend.h): blended sample i is sample
+// pick(i).index of dataset pick(i).dataset, in every split.
+class BlendedSource final : public SampleSource {
+ public:
+  BlendedSource(const TrainArgs& args, const std::vector<double>& weights, const std::vector<std::string>& prefixes)
+      : schedule_(weights), weights_(weights), vocab_(args.model.vocab_size) {
+    for (const auto& p : prefixes) sources_.push_back(std::make_unique<DatasetSource>(args, p));
+  }
+  std::int64_t vocab_size() const override { return vocab_; }
+  std::string describe() const override {
+    double total = 0;
+    for (double w : weights_) total += w;
+    std::string s = "blend of " + std::to_string(sources_.size()) + " datasets:";
+    for (std::size_t d = 0; d < sources_.size(); ++d)
+      s += "\n     " + std::to_string(weights_[d] / total) + " (" +
+           std::to_string(schedule_.slots_per_block(d)) + "/" + std::to_string(schedule_.block_size()) +
+           " of each block) " + sources_[d]->describe();
+    return s;
+  }
+  void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
+            Tensor& ids, Tensor& targets) override {
+    ids = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
+    targets = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
+    for (std::int64_t b = 0; b < B; ++b) {
+      const auto pick = schedule_.pick(first + b);
+      sources_[static_cast<std::size_t>(pick.dataset)]->fill_one(split, pick.index, S, ids, targets, b);
+    }
+  }
+
+ private:
+  data::BlendSchedule schedule_;
+  std::vector<double> weights_;
+  std::int64_t vocab_;
+  std::vector<std::unique_ptr<DatasetSource>> sources_;
+};
+
 }  // namespace
 
 std::unique_ptr<SampleSource> make_sample_source(const TrainArgs& args) {
   if (args.mock_data) return std::make_unique<MockSource>(args.model.vocab_size);
-  return std::make_unique<DatasetSource>(args);
+  std::vector<double> weights;
+  std::vector<std::string> prefixes;
+  data::parse_blend(args.data_path, weights, prefixes, "--data-path");
+  if (prefixes.size() == 1) return std::make_unique<DatasetSource>(args, prefixes[0]);
+  return std::make_unique<BlendedSource>(args, weights, prefixes);
 }
 
 }  // namespace megazero::train

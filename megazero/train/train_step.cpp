@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "megazero/comm/activity.h"
 #include "megazero/core/error.h"
 
 namespace megazero::train {
@@ -21,15 +22,18 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
     auto t = Clock::now();
+    set_activity("forward");
     local += model.forward(mb.ids, mb.targets, mb.step);
     r.forward_s += since(t);
     t = Clock::now();
+    set_activity("backward");
     engine.begin_backward(i + 1 == micro_batches.size());
     model.backward(per_micro);
     r.backward_s += since(t);
   }
   r.lr = opt.lr.at(iteration);
   const auto t_opt = Clock::now();
+  set_activity("optimizer step");
   r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1);
   r.optimizer_s = since(t_opt);
   r.exposed_comm_s = engine.exposed_comm_seconds();

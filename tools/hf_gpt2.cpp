@@ -1,0 +1,625 @@
+#include "tools/hf_gpt2.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+
+#include "layers/gpt_model.h"
+#include "megazero/checkpoint/file_io.h"
+#include "megazero/checkpoint/safetensors.h"
+#include "megazero/core/error.h"
+#include "megazero/train/arguments.h"
+#include "megazero/zero/zero_engine.h"
+
+namespace megazero::hf {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using layers::GPTConfig;
+using I = std::int64_t;
+
+namespace {
+
+I numel(const std::vector<I>& s) {
+  I n = 1;
+  for (I d : s) n *= d;
+  return n;
+}
+
+// Where our fused QKV output row r goes in HF's c_attn outputs:
+// [head][q|k|v][d] (ours, attention.cpp split_heads) -> [q|k|v][head][d] (HF's split(n_embd)).
+I qkv_hf_index(I r, const GPTConfig& c) {
+  const I hd = c.head_dim();
+  const I head = r / (3 * hd), which = (r / hd) % 3, d = r % hd;
+  return which * c.hidden_size + head * hd + d;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+I parse_int(const std::string& v, const std::string& key, const std::string& where) {
+  try {
+    std::size_t used = 0;
+    const I x = std::stoll(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError("checkpoint '" + where + "': its configuration has " + key + " = '" + v + "', not an integer");
+}
+double parse_double(const std::string& v, const std::string& key, const std::string& where) {
+  try {
+    std::size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw ConfigError("checkpoint '" + where + "': its configuration has " + key + " = '" + v + "', not a number");
+}
+
+// The model at TP 1 on one rank with a stage-0 engine: import fills its master
+// weights and saves; logits loads and runs it.
+struct Tp1Model {
+  std::shared_ptr<Device> device = make_device(DeviceKind::CPU);
+  std::unique_ptr<Communicator> tp, dp;
+  layers::ParameterSet params;
+  std::unique_ptr<layers::GPTModel> model;
+  std::unique_ptr<zero::ZeroEngine> engine;  // declared last: destroyed first
+
+  Tp1Model(const GPTConfig& cfg, Communicator& self) {
+    MZ_CHECK(self.size() == 1, "the TP 1 model runs on one rank");
+    tp = self.split(0, 0, "convert-tp");
+    dp = self.split(0, 0, "convert-dp");
+    model = std::make_unique<layers::GPTModel>(cfg, layers::TpContext{tp.get(), device, DType::F32}, params);
+    engine = std::make_unique<zero::ZeroEngine>(params, *dp, *tp, device, zero::ZeroConfig{});
+  }
+  // fp32 master weights of parameter i (stage 0, DP 1: the whole flat buffer is owned).
+  float* master(std::size_t i) {
+    return engine->owned_state().master.data_as<float>() + (engine->layout().param(i).begin - engine->owned().begin);
+  }
+};
+
+}  // namespace
+
+// ------------------------------------------------------------ tensor map
+std::vector<TensorMap> gpt2_tensor_map(const GPTConfig& c, I padded_vocab) {
+  const I h = c.hidden_size, f = c.ffn(), V = c.vocab_size;
+  std::vector<TensorMap> m;
+  m.push_back({"embedding.word.weight", "wte.weight", Transform::VocabRows, {padded_vocab, h}, {V, h}});
+  m.push_back({"embedding.position.weight", "wpe.weight", Transform::Copy, {c.max_position_embeddings, h},
+               {c.max_position_embeddings, h}});
+  for (I l = 0; l < c.num_layers; ++l) {
+    const std::string o = "layers." + std::to_string(l) + ".", x = "h." + std::to_string(l) + ".";
+    m.push_back({o + "ln1.weight", x + "ln_1.weight", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln1.bias", x + "ln_1.bias", Transform::Copy, {h}, {h}});
+    m.push_back({o + "attention.qkv.weight", x + "attn.c_attn.weight", Transform::QkvWeight, {3 * h, h}, {h, 3 * h}});
+    m.push_back({o + "attention.qkv.bias", x + "attn.c_attn.bias", Transform::QkvBias, {3 * h}, {3 * h}});
+    m.push_back({o + "attention.dense.weight", x + "attn.c_proj.weight", Transform::Transpose, {h, h}, {h, h}});
+    m.push_back({o + "attention.dense.bias", x + "attn.c_proj.bias", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln2.weight", x + "ln_2.weight", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln2.bias", x + "ln_2.bias", Transform::Copy, {h}, {h}});
+    m.push_back({o + "mlp.fc1.weight", x + "mlp.c_fc.weight", Transform::Transpose, {f, h}, {h, f}});
+    m.push_back({o + "mlp.fc1.bias", x + "mlp.c_fc.bias", Transform::Copy, {f}, {f}});
+    m.push_back({o + "mlp.fc2.weight", x + "mlp.c_proj.weight", Transform::Transpose, {h, f}, {f, h}});
+    m.push_back({o + "mlp.fc2.bias", x + "mlp.c_proj.bias", Transform::Copy, {h}, {h}});
+  }
+  m.push_back({"final_ln.weight", "ln_f.weight", Transform::Copy, {h}, {h}});
+  m.push_back({"final_ln.bias", "ln_f.bias", Transform::Copy, {h}, {h}});
+  return m;
+}
+
+void to_hf(const TensorMap& m, const GPTConfig& c, const float* ours, float* hf) {
+  switch (m.how) {
+    case Transform::Copy:
+    case Transform::VocabRows:  // the first V rows; padding rows dropped
+      std::copy(ours, ours + numel(m.hf_shape), hf);
+      return;
+    case Transform::QkvBias:
+      for (I r = 0; r < m.our_shape[0]; ++r) hf[qkv_hf_index(r, c)] = ours[r];
+      return;
+    case Transform::Transpose:
+    case Transform::QkvWeight: {
+      const I out = m.our_shape[0], in = m.our_shape[1];
+      for (I o = 0; o < out; ++o) {
+        const I col = m.how == Transform::QkvWeight ? qkv_hf_index(o, c) : o;
+        for (I i = 0; i < in; ++i) hf[i * out + col] = ours[o * in + i];
+      }
+      return;
+    }
+  }
+}
+
+void from_hf(const TensorMap& m, const GPTConfig& c, const float* hf, float* ours) {
+  switch (m.how) {
+    case Transform::Copy:
+      std::copy(hf, hf + numel(m.hf_shape), ours);
+      return;
+    case Transform::VocabRows:  // padding rows are zero, as at initialisation
+      std::copy(hf, hf + numel(m.hf_shape), ours);
+      std::fill(ours + numel(m.hf_shape), ours + numel(m.our_shape), 0.0f);
+      return;
+    case Transform::QkvBias:
+      for (I r = 0; r < m.our_shape[0]; ++r) ours[r] = hf[qkv_hf_index(r, c)];
+      return;
+    case Transform::Transpose:
+    case Transform::QkvWeight: {
+      const I out = m.our_shape[0], in = m.our_shape[1];
+      for (I o = 0; o < out; ++o) {
+        const I col = m.how == Transform::QkvWeight ? qkv_hf_index(o, c) : o;
+        for (I i = 0; i < in; ++i) ours[o * in + i] = hf[i * out + col];
+      }
+      return;
+    }
+  }
+}
+
+// ------------------------------------------------------------ configurations
+std::map<std::string, std::string> parse_config_text(const std::string& text) {
+  auto trim = [](std::string s) {
+    const auto b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  };
+  std::map<std::string, std::string> kv;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    std::size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    const auto eq = line.find('=');
+    if (eq == std::string::npos) continue;
+    kv[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
+  }
+  return kv;
+}
+
+std::string resolved_config(const GPTConfig& cfg, std::uint64_t seed) {
+  train::TrainArgs a;  // pretrain_gpt's own printer: the same keys and defaults as its runs store
+  a.model = cfg;
+  a.seed = seed;
+  return a.to_config();
+}
+
+GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& where, I heads) {
+  const auto kv = parse_config_text(m.state.config);
+  std::map<std::string, const checkpoint::ParameterInfo*> by_name;
+  for (const auto& p : m.parameters) by_name[p.name] = &p;
+  auto param = [&](const std::string& n, std::size_t dims) -> const checkpoint::ParameterInfo& {
+    const auto it = by_name.find(n);
+    MZ_REQUIRE(it != by_name.end(), "checkpoint '", where, "' has no parameter '", n,
+               "': it is not a megazero GPT checkpoint");
+    MZ_REQUIRE(it->second->global_shape.size() == dims, "checkpoint '", where, "': parameter '", n, "' is ",
+               shape_str(it->second->global_shape), ", expected ", dims, " dimensions");
+    return *it->second;
+  };
+  const auto& word = param("embedding.word.weight", 2);
+  GPTConfig c;
+  c.hidden_size = word.global_shape[1];
+  c.vocab_size = word.padding_from_row >= 0 ? word.padding_from_row : word.global_shape[0];
+  c.max_position_embeddings = param("embedding.position.weight", 2).global_shape[0];
+  c.num_layers = 0;
+  while (by_name.count("layers." + std::to_string(c.num_layers) + ".ln1.weight")) ++c.num_layers;
+  MZ_REQUIRE(c.num_layers > 0, "checkpoint '", where, "' has no transformer layers (layers.0.*)");
+  const I ffn = param("layers.0.mlp.fc1.weight", 2).global_shape[0];
+  c.ffn_hidden_size = ffn == 4 * c.hidden_size ? 0 : ffn;
+
+  // The configuration must agree with the shapes where it speaks of them.
+  auto agree = [&](const char* key, I from_shapes) {
+    const auto it = kv.find(key);
+    if (it == kv.end()) return;
+    I v = parse_int(it->second, key, where);
+    if (std::string(key) == "ffn-hidden-size" && v == 0) v = 4 * c.hidden_size;
+    MZ_REQUIRE(v == from_shapes, "checkpoint '", where, "': its configuration says ", key, " = ", it->second,
+               " but its parameter shapes say ", from_shapes, "; the manifest does not belong to these shards");
+  };
+  agree("num-layers", c.num_layers);
+  agree("hidden-size", c.hidden_size);
+  agree("ffn-hidden-size", c.ffn());
+  agree("max-position-embeddings", c.max_position_embeddings);
+  agree("vocab-size", c.vocab_size);
+
+  // The head count is invisible in the shapes ([3h, h] for any head count).
+  const auto h = kv.find("num-attention-heads");
+  if (h != kv.end()) c.num_attention_heads = parse_int(h->second, "num-attention-heads", where);
+  if (heads > 0) {
+    MZ_REQUIRE(h == kv.end() || c.num_attention_heads == heads, "--num-attention-heads ", heads,
+               " contradicts checkpoint '", where, "', whose configuration says ", c.num_attention_heads,
+               "; drop the flag");
+    c.num_attention_heads = heads;
+  }
+  MZ_REQUIRE(h != kv.end() || heads > 0, "checkpoint '", where,
+             "': its configuration does not say num-attention-heads, and the head count cannot be read from the "
+             "weights; pass --num-attention-heads N (the value the run was trained with)");
+  auto num = [&](const char* key, double& field) {
+    if (const auto it = kv.find(key); it != kv.end()) field = parse_double(it->second, key, where);
+  };
+  auto integer = [&](const char* key, I& field) {
+    if (const auto it = kv.find(key); it != kv.end()) field = parse_int(it->second, key, where);
+  };
+  num("hidden-dropout", c.hidden_dropout);
+  num("attention-dropout", c.attention_dropout);
+  num("init-method-std", c.init_method_std);
+  num("layernorm-epsilon", c.layernorm_epsilon);
+  integer("make-vocab-size-divisible-by", c.make_vocab_size_divisible_by);
+  integer("seq-length", c.seq_length);
+  c.seq_length = std::min(c.seq_length, c.max_position_embeddings);
+  try {
+    c.validate(1);
+  } catch (const ConfigError& e) {
+    throw ConfigError("checkpoint '" + where + "': " + e.what());
+  }
+  return c;
+}
+
+std::string gpt2_config_json(const GPTConfig& c, DType dtype) {
+  const I eod = c.vocab_size - 1;  // GPT-2 BPE: 50256; ByteLevel: 256 (megazero/data/gpt2_tokenizer.h)
+  json j = {{"activation_function", "gelu_new"},  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as ours
+            {"architectures", {"GPT2LMHeadModel"}},
+            {"attn_pdrop", c.attention_dropout},
+            {"bos_token_id", eod},
+            {"embd_pdrop", c.hidden_dropout},  // one --hidden-dropout for embeddings and residuals
+            {"eos_token_id", eod},
+            {"initializer_range", c.init_method_std},
+            {"layer_norm_epsilon", c.layernorm_epsilon},
+            {"model_type", "gpt2"},
+            {"n_ctx", c.max_position_embeddings},
+            {"n_embd", c.hidden_size},
+            {"n_head", c.num_attention_heads},
+            {"n_inner", c.ffn()},
+            {"n_layer", c.num_layers},
+            {"n_positions", c.max_position_embeddings},
+            {"reorder_and_upcast_attn", false},
+            {"resid_pdrop", c.hidden_dropout},
+            {"scale_attn_by_inverse_layer_idx", false},
+            {"scale_attn_weights", true},
+            {"tie_word_embeddings", true},
+            {"torch_dtype", dtype == DType::F16 ? "float16" : dtype == DType::BF16 ? "bfloat16" : "float32"},
+            {"use_cache", true},
+            {"vocab_size", c.vocab_size},
+            // What HF has no field for, so that import restores the run's settings.
+            {"megazero", {{"seq_length", c.seq_length}, {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by}}}};
+  return j.dump(2) + "\n";
+}
+
+std::string resolve_checkpoint(const std::string& load) {
+  MZ_REQUIRE(!load.empty(), "--load is required: a pretrain_gpt --save directory or one of its iter_* directories");
+  std::error_code ec;
+  if (fs::exists(fs::path(load) / "manifest.json", ec)) return load;
+  const std::string latest = checkpoint::find_latest(load);
+  MZ_REQUIRE(!latest.empty(), "--load ", load, ": no checkpoint there",
+             fs::exists(load, ec) ? "" : " (the path does not exist)",
+             "; pass the --save directory of a pretrain_gpt run or one of its iter_NNNNNNN directories");
+  return latest;
+}
+
+// ------------------------------------------------------------ export
+ExportResult export_checkpoint(const ExportOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MZ_REQUIRE(!o.output.empty(), "--output is required: the directory to write model.safetensors and config.json");
+  MZ_REQUIRE(o.dtype == DType::F32 || o.dtype == DType::F16 || o.dtype == DType::BF16,
+             "--dtype must be fp32, fp16 or bf16, got ", dtype_name(o.dtype));
+  ExportResult r;
+  r.checkpoint = resolve_checkpoint(o.load);
+  checkpoint::CheckpointReader reader(r.checkpoint);
+  const auto& m = reader.manifest();
+  r.model = model_config_of(m, r.checkpoint, o.num_attention_heads);
+  r.iteration = m.state.iteration;
+  std::map<std::string, const checkpoint::ParameterInfo*> saved;
+  for (const auto& p : m.parameters) saved[p.name] = &p;
+  const auto maps = gpt2_tensor_map(r.model, saved.at("embedding.word.weight")->global_shape[0]);
+  MZ_REQUIRE(maps.size() == m.parameters.size(), "checkpoint '", r.checkpoint, "' holds ", m.parameters.size(),
+             " parameters but a GPT-2 of ", r.model.num_layers, " layers has ", maps.size(),
+             "; it is not a megazero GPT checkpoint this tool knows");
+
+  std::vector<std::vector<std::byte>> storage;  // the writer copies from these when it writes
+  storage.reserve(maps.size());
+  checkpoint::SafetensorsWriter w;
+  w.set_metadata("format", "pt");  // transformers refuses safetensors without it
+  for (const auto& t : maps) {
+    const auto it = saved.find(t.ours);
+    MZ_REQUIRE(it != saved.end(), "checkpoint '", r.checkpoint, "' has no parameter '", t.ours, "'");
+    MZ_REQUIRE(it->second->global_shape == t.our_shape, "checkpoint '", r.checkpoint, "': parameter '", t.ours,
+               "' is ", shape_str(it->second->global_shape), ", expected ", shape_str(t.our_shape));
+    const auto ours = reader.global_tensor(t.ours, "master");
+    std::vector<float> hf(static_cast<std::size_t>(numel(t.hf_shape)));
+    to_hf(t, r.model, ours.data(), hf.data());
+    if (o.dtype == DType::F16) {
+      const auto big = std::find_if(hf.begin(), hf.end(), [](float v) { return std::fabs(v) > 65504.0f; });
+      MZ_REQUIRE(big == hf.end(), "parameter '", t.ours, "' holds ", *big,
+                 ", beyond fp16's range (65504); export with --dtype bf16 or fp32");
+    }
+    storage.emplace_back(hf.size() * dtype_size(o.dtype));
+    convert(hf.data(), DType::F32, storage.back().data(), o.dtype, hf.size());
+    w.add(t.hf, o.dtype, t.hf_shape, storage.back().data());
+  }
+  std::error_code ec;
+  fs::create_directories(o.output, ec);
+  MZ_REQUIRE(!ec, "--output ", o.output, ": cannot create the directory: ", ec.message());
+  // Written under a temporary name and renamed: never a half-written model.safetensors.
+  const fs::path final_path = fs::path(o.output) / "model.safetensors", tmp = fs::path(o.output) / ".model.safetensors.tmp";
+  w.write(tmp.string());
+  fs::rename(tmp, final_path, ec);
+  MZ_REQUIRE(!ec, "--output ", o.output, ": cannot rename '", tmp.string(), "': ", ec.message());
+  checkpoint::write_file_atomically((fs::path(o.output) / "config.json").string(), gpt2_config_json(r.model, o.dtype));
+  r.safetensors = final_path.string();
+  r.tensors = static_cast<I>(maps.size());
+  r.bytes = fs::file_size(final_path);
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+// ------------------------------------------------------------ import
+namespace {
+
+// GPT2Config fields (config.json) into a GPTConfig; refuses what our model
+// cannot compute the same way. Returns tie_word_embeddings.
+bool read_hf_config(const std::string& path, GPTConfig& c, ImportResult& r) {
+  json j;
+  try {
+    j = json::parse(checkpoint::read_small_file(path));
+  } catch (const json::exception& e) {
+    throw ConfigError("'" + path + "' is not valid JSON: " + e.what());
+  }
+  MZ_REQUIRE(j.is_object(), "'", path, "' is not a JSON object");
+  auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
+  auto integer = [&](const char* k, std::optional<I> dflt) -> I {
+    if (!has(k)) {
+      MZ_REQUIRE(dflt.has_value(), "'", path, "' lacks \"", k, "\"; a GPT2Config needs it");
+      return *dflt;
+    }
+    MZ_REQUIRE(j[k].is_number_integer(), "'", path, "': \"", k, "\" must be an integer, got ", j[k].dump());
+    return j[k].get<I>();
+  };
+  auto number = [&](const char* k, double dflt) -> double {
+    if (!has(k)) return dflt;
+    MZ_REQUIRE(j[k].is_number(), "'", path, "': \"", k, "\" must be a number, got ", j[k].dump());
+    return j[k].get<double>();
+  };
+  auto flag = [&](const char* k, bool dflt) -> bool {
+    if (!has(k)) return dflt;
+    MZ_REQUIRE(j[k].is_boolean(), "'", path, "': \"", k, "\" must be true or false, got ", j[k].dump());
+    return j[k].get<bool>();
+  };
+  auto text = [&](const char* k, const std::string& dflt) -> std::string {
+    if (!has(k)) return dflt;
+    MZ_REQUIRE(j[k].is_string(), "'", path, "': \"", k, "\" must be a string, got ", j[k].dump());
+    return j[k].get<std::string>();
+  };
+  const std::string type = text("model_type", "gpt2");
+  MZ_REQUIRE(type == "gpt2", "'", path, "' describes a '", type, "' model; convert_checkpoint imports GPT-2 (model_type gpt2)");
+  const std::string act = text("activation_function", "gelu_new");
+  MZ_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", "'", path, "': activation_function '", act,
+             "' is not supported: megazero's MLP computes the tanh GeLU (gelu_new)");
+  MZ_REQUIRE(flag("scale_attn_weights", true), "'", path,
+             "': scale_attn_weights false is not supported (megazero scales scores by 1/sqrt(head_dim))");
+  MZ_REQUIRE(!flag("scale_attn_by_inverse_layer_idx", false), "'", path,
+             "': scale_attn_by_inverse_layer_idx true is not supported");
+  MZ_REQUIRE(!flag("add_cross_attention", false), "'", path, "': cross-attention GPT-2 models are not supported");
+  const double eps = number("layer_norm_epsilon", 1e-5);
+  MZ_REQUIRE(std::fabs(eps - 1e-5) <= 1e-12, "'", path, "': layer_norm_epsilon ", eps,
+             " is not supported: megazero's LayerNorm uses 1e-5 (pretrain_gpt has no flag for it)");
+  c.num_layers = integer("n_layer", std::nullopt);
+  c.hidden_size = integer("n_embd", std::nullopt);
+  c.num_attention_heads = integer("n_head", std::nullopt);
+  c.vocab_size = integer("vocab_size", std::nullopt);
+  c.max_position_embeddings = integer("n_positions", has("n_ctx") ? std::optional<I>(integer("n_ctx", 0)) : std::nullopt);
+  c.ffn_hidden_size = integer("n_inner", 0);
+  c.hidden_dropout = number("resid_pdrop", 0.1);
+  c.attention_dropout = number("attn_pdrop", 0.1);
+  c.init_method_std = number("initializer_range", 0.02);
+  const double embd = number("embd_pdrop", 0.1);
+  if (embd != c.hidden_dropout)
+    r.notes.push_back("embd_pdrop " + std::to_string(embd) + " differs from resid_pdrop; megazero's one --hidden-dropout (" +
+                      std::to_string(c.hidden_dropout) + ") applies to both");
+  c.seq_length = c.max_position_embeddings;
+  if (has("megazero") && j["megazero"].is_object()) {  // written by our export
+    const auto& mz = j["megazero"];
+    if (mz.contains("seq_length") && mz["seq_length"].is_number_integer()) c.seq_length = mz["seq_length"].get<I>();
+    if (mz.contains("make_vocab_size_divisible_by") && mz["make_vocab_size_divisible_by"].is_number_integer())
+      c.make_vocab_size_divisible_by = mz["make_vocab_size_divisible_by"].get<I>();
+  }
+  return flag("tie_word_embeddings", true);  // false: accepted only if lm_head.weight equals wte.weight
+}
+
+std::vector<float> read_floats(const checkpoint::SafetensorsFile& f, const checkpoint::TensorEntry& e) {
+  const auto n = static_cast<std::size_t>(numel(e.shape));
+  std::vector<std::byte> raw(e.end - e.begin);  // aligned copy: offsets in foreign files need not be
+  std::memcpy(raw.data(), f.data(e), raw.size());
+  std::vector<float> out(n);
+  convert(raw.data(), e.dtype, out.data(), DType::F32, n);
+  return out;
+}
+
+// "h.<n>.<rest>" -> n, or -1.
+I block_of(const std::string& name) {
+  if (name.rfind("h.", 0) != 0) return -1;
+  const auto dot = name.find('.', 2);
+  if (dot == std::string::npos || dot == 2) return -1;
+  const std::string digits = name.substr(2, dot - 2);
+  if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) return -1;
+  return std::stoll(digits);
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
+
+ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
+  const auto t0 = std::chrono::steady_clock::now();
+  MZ_REQUIRE(!o.input.empty(), "--input is required: a Hugging Face GPT-2 directory or its model.safetensors");
+  MZ_REQUIRE(!o.save.empty(), "--save is required: the directory of the megazero checkpoint to write");
+  ImportResult r;
+  std::error_code ec;
+  const fs::path in(o.input);
+  fs::path file = in, cfg_path;
+  if (fs::is_directory(in, ec)) {
+    file = in / "model.safetensors";
+    MZ_REQUIRE(!fs::exists(in / "model.safetensors.index.json", ec) || fs::exists(file, ec), "--input ", o.input,
+               " holds a sharded model (model.safetensors.index.json), which is not supported; save it as one file "
+               "(save_pretrained(..., max_shard_size=\"100GB\"))");
+    MZ_REQUIRE(fs::exists(file, ec), "--input ", o.input, " holds no model.safetensors");
+    cfg_path = in / "config.json";
+  } else {
+    MZ_REQUIRE(fs::exists(in, ec), "--input ", o.input, " does not exist");
+    cfg_path = in.parent_path() / "config.json";
+  }
+  r.safetensors = file.string();
+  const std::string existing = checkpoint::find_latest(o.save);
+  MZ_REQUIRE(existing.empty(), "--save ", o.save, " already holds checkpoint ", existing,
+             "; import into an empty directory (pretrain_gpt --load resumes from the newest one)");
+  checkpoint::SafetensorsFile f(r.safetensors);
+  // save_pretrained of GPT2LMHeadModel prefixes "transformer."; the hub's files do not.
+  const std::string prefix = !f.has("wte.weight") && f.has("transformer.wte.weight") ? "transformer." : "";
+  auto entry = [&](const std::string& hf_name, const std::string& why) -> const checkpoint::TensorEntry& {
+    MZ_REQUIRE(f.has(prefix + hf_name), "'", r.safetensors, "' has no tensor '", prefix + hf_name, "', which ", why,
+               "; is it a GPT-2 (GPT2LMHeadModel) model.safetensors?");
+    return f.entry(prefix + hf_name);
+  };
+
+  GPTConfig c;
+  bool tied = true;
+  if (fs::exists(cfg_path, ec)) {
+    r.config = cfg_path.string();
+    tied = read_hf_config(r.config, c, r);
+  } else {  // shapes give everything but the head count
+    const auto& wte = entry("wte.weight", "every GPT-2 has");
+    const auto& wpe = entry("wpe.weight", "every GPT-2 has");
+    MZ_REQUIRE(wte.shape.size() == 2 && wpe.shape.size() == 2, "'", r.safetensors,
+               "': wte.weight and wpe.weight must be 2-D");
+    c.vocab_size = wte.shape[0];
+    c.hidden_size = wte.shape[1];
+    c.max_position_embeddings = c.seq_length = wpe.shape[0];
+    c.num_layers = 0;
+    for (const auto& [name, e] : f.tensors())
+      if (name.rfind(prefix, 0) == 0) c.num_layers = std::max(c.num_layers, block_of(name.substr(prefix.size())) + 1);
+    MZ_REQUIRE(c.num_layers > 0, "'", r.safetensors, "' has no transformer blocks (h.0.*)");
+    const auto& fc = entry("h.0.mlp.c_fc.weight", "every GPT-2 has");
+    MZ_REQUIRE(fc.shape.size() == 2, "'", r.safetensors, "': h.0.mlp.c_fc.weight must be 2-D");
+    c.ffn_hidden_size = fc.shape[1] == 4 * c.hidden_size ? 0 : fc.shape[1];
+    MZ_REQUIRE(o.num_attention_heads > 0, "'", r.safetensors,
+               "' comes without a config.json beside it and the head count cannot be read from the weights; pass "
+               "--num-attention-heads N (GPT-2 small: 12, medium: 16, large: 20, xl: 25) or add the config.json");
+  }
+  if (o.num_attention_heads > 0) {
+    MZ_REQUIRE(r.config.empty() || c.num_attention_heads == o.num_attention_heads, "--num-attention-heads ",
+               o.num_attention_heads, " contradicts '", r.config, "' (n_head ", c.num_attention_heads, "); drop the flag");
+    c.num_attention_heads = o.num_attention_heads;
+  }
+  if (o.seq_length > 0) c.seq_length = o.seq_length;
+  if (o.make_vocab_size_divisible_by > 0) c.make_vocab_size_divisible_by = o.make_vocab_size_divisible_by;
+  c.seq_length = o.seq_length > 0 ? c.seq_length : std::min(c.seq_length, c.max_position_embeddings);
+  try {
+    c.validate(1);
+  } catch (const ConfigError& e) {
+    throw ConfigError("importing '" + r.safetensors + "': " + e.what());
+  }
+  r.model = c;
+
+  // Every tensor present, with its shape and a float dtype, before any work.
+  const auto maps = gpt2_tensor_map(c, c.padded_vocab(1));
+  std::set<std::string> used;
+  for (const auto& t : maps) {
+    const auto& e = entry(t.hf, "a GPT-2 of n_layer " + std::to_string(c.num_layers) + " needs");
+    MZ_REQUIRE(e.shape == t.hf_shape, "'", r.safetensors, "': tensor '", prefix + t.hf, "' is ", shape_str(e.shape),
+               ", expected ", shape_str(t.hf_shape), " for n_embd ", c.hidden_size, ", n_inner ", c.ffn(),
+               ", vocab_size ", c.vocab_size, ", n_positions ", c.max_position_embeddings,
+               (r.config.empty() ? std::string() : "; does '" + r.config + "' belong to these weights?"));
+    MZ_REQUIRE(e.dtype == DType::F32 || e.dtype == DType::F16 || e.dtype == DType::BF16 || e.dtype == DType::F64, "'",
+               r.safetensors, "': tensor '", prefix + t.hf, "' has dtype ", checkpoint::safetensors_dtype(e.dtype),
+               "; only F32, F16, BF16 and F64 weights can be imported");
+    used.insert(prefix + t.hf);
+  }
+  bool saw_lm_head = false;
+  for (const auto& [name, e] : f.tensors()) {
+    if (used.count(name)) continue;
+    const std::string n = name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
+    const I block = block_of(n);
+    MZ_REQUIRE(block < c.num_layers, "'", r.safetensors, "' holds '", name, "' but the model has n_layer ",
+               c.num_layers, (r.config.empty() ? std::string() : "; does '" + r.config + "' belong to these weights?"));
+    if (block >= 0) {  // the causal-mask buffers of older transformers; anything else is not ours to drop
+      MZ_REQUIRE(ends_with(n, ".attn.bias") || ends_with(n, ".attn.masked_bias"), "'", r.safetensors, "': tensor '",
+                 name, "' is not part of a GPT-2 block megazero knows; it cannot be imported");
+    } else if (name == "lm_head.weight") {
+      saw_lm_head = true;
+      const auto& wte = f.entry(prefix + "wte.weight");
+      MZ_REQUIRE(e.shape == wte.shape && read_floats(f, e) == read_floats(f, wte), "'", r.safetensors,
+                 "': lm_head.weight differs from wte.weight; megazero ties the output layer to the word embedding, "
+                 "so an untied model cannot be imported");
+    }
+    r.ignored.push_back(name);
+  }
+  MZ_REQUIRE(tied || saw_lm_head, "'", r.config,
+             "' says tie_word_embeddings false but the file has no lm_head.weight; megazero ties the output layer to "
+             "the word embedding");
+
+  Tp1Model m(c, self);
+  const auto& params = m.engine->parameters();
+  MZ_CHECK(params.size() == maps.size(), "tensor map and model disagree");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const TensorMap& t = maps[i];  // both in declaration order
+    MZ_CHECK(params[i]->name == t.ours && params[i]->global_shape == t.our_shape, "tensor map out of date: ",
+             params[i]->name, " vs ", t.ours);
+    const auto hf = read_floats(f, f.entry(prefix + t.hf));
+    from_hf(t, c, hf.data(), m.master(i));
+  }
+  m.engine->load_finished();
+  checkpoint::TrainState st;  // iteration 0, no data consumed, Adam moments zero: a fresh fine-tuning start
+  st.seed = o.seed;
+  st.config = resolved_config(c, o.seed);
+  r.checkpoint = checkpoint::save_checkpoint(o.save, st, *m.engine, {&self, 0, 1}).path;
+  r.seconds = seconds_since(t0);
+  return r;
+}
+
+// ------------------------------------------------------------ logits
+std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self,
+                                     I heads) {
+  const std::string dir = resolve_checkpoint(load);
+  checkpoint::CheckpointReader reader(dir);
+  GPTConfig c = model_config_of(reader.manifest(), dir, heads);
+  const I S = static_cast<I>(tokens.size());
+  MZ_REQUIRE(S > 0 && S <= c.max_position_embeddings, "--tokens: give 1 to ", c.max_position_embeddings,
+             " token ids (max-position-embeddings), got ", S);
+  for (I t : tokens)
+    MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--tokens: id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  c.seq_length = S;
+  c.hidden_dropout = c.attention_dropout = 0;
+  Tp1Model m(c, self);
+  const auto& params = m.engine->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    // At TP 1 a shard is the global tensor; the saved vocab padding may differ (rows beyond the vocabulary are 0).
+    const auto g = reader.global_tensor(params[i]->name, "master");
+    const auto n = std::min<std::size_t>(g.size(), static_cast<std::size_t>(params[i]->local_numel()));
+    std::copy(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(n), m.master(i));
+    std::fill(m.master(i) + n, m.master(i) + params[i]->local_numel(), 0.0f);
+  }
+  m.engine->load_finished();
+  m.model->set_param_hooks(m.engine.get());
+  Tensor ids = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
+  Tensor targets = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
+  for (I i = 0; i < S; ++i) {
+    ids.data_as<I>()[i] = tokens[static_cast<std::size_t>(i)];
+    targets.data_as<I>()[i] = tokens[static_cast<std::size_t>((i + 1) % S)];
+  }
+  layers::StepInfo step;
+  step.micro_batch = 1;
+  step.seq = S;
+  step.training = false;
+  m.model->forward(ids, targets, step);
+  const Tensor& logits = m.model->logits();  // [S, padded vocab], fp32
+  const I cols = logits.size(1);
+  std::vector<float> out(static_cast<std::size_t>(S * c.vocab_size));
+  for (I s = 0; s < S; ++s)
+    std::copy_n(logits.data_as<float>() + s * cols, c.vocab_size, out.begin() + s * c.vocab_size);
+  return out;
+}
+
+}  // namespace megazero::hf

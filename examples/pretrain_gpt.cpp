@@ -117,6 +117,25 @@ int run(int argc, char** argv) {
   zc.param_dtype = args.dtype();
   zero::ZeroEngine engine(params, groups->dp(), groups->tp(), device, zc);
   engine.initialize(args.seed);
+  // ZeRO-R: where recomputing layers keep their inputs (Pa, Pa+cpu, MD).
+  auto host = make_device(DeviceKind::CPU);  // host memory for Pa+cpu, with its own counters
+  std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
+  if (args.zero_r.any()) {
+    checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
+                                                                 static_cast<int>(args.model.num_layers));
+    model.set_checkpoint_store(checkpoints.get());
+  }
+  if (root) {
+    if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
+    std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",
+                !args.model.recompute_activations ? "off (no --recompute-activations)"
+                : args.zero_r.partition_activations ? ("partitioned 1/" + std::to_string(groups->tp_size()) + " per TP rank (Pa)").c_str()
+                                                    : "whole on every TP rank",
+                args.zero_r.cpu_checkpointing ? ", in host memory (Pa+cpu)" : "",
+                args.zero_r.contiguous_memory ? ", in one pre-allocated arena (MD)" : "",
+                engine.constant_buffers().c_str());
+    std::fflush(stdout);
+  }
   OptimizerSettings opt{args.adam, args.lr, args.clip_grad};
   optim::LossScalerConfig lsc = args.loss_scale;
   lsc.dynamic = args.fp16;
@@ -255,6 +274,14 @@ int run(int argc, char** argv) {
       const auto fwd = spread(world, window_fwd / nd), bwd = spread(world, window_bwd / nd);
       const auto optim_t = spread(world, window_opt / nd), comm = spread(world, window_comm / nd);
       const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
+      const auto mem = device->memory().snapshot();
+      const double ckpt_peak = max_over(
+          world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
+      const double act_peak = max_over(
+          world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
+      const double host_ckpt_peak = max_over(
+          world, static_cast<double>(host->memory().snapshot().by_category[static_cast<std::size_t>(
+                                         MemoryCategory::ActivationCheckpoints)].peak_bytes));
       const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
       if (root) {
@@ -284,7 +311,9 @@ int run(int argc, char** argv) {
                   << ", \"mfu\": " << tflops / peak << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0
                   << ", \"forward_ms\": " << fwd.max * 1e3 << ", \"backward_ms\": " << bwd.max * 1e3
                   << ", \"optimizer_ms\": " << optim_t.max * 1e3 << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3
-                  << ", \"slowest_rank\": " << step_spread.slowest << "}\n"
+                  << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
+                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak
+                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak << "}\n"
                   << std::flush;
       }
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;

@@ -27,6 +27,9 @@ class GPTModel {
   void backward(double loss_scale = 1.0);
   // Storage manager called around each parameter group (ZeRO); none by default.
   void set_param_hooks(ParamHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
+  // Where recomputing layers keep their inputs (ZeRO-R's Pa, Pa+cpu, MD); the
+  // whole tensor by default.
+  void set_checkpoint_store(ActivationCheckpointStore* store);
   // Parameter groups: embeddings (word + position), one per layer, final LN.
   int embedding_group() const { return embedding_group_; }
 
@@ -56,6 +59,7 @@ class GPTModel {
   Tensor final_hidden_, logits_;
   ParamHooks no_hooks_;
   ParamHooks* hooks_ = &no_hooks_;
+  KeepWholeCheckpoints keep_whole_;
 };
 
 }  // namespace megazero::layers

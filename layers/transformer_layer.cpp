@@ -49,18 +49,15 @@ Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
   step_ = step;
   Tensor out = forward_impl(x);
   if (cfg_.recompute_activations) {
-    checkpoint_ = x;
+    MZ_CHECK(store_, "layer ", layer_, ": no checkpoint store");
+    store_->save(layer_, x);
     release();
   }
   return out;
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
-  if (cfg_.recompute_activations) {
-    MZ_CHECK(checkpoint_.defined(), "layer ", layer_, ": backward before forward");
-    forward_impl(checkpoint_);  // same step_, same masks
-    checkpoint_ = Tensor();
-  }
+  if (cfg_.recompute_activations) forward_impl(store_->restore(layer_));  // same step_, same masks
   Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout);
   Tensor dx1 = ln2_.backward(mlp_.backward(dm));
   kernels::axpy(1.0, dy, dx1);  // residual

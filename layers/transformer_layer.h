@@ -7,6 +7,7 @@
 #pragma once
 
 #include "layers/attention.h"
+#include "layers/checkpoint_store.h"
 #include "layers/layernorm.h"
 #include "layers/mlp.h"
 #include "megazero/kernels/rng.h"
@@ -18,6 +19,8 @@ class TransformerLayer {
   TransformerLayer(ParameterSet& params, const GPTConfig& cfg, int layer, const TpContext& ctx);
   Tensor forward(const Tensor& x, const StepInfo& step);
   Tensor backward(const Tensor& dy);
+  // Where the checkpointed input goes with recompute (the model's store).
+  void set_checkpoint_store(ActivationCheckpointStore* store) { store_ = store; }
 
  private:
   Tensor forward_impl(const Tensor& x);
@@ -33,7 +36,7 @@ class TransformerLayer {
   LayerNorm ln2_;
   ParallelMLP mlp_;
   StepInfo step_;
-  Tensor checkpoint_;  // the input, kept when recomputing
+  ActivationCheckpointStore* store_ = nullptr;
 };
 
 }  // namespace megazero::layers

@@ -52,6 +52,12 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.overlap_comm = s.overlap;
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
   engine->initialize(77);
+  host = make_device(DeviceKind::CPU);
+  if (s.zero_r.any()) {
+    checkpoints = std::make_unique<zero::PartitionedCheckpoints>(s.zero_r, *tp, device, host,
+                                                                 static_cast<int>(model->config().num_layers));
+    model->set_checkpoint_store(checkpoints.get());
+  }
   optim::LossScalerConfig scaler_cfg;
   scaler_cfg.dynamic = s.dtype == DType::F16;  // fp16 needs loss scaling; bf16/fp32 do not
   scaler_cfg.initial_scale = 1024;
@@ -61,6 +67,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
 ZeroRun::~ZeroRun() {
   engine.reset();
   model.reset();
+  checkpoints.reset();
 }
 
 std::vector<double> ZeroRun::train(int first, int count) {

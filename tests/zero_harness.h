@@ -10,6 +10,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/train/train_step.h"
+#include "megazero/zero/partitioned_activations.h"
 
 namespace megazero::testing_util {
 
@@ -22,6 +23,7 @@ struct ZeroRunSpec {
   bool overlap = true;
   int steps = 3;
   std::int64_t hidden = 32;  // model width (the memory test uses a wider one: padding < 1%)
+  zero::ZeroRConfig zero_r;  // Pa / Pa+cpu / MD (needs recompute)
 };
 
 layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32);
@@ -50,6 +52,8 @@ class ZeroRun {
   std::unique_ptr<zero::ZeroEngine> engine;
   std::shared_ptr<Device> device;
   std::unique_ptr<optim::LossScaler> scaler;
+  std::shared_ptr<Device> host;  // Pa+cpu's host memory, with its own counters
+  std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
   std::vector<train::StepResult> results;
 };
 

@@ -13,6 +13,7 @@ std::string_view memory_category_name(MemoryCategory c) {
     case MemoryCategory::Gradients: return "gradients";
     case MemoryCategory::OptimizerStates: return "optimizer_states";
     case MemoryCategory::Activations: return "activations";
+    case MemoryCategory::ActivationCheckpoints: return "activation_checkpoints";
     case MemoryCategory::CommBuffers: return "comm_buffers";
     case MemoryCategory::Workspace: return "workspace";
     case MemoryCategory::Other: return "other";

@@ -17,7 +17,8 @@ enum class MemoryCategory : std::uint8_t {
   Parameters,       // 16-bit (or fp32) model weights used by forward/backward
   Gradients,        // gradients of those weights (full or a ZeRO partition)
   OptimizerStates,  // fp32 master weights and Adam moments
-  Activations,      // activations and activation checkpoints
+  Activations,      // activations
+  ActivationCheckpoints,  // layer inputs kept for recompute (whole, Pa slices, or in host memory with Pa+cpu)
   CommBuffers,      // fused communication buckets, gather buffers
   Workspace,        // scratch: GEMM workspace, temporary casts
   Other,

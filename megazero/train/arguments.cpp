@@ -94,7 +94,13 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(Z, "zero-stage", &a.zero.stage, "0 plain DP, 1 Pos, 2 Pos+g, 3 Pos+g+p");
   t.add(Z, "reduce-bucket-size", &a.zero.reduce_bucket_size, "gradient bucket, elements (the paper's CB)");
   t.add(Z, "overlap-comm", &a.zero.overlap_comm, "reduce buckets during backward (true/false)");
-  t.add(Z, "zero-config", &a.zero_config, "C1..C5 (ZeRO-R configurations; not yet available)");
+  t.add(Z, "zero-config", &a.zero_config,
+        "the paper's C1..C5: C1 Pos+CB+MD, C2 +Pa, C3 Pos+g+CB+MD, C4 +Pa, C5 +Pa+cpu (expands to the flags below)");
+  t.flag(Z, "partition-activations", &a.zero_r.partition_activations,
+         "Pa: keep 1/TP of each checkpointed layer input per rank; all-gather before recompute");
+  t.flag(Z, "cpu-checkpointing", &a.zero_r.cpu_checkpointing, "Pa+cpu: keep those slices in host memory");
+  t.flag(Z, "contiguous-memory-optimization", &a.zero_r.contiguous_memory,
+         "MD: checkpoints in one pre-allocated arena instead of separate allocations");
   t.add(T, "micro-batch-size", &a.micro_batch_size, "samples per rank per micro-batch");
   t.add(T, "global-batch-size", &a.global_batch_size, "samples per iteration; 0 = micro x DP");
   t.add(T, "train-iters", &a.train_iters, "iterations to train");
@@ -141,6 +147,40 @@ void define(OptionTable& t, TrainArgs& a) {
       "help,h", po::bool_switch(&a.help), "print this help");
 }
 
+// The paper's Table 3: C1..C5 as the flags they stand for. CB (constant-size
+// fused buffers) is how the engine always works (--reduce-bucket-size). A
+// flag the user set that contradicts the configuration is refused.
+void expand_zero_config(TrainArgs& a, const po::variables_map& vm) {
+  if (a.zero_config.empty()) return;
+  struct C {
+    const char* name;
+    int stage;
+    bool pa, cpu;
+  };
+  const C table[] = {{"C1", 1, false, false}, {"C2", 1, true, false}, {"C3", 2, false, false},
+                     {"C4", 2, true, false},  {"C5", 2, true, true}};
+  const C* c = nullptr;
+  for (const auto& row : table)
+    if (a.zero_config == row.name) c = &row;
+  MZ_REQUIRE(c, "--zero-config must be one of C1, C2, C3, C4, C5 (the paper's Table 3), got '", a.zero_config, "'");
+  auto given = [&](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
+  MZ_REQUIRE(!given("zero-stage") || a.zero.stage == c->stage, "--zero-config ", c->name, " means --zero-stage ",
+             c->stage, " but --zero-stage ", a.zero.stage, " was given; drop one of them");
+  MZ_REQUIRE(!a.zero_r.partition_activations || c->pa, "--zero-config ", c->name,
+             " has no Pa but --partition-activations was given; use C2, C4 or C5, or drop the flag");
+  MZ_REQUIRE(!a.zero_r.cpu_checkpointing || c->cpu, "--zero-config ", c->name,
+             " has no Pa+cpu but --cpu-checkpointing was given; use C5, or drop the flag");
+  a.zero.stage = c->stage;
+  a.model.recompute_activations = true;
+  a.zero_r.contiguous_memory = true;
+  a.zero_r.partition_activations = c->pa;
+  a.zero_r.cpu_checkpointing = c->cpu;
+  a.zero_config_expansion = std::string("--zero-config ") + c->name + " = --zero-stage " + std::to_string(c->stage) +
+                            " --recompute-activations --contiguous-memory-optimization" +
+                            (c->pa ? " --partition-activations" : "") + (c->cpu ? " --cpu-checkpointing" : "") +
+                            " (CB: constant --reduce-bucket-size " + std::to_string(a.zero.reduce_bucket_size) + ")";
+}
+
 }  // namespace
 
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
@@ -170,6 +210,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
   }
+  expand_zero_config(a, vm);
   if (a.help && help_text) {
     std::ostringstream os;
     os << desc;
@@ -201,8 +242,7 @@ void TrainArgs::validate() const {
              collective_timeout);
   MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '",
              on_nan_loss, "'");
-  MZ_REQUIRE(zero_config.empty(), "--zero-config ", zero_config,
-             ": the ZeRO-R configurations C1..C5 are not available in this version yet; use --zero-stage");
+  zero_r.validate(model.recompute_activations);
 }
 
 void TrainArgs::validate_layout(int world) const {

@@ -13,6 +13,7 @@
 #include "megazero/optim/adamw.h"
 #include "megazero/optim/loss_scaler.h"
 #include "megazero/optim/lr_schedule.h"
+#include "megazero/zero/partitioned_activations.h"
 #include "megazero/zero/zero_engine.h"
 #include "parallel_state/process_groups.h"
 
@@ -49,8 +50,10 @@ struct TrainArgs {
   double collective_timeout = 600;  // a generous NCCL-like default: a slow save or eval never trips it
   bool check_collectives = false;
   std::string on_nan_loss = "stop";
-  // arrives with a later issue; refused with a message until then
-  std::string zero_config;
+  // ZeRO-R (megazero/zero/partitioned_activations.h) and the paper's C1..C5
+  zero::ZeroRConfig zero_r;
+  std::string zero_config;            // "" or C1..C5
+  std::string zero_config_expansion;  // what --zero-config turned into, printed at start
 
   std::string config_file;
   bool help = false;

@@ -1,6 +1,7 @@
 #include "megazero/zero/zero_engine.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cmath>
 
 #include "megazero/core/error.h"
@@ -295,6 +296,20 @@ void ZeroEngine::release(int group) {
     if (p->group == group) p->value = Tensor();
   gathered_bytes_ -= static_cast<std::int64_t>(it->second.buffer.nbytes());
   gathered_.erase(it);
+}
+
+std::string ZeroEngine::constant_buffers() const {
+  std::int64_t bytes = 0;
+  for (const auto& t : slots_) bytes += static_cast<std::int64_t>(t.nbytes());
+  const std::string bucket = "--reduce-bucket-size " + std::to_string(cfg_.reduce_bucket_size) + " elements";
+  if (slots_.empty())
+    return "gradients reduced in place in buckets of " + bucket + " (no staging buffers at stage " +
+           std::to_string(cfg_.stage) + ")";
+  char mib[32];
+  std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(bytes) / 1048576.0);
+  return std::to_string(slots_.size()) + " gradient staging buffers of " +
+         std::to_string(slots_.front().numel()) + " elements (" + mib + " MiB in all; " + bucket +
+         ", capped at the model)";
 }
 
 // ---------------------------------------------------------------- step

@@ -90,6 +90,8 @@ class ZeroEngine final : public layers::ParamHooks {
   // Seconds this rank spent blocked on DP communication since zero_grad():
   // the communication that backward and compute did not hide.
   double exposed_comm_seconds() const { return exposed_comm_s_; }
+  // The constant-size fused communication buffers in use (the paper's CB), in words.
+  std::string constant_buffers() const;
   // Stage 3: peak bytes of gathered (full) parameters at any time.
   std::int64_t gathered_peak_bytes() const { return gathered_peak_; }
 

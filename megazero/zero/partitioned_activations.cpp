@@ -1,0 +1,87 @@
+#include "megazero/zero/partitioned_activations.h"
+
+#include "megazero/core/error.h"
+
+namespace megazero::zero {
+
+void ZeroRConfig::validate(bool recompute) const {
+  MZ_REQUIRE(!partition_activations || recompute,
+             "--partition-activations partitions the checkpoints of --recompute-activations; add "
+             "--recompute-activations");
+  MZ_REQUIRE(!contiguous_memory || recompute,
+             "--contiguous-memory-optimization arranges the checkpoints of --recompute-activations; add "
+             "--recompute-activations");
+  MZ_REQUIRE(!cpu_checkpointing || partition_activations,
+             "--cpu-checkpointing moves the partitioned checkpoints to host memory; add --partition-activations");
+}
+
+PartitionedCheckpoints::PartitionedCheckpoints(const ZeroRConfig& cfg, Communicator& tp,
+                                               std::shared_ptr<Device> device, std::shared_ptr<Device> host,
+                                               int num_layers)
+    : cfg_(cfg), tp_(tp), device_(std::move(device)), host_(std::move(host)), num_layers_(num_layers) {
+  MZ_CHECK(!cfg_.cpu_checkpointing || host_, "Pa+cpu needs a host device");
+  saved_.resize(static_cast<std::size_t>(num_layers));
+}
+
+// MD: one arena of num_layers slots, (re)reserved only when the checkpoint
+// size grows; a smaller micro-batch uses the front of each slot.
+Tensor PartitionedCheckpoints::arena_slot(int layer, std::int64_t chunk, DType dtype) {
+  if (!arena_.defined() || chunk > arena_chunk_ || arena_.dtype() != dtype) {
+    arena_ = Tensor();  // release first: the old and new arena never coexist
+    const auto& dev = cfg_.cpu_checkpointing ? host_ : device_;
+    arena_ = Tensor::empty(dev, {num_layers_ * chunk}, dtype, MemoryCategory::ActivationCheckpoints,
+                           "checkpoint-arena");
+    arena_chunk_ = chunk;
+    stats_.arena_bytes = static_cast<std::int64_t>(arena_.nbytes());
+  }
+  ++stats_.arena_fills;
+  return arena_.narrow(0, layer * arena_chunk_, chunk);
+}
+
+void PartitionedCheckpoints::save(int layer, const Tensor& x) {
+  MZ_CHECK(layer >= 0 && layer < num_layers_, "checkpoint of layer ", layer);
+  Saved& s = saved_[static_cast<std::size_t>(layer)];
+  const std::int64_t n = x.numel();
+  const int parts = cfg_.partition_activations ? tp_.size() : 1;
+  const std::int64_t chunk = (n + parts - 1) / parts;
+  s.counts.assign(static_cast<std::size_t>(parts), 0);
+  for (int r = 0; r < parts; ++r)
+    s.counts[static_cast<std::size_t>(r)] = std::max<std::int64_t>(0, std::min(n, (r + 1) * chunk) - r * chunk);
+  const int me = cfg_.partition_activations ? tp_.rank() : 0;
+  const std::int64_t begin = std::min(n, me * chunk), len = s.counts[static_cast<std::size_t>(me)];
+  Tensor dst;
+  if (cfg_.contiguous_memory) {
+    dst = arena_slot(layer, chunk, x.dtype()).narrow(0, 0, len);
+  } else {
+    const auto& dev = cfg_.cpu_checkpointing ? host_ : device_;
+    dst = Tensor::empty(dev, {len}, x.dtype(), MemoryCategory::ActivationCheckpoints, "checkpoint-slice");
+  }
+  dst.copy_from(x.flatten().narrow(0, begin, len));
+  if (cfg_.cpu_checkpointing) stats_.host_copies_bytes += static_cast<std::int64_t>(dst.nbytes());
+  s.shape = x.shape();
+  s.slice = dst;
+  s.present = true;
+}
+
+Tensor PartitionedCheckpoints::restore(int layer) {
+  Saved& s = saved_[static_cast<std::size_t>(layer)];
+  MZ_CHECK(s.present, "layer ", layer, ": backward before forward");
+  Tensor full = Tensor::empty(device_, s.shape, s.slice.dtype(), MemoryCategory::Activations);
+  Tensor part = s.slice;
+  if (cfg_.cpu_checkpointing) {  // back from host memory before the collective
+    part = Tensor::empty(device_, s.slice.shape(), s.slice.dtype(), MemoryCategory::Activations);
+    part.copy_from(s.slice);
+    stats_.host_copies_bytes += static_cast<std::int64_t>(part.nbytes());
+  }
+  if (cfg_.partition_activations) {
+    tp_.all_gather(part, full.flatten(), s.counts).wait();
+    stats_.gathered_elements += full.numel();
+  } else {
+    full.flatten().copy_from(part);
+  }
+  s.slice = Tensor();  // the arena slot stays reserved; a separate slice is freed
+  s.present = false;
+  return full;
+}
+
+}  // namespace megazero::zero

@@ -1,0 +1,71 @@
+// ZeRO-R's activation-checkpoint policies (the paper, section 6.1):
+//
+//   Pa      --partition-activations: a recomputing layer's input is replicated
+//           across the TP group, so each TP rank keeps only its 1/TP slice and
+//           the slices are all-gathered just before that layer's recompute.
+//           Checkpoint memory per rank falls by the TP degree, for one extra
+//           all-gather of batch x seq x hidden per layer.
+//   Pa+cpu  --cpu-checkpointing: those slices live in host memory (pinned on
+//           GPU builds) and are copied back for the recompute.
+//   MD      --contiguous-memory-optimization: the checkpoints of all layers
+//           live in one pre-allocated arena, filled slot by slot as forward
+//           produces them, instead of as many allocations interleaved with
+//           short-lived activations (which fragment device memory).
+//
+// Layers know none of this: they call save()/restore() of layers/checkpoint_store.h.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "layers/checkpoint_store.h"
+#include "megazero/comm/communicator.h"
+
+namespace megazero::zero {
+
+struct ZeroRConfig {
+  bool partition_activations = false;  // Pa
+  bool cpu_checkpointing = false;      // Pa+cpu
+  bool contiguous_memory = false;      // MD
+  bool any() const { return partition_activations || cpu_checkpointing || contiguous_memory; }
+  // ConfigError naming the flag: each needs --recompute-activations; Pa+cpu needs Pa.
+  void validate(bool recompute_activations) const;
+};
+
+class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
+ public:
+  // `host` holds the slices under Pa+cpu (its own memory counters).
+  PartitionedCheckpoints(const ZeroRConfig& cfg, Communicator& tp, std::shared_ptr<Device> device,
+                         std::shared_ptr<Device> host, int num_layers);
+  void save(int layer, const Tensor& x) override;
+  Tensor restore(int layer) override;
+
+  struct Stats {
+    std::int64_t arena_bytes = 0;        // MD: reserved once, reused every micro-batch
+    std::int64_t arena_fills = 0;        // checkpoints placed in the arena (allocations avoided)
+    std::int64_t gathered_elements = 0;  // Pa: elements all-gathered for recompute
+    std::int64_t host_copies_bytes = 0;  // Pa+cpu: bytes moved to and from host memory
+  };
+  const Stats& stats() const { return stats_; }
+  const ZeroRConfig& config() const { return cfg_; }
+
+ private:
+  struct Saved {
+    Shape shape;
+    Tensor slice;  // this rank's part (all of it without Pa)
+    std::vector<std::int64_t> counts;  // Pa: every rank's slice length
+    bool present = false;
+  };
+  Tensor arena_slot(int layer, std::int64_t chunk, DType dtype);
+
+  ZeroRConfig cfg_;
+  Communicator& tp_;
+  std::shared_ptr<Device> device_, host_;
+  int num_layers_;
+  std::vector<Saved> saved_;
+  Tensor arena_;
+  std::int64_t arena_chunk_ = 0;
+  Stats stats_;
+};
+
+}  // namespace megazero::zero

@@ -35,7 +35,7 @@ ZeroRunSpec spec_for(int tp, int dp, zero::ZeroRConfig zr) {
 
 struct Outcome {
   std::vector<double> losses, norms, master;
-  std::int64_t ckpt_peak = 0, host_ckpt_peak = 0, tp_gathered = 0, micro_batches = 0;
+  std::int64_t ckpt_peak = 0, host_ckpt_peak = 0, tp_gathered = 0, micro_batches = 0, grad_arena_fills = 0;
 };
 
 Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
@@ -49,6 +49,7 @@ Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
   o.host_ckpt_peak = peak(r.host, MemoryCategory::ActivationCheckpoints);
   o.tp_gathered = r.tp->stats()[CollectiveType::AllGather].elements;
   o.micro_batches = r.spec.steps * (r.spec.global_batch / dp / r.spec.micro_batch);
+  o.grad_arena_fills = r.engine->gradient_arena_fills();
   return o;
 }
 
@@ -87,6 +88,9 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
       if (zr.partition_activations && !zr.cpu_checkpointing && zr.contiguous_memory) {
         EXPECT_EQ(whole_md.ckpt_peak, o.ckpt_peak * tp) << "Pa divides checkpoint memory by the TP degree";
       }
+      // MD: every group's transient gradients came from the reserved arena
+      // (embedding, 2 layers, final LayerNorm: 4 groups per micro-batch).
+      EXPECT_EQ(o.grad_arena_fills, zr.contiguous_memory ? o.micro_batches * 4 : 0);
       // One all-gather of B x S x H per layer per micro-batch, nothing else.
       EXPECT_EQ(o.tp_gathered - base.tp_gathered, zr.partition_activations ? o.micro_batches * L * n : 0);
     }

@@ -74,6 +74,14 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
     bind_full(&Parameter::grad, grads_full_, {0, N});
   } else {
     grads_part_ = Tensor::zeros(device_, {P}, cfg_.param_dtype, MemoryCategory::Gradients, "grads-partition");
+    if (cfg_.contiguous_gradients) {  // MD: reserve the group-gradient buffers once
+      std::int64_t largest_other = 0;
+      for (int g = 1; g < layout_.num_groups(); ++g) largest_other = std::max(largest_other, layout_.group(g).size());
+      grad_arena_[0] = Tensor::empty(device_, {layout_.group(0).size()}, cfg_.param_dtype, MemoryCategory::Gradients,
+                                     "group-grad-arena");
+      grad_arena_[1] = Tensor::empty(device_, {largest_other}, cfg_.param_dtype, MemoryCategory::Gradients,
+                                     "group-grad-arena");
+    }
     // Two constant-size staging buffers (the paper's CB): one filling while
     // the other's reduce-scatter is in flight.
     const std::int64_t slot = std::min(cfg_.reduce_bucket_size, N);
@@ -151,7 +159,18 @@ void ZeroEngine::pre_backward(int group) {
   if (cfg_.stage == 3) gather(group);
   if (cfg_.stage >= 2) {
     const Range r = layout_.group(group);
-    Tensor g = Tensor::zeros(device_, {r.size()}, cfg_.param_dtype, MemoryCategory::Gradients, "group-grads");
+    Tensor g;
+    if (cfg_.contiguous_gradients) {
+      Tensor& arena = grad_arena_[group == 0 ? 0 : 1];
+      MZ_CHECK(arena.numel() >= r.size(), "gradient arena too small for group ", group);
+      for (const auto& [other, t] : group_grads_)
+        MZ_CHECK(group == 0 || other == 0, "groups ", other, " and ", group, " would share the gradient arena");
+      g = arena.narrow(0, 0, r.size());
+      g.zero_();
+      ++arena_fills_;
+    } else {
+      g = Tensor::zeros(device_, {r.size()}, cfg_.param_dtype, MemoryCategory::Gradients, "group-grads");
+    }
     bind_full(&Parameter::grad, g, r);
     group_grads_[group] = g;
   }

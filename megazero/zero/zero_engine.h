@@ -37,6 +37,11 @@ struct ZeroConfig {
   std::int64_t reduce_bucket_size = 50000000;  // --reduce-bucket-size, elements (the paper's CB)
   bool overlap_comm = true;                    // --overlap-comm: launch buckets during backward
   bool prefetch = true;                        // stage 3: gather the next group ahead
+  // MD for gradients (stages 2-3): the transient full-size gradients of the
+  // groups in backward live in two buffers reserved once (the embedding
+  // group's, which stays in backward the whole pass, and one sized for the
+  // largest other group) instead of one allocation per group per micro-batch.
+  bool contiguous_gradients = false;           // --contiguous-memory-optimization
 
   void validate() const;  // ConfigError naming the flag
 };
@@ -90,6 +95,8 @@ class ZeroEngine final : public layers::ParamHooks {
   // Seconds this rank spent blocked on DP communication since zero_grad():
   // the communication that backward and compute did not hide.
   double exposed_comm_seconds() const { return exposed_comm_s_; }
+  // MD: group-gradient buffers taken from the reserved arena instead of allocated.
+  std::int64_t gradient_arena_fills() const { return arena_fills_; }
   // The constant-size fused communication buffers in use (the paper's CB), in words.
   std::string constant_buffers() const;
   // Stage 3: peak bytes of gathered (full) parameters at any time.
@@ -129,6 +136,8 @@ class ZeroEngine final : public layers::ParamHooks {
   Tensor params_full_, params_part_;      // param dtype
   Tensor grads_full_, grads_part_;        // param dtype
   std::map<int, Tensor> group_grads_;     // stages 2-3: grads of groups in backward
+  Tensor grad_arena_[2];                  // MD: [0] the first group's, [1] any other group's
+  std::int64_t arena_fills_ = 0;
 
   // Bucketed reduction.
   std::vector<Range> buckets_;

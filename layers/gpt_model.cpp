@@ -30,11 +30,10 @@ GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& par
   }
   final_group_ = params.begin_group("final_ln");
   final_ln_ = std::make_unique<LayerNorm>(params, "final_ln", cfg.hidden_size, cfg.layernorm_epsilon, ctx);
-  set_checkpoint_store(nullptr);
 }
 
 void GPTModel::set_checkpoint_store(ActivationCheckpointStore* store) {
-  for (auto& l : layers_) l->set_checkpoint_store(store ? store : &keep_whole_);
+  for (auto& l : layers_) l->set_checkpoint_store(store);
 }
 
 void GPTModel::check_ids(const Tensor& ids, const char* what) const {

@@ -59,7 +59,6 @@ class GPTModel {
   Tensor final_hidden_, logits_;
   ParamHooks no_hooks_;
   ParamHooks* hooks_ = &no_hooks_;
-  KeepWholeCheckpoints keep_whole_;
 };
 
 }  // namespace megazero::layers

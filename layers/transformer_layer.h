@@ -17,10 +17,13 @@ namespace megazero::layers {
 class TransformerLayer {
  public:
   TransformerLayer(ParameterSet& params, const GPTConfig& cfg, int layer, const TpContext& ctx);
+  TransformerLayer(const TransformerLayer&) = delete;  // store_ may point at own_store_
+  TransformerLayer& operator=(const TransformerLayer&) = delete;
   Tensor forward(const Tensor& x, const StepInfo& step);
   Tensor backward(const Tensor& dy);
   // Where the checkpointed input goes with recompute (the model's store).
-  void set_checkpoint_store(ActivationCheckpointStore* store) { store_ = store; }
+  // nullptr: keep the whole input (the layer's own store).
+  void set_checkpoint_store(ActivationCheckpointStore* store) { store_ = store ? store : &own_store_; }
 
  private:
   Tensor forward_impl(const Tensor& x);
@@ -36,7 +39,8 @@ class TransformerLayer {
   LayerNorm ln2_;
   ParallelMLP mlp_;
   StepInfo step_;
-  ActivationCheckpointStore* store_ = nullptr;
+  KeepWholeCheckpoints own_store_;
+  ActivationCheckpointStore* store_ = &own_store_;
 };
 
 }  // namespace megazero::layers

@@ -320,7 +320,7 @@ int run(int argc, char** argv) {
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;
       window_iters = 0;
     }
-    if (args.eval_interval > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) {
+    if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) {
       Activity activity("evaluation");
       evaluate(it + 1);
     }
@@ -341,7 +341,7 @@ int run(int argc, char** argv) {
   set_activity_iteration(-1);
   if (!args.save.empty() && last_saved != args.train_iters && start_iter < args.train_iters) save(args.train_iters);
   set_activity("final evaluation");
-  const double valid = evaluate(args.train_iters);
+  const double valid = args.eval_iters > 0 ? evaluate(args.train_iters) : 0.0;
   if (root && checkpoints && args.zero_r.contiguous_memory && args.train_iters > start_iter) {
     // MD: what the arenas replaced — allocations that would have been made
     // (and freed) among short-lived activations every iteration.
@@ -352,10 +352,16 @@ int run(int argc, char** argv) {
                 static_cast<double>(checkpoints->stats().arena_bytes) / 1048576.0,
                 static_cast<double>(engine.gradient_arena_fills()) / iters);
   }
-  if (root)
-    std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, validation loss %.4f\n",
+  if (root) {
+    char vtext[64];
+    if (args.eval_iters > 0)
+      std::snprintf(vtext, sizeof vtext, "validation loss %.4f", valid);
+    else
+      std::snprintf(vtext, sizeof vtext, "no validation (--eval-iters 0)");
+    std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, %s\n",
                 static_cast<long long>(args.train_iters - start_iter), seconds_since(t_start), first_loss, last_loss,
-                valid);
+                vtext);
+  }
   return 0;
 }
 

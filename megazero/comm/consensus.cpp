@@ -13,13 +13,7 @@ void agree_on_error(Communicator& comm, const std::string& local_error) {
   const int v = flag.data_as<std::int32_t>()[0];
   if (v == 0) return;
   const int root = comm.size() - v;
-  Tensor len = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::CommBuffers);
-  len.data_as<std::int64_t>()[0] = static_cast<std::int64_t>(local_error.size());
-  comm.broadcast(len, root).wait();
-  Tensor text = Tensor::empty(cpu, {len.data_as<std::int64_t>()[0]}, DType::U8, MemoryCategory::CommBuffers);
-  if (comm.rank() == root && !local_error.empty()) std::memcpy(text.data(), local_error.data(), local_error.size());
-  comm.broadcast(text, root).wait();
-  std::string message(static_cast<const char*>(text.data()), static_cast<std::size_t>(text.numel()));
+  const std::string message = broadcast_string(comm, local_error, root);
   if (root == 0) throw AgreedConfigError(message);
   throw AgreedConfigError(message + " (reported by rank " + std::to_string(root) + ")");
 }

@@ -13,8 +13,8 @@ trap 'rm -rf "$out"' EXIT
 model=(--config configs/gpt_tiny.cfg --mock-data --vocab-size 256 --num-layers 4 --hidden-size 256
        --num-attention-heads 8 --seq-length 256 --max-position-embeddings 256 --micro-batch-size 2
        --global-batch-size 16 --train-iters 4 --log-interval 1 --eval-iters 0)
-echo "| config | flags | activations peak MiB | checkpoints on device MiB | checkpoints in host MiB | peak total MiB | ms/iteration (iterations 2-4) |"
-echo "|---|---|---|---|---|---|---|"
+echo "| config | flags | activations peak MiB | checkpoints on device MiB | checkpoints in host MiB | peak total MiB | first-fit heap peak MiB (lost to fragmentation) | ms/iteration (iterations 2-4) |"
+echo "|---|---|---|---|---|---|---|---|"
 for c in base C1 C2 C3 C4 C5; do
   flags=(--zero-stage 2 --recompute-activations)
   [ "$c" != base ] && flags=(--zero-config "$c")
@@ -27,6 +27,7 @@ mib = lambda b: b / 1048576.0
 last = recs[-1]
 ms = sum(r["ms_per_iteration"] for r in recs[1:]) / max(1, len(recs) - 1)
 print(f"| {sys.argv[2]} | `{sys.argv[3]}` | {mib(last['activations_peak_bytes']):.2f} | {mib(last['checkpoints_peak_bytes']):.2f} | "
-      f"{mib(last['host_checkpoints_peak_bytes']):.2f} | {mib(last['peak_memory_bytes']):.2f} | {ms:.0f} |")
+      f"{mib(last['host_checkpoints_peak_bytes']):.2f} | {mib(last['peak_memory_bytes']):.2f} | "
+      f"{mib(last['first_fit_heap_peak_bytes']):.2f} ({mib(last['first_fit_heap_peak_bytes'] - last['peak_memory_bytes']):.2f}) | {ms:.0f} |")
 PY
 done

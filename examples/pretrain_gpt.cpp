@@ -125,6 +125,7 @@ int run(int argc, char** argv) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
                                                                  static_cast<int>(args.model.num_layers));
     model.set_checkpoint_store(checkpoints.get());
+    checkpoints->reserve(args.micro_batch_size * args.model.seq_length * args.model.hidden_size, args.dtype());
   }
   if (root) {
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
@@ -278,6 +279,7 @@ int run(int argc, char** argv) {
       const auto mem = device->memory().snapshot();
       const double ckpt_peak = max_over(
           world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
+      const double heap_peak = max_over(world, static_cast<double>(mem.heap_peak_bytes));
       const double act_peak = max_over(
           world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
       const double host_ckpt_peak = max_over(
@@ -313,7 +315,7 @@ int run(int argc, char** argv) {
                   << ", \"forward_ms\": " << fwd.max * 1e3 << ", \"backward_ms\": " << bwd.max * 1e3
                   << ", \"optimizer_ms\": " << optim_t.max * 1e3 << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3
                   << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
-                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak
+                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak << ", \"first_fit_heap_peak_bytes\": " << heap_peak
                   << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak << "}\n"
                   << std::flush;
       }

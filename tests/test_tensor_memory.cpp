@@ -47,6 +47,51 @@ TEST(MemoryTracker, ExactLiveAndPeakForAKnownSequence) {
   for (std::size_t i = 0; i < kNumMemoryCategories; ++i) EXPECT_EQ(m.snapshot().by_category[i].live_allocations, 0);
 }
 
+// The first-fit heap model: a hole left between two live blocks is reused
+// only by something that fits, so an interleaved allocation order needs a
+// larger span than its live bytes (fragmentation); coalescing and the top of
+// the heap shrinking give the span back.
+TEST(FirstFitHeap, HolesCoalescingAndTheTop) {
+  FirstFitHeap h;
+  const std::int64_t K = FirstFitHeap::kRound;
+  EXPECT_EQ(h.allocate(4 * K), 0);      // A [0, 4K)
+  EXPECT_EQ(h.allocate(K), 4 * K);      // B [4K, 5K)
+  EXPECT_EQ(h.allocate(1), 5 * K);      // C rounds up to K: [5K, 6K)
+  h.free(0, 4 * K);                     // hole [0, 4K)
+  EXPECT_EQ(h.allocate(6 * K), 6 * K);  // does not fit the hole: grows
+  EXPECT_EQ(h.span(), 12 * K);
+  EXPECT_EQ(h.allocate(3 * K), 0);      // fits the hole (first fit)
+  h.free(4 * K, K);                     // B merges with the free [3K, 4K) into [3K, 5K)
+  EXPECT_EQ(h.allocate(2 * K), 3 * K);  // exactly the merged hole
+  h.free(6 * K, 6 * K);                 // the top block: span shrinks
+  EXPECT_EQ(h.span(), 6 * K);
+  h.free(5 * K, K);
+  h.free(3 * K, 2 * K);
+  h.free(0, 3 * K);  // everything free: merged down to nothing
+  EXPECT_EQ(h.span(), 0);
+}
+
+TEST(MemoryTracker, HeapSpanShowsFragmentationOfAnInterleavedOrder) {
+  auto cpu = make_device(DeviceKind::Meta);
+  const std::int64_t K = FirstFitHeap::kRound;
+  {
+    // Keep every other block (like checkpoints among transient activations),
+    // free the others, then ask for one block twice as large: no hole fits it.
+    std::vector<Tensor> kept, transient;
+    for (int i = 0; i < 8; ++i) {
+      transient.push_back(Tensor::empty(cpu, {K}, DType::U8, MemoryCategory::Activations));
+      kept.push_back(Tensor::empty(cpu, {K}, DType::U8, MemoryCategory::ActivationCheckpoints));
+    }
+    transient.clear();
+    Tensor big = Tensor::empty(cpu, {2 * K}, DType::U8, MemoryCategory::Activations);
+    const auto s = cpu->memory().snapshot();
+    EXPECT_EQ(s.total_live_bytes, 10 * K);  // 8 kept + the 2K block
+    EXPECT_EQ(s.heap_span_bytes, 18 * K);   // 8 holes of K below, the 2K block on top
+    EXPECT_EQ(s.heap_peak_bytes, 18 * K);
+  }
+  EXPECT_EQ(cpu->memory().snapshot().heap_span_bytes, 0);
+}
+
 TEST(MemoryTracker, PeakOfTheSumIsNotTheSumOfPeaks) {
   auto dev = make_device(DeviceKind::CPU);
   { Tensor a = Tensor::empty(dev, {100}, DType::F32, MC::Activations); }

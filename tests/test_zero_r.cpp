@@ -7,6 +7,8 @@
 //    layer per micro-batch (the paper's analysis).
 #include <gtest/gtest.h>
 
+#include <cstdio>
+
 #include "megazero/core/error.h"
 #include "zero_harness.h"
 

@@ -58,6 +58,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(s.zero_r, *tp, device, host,
                                                                  static_cast<int>(model->config().num_layers));
     model->set_checkpoint_store(checkpoints.get());
+    checkpoints->reserve(s.micro_batch * model->config().seq_length * model->config().hidden_size, s.dtype);
   }
   optim::LossScalerConfig scaler_cfg;
   scaler_cfg.dynamic = s.dtype == DType::F16;  // fp16 needs loss scaling; bf16/fp32 do not

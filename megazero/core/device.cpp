@@ -25,12 +25,17 @@ std::string_view device_kind_name(DeviceKind k) {
 }
 
 Buffer::Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category,
-               std::string label)
-    : device_(std::move(device)), data_(data), bytes_(bytes), category_(category), label_(std::move(label)) {}
+               std::string label, std::uint64_t heap_id)
+    : device_(std::move(device)),
+      data_(data),
+      bytes_(bytes),
+      category_(category),
+      label_(std::move(label)),
+      heap_id_(heap_id) {}
 
 Buffer::~Buffer() {
   device_->raw_free(data_, bytes_);
-  device_->memory().on_free(category_, bytes_);
+  device_->memory().on_free(category_, bytes_, heap_id_);
 }
 
 std::string Device::name() const {
@@ -41,8 +46,8 @@ std::string Device::name() const {
 
 std::shared_ptr<Buffer> Device::allocate(std::size_t bytes, MemoryCategory category, std::string label) {
   void* p = raw_allocate(bytes);
-  memory_.on_allocate(category, bytes);
-  return std::make_shared<Buffer>(shared_from_this(), p, bytes, category, std::move(label));
+  const std::uint64_t id = memory_.on_allocate(category, bytes);
+  return std::make_shared<Buffer>(shared_from_this(), p, bytes, category, std::move(label), id);
 }
 
 // ---- CPU ----

@@ -23,7 +23,9 @@ class Device;
 // A block of device memory owned by megazero, accounted under one category.
 class Buffer {
  public:
-  Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category, std::string label);
+  // heap_id: the memory tracker's id of this allocation (its first-fit heap model).
+  Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category, std::string label,
+         std::uint64_t heap_id = 0);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -41,6 +43,7 @@ class Buffer {
   std::size_t bytes_;
   MemoryCategory category_;
   std::string label_;
+  std::uint64_t heap_id_;
 };
 
 class Device : public std::enable_shared_from_this<Device> {

@@ -34,8 +34,55 @@ std::string MemorySnapshot::to_string() const {
   return os.str();
 }
 
-void MemoryTracker::on_allocate(MemoryCategory c, std::size_t bytes) {
+std::int64_t FirstFitHeap::allocate(std::int64_t bytes) {
+  const std::int64_t b = (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound;
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->second < b) continue;
+    const std::int64_t at = it->first, rest = it->second - b;
+    free_.erase(it);
+    if (rest > 0) free_[at + b] = rest;
+    return at;
+  }
+  // Nothing fits: grow the top (from a free block that ends at the top, if any).
+  std::int64_t at = top_;
+  if (!free_.empty()) {
+    auto last = std::prev(free_.end());
+    if (last->first + last->second == top_) {
+      at = last->first;
+      free_.erase(last);
+    }
+  }
+  top_ = at + b;
+  return at;
+}
+
+void FirstFitHeap::free(std::int64_t offset, std::int64_t bytes) {
+  std::int64_t b = (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound, at = offset;
+  auto next = free_.lower_bound(at);
+  if (next != free_.end() && at + b == next->first) {  // merge with the block after
+    b += next->second;
+    next = free_.erase(next);
+  }
+  if (next != free_.begin()) {  // merge with the block before
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == at) {
+      at = prev->first;
+      b += prev->second;
+      free_.erase(prev);
+    }
+  }
+  if (at + b == top_)
+    top_ = at;  // the top of the heap comes back
+  else
+    free_[at] = b;
+}
+
+std::uint64_t MemoryTracker::on_allocate(MemoryCategory c, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
+  const std::uint64_t id = next_id_++;
+  heap_offset_[id] = heap_.allocate(static_cast<std::int64_t>(bytes));
+  s_.heap_span_bytes = heap_.span();
+  s_.heap_peak_bytes = std::max(s_.heap_peak_bytes, s_.heap_span_bytes);
   auto& k = s_.by_category[static_cast<std::size_t>(c)];
   const auto b = static_cast<std::int64_t>(bytes);
   k.live_bytes += b;
@@ -44,10 +91,16 @@ void MemoryTracker::on_allocate(MemoryCategory c, std::size_t bytes) {
   ++k.live_allocations;
   s_.total_live_bytes += b;
   s_.total_peak_bytes = std::max(s_.total_peak_bytes, s_.total_live_bytes);
+  return id;
 }
 
-void MemoryTracker::on_free(MemoryCategory c, std::size_t bytes) {
+void MemoryTracker::on_free(MemoryCategory c, std::size_t bytes, std::uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (auto h = heap_offset_.find(id); h != heap_offset_.end()) {
+    heap_.free(h->second, static_cast<std::int64_t>(bytes));
+    heap_offset_.erase(h);
+    s_.heap_span_bytes = heap_.span();
+  }
   auto& k = s_.by_category[static_cast<std::size_t>(c)];
   const auto b = static_cast<std::int64_t>(bytes);
   MZ_CHECK(k.live_bytes >= b && k.live_allocations > 0, "freeing more ", memory_category_name(c),
@@ -81,6 +134,7 @@ void MemoryTracker::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& k : s_.by_category) k.peak_bytes = k.live_bytes;
   s_.total_peak_bytes = s_.total_live_bytes;
+  s_.heap_peak_bytes = s_.heap_span_bytes;
 }
 
 }  // namespace megazero

@@ -7,7 +7,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <unordered_map>
 #include <string>
 #include <string_view>
 
@@ -39,15 +41,36 @@ struct MemorySnapshot {
   std::array<MemoryCounters, kNumMemoryCategories> by_category{};
   std::int64_t total_live_bytes = 0;
   std::int64_t total_peak_bytes = 0;  // peak of the sum, not the sum of peaks
+  // A first-fit heap fed the same allocations and frees (each rounded up to
+  // 512 bytes, as caching GPU allocators do): the address span it needs at
+  // its peak. heap_peak_bytes - total_peak_bytes is the memory lost to
+  // fragmentation by this allocation order (the paper's MD problem).
+  std::int64_t heap_span_bytes = 0;
+  std::int64_t heap_peak_bytes = 0;
   const MemoryCounters& operator[](MemoryCategory c) const { return by_category[static_cast<std::size_t>(c)]; }
   std::string to_string() const;  // one line per non-empty category
+};
+
+// First-fit allocation over an address range, free blocks coalesced; the top
+// of the heap shrinks when its last block is freed.
+class FirstFitHeap {
+ public:
+  static constexpr std::int64_t kRound = 512;
+  std::int64_t allocate(std::int64_t bytes);  // returns the offset
+  void free(std::int64_t offset, std::int64_t bytes);
+  std::int64_t span() const { return top_; }
+
+ private:
+  std::map<std::int64_t, std::int64_t> free_;  // offset -> size, below top_
+  std::int64_t top_ = 0;
 };
 
 // Thread-safe: communication worker threads allocate too.
 class MemoryTracker {
  public:
-  void on_allocate(MemoryCategory c, std::size_t bytes);
-  void on_free(MemoryCategory c, std::size_t bytes);
+  // Returns the allocation's id for on_free.
+  std::uint64_t on_allocate(MemoryCategory c, std::size_t bytes);
+  void on_free(MemoryCategory c, std::size_t bytes, std::uint64_t id = 0);
 
   std::int64_t live(MemoryCategory c) const;
   std::int64_t peak(MemoryCategory c) const;
@@ -60,6 +83,9 @@ class MemoryTracker {
  private:
   mutable std::mutex mu_;
   MemorySnapshot s_;
+  FirstFitHeap heap_;
+  std::unordered_map<std::uint64_t, std::int64_t> heap_offset_;  // id -> offset
+  std::uint64_t next_id_ = 1;
 };
 
 }  // namespace megazero

@@ -38,6 +38,13 @@ Tensor PartitionedCheckpoints::arena_slot(int layer, std::int64_t chunk, DType d
   return arena_.narrow(0, layer * arena_chunk_, chunk);
 }
 
+void PartitionedCheckpoints::reserve(std::int64_t elements, DType dtype) {
+  if (!cfg_.contiguous_memory) return;
+  const int parts = cfg_.partition_activations ? tp_.size() : 1;
+  arena_slot(0, (elements + parts - 1) / parts, dtype);
+  --stats_.arena_fills;  // a reservation, not a checkpoint
+}
+
 void PartitionedCheckpoints::save(int layer, const Tensor& x) {
   MZ_CHECK(layer >= 0 && layer < num_layers_, "checkpoint of layer ", layer);
   Saved& s = saved_[static_cast<std::size_t>(layer)];

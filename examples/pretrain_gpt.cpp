@@ -11,6 +11,7 @@
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/fault_tolerance.h"
+#include "megazero/plan/memory_plan.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
 #include "megazero/runtime/entry.h"
@@ -78,6 +79,8 @@ int run(int argc, char** argv) {
   TrainArgs args = run_consistently(*world_comm, [&] {
     TrainArgs a = parse_train_args(argc, argv, &help);
     MZ_REQUIRE(a.world_size == 0 || a.dry_run, "--world-size plans a virtual world and needs --dry-run");
+    MZ_REQUIRE(a.world_size == 0 || (a.plan_rank >= 0 && a.plan_rank < a.world_size), "--plan-rank ", a.plan_rank,
+               " is outside the world of ", a.world_size, " ranks");
     if (!a.help) {
       a.validate();
       a.validate_layout(a.world_size > 0 ? a.world_size : world_comm->size());
@@ -88,10 +91,13 @@ int run(int argc, char** argv) {
     if (world_comm->rank() == 0) std::cout << help << std::flush;
     return 0;
   }
-  if (args.dry_run && args.world_size > 0) {  // a virtual world: validated above, nothing to build
-    if (world_comm->rank() == 0)
+  if (args.dry_run && args.world_size > 0) {  // a virtual world: validated above; plan one rank's memory
+    if (world_comm->rank() == 0) {
       std::cout << "---- resolved configuration (virtual world of " << args.world_size << " ranks) ----\n"
                 << args.to_config() << std::flush;
+      const auto plan = plan::plan_rank_memory(args, args.world_size, args.plan_rank);
+      std::cout << plan.to_table() << plan.to_json() << "\n" << std::flush;
+    }
     return 0;
   }
   set_collective_timeout(args.collective_timeout);

@@ -143,7 +143,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(F, "on-nan-loss", &a.on_nan_loss, "stop (default) or skip: what a NaN/Inf loss does outside fp16 scaling");
   t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
-      "world-size", po::value(&a.world_size), "with --dry-run: validate for a virtual world of N ranks")(
+      "world-size", po::value(&a.world_size), "with --dry-run: validate and plan memory for a virtual world of N ranks")(
+      "plan-rank", po::value(&a.plan_rank), "with --dry-run --world-size: the rank to plan (default 0)")(
       "help,h", po::bool_switch(&a.help), "print this help");
 }
 

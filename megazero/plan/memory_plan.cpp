@@ -1,0 +1,111 @@
+#include "megazero/plan/memory_plan.h"
+
+#include <cstdio>
+#include <sstream>
+
+#include "layers/gpt_model.h"
+#include "megazero/comm/virtual_communicator.h"
+#include "megazero/core/error.h"
+#include "megazero/zero/partitioned_activations.h"
+#include "megazero/zero/zero_engine.h"
+#include "parallel_state/topology.h"
+
+namespace megazero::plan {
+
+double paper_model_state_bytes(int stage, double psi, double nd, int pb) {
+  const double K = 12;
+  switch (stage) {
+    case 0: return (2.0 * pb + K) * psi;
+    case 1: return 2.0 * pb * psi + K * psi / nd;
+    case 2: return pb * psi + (pb + K) * psi / nd;
+    case 3: return (2.0 * pb + K) * psi / nd;
+  }
+  throw InternalError("stage " + std::to_string(stage));
+}
+
+RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank) {
+  const int tp = args.parallel.tensor_model_parallel_size;
+  parallel_state::TopologyOptions topo;
+  topo.world_size = world_size;
+  topo.tensor_model_parallel_size = tp;
+  topo.ranks_per_node = args.parallel.ranks_per_node > 0 ? args.parallel.ranks_per_node : tp;
+  topo.allow_tp_across_nodes = args.parallel.allow_tp_across_nodes;
+  const auto topology = parallel_state::Topology::create(topo);
+  MZ_REQUIRE(rank >= 0 && rank < world_size, "--plan-rank ", rank, " is outside the world of ", world_size, " ranks");
+  const auto coord = topology.coord(rank);
+  VirtualCommunicator tp_comm(coord.tp_rank, tp, "tp"), dp_comm(coord.dp_rank, world_size / tp, "dp");
+
+  auto meta = make_device(DeviceKind::Meta);
+  RankMemoryPlan p;
+  {
+    layers::ParameterSet params;
+    layers::GPTModel model(args.model, layers::TpContext{&tp_comm, meta, args.dtype()}, params);
+    zero::ZeroConfig zc = args.zero;
+    zc.param_dtype = args.dtype();
+    zc.contiguous_gradients = args.zero_r.contiguous_memory;
+    zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, zc);
+    zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, make_device(DeviceKind::Meta),
+                                             static_cast<int>(args.model.num_layers));
+    checkpoints.reserve(args.micro_batch_size * args.model.seq_length * args.model.hidden_size, args.dtype());
+    const auto snap = meta->memory().snapshot();
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.bytes[c] = snap.by_category[c].live_bytes;
+    p.psi = engine.layout().unpadded_numel();
+    p.psi_padded = engine.layout().numel();
+  }
+  p.rank = rank;
+  p.world = world_size;
+  p.tp = tp;
+  p.dp = world_size / tp;
+  p.tp_rank = coord.tp_rank;
+  p.dp_rank = coord.dp_rank;
+  p.stage = args.zero.stage;
+  p.dtype = std::string(dtype_name(args.dtype()));
+  auto at = [&](MemoryCategory c) { return p.bytes[static_cast<std::size_t>(c)]; };
+  p.model_states = at(MemoryCategory::Parameters) + at(MemoryCategory::Gradients) + at(MemoryCategory::OptimizerStates);
+  p.paper_model_states = static_cast<std::int64_t>(paper_model_state_bytes(
+      p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype()))));
+  return p;
+}
+
+namespace {
+std::string gib(std::int64_t b) {
+  char s[32];
+  std::snprintf(s, sizeof s, "%.3f GiB", static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0));
+  return s;
+}
+}  // namespace
+
+std::string RankMemoryPlan::to_table() const {
+  std::ostringstream os;
+  os << "---- memory plan: rank " << rank << " of " << world << " (TP rank " << tp_rank << " of " << tp
+     << ", DP rank " << dp_rank << " of " << dp << "), ZeRO stage " << stage << ", " << dtype << " ----\n"
+     << "  parameters of this TP shard (Psi): " << psi << " (" << psi_padded << " padded for DP)\n";
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
+    if (bytes[c] > 0)
+      os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << gib(bytes[c]) << "\n";
+  const double rel = paper_model_states > 0
+                         ? static_cast<double>(model_states - paper_model_states) / static_cast<double>(paper_model_states)
+                         : 0.0;
+  char d[32];
+  std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
+  os << "  model states (parameters + gradients + optimizer): " << gib(model_states) << "; the paper's formula: "
+     << gib(paper_model_states) << " (" << d << ")\n"
+     << "  (activations and step time are not planned yet)\n";
+  return os.str();
+}
+
+std::string RankMemoryPlan::to_json() const {
+  std::ostringstream os;
+  os << "{\"rank\": " << rank << ", \"world\": " << world << ", \"tp\": " << tp << ", \"dp\": " << dp
+     << ", \"zero_stage\": " << stage << ", \"dtype\": \"" << dtype << "\", \"psi\": " << psi
+     << ", \"psi_padded\": " << psi_padded << ", \"bytes\": {";
+  bool first = true;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
+    os << (first ? "" : ", ") << "\"" << memory_category_name(static_cast<MemoryCategory>(c)) << "\": " << bytes[c];
+    first = false;
+  }
+  os << "}, \"model_states\": " << model_states << ", \"paper_model_states\": " << paper_model_states << "}";
+  return os.str();
+}
+
+}  // namespace megazero::plan

@@ -1,0 +1,44 @@
+// The memory planner: what one rank of a (possibly huge, virtual) world holds,
+// measured by building the real model and ZeRO engine for that rank on the
+// meta device — sizes are counted by the same memory tracker as in a run and
+// come from the same partitioning code (zero/flat_layout.h), so the plan
+// cannot drift from what a run allocates. Nothing is stored: planning the
+// paper's 100B model for one of its 400 ranks takes well under a second.
+//
+// Covers model states (16-bit parameters and gradients, fp32 master + Adam),
+// the constant communication buffers (CB) and the MD checkpoint arena, and
+// compares model states with the paper's formulas (docs/paper/README.md).
+// Activations and time estimates are not planned yet ([plan]).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "megazero/core/memory_tracker.h"
+#include "megazero/train/arguments.h"
+
+namespace megazero::plan {
+
+struct RankMemoryPlan {
+  int rank = 0, world = 1, tp = 1, dp = 1, tp_rank = 0, dp_rank = 0, stage = 0;
+  std::string dtype;
+  std::int64_t psi = 0;         // parameters of this rank's TP shard (the paper's Psi with MP)
+  std::int64_t psi_padded = 0;  // after padding to DP x 64 elements
+  std::array<std::int64_t, kNumMemoryCategories> bytes{};  // live after set-up, by category
+  std::int64_t model_states = 0;          // parameters + gradients + optimizer states
+  std::int64_t paper_model_states = 0;    // the paper's formula for this stage, Psi and Nd
+  std::string to_table() const;
+  std::string to_json() const;
+};
+
+// The paper's per-device model-state bytes (K = 12): stage 0 (2+2+K) Psi,
+// 1: 4 Psi + K Psi/Nd, 2: 2 Psi + (2+K) Psi/Nd, 3: (2+2+K) Psi/Nd — with 16-bit
+// parameters and gradients; fp32 runs count 4 + 4 bytes instead of 2 + 2.
+double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes);
+
+// Plans `rank` of a world of `world_size` ranks for the run `args` describes
+// (args.validate / validate_layout must have passed).
+RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank);
+
+}  // namespace megazero::plan

@@ -11,7 +11,9 @@
 #  4. SIGUSR1 to one rank (Slurm's pre-timeout signal): checkpoint at the next
 #     step boundary, exit code 5; --load continues exactly;
 #  5. a NaN loss stops the run (exit 2, the message names the iteration), or
-#     is counted and skipped with --on-nan-loss skip.
+#     is counted and skipped with --on-nan-loss skip;
+#  6. kill -9 of one rank in the middle of training: every rank is gone within
+#     seconds, with a message naming the dead rank, and a non-zero exit.
 set -u
 exe=$1 cfg=$2
 work=$(mktemp -d /tmp/mz-ckpt-e2e-XXXXXX)
@@ -97,4 +99,22 @@ MEGAZERO_TEST_NAN_LOSS_AT=3 run nan_skip $L22 --on-nan-loss skip
 [ "$(rc nan_skip)" = 0 ] || fail "--on-nan-loss skip did not finish"
 grep -q "iteration        6/.*number of nan iterations   1" "$work/nan_skip.log" || fail "the NaN iteration was not counted"
 echo "checkpoint_e2e: NaN loss stops with exit 2, or is counted and skipped"
+# 6. kill -9 of one rank mid-training.
+( ITERS=200 run killed_training $L22 ) &
+bg=$!
+for _ in $(seq 1 600); do
+  grep -qE "^ iteration +1/" "$work/killed_training.log" 2>/dev/null && break
+  sleep 0.1
+done
+pid=$(pgrep -f "^$exe .*--train-iters 200" | sed -n 2p)
+[ -n "$pid" ] || fail "no rank process to kill"
+start=$(date +%s.%N)
+kill -9 "$pid"
+wait $bg
+elapsed=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+[ "$(rc killed_training)" != 0 ] || fail "the job exited 0 after a rank was killed"
+grep -q "BAD TERMINATION\|killed\|KILLED" "$work/killed_training.log" || fail "no message about the dead rank"
+[ -z "$(pgrep -f "^$exe .*--train-iters 200")" ] || fail "ranks survived the death of a peer"
+awk -v e="$elapsed" 'BEGIN { exit !(e < 30) }' || fail "the job took ${elapsed} s to end after kill -9"
+echo "checkpoint_e2e: kill -9 of a rank mid-training: the job ended in ${elapsed} s, exit $(rc killed_training)"
 echo "checkpoint_e2e: all passed"

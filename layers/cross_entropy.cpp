@@ -29,6 +29,7 @@ double VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& ta
   both.narrow(0, 1, 1).view({n}).copy_from(target_logit);
   ReduceFromTpRegion::forward(*ctx_.tp, both);
   sum_exp_.copy_from(both.narrow(0, 0, 1).view({n}));
+  if (!logits.device().has_storage()) return 0.0;  // meta device (the planner): sizes only
   const auto se = sum_exp_.to_double_vector();
   const auto mx = max_.to_double_vector();
   const auto tl = both.narrow(0, 1, 1).view({n}).to_double_vector();

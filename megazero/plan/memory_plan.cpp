@@ -51,6 +51,27 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.bytes[c] = snap.by_category[c].live_bytes;
     p.psi = engine.layout().unpadded_numel();
     p.psi_padded = engine.layout().numel();
+    // One micro-batch through the real forward and backward, sizes only.
+    if (args.zero_r.any()) model.set_checkpoint_store(&checkpoints);
+    model.set_param_hooks(&engine);
+    engine.zero_grad();
+    meta->memory().reset_peaks();
+    const std::int64_t B = args.micro_batch_size, S = args.model.seq_length;
+    Tensor ids = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
+    Tensor targets = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
+    layers::StepInfo step;
+    step.seed = args.seed;
+    step.micro_batch = B;
+    step.seq = S;
+    step.training = true;
+    model.forward(ids, targets, step);
+    engine.begin_backward(true);
+    model.backward(1.0);
+    const auto peak = meta->memory().snapshot();
+    for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.step_peak[c] = peak.by_category[c].peak_bytes;
+    p.step_total_peak = peak.total_peak_bytes;
+    p.step_heap_peak = peak.heap_peak_bytes;
+    model.set_param_hooks(nullptr);
   }
   p.rank = rank;
   p.world = world_size;
@@ -90,7 +111,11 @@ std::string RankMemoryPlan::to_table() const {
   std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
   os << "  model states (parameters + gradients + optimizer): " << gib(model_states) << "; the paper's formula: "
      << gib(paper_model_states) << " (" << d << ")\n"
-     << "  (activations and step time are not planned yet)\n";
+     << "  one micro-batch (" << "forward + backward, real code on the meta device): peak activations "
+     << gib(step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]) << ", checkpoints "
+     << gib(step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]) << ", total "
+     << gib(step_total_peak) << " (first-fit heap " << gib(step_heap_peak) << ")\n"
+     << "  (the optimizer step's workspace and time estimates are not planned yet)\n";
   return os.str();
 }
 
@@ -104,7 +129,10 @@ std::string RankMemoryPlan::to_json() const {
     os << (first ? "" : ", ") << "\"" << memory_category_name(static_cast<MemoryCategory>(c)) << "\": " << bytes[c];
     first = false;
   }
-  os << "}, \"model_states\": " << model_states << ", \"paper_model_states\": " << paper_model_states << "}";
+  os << "}, \"model_states\": " << model_states << ", \"paper_model_states\": " << paper_model_states
+     << ", \"step_activations_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]
+     << ", \"step_checkpoints_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
+     << ", \"step_total_peak\": " << step_total_peak << ", \"step_heap_peak\": " << step_heap_peak << "}";
   return os.str();
 }
 

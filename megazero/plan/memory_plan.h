@@ -7,8 +7,10 @@
 //
 // Covers model states (16-bit parameters and gradients, fp32 master + Adam),
 // the constant communication buffers (CB) and the MD checkpoint arena, and
-// compares model states with the paper's formulas (docs/paper/README.md).
-// Activations and time estimates are not planned yet ([plan]).
+// compares model states with the paper's formulas (docs/paper/README.md);
+// then runs one micro-batch's forward and backward on the meta device (the
+// kernels check shapes and skip the arithmetic) for the activation peak.
+// Time estimates are not planned yet ([plan]).
 #pragma once
 
 #include <array>
@@ -26,6 +28,11 @@ struct RankMemoryPlan {
   std::int64_t psi = 0;         // parameters of this rank's TP shard (the paper's Psi with MP)
   std::int64_t psi_padded = 0;  // after padding to DP x 64 elements
   std::array<std::int64_t, kNumMemoryCategories> bytes{};  // live after set-up, by category
+  // One micro-batch's forward and backward run on the meta device: the peak of
+  // each category and of the total (model states included), and the first-fit
+  // heap peak (with fragmentation). The optimizer step is not run.
+  std::array<std::int64_t, kNumMemoryCategories> step_peak{};
+  std::int64_t step_total_peak = 0, step_heap_peak = 0;
   std::int64_t model_states = 0;          // parameters + gradients + optimizer states
   std::int64_t paper_model_states = 0;    // the paper's formula for this stage, Psi and Nd
   std::string to_table() const;

@@ -64,14 +64,19 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     step.micro_batch = B;
     step.seq = S;
     step.training = true;
+    tp_comm.reset_stats();
+    dp_comm.reset_stats();
     model.forward(ids, targets, step);
     engine.begin_backward(true);
     model.backward(1.0);
+    engine.load_finished();  // the step's parameter publication (all-gather at stages 1-2)
     const auto peak = meta->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.step_peak[c] = peak.by_category[c].peak_bytes;
     p.step_total_peak = peak.total_peak_bytes;
     p.step_heap_peak = peak.heap_peak_bytes;
     model.set_param_hooks(nullptr);
+    p.tp_comm = tp_comm.stats();
+    p.dp_comm = dp_comm.stats();
   }
   p.rank = rank;
   p.world = world_size;
@@ -115,7 +120,13 @@ std::string RankMemoryPlan::to_table() const {
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]) << ", checkpoints "
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]) << ", total "
      << gib(step_total_peak) << " (first-fit heap " << gib(step_heap_peak) << ")\n"
-     << "  (the optimizer step's workspace and time estimates are not planned yet)\n";
+     << "  communication of that micro-batch and the step (elements):";
+  for (auto [group, st] : {std::pair{"tp", &tp_comm}, std::pair{"dp", &dp_comm}})
+    for (std::size_t t = 0; t < kNumCollectiveTypes; ++t)
+      if ((*st).by_type[t].calls > 0)
+        os << " " << group << " " << collective_name(static_cast<CollectiveType>(t)) << " "
+           << (*st).by_type[t].elements << " (" << (*st).by_type[t].calls << " calls);";
+  os << "\n  (the optimizer step's workspace and time estimates are not planned yet)\n";
   return os.str();
 }
 

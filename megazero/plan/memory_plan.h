@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 
+#include "megazero/comm/communicator.h"
 #include "megazero/core/memory_tracker.h"
 #include "megazero/train/arguments.h"
 
@@ -33,6 +34,10 @@ struct RankMemoryPlan {
   // heap peak (with fragmentation). The optimizer step is not run.
   std::array<std::int64_t, kNumMemoryCategories> step_peak{};
   std::int64_t step_total_peak = 0, step_heap_peak = 0;
+  // Communication of that micro-batch (forward, backward, gradient reduction)
+  // plus the parameter all-gather of the optimizer step, as counted by the
+  // communicators: elements by collective type, per group.
+  CommStats tp_comm, dp_comm;
   std::int64_t model_states = 0;          // parameters + gradients + optimizer states
   std::int64_t paper_model_states = 0;    // the paper's formula for this stage, Psi and Nd
   std::string to_table() const;

@@ -95,8 +95,17 @@ int run(int argc, char** argv) {
     if (world_comm->rank() == 0) {
       std::cout << "---- resolved configuration (virtual world of " << args.world_size << " ranks) ----\n"
                 << args.to_config() << std::flush;
-      const auto plan = plan::plan_rank_memory(args, args.world_size, args.plan_rank);
-      std::cout << plan.to_table() << plan.to_json() << "\n" << std::flush;
+      if (args.plan_fit_gib > 0) {
+        plan::RankMemoryPlan best;
+        const auto layers = plan::largest_layers_that_fit(
+            args, args.world_size, args.plan_rank, static_cast<std::int64_t>(args.plan_fit_gib * 1073741824.0), &best);
+        std::printf("largest model that fits %.1f GiB per rank: %lld layers, %.2fB parameters\n", args.plan_fit_gib,
+                    static_cast<long long>(layers), static_cast<double>(best.total_params) / 1e9);
+        if (layers > 0) std::cout << best.to_table();
+      } else {
+        const auto plan = plan::plan_rank_memory(args, args.world_size, args.plan_rank);
+        std::cout << plan.to_table() << plan.to_json() << "\n" << std::flush;
+      }
     }
     return 0;
   }

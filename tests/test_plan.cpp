@@ -122,3 +122,23 @@ TEST(Plan, CommunicationVolumesMatchThePapersAnalysis) {
   const auto c4 = plan::plan_rank_memory(paper_100b(-1, {"--zero-config", "C4"}), 400, 0);
   EXPECT_EQ(c4.tp_comm[AG].elements, 125 * bsh);
 }
+
+// Figure 6's ordering: at 400 GPUs, MP 16, batch 16 per replica and 32 GiB per
+// GPU, the largest model grows C1 < C3 < C4 < C5 (Pa matters more than Pos+g),
+// and the search's answer is exact: one more layer does not fit.
+TEST(Plan, LargestModelPerConfigurationFollowsFigure6) {
+  const std::int64_t budget = 32LL << 30;
+  std::vector<std::int64_t> layers;
+  for (const char* c : {"C1", "C3", "C4", "C5"}) {
+    auto args = paper_100b(-1, {"--zero-config", c, "--micro-batch-size", "16", "--global-batch-size", "400"});
+    plan::RankMemoryPlan best;
+    const auto n = plan::largest_layers_that_fit(args, 400, 0, budget, &best);
+    EXPECT_LE(best.step_total_peak, budget) << c;
+    args.model.num_layers = n + 1;
+    EXPECT_GT(plan::plan_rank_memory(args, 400, 0).step_total_peak, budget) << c;
+    layers.push_back(n);
+  }
+  EXPECT_LT(layers[0], layers[1]);
+  EXPECT_LT(layers[1], layers[2]);
+  EXPECT_LT(layers[2], layers[3]);
+}

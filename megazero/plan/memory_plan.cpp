@@ -50,6 +50,7 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     const auto snap = meta->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.bytes[c] = snap.by_category[c].live_bytes;
     p.psi = engine.layout().unpadded_numel();
+    for (const auto* param : params.all()) p.total_params += shape_numel(param->global_shape);
     p.psi_padded = engine.layout().numel();
     // One micro-batch through the real forward and backward, sizes only.
     if (args.zero_r.any()) model.set_checkpoint_store(&checkpoints);
@@ -93,6 +94,28 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   return p;
 }
 
+std::int64_t largest_layers_that_fit(train::TrainArgs args, int world_size, int rank, std::int64_t budget,
+                                     RankMemoryPlan* plan_out) {
+  auto fits = [&](std::int64_t layers, RankMemoryPlan* out) {
+    args.model.num_layers = layers;
+    const auto p = plan_rank_memory(args, world_size, rank);
+    if (out) *out = p;
+    return p.step_total_peak <= budget;
+  };
+  std::int64_t lo = 0, hi = 1;
+  while (fits(hi, nullptr)) {  // grow until it does not fit
+    lo = hi;
+    hi *= 2;
+    MZ_REQUIRE(hi <= (1 << 20), "a model of over a million layers fits: the memory budget is not a limit");
+  }
+  while (hi - lo > 1) {
+    const std::int64_t mid = (lo + hi) / 2;
+    (fits(mid, nullptr) ? lo : hi) = mid;
+  }
+  if (lo > 0 && plan_out) fits(lo, plan_out);
+  return lo;
+}
+
 namespace {
 std::string gib(std::int64_t b) {
   char s[32];
@@ -105,7 +128,8 @@ std::string RankMemoryPlan::to_table() const {
   std::ostringstream os;
   os << "---- memory plan: rank " << rank << " of " << world << " (TP rank " << tp_rank << " of " << tp
      << ", DP rank " << dp_rank << " of " << dp << "), ZeRO stage " << stage << ", " << dtype << " ----\n"
-     << "  parameters of this TP shard (Psi): " << psi << " (" << psi_padded << " padded for DP)\n";
+     << "  model parameters: " << total_params << "; of this TP shard (Psi): " << psi << " (" << psi_padded
+     << " padded for DP)\n";
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
     if (bytes[c] > 0)
       os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << gib(bytes[c]) << "\n";

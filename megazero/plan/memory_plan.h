@@ -28,6 +28,7 @@ struct RankMemoryPlan {
   std::string dtype;
   std::int64_t psi = 0;         // parameters of this rank's TP shard (the paper's Psi with MP)
   std::int64_t psi_padded = 0;  // after padding to DP x 64 elements
+  std::int64_t total_params = 0;  // the whole model (global shapes, vocabulary padding included)
   std::array<std::int64_t, kNumMemoryCategories> bytes{};  // live after set-up, by category
   // One micro-batch's forward and backward run on the meta device: the peak of
   // each category and of the total (model states included), and the first-fit
@@ -52,5 +53,11 @@ double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes
 // Plans `rank` of a world of `world_size` ranks for the run `args` describes
 // (args.validate / validate_layout must have passed).
 RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank);
+
+// The largest --num-layers (other flags as given) whose planned step peak on
+// `rank` stays within `budget_bytes`; 0 if not even one layer fits. Binary
+// search over real plans (each well under a second).
+std::int64_t largest_layers_that_fit(train::TrainArgs args, int world_size, int rank, std::int64_t budget_bytes,
+                                     RankMemoryPlan* plan_out = nullptr);
 
 }  // namespace megazero::plan

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include <boost/program_options.hpp>
@@ -145,13 +146,17 @@ void define(OptionTable& t, TrainArgs& a) {
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
       "world-size", po::value(&a.world_size), "with --dry-run: validate and plan memory for a virtual world of N ranks")(
       "plan-rank", po::value(&a.plan_rank), "with --dry-run --world-size: the rank to plan (default 0)")(
+      "plan-fit-gib", po::value(&a.plan_fit_gib),
+      "with --dry-run --world-size: the largest --num-layers whose planned peak fits this many GiB per rank")(
       "help,h", po::bool_switch(&a.help), "print this help");
 }
 
 // The paper's Table 3: C1..C5 as the flags they stand for. CB (constant-size
 // fused buffers) is how the engine always works (--reduce-bucket-size). A
 // flag the user set that contradicts the configuration is refused.
-void expand_zero_config(TrainArgs& a, const po::variables_map& vm) {
+// A flag contradicts --zero-config only if given at the same level or above:
+// --zero-config on the command line overrides the config file's zero-stage.
+void expand_zero_config(TrainArgs& a, const po::variables_map& vm, const std::set<std::string>& on_command_line) {
   if (a.zero_config.empty()) return;
   struct C {
     const char* name;
@@ -164,12 +169,15 @@ void expand_zero_config(TrainArgs& a, const po::variables_map& vm) {
   for (const auto& row : table)
     if (a.zero_config == row.name) c = &row;
   MZ_REQUIRE(c, "--zero-config must be one of C1, C2, C3, C4, C5 (the paper's Table 3), got '", a.zero_config, "'");
-  auto given = [&](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
+  const bool config_on_command_line = on_command_line.count("zero-config") > 0;
+  auto given = [&](const char* flag) {
+    return config_on_command_line ? on_command_line.count(flag) > 0 : vm.count(flag) && !vm[flag].defaulted();
+  };
   MZ_REQUIRE(!given("zero-stage") || a.zero.stage == c->stage, "--zero-config ", c->name, " means --zero-stage ",
              c->stage, " but --zero-stage ", a.zero.stage, " was given; drop one of them");
-  MZ_REQUIRE(!a.zero_r.partition_activations || c->pa, "--zero-config ", c->name,
+  MZ_REQUIRE(!a.zero_r.partition_activations || c->pa || !given("partition-activations"), "--zero-config ", c->name,
              " has no Pa but --partition-activations was given; use C2, C4 or C5, or drop the flag");
-  MZ_REQUIRE(!a.zero_r.cpu_checkpointing || c->cpu, "--zero-config ", c->name,
+  MZ_REQUIRE(!a.zero_r.cpu_checkpointing || c->cpu || !given("cpu-checkpointing"), "--zero-config ", c->name,
              " has no Pa+cpu but --cpu-checkpointing was given; use C5, or drop the flag");
   a.zero.stage = c->stage;
   a.model.recompute_activations = true;
@@ -190,13 +198,15 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   define(table, a);
   const auto desc = table.all();
   po::variables_map vm;
+  std::set<std::string> on_command_line;
   try {
     // No prefix guessing: a misspelt flag (--num-layer) is an error, not an abbreviation.
-    po::store(po::command_line_parser(argc, argv)
-                  .options(desc)
-                  .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
-                  .run(),
-              vm);
+    const auto parsed = po::command_line_parser(argc, argv)
+                            .options(desc)
+                            .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+                            .run();
+    for (const auto& o : parsed.options) on_command_line.insert(o.string_key);
+    po::store(parsed, vm);
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
       std::ifstream in(file);
@@ -211,7 +221,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
   }
-  expand_zero_config(a, vm);
+  expand_zero_config(a, vm, on_command_line);
   if (a.help && help_text) {
     std::ostringstream os;
     os << desc;

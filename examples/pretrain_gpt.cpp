@@ -130,9 +130,7 @@ int run(int argc, char** argv) {
   auto device = make_device(DeviceKind::CPU);
   layers::ParameterSet params;
   layers::GPTModel model(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
-  zero::ZeroConfig zc = args.zero;
-  zc.param_dtype = args.dtype();
-  zc.contiguous_gradients = args.zero_r.contiguous_memory;  // MD covers gradients too
+  const zero::ZeroConfig zc = args.engine_config();
   zero::ZeroEngine engine(params, groups->dp(), groups->tp(), device, zc);
   engine.initialize(args.seed);
   // ZeRO-R: where recomputing layers keep their inputs (Pa, Pa+cpu, MD).
@@ -142,7 +140,7 @@ int run(int argc, char** argv) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
                                                                  static_cast<int>(args.model.num_layers));
     model.set_checkpoint_store(checkpoints.get());
-    checkpoints->reserve(args.micro_batch_size * args.model.seq_length * args.model.hidden_size, args.dtype());
+    checkpoints->reserve(args.checkpoint_elements(), args.dtype());
   }
   if (root) {
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
@@ -239,10 +237,8 @@ int run(int argc, char** argv) {
     double sum = 0;
     for (std::int64_t e = 0; e < args.eval_iters; ++e)
       for (auto& mb : micro_batches(at * 1000003 + e, Split::Valid)) sum += model.forward(mb.ids, mb.targets, mb.step);
-    Tensor l = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
-    l.data_as<double>()[0] = args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0;
-    groups->dp().all_reduce(l, ReduceOp::Avg).wait();
-    const double loss = l.data_as<double>()[0];
+    const double loss = all_reduce_value(
+        groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
     if (root) std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss, std::exp(loss));
     return loss;
   };

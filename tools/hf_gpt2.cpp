@@ -113,49 +113,40 @@ std::vector<TensorMap> gpt2_tensor_map(const GPTConfig& c, I padded_vocab) {
   return m;
 }
 
-void to_hf(const TensorMap& m, const GPTConfig& c, const float* ours, float* hf) {
+namespace {
+// Calls fn(our_index, hf_index) for every element both layouts hold: the one
+// mapping export and import share (import's padding rows are filled apart).
+template <typename Fn>
+void for_each_pair(const TensorMap& m, const GPTConfig& c, Fn&& fn) {
   switch (m.how) {
     case Transform::Copy:
-    case Transform::VocabRows:  // the first V rows; padding rows dropped
-      std::copy(ours, ours + numel(m.hf_shape), hf);
+    case Transform::VocabRows:  // the first V rows; padding rows exist on our side only
+      for (I i = 0; i < numel(m.hf_shape); ++i) fn(i, i);
       return;
     case Transform::QkvBias:
-      for (I r = 0; r < m.our_shape[0]; ++r) hf[qkv_hf_index(r, c)] = ours[r];
+      for (I r = 0; r < m.our_shape[0]; ++r) fn(r, qkv_hf_index(r, c));
       return;
     case Transform::Transpose:
     case Transform::QkvWeight: {
       const I out = m.our_shape[0], in = m.our_shape[1];
       for (I o = 0; o < out; ++o) {
         const I col = m.how == Transform::QkvWeight ? qkv_hf_index(o, c) : o;
-        for (I i = 0; i < in; ++i) hf[i * out + col] = ours[o * in + i];
+        for (I i = 0; i < in; ++i) fn(o * in + i, i * out + col);
       }
       return;
     }
   }
 }
+}  // namespace
+
+void to_hf(const TensorMap& m, const GPTConfig& c, const float* ours, float* hf) {
+  for_each_pair(m, c, [&](I o, I h) { hf[h] = ours[o]; });
+}
 
 void from_hf(const TensorMap& m, const GPTConfig& c, const float* hf, float* ours) {
-  switch (m.how) {
-    case Transform::Copy:
-      std::copy(hf, hf + numel(m.hf_shape), ours);
-      return;
-    case Transform::VocabRows:  // padding rows are zero, as at initialisation
-      std::copy(hf, hf + numel(m.hf_shape), ours);
-      std::fill(ours + numel(m.hf_shape), ours + numel(m.our_shape), 0.0f);
-      return;
-    case Transform::QkvBias:
-      for (I r = 0; r < m.our_shape[0]; ++r) ours[r] = hf[qkv_hf_index(r, c)];
-      return;
-    case Transform::Transpose:
-    case Transform::QkvWeight: {
-      const I out = m.our_shape[0], in = m.our_shape[1];
-      for (I o = 0; o < out; ++o) {
-        const I col = m.how == Transform::QkvWeight ? qkv_hf_index(o, c) : o;
-        for (I i = 0; i < in; ++i) ours[o * in + i] = hf[i * out + col];
-      }
-      return;
-    }
-  }
+  if (m.how == Transform::VocabRows)  // padding rows are zero, as at initialisation
+    std::fill(ours + numel(m.hf_shape), ours + numel(m.our_shape), 0.0f);
+  for_each_pair(m, c, [&](I o, I h) { ours[o] = hf[h]; });
 }
 
 // ------------------------------------------------------------ configurations

@@ -58,18 +58,8 @@ bool parse_piece_name(const std::string& n, std::string& state, std::string& par
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-double max_over(Communicator& c, double v) {
-  Tensor t = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
-  t.data_as<double>()[0] = v;
-  c.all_reduce(t, ReduceOp::Max).wait();
-  return t.data_as<double>()[0];
-}
-double sum_over(Communicator& c, double v) {
-  Tensor t = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
-  t.data_as<double>()[0] = v;
-  c.all_reduce(t, ReduceOp::Sum).wait();
-  return t.data_as<double>()[0];
-}
+double max_over(Communicator& c, double v) { return all_reduce_value(c, v, ReduceOp::Max); }
+double sum_over(Communicator& c, double v) { return all_reduce_value(c, v, ReduceOp::Sum); }
 
 // Iteration of a directory named iter_NNNNNNN, or -1.
 std::int64_t iteration_of(const std::string& name) {

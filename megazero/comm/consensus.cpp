@@ -18,6 +18,13 @@ void agree_on_error(Communicator& comm, const std::string& local_error) {
   throw AgreedConfigError(message + " (reported by rank " + std::to_string(root) + ")");
 }
 
+double all_reduce_value(Communicator& comm, double v, ReduceOp op) {
+  Tensor t = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
+  t.data_as<double>()[0] = v;
+  comm.all_reduce(t, op).wait();
+  return t.data_as<double>()[0];
+}
+
 std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
   auto cpu = make_device(DeviceKind::CPU);
   Tensor len = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::CommBuffers);

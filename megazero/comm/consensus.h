@@ -21,6 +21,9 @@ class AgreedConfigError : public ConfigError {
 // `local_error` empty means this rank is fine. Collective over `comm`.
 void agree_on_error(Communicator& comm, const std::string& local_error);
 
+// One value reduced over `comm` (a loss, a time, a byte count, a flag).
+double all_reduce_value(Communicator& comm, double v, ReduceOp op);
+
 // Root's string on every rank. Collective over `comm`.
 std::string broadcast_string(Communicator& comm, const std::string& s, int root = 0);
 

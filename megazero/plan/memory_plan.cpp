@@ -40,13 +40,10 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   {
     layers::ParameterSet params;
     layers::GPTModel model(args.model, layers::TpContext{&tp_comm, meta, args.dtype()}, params);
-    zero::ZeroConfig zc = args.zero;
-    zc.param_dtype = args.dtype();
-    zc.contiguous_gradients = args.zero_r.contiguous_memory;
-    zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, zc);
+    zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, args.engine_config());
     zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, make_device(DeviceKind::Meta),
                                              static_cast<int>(args.model.num_layers));
-    checkpoints.reserve(args.micro_batch_size * args.model.seq_length * args.model.hidden_size, args.dtype());
+    checkpoints.reserve(args.checkpoint_elements(), args.dtype());
     const auto snap = meta->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.bytes[c] = snap.by_category[c].live_bytes;
     p.psi = engine.layout().unpadded_numel();

@@ -64,6 +64,16 @@ struct TrainArgs {
 
   std::int64_t accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }
   DType dtype() const { return fp16 ? DType::F16 : bf16 ? DType::BF16 : DType::F32; }
+  // The engine's configuration for this run (precision; MD covers gradients
+  // too): the driver and the planner build the engine from the same one.
+  zero::ZeroConfig engine_config() const {
+    zero::ZeroConfig z = zero;
+    z.param_dtype = dtype();
+    z.contiguous_gradients = zero_r.contiguous_memory;
+    return z;
+  }
+  // Elements of one layer's checkpointed input (micro-batch x seq x hidden).
+  std::int64_t checkpoint_elements() const { return micro_batch_size * model.seq_length * model.hidden_size; }
   // Checks everything that needs no knowledge of the world; dp/tp checks in validate_layout.
   void validate() const;
   void validate_layout(int world_size) const;

@@ -2,6 +2,8 @@
 
 #include <csignal>
 
+#include "megazero/comm/consensus.h"
+
 namespace megazero::train {
 
 namespace {
@@ -21,10 +23,7 @@ void install_stop_signal_handlers() {
 int stop_signal_received() { return static_cast<int>(g_signal); }
 
 bool stop_requested_anywhere(Communicator& world) {
-  Tensor flag = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::I32, MemoryCategory::Workspace);
-  flag.data_as<std::int32_t>()[0] = stop_signal_received();
-  world.all_reduce(flag, ReduceOp::Max).wait();
-  return flag.data_as<std::int32_t>()[0] != 0;
+  return all_reduce_value(world, stop_signal_received(), ReduceOp::Max) != 0;
 }
 
 }  // namespace megazero::train

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "megazero/comm/activity.h"
+#include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
 
 namespace megazero::train {
@@ -39,10 +40,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.exposed_comm_s = engine.exposed_comm_seconds();
   scaler.update(r.stats.skipped);
   // The logged loss: mean over every micro-batch of every DP rank.
-  Tensor l = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
-  l.data_as<double>()[0] = local / static_cast<double>(micro_batches.size());
-  dp.all_reduce(l, ReduceOp::Avg).wait();
-  r.loss = l.data_as<double>()[0];
+  r.loss = all_reduce_value(dp, local / static_cast<double>(micro_batches.size()), ReduceOp::Avg);
   return r;
 }
 

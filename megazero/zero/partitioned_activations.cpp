@@ -25,24 +25,19 @@ PartitionedCheckpoints::PartitionedCheckpoints(const ZeroRConfig& cfg, Communica
 
 // MD: one arena of num_layers slots, (re)reserved only when the checkpoint
 // size grows; a smaller micro-batch uses the front of each slot.
-Tensor PartitionedCheckpoints::arena_slot(int layer, std::int64_t chunk, DType dtype) {
-  if (!arena_.defined() || chunk > arena_chunk_ || arena_.dtype() != dtype) {
-    arena_ = Tensor();  // release first: the old and new arena never coexist
-    const auto& dev = cfg_.cpu_checkpointing ? host_ : device_;
-    arena_ = Tensor::empty(dev, {num_layers_ * chunk}, dtype, MemoryCategory::ActivationCheckpoints,
-                           "checkpoint-arena");
-    arena_chunk_ = chunk;
-    stats_.arena_bytes = static_cast<std::int64_t>(arena_.nbytes());
-  }
-  ++stats_.arena_fills;
-  return arena_.narrow(0, layer * arena_chunk_, chunk);
+void PartitionedCheckpoints::ensure_arena(std::int64_t chunk, DType dtype) {
+  if (arena_.defined() && chunk <= arena_chunk_ && arena_.dtype() == dtype) return;
+  arena_ = Tensor();  // release first: the old and new arena never coexist
+  const auto& dev = cfg_.cpu_checkpointing ? host_ : device_;
+  arena_ = Tensor::empty(dev, {num_layers_ * chunk}, dtype, MemoryCategory::ActivationCheckpoints, "checkpoint-arena");
+  arena_chunk_ = chunk;
+  stats_.arena_bytes = static_cast<std::int64_t>(arena_.nbytes());
 }
 
 void PartitionedCheckpoints::reserve(std::int64_t elements, DType dtype) {
   if (!cfg_.contiguous_memory) return;
   const int parts = cfg_.partition_activations ? tp_.size() : 1;
-  arena_slot(0, (elements + parts - 1) / parts, dtype);
-  --stats_.arena_fills;  // a reservation, not a checkpoint
+  ensure_arena((elements + parts - 1) / parts, dtype);
 }
 
 void PartitionedCheckpoints::save(int layer, const Tensor& x) {
@@ -58,7 +53,9 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
   const std::int64_t begin = std::min(n, me * chunk), len = s.counts[static_cast<std::size_t>(me)];
   Tensor dst;
   if (cfg_.contiguous_memory) {
-    dst = arena_slot(layer, chunk, x.dtype()).narrow(0, 0, len);
+    ensure_arena(chunk, x.dtype());
+    ++stats_.arena_fills;
+    dst = arena_.narrow(0, layer * arena_chunk_, len);
   } else {
     const auto& dev = cfg_.cpu_checkpointing ? host_ : device_;
     dst = Tensor::empty(dev, {len}, x.dtype(), MemoryCategory::ActivationCheckpoints, "checkpoint-slice");

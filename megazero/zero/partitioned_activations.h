@@ -60,7 +60,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
     std::vector<std::int64_t> counts;  // Pa: every rank's slice length
     bool present = false;
   };
-  Tensor arena_slot(int layer, std::int64_t chunk, DType dtype);
+  void ensure_arena(std::int64_t chunk, DType dtype);
 
   ZeroRConfig cfg_;
   Communicator& tp_;

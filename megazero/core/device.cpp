@@ -91,6 +91,16 @@ void CpuDevice::fill_zero(void* dst, std::size_t bytes) {
 }
 
 // ---- Meta ----
+void ComputeLog::add_gemm(const GemmShape& g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++gemms_[g];
+}
+double ComputeLog::gemm_flops() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  double f = 0;
+  for (const auto& [g, calls] : gemms_) f += g.flops() * static_cast<double>(calls);
+  return f;
+}
 void MetaDevice::copy_to_host(void*, const void*, std::size_t) {
   throw InternalError("the meta device holds no data: a dry run tried to read a tensor's values");
 }

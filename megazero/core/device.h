@@ -7,10 +7,15 @@
 //                real model/ZeRO code on it, so the plan cannot drift from the run.
 #pragma once
 
+#include <compare>
 #include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
 #include <memory>
 #include <string>
 
+#include "megazero/core/dtype.h"
 #include "megazero/core/memory_tracker.h"
 
 namespace megazero {
@@ -93,9 +98,30 @@ class CpuDevice final : public Device {
   void raw_free(void* p, std::size_t bytes) override;
 };
 
+// What the kernels would have computed on the meta device: the time model of
+// the planner (megazero/plan/time_model.h) prices each GEMM by its shape.
+struct GemmShape {
+  std::int64_t m = 0, n = 0, k = 0, batch = 1;
+  DType dtype = DType::F32;
+  auto operator<=>(const GemmShape&) const = default;
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch); }
+};
+class ComputeLog {
+ public:
+  void add_gemm(const GemmShape& g);
+  const std::map<GemmShape, std::int64_t>& gemms() const { return gemms_; }  // shape -> calls
+  double gemm_flops() const;
+  void clear() { gemms_.clear(); }
+
+ private:
+  mutable std::mutex mu_;
+  std::map<GemmShape, std::int64_t> gemms_;
+};
+
 class MetaDevice final : public Device {
  public:
   DeviceKind kind() const override { return DeviceKind::Meta; }
+  ComputeLog& compute_log() { return log_; }
   void copy_to_host(void*, const void*, std::size_t) override;
   void copy_from_host(void*, const void*, std::size_t) override;
   void copy_within(void*, const void*, std::size_t) override {}
@@ -104,6 +130,9 @@ class MetaDevice final : public Device {
  protected:
   void* raw_allocate(std::size_t) override { return nullptr; }
   void raw_free(void*, std::size_t) override {}
+
+ private:
+  ComputeLog log_;
 };
 
 // Creates a device of the given kind. CUDA in a build without MEGAZERO_CUDA, or

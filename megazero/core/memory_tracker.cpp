@@ -88,6 +88,7 @@ std::uint64_t MemoryTracker::on_allocate(MemoryCategory c, std::size_t bytes) {
   k.live_bytes += b;
   k.peak_bytes = std::max(k.peak_bytes, k.live_bytes);
   ++k.allocations;
+  k.allocated_bytes += b;
   ++k.live_allocations;
   s_.total_live_bytes += b;
   s_.total_peak_bytes = std::max(s_.total_peak_bytes, s_.total_live_bytes);

@@ -34,6 +34,7 @@ struct MemoryCounters {
   std::int64_t live_bytes = 0;
   std::int64_t peak_bytes = 0;
   std::int64_t allocations = 0;  // number of allocate() calls so far
+  std::int64_t allocated_bytes = 0;  // sum of all allocate() sizes so far (traffic, not residency)
   std::int64_t live_allocations = 0;
 };
 

@@ -5,6 +5,8 @@
 
 #include "layers/gpt_model.h"
 #include "megazero/comm/virtual_communicator.h"
+#include "megazero/optim/loss_scaler.h"
+#include "megazero/train/train_step.h"
 #include "megazero/core/error.h"
 #include "megazero/zero/partitioned_activations.h"
 #include "megazero/zero/zero_engine.h"
@@ -36,43 +38,63 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   VirtualCommunicator tp_comm(coord.tp_rank, tp, "tp"), dp_comm(coord.dp_rank, world_size / tp, "dp");
 
   auto meta = make_device(DeviceKind::Meta);
+  auto host = make_device(DeviceKind::Meta);  // host memory for Pa+cpu, counted apart as in a run
   RankMemoryPlan p;
   {
     layers::ParameterSet params;
     layers::GPTModel model(args.model, layers::TpContext{&tp_comm, meta, args.dtype()}, params);
     zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, args.engine_config());
-    zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, make_device(DeviceKind::Meta),
-                                             static_cast<int>(args.model.num_layers));
-    checkpoints.reserve(args.checkpoint_elements(), args.dtype());
+    zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, host, static_cast<int>(args.model.num_layers));
+    if (args.zero_r.any()) {
+      model.set_checkpoint_store(&checkpoints);
+      checkpoints.reserve(args.checkpoint_elements(), args.dtype());
+    }
     const auto snap = meta->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.bytes[c] = snap.by_category[c].live_bytes;
     p.psi = engine.layout().unpadded_numel();
     for (const auto* param : params.all()) p.total_params += shape_numel(param->global_shape);
     p.psi_padded = engine.layout().numel();
-    // One micro-batch through the real forward and backward, sizes only.
-    if (args.zero_r.any()) model.set_checkpoint_store(&checkpoints);
-    model.set_param_hooks(&engine);
-    engine.zero_grad();
-    meta->memory().reset_peaks();
+    p.owned_elements = engine.owned().size();
+    // One whole iteration through the code a run executes (train_step: every
+    // micro-batch's forward and backward, then the optimizer step), sizes only.
     const std::int64_t B = args.micro_batch_size, S = args.model.seq_length;
-    Tensor ids = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
-    Tensor targets = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
-    layers::StepInfo step;
-    step.seed = args.seed;
-    step.micro_batch = B;
-    step.seq = S;
-    step.training = true;
+    p.micro_batches = std::max<std::int64_t>(1, args.accumulation_steps(world_size / tp));
+    std::vector<train::MicroBatch> mbs;
+    for (std::int64_t m = 0; m < p.micro_batches; ++m) {
+      train::MicroBatch mb;
+      mb.ids = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
+      mb.targets = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
+      mb.step.seed = args.seed;
+      mb.step.micro_batch = B;
+      mb.step.seq = S;
+      mb.step.training = true;
+      mb.step.sample_offset = m * B;
+      mbs.push_back(std::move(mb));
+    }
+    const train::OptimizerSettings opt{args.adam, args.lr, args.clip_grad};
+    optim::LossScaler scaler(args.loss_scale);
+    meta->memory().reset_peaks();
+    const auto before = meta->memory().snapshot();
+    const auto host_before = host->memory().snapshot();
     tp_comm.reset_stats();
     dp_comm.reset_stats();
-    model.forward(ids, targets, step);
-    engine.begin_backward(true);
-    model.backward(1.0);
-    engine.load_finished();  // the step's parameter publication (all-gather at stages 1-2)
+    auto& log = static_cast<MetaDevice&>(*meta).compute_log();
+    log.clear();
+    train::train_step(model, engine, dp_comm, mbs, opt, scaler, 0);
     const auto peak = meta->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.step_peak[c] = peak.by_category[c].peak_bytes;
     p.step_total_peak = peak.total_peak_bytes;
     p.step_heap_peak = peak.heap_peak_bytes;
-    model.set_param_hooks(nullptr);
+    const auto act = static_cast<std::size_t>(MemoryCategory::Activations);
+    const auto ckpt = static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints);
+    p.activation_traffic_bytes = peak.by_category[act].allocated_bytes - before.by_category[act].allocated_bytes;
+    p.host_checkpoint_bytes =
+        host->memory().snapshot().by_category[ckpt].allocated_bytes - host_before.by_category[ckpt].allocated_bytes;
+    p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
+    for (const auto& [g, calls] : log.gemms()) p.gemms.push_back({g, calls});
+    p.gemm_flops = log.gemm_flops();
+    p.model_flops_per_step = model.flops_per_token(args.model.recompute_activations) *
+                             static_cast<double>(B * S * p.micro_batches) / tp;
     p.tp_comm = tp_comm.stats();
     p.dp_comm = dp_comm.stats();
   }
@@ -137,17 +159,18 @@ std::string RankMemoryPlan::to_table() const {
   std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
   os << "  model states (parameters + gradients + optimizer): " << gib(model_states) << "; the paper's formula: "
      << gib(paper_model_states) << " (" << d << ")\n"
-     << "  one micro-batch (" << "forward + backward, real code on the meta device): peak activations "
+     << "  one iteration (" << micro_batches
+     << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device): peak activations "
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]) << ", checkpoints "
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]) << ", total "
      << gib(step_total_peak) << " (first-fit heap " << gib(step_heap_peak) << ")\n"
-     << "  communication of that micro-batch and the step (elements):";
+     << "  communication of that iteration (elements):";
   for (auto [group, st] : {std::pair{"tp", &tp_comm}, std::pair{"dp", &dp_comm}})
     for (std::size_t t = 0; t < kNumCollectiveTypes; ++t)
       if ((*st).by_type[t].calls > 0)
         os << " " << group << " " << collective_name(static_cast<CollectiveType>(t)) << " "
            << (*st).by_type[t].elements << " (" << (*st).by_type[t].calls << " calls);";
-  os << "\n  (the optimizer step's workspace and time estimates are not planned yet)\n";
+  os << "\n";
   return os.str();
 }
 

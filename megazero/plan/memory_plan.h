@@ -8,16 +8,19 @@
 // Covers model states (16-bit parameters and gradients, fp32 master + Adam),
 // the constant communication buffers (CB) and the MD checkpoint arena, and
 // compares model states with the paper's formulas (docs/paper/README.md);
-// then runs one micro-batch's forward and backward on the meta device (the
-// kernels check shapes and skip the arithmetic) for the activation peak.
-// Time estimates are not planned yet ([plan]).
+// then runs one whole iteration (train_step) on the meta device (the kernels
+// check shapes and skip the arithmetic) for the step's peak.
+// The iteration's GEMMs, traffic and communication feed the time model
+// (time_model.h).
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "megazero/comm/communicator.h"
+#include "megazero/core/device.h"
 #include "megazero/core/memory_tracker.h"
 #include "megazero/train/arguments.h"
 
@@ -30,14 +33,27 @@ struct RankMemoryPlan {
   std::int64_t psi_padded = 0;  // after padding to DP x 64 elements
   std::int64_t total_params = 0;  // the whole model (global shapes, vocabulary padding included)
   std::array<std::int64_t, kNumMemoryCategories> bytes{};  // live after set-up, by category
-  // One micro-batch's forward and backward run on the meta device: the peak of
-  // each category and of the total (model states included), and the first-fit
-  // heap peak (with fragmentation). The optimizer step is not run.
+  std::int64_t owned_elements = 0;  // this rank's optimizer partition (master + Adam)
+  // One whole iteration (train_step: every micro-batch's forward and backward,
+  // then the optimizer step) run on the meta device: the peak of each category
+  // and of the total (model states included), and the first-fit heap peak
+  // (with fragmentation).
+  std::int64_t micro_batches = 1;
   std::array<std::int64_t, kNumMemoryCategories> step_peak{};
   std::int64_t step_total_peak = 0, step_heap_peak = 0;
-  // Communication of that micro-batch (forward, backward, gradient reduction)
-  // plus the parameter all-gather of the optimizer step, as counted by the
-  // communicators: elements by collective type, per group.
+  // What that iteration computed and moved, for the time model: every GEMM by
+  // shape, the bytes of activations written (elementwise traffic), the bytes
+  // of checkpoints sent to host memory (Pa+cpu), and the communication the
+  // communicators counted — elements and calls by collective type, per group.
+  struct GemmCalls {
+    GemmShape shape;
+    std::int64_t calls = 0;
+  };
+  std::vector<GemmCalls> gemms;
+  double gemm_flops = 0;             // sum over gemms
+  double model_flops_per_step = 0;   // this rank's share of the model's analytic FLOPs (Narayanan et al. eq. 3)
+  std::int64_t activation_traffic_bytes = 0;
+  std::int64_t host_checkpoint_bytes = 0, host_checkpoint_peak = 0;
   CommStats tp_comm, dp_comm;
   std::int64_t model_states = 0;          // parameters + gradients + optimizer states
   std::int64_t paper_model_states = 0;    // the paper's formula for this stage, Psi and Nd

@@ -335,6 +335,7 @@ std::string ZeroEngine::constant_buffers() const {
 // Reads the partition in place: a host copy of it (Psi/Nd doubles) every step
 // would cost more memory traffic than the sum itself.
 double ZeroEngine::sum_of_squares(const Tensor& grads) const {
+  if (!grads.device().has_storage()) return 0;  // the planner's dry run
   MZ_CHECK(grads.device().kind() == DeviceKind::CPU && grads.is_contiguous(), "grad norm: no CUDA kernel yet");
   const void* base = grads.data();
   double s = 0;

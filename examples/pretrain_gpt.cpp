@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <iostream>
 
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/plan/memory_plan.h"
+#include "megazero/plan/time_model.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
 #include "megazero/runtime/entry.h"
@@ -91,22 +93,44 @@ int run(int argc, char** argv) {
     if (world_comm->rank() == 0) std::cout << help << std::flush;
     return 0;
   }
-  if (args.dry_run && args.world_size > 0) {  // a virtual world: validated above; plan one rank's memory
-    if (world_comm->rank() == 0) {
+  if (args.dry_run && args.world_size > 0) {  // a virtual world: validated above; plan one rank
+    // Every rank reads the profile, so a bad --hardware fails them all alike.
+    const auto hardware = run_consistently(*world_comm, [&] {
+      return args.hardware.empty() ? std::optional<plan::HardwareProfile>{} : plan::load_hardware_profile(args.hardware);
+    });
+    // Rank 0 plans and prints; an error there (say, an unwritable --plan-json) ends every rank alike.
+    run_consistently(*world_comm, [&] {
+      if (world_comm->rank() != 0) return;
       std::cout << "---- resolved configuration (virtual world of " << args.world_size << " ranks) ----\n"
                 << args.to_config() << std::flush;
+      plan::RankMemoryPlan plan;
       if (args.plan_fit_gib > 0) {
-        plan::RankMemoryPlan best;
         const auto layers = plan::largest_layers_that_fit(
-            args, args.world_size, args.plan_rank, static_cast<std::int64_t>(args.plan_fit_gib * 1073741824.0), &best);
+            args, args.world_size, args.plan_rank, static_cast<std::int64_t>(args.plan_fit_gib * 1073741824.0), &plan);
         std::printf("largest model that fits %.1f GiB per rank: %lld layers, %.2fB parameters\n", args.plan_fit_gib,
-                    static_cast<long long>(layers), static_cast<double>(best.total_params) / 1e9);
-        if (layers > 0) std::cout << best.to_table();
+                    static_cast<long long>(layers), static_cast<double>(plan.total_params) / 1e9);
+        if (layers == 0) return;
+        args.model.num_layers = layers;
       } else {
-        const auto plan = plan::plan_rank_memory(args, args.world_size, args.plan_rank);
-        std::cout << plan.to_table() << plan.to_json() << "\n" << std::flush;
+        plan = plan::plan_rank_memory(args, args.world_size, args.plan_rank);
       }
-    }
+      std::cout << plan.to_table();
+      std::string json = "{\"plan\": " + plan.to_json();
+      if (hardware) {
+        const auto estimate = plan::estimate_step_time(args, plan, *hardware);
+        std::cout << estimate.to_table();
+        json += ", \"estimate\": " + estimate.to_json();
+      } else {
+        std::cout << "  (add --hardware dgx2-v100|h100-node|this-machine|FILE for a step-time estimate)\n";
+      }
+      json += "}";
+      std::cout << json << "\n" << std::flush;
+      if (!args.plan_json.empty()) {
+        std::ofstream out(args.plan_json, std::ios::trunc);
+        out << json << "\n";
+        MZ_REQUIRE(out.good(), "--plan-json: cannot write '", args.plan_json, "'");
+      }
+    });
     return 0;
   }
   set_collective_timeout(args.collective_timeout);

@@ -148,6 +148,11 @@ void define(OptionTable& t, TrainArgs& a) {
       "plan-rank", po::value(&a.plan_rank), "with --dry-run --world-size: the rank to plan (default 0)")(
       "plan-fit-gib", po::value(&a.plan_fit_gib),
       "with --dry-run --world-size: the largest --num-layers whose planned peak fits this many GiB per rank")(
+      "hardware", po::value(&a.hardware),
+      "with --dry-run --world-size: estimate the step time on a hardware profile: dgx2-v100, h100-node, "
+      "this-machine, or a JSON file like configs/hardware/dgx2-v100.json")(
+      "plan-json", po::value(&a.plan_json),
+      "with --dry-run --world-size: also write the plan (and the time estimate) to this JSON file")(
       "help,h", po::bool_switch(&a.help), "print this help");
 }
 
@@ -239,6 +244,11 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(train_iters > 0, "--train-iters must be positive, got ", train_iters);
   MZ_REQUIRE(micro_batch_size > 0, "--micro-batch-size must be positive, got ", micro_batch_size);
   MZ_REQUIRE(global_batch_size >= 0, "--global-batch-size must not be negative");
+  if (world_size == 0)
+    for (const auto& [flag, set] : {std::pair{"--plan-rank", plan_rank != 0}, std::pair{"--plan-fit-gib", plan_fit_gib != 0},
+                                    std::pair{"--hardware", !hardware.empty()}, std::pair{"--plan-json", !plan_json.empty()}})
+      MZ_REQUIRE(!set, flag, " plans a virtual world: add --dry-run --world-size N (N ranks, e.g. 400)");
+  MZ_REQUIRE(plan_fit_gib >= 0, "--plan-fit-gib must not be negative");
   MZ_REQUIRE(clip_grad >= 0, "--clip-grad must not be negative");
   MZ_REQUIRE(log_interval > 0, "--log-interval must be positive");
   MZ_REQUIRE(eval_iters >= 0 && eval_interval >= 0, "--eval-interval and --eval-iters must not be negative");

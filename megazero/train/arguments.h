@@ -60,6 +60,8 @@ struct TrainArgs {
   bool dry_run = false;
   int world_size = 0;  // with --dry-run: validate for this many ranks instead of the launched job
   int plan_rank = 0;   // with --dry-run --world-size: the rank whose memory is planned
+  std::string hardware;     // with --dry-run --world-size: a hardware profile for the time estimate
+  std::string plan_json;    // with --dry-run --world-size: write the plan (and estimate) as JSON here
   double plan_fit_gib = 0;  // with --dry-run --world-size: find the most layers whose plan fits this many GiB
 
   std::int64_t accumulation_steps(int dp) const { return global_batch_size / (micro_batch_size * dp); }

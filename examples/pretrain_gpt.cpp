@@ -96,7 +96,15 @@ int run(int argc, char** argv) {
   if (args.dry_run && args.world_size > 0) {  // a virtual world: validated above; plan one rank
     // Every rank reads the profile, so a bad --hardware fails them all alike.
     const auto hardware = run_consistently(*world_comm, [&] {
-      return args.hardware.empty() ? std::optional<plan::HardwareProfile>{} : plan::load_hardware_profile(args.hardware);
+      if (args.hardware.empty()) return std::optional<plan::HardwareProfile>{};
+      auto hw = plan::load_hardware_profile(args.hardware);
+      // The profile says how many devices a node has: the layout is checked against it.
+      auto& rpn = args.parallel.ranks_per_node;
+      MZ_REQUIRE(rpn == 0 || rpn == hw.devices_per_node, "--ranks-per-node ", rpn, " differs from --hardware ", hw.name,
+                 "'s ", hw.devices_per_node, " devices per node: drop --ranks-per-node or pick another profile");
+      rpn = hw.devices_per_node;
+      args.validate_layout(args.world_size);
+      return std::optional<plan::HardwareProfile>{hw};
     });
     // Rank 0 plans and prints; an error there (say, an unwritable --plan-json) ends every rank alike.
     run_consistently(*world_comm, [&] {

@@ -6,28 +6,70 @@
 //    (within the DP padding: < 0.01%), and its optimizer states per rank fall as 1/Nd.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
+#include "megazero/core/error.h"
 #include "megazero/plan/memory_plan.h"
+#include "megazero/plan/time_model.h"
 
 using namespace megazero;
 
 namespace {
 
-train::TrainArgs paper_100b(int stage, const std::vector<std::string>& extra = {}) {
-  const std::string cfg = std::string(MEGAZERO_SOURCE_DIR) + "/configs/paper/fig2_100B_zero_zero-100b_400gpus_mp16.cfg";
-  std::vector<std::string> words = {"pretrain_gpt", "--config", cfg, "--mock-data"};
-  if (stage >= 0) words.insert(words.end(), {"--zero-stage", std::to_string(stage)});
-  words.insert(words.end(), extra.begin(), extra.end());
+// The paper's 100B model on 400 GPUs (configs/paper/fig2_100B_zero_zero-100b_400gpus_mp16.cfg
+// without its zero-config line, so each test picks the stage or configuration).
+train::TrainArgs parse(std::vector<std::string> words, int world = 400) {
   std::vector<char*> argv;
   for (auto& w : words) argv.push_back(w.data());
   auto a = train::parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr);
   a.validate();
-  a.validate_layout(400);
+  a.validate_layout(world);
   return a;
 }
+
+train::TrainArgs paper_100b(int stage, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> words = {"pretrain_gpt", "--mock-data", "--num-layers", "125", "--hidden-size", "8192",
+                                    "--num-attention-heads", "64", "--seq-length", "1024", "--max-position-embeddings",
+                                    "1024", "--vocab-size", "50257", "--tensor-model-parallel-size", "16",
+                                    "--recompute-activations", "--fp16", "--train-iters", "1000"};
+  if (std::find(extra.begin(), extra.end(), "--micro-batch-size") == extra.end())
+    words.insert(words.end(), {"--micro-batch-size", "32", "--global-batch-size", "800"});
+  if (stage >= 0) words.insert(words.end(), {"--zero-stage", std::to_string(stage)});
+  words.insert(words.end(), extra.begin(), extra.end());
+  return parse(words);
+}
+
+// A shipped config of configs/paper/ planned for rank 0 of its GPU count.
+struct PaperRun {
+  std::string name;
+  int gpus = 0, mp = 0;
+  bool baseline = false;
+  train::TrainArgs args;
+};
+std::vector<PaperRun> paper_configs() {
+  std::vector<PaperRun> runs;
+  const std::filesystem::path dir = std::filesystem::path(MEGAZERO_SOURCE_DIR) / "configs/paper";
+  for (const auto& f : std::filesystem::directory_iterator(dir)) {
+    PaperRun r;
+    r.name = f.path().stem().string();
+    const auto g = r.name.find("gpus_mp");
+    r.gpus = std::stoi(r.name.substr(r.name.rfind('_', g) + 1));
+    r.mp = std::stoi(r.name.substr(g + 7));
+    r.baseline = r.name.find("_baseline_") != std::string::npos;
+    r.args = parse({"pretrain_gpt", "--config", f.path().string(), "--mock-data"}, r.gpus);
+    runs.push_back(std::move(r));
+  }
+  std::sort(runs.begin(), runs.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  return runs;
+}
+
+constexpr std::int64_t k32GiB = 32LL << 30;
 
 }  // namespace
 
@@ -144,4 +186,154 @@ TEST(Plan, LargestModelPerConfigurationFollowsFigure6) {
   EXPECT_LT(layers[0], layers[1]);
   EXPECT_LT(layers[1], layers[2]);
   EXPECT_LT(layers[2], layers[3]);
+}
+
+// Every configuration behind the paper's figures (configs/paper/, generated from
+// docs/paper/zero_experiments.csv) fits 32 GiB per GPU where the paper ran it,
+// except four rows that no implementation keeping each layer's input could
+// fit: the 100B model at batch 32 with C1-C3 (Figure 7: 125 whole checkpoints of
+// B s h are 62.5 GiB; with C2's Pa, Pos's 26 GiB of model states plus the
+// checkpoints and one layer's activations exceed 32 GiB) and the 60B model at
+// batch 32 with C3 (Figure 8: 75 whole checkpoints are 37.5 GiB).
+// The Megatron baselines fit at the paper's MP degree, and at half of it they
+// do not — except at 1.5B, 80B, 100B and 170B, where our plan fits with half
+// the MP (31.0, 25.8, 27.9, 27.1 GiB): the paper's runs paid framework
+// overheads this plan does not count (docs/REPRODUCTION.md).
+TEST(Plan, EveryPaperConfigurationFitsWhereThePaperRanIt) {
+  const std::set<std::string> cannot_fit = {"fig7_100B_zero_C1_400gpus_mp16", "fig7_100B_zero_C2_400gpus_mp16",
+                                            "fig7_100B_zero_C3_400gpus_mp16", "fig8_60B_zero_C3_128gpus_mp16"};
+  const std::set<std::string> fits_with_half_mp = {
+      "fig2_1p5B_baseline_baseline_400gpus_mp2", "fig2_80B_baseline_baseline_384gpus_mp128",
+      "fig2_100B_baseline_baseline_384gpus_mp128", "fig2_170B_baseline_baseline_256gpus_mp256"};
+  const auto runs = paper_configs();
+  ASSERT_EQ(runs.size(), 55u);
+  int baselines = 0;
+  for (const auto& r : runs) {
+    SCOPED_TRACE(r.name);
+    const auto p = plan::plan_rank_memory(r.args, r.gpus, 0);
+    EXPECT_EQ(p.step_total_peak <= k32GiB, cannot_fit.count(r.name) == 0) << p.step_total_peak / double(1 << 30) << " GiB";
+    if (!r.baseline || r.mp == 1) continue;
+    ++baselines;
+    auto half = r.args;  // same batch per replica, half the MP degree, twice the replicas
+    half.parallel.tensor_model_parallel_size = r.mp / 2;
+    half.parallel.allow_tp_across_nodes = true;
+    half.global_batch_size = r.args.micro_batch_size * (r.gpus / (r.mp / 2));
+    const auto h = plan::plan_rank_memory(half, r.gpus, 0);
+    EXPECT_EQ(h.step_total_peak > k32GiB, fits_with_half_mp.count(r.name) == 0)
+        << "half the MP: " << h.step_total_peak / double(1 << 30) << " GiB";
+  }
+  EXPECT_EQ(baselines, 10);
+}
+
+// The GEMMs the real code issued (logged on the meta device) are the model
+// FLOPs of Narayanan et al. eq. 3 that the TFLOP/s figures count: with and
+// without recompute, for TP 1 and the paper's TP 16 (where each rank does 1/16).
+TEST(Plan, CountedGemmFlopsAreTheAnalyticModelFlops) {
+  for (const bool recompute : {true, false})
+    for (const int tp : {1, 16}) {
+      SCOPED_TRACE(testing::Message() << "recompute " << recompute << ", TP " << tp);
+      std::vector<std::string> w = {"pretrain_gpt", "--mock-data", "--num-layers", "4", "--hidden-size", "2048",
+                                    "--num-attention-heads", "16", "--seq-length", "1024",
+                                    "--max-position-embeddings", "1024", "--vocab-size", "50257",
+                                    "--tensor-model-parallel-size", std::to_string(tp), "--micro-batch-size", "4",
+                                    "--fp16", "--train-iters", "1"};
+      if (recompute) w.push_back("--recompute-activations");
+      const auto p = plan::plan_rank_memory(parse(w, tp), tp, 0);
+      // The code pads the vocabulary to a multiple of 128 x TP; the formula
+      // takes the vocabulary as given: the only difference.
+      EXPECT_NEAR(p.gemm_flops / p.model_flops_per_step, 1.0, 0.01);
+    }
+}
+
+// The time model against hand-computed ring costs, on the shipped profile.
+TEST(Plan, TimeModelPricesCollectivesAsRings) {
+  const auto hw = plan::load_hardware_profile("dgx2-v100");
+  auto args = paper_100b(2);
+  const auto p = plan::plan_rank_memory(args, 400, 0);
+  auto solo = p;  // DP communication alone, nothing to hide it behind
+  solo.gemms.clear();
+  solo.activation_traffic_bytes = 0;
+  solo.tp_comm = {};
+  const auto e = plan::estimate_step_time(args, solo, hw);
+  // 25 DP ranks, one per node (TP 16 fills a DGX-2): the node's 85 GB/s shared by its 16 GPUs.
+  const double bw = 85e9 / 16, lat = 15e-6, f = 24.0 / 25.0;
+  const auto& d = p.dp_comm;
+  const double expect = f * static_cast<double>(d[CollectiveType::ReduceScatter].bytes + d[CollectiveType::AllGather].bytes) / bw +
+                        2 * f * static_cast<double>(d[CollectiveType::AllReduce].bytes) / bw +
+                        static_cast<double>(d[CollectiveType::ReduceScatter].calls + d[CollectiveType::AllGather].calls) * 24 * lat +
+                        static_cast<double>(d[CollectiveType::AllReduce].calls) * 48 * lat;
+  EXPECT_NEAR(e.dp_comm_s, expect, 1e-9 * expect);
+  EXPECT_NEAR(e.dp_exposed_s, e.dp_comm_s, 1e-12);  // no compute: nothing hidden
+  EXPECT_EQ(e.dp_nodes, 25);
+  // With the compute, stage 2's reduce-scatter hides behind backward: only the
+  // parameter all-gather, the scalars and the last bucket remain.
+  const auto full = plan::estimate_step_time(args, p, hw);
+  EXPECT_LT(full.dp_exposed_s, 0.6 * full.dp_comm_s);
+  EXPECT_GT(full.dp_exposed_s, 0.45 * full.dp_comm_s);
+  // TP inside the node: 6 all-reduces of B s h per layer at the NVSwitch's 120 GB/s.
+  const double bsh_bytes = 32.0 * 1024 * 8192 * 2;
+  EXPECT_NEAR(full.tp_comm_s, 125 * 6 * (2 * 15.0 / 16 * bsh_bytes / 120e9 + 30 * 5e-6), 0.02 * full.tp_comm_s);
+}
+
+// The DGX-2 profile's one calibrated number, gemm_efficiency, reproduces its
+// source: Megatron-LM (Shoeybi et al. 2019) sustains 39 TFLOP/s training the
+// 1.2B GPT-2 (40 layers, hidden 1536, 16 heads, batch 8) on one V100 32 GB.
+TEST(Plan, DgxProfileReproducesItsCalibrationPoint) {
+  const auto hw = plan::load_hardware_profile("dgx2-v100");
+  auto args = parse({"pretrain_gpt", "--mock-data", "--num-layers", "40", "--hidden-size", "1536",
+                     "--num-attention-heads", "16", "--seq-length", "1024", "--max-position-embeddings", "1024",
+                     "--vocab-size", "50257", "--micro-batch-size", "8", "--fp16", "--recompute-activations",
+                     "--train-iters", "1"},
+                    1);
+  const auto e = plan::estimate_step_time(args, plan::plan_rank_memory(args, 1, 0), hw);
+  EXPECT_NEAR(e.tflops_per_gpu, 39.0, 0.03 * 39.0);
+  EXPECT_TRUE(e.fits);
+}
+
+// What the paper reports, as orderings the plan must keep (the numbers are in
+// docs/reproduction/RESULTS.md): ZeRO-100B at 100B is about 10x the Megatron
+// baseline whose MP spans 8 nodes; the 60B model scales superlinearly from 64
+// to 400 GPUs; Figure 8's configurations rank C4 > C5 > C2 > C1 at 60B.
+TEST(Plan, TimeModelKeepsThePapersOrderings) {
+  const auto hw = plan::load_hardware_profile("dgx2-v100");
+  std::map<std::string, plan::StepTimeEstimate> est;
+  for (const auto& r : paper_configs())
+    if (r.name.rfind("fig2_100B", 0) == 0 || r.name.rfind("fig3_", 0) == 0 || r.name.rfind("fig8_60B", 0) == 0)
+      est[r.name] = plan::estimate_step_time(r.args, plan::plan_rank_memory(r.args, r.gpus, 0), hw);
+  const double zero = est.at("fig2_100B_zero_zero-100b_400gpus_mp16").tflops_per_gpu;
+  const double base = est.at("fig2_100B_baseline_baseline_384gpus_mp128").tflops_per_gpu;
+  EXPECT_GT(zero, 30.0);
+  EXPECT_GT(zero / base, 8.0);
+  // Per-GPU throughput rises from 64 to 400 GPUs (the aggregate grows faster
+  // than the GPU count); between 128 and 256 GPUs the batch per replica stays
+  // 48 and it holds within 1% (a few more nodes in each DP ring).
+  auto f3 = [&](int g) { return est.at("fig3_60B_zero_zero-100b_" + std::to_string(g) + "gpus_mp16").tflops_per_gpu; };
+  EXPECT_GT(f3(400), 1.03 * f3(64));
+  EXPECT_GT(f3(128), f3(64));
+  EXPECT_GT(f3(256), 0.99 * f3(128));
+  EXPECT_GT(f3(400), f3(256));
+  auto f8 = [&](const char* c) { return est.at(std::string("fig8_60B_zero_") + c + "_128gpus_mp16").tflops_per_gpu; };
+  EXPECT_GT(f8("C4"), f8("C5"));
+  EXPECT_GT(f8("C5"), f8("C2"));
+  EXPECT_GT(f8("C2"), f8("C1"));
+}
+
+// --hardware: a bad name or file is a ConfigError naming the flag and the fix.
+TEST(Plan, HardwareProfileErrorsNameTheFlag) {
+  for (const auto& name : plan::builtin_hardware_profiles()) EXPECT_NO_THROW(plan::load_hardware_profile(name));
+  try {
+    plan::load_hardware_profile("dgx3");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--hardware dgx3"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("dgx2-v100"), std::string::npos);
+  }
+  const auto path = std::filesystem::temp_directory_path() / "megazero_bad_profile.json";
+  for (const std::string& text : {std::string("{"), std::string(R"({"devices_per_node": 16})"),
+                                  std::string(R"({"devices_per_node": 16, "memory_gib": 32, "peak_tflops": {"fp16": -1}})")}) {
+    std::ofstream(path) << text;
+    EXPECT_THROW(plan::load_hardware_profile(path.string()), ConfigError) << text;
+  }
+  std::filesystem::remove(path);
+  EXPECT_THROW(plan::load_hardware_profile("dgx2-v100").peak_flops(DType::BF16), ConfigError);  // V100: no bf16
 }

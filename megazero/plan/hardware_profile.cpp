@@ -56,6 +56,9 @@ HardwareProfile parse(const std::string& text, const std::string& where) {
   h.intra_node.latency_us = positive(j["intra_node"], "latency_us", where + " intra_node", true);
   h.inter_node_gbps = positive(j["inter_node"], "node_bandwidth_gbps", where + " inter_node");
   h.inter_node_latency_us = positive(j["inter_node"], "latency_us", where + " inter_node", true);
+  h.inter_node_group_gbps = j["inter_node"].contains("group_bandwidth_gbps")
+                                ? positive(j["inter_node"], "group_bandwidth_gbps", where + " inter_node")
+                                : h.inter_node_gbps;
   h.host_link_gbps = positive(j, "host_link_gbps", where);
   return h;
 }

@@ -32,6 +32,9 @@ struct HardwareProfile {
   LinkProfile intra_node;           // within a node, per device
   double inter_node_gbps = 0;       // per node, all NICs together
   double inter_node_latency_us = 0;
+  // The most one collective's rings get across nodes, whatever the node has
+  // (the NICs they can use); default: the node's bandwidth.
+  double inter_node_group_gbps = 0;
   double host_link_gbps = 0;        // device <-> host memory, per device (Pa+cpu)
 
   // Peak FLOP/s for GEMMs in `dtype`; ConfigError naming the profile when the

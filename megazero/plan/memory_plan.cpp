@@ -75,7 +75,6 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     optim::LossScaler scaler(args.loss_scale);
     meta->memory().reset_peaks();
     const auto before = meta->memory().snapshot();
-    const auto host_before = host->memory().snapshot();
     tp_comm.reset_stats();
     dp_comm.reset_stats();
     auto& log = static_cast<MetaDevice&>(*meta).compute_log();
@@ -88,13 +87,13 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     const auto act = static_cast<std::size_t>(MemoryCategory::Activations);
     const auto ckpt = static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints);
     p.activation_traffic_bytes = peak.by_category[act].allocated_bytes - before.by_category[act].allocated_bytes;
-    p.host_checkpoint_bytes =
-        host->memory().snapshot().by_category[ckpt].allocated_bytes - host_before.by_category[ckpt].allocated_bytes;
+    p.host_copy_bytes = checkpoints.stats().host_copies_bytes;  // counted by the store as it copies
     p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
     for (const auto& [g, calls] : log.gemms()) p.gemms.push_back({g, calls});
     p.gemm_flops = log.gemm_flops();
-    p.model_flops_per_step = model.flops_per_token(args.model.recompute_activations) *
-                             static_cast<double>(B * S * p.micro_batches) / tp;
+    const double tokens = static_cast<double>(B * S * p.micro_batches);
+    p.model_flops_per_step = model.flops_per_token(args.model.recompute_activations) * tokens / tp;
+    p.model_flops_no_recompute = model.flops_per_token(false) * tokens / tp;
     p.tp_comm = tp_comm.stats();
     p.dp_comm = dp_comm.stats();
   }

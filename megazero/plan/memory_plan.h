@@ -43,7 +43,7 @@ struct RankMemoryPlan {
   std::int64_t step_total_peak = 0, step_heap_peak = 0;
   // What that iteration computed and moved, for the time model: every GEMM by
   // shape, the bytes of activations written (elementwise traffic), the bytes
-  // of checkpoints sent to host memory (Pa+cpu), and the communication the
+  // of checkpoints moved to host memory and back (Pa+cpu), and the communication the
   // communicators counted — elements and calls by collective type, per group.
   struct GemmCalls {
     GemmShape shape;
@@ -51,9 +51,10 @@ struct RankMemoryPlan {
   };
   std::vector<GemmCalls> gemms;
   double gemm_flops = 0;             // sum over gemms
-  double model_flops_per_step = 0;   // this rank's share of the model's analytic FLOPs (Narayanan et al. eq. 3)
+  double model_flops_per_step = 0;   // this rank's share of the model's analytic FLOPs (Narayanan et al. eq. 3), as run
+  double model_flops_no_recompute = 0;  // the same without recompute (for MFU)
   std::int64_t activation_traffic_bytes = 0;
-  std::int64_t host_checkpoint_bytes = 0, host_checkpoint_peak = 0;
+  std::int64_t host_copy_bytes = 0, host_checkpoint_peak = 0;
   CommStats tp_comm, dp_comm;
   std::int64_t model_states = 0;          // parameters + gradients + optimizer states
   std::int64_t paper_model_states = 0;    // the paper's formula for this stage, Psi and Nd

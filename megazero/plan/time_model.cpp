@@ -27,7 +27,7 @@ GroupPlacement place(int size, int per_node, const HardwareProfile& hw) {
   } else {
     // Every device of the node runs a group of this kind at the same time:
     // devices_per_node / per_node groups share the node's NICs.
-    const double share = hw.inter_node_gbps * 1e9 * per_node / hw.devices_per_node;
+    const double share = std::min(hw.inter_node_gbps * per_node / hw.devices_per_node, hw.inter_node_group_gbps) * 1e9;
     g.bandwidth = std::min(intra, share);
     g.latency = hw.inter_node_latency_us * 1e-6;
   }
@@ -83,7 +83,7 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
   e.tp_nodes = tp.nodes;
   e.dp_nodes = dp.nodes;
   e.tp_comm_s = all_seconds(plan.tp_comm, tp);
-  e.host_copy_s = 2.0 * static_cast<double>(plan.host_checkpoint_bytes) / (hw.host_link_gbps * 1e9);
+  e.host_copy_s = static_cast<double>(plan.host_copy_bytes) / (hw.host_link_gbps * 1e9);
 
   // DP: what may hide behind compute, and in which window.
   auto dp_type = [&](CollectiveType t) { return collective_seconds(t, plan.dp_comm[t], dp); };
@@ -113,9 +113,8 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
   e.optimizer_s = static_cast<double>(plan.owned_elements) * (24.0 + 2.0 * pb) / membw;
 
   e.step_s = e.compute_s + e.tp_comm_s + e.host_copy_s + e.dp_exposed_s + e.optimizer_s;
-  const double no_recompute = args.model.recompute_activations ? 72.0 / 96.0 : 1.0;
   e.tflops_per_gpu = plan.model_flops_per_step / e.step_s / 1e12;
-  e.mfu = plan.model_flops_per_step * no_recompute / e.step_s / hw.peak_flops(args.dtype());
+  e.mfu = plan.model_flops_no_recompute / e.step_s / hw.peak_flops(args.dtype());
   e.samples_per_s = static_cast<double>(args.micro_batch_size) * mb * plan.dp / e.step_s;
   e.memory_gib = static_cast<double>(plan.step_total_peak) / 1073741824.0;
   e.device_memory_gib = hw.memory_gib;

@@ -81,7 +81,7 @@ int run(int argc, char** argv) {
   TrainArgs args = run_consistently(*world_comm, [&] {
     TrainArgs a = parse_train_args(argc, argv, &help);
     MZ_REQUIRE(a.world_size == 0 || a.dry_run, "--world-size plans a virtual world and needs --dry-run");
-    MZ_REQUIRE(a.world_size == 0 || (a.plan_rank >= 0 && a.plan_rank < a.world_size), "--plan-rank ", a.plan_rank,
+    MZ_REQUIRE(a.world_size == 0 || (a.plan_rank >= -1 && a.plan_rank < a.world_size), "--plan-rank ", a.plan_rank,
                " is outside the world of ", a.world_size, " ranks");
     if (!a.help) {
       a.validate();
@@ -120,7 +120,13 @@ int run(int argc, char** argv) {
         if (layers == 0) return;
         args.model.num_layers = layers;
       } else {
-        plan = plan::plan_rank_memory(args, args.world_size, args.plan_rank);
+        std::int64_t least = 0;
+        plan = args.plan_rank >= 0 ? plan::plan_rank_memory(args, args.world_size, args.plan_rank)
+                                   : plan::plan_busiest_rank(args, args.world_size, &least);
+        if (args.plan_rank < 0)
+          std::printf("every rank planned: step peaks from %.3f to %.3f GiB; the largest, rank %d's:\n",
+                      static_cast<double>(least) / 1073741824.0, static_cast<double>(plan.step_total_peak) / 1073741824.0,
+                      plan.rank);
       }
       std::cout << plan.to_table();
       std::string json = "{\"plan\": " + plan.to_json();

@@ -112,6 +112,18 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   return p;
 }
 
+RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak) {
+  RankMemoryPlan busiest;
+  std::int64_t least = 0;
+  for (int r = 0; r < world_size; ++r) {
+    auto p = plan_rank_memory(args, world_size, r);
+    if (r == 0 || p.step_total_peak < least) least = p.step_total_peak;
+    if (r == 0 || p.step_total_peak > busiest.step_total_peak) busiest = std::move(p);
+  }
+  if (least_peak) *least_peak = least;
+  return busiest;
+}
+
 std::int64_t largest_layers_that_fit(train::TrainArgs args, int world_size, int rank, std::int64_t budget,
                                      RankMemoryPlan* plan_out) {
   auto fits = [&](std::int64_t layers, RankMemoryPlan* out) {

@@ -71,6 +71,10 @@ double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes
 // (args.validate / validate_layout must have passed).
 RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank);
 
+// Plans every rank of the world; returns the plan with the largest step peak
+// (ties: the lowest rank) and stores the smallest peak in *least_peak.
+RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak = nullptr);
+
 // The largest --num-layers (other flags as given) whose planned step peak on
 // `rank` stays within `budget_bytes`; 0 if not even one layer fits. Binary
 // search over real plans (each well under a second).

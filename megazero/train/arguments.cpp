@@ -145,7 +145,7 @@ void define(OptionTable& t, TrainArgs& a) {
   t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
       "world-size", po::value(&a.world_size), "with --dry-run: validate and plan memory for a virtual world of N ranks")(
-      "plan-rank", po::value(&a.plan_rank), "with --dry-run --world-size: the rank to plan (default 0)")(
+      "plan-rank", po::value(&a.plan_rank), "with --dry-run --world-size: the rank to plan (default 0; -1: every rank, showing the one with the largest peak)")(
       "plan-fit-gib", po::value(&a.plan_fit_gib),
       "with --dry-run --world-size: the largest --num-layers whose planned peak fits this many GiB per rank")(
       "hardware", po::value(&a.hardware),

@@ -112,17 +112,18 @@ int run(int argc, char** argv) {
       std::cout << "---- resolved configuration (virtual world of " << args.world_size << " ranks) ----\n"
                 << args.to_config() << std::flush;
       plan::RankMemoryPlan plan;
+      const DeviceKind kernels = hardware ? hardware->kernels : DeviceKind::CUDA;
       if (args.plan_fit_gib > 0) {
         const auto layers = plan::largest_layers_that_fit(
-            args, args.world_size, args.plan_rank, static_cast<std::int64_t>(args.plan_fit_gib * 1073741824.0), &plan);
+            args, args.world_size, args.plan_rank, static_cast<std::int64_t>(args.plan_fit_gib * 1073741824.0), &plan, kernels);
         std::printf("largest model that fits %.1f GiB per rank: %lld layers, %.2fB parameters\n", args.plan_fit_gib,
                     static_cast<long long>(layers), static_cast<double>(plan.total_params) / 1e9);
         if (layers == 0) return;
         args.model.num_layers = layers;
       } else {
         std::int64_t least = 0;
-        plan = args.plan_rank >= 0 ? plan::plan_rank_memory(args, args.world_size, args.plan_rank)
-                                   : plan::plan_busiest_rank(args, args.world_size, &least);
+        plan = args.plan_rank >= 0 ? plan::plan_rank_memory(args, args.world_size, args.plan_rank, kernels)
+                                   : plan::plan_busiest_rank(args, args.world_size, &least, kernels);
         if (args.plan_rank < 0)
           std::printf("every rank planned: step peaks from %.3f to %.3f GiB; the largest, rank %d's:\n",
                       static_cast<double>(least) / 1073741824.0, static_cast<double>(plan.step_total_peak) / 1073741824.0,

@@ -211,7 +211,7 @@ TEST(Plan, EveryPaperConfigurationFitsWhereThePaperRanIt) {
   for (const auto& r : runs) {
     SCOPED_TRACE(r.name);
     const auto p = plan::plan_rank_memory(r.args, r.gpus, 0);
-    EXPECT_EQ(p.step_total_peak <= k32GiB, cannot_fit.count(r.name) == 0) << p.step_total_peak / double(1 << 30) << " GiB";
+    EXPECT_EQ(p.step_total_peak <= k32GiB, cannot_fit.count(r.name) == 0) << static_cast<double>(p.step_total_peak) / double(1 << 30) << " GiB";
     if (!r.baseline || r.mp == 1) continue;
     ++baselines;
     auto half = r.args;  // same batch per replica, half the MP degree, twice the replicas
@@ -220,7 +220,7 @@ TEST(Plan, EveryPaperConfigurationFitsWhereThePaperRanIt) {
     half.global_batch_size = r.args.micro_batch_size * (r.gpus / (r.mp / 2));
     const auto h = plan::plan_rank_memory(half, r.gpus, 0);
     EXPECT_EQ(h.step_total_peak > k32GiB, fits_with_half_mp.count(r.name) == 0)
-        << "half the MP: " << h.step_total_peak / double(1 << 30) << " GiB";
+        << "half the MP: " << static_cast<double>(h.step_total_peak) / double(1 << 30) << " GiB";
   }
   EXPECT_EQ(baselines, 10);
 }

@@ -172,6 +172,13 @@ void MpiCommunicator::worker_loop() {
     }
     try {
       task.fn();
+      // Drop what the operation captured (its tensors) before anyone waiting
+      // on it goes on: a buffer whose owner let go of it is freed when the
+      // collective completes, not whenever this thread next wakes. Otherwise
+      // it stays counted while the caller allocates the next ones, and the
+      // peaks depend on thread timing (the planner's virtual collectives
+      // hold nothing, and tests/test_plan_vs_run.cpp compares the two).
+      task.fn = nullptr;
       // Before finish(): once wait() returns, the watchdog no longer sees it.
       watch_done(task.ticket);
       task.work->finish();

@@ -101,6 +101,10 @@ double ComputeLog::gemm_flops() const {
   for (const auto& [g, calls] : gemms_) f += g.flops() * static_cast<double>(calls);
   return f;
 }
+MetaDevice::MetaDevice(DeviceKind kernels) : kernels_(kernels) {
+  MZ_CHECK(kernels == DeviceKind::CPU || kernels == DeviceKind::CUDA, "a meta device stands in for CPU or CUDA kernels, not ",
+           device_kind_name(kernels));
+}
 void MetaDevice::copy_to_host(void*, const void*, std::size_t) {
   throw InternalError("the meta device holds no data: a dry run tried to read a tensor's values");
 }
@@ -124,6 +128,8 @@ std::shared_ptr<Device> make_device(DeviceKind kind, int index) {
   }
   return nullptr;
 }
+
+std::shared_ptr<Device> make_meta_device(DeviceKind kernels) { return std::make_shared<MetaDevice>(kernels); }
 
 std::shared_ptr<Device> make_device(const std::string& spec) {
   if (spec == "cpu") return make_device(DeviceKind::CPU);

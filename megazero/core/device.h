@@ -120,7 +120,15 @@ class ComputeLog {
 
 class MetaDevice final : public Device {
  public:
+  // `kernels`: whose kernels the dry run stands in for, as far as their own
+  // allocations go. CUDA (the default): cuBLAS keeps its workspace outside the
+  // device's counters, so a GEMM allocates nothing. CPU: a GEMM allocates,
+  // through the same code, what the CPU backend allocates through the device
+  // (oneDNN's scratchpad; fp32 copies of 16-bit operands where this CPU has no
+  // 16-bit matmul), so a plan of a run on this machine's CPU counts it too.
+  explicit MetaDevice(DeviceKind kernels = DeviceKind::CUDA);
   DeviceKind kind() const override { return DeviceKind::Meta; }
+  DeviceKind kernels() const { return kernels_; }
   ComputeLog& compute_log() { return log_; }
   void copy_to_host(void*, const void*, std::size_t) override;
   void copy_from_host(void*, const void*, std::size_t) override;
@@ -132,12 +140,15 @@ class MetaDevice final : public Device {
   void raw_free(void*, std::size_t) override {}
 
  private:
+  DeviceKind kernels_;
   ComputeLog log_;
 };
 
 // Creates a device of the given kind. CUDA in a build without MEGAZERO_CUDA, or
 // on a machine without a GPU, is a ConfigError that says so.
 std::shared_ptr<Device> make_device(DeviceKind kind, int index = 0);
+// A meta device standing in for the kernels of `kernels` (CPU or CUDA; see MetaDevice).
+std::shared_ptr<Device> make_meta_device(DeviceKind kernels);
 // Parses "cpu", "cuda", "cuda:1", "meta" (for --device); ConfigError otherwise.
 std::shared_ptr<Device> make_device(const std::string& spec);
 

@@ -25,9 +25,14 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   MZ_CHECK(a.device_ptr() == b.device_ptr() && a.device_ptr() == c.device_ptr(),
            "gemm: A, B and C must be on one device");
   switch (a.device().kind()) {
-    case DeviceKind::Meta:  // dry run: shapes checked, nothing computed, the work logged for the time model
-      static_cast<MetaDevice&>(a.device()).compute_log().add_gemm({m, n, k, a.dim() == 3 ? a.size(0) : 1, a.dtype()});
+    case DeviceKind::Meta: {  // dry run: shapes checked, nothing computed, the work logged for the time model
+      auto& meta = static_cast<MetaDevice&>(a.device());
+      meta.compute_log().add_gemm({m, n, k, a.dim() == 3 ? a.size(0) : 1, a.dtype()});
+      // Standing in for the CPU: the CPU kernel's own allocations, by the CPU
+      // kernel's code (without storage it allocates and computes nothing).
+      if (meta.kernels() == DeviceKind::CPU) cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
       return;
+    }
     case DeviceKind::CPU: cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta); return;
     case DeviceKind::CUDA:
 #ifdef MEGAZERO_WITH_CUDA

@@ -2,6 +2,10 @@
 // fp16 inputs (AMX / AVX512-BF16 where the CPU has them). oneDNN keeps its own primitive cache, so re-creating the descriptor per
 // call costs microseconds; its scratchpad is allocated through the device so
 // the memory counters see it (category Workspace).
+// The same code runs for a meta device standing in for the CPU (MetaDevice,
+// kernels CPU; the planner's dry run): without storage it makes the same
+// allocations (scratchpad, strided-operand copies, widened operands) and
+// skips the arithmetic, so a plan counts this backend's workspace exactly.
 #include <cblas.h>
 
 #include <map>
@@ -68,11 +72,12 @@ bool try_native(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, f
     if (e.status == dnnl_unimplemented) return false;
     throw;
   }
+  const auto scratch_bytes = pd.scratchpad_desc().get_size();
+  auto scratch = a.device().allocate(scratch_bytes, MemoryCategory::Workspace, "onednn-scratchpad");
+  if (!a.device().has_storage()) return true;  // a dry run: the scratchpad counted, nothing to compute
   dnnl::matmul prim(pd);
   auto& eng = cpu_engine();
   dnnl::stream stream(eng);
-  const auto scratch_bytes = pd.scratchpad_desc().get_size();
-  auto scratch = a.device().allocate(scratch_bytes, MemoryCategory::Workspace, "onednn-scratchpad");
   dnnl::memory a_mem(a_md, eng, a.data()), b_mem(b_md, eng, b.data()), c_mem(c_md, eng, c.data());
   dnnl::memory s_mem(pd.scratchpad_desc(), eng, scratch->data());
   prim.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem},
@@ -107,6 +112,7 @@ void gemm_blas(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, do
     // BLAS needs a unit stride in one of the two dimensions of each operand.
     if (!has_unit_stride(ai)) ai = ai.clone(MemoryCategory::Workspace);
     if (!has_unit_stride(bi)) bi = bi.clone(MemoryCategory::Workspace);
+    if (!c.device().has_storage()) continue;  // a dry run: the copies counted, nothing to compute
     // A row-major matrix with a unit column stride is used as is; one with a
     // unit row stride is the transpose of a row-major matrix.
     auto as_blas = [](const Tensor& x, bool t, CBLAS_TRANSPOSE& op, blasint& ld) {

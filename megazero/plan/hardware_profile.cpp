@@ -37,6 +37,10 @@ HardwareProfile parse(const std::string& text, const std::string& where) {
   h.name = j.value("name", where);
   h.description = j.value("description", "");
   h.source = j.value("source", "");
+  const std::string kernels = j.value("kernels", "cuda");
+  MZ_REQUIRE(kernels == "cuda" || kernels == "cpu", "--hardware ", where, ": 'kernels' is '", kernels,
+             "'; it must be \"cuda\" or \"cpu\" (whose GEMMs the plan's workspace follows)");
+  h.kernels = kernels == "cpu" ? DeviceKind::CPU : DeviceKind::CUDA;
   h.devices_per_node = static_cast<int>(positive(j, "devices_per_node", where));
   h.memory_gib = positive(j, "memory_gib", where);
   MZ_REQUIRE(j.contains("peak_tflops") && j["peak_tflops"].is_object() && !j["peak_tflops"].empty(), "--hardware ",

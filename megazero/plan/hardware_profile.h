@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "megazero/core/device.h"
 #include "megazero/core/dtype.h"
 
 namespace megazero::plan {
@@ -20,6 +21,7 @@ struct LinkProfile {
 
 struct HardwareProfile {
   std::string name, description, source;
+  DeviceKind kernels = DeviceKind::CUDA;      // "kernels": "cuda" (default) or "cpu"
   int devices_per_node = 1;
   double memory_gib = 0;                     // device memory per device
   std::map<std::string, double> peak_tflops;  // by dtype name ("fp16", "bf16", "fp32")

@@ -25,7 +25,7 @@ double paper_model_state_bytes(int stage, double psi, double nd, int pb) {
   throw InternalError("stage " + std::to_string(stage));
 }
 
-RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank) {
+RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank, DeviceKind kernels) {
   const int tp = args.parallel.tensor_model_parallel_size;
   parallel_state::TopologyOptions topo;
   topo.world_size = world_size;
@@ -37,7 +37,7 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   const auto coord = topology.coord(rank);
   VirtualCommunicator tp_comm(coord.tp_rank, tp, "tp"), dp_comm(coord.dp_rank, world_size / tp, "dp");
 
-  auto meta = make_device(DeviceKind::Meta);
+  auto meta = make_meta_device(kernels);
   auto host = make_device(DeviceKind::Meta);  // host memory for Pa+cpu, counted apart as in a run
   RankMemoryPlan p;
   {
@@ -112,11 +112,12 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   return p;
 }
 
-RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak) {
+RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak,
+                                 DeviceKind kernels) {
   RankMemoryPlan busiest;
   std::int64_t least = 0;
   for (int r = 0; r < world_size; ++r) {
-    auto p = plan_rank_memory(args, world_size, r);
+    auto p = plan_rank_memory(args, world_size, r, kernels);
     if (r == 0 || p.step_total_peak < least) least = p.step_total_peak;
     if (r == 0 || p.step_total_peak > busiest.step_total_peak) busiest = std::move(p);
   }
@@ -125,10 +126,10 @@ RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, s
 }
 
 std::int64_t largest_layers_that_fit(train::TrainArgs args, int world_size, int rank, std::int64_t budget,
-                                     RankMemoryPlan* plan_out) {
+                                     RankMemoryPlan* plan_out, DeviceKind kernels) {
   auto fits = [&](std::int64_t layers, RankMemoryPlan* out) {
     args.model.num_layers = layers;
-    const auto p = plan_rank_memory(args, world_size, rank);
+    const auto p = plan_rank_memory(args, world_size, rank, kernels);
     if (out) *out = p;
     return p.step_total_peak <= budget;
   };

@@ -68,17 +68,22 @@ struct RankMemoryPlan {
 double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes);
 
 // Plans `rank` of a world of `world_size` ranks for the run `args` describes
-// (args.validate / validate_layout must have passed).
-RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank);
+// (args.validate / validate_layout must have passed). `kernels`: the backend
+// whose kernels the run uses — CUDA (cuBLAS keeps its workspace outside the
+// counters) or CPU (16-bit GEMMs without native support widen their operands
+// into counted workspace; the plan then counts that too).
+RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, int rank,
+                                DeviceKind kernels = DeviceKind::CUDA);
 
 // Plans every rank of the world; returns the plan with the largest step peak
 // (ties: the lowest rank) and stores the smallest peak in *least_peak.
-RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak = nullptr);
+RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak = nullptr,
+                                 DeviceKind kernels = DeviceKind::CUDA);
 
 // The largest --num-layers (other flags as given) whose planned step peak on
 // `rank` stays within `budget_bytes`; 0 if not even one layer fits. Binary
 // search over real plans (each well under a second).
 std::int64_t largest_layers_that_fit(train::TrainArgs args, int world_size, int rank, std::int64_t budget_bytes,
-                                     RankMemoryPlan* plan_out = nullptr);
+                                     RankMemoryPlan* plan_out = nullptr, DeviceKind kernels = DeviceKind::CUDA);
 
 }  // namespace megazero::plan

@@ -241,7 +241,7 @@ TEST(Plan, CountedGemmFlopsAreTheAnalyticModelFlops) {
       const auto p = plan::plan_rank_memory(parse(w, tp), tp, 0);
       // The code pads the vocabulary to a multiple of 128 x TP; the formula
       // takes the vocabulary as given: the only difference.
-      EXPECT_NEAR(p.gemm_flops / p.model_flops_per_step, 1.0, 0.01);
+      EXPECT_NEAR(p.gemm_flops() / p.model_flops_per_step, 1.0, 0.01);
     }
 }
 

@@ -95,12 +95,6 @@ void ComputeLog::add_gemm(const GemmShape& g) {
   std::lock_guard<std::mutex> lock(mu_);
   ++gemms_[g];
 }
-double ComputeLog::gemm_flops() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  double f = 0;
-  for (const auto& [g, calls] : gemms_) f += g.flops() * static_cast<double>(calls);
-  return f;
-}
 MetaDevice::MetaDevice(DeviceKind kernels) : kernels_(kernels) {
   MZ_CHECK(kernels == DeviceKind::CPU || kernels == DeviceKind::CUDA, "a meta device stands in for CPU or CUDA kernels, not ",
            device_kind_name(kernels));

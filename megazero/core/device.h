@@ -110,7 +110,6 @@ class ComputeLog {
  public:
   void add_gemm(const GemmShape& g);
   const std::map<GemmShape, std::int64_t>& gemms() const { return gemms_; }  // shape -> calls
-  double gemm_flops() const;
   void clear() { gemms_.clear(); }
 
  private:

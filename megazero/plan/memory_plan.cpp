@@ -90,7 +90,6 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     p.host_copy_bytes = checkpoints.stats().host_copies_bytes;  // counted by the store as it copies
     p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
     for (const auto& [g, calls] : log.gemms()) p.gemms.push_back({g, calls});
-    p.gemm_flops = log.gemm_flops();
     const double tokens = static_cast<double>(B * S * p.micro_batches);
     p.model_flops_per_step = model.flops_per_token(args.model.recompute_activations) * tokens / tp;
     p.model_flops_no_recompute = model.flops_per_token(false) * tokens / tp;
@@ -110,6 +109,12 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   p.paper_model_states = static_cast<std::int64_t>(paper_model_state_bytes(
       p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype()))));
   return p;
+}
+
+double RankMemoryPlan::gemm_flops() const {
+  double f = 0;
+  for (const auto& g : gemms) f += g.shape.flops() * static_cast<double>(g.calls);
+  return f;
 }
 
 RankMemoryPlan plan_busiest_rank(const train::TrainArgs& args, int world_size, std::int64_t* least_peak,

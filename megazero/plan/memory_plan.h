@@ -50,7 +50,7 @@ struct RankMemoryPlan {
     std::int64_t calls = 0;
   };
   std::vector<GemmCalls> gemms;
-  double gemm_flops = 0;             // sum over gemms
+  double gemm_flops() const;         // sum over gemms
   double model_flops_per_step = 0;   // this rank's share of the model's analytic FLOPs (Narayanan et al. eq. 3), as run
   double model_flops_no_recompute = 0;  // the same without recompute (for MFU)
   std::int64_t activation_traffic_bytes = 0;

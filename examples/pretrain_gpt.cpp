@@ -166,7 +166,17 @@ int run(int argc, char** argv) {
   }
   if (args.dry_run) return 0;
 
-  auto device = make_device(DeviceKind::CPU);
+  // --device cuda: the GPU of this rank's local slot (ranks of a node are contiguous).
+  auto device = run_consistently(world, [&] {
+    MZ_REQUIRE(args.device == "cpu" || args.device == "cuda", "--device must be cpu or cuda, got '", args.device, "'");
+    if (args.device == "cpu") return make_device(DeviceKind::CPU);
+    const int gpus = cuda_visible_devices();
+    MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", groups->hosts()[static_cast<std::size_t>(world.rank())],
+               " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
+    const int local = world.rank() % groups->topology().ranks_per_node();
+    return make_device(DeviceKind::CUDA, local % gpus);
+  });
+  const bool on_gpu = device->kind() == DeviceKind::CUDA;
   layers::ParameterSet params;
   layers::GPTModel model(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   const zero::ZeroConfig zc = args.engine_config();
@@ -250,7 +260,8 @@ int run(int argc, char** argv) {
     metrics.open(args.metrics_file, std::ios::trunc);
     MZ_REQUIRE(metrics.good(), "--metrics-file: cannot write '", args.metrics_file, "'");
   }
-  const double peak = args.peak_tflops > 0 ? args.peak_tflops : 0.18;  // 2 cores: 180 GFLOP/s fp32 GEMM
+  // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
+  const double peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
   const double flops_per_iter = model.flops_per_token(args.model.recompute_activations) * static_cast<double>(global * S);
 
   auto micro_batches = [&](std::int64_t it, Split split) {
@@ -267,7 +278,14 @@ int run(int argc, char** argv) {
       // run continues where the checkpoint left off.
       const std::int64_t base =
           split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
-      source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, device, mb.ids, mb.targets);
+      source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, host, mb.ids, mb.targets);
+      if (on_gpu) {  // tokens are made on the host; one copy each to the GPU
+        for (Tensor* t : {&mb.ids, &mb.targets}) {
+          Tensor d = Tensor::empty(device, t->shape(), DType::I64, MemoryCategory::Activations);
+          d.copy_from(*t);
+          *t = d;
+        }
+      }
       mbs.push_back(std::move(mb));
     }
     return mbs;

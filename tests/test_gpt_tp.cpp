@@ -10,6 +10,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "test_device.h"
 
 using namespace megazero;
 using namespace megazero::layers;
@@ -38,7 +39,7 @@ struct Run {
 };
 
 Run run_model(Communicator& tp, DType dtype, bool recompute) {
-  TpContext ctx{&tp, make_device(DeviceKind::CPU), dtype};
+  TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();
   r.model = std::make_unique<GPTModel>(small_config(recompute), ctx, *r.params);
@@ -50,12 +51,8 @@ Run run_model(Communicator& tp, DType dtype, bool recompute) {
   step.iteration = 7;
   step.sample_offset = 4;
   const std::int64_t n = step.micro_batch * step.seq;
-  Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-  Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-  for (std::int64_t i = 0; i < n; ++i) {
-    ids.data_as<std::int64_t>()[i] = (i * 37 + 11) % 101;
-    targets.data_as<std::int64_t>()[i] = (i * 53 + 2) % 101;
-  }
+  Tensor ids = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+  Tensor targets = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 53 + 2) % 101; });
   r.loss = r.model->forward(ids, targets, step);
   r.params->zero_grad();
   r.model->backward(1.0);

@@ -1,5 +1,7 @@
 #include "zero_harness.h"
 
+#include "test_device.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,7 +43,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   const int me = world.rank();
   tp = world.split(me / s.tp, me % s.tp, "tp");
   dp = world.split(me % s.tp, me / s.tp, "dp");
-  device = make_device(DeviceKind::CPU);
+  device = test_support::test_device();
   params = std::make_unique<layers::ParameterSet>();
   layers::TpContext ctx{tp.get(), device, s.dtype};
   model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute, s.hidden), ctx, *params);
@@ -95,16 +97,13 @@ std::vector<double> ZeroRun::train(int first, int count) {
       mb.step.seq = S;
       mb.step.sample_offset = dp->rank() * per_rank + m * spec.micro_batch;
       const std::int64_t n = spec.micro_batch * S;
-      mb.ids = Tensor::empty(device, {n}, DType::I64, MemoryCategory::Activations);
-      mb.targets = Tensor::empty(device, {n}, DType::I64, MemoryCategory::Activations);
-      for (std::int64_t b = 0; b < spec.micro_batch; ++b) {
-        const std::int64_t sample = it * spec.global_batch + mb.step.sample_offset + b;
-        for (std::int64_t t = 0; t <= S; ++t) {  // S + 1 tokens: inputs and shifted targets
-          const std::int64_t tok = (sample * 131 + t * t * 7 + t * 29) % cfg.vocab_size;
-          if (t < S) mb.ids.data_as<std::int64_t>()[b * S + t] = tok;
-          if (t > 0) mb.targets.data_as<std::int64_t>()[b * S + t - 1] = tok;
-        }
-      }
+      // Token t of a sample is (sample * 131 + t^2 * 7 + t * 29) mod V; targets are the inputs shifted by one.
+      const auto token = [&](std::int64_t i, std::int64_t shift) {
+        const std::int64_t sample = it * spec.global_batch + mb.step.sample_offset + i / S, t = i % S + shift;
+        return (sample * 131 + t * t * 7 + t * 29) % cfg.vocab_size;
+      };
+      mb.ids = test_support::int64_tensor(device, n, [&](std::int64_t i) { return token(i, 0); });
+      mb.targets = test_support::int64_tensor(device, n, [&](std::int64_t i) { return token(i, 1); });
       mbs.push_back(std::move(mb));
     }
     results.push_back(train::train_step(*model, *engine, *dp, mbs, opt, *scaler, it));

@@ -99,6 +99,11 @@ CudaEventWork::CudaEventWork(std::string what) : what_(std::move(what)) {
 }
 
 CudaEventWork::~CudaEventWork() {
+  // Device memory is freed in stream order on the compute stream, which knows
+  // nothing of the communication stream: buffers this operation still uses
+  // may only go once it finished or the compute stream waits for it.
+  if (!keep_alive_.empty() && !stream_ordered_) (void)cudaEventSynchronize(event_);
+  keep_alive_.clear();
   // Safe while the event is pending: CUDA releases it once it completes.
   (void)cudaEventDestroy(event_);
 }
@@ -110,7 +115,7 @@ void CudaEventWork::wait() {
   if (err != cudaSuccess)
     throw InternalError(detail::concat(what_, ": waiting for the operation failed: ", cudaGetErrorName(err), " (",
                                        cudaGetErrorString(err), ")"));
-  keep_alive_.reset();
+  keep_alive_.clear();
 }
 
 bool CudaEventWork::test() {
@@ -124,6 +129,7 @@ bool CudaEventWork::test() {
 
 void CudaEventWork::wait_on_stream(cudaStream_t stream) const {
   MZ_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0));
+  stream_ordered_ = true;
 }
 
 // ---------------------------------------------------------------- setup
@@ -222,10 +228,11 @@ void NcclCommunicator::begin_op() {
   MZ_CUDA_CHECK(cudaStreamWaitEvent(stream_, order_event_, 0));
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::end_op(const char* what, std::shared_ptr<Buffer> keep_alive) {
+std::shared_ptr<WorkImpl> NcclCommunicator::end_op(const char* what, std::vector<std::shared_ptr<Buffer>> keep_alive) {
   auto work = std::make_shared<CudaEventWork>(detail::concat(name(), ": ", what));
   work->record(stream_);
-  work->keep_alive(std::move(keep_alive));
+  for (auto& b : keep_alive)
+    if (b) work->keep_alive(std::move(b));
   if (const auto ticket = watch_ticket(); ticket != 0) {
     if (collective_timeout() > 0) {
       // Owns a reference to the watch: the callback may run after this object is gone.
@@ -265,7 +272,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(const Tensor& t, Reduc
   begin_op();
   MZ_NCCL_CHECK(ncclAllReduce(t.data(), t.data(), count_of(t), nccl_type(t.dtype()), rop, comm_, stream_),
                 "ncclAllReduce");
-  return end_op("all_reduce");
+  return end_op("all_reduce", {t.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
@@ -281,13 +288,13 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& inpu
   // form; any other overlap would race, so reduce into a staging buffer.
   const bool in_place = output.data() == in + displ[me];
   CudaDeviceGuard guard(device_->index());
-  begin_op();
   std::shared_ptr<Buffer> staging;
   void* recv = output.data();
   if (!in_place && overlaps(input, output)) {
     staging = device_->allocate(output.nbytes(), MemoryCategory::CommBuffers, "nccl reduce_scatter staging");
     recv = staging->data();
   }
+  begin_op();  // after the staging allocation, which is ordered on the compute stream
   if (all_equal(counts)) {
     MZ_NCCL_CHECK(ncclReduceScatter(in, recv, static_cast<std::size_t>(counts.front()), type, rop, comm_, stream_),
                   "ncclReduceScatter");
@@ -304,7 +311,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& inpu
   }
   if (staging)
     MZ_CUDA_CHECK(cudaMemcpyAsync(output.data(), recv, output.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-  return end_op("reduce_scatter", std::move(staging));
+  return end_op("reduce_scatter", {std::move(staging), input.buffer(), output.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
@@ -319,14 +326,15 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, c
   // buffer: NCCL's in-place form. Any other overlap goes through staging.
   const bool in_place = input.data() == out + displ[me];
   CudaDeviceGuard guard(device_->index());
-  begin_op();
   std::shared_ptr<Buffer> staging;
   const void* send = input.data();
   if (!in_place && overlaps(input, output)) {
     staging = device_->allocate(input.nbytes(), MemoryCategory::CommBuffers, "nccl all_gather staging");
-    MZ_CUDA_CHECK(cudaMemcpyAsync(staging->data(), input.data(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_));
     send = staging->data();
   }
+  begin_op();  // after the staging allocation, which is ordered on the compute stream
+  if (staging)
+    MZ_CUDA_CHECK(cudaMemcpyAsync(staging->data(), input.data(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   if (all_equal(counts)) {
     MZ_NCCL_CHECK(ncclAllGather(send, out, static_cast<std::size_t>(counts.front()), type, comm_, stream_),
                   "ncclAllGather");
@@ -342,7 +350,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, c
     }
     group.end();
   }
-  return end_op("all_gather", std::move(staging));
+  return end_op("all_gather", {std::move(staging), input.buffer(), output.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(const Tensor& t, int root) {
@@ -351,7 +359,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(const Tensor& t, int ro
   begin_op();
   MZ_NCCL_CHECK(ncclBroadcast(t.data(), t.data(), count_of(t), nccl_type(t.dtype()), root, comm_, stream_),
                 "ncclBroadcast");
-  return end_op("broadcast");
+  return end_op("broadcast", {t.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
@@ -361,7 +369,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(const Tensor& t, int root,
   begin_op();
   MZ_NCCL_CHECK(ncclReduce(t.data(), t.data(), count_of(t), nccl_type(t.dtype()), rop, root, comm_, stream_),
                 "ncclReduce");
-  return end_op("reduce");
+  return end_op("reduce", {t.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_barrier() {
@@ -370,6 +378,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_barrier() {
     // Made on first use, under Other: it is not a communication bucket, and
     // communicators that never barrier should not show up in the counters.
     barrier_scratch_ = device_->allocate(sizeof(std::int32_t), MemoryCategory::Other, "nccl barrier scratch");
+    begin_op();  // the comm stream first waits for the allocation (ordered on the compute stream)
     MZ_CUDA_CHECK(cudaMemsetAsync(barrier_scratch_->data(), 0, sizeof(std::int32_t), stream_));
   }
   begin_op();
@@ -385,7 +394,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_send(const Tensor& t, int peer, i
   CudaDeviceGuard guard(device_->index());
   begin_op();
   MZ_NCCL_CHECK(ncclSend(t.data(), count_of(t), nccl_type(t.dtype()), peer, comm_, stream_), "ncclSend");
-  return end_op("send");
+  return end_op("send", {t.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
@@ -393,7 +402,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(const Tensor& t, int peer, i
   CudaDeviceGuard guard(device_->index());
   begin_op();
   MZ_NCCL_CHECK(ncclRecv(t.data(), count_of(t), nccl_type(t.dtype()), peer, comm_, stream_), "ncclRecv");
-  return end_op("recv");
+  return end_op("recv", {t.buffer()});
 }
 
 }  // namespace megazero

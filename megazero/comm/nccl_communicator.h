@@ -13,8 +13,10 @@
 // after each collective reports it complete to the watchdog (in stream order,
 // so the watchdog's "done up to ticket t" stays exact).
 //
-// Buffers: a tensor freed while a collective still uses it is safe, because
-// CudaDevice frees with cudaFree, which waits for all work on the device.
+// Buffers: CudaDevice frees in stream order on its compute stream, which does
+// not see this communicator's stream. So every operation holds the buffers it
+// touches (CudaEventWork::keep_alive) until Work::wait() returned or a stream
+// was made to wait for it; a Work dropped before either synchronises first.
 //
 // Send/recv: NCCL has no tags (the tag is ignored; messages between a pair of
 // ranks match in issue order) and a send only completes once the peer posts
@@ -26,6 +28,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "megazero/comm/communicator.h"
 #include "megazero/cuda/cuda_device.h"
@@ -47,7 +50,9 @@ class CudaEventWork final : public WorkImpl {
   CudaEventWork& operator=(const CudaEventWork&) = delete;
 
   void record(cudaStream_t stream);
-  void keep_alive(std::shared_ptr<Buffer> buffer) { keep_alive_ = std::move(buffer); }
+  // Buffers the operation reads or writes: held until it completed, or until
+  // a stream waits for it (then later stream-ordered frees are safe).
+  void keep_alive(std::shared_ptr<Buffer> buffer) { keep_alive_.push_back(std::move(buffer)); }
 
   // Blocks the host until the operation finished (cudaEventSynchronize).
   void wait() override;
@@ -59,7 +64,8 @@ class CudaEventWork final : public WorkImpl {
 
  private:
   cudaEvent_t event_ = nullptr;
-  std::shared_ptr<Buffer> keep_alive_;
+  std::vector<std::shared_ptr<Buffer>> keep_alive_;
+  mutable bool stream_ordered_ = false;  // a stream waits for the operation (wait_on_stream)
   std::string what_;
 };
 
@@ -109,7 +115,7 @@ class NcclCommunicator final : public Communicator {
   // Call with a CudaDeviceGuard held: the communication stream waits for the
   // compute stream, then the caller launches on stream_ and calls end_op().
   void begin_op();
-  std::shared_ptr<WorkImpl> end_op(const char* what, std::shared_ptr<Buffer> keep_alive = {});
+  std::shared_ptr<WorkImpl> end_op(const char* what, std::vector<std::shared_ptr<Buffer>> keep_alive = {});
 
   std::shared_ptr<CudaDevice> device_;
   ncclComm* comm_ = nullptr;

@@ -110,8 +110,11 @@ std::shared_ptr<Device> make_cuda_device(int) {
       "--device cuda: this megazero was built without the CUDA backend; rebuild with "
       "-DMEGAZERO_CUDA=ON on a machine with the CUDA toolkit, cuDNN and NCCL, or use --device cpu");
 }
+int cuda_visible_devices() { return 0; }
 #else
 std::shared_ptr<Device> make_cuda_device(int index);  // megazero/cuda/cuda_device.cpp
+int cuda_device_count();                              // megazero/cuda/cuda_device.cpp
+int cuda_visible_devices() { return cuda_device_count(); }
 #endif
 
 std::shared_ptr<Device> make_device(DeviceKind kind, int index) {

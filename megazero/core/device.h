@@ -151,6 +151,10 @@ std::shared_ptr<Device> make_meta_device(DeviceKind kernels);
 // Parses "cpu", "cuda", "cuda:1", "meta" (for --device); ConfigError otherwise.
 std::shared_ptr<Device> make_device(const std::string& spec);
 
+// GPUs this process can use: 0 in a build without the CUDA backend or when
+// the driver reports none.
+int cuda_visible_devices();
+
 // Number of math threads used by CPU kernels (oneDNN via OpenMP, OpenBLAS).
 // Default: $MEGAZERO_NUM_THREADS, else $OMP_NUM_THREADS, else all cores.
 void set_cpu_math_threads(int n);

@@ -1,5 +1,10 @@
 #include "megazero/core/tensor.h"
 
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/layer_kernels_cuda.h"
+#endif
+
 #include <sstream>
 
 #include "megazero/core/error.h"
@@ -175,13 +180,21 @@ void Tensor::copy_from(const Tensor& src) {
   const bool same_dtype = dtype_ == src.dtype_;
   const bool both_host = device().kind() == DeviceKind::CPU && src.device().kind() == DeviceKind::CPU;
   if (!both_host) {
-    // Any device involvement: stage contiguous bytes through the host. The CUDA
-    // backend replaces the same-dtype same-device case with device copies.
-    MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors");
-    if (same_dtype && &device() == &src.device()) {
-      device().copy_within(data(), src.data(), nbytes());
+    if (&device() == &src.device()) {  // one GPU: device copies, strided views and casts included
+      if (same_dtype && is_contiguous() && src.is_contiguous()) {
+        device().copy_within(data(), src.data(), nbytes());
+        return;
+      }
+#ifdef MEGAZERO_WITH_CUDA
+      MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
+               " to ", dtype_name(dtype_), " is not supported");
+      cuda::strided_copy(src.data(), src.dtype_, src.strides_.data(), data(), dtype_, strides_.data(), shape_.data(),
+                         static_cast<int>(shape_.size()), as_cuda_device(device()).stream());
       return;
+#endif
     }
+    // Between host and GPU (or two GPUs): contiguous bytes staged through the host.
+    MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors");
     std::vector<char> host_src(src.nbytes()), host_dst(nbytes());
     src.device().copy_to_host(host_src.data(), src.data(), src.nbytes());
     convert(host_src.data(), src.dtype_, host_dst.data(), dtype_, static_cast<std::size_t>(numel()));

@@ -1,5 +1,7 @@
 #include "megazero/cuda/cuda_device.h"
 
+#include <cstdint>
+
 #include <cstdio>
 #include <iomanip>
 #include <sstream>
@@ -41,6 +43,13 @@ CudaDeviceGuard::~CudaDeviceGuard() {
 CudaDevice::CudaDevice(int index) : index_(index) {
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // The device's memory pool keeps what it once reserved (no release
+  // threshold): after the first step every allocation is served from memory
+  // the pool already holds, with no driver call and no device synchronisation.
+  cudaMemPool_t pool = nullptr;
+  MZ_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index_));
+  std::uint64_t keep = UINT64_MAX;
+  MZ_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
 }
 
 CudaDevice::~CudaDevice() {
@@ -54,7 +63,9 @@ void* CudaDevice::raw_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   CudaDeviceGuard guard(index_);
   void* p = nullptr;
-  const cudaError_t err = cudaMalloc(&p, bytes);
+  // Stream-ordered: usable by everything queued on the compute stream after
+  // this call (other streams first wait for the compute stream).
+  const cudaError_t err = cudaMallocAsync(&p, bytes, stream_);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // not sticky: clear it so later launch checks do not report it again
     std::size_t free_bytes = 0, total_bytes = 0;
@@ -70,11 +81,13 @@ void* CudaDevice::raw_allocate(std::size_t bytes) {
 
 void CudaDevice::raw_free(void* p, std::size_t) {
   if (!p) return;
-  // cudaFree waits for all work on the device, so a buffer is never recycled
-  // while a queued kernel or collective (on any stream) still uses it. It is
-  // called from Buffer's destructor, so it must not throw: report and go on.
-  // cudaFree needs no current device: the pointer identifies its own.
-  const cudaError_t err = cudaFree(p);
+  // Stream-ordered on the compute stream: the memory is reused only by work
+  // queued after every kernel already queued there, so freeing a tensor a
+  // queued kernel still reads is safe. Collectives on other streams hold
+  // their buffers until they finished (NcclCommunicator). Called from
+  // Buffer's destructor, so it must not throw: report and go on. The stream
+  // names the device, so no current-device guard is needed.
+  const cudaError_t err = cudaFreeAsync(p, stream_);
   if (err != cudaSuccess && err != cudaErrorCudartUnloading)
     std::fprintf(stderr, "megazero: cudaFree on %s failed: %s\n", name().c_str(), cudaGetErrorString(err));
 }

@@ -21,6 +21,10 @@
 #include <vector>
 
 #include "megazero/core/error.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/layer_kernels_cuda.h"
+#endif
 
 namespace megazero::kernels {
 
@@ -180,8 +184,22 @@ Rows rows_of(const char* op, const char* name, const Tensor& t) {
 
 // ---- dispatch ----
 
+// On a CUDA tensor, runs `call` (a megazero::cuda kernel launcher on the
+// tensor's device stream) and returns from the entry point.
+#ifdef MEGAZERO_WITH_CUDA
+cudaStream_t stream_of(const Tensor& t) { return as_cuda_device(t.device()).stream(); }
+#define MZ_ON_CUDA(t, call)                    \
+  if ((t).device().kind() == DeviceKind::CUDA) { \
+    call;                                      \
+    return;                                    \
+  }
+#else
+#define MZ_ON_CUDA(t, call)
+#endif
+
 // True when the kernel runs on the host; false on the meta device (a dry run:
-// shapes are checked, nothing is stored).
+// shapes are checked, nothing is stored). CUDA tensors never get here
+// (MZ_ON_CUDA dispatched them), except in a build without the CUDA backend.
 bool on_host(const char* op, const Tensor& t) {
   switch (t.device().kind()) {
     case DeviceKind::Meta: return false;
@@ -424,6 +442,7 @@ void dropout(const char* op, const Tensor& in, double p, const RngKey& key, cons
   check_shape(op, "output", out, in.shape());
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
   check_layout(op, layout, in.numel());
+  MZ_ON_CUDA(in, cuda::dropout(in.dtype(), in.data(), p, key, layout, out.data(), stream_of(in)));
   if (!on_host(op, in)) return;
   with_storage_type(in.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -516,6 +535,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   check_shape(op, "y", y, x.shape());
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
+  MZ_ON_CUDA(x, cuda::layernorm_forward(dt, x.data(), gamma.data(), beta.data(), eps, y.data(), mean.data(), rstd.data(), s.rows, s.cols, stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -540,6 +560,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
+  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(), s.rows, s.cols, stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -557,6 +578,7 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   check_float(op, "x", x);
   check_operands(op, x, x.dtype(), {{"x", &x}, {"y", &y}});
   check_shape(op, "y", y, x.shape());
+  MZ_ON_CUDA(x, cuda::gelu_forward(x.dtype(), x.data(), y.data(), x.numel(), stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -570,6 +592,7 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
   check_float(op, "x", x);
   check_operands(op, x, x.dtype(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
   check_shapes(op, x.shape(), {{"dy", &dy}, {"dx", &dx}});
+  MZ_ON_CUDA(x, cuda::gelu_backward(x.dtype(), dy.data(), x.data(), dx.data(), x.numel(), stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -585,6 +608,7 @@ void add_bias(Tensor& y, const Tensor& bias) {
   const Rows s = rows_of(op, "y", y);
   check_operands(op, y, y.dtype(), {{"y", &y}, {"bias", &bias}});
   check_shape(op, "bias", bias, {s.cols});
+  MZ_ON_CUDA(y, cuda::add_bias(y.dtype(), y.data(), bias.data(), s.rows, s.cols, stream_of(y)));
   if (!on_host(op, y)) return;
   with_storage_type(y.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -601,6 +625,7 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   check_operand(op, "dy", dy, dy, dy.dtype());
   check_accumulator(op, "dbias", dbias, dy, dy.dtype());
   check_shape(op, "dbias", dbias, {s.cols});
+  MZ_ON_CUDA(dy, cuda::bias_grad(dy.dtype(), dy.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, stream_of(dy)));
   if (!on_host(op, dy)) return;
   with_storage_type(dy.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -618,6 +643,7 @@ void add(const Tensor& a, const Tensor& b, Tensor& out) {
   check_float(op, "a", a);
   check_operands(op, a, a.dtype(), {{"a", &a}, {"b", &b}, {"out", &out}});
   check_shapes(op, a.shape(), {{"b", &b}, {"out", &out}});
+  MZ_ON_CUDA(a, cuda::add(a.dtype(), a.data(), b.data(), out.data(), a.numel(), stream_of(a)));
   if (!on_host(op, a)) return;
   with_storage_type(a.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -632,6 +658,7 @@ void axpy(double alpha, const Tensor& x, Tensor& y) {
   check_float(op, "x", x);
   check_operands(op, x, x.dtype(), {{"x", &x}, {"y", &y}});
   check_shape(op, "y", y, x.shape());
+  MZ_ON_CUDA(x, cuda::axpy(x.dtype(), alpha, x.data(), y.data(), x.numel(), stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -647,6 +674,7 @@ void scale(Tensor& x, double alpha) {
   constexpr const char* op = "scale";
   check_float(op, "x", x);
   check_operand(op, "x", x, x, x.dtype());
+  MZ_ON_CUDA(x, cuda::scale_elements(x.dtype(), x.data(), x.numel(), alpha, stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -672,6 +700,7 @@ void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
   const i64 mats = check_square(op, "scores", scores);
   check_operands(op, scores, scores.dtype(), {{"scores", &scores}, {"probs", &probs}});
   check_shape(op, "probs", probs, scores.shape());
+  MZ_ON_CUDA(scores, cuda::causal_softmax_forward(scores.dtype(), scores.data(), scale, probs.data(), mats, scores.size(-1), stream_of(scores)));
   if (!on_host(op, scores)) return;
   with_storage_type(scores.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -685,6 +714,7 @@ void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double s
   const i64 mats = check_square(op, "probs", probs);
   check_operands(op, probs, probs.dtype(), {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
   check_shapes(op, probs.shape(), {{"dprobs", &dprobs}, {"dscores", &dscores}});
+  MZ_ON_CUDA(probs, cuda::causal_softmax_backward(probs.dtype(), dprobs.data(), probs.data(), scale, dscores.data(), mats, probs.size(-1), stream_of(probs)));
   if (!on_host(op, probs)) return;
   with_storage_type(probs.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -714,6 +744,7 @@ void embedding_forward(const Tensor& ids, const Tensor& table, std::int64_t voca
   const i64 n = ids.size(0);
   check_operand(op, "out", out, table, table.dtype());
   check_shape(op, "out", out, {n, h});
+  MZ_ON_CUDA(table, cuda::embedding_forward(table.dtype(), ptr<const std::int64_t>(ids), table.data(), vocab_start, v, h, out.data(), n, stream_of(table)));
   if (!on_host(op, table)) return;
   with_storage_type(table.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -796,6 +827,7 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, std::int64_t voca
   const i64 n = ids.size(0);
   check_operand(op, "dout", dout, dtable, dout.dtype());
   check_shape(op, "dout", dout, {n, h});
+  MZ_ON_CUDA(dtable, cuda::embedding_backward(dout.dtype(), ptr<const std::int64_t>(ids), dout.data(), vocab_start, n, v, h, dtable.data(), dtable.dtype(), stream_of(dtable)));
   if (!on_host(op, dtable)) return;
   with_storage_type(dout.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -830,6 +862,7 @@ Rows check_positions(const char* op, const Tensor& act, const Tensor& pos, std::
 void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t seq) {
   constexpr const char* op = "add_position_embedding";
   const Rows s = check_positions(op, out, pos_table, seq, false);
+  MZ_ON_CUDA(out, cuda::add_position_embedding(out.dtype(), out.data(), pos_table.data(), out.numel(), seq * s.cols, stream_of(out)));
   if (!on_host(op, out)) return;
   with_storage_type(out.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -843,6 +876,7 @@ void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t s
 void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& dpos) {
   constexpr const char* op = "position_embedding_backward";
   const Rows s = check_positions(op, dout, dpos, seq, true);
+  MZ_ON_CUDA(dout, cuda::position_embedding_backward(dout.dtype(), dout.data(), s.rows, seq * s.cols, dpos.data(), dpos.dtype(), stream_of(dout)));
   if (!on_host(op, dout)) return;
   with_storage_type(dout.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -863,6 +897,7 @@ void rowwise_max(const Tensor& logits, std::int64_t valid, Tensor& out) {
   const VocabSlice s = check_logits(op, logits, valid);
   check_stat(op, "out", out, logits, logits.dtype());
   check_rows(op, "out", out, s.rows);
+  MZ_ON_CUDA(logits, cuda::rowwise_max(logits.dtype(), logits.data(), s.rows, s.cols, s.valid, out.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -877,6 +912,7 @@ void rowwise_sum_exp(const Tensor& logits, const Tensor& row_max, std::int64_t v
   check_rows(op, "row_max", row_max, s.rows);
   check_stat(op, "out", out, logits, logits.dtype());
   check_rows(op, "out", out, s.rows);
+  MZ_ON_CUDA(logits, cuda::rowwise_sum_exp(logits.dtype(), logits.data(), row_max.data(), s.rows, s.cols, s.valid, out.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -893,6 +929,7 @@ void gather_target_logit(const Tensor& logits, const Tensor& targets, std::int64
   check_rows(op, "targets", targets, s.rows);
   check_stat(op, "out", out, logits, logits.dtype());
   check_rows(op, "out", out, s.rows);
+  MZ_ON_CUDA(logits, cuda::gather_target_logit(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, out.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -917,6 +954,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& row_max, const T
   for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"targets", &targets}})
     check_rows(op, name, *t, s.rows);
   check_shape(op, "dlogits", dlogits, logits.shape());
+  MZ_ON_CUDA(logits, cuda::cross_entropy_backward(logits.dtype(), logits.data(), row_max.data(), sum_exp.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, scale, dlogits.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);

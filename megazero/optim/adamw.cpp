@@ -3,6 +3,10 @@
 #include <cmath>
 
 #include "megazero/core/error.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/layer_kernels_cuda.h"
+#endif
 
 namespace megazero::optim {
 namespace {
@@ -38,9 +42,21 @@ void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_a
   MZ_CHECK(exp_avg.numel() == n && exp_avg_sq.numel() == n && grads.numel() == n, "adamw: sizes differ");
   MZ_CHECK(step >= 1, "adamw: step counts from 1");
   if (!master.device().has_storage()) return;
-  MZ_CHECK(master.device().kind() == DeviceKind::CPU, "adamw: no CUDA kernel yet");
   const double bc1 = 1 - std::pow(cfg.beta1, static_cast<double>(step));
   const double bc2 = 1 - std::pow(cfg.beta2, static_cast<double>(step));
+#ifdef MEGAZERO_WITH_CUDA
+  if (master.device().kind() == DeviceKind::CUDA) {
+    const cuda::AdamArgs a{cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, lr, bc1, bc2, grad_scale};
+    const cudaStream_t s = as_cuda_device(master.device()).stream();
+    for (const auto& seg : segments) {
+      MZ_CHECK(seg.begin >= 0 && seg.end <= n && seg.begin <= seg.end, "adamw: segment out of range");
+      cuda::adamw(master.data_as<float>(), exp_avg.data_as<float>(), exp_avg_sq.data_as<float>(), grads.data(),
+                  grads.dtype(), seg.begin, seg.end, seg.decay, a, s);
+    }
+    return;
+  }
+#endif
+  MZ_CHECK(master.device().kind() == DeviceKind::CPU, "adamw: tensors on ", master.device().name());
   auto* w = master.data_as<float>();
   auto* m = exp_avg.data_as<float>();
   auto* v = exp_avg_sq.data_as<float>();

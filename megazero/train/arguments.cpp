@@ -133,6 +133,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "eval-iters", &a.eval_iters, "validation micro-batches per evaluation");
   t.add(G, "metrics-file", &a.metrics_file, "JSON-lines metrics, one record per logged iteration");
   t.add(G, "peak-tflops", &a.peak_tflops, "peak TFLOP/s per rank for MFU; 0 = device default");
+  t.add(G, "device", &a.device,
+        "cpu, or cuda: each rank uses GPU (local rank mod visible GPUs); collectives of GPU tensors go over MPI, "
+        "staged through host memory");
   t.add(C, "save", &a.save, "checkpoint directory: saved every --save-interval, at the end and on SIGTERM/SIGUSR1");
   t.add(C, "load", &a.load, "resume from the newest good checkpoint in DIR (any TP/DP/stage); none yet = fresh start");
   t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints; 0 = only at the end and on a signal");

@@ -42,6 +42,7 @@ struct TrainArgs {
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
   std::string metrics_file;  // JSON lines, one record per logged iteration
   double peak_tflops = 0;    // for MFU; 0 = the device default (docs/PERFORMANCE.md)
+  std::string device = "cpu";  // --device: cpu, or cuda (one GPU per rank: local rank mod GPUs)
   // checkpoints (megazero/checkpoint/)
   std::string save, load;
   std::int64_t save_interval = 0;

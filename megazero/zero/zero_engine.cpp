@@ -6,6 +6,10 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/layer_kernels.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/layer_kernels_cuda.h"
+#endif
 
 namespace megazero::zero {
 
@@ -336,7 +340,16 @@ std::string ZeroEngine::constant_buffers() const {
 // would cost more memory traffic than the sum itself.
 double ZeroEngine::sum_of_squares(const Tensor& grads) const {
   if (!grads.device().has_storage()) return 0;  // the planner's dry run
-  MZ_CHECK(grads.device().kind() == DeviceKind::CPU && grads.is_contiguous(), "grad norm: no CUDA kernel yet");
+  MZ_CHECK(grads.is_contiguous(), "grad norm: the gradient partition must be contiguous");
+#ifdef MEGAZERO_WITH_CUDA
+  if (grads.device().kind() == DeviceKind::CUDA) {
+    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+    for (const auto& [r, counted] : norm_segments_)
+      if (counted && r.end > r.begin) ranges.emplace_back(r.begin, r.end);
+    return cuda::sum_of_squares(grads.data(), grads.dtype(), ranges, as_cuda_device(grads.device()).stream());
+  }
+#endif
+  MZ_CHECK(grads.device().kind() == DeviceKind::CPU, "grad norm: gradients on ", grads.device().name());
   const void* base = grads.data();
   double s = 0;
   for (const auto& [r, counted] : norm_segments_)

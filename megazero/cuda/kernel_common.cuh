@@ -1,0 +1,153 @@
+// Device-side helpers shared by the CUDA kernel files: storage <-> compute
+// conversion with the CPU kernels' rounding rules, block reductions, launch
+// sizing and launch checks. Included only by .cu files.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "megazero/core/dtype.h"
+#include "megazero/core/error.h"
+
+namespace megazero::cuda::detail_k {
+
+using i64 = std::int64_t;
+
+constexpr unsigned kThreads = 256;
+// Enough blocks to fill an H100 (132 SMs) many times over; grid-stride loops
+// cover the rest, so no grid dimension ever overflows.
+constexpr i64 kMaxBlocks = 132 * 32;
+
+inline unsigned blocks_for(i64 n, unsigned threads = kThreads) {
+  return static_cast<unsigned>(std::max<i64>(1, std::min<i64>((n + threads - 1) / threads, kMaxBlocks)));
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw InternalError(::megazero::detail::concat("CUDA kernel launch failed in ", what, ": ", cudaGetErrorName(err),
+                                                   " (", cudaGetErrorString(err), ")"));
+}
+
+// The compute type of a storage type: fp32 for 16-bit storage, else itself
+// (the CPU kernels' compute_t).
+template <typename S>
+struct ComputeOf {
+  using type = S;
+};
+template <>
+struct ComputeOf<__half> {
+  using type = float;
+};
+template <>
+struct ComputeOf<__nv_bfloat16> {
+  using type = float;
+};
+template <typename S>
+using compute_t = typename ComputeOf<S>::type;
+
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ double ld(double v) { return v; }
+__device__ __forceinline__ float ld(__half v) { return __half2float(v); }
+__device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+// Rounds a float or double result once, to nearest even, into S.
+template <typename S>
+__device__ __forceinline__ S st(float v) {
+  if constexpr (std::is_same_v<S, __half>)
+    return __float2half_rn(v);
+  else if constexpr (std::is_same_v<S, __nv_bfloat16>)
+    return __float2bfloat16_rn(v);
+  else
+    return static_cast<S>(v);
+}
+template <typename S>
+__device__ __forceinline__ S st(double v) {
+  if constexpr (std::is_same_v<S, __half>)
+    return __double2half(v);
+  else if constexpr (std::is_same_v<S, __nv_bfloat16>)
+    return __double2bfloat16(v);
+  else if constexpr (std::is_same_v<S, float>)
+    return __double2float_rn(v);
+  else
+    return v;
+}
+
+// Calls fn(S{}) with the device storage type of a float dtype.
+template <typename Fn>
+void with_storage(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F64: fn(double{}); break;
+    case DType::BF16: fn(__nv_bfloat16{}); break;
+    case DType::F16: fn(__half{}); break;
+    case DType::F32: fn(float{}); break;
+    default: throw InternalError(::megazero::detail::concat("CUDA kernel: unsupported dtype ", dtype_name(t)));
+  }
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread
+// gets the result. The order is fixed, so the result is reproducible.
+template <typename T>
+__device__ T block_sum(T v) {
+  __shared__ T warp_part[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // warp_part may still be read by a previous call
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x >> 5) ? warp_part[lane] : T(0);
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (lane == 0) warp_part[0] = v;
+  }
+  __syncthreads();
+  return warp_part[0];
+}
+
+template <typename T>
+__device__ T block_max(T v) {
+  __shared__ T warp_part[32];
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_down_sync(0xffffffffu, v, o));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();
+  if (lane == 0) warp_part[warp] = v;
+  __syncthreads();
+  if (warp == 0) {
+    v = lane < static_cast<int>(blockDim.x >> 5) ? warp_part[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_down_sync(0xffffffffu, v, o));
+    if (lane == 0) warp_part[0] = v;
+  }
+  __syncthreads();
+  return warp_part[0];
+}
+
+// Stream-ordered scratch for a kernel's partial results, from the device's
+// memory pool (kept reserved, so no allocation reaches the driver in steady
+// state). Freed on the stream, after the kernels that use it.
+class StreamScratch {
+ public:
+  StreamScratch(std::size_t bytes, cudaStream_t s) : s_(s) {
+    const cudaError_t err = cudaMallocAsync(&p_, std::max<std::size_t>(bytes, 16), s);
+    if (err != cudaSuccess)
+      throw InternalError(::megazero::detail::concat("cudaMallocAsync of ", bytes, " bytes of kernel scratch: ",
+                                                     cudaGetErrorString(err)));
+  }
+  ~StreamScratch() { (void)cudaFreeAsync(p_, s_); }
+  StreamScratch(const StreamScratch&) = delete;
+  StreamScratch& operator=(const StreamScratch&) = delete;
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
+  void* p_ = nullptr;
+  cudaStream_t s_;
+};
+
+}  // namespace megazero::cuda::detail_k

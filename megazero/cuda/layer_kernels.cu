@@ -1,0 +1,788 @@
+// CUDA layer kernels (contracts in megazero/kernels/layer_kernels.h, device
+// entry points in layer_kernels_cuda.h). Row kernels run one block per row;
+// element-wise kernels use grid-stride loops; sums over rows (parameter
+// gradients) go through column_sum, a two-pass reduction in a fixed order.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <vector>
+
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/layer_kernels_cuda.h"
+
+namespace megazero::cuda {
+using namespace detail_k;
+
+namespace {
+
+// ---------------------------------------------------------------- helpers
+
+// dst[c] = round(dst[c] + sum_r term(r, c)) for c < cols, the sum in double:
+// pass 1 sums row chunks per column (coalesced along c), pass 2 adds the
+// chunks in chunk order. Fixed order, no atomics.
+template <typename G, typename Term>
+__global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Term term, double* partial) {
+  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  double acc = 0;
+  for (i64 r = r0; r < r1; ++r) acc += term(r, c);
+  partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
+}
+
+template <typename G>
+__global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
+  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0;
+  for (i64 k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+  dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
+}
+
+template <typename G, typename Term>
+void column_sum(G* dst, i64 rows, i64 cols, Term term, cudaStream_t s, const char* what) {
+  if (cols == 0) return;
+  // Enough chunks to fill the GPU when cols is small (a bias of 1536), each
+  // long enough to amortise the partial write.
+  const i64 col_blocks = (cols + kThreads - 1) / kThreads;
+  const i64 want_chunks = std::max<i64>(1, std::min<i64>((rows + 31) / 32, (4 * 132 + col_blocks - 1) / col_blocks));
+  const i64 chunks = std::min<i64>(want_chunks, 65535);
+  const i64 per_chunk = std::max<i64>(1, (rows + chunks - 1) / chunks);
+  const i64 used = rows == 0 ? 1 : (rows + per_chunk - 1) / per_chunk;
+  StreamScratch partial(static_cast<std::size_t>(used * cols) * sizeof(double), s);
+  column_partial_kernel<G><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(used)), kThreads, 0, s>>>(
+      rows, cols, per_chunk, term, partial.as<double>());
+  check_launch(what);
+  column_finish_kernel<G><<<static_cast<unsigned>(col_blocks), kThreads, 0, s>>>(cols, used, partial.as<double>(), dst);
+  check_launch(what);
+}
+
+// Calls fn(G{}) with the accumulator type for storage S: fp32 when asked for
+// 16-bit storage, else S.
+template <typename S, typename Fn>
+void with_accumulator(DType acc, Fn&& fn) {
+  if constexpr (!std::is_same_v<S, float> && !std::is_same_v<S, double>) {
+    if (acc == DType::F32) {
+      fn(float{});
+      return;
+    }
+  }
+  fn(S{});
+}
+
+template <typename T, typename F>
+__global__ void elementwise_kernel(T* out, i64 n, F f) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) out[i] = f(i);
+}
+
+template <typename T, typename F>
+void elementwise(T* out, i64 n, F f, cudaStream_t s, const char* what) {
+  if (n == 0) return;
+  elementwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, n, f);
+  check_launch(what);
+}
+
+// ---------------------------------------------------------------- LayerNorm
+
+template <typename S, typename C>
+__global__ void layernorm_forward_kernel(const S* x, const S* gamma, const S* beta, double eps, S* y, C* mean,
+                                         C* rstd, i64 cols) {
+  const i64 r = blockIdx.x;
+  const S* xr = x + r * cols;
+  S* yr = y + r * cols;
+  double sum = 0;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) sum += ld(xr[c]);
+  const double m = block_sum(sum) / static_cast<double>(cols);
+  double sq = 0;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double d = ld(xr[c]) - m;
+    sq += d * d;
+  }
+  const double rs = 1.0 / sqrt(block_sum(sq) / static_cast<double>(cols) + eps);
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x)
+    yr[c] = st<S>((ld(xr[c]) - m) * rs * ld(gamma[c]) + ld(beta[c]));
+  if (threadIdx.x == 0) {
+    mean[r] = static_cast<C>(m);
+    rstd[r] = static_cast<C>(rs);
+  }
+}
+
+template <typename S, typename C>
+__global__ void layernorm_backward_dx_kernel(const S* dy, const S* x, const S* gamma, const C* mean, const C* rstd,
+                                             S* dx, i64 cols) {
+  const i64 r = blockIdx.x;
+  const S* dyr = dy + r * cols;
+  const S* xr = x + r * cols;
+  S* dxr = dx + r * cols;
+  const double m = mean[r], rs = rstd[r];
+  double sg = 0, sgx = 0;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
+    sg += g;
+    sgx += g * (ld(xr[c]) - m) * rs;
+  }
+  const double inv = 1.0 / static_cast<double>(cols);
+  const double mean_g = block_sum(sg) * inv, mean_gx = block_sum(sgx) * inv;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
+    dxr[c] = st<S>(rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx));
+  }
+}
+
+unsigned row_threads(i64 cols) { return cols >= 2048 ? 512 : cols >= 512 ? 256 : 128; }
+
+// ---------------------------------------------------------------- GeLU
+
+constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
+constexpr double kGeluA = 0.044715;
+
+template <typename T>
+__device__ __forceinline__ T gelu(T x) {
+  const T u = static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
+  return static_cast<T>(0.5) * x * (static_cast<T>(1) + tanh(u));
+}
+
+template <typename T>
+__device__ __forceinline__ T gelu_grad(T x) {
+  const T u = static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
+  const T t = tanh(u);
+  const T du = static_cast<T>(kGeluC) * (static_cast<T>(1) + static_cast<T>(3 * kGeluA) * x * x);
+  return static_cast<T>(0.5) * (static_cast<T>(1) + t) + static_cast<T>(0.5) * x * (static_cast<T>(1) - t * t) * du;
+}
+
+// ---------------------------------------------------------------- causal softmax
+
+template <typename S>
+__global__ void causal_softmax_forward_kernel(const S* scores, double scale, S* probs, i64 n) {
+  using C = compute_t<S>;
+  const i64 row = blockIdx.x, i = row % n;
+  const S* sr = scores + row * n;
+  S* pr = probs + row * n;
+  const C sc = static_cast<C>(scale);
+  C mx = -INFINITY;
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) mx = max(mx, sc * ld(sr[j]));
+  mx = block_max(mx);
+  double sum = 0;
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) sum += exp(sc * ld(sr[j]) - mx);
+  const double inv = 1.0 / block_sum(sum);  // all reads of the row are done before any write (probs may alias)
+  for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+    pr[j] = j <= i ? st<S>(static_cast<C>(exp(sc * ld(sr[j]) - mx)) * inv) : st<S>(C(0));
+}
+
+template <typename S>
+__global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, double scale, S* dscores, i64 n) {
+  const i64 row = blockIdx.x, i = row % n;
+  const S* dp = dprobs + row * n;
+  const S* p = probs + row * n;
+  S* ds = dscores + row * n;
+  double dot = 0;
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
+  dot = block_sum(dot);
+  for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+    ds[j] = j <= i ? st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot)) : st<S>(compute_t<S>(0));
+}
+
+// ---------------------------------------------------------------- dropout (Philox-4x32-10, as rng.cpp)
+
+struct PhiloxKey {
+  unsigned k0, k1;         // key words
+  unsigned layer, iter;    // counter words 2 and 3
+};
+
+PhiloxKey philox_key(const RngKey& key) {
+  const auto lo = [](std::uint64_t v) { return static_cast<unsigned>(v); };
+  const auto hi = [](std::uint64_t v) { return static_cast<unsigned>(v >> 32); };
+  return {lo(key.seed), hi(key.seed) ^ (key.site * 0x9E3779B9u), key.layer,
+          lo(key.iteration) ^ (hi(key.iteration) * 0x85EBCA6Bu)};
+}
+
+__device__ __forceinline__ uint4 philox(std::uint64_t block, const PhiloxKey& k) {
+  unsigned c0 = static_cast<unsigned>(block), c1 = static_cast<unsigned>(block >> 32), c2 = k.layer, c3 = k.iter;
+  unsigned k0 = k.k0, k1 = k.k1;
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    const unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  return make_uint4(c0, c1, c2, c3);
+}
+
+__device__ __forceinline__ unsigned word(const uint4& w, unsigned i) {
+  return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
+}
+
+// Each thread handles four consecutive elements of one [C*D] row (mostly one
+// Philox block for all four).
+template <typename S>
+__global__ void dropout_kernel(const S* in, float p, PhiloxKey key, kernels::DropoutLayout l, S* out, i64 inner,
+                               i64 groups_per_row, i64 total_groups) {
+  using C = compute_t<S>;
+  const C keep_scale = static_cast<C>(1.0 / (1.0 - static_cast<double>(p)));
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < total_groups; g += stride) {
+    const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * 4;
+    const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
+    const std::uint64_t base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
+    std::uint64_t have = ~std::uint64_t{0};
+    uint4 w{};
+    for (i64 k = k0; k < min(inner, k0 + 4); ++k) {
+      const std::uint64_t idx = base + static_cast<std::uint64_t>(k);
+      if ((idx >> 2) != have) {
+        have = idx >> 2;
+        w = philox(have, key);
+      }
+      const float u = static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f;
+      const i64 e = row * inner + k;
+      out[e] = u >= p ? st<S>(ld(in[e]) * keep_scale) : st<S>(C(0));
+    }
+  }
+}
+
+// ---------------------------------------------------------------- embeddings and cross-entropy
+
+__device__ __forceinline__ i64 local_column(std::int64_t target, i64 vocab_start, i64 valid) {
+  const i64 c = target - vocab_start;
+  return c >= 0 && c < valid ? c : -1;
+}
+
+// One block per vocabulary row that has tokens; the tokens of a row are
+// tokens[first[k]..first[k+1]) in token order.
+template <typename S, typename G>
+__global__ void embedding_backward_kernel(const S* g, const i64* rows, const i64* first, const i64* tokens, i64 h,
+                                          G* dt) {
+  const i64 k = blockIdx.x, row = rows[k], t0 = first[k], t1 = first[k + 1];
+  for (i64 c = threadIdx.x; c < h; c += blockDim.x) {
+    compute_t<G> acc = ld(dt[row * h + c]);
+    for (i64 t = t0; t < t1; ++t) acc += ld(g[tokens[t] * h + c]);
+    dt[row * h + c] = st<G>(acc);
+  }
+}
+
+template <typename S>
+__global__ void rowwise_max_kernel(const S* logits, i64 cols, i64 valid, compute_t<S>* out) {
+  using C = compute_t<S>;
+  const S* lr = logits + static_cast<i64>(blockIdx.x) * cols;
+  C mx = -INFINITY;
+  for (i64 c = threadIdx.x; c < valid; c += blockDim.x) mx = max(mx, ld(lr[c]));
+  mx = block_max(mx);
+  if (threadIdx.x == 0) out[blockIdx.x] = mx;
+}
+
+template <typename S>
+__global__ void rowwise_sum_exp_kernel(const S* logits, const compute_t<S>* row_max, i64 cols, i64 valid,
+                                       compute_t<S>* out) {
+  using C = compute_t<S>;
+  const S* lr = logits + static_cast<i64>(blockIdx.x) * cols;
+  const C mx = row_max[blockIdx.x];
+  double sum = 0;
+  for (i64 c = threadIdx.x; c < valid; c += blockDim.x) sum += exp(ld(lr[c]) - mx);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<C>(sum);
+}
+
+template <typename S>
+__global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S>* row_max,
+                                              const compute_t<S>* sum_exp, const std::int64_t* targets,
+                                              i64 vocab_start, i64 cols, i64 valid, double scale, S* dlogits) {
+  const i64 r = blockIdx.x;
+  const S* lr = logits + r * cols;
+  S* dr = dlogits + r * cols;
+  const double inv_sum = 1.0 / static_cast<double>(sum_exp[r]);
+  const auto mx = row_max[r];
+  const i64 t = local_column(targets[r], vocab_start, valid);
+  // Every thread reads the target logit before any thread writes (dlogits may alias logits).
+  const double target_grad = t >= 0 ? scale * (exp(ld(lr[t]) - mx) * inv_sum - 1.0) : 0.0;
+  __syncthreads();
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    if (c >= valid)
+      dr[c] = st<S>(compute_t<S>(0));
+    else if (c == t)
+      dr[c] = st<S>(target_grad);
+    else
+      dr[c] = st<S>(scale * (exp(ld(lr[c]) - mx) * inv_sum));
+  }
+}
+
+// ---------------------------------------------------------------- optimizer
+
+template <typename G>
+__global__ void adamw_kernel(float* w, float* m, float* v, const G* g, i64 begin, i64 end, double wd, AdamArgs a) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = begin + static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += stride) {
+    const double grad = static_cast<double>(ld(g[i])) * a.grad_scale;
+    const double mi = a.beta1 * m[i] + (1 - a.beta1) * grad;
+    const double vi = a.beta2 * v[i] + (1 - a.beta2) * grad * grad;
+    m[i] = static_cast<float>(mi);
+    v[i] = static_cast<float>(vi);
+    const double update = (mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps);
+    w[i] = static_cast<float>(w[i] - a.lr * (update + wd * w[i]));
+  }
+}
+
+constexpr unsigned kNormBlocks = 264;
+
+template <typename G>
+__global__ void sum_sq_kernel(const G* g, i64 begin, i64 end, double* partial) {
+  double acc = 0;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = begin + static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += stride) {
+    const double x = ld(g[i]);
+    acc += x * x;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void sum_partials_kernel(const double* partial, i64 n, double* out) {
+  double acc = 0;
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+// ---------------------------------------------------------------- strided copy
+
+struct CopyGeometry {
+  i64 shape[kMaxCopyDims];
+  i64 src_stride[kMaxCopyDims];
+  i64 dst_stride[kMaxCopyDims];
+  int ndim;
+};
+
+template <typename A, typename B>
+__device__ __forceinline__ B convert_value(A x) {
+  if constexpr (std::is_same_v<A, B>)
+    return x;
+  else
+    return st<B>(ld(x));
+}
+
+template <typename A, typename B>
+__global__ void strided_copy_kernel(const A* src, B* dst, CopyGeometry geo, i64 n) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    i64 rem = i, so = 0, dof = 0;
+    for (int d = geo.ndim - 1; d >= 0; --d) {
+      const i64 idx = rem % geo.shape[d];
+      rem /= geo.shape[d];
+      so += idx * geo.src_stride[d];
+      dof += idx * geo.dst_stride[d];
+    }
+    dst[dof] = convert_value<A, B>(src[so]);
+  }
+}
+
+// ---------------------------------------------------------------- typed bodies
+// (nvcc allows __device__ lambdas in function templates but not in generic
+// lambdas, so the dtype dispatch calls these templates.)
+
+template <typename S, typename G>
+void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, const void* rstd, void* dgamma,
+                             i64 rows, i64 cols, cudaStream_t s) {
+  using C = compute_t<S>;
+  const S* dyp = static_cast<const S*>(dy);
+  const S* xp = static_cast<const S*>(x);
+  const C* mp = static_cast<const C*>(mean);
+  const C* rp = static_cast<const C*>(rstd);
+  column_sum(static_cast<G*>(dgamma), rows, cols,
+             [=] __device__(i64 r, i64 c) {
+               return static_cast<double>(ld(dyp[r * cols + c])) *
+                      ((ld(xp[r * cols + c]) - static_cast<double>(mp[r])) * rp[r]);
+             },
+             s, "layernorm_backward dgamma");
+}
+
+// dst[c] += sum_r src[r * cols + c] (bias gradients, LayerNorm's dbeta, position embeddings).
+template <typename S, typename G>
+void sum_rows_t(const void* src, void* dst, i64 rows, i64 cols, cudaStream_t s, const char* what) {
+  const S* g = static_cast<const S*>(src);
+  column_sum(static_cast<G*>(dst), rows, cols,
+             [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, s, what);
+}
+
+template <typename S>
+void gelu_forward_t(const void* x, void* y, i64 n, cudaStream_t s) {
+  const S* xp = static_cast<const S*>(x);
+  elementwise(static_cast<S*>(y), n, [=] __device__(i64 i) { return st<S>(gelu(ld(xp[i]))); }, s, "gelu_forward");
+}
+
+template <typename S>
+void gelu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
+  const S* xp = static_cast<const S*>(x);
+  const S* dyp = static_cast<const S*>(dy);
+  elementwise(static_cast<S*>(dx), n, [=] __device__(i64 i) { return st<S>(ld(dyp[i]) * gelu_grad(ld(xp[i]))); }, s,
+              "gelu_backward");
+}
+
+// y[i] += b[i % period]: bias (period = cols) and position embeddings (period = seq * H).
+template <typename S>
+void add_periodic_t(void* y, const void* b, i64 n, i64 period, cudaStream_t s, const char* what) {
+  S* yp = static_cast<S*>(y);
+  const S* bp = static_cast<const S*>(b);
+  elementwise(yp, n, [=] __device__(i64 i) { return st<S>(ld(yp[i]) + ld(bp[i % period])); }, s, what);
+}
+
+template <typename S>
+void add_t(const void* a, const void* b, void* out, i64 n, cudaStream_t s) {
+  const S* ap = static_cast<const S*>(a);
+  const S* bp = static_cast<const S*>(b);
+  elementwise(static_cast<S*>(out), n, [=] __device__(i64 i) { return st<S>(ld(ap[i]) + ld(bp[i])); }, s, "add");
+}
+
+template <typename S>
+void axpy_t(double alpha, const void* x, void* y, i64 n, cudaStream_t s) {
+  using C = compute_t<S>;
+  const S* xp = static_cast<const S*>(x);
+  S* yp = static_cast<S*>(y);
+  const C a = static_cast<C>(alpha);
+  elementwise(yp, n, [=] __device__(i64 i) { return st<S>(ld(yp[i]) + a * ld(xp[i])); }, s, "axpy");
+}
+
+template <typename S>
+void scale_t(void* x, i64 n, double alpha, cudaStream_t s) {
+  using C = compute_t<S>;
+  S* xp = static_cast<S*>(x);
+  const C a = static_cast<C>(alpha);
+  elementwise(xp, n, [=] __device__(i64 i) { return st<S>(ld(xp[i]) * a); }, s, "scale");
+}
+
+template <typename S>
+void embedding_forward_t(const std::int64_t* ids, const void* table, i64 vocab_start, i64 v, i64 h, void* out, i64 n,
+                         cudaStream_t s) {
+  const S* tab = static_cast<const S*>(table);
+  elementwise(static_cast<S*>(out), n * h,
+              [=] __device__(i64 i) {
+                const i64 row = local_column(ids[i / h], vocab_start, v);
+                return row >= 0 ? tab[row * h + i % h] : st<S>(compute_t<S>(0));
+              },
+              s, "embedding_forward");
+}
+
+template <typename S>
+void gather_target_logit_t(const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                           i64 valid, void* out, cudaStream_t s) {
+  using C = compute_t<S>;
+  const S* l = static_cast<const S*>(logits);
+  elementwise(static_cast<C*>(out), rows,
+              [=] __device__(i64 r) {
+                const i64 c = local_column(targets[r], vocab_start, valid);
+                return c >= 0 ? ld(l[r * cols + c]) : C(0);
+              },
+              s, "gather_target_logit");
+}
+
+}  // namespace
+
+// Calls FN<S>(args...) for the storage type of dtype T.
+#define MZ_BY_STORAGE(T, FN, ...)                                                           \
+  switch (T) {                                                                              \
+    case DType::F32: FN<float>(__VA_ARGS__); break;                                         \
+    case DType::F64: FN<double>(__VA_ARGS__); break;                                        \
+    case DType::BF16: FN<__nv_bfloat16>(__VA_ARGS__); break;                                \
+    case DType::F16: FN<__half>(__VA_ARGS__); break;                                        \
+    default: throw InternalError(::megazero::detail::concat(#FN ": dtype ", dtype_name(T))); \
+  }
+// Calls FN<S, G>(args...): S the storage type of T, G the accumulator type
+// (fp32 when ACC is F32 for 16-bit storage, else S).
+#define MZ_BY_STORAGE_AND_ACC(T, ACC, FN, ...)                                                             \
+  switch (T) {                                                                                             \
+    case DType::F32: FN<float, float>(__VA_ARGS__); break;                                                 \
+    case DType::F64: FN<double, double>(__VA_ARGS__); break;                                               \
+    case DType::BF16:                                                                                      \
+      if ((ACC) == DType::F32) FN<__nv_bfloat16, float>(__VA_ARGS__); else FN<__nv_bfloat16, __nv_bfloat16>(__VA_ARGS__); \
+      break;                                                                                               \
+    case DType::F16:                                                                                       \
+      if ((ACC) == DType::F32) FN<__half, float>(__VA_ARGS__); else FN<__half, __half>(__VA_ARGS__);         \
+      break;                                                                                               \
+    default: throw InternalError(::megazero::detail::concat(#FN ": dtype ", dtype_name(T)));                \
+  }
+
+// ======================================================================= entry points
+
+void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, double eps, void* y, void* mean,
+                       void* rstd, i64 rows, i64 cols, cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    layernorm_forward_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
+        static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), eps, static_cast<S*>(y),
+        static_cast<C*>(mean), static_cast<C*>(rstd), cols);
+  });
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
+                        void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, i64 rows, i64 cols,
+                        cudaStream_t s) {
+  // Parameter gradients first: dx may overwrite dy.
+  MZ_BY_STORAGE_AND_ACC(t, dgamma_type, layernorm_param_grads_t, dy, x, mean, rstd, dgamma, rows, cols, s);
+  MZ_BY_STORAGE_AND_ACC(t, dbeta_type, sum_rows_t, dy, dbeta, rows, cols, s, "layernorm_backward dbeta");
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
+        static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+        static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), cols);
+  });
+  check_launch("layernorm_backward");
+}
+
+void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, gelu_forward_t, x, y, n, s);
+}
+
+void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, gelu_backward_t, dy, x, dx, n, s);
+}
+
+void add_bias(DType t, void* y, const void* bias, i64 rows, i64 cols, cudaStream_t s) {
+  MZ_BY_STORAGE(t, add_periodic_t, y, bias, rows * cols, cols, s, "add_bias");
+}
+
+void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, cudaStream_t s) {
+  MZ_BY_STORAGE_AND_ACC(t, dbias_type, sum_rows_t, dy, dbias, rows, cols, s, "bias_grad");
+}
+
+void add(DType t, const void* a, const void* b, void* out, i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, add_t, a, b, out, n, s);
+}
+
+void axpy(DType t, double alpha, const void* x, void* y, i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, axpy_t, alpha, x, y, n, s);
+}
+
+void scale_elements(DType t, void* x, i64 n, double alpha, cudaStream_t s) {
+  MZ_BY_STORAGE(t, scale_t, x, n, alpha, s);
+}
+
+void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 n, cudaStream_t s) {
+  if (mats * n == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    causal_softmax_forward_kernel<S><<<static_cast<unsigned>(mats * n), row_threads(n), 0, s>>>(
+        static_cast<const S*>(scores), scale, static_cast<S*>(probs), n);
+  });
+  check_launch("causal_softmax_forward");
+}
+
+void causal_softmax_backward(DType t, const void* dprobs, const void* probs, double scale, void* dscores, i64 mats,
+                             i64 n, cudaStream_t s) {
+  if (mats * n == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    causal_softmax_backward_kernel<S><<<static_cast<unsigned>(mats * n), row_threads(n), 0, s>>>(
+        static_cast<const S*>(dprobs), static_cast<const S*>(probs), scale, static_cast<S*>(dscores), n);
+  });
+  check_launch("causal_softmax_backward");
+}
+
+void dropout(DType t, const void* in, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out,
+             cudaStream_t s) {
+  const i64 inner = layout.C * layout.D, rows = layout.A * layout.B;
+  if (inner * rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    if (p == 0.0) {
+      if (in != out)
+        MZ_CHECK(cudaMemcpyAsync(out, in, static_cast<std::size_t>(inner * rows) * sizeof(S), cudaMemcpyDeviceToDevice,
+                                 s) == cudaSuccess,
+                 "dropout: device copy failed");
+      return;
+    }
+    const i64 groups = (inner + 3) / 4;
+    dropout_kernel<S><<<blocks_for(rows * groups), kThreads, 0, s>>>(
+        static_cast<const S*>(in), static_cast<float>(p), philox_key(key), layout, static_cast<S*>(out), inner, groups,
+        rows * groups);
+  });
+  check_launch("dropout");
+}
+
+void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 vocab_start, i64 v, i64 h, void* out,
+                       i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, embedding_forward_t, ids, table, vocab_start, v, h, out, n, s);
+}
+
+void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 vocab_start, i64 n, i64 v, i64 h,
+                        void* dtable, DType dtable_type, cudaStream_t s) {
+  if (n == 0 || h == 0) return;
+  // The token lists are built on the host (a counting sort, stable in token order).
+  std::vector<std::int64_t> id(static_cast<std::size_t>(n));
+  MZ_CHECK(cudaMemcpyAsync(id.data(), ids, id.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+               cudaStreamSynchronize(s) == cudaSuccess,
+           "embedding_backward: copying the ids to the host failed");
+  std::vector<i64> count(static_cast<std::size_t>(v), 0);
+  for (auto x : id) {
+    const i64 c = x - vocab_start;
+    if (c >= 0 && c < v) ++count[static_cast<std::size_t>(c)];
+  }
+  std::vector<i64> rows, first{0}, start(static_cast<std::size_t>(v), -1);
+  for (i64 r = 0; r < v; ++r)
+    if (count[static_cast<std::size_t>(r)] > 0) {
+      start[static_cast<std::size_t>(r)] = first.back();
+      rows.push_back(r);
+      first.push_back(first.back() + count[static_cast<std::size_t>(r)]);
+    }
+  if (rows.empty()) return;
+  std::vector<i64> tokens(static_cast<std::size_t>(first.back()));
+  for (i64 i = 0; i < n; ++i) {
+    const i64 c = id[static_cast<std::size_t>(i)] - vocab_start;
+    if (c >= 0 && c < v) tokens[static_cast<std::size_t>(start[static_cast<std::size_t>(c)]++)] = i;
+  }
+  const std::size_t bytes = (rows.size() + first.size() + tokens.size()) * sizeof(i64);
+  StreamScratch lists(bytes, s);
+  std::vector<i64> packed;
+  packed.reserve(bytes / sizeof(i64));
+  packed.insert(packed.end(), rows.begin(), rows.end());
+  packed.insert(packed.end(), first.begin(), first.end());
+  packed.insert(packed.end(), tokens.begin(), tokens.end());
+  MZ_CHECK(cudaMemcpyAsync(lists.as<i64>(), packed.data(), bytes, cudaMemcpyHostToDevice, s) == cudaSuccess,
+           "embedding_backward: copying the token lists to the device failed");
+  const i64* d_rows = lists.as<i64>();
+  const i64* d_first = d_rows + rows.size();
+  const i64* d_tokens = d_first + first.size();
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    with_accumulator<S>(dtable_type, [&](auto acc) {
+      using G = decltype(acc);
+      embedding_backward_kernel<S, G><<<static_cast<unsigned>(rows.size()), row_threads(h), 0, s>>>(
+          static_cast<const S*>(dout), d_rows, d_first, d_tokens, h, static_cast<G*>(dtable));
+    });
+  });
+  check_launch("embedding_backward");
+  // `packed` is host memory the copy reads: wait for it before it goes.
+  MZ_CHECK(cudaStreamSynchronize(s) == cudaSuccess, "embedding_backward: kernel failed");
+}
+
+void add_position_embedding(DType t, void* out, const void* pos, i64 numel, i64 per_sample, cudaStream_t s) {
+  MZ_BY_STORAGE(t, add_periodic_t, out, pos, numel, per_sample, s, "add_position_embedding");
+}
+
+void position_embedding_backward(DType t, const void* dout, i64 batch, i64 per_sample, void* dpos, DType dpos_type,
+                                 cudaStream_t s) {
+  MZ_BY_STORAGE_AND_ACC(t, dpos_type, sum_rows_t, dout, dpos, batch, per_sample, s, "position_embedding_backward");
+}
+
+void rowwise_max(DType t, const void* logits, i64 rows, i64 cols, i64 valid, void* out, cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    rowwise_max_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(static_cast<const S*>(logits), cols, valid,
+                                                                       static_cast<compute_t<S>*>(out));
+  });
+  check_launch("rowwise_max");
+}
+
+void rowwise_sum_exp(DType t, const void* logits, const void* row_max, i64 rows, i64 cols, i64 valid, void* out,
+                     cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    rowwise_sum_exp_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
+        static_cast<const S*>(logits), static_cast<const C*>(row_max), cols, valid, static_cast<C*>(out));
+  });
+  check_launch("rowwise_sum_exp");
+}
+
+void gather_target_logit(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                         i64 valid, void* out, cudaStream_t s) {
+  MZ_BY_STORAGE(t, gather_target_logit_t, logits, targets, vocab_start, rows, cols, valid, out, s);
+}
+
+void cross_entropy_backward(DType t, const void* logits, const void* row_max, const void* sum_exp,
+                            const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols, i64 valid, double scale,
+                            void* dlogits, cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    cross_entropy_backward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
+        static_cast<const S*>(logits), static_cast<const C*>(row_max), static_cast<const C*>(sum_exp), targets,
+        vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+  });
+  check_launch("cross_entropy_backward");
+}
+
+void adamw(float* w, float* m, float* v, const void* g, DType grad_type, i64 begin, i64 end, bool decay,
+           const AdamArgs& a, cudaStream_t s) {
+  if (end <= begin) return;
+  with_storage(grad_type, [&](auto tag) {
+    using G = decltype(tag);
+    adamw_kernel<G><<<blocks_for(end - begin), kThreads, 0, s>>>(w, m, v, static_cast<const G*>(g), begin, end,
+                                                                 decay ? a.weight_decay : 0.0, a);
+  });
+  check_launch("adamw");
+}
+
+double sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, cudaStream_t s) {
+  const i64 parts = static_cast<i64>(ranges.size()) * kNormBlocks;
+  StreamScratch partial(static_cast<std::size_t>(parts + 1) * sizeof(double), s);
+  double* p = partial.as<double>();
+  with_storage(t, [&](auto tag) {
+    using G = decltype(tag);
+    for (std::size_t k = 0; k < ranges.size(); ++k)
+      sum_sq_kernel<G><<<kNormBlocks, kThreads, 0, s>>>(static_cast<const G*>(g), ranges[k].first, ranges[k].second,
+                                                         p + static_cast<i64>(k) * kNormBlocks);
+  });
+  check_launch("grad norm");
+  sum_partials_kernel<<<1, 1024, 0, s>>>(p, parts, p + parts);
+  check_launch("grad norm");
+  double out = 0;
+  MZ_CHECK(cudaMemcpyAsync(&out, p + parts, sizeof(double), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
+               cudaStreamSynchronize(s) == cudaSuccess,
+           "grad norm: reading the sum failed");
+  return out;
+}
+
+void strided_copy(const void* src, DType src_type, const i64* src_strides, void* dst, DType dst_type,
+                  const i64* dst_strides, const i64* shape, int ndim, cudaStream_t s) {
+  MZ_CHECK(ndim >= 0 && ndim <= kMaxCopyDims, "strided copy of ", ndim, " dimensions (at most ", kMaxCopyDims, ")");
+  CopyGeometry geo{};
+  geo.ndim = ndim;
+  i64 n = 1;
+  for (int d = 0; d < ndim; ++d) {
+    geo.shape[d] = shape[d];
+    geo.src_stride[d] = src_strides[d];
+    geo.dst_stride[d] = dst_strides[d];
+    n *= shape[d];
+  }
+  if (n == 0) return;
+  if (src_type == dst_type && !is_floating(src_type)) {  // ids and other integers: a byte-exact move
+    const auto launch = [&](auto tag) {
+      using T = decltype(tag);
+      strided_copy_kernel<T, T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(src), static_cast<T*>(dst),
+                                                                    geo, n);
+    };
+    switch (dtype_size(src_type)) {
+      case 1: launch(std::uint8_t{}); break;
+      case 2: launch(std::uint16_t{}); break;
+      case 4: launch(std::uint32_t{}); break;
+      default: launch(std::uint64_t{}); break;
+    }
+    check_launch("strided copy");
+    return;
+  }
+  with_storage(src_type, [&](auto a) {
+    using A = decltype(a);
+    with_storage(dst_type, [&](auto b) {
+      using B = decltype(b);
+      strided_copy_kernel<A, B><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const A*>(src), static_cast<B*>(dst),
+                                                                    geo, n);
+    });
+  });
+  check_launch("strided copy");
+}
+
+}  // namespace megazero::cuda

@@ -1,0 +1,322 @@
+// CPU-vs-GPU agreement: every CUDA kernel against the CPU kernel (the
+// reference the CPU suites already prove against finite differences), on
+// fresh random inputs, in fp32 and bf16 (with fp32 gradient accumulators);
+// then a whole GPT forward/backward and the optimizer step. The tolerances
+// are what rounding allows: fp32 results differ by a few ulps (fused
+// multiply-adds, another exp), 16-bit results by an occasional last-bit
+// rounding; a wrong index or a missing term is off by O(1).
+// Without a GPU every test is skipped (the build still compiles and links it).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "layers/gpt_model.h"
+#include "megazero/comm/virtual_communicator.h"
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/kernels/gemm.h"
+#include "megazero/kernels/layer_kernels.h"
+#include "megazero/optim/adamw.h"
+#include "test_device.h"
+
+using namespace megazero;
+namespace k = megazero::kernels;
+
+namespace {
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible";
+    if (!gpu_) gpu_ = make_device(DeviceKind::CUDA, 0);
+    cpu = make_device(DeviceKind::CPU);
+    gpu = gpu_;
+  }
+  static inline std::shared_ptr<Device> gpu_;
+  std::shared_ptr<Device> cpu, gpu;
+  std::mt19937_64 rng{std::random_device{}()};  // fresh inputs every run
+
+  // The same values on both devices.
+  struct Pair {
+    Tensor c, g;
+  };
+  Pair random(const Shape& shape, DType dt, double lo = -2, double hi = 2) {
+    Tensor c = Tensor::empty(cpu, shape, dt, MemoryCategory::Activations);
+    std::uniform_real_distribution<double> u(lo, hi);
+    std::vector<double> v(static_cast<std::size_t>(c.numel()));
+    for (auto& x : v) x = u(rng);
+    c.copy_from_doubles(v);
+    Tensor g = Tensor::empty(gpu, shape, dt, MemoryCategory::Activations);
+    g.copy_from(c);
+    return {c, g};
+  }
+  Pair zeros(const Shape& shape, DType dt) {
+    Tensor c = Tensor::zeros(cpu, shape, dt, MemoryCategory::Activations);
+    Tensor g = Tensor::zeros(gpu, shape, dt, MemoryCategory::Activations);
+    return {c, g};
+  }
+  // Poisoned (NaN) outputs: an element the kernel forgets shows up.
+  Pair poisoned(const Shape& shape, DType dt) {
+    Pair p = zeros(shape, dt);
+    std::vector<double> nan(static_cast<std::size_t>(p.c.numel()), std::nan(""));
+    p.c.copy_from_doubles(nan);
+    p.g.copy_from_doubles(nan);
+    return p;
+  }
+  Pair ids(std::int64_t n, std::int64_t lo, std::int64_t hi) {
+    std::uniform_int_distribution<std::int64_t> u(lo, hi - 1);
+    std::vector<std::int64_t> v(static_cast<std::size_t>(n));
+    for (auto& x : v) x = u(rng);
+    return {test_support::int64_tensor(cpu, n, [&](std::int64_t i) { return v[static_cast<std::size_t>(i)]; }),
+            test_support::int64_tensor(gpu, n, [&](std::int64_t i) { return v[static_cast<std::size_t>(i)]; })};
+  }
+};
+
+// ||gpu - cpu|| / ||cpu||; NaN anywhere fails.
+double rel_diff(const Tensor& g, const Tensor& c) {
+  const auto a = g.to_double_vector(), b = c.to_double_vector();
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) return INFINITY;
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+}
+
+double tol(DType dt) { return dt == DType::F32 ? 2e-6 : 8e-3; }
+// Parameter-gradient accumulators: fp32 (the storage dtype for fp32, Megatron's fp32 main grads for 16-bit).
+DType acc_of(DType) { return DType::F32; }
+
+const DType kTypes[] = {DType::F32, DType::BF16, DType::F16};
+
+}  // namespace
+
+TEST_F(Cuda, LayerNormForwardAndBackward) {
+  for (DType dt : kTypes)
+    for (std::int64_t cols : {64, 1000, 4096}) {
+      const std::int64_t rows = 37;
+      auto x = random({rows, cols}, dt), gamma = random({cols}, dt, 0.5, 1.5), beta = random({cols}, dt);
+      auto y = poisoned({rows, cols}, dt);
+      auto mean = poisoned({rows}, k::row_stat_dtype(dt)), rstd = poisoned({rows}, k::row_stat_dtype(dt));
+      k::layernorm_forward(x.c, gamma.c, beta.c, 1e-5, y.c, mean.c, rstd.c);
+      k::layernorm_forward(x.g, gamma.g, beta.g, 1e-5, y.g, mean.g, rstd.g);
+      EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << dtype_name(dt) << " cols " << cols;
+      EXPECT_LE(rel_diff(rstd.g, rstd.c), 1e-6);
+      auto dy = random({rows, cols}, dt), dx = poisoned({rows, cols}, dt);
+      auto dgamma = random({cols}, acc_of(dt)), dbeta = random({cols}, acc_of(dt));  // accumulated into
+      k::layernorm_backward(dy.c, x.c, gamma.c, mean.c, rstd.c, dx.c, dgamma.c, dbeta.c);
+      k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g);
+      EXPECT_LE(rel_diff(dx.g, dx.c), tol(dt)) << dtype_name(dt);
+      EXPECT_LE(rel_diff(dgamma.g, dgamma.c), 1e-6) << dtype_name(dt);
+      EXPECT_LE(rel_diff(dbeta.g, dbeta.c), 1e-6) << dtype_name(dt);
+    }
+}
+
+TEST_F(Cuda, ElementwiseKernels) {
+  for (DType dt : kTypes) {
+    const Shape sh{53, 300};
+    auto x = random(sh, dt), dy = random(sh, dt), y = poisoned(sh, dt), dx = poisoned(sh, dt);
+    k::gelu_forward(x.c, y.c);
+    k::gelu_forward(x.g, y.g);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "gelu " << dtype_name(dt);
+    k::gelu_backward(dy.c, x.c, dx.c);
+    k::gelu_backward(dy.g, x.g, dx.g);
+    EXPECT_LE(rel_diff(dx.g, dx.c), tol(dt)) << "gelu backward " << dtype_name(dt);
+    auto bias = random({300}, dt);
+    k::add_bias(y.c, bias.c);
+    k::add_bias(y.g, bias.g);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "add_bias";
+    auto db = random({300}, acc_of(dt));
+    k::bias_grad(dy.c, db.c);
+    k::bias_grad(dy.g, db.g);
+    EXPECT_LE(rel_diff(db.g, db.c), 1e-6) << "bias_grad";
+    k::add(x.c, dy.c, y.c);
+    k::add(x.g, dy.g, y.g);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "add";
+    k::axpy(-0.37, x.c, y.c);
+    k::axpy(-0.37, x.g, y.g);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "axpy";
+    k::scale(y.c, 1.7);
+    k::scale(y.g, 1.7);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "scale";
+  }
+}
+
+TEST_F(Cuda, CausalSoftmaxInPlaceAndBackward) {
+  for (DType dt : kTypes)
+    for (std::int64_t n : {7, 128, 1024}) {
+      auto s = random({3, n, n}, dt, -6, 6);
+      k::causal_softmax_forward(s.c, 0.125, s.c);  // in place, as attention does
+      k::causal_softmax_forward(s.g, 0.125, s.g);
+      EXPECT_LE(rel_diff(s.g, s.c), tol(dt)) << dtype_name(dt) << " n " << n;
+      auto dp = random({3, n, n}, dt);
+      k::causal_softmax_backward(dp.c, s.c, 0.125, dp.c);
+      k::causal_softmax_backward(dp.g, s.g, 0.125, dp.g);
+      EXPECT_LE(rel_diff(dp.g, dp.c), tol(dt) * 4) << dtype_name(dt) << " n " << n;
+    }
+}
+
+TEST_F(Cuda, DropoutMaskIsTheCpuMaskBitForBit) {
+  for (DType dt : kTypes) {
+    k::DropoutLayout l;
+    l.A = 3, l.B = 2, l.C = 9, l.D = 11;  // C * D odd: Philox blocks straddle rows
+    l.a0 = 5, l.b0 = 1, l.GB = 4;
+    auto x = random({l.A * l.B * l.C * l.D}, dt, 0.5, 1.5);  // never 0: a 0 output means dropped
+    auto y = poisoned(x.c.shape(), dt);
+    const RngKey key{1234, 77, 3, kRngAttentionDropout};
+    k::dropout_forward(x.c, 0.3, key, l, y.c);
+    k::dropout_forward(x.g, 0.3, key, l, y.g);
+    const auto a = y.g.to_double_vector(), b = y.c.to_double_vector();
+    int dropped = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      ASSERT_EQ(a[i] == 0, b[i] == 0) << "mask differs at " << i;
+      dropped += b[i] == 0;
+    }
+    EXPECT_GT(dropped, 0);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt));
+  }
+}
+
+TEST_F(Cuda, EmbeddingsAndPositions) {
+  for (DType dt : kTypes) {
+    const std::int64_t V = 50, H = 70, N = 400, start = 20, S = 8;
+    auto table = random({V, H}, dt);
+    auto tok = ids(N, 0, 100);  // ids outside [20, 70) belong to other ranks
+    auto out = poisoned({N, H}, dt);
+    k::embedding_forward(tok.c, table.c, start, out.c);
+    k::embedding_forward(tok.g, table.g, start, out.g);
+    EXPECT_EQ(rel_diff(out.g, out.c), 0.0);  // a copy
+    auto dout = random({N, H}, dt), dtab = random({V, H}, acc_of(dt));
+    k::embedding_backward(tok.c, dout.c, start, dtab.c);
+    k::embedding_backward(tok.g, dout.g, start, dtab.g);
+    EXPECT_EQ(rel_diff(dtab.g, dtab.c), 0.0) << "same order of fp32 sums";
+    auto pos = random({16, H}, dt);
+    k::add_position_embedding(out.c, pos.c, S);
+    k::add_position_embedding(out.g, pos.g, S);
+    EXPECT_LE(rel_diff(out.g, out.c), tol(dt));
+    auto dpos = random({16, H}, acc_of(dt));
+    k::position_embedding_backward(dout.c, S, dpos.c);
+    k::position_embedding_backward(dout.g, S, dpos.g);
+    EXPECT_LE(rel_diff(dpos.g, dpos.c), 1e-6);
+  }
+}
+
+TEST_F(Cuda, VocabParallelCrossEntropyPieces) {
+  for (DType dt : kTypes) {
+    const std::int64_t N = 33, Vl = 3000, valid = 2900, start = 6000;
+    auto logits = random({N, Vl}, dt, -8, 8);
+    auto tgt = ids(N, 5000, 10000);  // some targets on this slice, some elsewhere
+    const DType st = k::row_stat_dtype(dt);
+    auto mx = poisoned({N}, st), se = poisoned({N}, st), tl = poisoned({N}, st);
+    k::rowwise_max(logits.c, valid, mx.c);
+    k::rowwise_max(logits.g, valid, mx.g);
+    EXPECT_EQ(rel_diff(mx.g, mx.c), 0.0);
+    k::rowwise_sum_exp(logits.c, mx.c, valid, se.c);
+    k::rowwise_sum_exp(logits.g, mx.g, valid, se.g);
+    EXPECT_LE(rel_diff(se.g, se.c), 1e-6);
+    k::gather_target_logit(logits.c, tgt.c, start, valid, tl.c);
+    k::gather_target_logit(logits.g, tgt.g, start, valid, tl.g);
+    EXPECT_EQ(rel_diff(tl.g, tl.c), 0.0);
+    k::cross_entropy_backward(logits.c, mx.c, se.c, tgt.c, start, valid, 0.5, logits.c);  // in place
+    k::cross_entropy_backward(logits.g, mx.g, se.g, tgt.g, start, valid, 0.5, logits.g);
+    EXPECT_LE(rel_diff(logits.g, logits.c), tol(dt));
+  }
+}
+
+TEST_F(Cuda, StridedCopiesWithCasts) {
+  auto src = random({4, 6, 3, 5}, DType::F32);
+  for (DType to : {DType::F32, DType::BF16, DType::F16}) {
+    Tensor c = Tensor::empty(cpu, {4, 3, 6, 5}, to, MemoryCategory::Activations);
+    Tensor g = Tensor::empty(gpu, {4, 3, 6, 5}, to, MemoryCategory::Activations);
+    c.copy_from(src.c.transpose(1, 2));
+    g.copy_from(src.g.transpose(1, 2));
+    EXPECT_EQ(rel_diff(g, c), 0.0) << dtype_name(to);
+  }
+}
+
+TEST_F(Cuda, GemmAgreesWithCpu) {
+  for (DType dt : kTypes) {
+    auto a = random({3, 70, 130}, dt), b = random({130, 90}, dt);
+    auto c = random({3, 70, 90}, DType::F32);
+    gemm(a.c, false, b.c, false, c.c, 1.0f, 0.5f);
+    gemm(a.g, false, b.g, false, c.g, 1.0f, 0.5f);
+    EXPECT_LE(rel_diff(c.g, c.c), dt == DType::F32 ? 1e-5 : 1e-5) << dtype_name(dt);  // 16-bit inputs are exact in fp32
+    auto bt = random({90, 130}, dt);
+    auto c2 = random({3, 70, 90}, dt);
+    gemm(a.c, false, bt.c, true, c2.c);
+    gemm(a.g, false, bt.g, true, c2.g);
+    EXPECT_LE(rel_diff(c2.g, c2.c), tol(dt)) << dtype_name(dt);
+  }
+}
+
+TEST_F(Cuda, AdamWAndGradNorm) {
+  for (DType gt : kTypes) {
+    const std::int64_t n = 100003;
+    auto w = random({n}, DType::F32), m = random({n}, DType::F32, -0.1, 0.1), v = random({n}, DType::F32, 0, 0.01);
+    auto g = random({n}, gt);
+    const std::vector<optim::DecaySegment> segs{{0, 40000, true}, {40000, 40001, false}, {40001, n, true}};
+    optim::AdamConfig cfg;
+    cfg.weight_decay = 0.1;
+    optim::adamw_step(w.c, m.c, v.c, g.c, segs, cfg, 3e-4, 5, 0.5);
+    optim::adamw_step(w.g, m.g, v.g, g.g, segs, cfg, 3e-4, 5, 0.5);
+    EXPECT_LE(rel_diff(w.g, w.c), 1e-7) << dtype_name(gt);
+    EXPECT_LE(rel_diff(m.g, m.c), 1e-7);
+    EXPECT_LE(rel_diff(v.g, v.c), 1e-7);
+    const auto gv = g.c.to_double_vector();
+    double ref = 0;
+    for (std::int64_t i = 10; i < 50000; ++i) ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];
+    for (std::int64_t i = 60000; i < n; ++i) ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];
+    const double got = cuda::sum_of_squares(g.g.data(), gt, {{10, 50000}, {60000, n}}, as_cuda_device(*gpu).stream());
+    EXPECT_NEAR(got, ref, 1e-12 * ref);
+  }
+}
+
+// A whole GPT (dropout on, tied embeddings, vocab padding) on the GPU against
+// the CPU: loss, and every parameter's gradient.
+TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
+  for (DType dt : {DType::F32, DType::BF16})
+    for (bool recompute : {false, true}) {
+      layers::GPTConfig cfg;
+      cfg.num_layers = 2;
+      cfg.hidden_size = 64;
+      cfg.num_attention_heads = 4;
+      cfg.vocab_size = 211;
+      cfg.max_position_embeddings = 64;
+      cfg.seq_length = 32;
+      cfg.make_vocab_size_divisible_by = 8;
+      cfg.recompute_activations = recompute;
+      VirtualCommunicator tp(0, 1, "tp");
+      struct Side {
+        layers::ParameterSet params;
+        std::unique_ptr<layers::GPTModel> model;
+        double loss = 0;
+      } side[2];
+      const std::shared_ptr<Device> devs[2] = {cpu, gpu};
+      layers::StepInfo step;
+      step.micro_batch = 3;
+      step.seq = 32;
+      step.iteration = 4;
+      const std::int64_t n = step.micro_batch * step.seq;
+      for (int d = 0; d < 2; ++d) {
+        layers::TpContext ctx{&tp, devs[d], dt};
+        side[d].model = std::make_unique<layers::GPTModel>(cfg, ctx, side[d].params);
+        side[d].params.allocate(devs[d], dt);
+        side[d].params.initialize(99);
+        Tensor in = test_support::int64_tensor(devs[d], n, [](std::int64_t i) { return (i * 37 + 5) % 211; });
+        Tensor tg = test_support::int64_tensor(devs[d], n, [](std::int64_t i) { return (i * 91 + 3) % 211; });
+        side[d].loss = side[d].model->forward(in, tg, step);
+        side[d].params.zero_grad();
+        side[d].model->backward(1.0);
+      }
+      const double t = dt == DType::F32 ? 1e-5 : 3e-2;
+      EXPECT_NEAR(side[1].loss, side[0].loss, t * side[0].loss) << dtype_name(dt);
+      for (auto* p : side[0].params.all()) {
+        const auto& q = side[1].params.get(p->name);
+        EXPECT_EQ(rel_diff(q.value, p->value), 0.0) << p->name << ": initialisation";
+        EXPECT_LE(rel_diff(q.grad, p->grad), dt == DType::F32 ? 1e-4 : 6e-2)
+            << p->name << " gradient, " << dtype_name(dt) << (recompute ? " recompute" : "");
+      }
+    }
+}

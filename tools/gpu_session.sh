@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Runs on a GPU machine from the repository root: unpacks .gpu/bundle.tar.xz
+# (tools/gpu_bundle.sh), finds cuBLAS/cuDNN/NCCL there, and runs the phases
+# asked for, writing each phase's log to $OUT (or ./gpu-out):
+#   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
+#            test_layer_kernels, and the TP-equivalence and ZeRO suites with
+#            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
+#   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) and
+#            the same layer in PyTorch (bench/torch_layer.py), bf16 and fp16
+#   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
+#   tools/gpu_session.sh tests layer train
+set -uo pipefail
+out=${OUT:-gpu-out}
+mkdir -p "$out" /tmp/mz
+tar -C /tmp/mz -xJf .gpu/bundle.tar.xz || exit 1
+libdirs=/tmp/mz/lib
+for lib in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libcudart.so.13; do
+  [ -e "/tmp/mz/lib/$lib" ] && continue
+  f=$(find / -xdev \( -path /proc -o -path /sys -o -path /tmp/mz \) -prune -o -name "$lib" -print 2>/dev/null | head -1)
+  [ -n "$f" ] && libdirs="$libdirs:$(dirname "$f")"
+done
+export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export UCX_MODULE_DIR=/tmp/mz/lib/ucx PATH="/tmp/mz/bin:$PATH" OMP_NUM_THREADS=4
+B=/tmp/mz/bin
+# Every run is bounded, so one hang cannot eat the machine's lease.
+mpi() { timeout "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  ldd $B/test_cuda | grep -E "not found|cublas|cudnn|nccl|cudart" || true
+} > "$out/env.txt" 2>&1
+cat "$out/env.txt"
+
+for phase in "$@"; do
+  case $phase in
+    tests)
+      {
+        echo "== test_cuda"; mpi 1 $B/test_cuda
+        echo "== test_gemm"; mpi 1 $B/test_gemm
+        echo "== test_layer_kernels"; mpi 1 $B/test_layer_kernels
+        for n in 1 2; do
+          echo "== test_gpt_tp on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_gpt_tp
+          echo "== test_zero on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_zero
+        done
+      } > "$out/tests.txt" 2>&1
+      grep -E "^==|PASSED|FAILED|SKIPPED|tests ran" "$out/tests.txt" | tail -60
+      ;;
+    layer)
+      {
+        for dt in bf16 fp16; do
+          $B/bench_layer --device cuda --dtype $dt --steps 10
+          python3 bench/torch_layer.py --dtype $dt --steps 10
+        done
+      } > "$out/layer.txt" 2>&1
+      cat "$out/layer.txt"
+      ;;
+    train)
+      {
+        # GPT-2 medium shape (24 x 1024, 16 heads, 355M parameters), bf16, one GPU, mock data.
+        mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+          --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+          --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4
+      } > "$out/train.txt" 2>&1
+      tail -20 "$out/train.txt"
+      ;;
+    *) echo "unknown phase $phase" ;;
+  esac
+done

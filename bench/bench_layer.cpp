@@ -3,7 +3,7 @@
 // so it has exactly that rank's slice (heads / TP, ffn / TP) while the TP
 // all-reduces move nothing (compute only: what one GPU of a TP-16 node does
 // between its collectives). The paper's 100B layer on one of its 16 GPUs:
-//   bench_layer --device cuda --hidden-size 8192 --num-attention-heads 64 \
+//   bench_layer --device cuda --hidden-size 8192 --num-attention-heads 64
 //       --tensor-model-parallel-size 16 --seq-length 1024 --micro-batch-size 32 --dtype bf16
 // FLOPs (Megatron's count, full S^2 attention): fwd+bwd = 3 x (24 B S h^2 + 4 B S^2 h) / TP.
 // Prints the median step time, TFLOP/s and MFU against --peak-tflops, and a JSON line.

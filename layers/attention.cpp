@@ -40,7 +40,7 @@ kernels::DropoutLayout probs_layout(const StepInfo& s, std::int64_t local_heads,
 }
 }  // namespace
 
-Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step) {
+Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
   const std::int64_t B = step.micro_batch, S = step.seq, BH = B * local_heads_;
   MZ_CHECK(x.size(0) == B * S, "attention input has ", x.size(0), " rows for B*S = ", B * S);
@@ -65,7 +65,7 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step) {
   gemm(probs_dropped_, false, v_, false, ctx);
   Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
   merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
-  return dense_.forward(merged);
+  return dense_.forward(merged, add_output_bias);
 }
 
 Tensor ParallelSelfAttention::backward(const Tensor& dy) {

@@ -17,7 +17,10 @@ class ParallelSelfAttention {
  public:
   ParallelSelfAttention(ParameterSet& params, const std::string& name, const GPTConfig& cfg, int layer,
                         const TpContext& ctx);
-  Tensor forward(const Tensor& x, const StepInfo& step);  // [B*S, H] -> [B*S, H]
+  // [B*S, H] -> [B*S, H]; add_output_bias false: the dense layer's bias is
+  // left to the caller (output_bias()).
+  Tensor forward(const Tensor& x, const StepInfo& step, bool add_output_bias = true);
+  const Parameter* output_bias() const { return dense_.bias(); }
   Tensor backward(const Tensor& dy);
   void release();
 

@@ -44,12 +44,12 @@ RowParallelLinear::RowParallelLinear(ParameterSet& params, const std::string& na
   if (bias) bias_ = &params.add(name + ".bias", {out}, -1, 0, 1, Init::Zeros, 0, false);
 }
 
-Tensor RowParallelLinear::forward(const Tensor& x) {
+Tensor RowParallelLinear::forward(const Tensor& x, bool add_bias) {
   input_ = x;
   Tensor y = ctx_.activation({x.size(0), weight_->local_shape[0]});
   gemm(x, false, weight_->value, true, y);
   ReduceFromTpRegion::forward(*ctx_.tp, y);
-  if (bias_) kernels::add_bias(y, bias_->value);  // after the reduction: added once
+  if (bias_ && add_bias) kernels::add_bias(y, bias_->value);  // after the reduction: added once
   return y;
 }
 

@@ -38,8 +38,12 @@ class RowParallelLinear {
  public:
   RowParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out, bool bias,
                     const TpContext& ctx, double init_std);
-  // x: [N, in / tp] -> [N, out], identical on every TP rank.
-  Tensor forward(const Tensor& x);
+  // x: [N, in / tp] -> [N, out], identical on every TP rank. add_bias false
+  // leaves the bias to the caller (Megatron's skip_bias_add: the transformer
+  // layer fuses it into bias-dropout-add); backward is the same either way.
+  Tensor forward(const Tensor& x, bool add_bias = true);
+  // The bias, or nullptr for a layer without one.
+  const Parameter* bias() const { return bias_; }
   // dy [N, out] -> dx [N, in / tp]; accumulates dW, db.
   Tensor backward(const Tensor& dy);
   void release() { input_ = Tensor(); }

@@ -13,11 +13,11 @@ ParallelMLP::ParallelMLP(ParameterSet& params, const std::string& name, const GP
       fc2_(params, name + ".fc2", cfg.ffn(), cfg.hidden_size, true, ctx,
            cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
 
-Tensor ParallelMLP::forward(const Tensor& x) {
+Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
   pre_gelu_ = fc1_.forward(x);
   Tensor act = ctx_.activation(pre_gelu_.shape());
   kernels::gelu_forward(pre_gelu_, act);
-  return fc2_.forward(act);
+  return fc2_.forward(act, add_output_bias);
 }
 
 Tensor ParallelMLP::backward(const Tensor& dy) {

@@ -10,7 +10,9 @@ namespace megazero::layers {
 class ParallelMLP {
  public:
   ParallelMLP(ParameterSet& params, const std::string& name, const GPTConfig& cfg, const TpContext& ctx);
-  Tensor forward(const Tensor& x);
+  // add_output_bias false: fc2's bias is left to the caller (output_bias()).
+  Tensor forward(const Tensor& x, bool add_output_bias = true);
+  const Parameter* output_bias() const { return fc2_.bias(); }
   Tensor backward(const Tensor& dy);
   void release();
 

@@ -36,13 +36,28 @@ Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site)
   return dx;
 }
 
+// residual + dropout(y + bias) in one pass (bias-dropout-add), written over y.
+Tensor TransformerLayer::bias_dropout_add(const Tensor& y, const Parameter* bias, const Tensor& residual,
+                                          RngSite site) const {
+  const double p = step_.training ? cfg_.hidden_dropout : 0.0;
+  // Hidden states are replicated across TP: every TP rank draws the same mask.
+  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  Tensor out = y;
+  if (bias) {
+    kernels::bias_dropout_add(y, bias->value, residual, p,
+                              RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, l, out);
+  } else {
+    out = hidden_dropout(y, site);
+    kernels::add(residual, out, out);
+  }
+  return out;
+}
+
 Tensor TransformerLayer::forward_impl(const Tensor& x) {
-  Tensor a = hidden_dropout(attention_.forward(ln1_.forward(x), step_), kRngAttentionOutputDropout);
-  Tensor x1 = ctx_.activation(x.shape());
-  kernels::add(x, a, x1);
-  Tensor m = hidden_dropout(mlp_.forward(ln2_.forward(x1)), kRngMlpOutputDropout);
-  kernels::add(x1, m, m.data() == x1.data() ? x1 : m);
-  return m;
+  Tensor a = attention_.forward(ln1_.forward(x), step_, false);
+  Tensor x1 = bias_dropout_add(a, attention_.output_bias(), x, kRngAttentionOutputDropout);
+  Tensor m = mlp_.forward(ln2_.forward(x1), false);
+  return bias_dropout_add(m, mlp_.output_bias(), x1, kRngMlpOutputDropout);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {

@@ -28,6 +28,7 @@ class TransformerLayer {
  private:
   Tensor forward_impl(const Tensor& x);
   Tensor hidden_dropout(const Tensor& x, RngSite site) const;
+  Tensor bias_dropout_add(const Tensor& y, const Parameter* bias, const Tensor& residual, RngSite site) const;
   Tensor hidden_dropout_backward(const Tensor& dy, RngSite site) const;
   void release();
 

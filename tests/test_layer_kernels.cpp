@@ -513,6 +513,33 @@ TEST(Dropout, ZeroProbabilityCopiesAndInvalidProbabilityIsRejected) {
   expect_rejected([&] { dropout_forward(t, 0.1, RngKey{}, bad, y); }, "b0 + B <= GB");
 }
 
+TEST(Dropout, BiasDropoutAddIsTheUnfusedSequenceBitForBit) {
+  // residual + dropout(y + bias): the same operations in the same order as
+  // add_bias, dropout_forward and add, so fp64 and fp32 agree exactly; the
+  // result may overwrite y. p = 0 is a plain bias add and residual add.
+  std::mt19937 rng(21);
+  const DropoutLayout l{2, 1, 6, 10, 3, 0, 1};  // [samples, 1, seq, hidden]
+  const RngKey key{99, 4, 2, kRngMlpOutputDropout};
+  for (DType t : {DType::F64, DType::F32, DType::BF16})
+    for (double p : {0.0, 0.25}) {
+      const Vec yv = randn(120, rng), bv = randn(10, rng), rv = randn(120, rng);
+      Tensor y = tensor({12, 10}, yv, t), bias = tensor({10}, bv, t), res = tensor({12, 10}, rv, t);
+      Tensor ref = tensor({12, 10}, yv, t);
+      add_bias(ref, bias);
+      dropout_forward(ref, p, key, l, ref);
+      add(res, ref, ref);
+      bias_dropout_add(y, bias, res, p, key, l, y);
+      if (t == DType::BF16) {  // one rounding instead of three: within two bf16 ulps
+        const Vec a = vals(y), b = vals(ref);
+        for (std::size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 2 * 0.0078125 * std::fabs(b[i]) + 1e-2);
+      } else {
+        EXPECT_EQ(vals(y), vals(ref)) << dtype_name(t) << " p " << p;
+      }
+    }
+  Tensor y = empty({12, 10}), bias = empty({9}), res = empty({12, 10});
+  expect_rejected([&] { bias_dropout_add(y, bias, res, 0.1, key, l, y); }, "bias_dropout_add: bias");
+}
+
 // ============================== embeddings ==============================
 
 TEST(Embedding, RowsOfTheSliceAndZerosForOtherIds) {

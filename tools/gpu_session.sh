@@ -7,6 +7,7 @@
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) and
 #            the same layer in PyTorch (bench/torch_layer.py), bf16 and fp16
+#   profile- per-kernel times of one layer step (Nsight Compute)
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
 #   tools/gpu_session.sh tests layer train
 set -uo pipefail
@@ -53,6 +54,15 @@ for phase in "$@"; do
         done
       } > "$out/layer.txt" 2>&1
       cat "$out/layer.txt"
+      ;;
+    profile)
+      # Per-kernel GPU time of one layer step (B = 8), summed by kernel name.
+      ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
+      {
+        timeout 300 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
+          $B/bench_layer --device cuda --dtype bf16 --micro-batch-size 8 --warmup 1 --steps 1
+      } > "$out/profile.csv" 2>&1
+      python3 tools/ncu_summary.py "$out/profile.csv" | tee "$out/profile.txt"
       ;;
     train)
       {

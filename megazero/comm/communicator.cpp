@@ -86,6 +86,20 @@ std::uint64_t Communicator::record(CollectiveType type, ReduceOp op, DType dtype
   return r.seq;
 }
 
+// A group of one rank holding GPU tensors: the result is the input, so
+// nothing is staged through the host or handed to a backend (a 350M-parameter
+// model would otherwise copy its gradients out and back every step). CPU
+// tensors still go through the backend, whose own cost the planner models.
+bool Communicator::local_only(const Tensor& t) const { return size_ == 1 && t.device().kind() == DeviceKind::CUDA; }
+
+std::shared_ptr<WorkImpl> Communicator::local_copy(const Tensor& input, const Tensor& output) {
+  if (input.data() != output.data()) {
+    Tensor out = output;
+    out.copy_from(input);  // queued on the device's stream, like a kernel
+  }
+  return nullptr;
+}
+
 template <typename Launch>
 Work Communicator::launch(std::uint64_t seq, Launch&& do_op) {
   const auto ticket = issuing_ticket_;
@@ -158,6 +172,7 @@ std::vector<std::int64_t> Communicator::resolve_counts(std::vector<std::int64_t>
 Work Communicator::all_reduce(const Tensor& t, ReduceOp op) {
   check_tensor(t, "all_reduce");
   const auto seq = record(CollectiveType::AllReduce, op, t.dtype(), t.numel(), -1);
+  if (local_only(t)) return launch(seq, [] { return std::shared_ptr<WorkImpl>(); });
   return launch(seq, [&] { return do_all_reduce(t, op); });
 }
 
@@ -171,6 +186,7 @@ Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, Red
            total);
   const auto seq =
       record(CollectiveType::ReduceScatter, op, input.dtype(), input.numel(), -1, detail::hash_counts(counts));
+  if (local_only(input)) return launch(seq, [&] { return local_copy(input, output); });
   return launch(seq, [&] { return do_reduce_scatter(input, output, op, counts); });
 }
 
@@ -184,6 +200,7 @@ Work Communicator::all_gather(const Tensor& input, const Tensor& output, std::ve
            total);
   const auto seq = record(CollectiveType::AllGather, ReduceOp::Sum, input.dtype(), output.numel(), -1,
                           detail::hash_counts(counts));
+  if (local_only(input)) return launch(seq, [&] { return local_copy(input, output); });
   return launch(seq, [&] { return do_all_gather(input, output, counts); });
 }
 
@@ -191,6 +208,7 @@ Work Communicator::broadcast(const Tensor& t, int root) {
   check_tensor(t, "broadcast");
   check_peer(root, "broadcast");
   const auto seq = record(CollectiveType::Broadcast, ReduceOp::Sum, t.dtype(), t.numel(), root);
+  if (local_only(t)) return launch(seq, [] { return std::shared_ptr<WorkImpl>(); });
   return launch(seq, [&] { return do_broadcast(t, root); });
 }
 
@@ -198,6 +216,7 @@ Work Communicator::reduce(const Tensor& t, int root, ReduceOp op) {
   check_tensor(t, "reduce");
   check_peer(root, "reduce");
   const auto seq = record(CollectiveType::Reduce, op, t.dtype(), t.numel(), root);
+  if (local_only(t)) return launch(seq, [] { return std::shared_ptr<WorkImpl>(); });
   return launch(seq, [&] { return do_reduce(t, root, op); });
 }
 

@@ -165,6 +165,9 @@ class Communicator {
   std::uint64_t record(CollectiveType type, ReduceOp op, DType dtype, std::int64_t count, int peer,
                        std::uint64_t counts_hash = 0);
   // Runs the backend call of the operation just recorded, keeping the watch right.
+  // Size-1 groups on GPU tensors complete locally (see communicator.cpp).
+  bool local_only(const Tensor& t) const;
+  static std::shared_ptr<WorkImpl> local_copy(const Tensor& input, const Tensor& output);
   template <typename Launch>
   Work launch(std::uint64_t seq, Launch&& do_op);
   void exchange_fingerprints(const CollectiveRecord& r, std::uint64_t counts_hash);

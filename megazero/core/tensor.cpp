@@ -193,11 +193,25 @@ void Tensor::copy_from(const Tensor& src) {
       return;
 #endif
     }
-    // Between host and GPU (or two GPUs): contiguous bytes staged through the host.
+    // Between host and GPU (or two GPUs): contiguous bytes, staged through the
+    // host when a cast is needed or neither side is host memory.
     MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors");
+    if (same_dtype && src.device().kind() == DeviceKind::CPU) {
+      device().copy_from_host(data(), src.data(), nbytes());
+      return;
+    }
+    if (same_dtype && device().kind() == DeviceKind::CPU) {
+      src.device().copy_to_host(data(), src.data(), nbytes());
+      return;
+    }
+    MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
+             " to ", dtype_name(dtype_), " is not supported");
     std::vector<char> host_src(src.nbytes()), host_dst(nbytes());
     src.device().copy_to_host(host_src.data(), src.data(), src.nbytes());
-    convert(host_src.data(), src.dtype_, host_dst.data(), dtype_, static_cast<std::size_t>(numel()));
+    if (same_dtype)
+      host_dst.swap(host_src);
+    else
+      convert(host_src.data(), src.dtype_, host_dst.data(), dtype_, static_cast<std::size_t>(numel()));
     device().copy_from_host(data(), host_dst.data(), nbytes());
     return;
   }

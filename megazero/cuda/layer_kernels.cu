@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <vector>
 
 #include "megazero/cuda/kernel_common.cuh"
@@ -80,6 +81,56 @@ template <typename T, typename F>
 void elementwise(T* out, i64 n, F f, cudaStream_t s, const char* what) {
   if (n == 0) return;
   elementwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, n, f);
+  check_launch(what);
+}
+
+// 16-byte packs: 8 bf16/fp16, 4 fp32 or 2 fp64 values per load and store.
+template <typename S>
+constexpr int kVec = static_cast<int>(16 / sizeof(S));
+template <typename S>
+struct alignas(16) Pack {
+  S v[kVec<S>];
+};
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
+
+// out[i] = round(f(a[i], b[i], i)) with a and b loaded into the compute type
+// (b == nullptr: f gets 0). out may be a or b. Memory-bound, so each thread
+// moves 16-byte packs; a scalar loop covers unaligned pointers and the tail.
+template <typename S, typename F>
+__global__ void map_kernel(S* out, const S* a, const S* b, i64 n, F f) {
+  using C = compute_t<S>;
+  constexpr int V = kVec<S>;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const i64 packs = n / V;
+  for (i64 q = first; q < packs; q += stride) {
+    const Pack<S> pa = reinterpret_cast<const Pack<S>*>(a)[q];
+    Pack<S> pb{};
+    if (b) pb = reinterpret_cast<const Pack<S>*>(b)[q];
+    Pack<S> po;
+#pragma unroll
+    for (int j = 0; j < V; ++j) po.v[j] = st<S>(f(ld(pa.v[j]), b ? ld(pb.v[j]) : C(0), q * V + j));
+    reinterpret_cast<Pack<S>*>(out)[q] = po;
+  }
+  for (i64 i = packs * V + first; i < n; i += stride) out[i] = st<S>(f(ld(a[i]), b ? ld(b[i]) : C(0), i));
+}
+
+template <typename S, typename F>
+__global__ void map_scalar_kernel(S* out, const S* a, const S* b, i64 n, F f) {
+  using C = compute_t<S>;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = st<S>(f(ld(a[i]), b ? ld(b[i]) : C(0), i));
+}
+
+template <typename S, typename F>
+void map(S* out, const S* a, const S* b, i64 n, F f, cudaStream_t s, const char* what) {
+  if (n == 0) return;
+  if (aligned16(out) && aligned16(a) && (!b || aligned16(b)))
+    map_kernel<<<blocks_for((n + kVec<S> - 1) / kVec<S>), kThreads, 0, s>>>(out, a, b, n, f);
+  else
+    map_scalar_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, a, b, n, f);
   check_launch(what);
 }
 
@@ -221,30 +272,204 @@ __device__ __forceinline__ unsigned word(const uint4& w, unsigned i) {
   return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
 }
 
-// Each thread handles four consecutive elements of one [C*D] row (mostly one
-// Philox block for all four).
-template <typename S>
-__global__ void dropout_kernel(const S* in, float p, PhiloxKey key, kernels::DropoutLayout l, S* out, i64 inner,
+// Each thread handles G consecutive elements of one [C*D] row (G = a 16-byte
+// pack; a Philox block gives 4 values, so G/4 blocks, or one more when the
+// row's global start is not a multiple of 4). VEC: packs are aligned and the
+// row length is a multiple of G, so loads and stores are 16 bytes wide.
+template <typename S, bool VEC>
+__global__ void dropout_kernel(const S* in, double p, PhiloxKey key, kernels::DropoutLayout l, S* out, i64 inner,
                                i64 groups_per_row, i64 total_groups) {
   using C = compute_t<S>;
-  const C keep_scale = static_cast<C>(1.0 / (1.0 - static_cast<double>(p)));
+  constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
+  const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < total_groups; g += stride) {
-    const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * 4;
+    const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * G;
     const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
     const std::uint64_t base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
     std::uint64_t have = ~std::uint64_t{0};
     uint4 w{};
-    for (i64 k = k0; k < min(inner, k0 + 4); ++k) {
-      const std::uint64_t idx = base + static_cast<std::uint64_t>(k);
+    S vals[G];
+    const i64 e0 = row * inner + k0;
+    if constexpr (VEC) {
+#pragma unroll
+      for (int q = 0; q < G / kVec<S>; ++q) {
+        const Pack<S> pk = reinterpret_cast<const Pack<S>*>(in + e0)[q];
+#pragma unroll
+        for (int j = 0; j < kVec<S>; ++j) vals[q * kVec<S> + j] = pk.v[j];
+      }
+    } else {
+      for (int j = 0; j < G && k0 + j < inner; ++j) vals[j] = in[e0 + j];
+    }
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (!VEC && k0 + j >= inner) break;
+      const std::uint64_t idx = base + static_cast<std::uint64_t>(k0 + j);
       if ((idx >> 2) != have) {
         have = idx >> 2;
         w = philox(have, key);
       }
+      // The CPU compares the float uniform with the double p: so does this.
       const float u = static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f;
-      const i64 e = row * inner + k;
-      out[e] = u >= p ? st<S>(ld(in[e]) * keep_scale) : st<S>(C(0));
+      vals[j] = static_cast<double>(u) >= p ? st<S>(ld(vals[j]) * keep_scale) : st<S>(C(0));
     }
+    if constexpr (VEC) {
+#pragma unroll
+      for (int q = 0; q < G / kVec<S>; ++q) {
+        Pack<S> pk;
+#pragma unroll
+        for (int j = 0; j < kVec<S>; ++j) pk.v[j] = vals[q * kVec<S> + j];
+        reinterpret_cast<Pack<S>*>(out + e0)[q] = pk;
+      }
+    } else {
+      for (int j = 0; j < G && k0 + j < inner; ++j) out[e0 + j] = vals[j];
+    }
+  }
+}
+
+// out = residual + dropout(y + bias), the same groups and mask as dropout_kernel.
+template <typename S, bool VEC>
+__global__ void bias_dropout_add_kernel(const S* y, const S* bias, const S* res, double p, PhiloxKey key,
+                                        kernels::DropoutLayout l, S* out, i64 inner, i64 cols, i64 groups_per_row,
+                                        i64 total_groups) {
+  using C = compute_t<S>;
+  constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
+  const C keep_scale = static_cast<C>(p > 0 ? 1.0 / (1.0 - p) : 1.0);
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < total_groups; g += stride) {
+    const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * G;
+    const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
+    const std::uint64_t base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
+    const i64 e0 = row * inner + k0;
+    S yv[G], rv[G];
+    if constexpr (VEC) {
+#pragma unroll
+      for (int q = 0; q < G / kVec<S>; ++q) {
+        const Pack<S> a = reinterpret_cast<const Pack<S>*>(y + e0)[q];
+        const Pack<S> b = reinterpret_cast<const Pack<S>*>(res + e0)[q];
+#pragma unroll
+        for (int j = 0; j < kVec<S>; ++j) {
+          yv[q * kVec<S> + j] = a.v[j];
+          rv[q * kVec<S> + j] = b.v[j];
+        }
+      }
+    } else {
+      for (int j = 0; j < G && k0 + j < inner; ++j) {
+        yv[j] = y[e0 + j];
+        rv[j] = res[e0 + j];
+      }
+    }
+    std::uint64_t have = ~std::uint64_t{0};
+    uint4 w{};
+    i64 c = e0 % cols;
+#pragma unroll
+    for (int j = 0; j < G; ++j) {
+      if (!VEC && k0 + j >= inner) break;
+      bool keep = true;
+      if (p > 0) {
+        const std::uint64_t idx = base + static_cast<std::uint64_t>(k0 + j);
+        if ((idx >> 2) != have) {
+          have = idx >> 2;
+          w = philox(have, key);
+        }
+        keep = static_cast<double>(static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f) >= p;
+      }
+      const C v = keep ? (ld(yv[j]) + ld(bias[c])) * keep_scale : C(0);
+      yv[j] = st<S>(ld(rv[j]) + v);
+      if (++c == cols) c = 0;
+    }
+    if constexpr (VEC) {
+#pragma unroll
+      for (int q = 0; q < G / kVec<S>; ++q) {
+        Pack<S> pk;
+#pragma unroll
+        for (int j = 0; j < kVec<S>; ++j) pk.v[j] = yv[q * kVec<S> + j];
+        reinterpret_cast<Pack<S>*>(out + e0)[q] = pk;
+      }
+    } else {
+      for (int j = 0; j < G && k0 + j < inner; ++j) out[e0 + j] = yv[j];
+    }
+  }
+}
+
+// ---------------------------------------------------------------- causal softmax, one warp per row
+// For rows of at most 32 * N elements (attention up to N = 32: 1024 tokens):
+// the row is read once into registers and written once; sums in fp32.
+
+template <typename S, int N>
+__global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* probs, i64 rows, i64 n) {
+  const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const i64 i = row % n;
+  const S* sr = scores + row * n;
+  S* pr = probs + row * n;
+  float v[N];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    v[t] = j <= i ? scale * ld(sr[j]) : -INFINITY;
+    mx = fmaxf(mx, v[t]);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    v[t] = j <= i ? expf(v[t] - mx) : 0.f;
+    sum += v[t];
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = 1.f / sum;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    if (j < n) pr[j] = st<S>(v[t] * inv);
+  }
+}
+
+template <typename S, int N>
+__global__ void softmax_warp_backward_kernel(const S* dprobs, const S* probs, float scale, S* dscores, i64 rows,
+                                             i64 n) {
+  const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const i64 i = row % n;
+  const S* dp = dprobs + row * n;
+  const S* p = probs + row * n;
+  S* ds = dscores + row * n;
+  float g[N], q[N];
+  float dot = 0;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    g[t] = j <= i ? ld(dp[j]) : 0.f;
+    q[t] = j <= i ? ld(p[j]) : 0.f;
+    dot += g[t] * q[t];
+  }
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    if (j < n) ds[j] = st<S>(j <= i ? scale * q[t] * (g[t] - dot) : 0.f);
+  }
+}
+
+// Launches the warp kernel with the smallest N that covers n; false when n is
+// too long (or the dtype is fp64: its reference path keeps double sums).
+template <typename S, typename Launch>
+bool with_warp_width(i64 n, Launch&& launch) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    if (n <= 32) return launch(std::integral_constant<int, 1>{}), true;
+    if (n <= 64) return launch(std::integral_constant<int, 2>{}), true;
+    if (n <= 128) return launch(std::integral_constant<int, 4>{}), true;
+    if (n <= 256) return launch(std::integral_constant<int, 8>{}), true;
+    if (n <= 512) return launch(std::integral_constant<int, 16>{}), true;
+    if (n <= 1024) return launch(std::integral_constant<int, 32>{}), true;
+    return false;
   }
 }
 
@@ -382,6 +607,191 @@ __global__ void strided_copy_kernel(const A* src, B* dst, CopyGeometry geo, i64 
   }
 }
 
+// ---------------------------------------------------------------- fast paths for 16-bit and fp32 rows
+// LayerNorm with the row held in registers: read once, written once, fp32
+// statistics (the CPU takes them in double; the difference is rounding).
+// P packs of kVec<S> values per thread; blockDim.x * P * kVec<S> >= cols.
+
+template <typename S, int P>
+__device__ __forceinline__ void load_row(const S* row, i64 cols, float (&v)[P * kVec<S>]) {
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * kVec<S>;
+    if (c0 < cols) {
+      const Pack<S> pk = *reinterpret_cast<const Pack<S>*>(row + c0);
+#pragma unroll
+      for (int j = 0; j < kVec<S>; ++j) v[q * kVec<S> + j] = static_cast<float>(ld(pk.v[j]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec<S>; ++j) v[q * kVec<S> + j] = 0.f;
+    }
+  }
+}
+
+template <typename S, int P>
+__global__ void layernorm_forward_fast_kernel(const S* x, const S* gamma, const S* beta, float eps, S* y, float* mean,
+                                              float* rstd, i64 cols) {
+  constexpr int V = kVec<S>;
+  const i64 r = blockIdx.x;
+  float v[P * V];
+  load_row<S, P>(x + r * cols, cols, v);
+  float sum = 0;
+#pragma unroll
+  for (int k = 0; k < P * V; ++k) sum += v[k];
+  const float m = block_sum(sum) / static_cast<float>(cols);
+  float sq = 0;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 < cols)
+#pragma unroll
+      for (int j = 0; j < V; ++j) sq += (v[q * V + j] - m) * (v[q * V + j] - m);
+  }
+  const float rs = 1.f / sqrtf(block_sum(sq) / static_cast<float>(cols) + eps);
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 >= cols) continue;
+    const Pack<S> g = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+    const Pack<S> b = *reinterpret_cast<const Pack<S>*>(beta + c0);
+    Pack<S> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = st<S>((v[q * V + j] - m) * rs * ld(g.v[j]) + ld(b.v[j]));
+    *reinterpret_cast<Pack<S>*>(y + r * cols + c0) = o;
+  }
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+template <typename S, int P>
+__global__ void layernorm_backward_dx_fast_kernel(const S* dy, const S* x, const S* gamma, const float* mean,
+                                                  const float* rstd, S* dx, i64 cols) {
+  constexpr int V = kVec<S>;
+  const i64 r = blockIdx.x;
+  float g[P * V], xh[P * V];
+  load_row<S, P>(dy + r * cols, cols, g);
+  load_row<S, P>(x + r * cols, cols, xh);
+  const float m = mean[r], rs = rstd[r];
+  float sg = 0, sgx = 0;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 >= cols) continue;
+    const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int k = q * V + j;
+      g[k] *= ld(gm.v[j]);
+      xh[k] = (xh[k] - m) * rs;
+      sg += g[k];
+      sgx += g[k] * xh[k];
+    }
+  }
+  const float inv = 1.f / static_cast<float>(cols);
+  const float mean_g = block_sum(sg) * inv, mean_gx = block_sum(sgx) * inv;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 >= cols) continue;
+    Pack<S> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = st<S>(rs * (g[q * V + j] - mean_g - xh[q * V + j] * mean_gx));
+    *reinterpret_cast<Pack<S>*>(dx + r * cols + c0) = o;
+  }
+}
+
+// Picks P (packs per thread) for a row and launches with 128..512 threads;
+// false when the fast path does not apply (fp64, unaligned, odd widths, huge rows).
+template <typename S, typename Launch>
+bool with_row_packs(i64 cols, std::initializer_list<const void*> ptrs, Launch&& launch) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    constexpr int V = kVec<S>;
+    if (cols % V != 0) return false;
+    for (const void* p : ptrs)
+      if (!aligned16(p)) return false;
+    const i64 packs = cols / V;
+    const unsigned threads = packs >= 2048 ? 512 : packs >= 512 ? 256 : 128;
+    const i64 per = (packs + threads - 1) / threads;
+    if (per <= 1) return launch(std::integral_constant<int, 1>{}, threads), true;
+    if (per <= 2) return launch(std::integral_constant<int, 2>{}, threads), true;
+    if (per <= 4) return launch(std::integral_constant<int, 4>{}, threads), true;
+    if (per <= 8) return launch(std::integral_constant<int, 8>{}, threads), true;
+    return false;
+  }
+}
+
+// Column sums over rows with 16-byte loads: each thread owns one pack of
+// columns over a chunk of rows (double accumulators), then column_finish_kernel
+// adds the chunks in order. With LN, it also forms dy * xhat for dgamma in the
+// same pass over dy.
+template <typename S, bool LN>
+__global__ void column_partial_packed_kernel(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows,
+                                             i64 cols, i64 rows_per_chunk, double* partial_b, double* partial_g) {
+  constexpr int V = kVec<S>;
+  const i64 q = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q * V >= cols) return;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  double ab[V] = {}, ag[V] = {};
+  for (i64 r = r0; r < r1; ++r) {
+    const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
+    if constexpr (LN) {
+      const Pack<S> xv = reinterpret_cast<const Pack<S>*>(x + r * cols)[q];
+      const double m = mean[r], rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        ab[j] += ld(d.v[j]);
+        ag[j] += static_cast<double>(ld(d.v[j])) * ((ld(xv.v[j]) - m) * rs);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) ab[j] += ld(d.v[j]);
+    }
+  }
+  const i64 base = static_cast<i64>(blockIdx.y) * cols + q * V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    partial_b[base + j] = ab[j];
+    if constexpr (LN) partial_g[base + j] = ag[j];
+  }
+}
+
+// dbeta (+= sum_r dy) and, with LN, dgamma (+= sum_r dy * xhat), packed; false
+// when the fast path does not apply.
+template <typename S, typename GB, typename GG>
+bool packed_column_sums(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows, i64 cols, GB* dbeta,
+                        GG* dgamma, cudaStream_t s) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    constexpr int V = kVec<S>;
+    if (cols % V != 0 || !aligned16(dy) || (x && !aligned16(x)) || rows == 0) return false;
+    const i64 packs = cols / V;
+    const i64 col_blocks = (packs + kThreads - 1) / kThreads;
+    const i64 chunks = std::max<i64>(1, std::min<i64>({(rows + 63) / 64, (4 * 132 + col_blocks - 1) / col_blocks, 65535}));
+    const i64 per_chunk = (rows + chunks - 1) / chunks;
+    const i64 used = (rows + per_chunk - 1) / per_chunk;
+    StreamScratch partial(static_cast<std::size_t>(used * cols * (dgamma ? 2 : 1)) * sizeof(double), s);
+    double* pb = partial.as<double>();
+    double* pg = dgamma ? pb + used * cols : nullptr;
+    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(used));
+    if (dgamma)
+      column_partial_packed_kernel<S, true><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
+    else
+      column_partial_packed_kernel<S, false><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb,
+                                                                       pg);
+    check_launch("column sums");
+    const unsigned fb = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
+    column_finish_kernel<GB><<<fb, kThreads, 0, s>>>(cols, used, pb, dbeta);
+    if (dgamma) column_finish_kernel<GG><<<fb, kThreads, 0, s>>>(cols, used, pg, dgamma);
+    check_launch("column sums");
+    return true;
+  }
+}
+
 // ---------------------------------------------------------------- typed bodies
 // (nvcc allows __device__ lambdas in function templates but not in generic
 // lambdas, so the dtype dispatch calls these templates.)
@@ -406,54 +816,57 @@ void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, co
 template <typename S, typename G>
 void sum_rows_t(const void* src, void* dst, i64 rows, i64 cols, cudaStream_t s, const char* what) {
   const S* g = static_cast<const S*>(src);
+  if (packed_column_sums<S, G, G>(g, nullptr, nullptr, nullptr, rows, cols, static_cast<G*>(dst),
+                                  static_cast<G*>(nullptr), s))
+    return;
   column_sum(static_cast<G*>(dst), rows, cols,
              [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, s, what);
 }
 
 template <typename S>
 void gelu_forward_t(const void* x, void* y, i64 n, cudaStream_t s) {
-  const S* xp = static_cast<const S*>(x);
-  elementwise(static_cast<S*>(y), n, [=] __device__(i64 i) { return st<S>(gelu(ld(xp[i]))); }, s, "gelu_forward");
+  using C = compute_t<S>;
+  map(static_cast<S*>(y), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
+      [] __device__(C v, C, i64) { return gelu(v); }, s, "gelu_forward");
 }
 
 template <typename S>
 void gelu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
-  const S* xp = static_cast<const S*>(x);
-  const S* dyp = static_cast<const S*>(dy);
-  elementwise(static_cast<S*>(dx), n, [=] __device__(i64 i) { return st<S>(ld(dyp[i]) * gelu_grad(ld(xp[i]))); }, s,
-              "gelu_backward");
+  using C = compute_t<S>;
+  map(static_cast<S*>(dx), static_cast<const S*>(dy), static_cast<const S*>(x), n,
+      [] __device__(C g, C v, i64) { return g * gelu_grad(v); }, s, "gelu_backward");
 }
 
 // y[i] += b[i % period]: bias (period = cols) and position embeddings (period = seq * H).
 template <typename S>
 void add_periodic_t(void* y, const void* b, i64 n, i64 period, cudaStream_t s, const char* what) {
-  S* yp = static_cast<S*>(y);
+  using C = compute_t<S>;
   const S* bp = static_cast<const S*>(b);
-  elementwise(yp, n, [=] __device__(i64 i) { return st<S>(ld(yp[i]) + ld(bp[i % period])); }, s, what);
+  map(static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(nullptr), n,
+      [=] __device__(C v, C, i64 i) { return v + ld(bp[i % period]); }, s, what);
 }
 
 template <typename S>
 void add_t(const void* a, const void* b, void* out, i64 n, cudaStream_t s) {
-  const S* ap = static_cast<const S*>(a);
-  const S* bp = static_cast<const S*>(b);
-  elementwise(static_cast<S*>(out), n, [=] __device__(i64 i) { return st<S>(ld(ap[i]) + ld(bp[i])); }, s, "add");
+  using C = compute_t<S>;
+  map(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b), n,
+      [] __device__(C u, C v, i64) { return u + v; }, s, "add");
 }
 
 template <typename S>
 void axpy_t(double alpha, const void* x, void* y, i64 n, cudaStream_t s) {
   using C = compute_t<S>;
-  const S* xp = static_cast<const S*>(x);
-  S* yp = static_cast<S*>(y);
   const C a = static_cast<C>(alpha);
-  elementwise(yp, n, [=] __device__(i64 i) { return st<S>(ld(yp[i]) + a * ld(xp[i])); }, s, "axpy");
+  map(static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(x), n,
+      [=] __device__(C u, C v, i64) { return u + a * v; }, s, "axpy");
 }
 
 template <typename S>
 void scale_t(void* x, i64 n, double alpha, cudaStream_t s) {
   using C = compute_t<S>;
-  S* xp = static_cast<S*>(x);
   const C a = static_cast<C>(alpha);
-  elementwise(xp, n, [=] __device__(i64 i) { return st<S>(ld(xp[i]) * a); }, s, "scale");
+  map(static_cast<S*>(x), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
+      [=] __device__(C v, C, i64) { return v * a; }, s, "scale");
 }
 
 template <typename S>
@@ -479,6 +892,55 @@ void gather_target_logit_t(const void* logits, const std::int64_t* targets, i64 
                 return c >= 0 ? ld(l[r * cols + c]) : C(0);
               },
               s, "gather_target_logit");
+}
+
+// Rows of contiguous elements (the last dimension has unit stride on both
+// sides: head splits and merges): one warp per row, whose offsets take one
+// index decomposition instead of one per element.
+template <typename A, typename B>
+__global__ void row_copy_kernel(const A* src, B* dst, CopyGeometry geo, i64 rows, i64 inner) {
+  const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  i64 rem = row, so = 0, dof = 0;
+  for (int d = geo.ndim - 2; d >= 0; --d) {
+    const i64 idx = rem % geo.shape[d];
+    rem /= geo.shape[d];
+    so += idx * geo.src_stride[d];
+    dof += idx * geo.dst_stride[d];
+  }
+  for (i64 j = threadIdx.x & 31; j < inner; j += 32) dst[dof + j] = convert_value<A, B>(src[so + j]);
+}
+
+// Whether `stride` is the contiguous (row-major) layout of `geo.shape`.
+bool contiguous_layout(const CopyGeometry& geo, const i64* stride) {
+  i64 expect = 1;
+  for (int d = geo.ndim - 1; d >= 0; --d) {
+    if (geo.shape[d] != 1 && stride[d] != expect) return false;
+    expect *= geo.shape[d];
+  }
+  return true;
+}
+
+template <typename A, typename B>
+void launch_copy(const void* src, void* dst, const CopyGeometry& geo, i64 n, cudaStream_t s) {
+  const int last = geo.ndim - 1;
+  if (contiguous_layout(geo, geo.src_stride) && contiguous_layout(geo, geo.dst_stride)) {
+    // A flat cast (fp32 master weights into 16-bit parameters): one element per thread, coalesced.
+    const A* a = static_cast<const A*>(src);
+    elementwise(static_cast<B*>(dst), n, [=] __device__(i64 i) { return convert_value<A, B>(a[i]); }, s,
+                "contiguous cast");
+    return;
+  }
+  // Enough rows to give every SM warps; otherwise the element-wise kernel.
+  if (last >= 0 && geo.shape[last] >= 16 && n / geo.shape[last] >= 1024 && geo.src_stride[last] == 1 &&
+      geo.dst_stride[last] == 1) {
+    const i64 rows = n / geo.shape[last];
+    row_copy_kernel<A, B><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
+        static_cast<const A*>(src), static_cast<B*>(dst), geo, rows, geo.shape[last]);
+  } else {
+    strided_copy_kernel<A, B><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const A*>(src), static_cast<B*>(dst), geo,
+                                                                  n);
+  }
 }
 
 }  // namespace
@@ -515,6 +977,12 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
+    const bool fast = with_row_packs<S>(cols, {x, gamma, beta, y}, [&](auto per, unsigned threads) {
+      layernorm_forward_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+          static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), static_cast<float>(eps),
+          static_cast<S*>(y), static_cast<float*>(mean), static_cast<float*>(rstd), cols);
+    });
+    if (!fast)
     layernorm_forward_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
         static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), eps, static_cast<S*>(y),
         static_cast<C*>(mean), static_cast<C*>(rstd), cols);
@@ -525,13 +993,40 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, i64 rows, i64 cols,
                         cudaStream_t s) {
-  // Parameter gradients first: dx may overwrite dy.
-  MZ_BY_STORAGE_AND_ACC(t, dgamma_type, layernorm_param_grads_t, dy, x, mean, rstd, dgamma, rows, cols, s);
-  MZ_BY_STORAGE_AND_ACC(t, dbeta_type, sum_rows_t, dy, dbeta, rows, cols, s, "layernorm_backward dbeta");
+  // Parameter gradients first: dx may overwrite dy. One packed pass over dy
+  // and x for both when the accumulators are fp32 (Megatron's main grads).
+  bool fused = false;
+  if (dgamma_type == dbeta_type && t != DType::F64) {
+    with_storage(t, [&](auto tag) {
+      using S = decltype(tag);
+      if constexpr (!std::is_same_v<S, double>) {
+        const auto run = [&](auto acc) {
+          using G = decltype(acc);
+          fused = packed_column_sums<S, G, G>(static_cast<const S*>(dy), static_cast<const S*>(x),
+                                              static_cast<const float*>(mean), static_cast<const float*>(rstd), rows,
+                                              cols, static_cast<G*>(dbeta), static_cast<G*>(dgamma), s);
+        };
+        if (dgamma_type == DType::F32)
+          run(float{});
+        else
+          run(S{});
+      }
+    });
+  }
+  if (!fused) {
+    MZ_BY_STORAGE_AND_ACC(t, dgamma_type, layernorm_param_grads_t, dy, x, mean, rstd, dgamma, rows, cols, s);
+    MZ_BY_STORAGE_AND_ACC(t, dbeta_type, sum_rows_t, dy, dbeta, rows, cols, s, "layernorm_backward dbeta");
+  }
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
+    const bool fast = with_row_packs<S>(cols, {dy, x, gamma, dx}, [&](auto per, unsigned threads) {
+      layernorm_backward_dx_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+          static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+          static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx), cols);
+    });
+    if (!fast)
     layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
         static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
         static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), cols);
@@ -571,8 +1066,14 @@ void causal_softmax_forward(DType t, const void* scores, double scale, void* pro
   if (mats * n == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
-    causal_softmax_forward_kernel<S><<<static_cast<unsigned>(mats * n), row_threads(n), 0, s>>>(
-        static_cast<const S*>(scores), scale, static_cast<S*>(probs), n);
+    const i64 rows = mats * n;
+    const bool warp = with_warp_width<S>(n, [&](auto width) {
+      softmax_warp_forward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
+          static_cast<const S*>(scores), static_cast<float>(scale), static_cast<S*>(probs), rows, n);
+    });
+    if (!warp)
+      causal_softmax_forward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
+          static_cast<const S*>(scores), scale, static_cast<S*>(probs), n);
   });
   check_launch("causal_softmax_forward");
 }
@@ -582,8 +1083,15 @@ void causal_softmax_backward(DType t, const void* dprobs, const void* probs, dou
   if (mats * n == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
-    causal_softmax_backward_kernel<S><<<static_cast<unsigned>(mats * n), row_threads(n), 0, s>>>(
-        static_cast<const S*>(dprobs), static_cast<const S*>(probs), scale, static_cast<S*>(dscores), n);
+    const i64 rows = mats * n;
+    const bool warp = with_warp_width<S>(n, [&](auto width) {
+      softmax_warp_backward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
+          static_cast<const S*>(dprobs), static_cast<const S*>(probs), static_cast<float>(scale),
+          static_cast<S*>(dscores), rows, n);
+    });
+    if (!warp)
+      causal_softmax_backward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
+          static_cast<const S*>(dprobs), static_cast<const S*>(probs), scale, static_cast<S*>(dscores), n);
   });
   check_launch("causal_softmax_backward");
 }
@@ -601,12 +1109,42 @@ void dropout(DType t, const void* in, double p, const RngKey& key, const kernels
                  "dropout: device copy failed");
       return;
     }
-    const i64 groups = (inner + 3) / 4;
-    dropout_kernel<S><<<blocks_for(rows * groups), kThreads, 0, s>>>(
-        static_cast<const S*>(in), static_cast<float>(p), philox_key(key), layout, static_cast<S*>(out), inner, groups,
-        rows * groups);
+    constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
+    const i64 groups = (inner + G - 1) / G;
+    const unsigned blocks = blocks_for(rows * groups);
+    if (inner % G == 0 && aligned16(in) && aligned16(out))
+      dropout_kernel<S, true><<<blocks, kThreads, 0, s>>>(static_cast<const S*>(in), p,
+                                                          philox_key(key), layout, static_cast<S*>(out), inner,
+                                                          groups, rows * groups);
+    else
+      dropout_kernel<S, false><<<blocks, kThreads, 0, s>>>(static_cast<const S*>(in), p,
+                                                           philox_key(key), layout, static_cast<S*>(out), inner,
+                                                           groups, rows * groups);
   });
   check_launch("dropout");
+}
+
+void bias_dropout_add(DType t, const void* y, const void* bias, const void* residual, double p, const RngKey& key,
+                      const kernels::DropoutLayout& layout, void* out, i64 cols, cudaStream_t s) {
+  const i64 inner = layout.C * layout.D, rows = layout.A * layout.B;
+  if (inner * rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
+    const i64 groups = (inner + G - 1) / G;
+    const unsigned blocks = blocks_for(rows * groups);
+    const auto* yp = static_cast<const S*>(y);
+    const auto* bp = static_cast<const S*>(bias);
+    const auto* rp = static_cast<const S*>(residual);
+    auto* op = static_cast<S*>(out);
+    if (inner % G == 0 && aligned16(y) && aligned16(residual) && aligned16(out))
+      bias_dropout_add_kernel<S, true><<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key),
+                                                                   layout, op, inner, cols, groups, rows * groups);
+    else
+      bias_dropout_add_kernel<S, false><<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key),
+                                                                    layout, op, inner, cols, groups, rows * groups);
+  });
+  check_launch("bias_dropout_add");
 }
 
 void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 vocab_start, i64 v, i64 h, void* out,
@@ -762,8 +1300,7 @@ void strided_copy(const void* src, DType src_type, const i64* src_strides, void*
   if (src_type == dst_type && !is_floating(src_type)) {  // ids and other integers: a byte-exact move
     const auto launch = [&](auto tag) {
       using T = decltype(tag);
-      strided_copy_kernel<T, T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const T*>(src), static_cast<T*>(dst),
-                                                                    geo, n);
+      launch_copy<T, T>(src, dst, geo, n, s);
     };
     switch (dtype_size(src_type)) {
       case 1: launch(std::uint8_t{}); break;
@@ -778,8 +1315,7 @@ void strided_copy(const void* src, DType src_type, const i64* src_strides, void*
     using A = decltype(a);
     with_storage(dst_type, [&](auto b) {
       using B = decltype(b);
-      strided_copy_kernel<A, B><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const A*>(src), static_cast<B*>(dst),
-                                                                    geo, n);
+      launch_copy<A, B>(src, dst, geo, n, s);
     });
   });
   check_launch("strided copy");

@@ -44,6 +44,10 @@ void causal_softmax_backward(DType t, const void* dprobs, const void* probs, dou
 void dropout(DType t, const void* in, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out,
              cudaStream_t s);
 
+// out = residual + dropout(y + bias) (layer_kernels.h); bias has `cols` elements.
+void bias_dropout_add(DType t, const void* y, const void* bias, const void* residual, double p, const RngKey& key,
+                      const kernels::DropoutLayout& layout, void* out, i64 cols, cudaStream_t s);
+
 void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 vocab_start, i64 v, i64 h, void* out,
                        i64 n, cudaStream_t s);
 // Copies the ids to the host (one synchronisation) to list each row's tokens

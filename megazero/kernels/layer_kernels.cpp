@@ -723,6 +723,43 @@ void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double s
   });
 }
 
+void bias_dropout_add(const Tensor& y, const Tensor& bias, const Tensor& residual, double p, const RngKey& key,
+                      const DropoutLayout& layout, Tensor& out) {
+  constexpr const char* op = "bias_dropout_add";
+  check_float(op, "y", y);
+  const Rows s = rows_of(op, "y", y);
+  check_operands(op, y, y.dtype(), {{"y", &y}, {"bias", &bias}, {"residual", &residual}, {"out", &out}});
+  check_shape(op, "bias", bias, {s.cols});
+  check_shapes(op, y.shape(), {{"residual", &residual}, {"out", &out}});
+  MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
+  check_layout(op, layout, y.numel());
+  MZ_ON_CUDA(y, cuda::bias_dropout_add(y.dtype(), y.data(), bias.data(), residual.data(), p, key, layout, out.data(),
+                                       s.cols, stream_of(y)));
+  if (!on_host(op, y)) return;
+  with_storage_type(y.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    const S* yp = ptr<const S>(y);
+    const S* bp = ptr<const S>(bias);
+    const S* rp = ptr<const S>(residual);
+    S* op_ = ptr<S>(out);
+    const C keep_scale = static_cast<C>(p > 0 ? 1.0 / (1.0 - p) : 1.0);
+    const i64 inner = layout.C * layout.D, cols = s.cols;
+#pragma omp parallel for num_threads(threads()) schedule(static) if (y.numel() > kParallelMin)
+    for (i64 row = 0; row < layout.A * layout.B; ++row) {
+      const i64 global_row = (layout.a0 + row / layout.B) * layout.GB + layout.b0 + row % layout.B;
+      const auto base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
+      UniformStream uniform(key);
+      for (i64 k = 0; k < inner; ++k) {
+        const i64 idx = row * inner + k;
+        const bool keep = p == 0.0 || uniform.at(base + static_cast<std::uint64_t>(k)) >= p;
+        const C v = keep ? (ld(yp[idx]) + ld(bp[idx % cols])) * keep_scale : C(0);
+        op_[idx] = st<S>(ld(rp[idx]) + v);
+      }
+    }
+  });
+}
+
 void dropout_forward(const Tensor& x, double p, const RngKey& key, const DropoutLayout& layout, Tensor& y) {
   dropout("dropout_forward", x, p, key, layout, y);
 }

@@ -86,6 +86,14 @@ void dropout_forward(const Tensor& x, double p, const RngKey& key, const Dropout
 // dx = dy * keep / (1 - p), regenerating the same mask. dx may alias dy.
 void dropout_backward(const Tensor& dy, double p, const RngKey& key, const DropoutLayout& layout, Tensor& dx);
 
+// Megatron's fused bias-dropout-add, the end of each sub-block:
+//   out = residual + dropout(y + bias)   (bias [cols] along the last dimension)
+// with dropout_forward's mask for the same key and layout, computed in the
+// compute type and rounded once. out may alias y or residual. Its backward is
+// dropout_backward (d residual = d out; d y = d bias-input = dropout_backward(d out)).
+void bias_dropout_add(const Tensor& y, const Tensor& bias, const Tensor& residual, double p, const RngKey& key,
+                      const DropoutLayout& layout, Tensor& out);
+
 // ---- vocab-parallel embedding and cross-entropy pieces ----
 // ids: int64 [N] global token ids; table: [V_local, H] holding global rows
 // [vocab_start, vocab_start + V_local). Rows of ids outside the slice are 0.

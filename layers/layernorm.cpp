@@ -21,10 +21,10 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy) {
+Tensor LayerNorm::backward(const Tensor& dy, const Tensor* residual_grad) {
   MZ_CHECK(input_.defined(), "LayerNorm::backward before forward");
   Tensor dx = ctx_.activation(input_.shape());
-  kernels::layernorm_backward(dy, input_, gamma_->value, mean_, rstd_, dx, gamma_->grad, beta_->grad);
+  kernels::layernorm_backward(dy, input_, gamma_->value, mean_, rstd_, dx, gamma_->grad, beta_->grad, residual_grad);
   release();
   return dx;
 }

@@ -73,12 +73,9 @@ Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
 Tensor TransformerLayer::backward(const Tensor& dy) {
   if (cfg_.recompute_activations) forward_impl(store_->restore(layer_));  // same step_, same masks
   Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout);
-  Tensor dx1 = ln2_.backward(mlp_.backward(dm));
-  kernels::axpy(1.0, dy, dx1);  // residual
+  Tensor dx1 = ln2_.backward(mlp_.backward(dm), &dy);  // + the residual's gradient, in the same pass
   Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout);
-  Tensor dx = ln1_.backward(attention_.backward(da));
-  kernels::axpy(1.0, dx1, dx);
-  return dx;
+  return ln1_.backward(attention_.backward(da), &dx1);
 }
 
 void TransformerLayer::release() {

@@ -111,6 +111,10 @@ TEST_F(Cuda, LayerNormForwardAndBackward) {
       k::layernorm_backward(dy.c, x.c, gamma.c, mean.c, rstd.c, dx.c, dgamma.c, dbeta.c);
       k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g);
       EXPECT_LE(rel_diff(dx.g, dx.c), ln_tol) << dtype_name(dt);
+      auto res = random({rows, cols}, dt), dx2 = poisoned({rows, cols}, dt);  // the residual-gradient form
+      k::layernorm_backward(dy.c, x.c, gamma.c, mean.c, rstd.c, dx2.c, dgamma.c, dbeta.c, &res.c);
+      k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dgamma.g, dbeta.g, &res.g);
+      EXPECT_LE(rel_diff(dx2.g, dx2.c), ln_tol) << dtype_name(dt) << " with residual";
       EXPECT_LE(rel_diff(dgamma.g, dgamma.c), 1e-5) << dtype_name(dt);
       EXPECT_LE(rel_diff(dbeta.g, dbeta.c), 1e-6) << dtype_name(dt);
     }

@@ -211,6 +211,24 @@ TEST(LayerNorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   expect_fd_gradient("dbeta", c.beta, with(&LayerNormCase::beta), w, minus(vals(dbeta), dbeta0));
 }
 
+TEST(LayerNorm, BackwardAddsTheResidualGradientInTheSamePass) {
+  auto c = layernorm_case({4, 12}, 3, 1.0);
+  std::mt19937 rng(31);
+  const Vec w = randn(c.x.size(), rng), r = randn(c.x.size(), rng);
+  Tensor x = tensor(c.shape, c.x), gamma = tensor({c.cols()}, c.gamma), beta = tensor({c.cols()}, c.beta);
+  Tensor y = empty(c.shape), mean = empty({c.rows()}), rstd = empty({c.rows()});
+  layernorm_forward(x, gamma, beta, c.eps, y, mean, rstd);
+  Tensor dx = empty(c.shape), dx_add = empty(c.shape), res = tensor(c.shape, r);
+  Tensor dg = tensor({c.cols()}, Vec(usize(c.cols()), 0.0)), db = tensor({c.cols()}, Vec(usize(c.cols()), 0.0));
+  layernorm_backward(tensor(c.shape, w), x, gamma, mean, rstd, dx, dg, db);
+  layernorm_backward(tensor(c.shape, w), x, gamma, mean, rstd, dx_add, dg, db, &res);
+  axpy(1.0, res, dx);  // what the fused form replaces: in fp64 the same sum
+  EXPECT_EQ(vals(dx_add), vals(dx));
+  Tensor wrong = empty({c.rows(), c.cols() + 1});
+  expect_rejected([&] { layernorm_backward(tensor(c.shape, w), x, gamma, mean, rstd, dx, dg, db, &wrong); },
+                  "add_to_dx");
+}
+
 TEST(LayerNorm, Fp32BackwardMatchesFp64) {
   auto c = layernorm_case({5, 40}, 4, 0.0);
   std::mt19937 rng(40);

@@ -52,6 +52,8 @@ for phase in "$@"; do
           $B/bench_layer --device cuda --dtype $dt --steps 10
           python3 bench/torch_layer.py --dtype $dt --steps 10
         done
+        # As the paper ran it: activation recompute (model FLOPs still count forward once).
+        $B/bench_layer --device cuda --dtype bf16 --steps 10 --recompute-activations
       } > "$out/layer.txt" 2>&1
       cat "$out/layer.txt"
       ;;

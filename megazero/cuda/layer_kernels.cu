@@ -161,7 +161,7 @@ __global__ void layernorm_forward_kernel(const S* x, const S* gamma, const S* be
 
 template <typename S, typename C>
 __global__ void layernorm_backward_dx_kernel(const S* dy, const S* x, const S* gamma, const C* mean, const C* rstd,
-                                             S* dx, i64 cols) {
+                                             S* dx, const S* add, i64 cols) {
   const i64 r = blockIdx.x;
   const S* dyr = dy + r * cols;
   const S* xr = x + r * cols;
@@ -177,7 +177,8 @@ __global__ void layernorm_backward_dx_kernel(const S* dy, const S* x, const S* g
   const double mean_g = block_sum(sg) * inv, mean_gx = block_sum(sgx) * inv;
   for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
     const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
-    dxr[c] = st<S>(rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx));
+    const double v = rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx);
+    dxr[c] = st<S>(add ? v + static_cast<double>(ld(add[r * cols + c])) : v);
   }
 }
 
@@ -667,7 +668,7 @@ __global__ void layernorm_forward_fast_kernel(const S* x, const S* gamma, const 
 
 template <typename S, int P>
 __global__ void layernorm_backward_dx_fast_kernel(const S* dy, const S* x, const S* gamma, const float* mean,
-                                                  const float* rstd, S* dx, i64 cols) {
+                                                  const float* rstd, S* dx, const S* add, i64 cols) {
   constexpr int V = kVec<S>;
   const i64 r = blockIdx.x;
   float g[P * V], xh[P * V];
@@ -695,9 +696,11 @@ __global__ void layernorm_backward_dx_fast_kernel(const S* dy, const S* x, const
   for (int q = 0; q < P; ++q) {
     const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
     if (c0 >= cols) continue;
-    Pack<S> o;
+    Pack<S> o, a{};
+    if (add) a = *reinterpret_cast<const Pack<S>*>(add + r * cols + c0);
 #pragma unroll
-    for (int j = 0; j < V; ++j) o.v[j] = st<S>(rs * (g[q * V + j] - mean_g - xh[q * V + j] * mean_gx));
+    for (int j = 0; j < V; ++j)
+      o.v[j] = st<S>(rs * (g[q * V + j] - mean_g - xh[q * V + j] * mean_gx) + (add ? ld(a.v[j]) : 0.f));
     *reinterpret_cast<Pack<S>*>(dx + r * cols + c0) = o;
   }
 }
@@ -991,8 +994,8 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 }
 
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
-                        void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, i64 rows, i64 cols,
-                        cudaStream_t s) {
+                        void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
+                        i64 rows, i64 cols, cudaStream_t s) {
   // Parameter gradients first: dx may overwrite dy. One packed pass over dy
   // and x for both when the accumulators are fp32 (Megatron's main grads).
   bool fused = false;
@@ -1021,15 +1024,17 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    const bool fast = with_row_packs<S>(cols, {dy, x, gamma, dx}, [&](auto per, unsigned threads) {
+    const bool fast = with_row_packs<S>(cols, {dy, x, gamma, dx, add ? add : dx}, [&](auto per, unsigned threads) {
       layernorm_backward_dx_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
           static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
-          static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx), cols);
+          static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx),
+          static_cast<const S*>(add), cols);
     });
     if (!fast)
     layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
         static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
-        static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), cols);
+        static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), static_cast<const S*>(add),
+        cols);
   });
   check_launch("layernorm_backward");
 }

@@ -25,8 +25,8 @@ using i64 = std::int64_t;
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, double eps, void* y, void* mean,
                        void* rstd, i64 rows, i64 cols, cudaStream_t s);
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
-                        void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, i64 rows, i64 cols,
-                        cudaStream_t s);
+                        void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
+                        i64 rows, i64 cols, cudaStream_t s);
 
 void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);

@@ -299,7 +299,8 @@ void layernorm_param_grads_cpu(const S* dy, const S* x, const C* mean, const C* 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * gamma.
 // Reads dy[c] before writing dx[c], so dx may alias dy.
 template <typename S, typename C = compute_t<S>>
-void layernorm_backward_dx_cpu(const S* dy, const S* x, const S* gamma, const C* mean, const C* rstd, S* dx, Rows s) {
+void layernorm_backward_dx_cpu(const S* dy, const S* x, const S* gamma, const C* mean, const C* rstd, S* dx,
+                               const S* add, Rows s) {
   const double inv_cols = 1.0 / static_cast<double>(s.cols);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
@@ -314,9 +315,11 @@ void layernorm_backward_dx_cpu(const S* dy, const S* x, const S* gamma, const C*
       sum_gx += g * (ld(xr[c]) - m) * rs;
     }
     const double mean_g = sum_g * inv_cols, mean_gx = sum_gx * inv_cols;
+    const S* addr = add ? add + r * s.cols : nullptr;
     for (i64 c = 0; c < s.cols; ++c) {
       const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
-      dxr[c] = st<S>(rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx));
+      const double v = rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx);
+      dxr[c] = st<S>(addr ? v + static_cast<double>(ld(addr[c])) : v);
     }
   }
 }
@@ -546,7 +549,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        Tensor& dx, Tensor& dgamma, Tensor& dbeta) {
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx) {
   constexpr const char* op = "layernorm_backward";
   check_float(op, "x", x);
   const DType dt = x.dtype();
@@ -557,10 +560,14 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_accumulator(op, "dgamma", dgamma, x, dt);
   check_accumulator(op, "dbeta", dbeta, x, dt);
   check_shapes(op, x.shape(), {{"dy", &dy}, {"dx", &dx}});
+  if (add_to_dx) {
+    check_operand(op, "add_to_dx", *add_to_dx, x, dt);
+    check_shape(op, "add_to_dx", *add_to_dx, x.shape());
+  }
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
-  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(), s.rows, s.cols, stream_of(x)));
+  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(), add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -569,7 +576,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
     layernorm_param_grads_cpu<S>(ptr<const S>(dy), ptr<const S>(x), ptr<const C>(mean), ptr<const C>(rstd), dgamma,
                                  dbeta, s);
     layernorm_backward_dx_cpu<S>(ptr<const S>(dy), ptr<const S>(x), ptr<const S>(gamma), ptr<const C>(mean),
-                                 ptr<const C>(rstd), ptr<S>(dx), s);
+                                 ptr<const C>(rstd), ptr<S>(dx), add_to_dx ? ptr<const S>(*add_to_dx) : nullptr, s);
   });
 }
 

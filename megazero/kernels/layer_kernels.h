@@ -47,9 +47,12 @@ bool is_grad_accumulator_dtype(DType storage, DType acc);
 // row_stat_dtype(x.dtype())). y may alias x.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
                        Tensor& mean, Tensor& rstd);
-// dx = overwritten (may alias dy); dgamma, dbeta accumulated.
+// dx = overwritten (may alias dy); dgamma, dbeta accumulated. With add_to_dx,
+// dx = (LayerNorm's input gradient) + *add_to_dx, rounded once: a pre-LN
+// block's residual gradient joins in the same pass (same shape and dtype as dx).
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta);
+                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
+                        const Tensor* add_to_dx = nullptr);
 
 // ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
 void gelu_forward(const Tensor& x, Tensor& y);                          // y may alias x

@@ -5,6 +5,7 @@
 #   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
 #            test_layer_kernels, and the TP-equivalence and ZeRO suites with
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
+#   quick  - test_cuda and our layer benchmark only
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) and
 #            the same layer in PyTorch (bench/torch_layer.py), bf16 and fp16
 #   profile- per-kernel times of one layer step (Nsight Compute)
@@ -45,6 +46,11 @@ for phase in "$@"; do
         done
       } > "$out/tests.txt" 2>&1
       grep -E "^==|PASSED|FAILED|SKIPPED|tests ran" "$out/tests.txt" | tail -60
+      ;;
+    quick)
+      # A re-check after a kernel change: the CPU-vs-GPU kernel tests and our layer's speed.
+      { mpi 1 $B/test_cuda; $B/bench_layer --device cuda --dtype bf16 --steps 10; } > "$out/quick.txt" 2>&1
+      grep -E "PASSED|FAILED|median" "$out/quick.txt"
       ;;
     layer)
       {

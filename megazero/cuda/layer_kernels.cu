@@ -273,66 +273,17 @@ __device__ __forceinline__ unsigned word(const uint4& w, unsigned i) {
   return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
 }
 
-// Each thread handles G consecutive elements of one [C*D] row (G = a 16-byte
-// pack; a Philox block gives 4 values, so G/4 blocks, or one more when the
-// row's global start is not a multiple of 4). VEC: packs are aligned and the
-// row length is a multiple of G, so loads and stores are 16 bytes wide.
-template <typename S, bool VEC>
-__global__ void dropout_kernel(const S* in, double p, PhiloxKey key, kernels::DropoutLayout l, S* out, i64 inner,
-                               i64 groups_per_row, i64 total_groups) {
-  using C = compute_t<S>;
-  constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
-  const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < total_groups; g += stride) {
-    const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * G;
-    const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
-    const std::uint64_t base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
-    std::uint64_t have = ~std::uint64_t{0};
-    uint4 w{};
-    S vals[G];
-    const i64 e0 = row * inner + k0;
-    if constexpr (VEC) {
-#pragma unroll
-      for (int q = 0; q < G / kVec<S>; ++q) {
-        const Pack<S> pk = reinterpret_cast<const Pack<S>*>(in + e0)[q];
-#pragma unroll
-        for (int j = 0; j < kVec<S>; ++j) vals[q * kVec<S> + j] = pk.v[j];
-      }
-    } else {
-      for (int j = 0; j < G && k0 + j < inner; ++j) vals[j] = in[e0 + j];
-    }
-#pragma unroll
-    for (int j = 0; j < G; ++j) {
-      if (!VEC && k0 + j >= inner) break;
-      const std::uint64_t idx = base + static_cast<std::uint64_t>(k0 + j);
-      if ((idx >> 2) != have) {
-        have = idx >> 2;
-        w = philox(have, key);
-      }
-      // The CPU compares the float uniform with the double p: so does this.
-      const float u = static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f;
-      vals[j] = static_cast<double>(u) >= p ? st<S>(ld(vals[j]) * keep_scale) : st<S>(C(0));
-    }
-    if constexpr (VEC) {
-#pragma unroll
-      for (int q = 0; q < G / kVec<S>; ++q) {
-        Pack<S> pk;
-#pragma unroll
-        for (int j = 0; j < kVec<S>; ++j) pk.v[j] = vals[q * kVec<S> + j];
-        reinterpret_cast<Pack<S>*>(out + e0)[q] = pk;
-      }
-    } else {
-      for (int j = 0; j < G && k0 + j < inner; ++j) out[e0 + j] = vals[j];
-    }
-  }
-}
-
-// out = residual + dropout(y + bias), the same groups and mask as dropout_kernel.
-template <typename S, bool VEC>
-__global__ void bias_dropout_add_kernel(const S* y, const S* bias, const S* res, double p, PhiloxKey key,
-                                        kernels::DropoutLayout l, S* out, i64 inner, i64 cols, i64 groups_per_row,
-                                        i64 total_groups) {
+// out = dropout(y) (FUSED false), or out = residual + dropout(y + bias)
+// (FUSED: bias-dropout-add). Each thread handles G consecutive elements of one
+// [C*D] row (G = a 16-byte pack; a Philox block gives 4 values, so G/4 blocks,
+// or one more when the row's global start is not a multiple of 4). VEC: packs
+// are aligned and the row length is a multiple of G, so loads and stores are
+// 16 bytes wide. The keep test compares the float uniform with the double p,
+// as the CPU does, so the mask is the CPU's bit for bit.
+template <typename S, bool VEC, bool FUSED>
+__global__ void dropout_kernel(const S* y, const S* bias, const S* res, double p, PhiloxKey key,
+                               kernels::DropoutLayout l, S* out, i64 inner, i64 cols, i64 groups_per_row,
+                               i64 total_groups) {
   using C = compute_t<S>;
   constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
   const C keep_scale = static_cast<C>(p > 0 ? 1.0 / (1.0 - p) : 1.0);
@@ -347,22 +298,23 @@ __global__ void bias_dropout_add_kernel(const S* y, const S* bias, const S* res,
 #pragma unroll
       for (int q = 0; q < G / kVec<S>; ++q) {
         const Pack<S> a = reinterpret_cast<const Pack<S>*>(y + e0)[q];
-        const Pack<S> b = reinterpret_cast<const Pack<S>*>(res + e0)[q];
 #pragma unroll
-        for (int j = 0; j < kVec<S>; ++j) {
-          yv[q * kVec<S> + j] = a.v[j];
-          rv[q * kVec<S> + j] = b.v[j];
+        for (int j = 0; j < kVec<S>; ++j) yv[q * kVec<S> + j] = a.v[j];
+        if constexpr (FUSED) {
+          const Pack<S> b = reinterpret_cast<const Pack<S>*>(res + e0)[q];
+#pragma unroll
+          for (int j = 0; j < kVec<S>; ++j) rv[q * kVec<S> + j] = b.v[j];
         }
       }
     } else {
       for (int j = 0; j < G && k0 + j < inner; ++j) {
         yv[j] = y[e0 + j];
-        rv[j] = res[e0 + j];
+        if constexpr (FUSED) rv[j] = res[e0 + j];
       }
     }
     std::uint64_t have = ~std::uint64_t{0};
     uint4 w{};
-    i64 c = e0 % cols;
+    i64 c = FUSED ? e0 % cols : 0;
 #pragma unroll
     for (int j = 0; j < G; ++j) {
       if (!VEC && k0 + j >= inner) break;
@@ -375,9 +327,13 @@ __global__ void bias_dropout_add_kernel(const S* y, const S* bias, const S* res,
         }
         keep = static_cast<double>(static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f) >= p;
       }
-      const C v = keep ? (ld(yv[j]) + ld(bias[c])) * keep_scale : C(0);
-      yv[j] = st<S>(ld(rv[j]) + v);
-      if (++c == cols) c = 0;
+      if constexpr (FUSED) {
+        const C v = keep ? (ld(yv[j]) + ld(bias[c])) * keep_scale : C(0);
+        yv[j] = st<S>(ld(rv[j]) + v);
+        if (++c == cols) c = 0;
+      } else {
+        yv[j] = keep ? st<S>(ld(yv[j]) * keep_scale) : st<S>(C(0));
+      }
     }
     if constexpr (VEC) {
 #pragma unroll
@@ -593,17 +549,23 @@ __device__ __forceinline__ B convert_value(A x) {
     return st<B>(ld(x));
 }
 
+// Element offsets on both sides of the flat index `i` over dimensions [0, ndim).
+__device__ __forceinline__ void offsets_of(const CopyGeometry& geo, int ndim, i64 i, i64& so, i64& dof) {
+  so = dof = 0;
+  for (int d = ndim - 1; d >= 0; --d) {
+    const i64 idx = i % geo.shape[d];
+    i /= geo.shape[d];
+    so += idx * geo.src_stride[d];
+    dof += idx * geo.dst_stride[d];
+  }
+}
+
 template <typename A, typename B>
 __global__ void strided_copy_kernel(const A* src, B* dst, CopyGeometry geo, i64 n) {
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    i64 rem = i, so = 0, dof = 0;
-    for (int d = geo.ndim - 1; d >= 0; --d) {
-      const i64 idx = rem % geo.shape[d];
-      rem /= geo.shape[d];
-      so += idx * geo.src_stride[d];
-      dof += idx * geo.dst_stride[d];
-    }
+    i64 so, dof;
+    offsets_of(geo, geo.ndim, i, so, dof);
     dst[dof] = convert_value<A, B>(src[so]);
   }
 }
@@ -904,13 +866,8 @@ template <typename A, typename B>
 __global__ void row_copy_kernel(const A* src, B* dst, CopyGeometry geo, i64 rows, i64 inner) {
   const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
-  i64 rem = row, so = 0, dof = 0;
-  for (int d = geo.ndim - 2; d >= 0; --d) {
-    const i64 idx = rem % geo.shape[d];
-    rem /= geo.shape[d];
-    so += idx * geo.src_stride[d];
-    dof += idx * geo.dst_stride[d];
-  }
+  i64 so, dof;
+  offsets_of(geo, geo.ndim - 1, row, so, dof);
   for (i64 j = threadIdx.x & 31; j < inner; j += 32) dst[dof + j] = convert_value<A, B>(src[so + j]);
 }
 
@@ -1117,14 +1074,15 @@ void dropout(DType t, const void* in, double p, const RngKey& key, const kernels
     constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
     const i64 groups = (inner + G - 1) / G;
     const unsigned blocks = blocks_for(rows * groups);
+    const S* x = static_cast<const S*>(in);
+    const auto launch = [&](auto vec) {
+      dropout_kernel<S, decltype(vec)::value, false><<<blocks, kThreads, 0, s>>>(
+          x, nullptr, nullptr, p, philox_key(key), layout, static_cast<S*>(out), inner, 1, groups, rows * groups);
+    };
     if (inner % G == 0 && aligned16(in) && aligned16(out))
-      dropout_kernel<S, true><<<blocks, kThreads, 0, s>>>(static_cast<const S*>(in), p,
-                                                          philox_key(key), layout, static_cast<S*>(out), inner,
-                                                          groups, rows * groups);
+      launch(std::true_type{});
     else
-      dropout_kernel<S, false><<<blocks, kThreads, 0, s>>>(static_cast<const S*>(in), p,
-                                                           philox_key(key), layout, static_cast<S*>(out), inner,
-                                                           groups, rows * groups);
+      launch(std::false_type{});
   });
   check_launch("dropout");
 }
@@ -1142,12 +1100,14 @@ void bias_dropout_add(DType t, const void* y, const void* bias, const void* resi
     const auto* bp = static_cast<const S*>(bias);
     const auto* rp = static_cast<const S*>(residual);
     auto* op = static_cast<S*>(out);
+    const auto launch = [&](auto vec) {
+      dropout_kernel<S, decltype(vec)::value, true><<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key), layout,
+                                                                              op, inner, cols, groups, rows * groups);
+    };
     if (inner % G == 0 && aligned16(y) && aligned16(residual) && aligned16(out))
-      bias_dropout_add_kernel<S, true><<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key),
-                                                                   layout, op, inner, cols, groups, rows * groups);
+      launch(std::true_type{});
     else
-      bias_dropout_add_kernel<S, false><<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key),
-                                                                    layout, op, inner, cols, groups, rows * groups);
+      launch(std::false_type{});
   });
   check_launch("bias_dropout_add");
 }

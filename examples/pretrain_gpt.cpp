@@ -2,6 +2,7 @@
 // as Megatron's pretrain_gpt.py does (same flag names). The library does the
 // work; this file wires data, model, ZeRO and logging together.
 //   mpiexec -n 4 pretrain_gpt --config configs/gpt_tiny.cfg --tensor-model-parallel-size 2 --zero-stage 2
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -160,7 +161,20 @@ int run(int argc, char** argv) {
   run_consistently(world, [&] { args.model.validate(groups->tp_size()); });
   const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
   const std::int64_t accum = global / (args.micro_batch_size * dp), S = args.model.seq_length;
+  // Math threads: the environment's count, else this host's cores shared by
+  // the ranks on it (every rank taking all cores makes two ranks on two
+  // cores several times slower than one thread each).
+  std::string threads_from = cpu_math_threads_variable();
+  if (threads_from.empty()) {
+    const auto& hosts = groups->hosts();
+    const auto here = hosts[static_cast<std::size_t>(world.rank())];
+    const int local = static_cast<int>(std::count(hosts.begin(), hosts.end(), here));
+    set_cpu_math_threads(std::max(1, cpu_cores() / local));
+    threads_from = std::to_string(cpu_cores()) + " cores shared by " + std::to_string(local) + " ranks on this host";
+  }
   if (root) {
+    std::cout << "math threads per rank: " << cpu_math_threads() << " (" << threads_from
+              << "; set MEGAZERO_NUM_THREADS to override)\n";
     std::cout << groups->describe() << "---- resolved configuration ----\n" << args.to_config()
               << "---- data: " << source->describe() << "\n" << std::flush;
   }

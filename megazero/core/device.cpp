@@ -140,15 +140,18 @@ std::shared_ptr<Device> make_device(const std::string& spec) {
   throw ConfigError("--device: unknown device '" + spec + "'; use cpu, cuda, cuda:N or meta");
 }
 
+std::string cpu_math_threads_variable() {
+  for (const char* var : {"MEGAZERO_NUM_THREADS", "OMP_NUM_THREADS"})
+    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return var;
+  return "";
+}
+
+int cpu_cores() { return omp_get_num_procs(); }
+
 namespace {
 int initial_threads() {
-  for (const char* var : {"MEGAZERO_NUM_THREADS", "OMP_NUM_THREADS"}) {
-    if (const char* v = std::getenv(var)) {
-      const int n = std::atoi(v);
-      if (n > 0) return n;
-    }
-  }
-  return omp_get_num_procs();
+  const std::string var = cpu_math_threads_variable();
+  return var.empty() ? omp_get_num_procs() : std::atoi(std::getenv(var.c_str()));
 }
 int g_threads = 0;  // process-wide by nature: OpenMP's pool is process-wide
 }  // namespace

@@ -161,16 +161,19 @@ int run(int argc, char** argv) {
   run_consistently(world, [&] { args.model.validate(groups->tp_size()); });
   const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
   const std::int64_t accum = global / (args.micro_batch_size * dp), S = args.model.seq_length;
+  // This rank's place among the ranks on its host (the real machine, whatever
+  // --ranks-per-node says): it shares the host's cores and picks its GPU by it.
+  const auto& hosts = groups->hosts();
+  const std::string& host_name = hosts[static_cast<std::size_t>(world.rank())];
+  const int local_ranks = static_cast<int>(std::count(hosts.begin(), hosts.end(), host_name));
+  const int local_index = static_cast<int>(std::count(hosts.begin(), hosts.begin() + world.rank(), host_name));
   // Math threads: the environment's count, else this host's cores shared by
   // the ranks on it (every rank taking all cores makes two ranks on two
   // cores several times slower than one thread each).
   std::string threads_from = cpu_math_threads_variable();
   if (threads_from.empty()) {
-    const auto& hosts = groups->hosts();
-    const auto here = hosts[static_cast<std::size_t>(world.rank())];
-    const int local = static_cast<int>(std::count(hosts.begin(), hosts.end(), here));
-    set_cpu_math_threads(std::max(1, cpu_cores() / local));
-    threads_from = std::to_string(cpu_cores()) + " cores shared by " + std::to_string(local) + " ranks on this host";
+    set_cpu_math_threads(std::max(1, cpu_cores() / local_ranks));
+    threads_from = std::to_string(cpu_cores()) + " cores shared by " + std::to_string(local_ranks) + " ranks on this host";
   }
   if (root) {
     std::cout << "math threads per rank: " << cpu_math_threads() << " (" << threads_from
@@ -180,15 +183,14 @@ int run(int argc, char** argv) {
   }
   if (args.dry_run) return 0;
 
-  // --device cuda: the GPU of this rank's local slot (ranks of a node are contiguous).
+  // --device cuda: the GPU of this rank's place on its host.
   auto device = run_consistently(world, [&] {
     MZ_REQUIRE(args.device == "cpu" || args.device == "cuda", "--device must be cpu or cuda, got '", args.device, "'");
     if (args.device == "cpu") return make_device(DeviceKind::CPU);
     const int gpus = cuda_visible_devices();
-    MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", groups->hosts()[static_cast<std::size_t>(world.rank())],
+    MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", host_name,
                " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
-    const int local = world.rank() % groups->topology().ranks_per_node();
-    return make_device(DeviceKind::CUDA, local % gpus);
+    return make_device(DeviceKind::CUDA, local_index % gpus);
   });
   const bool on_gpu = device->kind() == DeviceKind::CUDA;
   layers::ParameterSet params;

@@ -254,6 +254,20 @@ TEST_F(Cuda, StridedCopiesWithCasts) {
   }
 }
 
+TEST_F(Cuda, FlatCastsRoundAsTheHostDoes) {
+  // Master weights into 16-bit parameters (and back): the flat cast kernel
+  // gives the host's megazero::convert bit for bit, fp64 sources included.
+  for (DType from : {DType::F32, DType::F64, DType::BF16})
+    for (DType to : {DType::F32, DType::BF16, DType::F16}) {
+      auto src = random({1000, 37}, from, -300, 300);
+      Tensor c = Tensor::empty(cpu, src.c.shape(), to, MemoryCategory::Activations);
+      Tensor g = Tensor::empty(gpu, src.c.shape(), to, MemoryCategory::Activations);
+      c.copy_from(src.c);
+      g.copy_from(src.g);
+      EXPECT_EQ(rel_diff(g, c), 0.0) << dtype_name(from) << " -> " << dtype_name(to);
+    }
+}
+
 TEST_F(Cuda, GemmAgreesWithCpu) {
   for (DType dt : kTypes) {
     auto a = random({3, 70, 130}, dt), b = random({130, 90}, dt);

@@ -178,21 +178,19 @@ void Tensor::copy_from(const Tensor& src) {
   if (!device().has_storage()) return;
   MZ_CHECK(src.device().has_storage(), "copy_from: source on the meta device holds no data");
   const bool same_dtype = dtype_ == src.dtype_;
+  MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
+           " to ", dtype_name(dtype_), " is not supported");
   const bool both_host = device().kind() == DeviceKind::CPU && src.device().kind() == DeviceKind::CPU;
   if (!both_host) {
-    if (&device() == &src.device()) {  // one GPU: device copies, strided views and casts included
-      if (same_dtype && is_contiguous() && src.is_contiguous()) {
-        device().copy_within(data(), src.data(), nbytes());
-        return;
-      }
 #ifdef MEGAZERO_WITH_CUDA
-      MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
-               " to ", dtype_name(dtype_), " is not supported");
+    // One GPU: queued on its stream without blocking the host (flat copies,
+    // strided views and casts alike).
+    if (&device() == &src.device()) {
       cuda::strided_copy(src.data(), src.dtype_, src.strides_.data(), data(), dtype_, strides_.data(), shape_.data(),
                          static_cast<int>(shape_.size()), as_cuda_device(device()).stream());
       return;
-#endif
     }
+#endif
     // Between host and GPU (or two GPUs): contiguous bytes, staged through the
     // host when a cast is needed or neither side is host memory.
     MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors");
@@ -204,8 +202,6 @@ void Tensor::copy_from(const Tensor& src) {
       src.device().copy_to_host(data(), src.data(), nbytes());
       return;
     }
-    MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
-             " to ", dtype_name(dtype_), " is not supported");
     std::vector<char> host_src(src.nbytes()), host_dst(nbytes());
     src.device().copy_to_host(host_src.data(), src.data(), src.nbytes());
     if (same_dtype)
@@ -215,8 +211,6 @@ void Tensor::copy_from(const Tensor& src) {
     device().copy_from_host(data(), host_dst.data(), nbytes());
     return;
   }
-  MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
-           " to ", dtype_name(dtype_), " is not supported");
   auto* dst_base = static_cast<char*>(data());
   auto* src_base = static_cast<const char*>(src.data());
   const auto de = static_cast<std::int64_t>(dtype_size(dtype_));

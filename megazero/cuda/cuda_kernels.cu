@@ -64,19 +64,6 @@ __global__ void convert_kernel(const S* __restrict__ src, D* __restrict__ dst, s
 }
 
 template <typename T>
-__global__ void scale_kernel(T* data, std::size_t n, float factor) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    data[i] = from_float<T>(to_float(data[i]) * factor);
-}
-
-__global__ void scale_f64_kernel(double* data, std::size_t n, double factor) {
-  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    data[i] *= factor;
-}
-
-template <typename T>
 __global__ void scale_matrix_kernel(T* data, std::size_t rows, std::size_t cols, std::size_t batch_stride,
                                     std::size_t row_stride, std::size_t n, float beta) {
   const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
@@ -125,22 +112,6 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, std::si
     with_float_type(dst_type, "convert", [&](auto d_tag) {
       launch_convert<decltype(s_tag), decltype(d_tag)>(src, dst, n, s);
     });
-  });
-}
-
-void scale(void* data, DType t, std::size_t n, float factor, cudaStream_t s) {
-  if (n == 0) return;
-  if (t == DType::F64) {
-    scale_f64_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<double*>(data), n, static_cast<double>(factor));
-    check_launch("scale");
-    return;
-  }
-  with_float_type(t, "scale", [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (!std::is_same_v<T, double>) {
-      scale_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(data), n, factor);
-      check_launch("scale");
-    }
   });
 }
 

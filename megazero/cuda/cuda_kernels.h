@@ -1,6 +1,7 @@
 // Elementwise GPU kernels the rest of the CUDA backend needs: dtype conversion
-// (master weights <-> 16-bit copies, gradient casts) and in-place scaling
-// (gradient averaging, loss scaling). Launched asynchronously on `s`; pointers
+// (master weights <-> 16-bit copies, gradient casts; Tensor::copy_from of flat
+// tensors) and GEMM's beta scaling. (The layer kernels' own scale is
+// megazero::cuda::scale_elements, layer_kernels_cuda.h.) Launched asynchronously on `s`; pointers
 // are device pointers; launch errors throw InternalError.
 #pragma once
 
@@ -19,11 +20,6 @@ namespace megazero::cuda {
 // sign and payload are whatever the intrinsic produces. src and dst may not
 // overlap unless they are the same pointer with the same dtype (a no-op).
 void convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n, cudaStream_t s);
-
-// data[i] *= factor in place (F32, F16, BF16, F64). 16-bit values are widened
-// to fp32, multiplied and rounded once to nearest even; F64 multiplies in
-// double by (double)factor.
-void scale(void* data, DType t, std::size_t n, float factor, cudaStream_t s);
 
 // GEMM's beta on a strided (batch, rows, cols) matrix whose last dimension has
 // unit stride: x = beta * x, with BLAS semantics for beta == 0 (x becomes

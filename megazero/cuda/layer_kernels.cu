@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <vector>
 
+#include "megazero/cuda/cuda_kernels.h"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_kernels_cuda.h"
 
@@ -884,13 +885,6 @@ bool contiguous_layout(const CopyGeometry& geo, const i64* stride) {
 template <typename A, typename B>
 void launch_copy(const void* src, void* dst, const CopyGeometry& geo, i64 n, cudaStream_t s) {
   const int last = geo.ndim - 1;
-  if (contiguous_layout(geo, geo.src_stride) && contiguous_layout(geo, geo.dst_stride)) {
-    // A flat cast (fp32 master weights into 16-bit parameters): one element per thread, coalesced.
-    const A* a = static_cast<const A*>(src);
-    elementwise(static_cast<B*>(dst), n, [=] __device__(i64 i) { return convert_value<A, B>(a[i]); }, s,
-                "contiguous cast");
-    return;
-  }
   // Enough rows to give every SM warps; otherwise the element-wise kernel.
   if (last >= 0 && geo.shape[last] >= 16 && n / geo.shape[last] >= 1024 && geo.src_stride[last] == 1 &&
       geo.dst_stride[last] == 1) {
@@ -1262,6 +1256,17 @@ void strided_copy(const void* src, DType src_type, const i64* src_strides, void*
     n *= shape[d];
   }
   if (n == 0) return;
+  if (contiguous_layout(geo, geo.src_stride) && contiguous_layout(geo, geo.dst_stride)) {
+    // Flat (fp32 master weights into 16-bit parameters): a device memcpy or the plain cast kernel,
+    // which rounds as the host's megazero::convert does.
+    if (src_type == dst_type)
+      MZ_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * dtype_size(src_type), cudaMemcpyDeviceToDevice,
+                               s) == cudaSuccess,
+               "strided copy: device copy failed");
+    else
+      convert(src, src_type, dst, dst_type, static_cast<std::size_t>(n), s);
+    return;
+  }
   if (src_type == dst_type && !is_floating(src_type)) {  // ids and other integers: a byte-exact move
     const auto launch = [&](auto tag) {
       using T = decltype(tag);

@@ -4,6 +4,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/layer_kernels.h"
 
 namespace megazero::layers {
@@ -26,46 +27,60 @@ Tensor ParallelSelfAttention::split_heads(const Tensor& qkv, int which) const {
   return out.view({B * local_heads_, S, head_dim_});
 }
 
-namespace {
-kernels::DropoutLayout probs_layout(const StepInfo& s, std::int64_t local_heads, std::int64_t heads, int tp_rank) {
+kernels::DropoutLayout ParallelSelfAttention::probs_layout() const {
   kernels::DropoutLayout l;
-  l.A = s.micro_batch;
-  l.a0 = s.sample_offset;
-  l.B = local_heads;
-  l.b0 = tp_rank * local_heads;
-  l.GB = heads;
-  l.C = s.seq;
-  l.D = s.seq;
+  l.A = step_.micro_batch;
+  l.a0 = step_.sample_offset;
+  l.B = local_heads_;
+  l.b0 = ctx_.rank() * local_heads_;
+  l.GB = cfg_.num_attention_heads;
+  l.C = step_.seq;
+  l.D = step_.seq;
   return l;
 }
-}  // namespace
+
+double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
 
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
-  const std::int64_t B = step.micro_batch, S = step.seq, BH = B * local_heads_;
+  const std::int64_t B = step.micro_batch, S = step.seq;
   MZ_CHECK(x.size(0) == B * S, "attention input has ", x.size(0), " rows for B*S = ", B * S);
   Tensor qkv = qkv_.forward(x);
   q_ = split_heads(qkv, 0);
   k_ = split_heads(qkv, 1);
   v_ = split_heads(qkv, 2);
   qkv = Tensor();
+  const double p = step.training ? cfg_.attention_dropout : 0.0;
+  const RngKey key{step.seed, step.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout};
+  const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, key) : attend_unfused(p, key);
+  Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
+  merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
+  return dense_.forward(merged, add_output_bias);
+}
+
+Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
+  const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   Tensor scores = ctx_.activation({BH, S, S});
   gemm(q_, false, k_, true, scores);
   probs_ = scores;  // softmax in place
-  kernels::causal_softmax_forward(scores, 1.0 / std::sqrt(static_cast<double>(head_dim_)), probs_);
-  const double p = step.training ? cfg_.attention_dropout : 0.0;
+  kernels::causal_softmax_forward(scores, scale(), probs_);
   if (p > 0) {
     probs_dropped_ = ctx_.activation({BH, S, S});
-    kernels::dropout_forward(probs_, p, RngKey{step.seed, step.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout},
-                             probs_layout(step, local_heads_, cfg_.num_attention_heads, ctx_.rank()), probs_dropped_);
+    kernels::dropout_forward(probs_, p, key, probs_layout(), probs_dropped_);
   } else {
     probs_dropped_ = probs_;
   }
   Tensor ctx = ctx_.activation({BH, S, head_dim_});
   gemm(probs_dropped_, false, v_, false, ctx);
-  Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
-  merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
-  return dense_.forward(merged, add_output_bias);
+  return ctx;
+}
+
+Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
+  const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
+  context_ = ctx_.activation({BH, S, head_dim_});
+  lse_ = ctx_.row_stats({BH, S});
+  kernels::fused_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
+  return context_;
 }
 
 Tensor ParallelSelfAttention::backward(const Tensor& dy) {
@@ -75,20 +90,15 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy) {
   Tensor dctx = ctx_.activation({B, local_heads_, S, head_dim_});
   dctx.copy_from(dmerged.view({B, S, local_heads_, head_dim_}).transpose(1, 2));
   dctx = dctx.view({BH, S, head_dim_});
-  Tensor dprobs = ctx_.activation({BH, S, S});
-  gemm(dctx, false, v_, true, dprobs);  // dP = dctx V^T
-  Tensor dv = ctx_.activation({BH, S, head_dim_});
-  gemm(probs_dropped_, true, dctx, false, dv);  // dV = P^T dctx
   const double p = step_.training ? cfg_.attention_dropout : 0.0;
-  if (p > 0)
-    kernels::dropout_backward(dprobs, p,
-                              RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout},
-                              probs_layout(step_, local_heads_, cfg_.num_attention_heads, ctx_.rank()), dprobs);
-  kernels::causal_softmax_backward(dprobs, probs_, 1.0 / std::sqrt(static_cast<double>(head_dim_)), dprobs);
+  const RngKey key{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout};
   Tensor dq = ctx_.activation({BH, S, head_dim_});
-  gemm(dprobs, false, k_, false, dq);  // dQ = dS K
   Tensor dk = ctx_.activation({BH, S, head_dim_});
-  gemm(dprobs, true, q_, false, dk);  // dK = dS^T Q
+  Tensor dv = ctx_.activation({BH, S, head_dim_});
+  if (cfg_.fused_attention())
+    attend_backward_fused(dctx, p, key, dq, dk, dv);
+  else
+    attend_backward_unfused(dctx, p, key, dq, dk, dv);
   Tensor dqkv = ctx_.activation({B * S, local_heads_ * 3 * head_dim_});
   auto five = dqkv.view({B, S, local_heads_, 3, head_dim_});
   const Tensor* parts[] = {&dq, &dk, &dv};
@@ -99,8 +109,25 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy) {
   return dx;
 }
 
+void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,
+                                                    Tensor& dk, Tensor& dv) {
+  const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
+  Tensor dprobs = ctx_.activation({BH, S, S});
+  gemm(dctx, false, v_, true, dprobs);          // dP = dctx V^T
+  gemm(probs_dropped_, true, dctx, false, dv);  // dV = P^T dctx
+  if (p > 0) kernels::dropout_backward(dprobs, p, key, probs_layout(), dprobs);
+  kernels::causal_softmax_backward(dprobs, probs_, scale(), dprobs);
+  gemm(dprobs, false, k_, false, dq);  // dQ = dS K
+  gemm(dprobs, true, q_, false, dk);   // dK = dS^T Q
+}
+
+void ParallelSelfAttention::attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,
+                                                  Tensor& dk, Tensor& dv) {
+  kernels::fused_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
+}
+
 void ParallelSelfAttention::release() {
-  q_ = k_ = v_ = probs_ = probs_dropped_ = Tensor();
+  q_ = k_ = v_ = probs_ = probs_dropped_ = context_ = lse_ = Tensor();
   qkv_.release();
   dense_.release();
 }

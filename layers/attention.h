@@ -3,6 +3,11 @@
 // softmax in fp32 or wider, attention dropout, and a row-parallel output
 // projection whose all-reduce combines the heads.
 //
+// Two backends (--attention-backend), the same function: "unfused" keeps the
+// [S, S] probabilities (before and after dropout) for backward; "fused" keeps
+// only the attention output and a log-sum-exp per row and recomputes the rest
+// (kernels/fused_attention.h). Both draw the same dropout mask.
+//
 // QKV weight layout: global rows ordered [head][q|k|v][head_dim], so a
 // contiguous TP split of the rows gives each rank whole heads (as Megatron).
 #pragma once
@@ -10,6 +15,7 @@
 #include "layers/gpt_config.h"
 #include "layers/linear.h"
 #include "layers/step.h"
+#include "megazero/kernels/layer_kernels.h"
 
 namespace megazero::layers {
 
@@ -27,6 +33,14 @@ class ParallelSelfAttention {
  private:
   // [B*S, local_heads*3*hn] -> contiguous [B*local_heads, S, hn] for q (0), k (1) or v (2).
   Tensor split_heads(const Tensor& qkv, int which) const;
+  // q, k, v (saved) -> the attention output [B*local_heads, S, hn], per backend.
+  Tensor attend_unfused(double p, const RngKey& key);
+  Tensor attend_fused(double p, const RngKey& key);
+  // d(attention output) -> dq, dk, dv, per backend.
+  void attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
+  void attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
+  kernels::DropoutLayout probs_layout() const;
+  double scale() const;
 
   GPTConfig cfg_;
   int layer_;
@@ -35,7 +49,9 @@ class ParallelSelfAttention {
   ColumnParallelLinear qkv_;
   RowParallelLinear dense_;
   StepInfo step_;
-  Tensor q_, k_, v_, probs_, probs_dropped_;
+  Tensor q_, k_, v_;
+  Tensor probs_, probs_dropped_;  // unfused
+  Tensor context_, lse_;          // fused: the attention output [B*heads, S, hn] and its row log-sum-exp
 };
 
 }  // namespace megazero::layers

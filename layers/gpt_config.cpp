@@ -30,6 +30,8 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   MZ_REQUIRE(attention_dropout >= 0 && attention_dropout < 1, "--attention-dropout must be in [0, 1), got ",
              attention_dropout);
+  MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused",
+             "--attention-backend must be unfused or fused, got '", attention_backend, "'");
   MZ_REQUIRE(layernorm_epsilon > 0, "the LayerNorm epsilon must be positive");
 }
 

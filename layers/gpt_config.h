@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace megazero::layers {
 
@@ -19,10 +20,15 @@ struct GPTConfig {
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;             // GPT-2: normal(0, 0.02)
   bool recompute_activations = false;        // --recompute-activations
+  // --attention-backend: "unfused" materialises the [S, S] probabilities (as
+  // the paper's Megatron did, and as its activation-memory formula counts);
+  // "fused" never does (kernels/fused_attention.h).
+  std::string attention_backend = "unfused";
   std::int64_t make_vocab_size_divisible_by = 128;  // padded to a multiple of this x TP
 
   std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  bool fused_attention() const { return attention_backend == "fused"; }
   // Padded vocabulary for a TP degree (Megatron's rule); padding is masked out
   // of the softmax, so results do not depend on it.
   std::int64_t padded_vocab(int tp) const;

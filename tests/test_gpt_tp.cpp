@@ -17,8 +17,9 @@ using namespace megazero::layers;
 
 namespace {
 
-GPTConfig small_config(bool recompute) {
+GPTConfig small_config(bool recompute, const std::string& attention) {
   GPTConfig c;
+  c.attention_backend = attention;
   c.num_layers = 2;
   c.hidden_size = 32;
   c.num_attention_heads = 8;  // TP up to 8
@@ -38,11 +39,11 @@ struct Run {
   double loss = 0;
 };
 
-Run run_model(Communicator& tp, DType dtype, bool recompute) {
+Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention) {
   TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();
-  r.model = std::make_unique<GPTModel>(small_config(recompute), ctx, *r.params);
+  r.model = std::make_unique<GPTModel>(small_config(recompute, attention), ctx, *r.params);
   r.params->allocate(ctx.device, dtype);
   r.params->initialize(2024);
   StepInfo step;
@@ -69,14 +70,17 @@ struct Diff {
   double rel() const { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
 };
 
-void compare(int tp_size, DType dtype, bool recompute, double tol) {
+// The model at TP = tp_size with `attention` against TP = 1 with the unfused
+// attention (the reference path).
+void compare(int tp_size, DType dtype, bool recompute, double tol, const std::string& attention = "unfused") {
   auto world = MpiCommunicator::world();
   const int me = world->rank();
   auto tp = world->split(me / tp_size, me % tp_size, "tp");
   auto self = world->split(me, 0, "self");
-  Run par = run_model(*tp, dtype, recompute);
-  Run ref = run_model(*self, dtype, recompute);
-  SCOPED_TRACE(testing::Message() << "tp " << tp_size << " " << dtype_name(dtype) << (recompute ? " recompute" : ""));
+  Run par = run_model(*tp, dtype, recompute, attention);
+  Run ref = run_model(*self, dtype, recompute, "unfused");
+  SCOPED_TRACE(testing::Message() << "tp " << tp_size << " " << dtype_name(dtype) << (recompute ? " recompute" : "")
+                                  << " attention " << attention);
 
   EXPECT_NEAR(par.loss, ref.loss, tol * std::fabs(ref.loss));
 
@@ -127,6 +131,13 @@ TEST(GptTensorParallel, MatchesTpOneInFp32) {
 
 TEST(GptTensorParallel, MatchesTpOneInFp64) { compare(world_size(), DType::F64, false, 1e-12); }
 
+TEST(GptTensorParallel, FusedAttentionMatchesUnfusedTpOne) {
+  // Same dropout masks, so the same model to rounding, on every TP layout.
+  if (test_support::test_device()->kind() == DeviceKind::CUDA) GTEST_SKIP() << "fp32/fp64: unfused only on CUDA";
+  compare(world_size(), DType::F64, false, 1e-12, "fused");
+  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5, "fused");
+}
+
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {
   // e.g. 8 ranks as 4 TP groups of 2: every group computes the same thing.
   if (world_size() < 4) GTEST_SKIP() << "needs 4 ranks";
@@ -136,7 +147,7 @@ TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {
 TEST(GptTensorParallel, HeadsNotDivisibleByTpIsRefused) {
   auto world = MpiCommunicator::world();
   if (world->size() == 1) GTEST_SKIP();
-  GPTConfig c = small_config(false);
+  GPTConfig c = small_config(false, "unfused");
   c.num_attention_heads = 8 * world->size() + 1;
   c.hidden_size = c.num_attention_heads * 4;
   ParameterSet ps;

@@ -193,6 +193,11 @@ std::vector<Case> cases() {
                  {"--zero-stage", "3", "--fp16", "--initial-loss-scale", "1024", "--recompute-activations",
                   "--partition-activations", "--cpu-checkpointing", "--contiguous-memory-optimization",
                   "--global-batch-size", "16"}});
+  // The fused attention's block workspaces (fp32 scores, 16-bit operands, fp32 dk/dv).
+  out.push_back({"TP2 stage 2 fused attention", {"--tensor-model-parallel-size", "2", "--zero-stage", "2",
+                                                 "--attention-backend", "fused"}});
+  out.push_back({"TP1 stage 3 bf16 fused attention recompute",
+                 {"--zero-stage", "3", "--bf16", "--attention-backend", "fused", "--recompute-activations"}});
   return out;
 }
 

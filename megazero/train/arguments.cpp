@@ -88,6 +88,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "hidden-dropout", &a.model.hidden_dropout, "dropout after attention and MLP");
   t.add(M, "attention-dropout", &a.model.attention_dropout, "dropout on attention probabilities");
   t.add(M, "init-method-std", &a.model.init_method_std, "init std (output layers scaled by 1/sqrt(2 layers))");
+  t.add(M, "attention-backend", &a.model.attention_backend,
+        "unfused (scores and probabilities in memory, as Megatron's classic path) or fused (flash-style: neither "
+        "is kept; backward recomputes them)");
   t.flag(M, "recompute-activations", &a.model.recompute_activations, "keep only each layer's input; recompute in backward");
   t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
   t.add(P, "ranks-per-node", &a.parallel.ranks_per_node, "0 = detect from MPI");

@@ -1,0 +1,288 @@
+// Fused causal attention (fused_attention.h): validation, device dispatch and
+// the CPU implementation.
+//
+// CPU algorithm, per block of kBlockRows query rows [i0, i1) of all BH
+// matrices at once (keys [0, i1): the causal mask never needs later keys):
+//   forward   scores = q_blk k^T          (GEMM, compute dtype)
+//             row softmax as causal_softmax_forward computes it, the row's
+//             log-sum-exp saved, dropout applied, rounded once -> probs
+//             out_blk = probs v            (GEMM)
+//   backward  P recomputed from lse; dv += P_dropped^T dout_blk;
+//             dP = dout_blk v^T; dS = P (dropout'(dP) - rowsum(dout . out));
+//             dq_blk = scale dS k; dk += scale dS^T q_blk
+// The working set is [BH, rows, keys] per block instead of [BH, S, S].
+// dk/dv accumulate over blocks: in fp32 workspaces for 16-bit storage (then
+// rounded once), in place for fp32/fp64.
+#include "megazero/kernels/fused_attention.h"
+
+#include <cmath>
+#include <limits>
+
+#include "megazero/kernels/gemm.h"
+#include "megazero/kernels/kernel_support.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/flash_attention.h"
+#endif
+
+namespace megazero::kernels {
+namespace {
+
+using namespace detail;  // kernel_support.h
+
+// Query rows per block: large enough that the GEMMs run near the library's
+// speed, small enough that the working set stays a fraction of [S, S].
+constexpr i64 kBlockRows = 128;
+
+struct Dims {
+  i64 bh, s, d;
+};
+
+Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
+  check_float(op, "q", q);
+  MZ_CHECK(q.dim() == 3, op, ": q must be [batch*heads, seq, head_dim], got ", q.to_string());
+  check_operands(op, q, q.dtype(), {{"q", &q}, {"k", &k}, {"v", &v}});
+  check_shapes(op, q.shape(), {{"k", &k}, {"v", &v}});
+  return {q.size(0), q.size(1), q.size(2)};
+}
+
+void check_attention_dropout(const char* op, double p, const DropoutLayout& l, const Dims& d) {
+  MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
+  MZ_CHECK(l.A * l.B == d.bh && l.C == d.s && l.D == d.s, op, ": dropout layout [", l.A, ", ", l.B, ", ", l.C, ", ",
+           l.D, "] must be [samples, local heads, seq, seq] for ", d.bh, " matrices of ", d.s, " x ", d.s);
+  MZ_CHECK(l.a0 >= 0 && l.b0 >= 0 && l.b0 + l.B <= l.GB, op, ": offsets a0 ", l.a0, ", b0 ", l.b0, " with B ", l.B,
+           " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
+}
+
+// Global dropout index of element (0, 0) of matrix bh (dropout_forward's rule).
+std::uint64_t matrix_base(const DropoutLayout& l, i64 bh) {
+  const i64 global = (l.a0 + bh / l.B) * l.GB + l.b0 + bh % l.B;
+  return static_cast<std::uint64_t>(global) * static_cast<std::uint64_t>(l.C * l.D);
+}
+
+// A [BH, rows, keys] view at the start of a workspace buffer.
+Tensor block_view(const Tensor& workspace, i64 bh, i64 rows, i64 keys) {
+  return Tensor::view_of(workspace.buffer(), {bh, rows, keys}, workspace.dtype());
+}
+
+template <typename S>
+void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& dm, double scale, double p,
+                 const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
+  using C = compute_t<S>;
+  const bool host = on_host("fused_attention_forward", q);
+  const i64 br = std::min(kBlockRows, dm.s);
+  const DType cdt = row_stat_dtype(q.dtype());
+  Tensor scores_ws = Tensor::empty(q.device_ptr(), {dm.bh * br * dm.s}, cdt, MemoryCategory::Workspace, "attn-scores");
+  Tensor probs_ws = Tensor::empty(q.device_ptr(), {dm.bh * br * dm.s}, q.dtype(), MemoryCategory::Workspace, "attn-probs");
+  const double keep_scale = p > 0 ? 1.0 / (1.0 - p) : 1.0;
+  for (i64 i0 = 0; i0 < dm.s; i0 += br) {
+    const i64 rows = std::min(br, dm.s - i0), keys = i0 + rows;
+    Tensor scores = block_view(scores_ws, dm.bh, rows, keys);
+    Tensor probs = block_view(probs_ws, dm.bh, rows, keys);
+    gemm(q.narrow(1, i0, rows), false, k.narrow(1, 0, keys), true, scores);
+    if (host) {
+      C* sc = ptr<C>(scores);
+      S* pr = ptr<S>(probs);
+      C* ls = ptr<C>(lse);
+      const C csc = static_cast<C>(scale);
+#pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * rows * keys > kParallelMin)
+      for (i64 row = 0; row < dm.bh * rows; ++row) {
+        const i64 bh = row / rows, i = i0 + row % rows;
+        C* e = sc + row * keys;
+        S* pd = pr + row * keys;
+        // causal_softmax_forward's arithmetic, so the probabilities round alike.
+        C mx = -std::numeric_limits<C>::infinity();
+        for (i64 j = 0; j <= i; ++j) mx = std::max(mx, csc * e[j]);
+        double sum = 0;
+        for (i64 j = 0; j <= i; ++j) {
+          e[j] = std::exp(csc * e[j] - mx);
+          sum += e[j];
+        }
+        ls[bh * dm.s + i] = static_cast<C>(static_cast<double>(mx) + std::log(sum));
+        const double inv = 1.0 / sum;
+        if (p > 0) {
+          UniformStream uniform(key);
+          const std::uint64_t base = matrix_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
+          for (i64 j = 0; j <= i; ++j)
+            pd[j] = uniform.at(base + static_cast<std::uint64_t>(j)) >= p ? st<S>(e[j] * inv * keep_scale) : zero<S>();
+        } else {
+          for (i64 j = 0; j <= i; ++j) pd[j] = st<S>(e[j] * inv);
+        }
+        for (i64 j = i + 1; j < keys; ++j) pd[j] = zero<S>();
+      }
+    }
+    Tensor out_blk = out.narrow(1, i0, rows);
+    gemm(probs, false, v.narrow(1, 0, keys), false, out_blk);
+  }
+}
+
+template <typename S>
+void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                  const Tensor& lse, const Dims& dm, double scale, double p, const RngKey& key,
+                  const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  using C = compute_t<S>;
+  const bool host = on_host("fused_attention_backward", q);
+  const auto& dev = q.device_ptr();
+  const i64 br = std::min(kBlockRows, dm.s);
+  const DType cdt = row_stat_dtype(q.dtype());
+  const double keep_scale = p > 0 ? 1.0 / (1.0 - p) : 1.0;
+
+  // rowsum(dout . out) = sum_j P_ij dropout'(dP)_ij: the softmax backward's
+  // per-row dot product, without the probabilities.
+  Tensor dot = Tensor::empty(dev, {dm.bh * dm.s}, cdt, MemoryCategory::Workspace, "attn-dout-dot-out");
+  if (host) {
+    const S* o = ptr<const S>(out);
+    const S* g = ptr<const S>(dout);
+    C* dd = ptr<C>(dot);
+#pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * dm.s * dm.d > kParallelMin)
+    for (i64 row = 0; row < dm.bh * dm.s; ++row) {
+      double acc = 0;
+      for (i64 c = 0; c < dm.d; ++c) acc += static_cast<double>(ld(o[row * dm.d + c])) * ld(g[row * dm.d + c]);
+      dd[row] = static_cast<C>(acc);
+    }
+  }
+  constexpr bool kWide = is_16bit_v<S>;  // accumulate dk/dv in fp32, round once at the end
+  Tensor dk_acc = kWide ? Tensor::zeros(dev, dk.shape(), DType::F32, MemoryCategory::Workspace, "attn-dk") : dk;
+  Tensor dv_acc = kWide ? Tensor::zeros(dev, dv.shape(), DType::F32, MemoryCategory::Workspace, "attn-dv") : dv;
+  if (!kWide) {
+    dk.zero_();
+    dv.zero_();
+  }
+  Tensor probs_ws = Tensor::empty(dev, {dm.bh * br * dm.s}, cdt, MemoryCategory::Workspace, "attn-probs");
+  Tensor dprobs_ws = Tensor::empty(dev, {dm.bh * br * dm.s}, cdt, MemoryCategory::Workspace, "attn-dprobs");
+  Tensor operand_ws = Tensor::empty(dev, {dm.bh * br * dm.s}, q.dtype(), MemoryCategory::Workspace, "attn-operand");
+  for (i64 i0 = 0; i0 < dm.s; i0 += br) {
+    const i64 rows = std::min(br, dm.s - i0), keys = i0 + rows;
+    const Tensor q_blk = q.narrow(1, i0, rows), dout_blk = dout.narrow(1, i0, rows);
+    const Tensor k_keys = k.narrow(1, 0, keys), v_keys = v.narrow(1, 0, keys);
+    Tensor probs = block_view(probs_ws, dm.bh, rows, keys);
+    Tensor dprobs = block_view(dprobs_ws, dm.bh, rows, keys);
+    Tensor operand = block_view(operand_ws, dm.bh, rows, keys);  // dropped P, then dS (storage dtype)
+    gemm(q_blk, false, k_keys, true, probs);
+    if (host) {  // P from the saved log-sum-exp; operand = dropout(P)
+      C* pr = ptr<C>(probs);
+      S* od = ptr<S>(operand);
+      const C* ls = ptr<const C>(lse);
+#pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * rows * keys > kParallelMin)
+      for (i64 row = 0; row < dm.bh * rows; ++row) {
+        const i64 bh = row / rows, i = i0 + row % rows;
+        C* pp = pr + row * keys;
+        S* o = od + row * keys;
+        const double l = ls[bh * dm.s + i];
+        UniformStream uniform(key);
+        const std::uint64_t base = matrix_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
+        for (i64 j = 0; j < keys; ++j) {
+          const double pij = j <= i ? std::exp(scale * static_cast<double>(pp[j]) - l) : 0.0;
+          pp[j] = static_cast<C>(pij);
+          const bool keep = p == 0 || uniform.at(base + static_cast<std::uint64_t>(j)) >= p;
+          o[j] = keep ? st<S>(pij * keep_scale) : zero<S>();
+        }
+      }
+    }
+    Tensor dv_keys = dv_acc.narrow(1, 0, keys);
+    gemm(operand, true, dout_blk, false, dv_keys, 1.0f, 1.0f);
+    gemm(dout_blk, false, v_keys, true, dprobs);
+    if (host) {  // operand = dS = P (dropout'(dP) - dot), rounded once
+      const C* pr = ptr<const C>(probs);
+      const C* dp = ptr<const C>(dprobs);
+      S* od = ptr<S>(operand);
+      const C* dd = ptr<const C>(dot);
+#pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * rows * keys > kParallelMin)
+      for (i64 row = 0; row < dm.bh * rows; ++row) {
+        const i64 bh = row / rows, i = i0 + row % rows;
+        const double d = dd[bh * dm.s + i];
+        UniformStream uniform(key);
+        const std::uint64_t base = matrix_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
+        for (i64 j = 0; j < keys; ++j) {
+          const i64 e = row * keys + j;
+          if (j > i) {
+            od[e] = zero<S>();
+            continue;
+          }
+          const bool keep = p == 0 || uniform.at(base + static_cast<std::uint64_t>(j)) >= p;
+          const double g = keep ? static_cast<double>(dp[e]) * keep_scale : 0.0;
+          od[e] = st<S>(scale * static_cast<double>(pr[e]) * (g - d));
+        }
+      }
+    }
+    Tensor dq_blk = dq.narrow(1, i0, rows);
+    gemm(operand, false, k_keys, false, dq_blk);
+    Tensor dk_keys = dk_acc.narrow(1, 0, keys);
+    gemm(operand, true, q_blk, false, dk_keys, 1.0f, 1.0f);
+  }
+  if (kWide) {
+    dk.copy_from(dk_acc);
+    dv.copy_from(dv_acc);
+  }
+}
+
+// The planner's dry run standing in for the CUDA kernel: what its GEMM-like
+// work is, for the time model (the causal half of each S x S product; forward
+// QK^T and PV, backward seven: S and dP twice, dV, dK, dQ).
+void log_fused_work(const Tensor& q, const Dims& dm, int products) {
+  auto& meta = static_cast<MetaDevice&>(q.device());
+  for (int i = 0; i < products; ++i) meta.compute_log().add_gemm({dm.s, (dm.s + 1) / 2, dm.d, dm.bh, q.dtype()});
+}
+
+}  // namespace
+
+std::string fused_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim) {
+  if (device != DeviceKind::CUDA) return {};
+  if (dtype != DType::BF16 && dtype != DType::F16)
+    return "the CUDA fused attention kernel takes bf16 or fp16 activations (--bf16 or --fp16)";
+  if (head_dim > 128 || head_dim % 8 != 0)
+    return ::megazero::detail::concat("the CUDA fused attention kernel takes head sizes that are multiples of 8 up to 128, not ",
+                          head_dim);
+  return {};
+}
+
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
+  const char* op = "fused_attention_forward";
+  const Dims dm = check_qkv(op, q, k, v);
+  check_operand(op, "out", out, q, q.dtype());
+  check_shape(op, "out", out, q.shape());
+  check_stat(op, "lse", lse, q, q.dtype());
+  check_shape(op, "lse", lse, {dm.bh, dm.s});
+  check_attention_dropout(op, p, layout, dm);
+  const std::string why = fused_attention_unsupported(q.device().kind(), q.dtype(), dm.d);
+  MZ_CHECK(why.empty(), op, ": ", why);
+#ifdef MEGAZERO_WITH_CUDA
+  MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, scale, p,
+                                              key, layout, out.data(), lse.data_as<float>(), stream_of(q)));
+#endif
+  if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
+    log_fused_work(q, dm, 2);
+    return;
+  }
+  with_storage_type(q.dtype(), [&](auto tag) {
+    forward_cpu<decltype(tag)>(q, k, v, dm, scale, p, key, layout, out, lse);
+  });
+}
+
+void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& dout, const Tensor& lse, double scale, double p, const RngKey& key,
+                              const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "fused_attention_backward";
+  const Dims dm = check_qkv(op, q, k, v);
+  check_operands(op, q, q.dtype(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  check_shapes(op, q.shape(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  check_stat(op, "lse", lse, q, q.dtype());
+  check_shape(op, "lse", lse, {dm.bh, dm.s});
+  check_attention_dropout(op, p, layout, dm);
+  const std::string why = fused_attention_unsupported(q.device().kind(), q.dtype(), dm.d);
+  MZ_CHECK(why.empty(), op, ": ", why);
+#ifdef MEGAZERO_WITH_CUDA
+  MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
+                                               lse.data_as<float>(), dm.bh, dm.s, dm.d, scale, p, key, layout,
+                                               dq.data(), dk.data(), dv.data(), stream_of(q)));
+#endif
+  if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
+    log_fused_work(q, dm, 7);
+    return;
+  }
+  with_storage_type(q.dtype(), [&](auto tag) {
+    backward_cpu<decltype(tag)>(q, k, v, out, dout, lse, dm, scale, p, key, layout, dq, dk, dv);
+  });
+}
+
+}  // namespace megazero::kernels

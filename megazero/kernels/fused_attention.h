@@ -1,0 +1,43 @@
+// Fused causal attention (flash-style): softmax, attention dropout and both
+// attention GEMMs in one call, without the [S, S] probability matrices that the
+// unfused path (layer_kernels.h: causal_softmax_*, dropout_*, plus gemm) writes
+// to memory. What is saved for backward is q, k, v, the output and one
+// log-sum-exp per row; backward recomputes the probabilities from them.
+//
+// Same contracts as layer_kernels.h (dtypes, rounding, devices). Shapes: q, k,
+// v, out, dout, dq, dk, dv are [BH, S, D] (BH = samples x local heads),
+// contiguous, of one storage dtype; lse is [BH, S] of row_stat_dtype.
+//
+// The dropout mask is dropout_forward's for `layout` (A = samples, B = local
+// heads, C = D = S; see layers/attention.cpp): the fused and the unfused
+// attention drop the same elements, so they agree to rounding on any TP layout.
+//
+// CPU: blocks of query rows; each block is two library GEMMs around a softmax
+// pass over a [BH, rows, keys] working set (workspace, counted by the memory
+// tracker; the planner's CPU stand-in allocates the same). CUDA
+// (megazero/cuda/flash_attention.cu): tiles stay in shared memory; bf16/fp16
+// only, head size <= 128.
+#pragma once
+
+#include <string>
+
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::kernels {
+
+// out = dropout(softmax_causal(scale * q k^T)) v; lse[bh, i] = log sum_{j <= i}
+// exp(scale * q_i . k_j). p = 0: no dropout.
+void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse);
+
+// dq, dk, dv (overwritten) from dout and what forward saved (q, k, v, out, lse)
+// with the same scale, p, key and layout.
+void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                              const Tensor& dout, const Tensor& lse, double scale, double p, const RngKey& key,
+                              const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv);
+
+// Empty when tensors of `dtype` on a `device` device with this head size have a
+// fused kernel; otherwise the reason, for an error message that names the flag.
+std::string fused_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim);
+
+}  // namespace megazero::kernels

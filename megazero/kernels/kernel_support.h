@@ -1,0 +1,222 @@
+// Internal to the kernel sources: what the CPU kernels of layer_kernels.cpp
+// and fused_attention.cpp share: element types and their load/store rounding
+// rules, argument validation with messages naming the operand, and the device
+// dispatch (MZ_ON_CUDA, on_host). Not part of the public kernel API.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <initializer_list>
+#include <type_traits>
+#include <utility>
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cuda_device.h"
+#endif
+
+namespace megazero::kernels::detail {
+
+using i64 = std::int64_t;
+
+// Below this many elements a parallel region costs more than it saves.
+constexpr i64 kParallelMin = i64{1} << 15;
+
+inline int threads() { return cpu_math_threads(); }
+
+// ---- element types ----
+
+template <typename S>
+constexpr bool is_16bit_v = std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>;
+
+inline bool is_16bit(DType t) { return t == DType::BF16 || t == DType::F16; }
+
+// The type a storage type is computed in.
+template <typename S>
+struct ComputeOf {
+  using type = S;
+};
+template <>
+struct ComputeOf<Half> {
+  using type = float;
+};
+template <>
+struct ComputeOf<BFloat16> {
+  using type = float;
+};
+template <typename S>
+using compute_t = typename ComputeOf<S>::type;
+
+// Load: storage -> compute type (exact).
+inline float ld(float v) { return v; }
+inline double ld(double v) { return v; }
+inline float ld(Half v) { return half_to_float(v); }
+inline float ld(BFloat16 v) { return bf16_to_float(v); }
+
+// double -> float rounded to odd: truncate, then set the last bit if inexact.
+// Rounding that to bf16/fp16 (>= 2 bits fewer) to nearest even gives exactly
+// the nearest-even rounding of the double: one rounding, not two.
+inline float to_float_round_odd(double d) {
+  const float f = static_cast<float>(d);
+  if (static_cast<double>(f) == d || std::isnan(d)) return f;
+  std::uint32_t u = f32_bits(f);
+  if ((u & 1u) == 0) u += std::fabs(static_cast<double>(f)) > std::fabs(d) ? 0xffffffffu : 1u;  // the odd neighbour
+  return f32_from_bits(u);
+}
+
+// Store: a float or double result -> storage type S, rounded once to nearest even.
+template <typename S, typename V>
+S st(V v) {
+  static_assert(std::is_same_v<V, float> || std::is_same_v<V, double>);
+  if constexpr (is_16bit_v<S>) {
+    float f;
+    if constexpr (std::is_same_v<V, double>)
+      f = to_float_round_odd(v);
+    else
+      f = v;
+    if constexpr (std::is_same_v<S, Half>)
+      return float_to_half(f);
+    else
+      return float_to_bf16(f);
+  } else {
+    return static_cast<S>(v);
+  }
+}
+
+template <typename S>
+S zero() {
+  return st<S>(compute_t<S>{0});
+}
+
+// ---- validation ----
+
+inline constexpr const char* kStorageDtypes = "fp32, fp64, bf16 or fp16";
+
+inline void check_float(const char* op, const char* name, const Tensor& t) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MZ_CHECK(t.dtype() == DType::F32 || t.dtype() == DType::F64 || is_16bit(t.dtype()), op, ": ", name, " must be ",
+           kStorageDtypes, ", got ", t.to_string());
+}
+
+// `t` is a contiguous tensor of `dtype` on the same device as `ref`.
+inline void check_operand(const char* op, const char* name, const Tensor& t, const Tensor& ref, DType dtype) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MZ_CHECK(t.dtype() == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ", t.to_string());
+  MZ_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", t.to_string(), " with strides ",
+           shape_str(t.strides()));
+  MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index(), op, ": ", name,
+           " is on ", t.device().name(), " but the other operands are on ", ref.device().name());
+}
+
+// A per-row statistic of activations of dtype `storage`: row_stat_dtype(storage).
+inline void check_stat(const char* op, const char* name, const Tensor& t, const Tensor& ref, DType storage) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  const DType want = row_stat_dtype(storage);
+  MZ_CHECK(t.dtype() == want, op, ": ", name, " must be ", dtype_name(want),
+           is_16bit(storage) ? " (per-row statistics of 16-bit activations are kept in fp32)" : "", ", got ",
+           t.to_string(), " for ", dtype_name(storage), " activations");
+  check_operand(op, name, t, ref, want);
+}
+
+// A parameter-gradient accumulator for activations of dtype `storage`: the
+// storage dtype, or fp32 for 16-bit storage.
+inline void check_accumulator(const char* op, const char* name, const Tensor& t, const Tensor& ref, DType storage) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MZ_CHECK(is_grad_accumulator_dtype(storage, t.dtype()), op, ": ", name, " must be ", dtype_name(storage),
+           is_16bit(storage) ? " or fp32" : "", " (a gradient accumulator for ", dtype_name(storage),
+           " activations), got ", t.to_string());
+  check_operand(op, name, t, ref, t.dtype());
+}
+
+inline void check_shape(const char* op, const char* name, const Tensor& t, const Shape& expected) {
+  MZ_CHECK(t.shape() == expected, op, ": ", name, " has shape ", shape_str(t.shape()), ", expected ",
+           shape_str(expected));
+}
+
+using Named = std::pair<const char*, const Tensor*>;
+
+inline void check_operands(const char* op, const Tensor& ref, DType dtype, std::initializer_list<Named> operands) {
+  for (const auto& [name, t] : operands) check_operand(op, name, *t, ref, dtype);
+}
+
+inline void check_shapes(const char* op, const Shape& shape, std::initializer_list<Named> operands) {
+  for (const auto& [name, t] : operands) check_shape(op, name, *t, shape);
+}
+
+// A per-row vector (mean, rstd, row_max, ids, ...): one element per row.
+inline void check_rows(const char* op, const char* name, const Tensor& t, i64 rows) {
+  MZ_CHECK(t.dim() == 1 && t.size(0) == rows, op, ": ", name, " must have shape (", rows, "), got ",
+           shape_str(t.shape()));
+}
+
+struct Rows {
+  i64 rows, cols;
+};
+
+// "rows" = all leading dimensions flattened, "cols" = the last dimension.
+inline Rows rows_of(const char* op, const char* name, const Tensor& t) {
+  MZ_CHECK(t.dim() >= 1, op, ": ", name, " needs at least one dimension, got ", t.to_string());
+  i64 rows = 1;
+  for (int d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return {rows, t.size(-1)};
+}
+
+// ---- dispatch ----
+
+// On a CUDA tensor, runs `call` (a megazero::cuda kernel launcher on the
+// tensor's device stream) and returns from the entry point.
+#ifdef MEGAZERO_WITH_CUDA
+inline cudaStream_t stream_of(const Tensor& t) { return as_cuda_device(t.device()).stream(); }
+#define MZ_ON_CUDA(t, call)                    \
+  if ((t).device().kind() == DeviceKind::CUDA) { \
+    call;                                      \
+    return;                                    \
+  }
+#else
+#define MZ_ON_CUDA(t, call)
+#endif
+
+// True when the kernel runs on the host; false on the meta device (a dry run:
+// shapes are checked, nothing is stored). CUDA tensors never get here
+// (MZ_ON_CUDA dispatched them), except in a build without the CUDA backend.
+inline bool on_host(const char* op, const Tensor& t) {
+  switch (t.device().kind()) {
+    case DeviceKind::Meta: return false;
+    case DeviceKind::CPU: return true;
+    case DeviceKind::CUDA: break;
+  }
+  throw InternalError(::megazero::detail::concat(op, " has no CUDA kernel yet (device ", t.device().name(), ")"));
+}
+
+// Calls fn(S{}) with the storage type S of the dtype (already validated).
+template <typename Fn>
+void with_storage_type(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F64: fn(double{}); break;
+    case DType::BF16: fn(BFloat16{}); break;
+    case DType::F16: fn(Half{}); break;
+    default: fn(float{}); break;
+  }
+}
+
+// Calls fn(G{}) with the type G of a parameter-gradient accumulator for storage
+// type S (already validated): S itself, or float for 16-bit S.
+template <typename S, typename Fn>
+void with_accumulator_type(const Tensor& acc, Fn&& fn) {
+  if constexpr (is_16bit_v<S>) {
+    if (acc.dtype() == DType::F32) {
+      fn(float{});
+      return;
+    }
+  }
+  fn(S{});
+}
+
+// Typed data pointer; ptr<const T> for inputs.
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.data_as<std::remove_const_t<T>>();
+}
+
+}  // namespace megazero::kernels::detail

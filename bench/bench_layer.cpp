@@ -44,7 +44,8 @@ int run(int argc, char** argv) {
       "micro-batch-size", po::value(&micro_batch))("dtype", po::value(&dtype_name_arg), "fp32, bf16 or fp16")(
       "device", po::value(&device_spec), "cpu or cuda[:N]")("dropout", po::value(&dropout))(
       "recompute-activations", po::bool_switch(&cfg.recompute_activations))("steps", po::value(&steps))(
-      "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU");
+      "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
+      "attention-backend", po::value(&cfg.attention_backend), "unfused or fused");
   parse_command_line(argc, argv, d, "bench_layer");
   const DType dt = dtype_name_arg == "fp32" ? DType::F32 : dtype_name_arg == "bf16" ? DType::BF16 : DType::F16;
   MZ_REQUIRE(dtype_name_arg == "fp32" || dtype_name_arg == "bf16" || dtype_name_arg == "fp16",
@@ -63,15 +64,18 @@ int run(int argc, char** argv) {
   const std::int64_t B = micro_batch, S = cfg.seq_length, h = cfg.hidden_size;
   Tensor x = Tensor::empty(device, {B * S, h}, dt, MemoryCategory::Activations);
   Tensor dy = Tensor::empty(device, {B * S, h}, dt, MemoryCategory::Activations);
-  {
-    std::mt19937_64 rng(7);
-    std::normal_distribution<double> nd(0.0, 1.0);
-    std::vector<double> v(static_cast<std::size_t>(B * S * h));
-    for (auto& e : v) e = nd(rng);
-    x.copy_from_doubles(v);
-    for (auto& e : v) e = nd(rng) * 1e-3;
-    dy.copy_from_doubles(v);
-  }
+  // Random inputs made in fp32 on the host (a few seconds for the 100B
+  // layer's 268M elements), cast on the way to the device.
+  auto fill = [&](Tensor& t, double sd, std::uint64_t seed) {
+    Tensor host = Tensor::empty(make_device(DeviceKind::CPU), t.shape(), DType::F32, MemoryCategory::Other);
+    std::mt19937_64 rng(seed);
+    std::normal_distribution<float> nd(0.0f, static_cast<float>(sd));
+    float* p = host.data_as<float>();
+    for (std::int64_t i = 0; i < host.numel(); ++i) p[i] = nd(rng);
+    t.copy_from(host);
+  };
+  fill(x, 1.0, 7);
+  fill(dy, 1e-3, 8);
   StepInfo step;
   step.micro_batch = B;
   step.seq = S;
@@ -94,17 +98,18 @@ int run(int argc, char** argv) {
   const double fwd = (8.0 + 4.0 * ffn_ratio) * Bd * Sd * hd * hd + 4.0 * Bd * Sd * Sd * hd;
   const double flops = 3.0 * fwd / tp_size;
   const double tflops = flops / (med * 1e-3) / 1e12;
-  std::printf("layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d\n",
+  std::printf("layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d, attention %s\n",
               static_cast<long long>(h), static_cast<long long>(cfg.num_attention_heads), tp_size,
               static_cast<long long>(cfg.ffn()), tp_size, static_cast<long long>(S), static_cast<long long>(B),
-              dtype_name_arg.c_str(), device->name().c_str(), dropout, cfg.recompute_activations ? 1 : 0);
+              dtype_name_arg.c_str(), device->name().c_str(), dropout, cfg.recompute_activations ? 1 : 0,
+              cfg.attention_backend.c_str());
   std::printf("median %.3f ms (min %.3f, max %.3f over %d steps), %.1f TFLOP/s, MFU %.1f%% of %.0f, peak "
               "activations %.0f MiB\n",
               med, ms.front(), ms.back(), steps, tflops, 100.0 * tflops / peak_tflops, peak_tflops,
               static_cast<double>(device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
-  std::printf("{\"bench\": \"layer\", \"impl\": \"megazero\", \"dtype\": \"%s\", \"ms\": %.4f, \"tflops\": %.2f, "
-              "\"mfu\": %.4f}\n",
-              dtype_name_arg.c_str(), med, tflops, tflops / peak_tflops);
+  std::printf("{\"bench\": \"layer\", \"impl\": \"megazero\", \"attention\": \"%s\", \"dtype\": \"%s\", "
+              "\"ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f}\n",
+              cfg.attention_backend.c_str(), dtype_name_arg.c_str(), med, tflops, tflops / peak_tflops);
   return 0;
 }
 

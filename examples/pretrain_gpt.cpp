@@ -13,7 +13,6 @@
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/fault_tolerance.h"
-#include "megazero/kernels/fused_attention.h"
 #include "megazero/plan/memory_plan.h"
 #include "megazero/plan/time_model.h"
 #include "megazero/train/sample_source.h"
@@ -191,11 +190,6 @@ int run(int argc, char** argv) {
     const int gpus = cuda_visible_devices();
     MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", host_name,
                " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
-    if (args.model.fused_attention()) {
-      const std::string why = kernels::fused_attention_unsupported(DeviceKind::CUDA, args.dtype(), args.model.head_dim());
-      MZ_REQUIRE(why.empty(), "--attention-backend fused with --device cuda: ", why,
-                 "; use --attention-backend unfused");
-    }
     return make_device(DeviceKind::CUDA, local_index % gpus);
   });
   const bool on_gpu = device->kind() == DeviceKind::CUDA;

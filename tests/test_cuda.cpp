@@ -15,6 +15,7 @@
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/cuda/cuda_device.h"
 #include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/layer_kernels.h"
 #include "megazero/optim/adamw.h"
@@ -197,6 +198,55 @@ TEST_F(Cuda, BiasDropoutAddMatchesCpu) {
   }
 }
 
+TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
+  // The GPU's bf16/fp16 flash kernels against the CPU's fused attention in
+  // fp32 on the same (16-bit representable) inputs: ragged tiles (s = 100,
+  // 200), padded head sizes (40 -> 64), one element (s = 1), with and without
+  // dropout (a wrong mask is off by O(1), far outside the tolerance).
+  struct Case {
+    std::int64_t samples, heads, s, d;
+  };
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Case& c : {Case{1, 1, 1, 64}, Case{2, 2, 100, 64}, Case{1, 3, 200, 128}, Case{2, 1, 130, 40}})
+      for (double p : {0.0, 0.2}) {
+        const std::int64_t bh = c.samples * c.heads;
+        const Shape shape{bh, c.s, c.d};
+        k::DropoutLayout l;
+        l.A = c.samples, l.B = c.heads, l.C = l.D = c.s, l.a0 = 3, l.b0 = 1, l.GB = c.heads + 2;
+        const RngKey key{11, 5, 2, kRngAttentionDropout};
+        const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+        auto q = random(shape, dt), kk = random(shape, dt), v = random(shape, dt), dout = random(shape, dt);
+        auto f32 = [&](const Tensor& t) { return t.to(DType::F32, MemoryCategory::Activations); };
+        const Tensor qc = f32(q.c), kc = f32(kk.c), vc = f32(v.c), doc = f32(dout.c);
+        Tensor out_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+        Tensor lse_c = Tensor::empty(cpu, {bh, c.s}, DType::F32, MemoryCategory::Activations);
+        auto out = poisoned(shape, dt);
+        auto lse = poisoned({bh, c.s}, DType::F32);
+        k::fused_attention_forward(qc, kc, vc, scale, p, key, l, out_c, lse_c);
+        k::fused_attention_forward(q.g, kk.g, v.g, scale, p, key, l, out.g, lse.g);
+        const std::string what = std::string(dtype_name(dt)) + " s " + std::to_string(c.s) + " d " +
+                                 std::to_string(c.d) + " p " + std::to_string(p);
+        const double t = dt == DType::BF16 ? 2e-2 : 4e-3;
+        EXPECT_LE(rel_diff(out.g, out_c), t) << "out " << what;
+        EXPECT_LE(rel_diff(lse.g, lse_c), 1e-5) << "lse " << what;
+        Tensor dq_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+        Tensor dk_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+        Tensor dv_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+        auto dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
+        k::fused_attention_backward(qc, kc, vc, out_c, doc, lse_c, scale, p, key, l, dq_c, dk_c, dv_c);
+        k::fused_attention_backward(q.g, kk.g, v.g, out.g, dout.g, lse.g, scale, p, key, l, dq.g, dk.g, dv.g);
+        EXPECT_LE(rel_diff(dq.g, dq_c), 2 * t) << "dq " << what;
+        EXPECT_LE(rel_diff(dk.g, dk_c), 2 * t) << "dk " << what;
+        EXPECT_LE(rel_diff(dv.g, dv_c), 2 * t) << "dv " << what;
+        // Bit-for-bit repeatable: no atomics.
+        auto dq2 = poisoned(shape, dt), dk2 = poisoned(shape, dt), dv2 = poisoned(shape, dt);
+        k::fused_attention_backward(q.g, kk.g, v.g, out.g, dout.g, lse.g, scale, p, key, l, dq2.g, dk2.g, dv2.g);
+        EXPECT_EQ(rel_diff(dq2.g, dq.g), 0.0) << what;
+        EXPECT_EQ(rel_diff(dk2.g, dk.g), 0.0) << what;
+        EXPECT_EQ(rel_diff(dv2.g, dv.g), 0.0) << what;
+      }
+}
+
 TEST_F(Cuda, EmbeddingsAndPositions) {
   for (DType dt : kTypes) {
     const std::int64_t V = 50, H = 70, N = 400, start = 20, S = 8;
@@ -308,9 +358,15 @@ TEST_F(Cuda, AdamWAndGradNorm) {
 // A whole GPT (dropout on, tied embeddings, vocab padding) on the GPU against
 // the CPU: loss, and every parameter's gradient.
 TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
-  for (DType dt : {DType::F32, DType::BF16})
+  struct Variant {
+    DType dt;
+    const char* attention;
+  };
+  for (const Variant& var : {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"}, Variant{DType::BF16, "fused"}})
     for (bool recompute : {false, true}) {
+      const DType dt = var.dt;
       layers::GPTConfig cfg;
+      cfg.attention_backend = var.attention;
       cfg.num_layers = 2;
       cfg.hidden_size = 64;
       cfg.num_attention_heads = 4;
@@ -348,7 +404,8 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
         const auto& q = side[1].params.get(p->name);
         EXPECT_EQ(rel_diff(q.value, p->value), 0.0) << p->name << ": initialisation";
         EXPECT_LE(rel_diff(q.grad, p->grad), dt == DType::F32 ? 1e-4 : 6e-2)
-            << p->name << " gradient, " << dtype_name(dt) << (recompute ? " recompute" : "");
+            << p->name << " gradient, " << dtype_name(dt) << (recompute ? " recompute" : "") << " attention "
+            << var.attention;
       }
     }
 }

@@ -6,8 +6,9 @@
 #            test_layer_kernels, and the TP-equivalence and ZeRO suites with
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
 #   quick  - test_cuda and our layer benchmark only
-#   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) and
-#            the same layer in PyTorch (bench/torch_layer.py), bf16 and fp16
+#   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) with
+#            the unfused and the fused attention, and the same layer in PyTorch
+#            (bench/torch_layer.py), bf16 and fp16
 #   profile- per-kernel times of one layer step (Nsight Compute)
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
 #   tools/gpu_session.sh tests layer train
@@ -49,17 +50,22 @@ for phase in "$@"; do
       ;;
     quick)
       # A re-check after a kernel change: the CPU-vs-GPU kernel tests and our layer's speed.
-      { mpi 1 $B/test_cuda; $B/bench_layer --device cuda --dtype bf16 --steps 10; } > "$out/quick.txt" 2>&1
+      {
+        mpi 1 $B/test_cuda
+        for a in unfused fused; do $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a; done
+      } > "$out/quick.txt" 2>&1
       grep -E "PASSED|FAILED|median" "$out/quick.txt"
       ;;
     layer)
       {
         for dt in bf16 fp16; do
-          $B/bench_layer --device cuda --dtype $dt --steps 10
+          for a in unfused fused; do $B/bench_layer --device cuda --dtype $dt --steps 10 --attention-backend $a; done
           python3 bench/torch_layer.py --dtype $dt --steps 10
         done
         # As the paper ran it: activation recompute (model FLOPs still count forward once).
-        $B/bench_layer --device cuda --dtype bf16 --steps 10 --recompute-activations
+        for a in unfused fused; do
+          $B/bench_layer --device cuda --dtype bf16 --steps 10 --recompute-activations --attention-backend $a
+        done
       } > "$out/layer.txt" 2>&1
       cat "$out/layer.txt"
       ;;
@@ -68,18 +74,22 @@ for phase in "$@"; do
       ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
       {
         timeout 300 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
-          $B/bench_layer --device cuda --dtype bf16 --micro-batch-size 8 --warmup 1 --steps 1
+          $B/bench_layer --device cuda --dtype bf16 --micro-batch-size 8 --warmup 1 --steps 1 \
+          --attention-backend "${MZ_ATTENTION:-fused}"
       } > "$out/profile.csv" 2>&1
       python3 tools/ncu_summary.py "$out/profile.csv" | tee "$out/profile.txt"
       ;;
     train)
       {
         # GPT-2 medium shape (24 x 1024, 16 heads, 355M parameters), bf16, one GPU, mock data.
-        mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
-          --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
-          --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4
+        for a in unfused fused; do
+          echo "== attention $a"
+          mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+            --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+            --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $a
+        done
       } > "$out/train.txt" 2>&1
-      tail -20 "$out/train.txt"
+      grep -E "^==|iteration +(10|20|30)/|error" "$out/train.txt" | tail -20
       ;;
     *) echo "unknown phase $phase" ;;
   esac

@@ -10,6 +10,7 @@
 
 #include "megazero/cuda/cuda_kernels.h"
 #include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/philox.cuh"
 #include "megazero/cuda/layer_kernels_cuda.h"
 
 namespace megazero::cuda {
@@ -237,42 +238,6 @@ __global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, 
 }
 
 // ---------------------------------------------------------------- dropout (Philox-4x32-10, as rng.cpp)
-
-struct PhiloxKey {
-  unsigned k0, k1;         // key words
-  unsigned layer, iter;    // counter words 2 and 3
-};
-
-PhiloxKey philox_key(const RngKey& key) {
-  const auto lo = [](std::uint64_t v) { return static_cast<unsigned>(v); };
-  const auto hi = [](std::uint64_t v) { return static_cast<unsigned>(v >> 32); };
-  return {lo(key.seed), hi(key.seed) ^ (key.site * 0x9E3779B9u), key.layer,
-          lo(key.iteration) ^ (hi(key.iteration) * 0x85EBCA6Bu)};
-}
-
-__device__ __forceinline__ uint4 philox(std::uint64_t block, const PhiloxKey& k) {
-  unsigned c0 = static_cast<unsigned>(block), c1 = static_cast<unsigned>(block >> 32), c2 = k.layer, c3 = k.iter;
-  unsigned k0 = k.k0, k1 = k.k1;
-#pragma unroll
-  for (int r = 0; r < 10; ++r) {
-    if (r > 0) {
-      k0 += 0x9E3779B9u;
-      k1 += 0xBB67AE85u;
-    }
-    const unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-    const unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-    const unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-    c0 = n0;
-    c1 = lo1;
-    c2 = n2;
-    c3 = lo0;
-  }
-  return make_uint4(c0, c1, c2, c3);
-}
-
-__device__ __forceinline__ unsigned word(const uint4& w, unsigned i) {
-  return i == 0 ? w.x : i == 1 ? w.y : i == 2 ? w.z : w.w;
-}
 
 // out = dropout(y) (FUSED false), or out = residual + dropout(y + bias)
 // (FUSED: bias-dropout-add). Each thread handles G consecutive elements of one

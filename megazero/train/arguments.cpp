@@ -1,5 +1,7 @@
 #include "megazero/train/arguments.h"
 
+#include "megazero/kernels/fused_attention.h"
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -270,6 +272,10 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '",
              on_nan_loss, "'");
   zero_r.validate(model.recompute_activations);
+  if (device == "cuda" && model.fused_attention()) {
+    const std::string why = kernels::fused_attention_unsupported(DeviceKind::CUDA, dtype(), model.head_dim());
+    MZ_REQUIRE(why.empty(), "--attention-backend fused with --device cuda: ", why, "; or use --attention-backend unfused");
+  }
 }
 
 void TrainArgs::validate_layout(int world) const {

@@ -1,0 +1,33 @@
+// The CUDA fused causal attention behind kernels::fused_attention_* (the
+// contract is in megazero/kernels/fused_attention.h; these take raw device
+// pointers of validated tensors). bf16/fp16 q, k, v, out [bh, s, d] with
+// d % 8 == 0 and d <= 128; lse fp32 [bh, s]. Queued on stream `st`; nothing
+// blocks the host.
+//
+// Algorithm (FlashAttention-2's, with tensor-core WMMA tiles of 64 rows): a
+// block of 4 warps owns 64 query rows, each warp 16; key/value tiles stream
+// through shared memory; the running max and sum stay in registers and the
+// output accumulator in shared memory (fp32). Backward runs two kernels, one
+// per key tile (dk, dv) and one per query tile (dq), each recomputing P from
+// lse; neither uses atomics, so a run repeats bit for bit.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "megazero/core/dtype.h"
+#include "megazero/kernels/layer_kernels.h"
+
+namespace megazero::cuda {
+
+void flash_attention_forward(DType t, const void* q, const void* k, const void* v, std::int64_t bh, std::int64_t s,
+                             std::int64_t d, double scale, double p, const RngKey& key,
+                             const kernels::DropoutLayout& layout, void* out, float* lse, cudaStream_t st);
+
+void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out,
+                              const void* dout, const float* lse, std::int64_t bh, std::int64_t s, std::int64_t d,
+                              double scale, double p, const RngKey& key, const kernels::DropoutLayout& layout,
+                              void* dq, void* dk, void* dv, cudaStream_t st);
+
+}  // namespace megazero::cuda

@@ -13,6 +13,9 @@
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/fault_tolerance.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/comm/nccl_communicator.h"
+#endif
 #include "megazero/plan/memory_plan.h"
 #include "megazero/plan/time_model.h"
 #include "megazero/train/sample_source.h"
@@ -193,6 +196,31 @@ int run(int argc, char** argv) {
     return make_device(DeviceKind::CUDA, local_index % gpus);
   });
   const bool on_gpu = device->kind() == DeviceKind::CUDA;
+  // --distributed-backend: the TP and DP groups on NCCL when asked, or by
+  // default when every rank has a GPU of its own (NCCL refuses two ranks on
+  // one GPU); otherwise MPI, staging GPU tensors through host memory.
+  const bool shares_gpu = on_gpu && local_ranks > cuda_visible_devices();
+  const bool any_shares = max_over(world, shares_gpu ? 1.0 : 0.0) > 0;
+  run_consistently(world, [&] {
+    MZ_REQUIRE(args.distributed_backend != "nccl" || !any_shares, "--distributed-backend nccl: ranks share a GPU ",
+               "(", local_ranks, " ranks on ", host_name, " for ", cuda_visible_devices(),
+               " visible GPUs) and NCCL takes one GPU per rank; start fewer ranks per node or use "
+               "--distributed-backend mpi");
+  });
+  const bool use_nccl = on_gpu && !any_shares && args.distributed_backend != "mpi";
+  if (use_nccl) {
+#ifdef MEGAZERO_WITH_CUDA
+    auto gpu = std::dynamic_pointer_cast<CudaDevice>(device);
+    MZ_CHECK(gpu, "--device cuda made no CudaDevice");
+    groups->use_device_groups([&](Communicator& bootstrap, const std::string& name) -> std::unique_ptr<Communicator> {
+      return std::make_unique<NcclCommunicator>(bootstrap, gpu, name);
+    });
+#endif
+  }
+  if (root)
+    std::printf("collectives: tp %s, dp %s, world %s%s\n", std::string(groups->tp().backend()).c_str(),
+                std::string(groups->dp().backend()).c_str(), std::string(world.backend()).c_str(),
+                on_gpu && !use_nccl ? " (GPU tensors staged through host memory)" : "");
   layers::ParameterSet params;
   layers::GPTModel model(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   const zero::ZeroConfig zc = args.engine_config();

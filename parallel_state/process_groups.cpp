@@ -108,7 +108,20 @@ ProcessGroups::~ProcessGroups() {
 
 std::string ProcessGroups::describe() const {
   return std::string(detected_ ? "ranks per node detected from MPI\n" : "ranks per node from --ranks-per-node\n") +
-         to_table(topology_, hosts_);
+         "collectives: world " + std::string(world_->backend()) + ", tp " + std::string(tp_->backend()) + ", dp " +
+         std::string(dp_->backend()) + "\n" + to_table(topology_, hosts_);
+}
+
+void ProcessGroups::use_device_groups(const GroupFactory& make) {
+  // TP first, then DP, on every rank: each group's creation is collective over its members only.
+  auto tp = make(*tp_, tp_->name());
+  auto dp = make(*dp_, dp_->name());
+  MZ_CHECK(tp->rank() == coord_.tp_rank && tp->size() == tp_size(), "device TP communicator disagrees with topology");
+  MZ_CHECK(dp->rank() == coord_.dp_rank && dp->size() == dp_size(), "device DP communicator disagrees with topology");
+  bootstrap_tp_ = std::move(tp_);
+  bootstrap_dp_ = std::move(dp_);
+  tp_ = std::move(tp);
+  dp_ = std::move(dp);
 }
 
 }  // namespace megazero::parallel_state

@@ -3,6 +3,7 @@
 // training loop owns one ProcessGroups and passes references down.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -41,6 +42,13 @@ class ProcessGroups {
   // rank -> host -> node -> (tp_rank, dp_rank) table with the groups.
   std::string describe() const;
 
+  // Moves the TP and DP groups onto a device backend (NCCL): make(bootstrap,
+  // name) builds each new communicator over the current one, which stays
+  // alive as its bootstrap. The world stays on MPI (host-side agreement,
+  // consensus on errors). Collective over the world; every rank calls it.
+  using GroupFactory = std::function<std::unique_ptr<Communicator>(Communicator& bootstrap, const std::string& name)>;
+  void use_device_groups(const GroupFactory& make);
+
  private:
   ProcessGroups(std::unique_ptr<Communicator> world, Topology topology, bool detected);
 
@@ -49,6 +57,7 @@ class ProcessGroups {
   RankCoord coord_;
   bool detected_;
   std::unique_ptr<Communicator> tp_, dp_;
+  std::unique_ptr<Communicator> bootstrap_tp_, bootstrap_dp_;  // after use_device_groups
   std::vector<std::string> hosts_;
 };
 

@@ -39,6 +39,7 @@ for phase in "$@"; do
     tests)
       {
         echo "== test_cuda"; mpi 1 $B/test_cuda
+        echo "== test_nccl (one rank per GPU)"; mpi "$(nvidia-smi -L | wc -l)" $B/test_nccl
         echo "== test_gemm"; mpi 1 $B/test_gemm
         echo "== test_layer_kernels"; mpi 1 $B/test_layer_kernels
         for n in 1 2; do
@@ -83,7 +84,7 @@ for phase in "$@"; do
       {
         # GPT-2 medium shape (24 x 1024, 16 heads, 355M parameters), bf16, one GPU, mock data.
         for a in unfused fused; do
-          echo "== attention $a"
+          echo "== attention $a (NCCL groups on one rank)"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
             --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $a

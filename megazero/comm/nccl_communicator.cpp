@@ -265,7 +265,7 @@ void NcclCommunicator::wait_on_stream(cudaStream_t stream) {
 }
 
 // ---------------------------------------------------------------- collectives
-std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
+std::shared_ptr<WorkImpl> NcclCommunicator::device_all_reduce(const Tensor& t, ReduceOp op) {
   check_on_device(t, "all_reduce");
   const ncclRedOp_t rop = nccl_op(t.dtype(), op, name());
   CudaDeviceGuard guard(device_->index());
@@ -275,7 +275,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(const Tensor& t, Reduc
   return end_op("all_reduce", {t.buffer()});
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
+std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                                               const std::vector<std::int64_t>& counts) {
   check_on_device(input, "reduce_scatter input");
   check_on_device(output, "reduce_scatter output");
@@ -314,7 +314,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& inpu
   return end_op("reduce_scatter", {std::move(staging), input.buffer(), output.buffer()});
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
+std::shared_ptr<WorkImpl> NcclCommunicator::device_all_gather(const Tensor& input, const Tensor& output,
                                                           const std::vector<std::int64_t>& counts) {
   check_on_device(input, "all_gather input");
   check_on_device(output, "all_gather output");
@@ -353,7 +353,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, c
   return end_op("all_gather", {std::move(staging), input.buffer(), output.buffer()});
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(const Tensor& t, int root) {
+std::shared_ptr<WorkImpl> NcclCommunicator::device_broadcast(const Tensor& t, int root) {
   check_on_device(t, "broadcast");
   CudaDeviceGuard guard(device_->index());
   begin_op();
@@ -362,7 +362,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(const Tensor& t, int ro
   return end_op("broadcast", {t.buffer()});
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
+std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce(const Tensor& t, int root, ReduceOp op) {
   check_on_device(t, "reduce");
   const ncclRedOp_t rop = nccl_op(t.dtype(), op, name());
   CudaDeviceGuard guard(device_->index());
@@ -389,7 +389,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_barrier() {
   return nullptr;
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_send(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
+std::shared_ptr<WorkImpl> NcclCommunicator::device_send(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
   check_on_device(t, "send");
   CudaDeviceGuard guard(device_->index());
   begin_op();
@@ -397,12 +397,76 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_send(const Tensor& t, int peer, i
   return end_op("send", {t.buffer()});
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
+std::shared_ptr<WorkImpl> NcclCommunicator::device_recv(const Tensor& t, int peer, int /*tag: NCCL has none*/) {
   check_on_device(t, "recv");
   CudaDeviceGuard guard(device_->index());
   begin_op();
   MZ_NCCL_CHECK(ncclRecv(t.data(), count_of(t), nccl_type(t.dtype()), peer, comm_, stream_), "ncclRecv");
   return end_op("recv", {t.buffer()});
+}
+
+// ---------------------------------------------------------------- host tensors
+// A host tensor (a loss value, the grad-norm sum, checkpoint metadata) takes
+// the mirror path of MpiCommunicator's GPU staging: copied to this GPU, the
+// collective runs there, the result is copied back before the call returns.
+// These are a few scalars per step, so the synchronisation costs nothing that
+// matters, and callers need no second (host) communicator for them.
+
+namespace {
+bool on_host(const Tensor& t) { return t.device().kind() == DeviceKind::CPU; }
+}  // namespace
+
+Tensor NcclCommunicator::stage_in(const Tensor& t) {
+  if (!on_host(t)) return t;
+  Tensor d = Tensor::empty(device_, t.shape(), t.dtype(), MemoryCategory::CommBuffers, "nccl host-tensor staging");
+  d.copy_from(t);
+  return d;
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::stage_out(std::shared_ptr<WorkImpl> work, const Tensor& host,
+                                                      const Tensor& staged) {
+  if (!on_host(host)) return work;
+  if (work) work->wait();
+  Tensor out = host;
+  out.copy_from(staged);
+  return work;
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
+  const Tensor d = stage_in(t);
+  return stage_out(device_all_reduce(d, op), t, d);
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
+                                                              const std::vector<std::int64_t>& counts) {
+  const Tensor in = stage_in(input), out = stage_in(output);
+  return stage_out(device_reduce_scatter(in, out, op, counts), output, out);
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
+                                                          const std::vector<std::int64_t>& counts) {
+  const Tensor in = stage_in(input), out = stage_in(output);
+  return stage_out(device_all_gather(in, out, counts), output, out);
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_broadcast(const Tensor& t, int root) {
+  const Tensor d = stage_in(t);
+  return stage_out(device_broadcast(d, root), t, d);
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
+  const Tensor d = stage_in(t);
+  return stage_out(device_reduce(d, root, op), t, d);
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_send(const Tensor& t, int peer, int tag) {
+  // No wait: the host data is already copied, the operation holds the staged copy.
+  return device_send(stage_in(t), peer, tag);
+}
+
+std::shared_ptr<WorkImpl> NcclCommunicator::do_recv(const Tensor& t, int peer, int tag) {
+  const Tensor d = stage_in(t);
+  return stage_out(device_recv(d, peer, tag), t, d);
 }
 
 }  // namespace megazero

@@ -18,6 +18,9 @@
 // touches (CudaEventWork::keep_alive) until Work::wait() returned or a stream
 // was made to wait for it; a Work dropped before either synchronises first.
 //
+// Host tensors are accepted too: staged through this GPU and copied back
+// before the call returns (the few host scalars of a step: loss, grad norm).
+//
 // Send/recv: NCCL has no tags (the tag is ignored; messages between a pair of
 // ranks match in issue order) and a send only completes once the peer posts
 // the matching recv on its stream, so two ranks exchanging data must issue
@@ -112,6 +115,20 @@ class NcclCommunicator final : public Communicator {
   void init_resources();    // stream, event, barrier scratch
   void release() noexcept;  // everything init_resources and the NCCL init made
   void check_on_device(const Tensor& t, const char* what) const;
+  // The collectives on tensors of this communicator's GPU (do_* stage host tensors through them).
+  std::shared_ptr<WorkImpl> device_all_reduce(const Tensor& t, ReduceOp op);
+  std::shared_ptr<WorkImpl> device_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
+                                                  const std::vector<std::int64_t>& counts);
+  std::shared_ptr<WorkImpl> device_all_gather(const Tensor& input, const Tensor& output,
+                                              const std::vector<std::int64_t>& counts);
+  std::shared_ptr<WorkImpl> device_broadcast(const Tensor& t, int root);
+  std::shared_ptr<WorkImpl> device_reduce(const Tensor& t, int root, ReduceOp op);
+  std::shared_ptr<WorkImpl> device_send(const Tensor& t, int peer, int tag);
+  std::shared_ptr<WorkImpl> device_recv(const Tensor& t, int peer, int tag);
+  // Host tensors: a copy on this GPU (or t itself when it is already there),
+  // and after the operation, its result copied back (blocking) into `host`.
+  Tensor stage_in(const Tensor& t);
+  std::shared_ptr<WorkImpl> stage_out(std::shared_ptr<WorkImpl> work, const Tensor& host, const Tensor& staged);
   // Call with a CudaDeviceGuard held: the communication stream waits for the
   // compute stream, then the caller launches on stream_ and calls end_op().
   void begin_op();

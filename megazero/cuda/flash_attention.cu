@@ -494,7 +494,7 @@ void with_types(DType t, i64 d, Fn&& fn) {
 }
 
 void check_sizes(i64 bh, i64 s, i64 d) {
-  if (d % 8 != 0 || d > 128 || s >= (i64{1} << 30) || bh > 0x7fffffff)
+  if (d % 8 != 0 || d > 128 || (s + kRows - 1) / kRows > 65535 || bh > 0x7fffffff)  // grid.y holds the tiles
     throw InternalError(::megazero::detail::concat("fused attention: unsupported sizes bh ", bh, ", s ", s, ", d ", d));
 }
 

@@ -141,6 +141,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "device", &a.device,
         "cpu, or cuda: each rank uses GPU (local rank mod visible GPUs); collectives of GPU tensors go over MPI, "
         "staged through host memory");
+  t.add(G, "distributed-backend", &a.distributed_backend,
+        "collectives of the TP and DP groups: auto (nccl with --device cuda when every rank has its own GPU, "
+        "else mpi), nccl, or mpi (GPU tensors staged through host memory)");
   t.add(C, "save", &a.save, "checkpoint directory: saved every --save-interval, at the end and on SIGTERM/SIGUSR1");
   t.add(C, "load", &a.load, "resume from the newest good checkpoint in DIR (any TP/DP/stage); none yet = fresh start");
   t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints; 0 = only at the end and on a signal");
@@ -272,6 +275,10 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '",
              on_nan_loss, "'");
   zero_r.validate(model.recompute_activations);
+  MZ_REQUIRE(distributed_backend == "auto" || distributed_backend == "mpi" || distributed_backend == "nccl",
+             "--distributed-backend must be auto, mpi or nccl, got '", distributed_backend, "'");
+  MZ_REQUIRE(distributed_backend != "nccl" || device == "cuda",
+             "--distributed-backend nccl needs --device cuda (NCCL moves GPU tensors); use mpi on CPUs");
   if (device == "cuda" && model.fused_attention()) {
     const std::string why = kernels::fused_attention_unsupported(DeviceKind::CUDA, dtype(), model.head_dim());
     MZ_REQUIRE(why.empty(), "--attention-backend fused with --device cuda: ", why, "; or use --attention-backend unfused");

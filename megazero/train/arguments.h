@@ -43,6 +43,9 @@ struct TrainArgs {
   std::string metrics_file;  // JSON lines, one record per logged iteration
   double peak_tflops = 0;    // for MFU; 0 = the device default (docs/PERFORMANCE.md)
   std::string device = "cpu";  // --device: cpu, or cuda (one GPU per rank: local rank mod GPUs)
+  // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
+  // GPU per rank), or auto (nccl when --device cuda gives every rank its own GPU).
+  std::string distributed_backend = "auto";
   // checkpoints (megazero/checkpoint/)
   std::string save, load;
   std::int64_t save_interval = 0;

@@ -53,6 +53,18 @@ void check_attention_dropout(const char* op, double p, const DropoutLayout& l, c
            " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
 }
 
+// What forward and backward share: q, k, v, lse, the dropout arguments, and a kernel for them.
+Dims check_arguments(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& lse, double p,
+                     const DropoutLayout& layout) {
+  const Dims dm = check_qkv(op, q, k, v);
+  check_stat(op, "lse", lse, q, q.dtype());
+  check_shape(op, "lse", lse, {dm.bh, dm.s});
+  check_attention_dropout(op, p, layout, dm);
+  const std::string why = fused_attention_unsupported(q.device().kind(), q.dtype(), dm.d);
+  MZ_CHECK(why.empty(), op, ": ", why);
+  return dm;
+}
+
 // Global dropout index of element (0, 0) of matrix bh (dropout_forward's rule).
 std::uint64_t matrix_base(const DropoutLayout& l, i64 bh) {
   const i64 global = (l.a0 + bh / l.B) * l.GB + l.b0 + bh % l.B;
@@ -238,14 +250,9 @@ std::string fused_attention_unsupported(DeviceKind device, DType dtype, std::int
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
                              const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
   const char* op = "fused_attention_forward";
-  const Dims dm = check_qkv(op, q, k, v);
+  const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operand(op, "out", out, q, q.dtype());
   check_shape(op, "out", out, q.shape());
-  check_stat(op, "lse", lse, q, q.dtype());
-  check_shape(op, "lse", lse, {dm.bh, dm.s});
-  check_attention_dropout(op, p, layout, dm);
-  const std::string why = fused_attention_unsupported(q.device().kind(), q.dtype(), dm.d);
-  MZ_CHECK(why.empty(), op, ": ", why);
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, scale, p,
                                               key, layout, out.data(), lse.data_as<float>(), stream_of(q)));
@@ -263,14 +270,9 @@ void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& dout, const Tensor& lse, double scale, double p, const RngKey& key,
                               const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "fused_attention_backward";
-  const Dims dm = check_qkv(op, q, k, v);
+  const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operands(op, q, q.dtype(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   check_shapes(op, q.shape(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
-  check_stat(op, "lse", lse, q, q.dtype());
-  check_shape(op, "lse", lse, {dm.bh, dm.s});
-  check_attention_dropout(op, p, layout, dm);
-  const std::string why = fused_attention_unsupported(q.device().kind(), q.dtype(), dm.d);
-  MZ_CHECK(why.empty(), op, ": ", why);
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
                                                lse.data_as<float>(), dm.bh, dm.s, dm.d, scale, p, key, layout,

@@ -228,7 +228,7 @@ TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
                                  std::to_string(c.d) + " p " + std::to_string(p);
         const double t = dt == DType::BF16 ? 2e-2 : 4e-3;
         EXPECT_LE(rel_diff(out.g, out_c), t) << "out " << what;
-        EXPECT_LE(rel_diff(lse.g, lse_c), 1e-5) << "lse " << what;
+        EXPECT_LE(rel_diff(lse.g, lse_c), 1e-4) << "lse " << what;  // wrong units would be off by ~40%
         Tensor dq_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
         Tensor dk_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
         Tensor dv_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);

@@ -26,6 +26,9 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <cstdint>
+#include <initializer_list>
+
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/philox.cuh"
 
@@ -460,8 +463,18 @@ void check(cudaError_t err, const char* what) {
     throw InternalError(::megazero::detail::concat("fused attention: ", what, ": ", cudaGetErrorString(err)));
 }
 
+// Opts the kernel into `bytes` of dynamic shared memory. GPUs with less per
+// block than a head size of 128 needs (99 KB on sm_86/sm_89: A10, L4, L40,
+// RTX 30/40) get a message naming the way out instead of a launch failure.
 template <typename Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes) {
+void allow_smem(Kernel kernel, std::size_t bytes, i64 d) {
+  int device = 0, optin = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+        "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  MZ_REQUIRE(bytes <= static_cast<std::size_t>(optin), "the fused attention kernel for head size ", d, " needs ",
+             bytes / 1024, " KiB of shared memory per block; this GPU offers ", optin / 1024,
+             " KiB: use --attention-backend unfused (or a smaller head size)");
   check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)),
         "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
 }
@@ -498,6 +511,14 @@ void check_sizes(i64 bh, i64 s, i64 d) {
     throw InternalError(::megazero::detail::concat("fused attention: unsupported sizes bh ", bh, ", s ", s, ", d ", d));
 }
 
+// The tile loads move 16 bytes at a time from each matrix's rows.
+void check_aligned(std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs)
+    if (reinterpret_cast<std::uintptr_t>(p) % 16 != 0)
+      throw InternalError(::megazero::detail::concat("fused attention: tensor data at ", p,
+                                                     " is not 16-byte aligned (a view at an odd offset?)"));
+}
+
 }  // namespace
 
 void flash_attention_forward(DType t, const void* q, const void* k, const void* v, i64 bh, i64 s, i64 d,
@@ -505,13 +526,14 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
                              void* out, float* lse, cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
+  check_aligned({q, k, v, out});
   const Dropout drop = make_dropout(p, key, layout);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
   with_types(t, d, [&](auto tag, auto dp) {
     using S = decltype(tag);
     constexpr int DP = decltype(dp)::value;
     constexpr std::size_t bytes = ForwardSmem<S, DP>::bytes;
-    allow_smem(flash_forward_kernel<S, DP>, bytes);
+    allow_smem(flash_forward_kernel<S, DP>, bytes, d);
     flash_forward_kernel<S, DP><<<grid, kBlockThreads, bytes, st>>>(
         static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v), static_cast<S*>(out), lse,
         static_cast<int>(s), static_cast<int>(d), static_cast<float>(scale) * kLog2e, drop);
@@ -525,6 +547,7 @@ void flash_attention_backward(DType t, const void* q, const void* k, const void*
                               cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
+  check_aligned({q, k, v, out, dout, dq, dk, dv});
   const Dropout drop = make_dropout(p, key, layout);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
   StreamScratch dot(static_cast<std::size_t>(bh * s) * sizeof(float), st);
@@ -539,11 +562,11 @@ void flash_attention_backward(DType t, const void* q, const void* k, const void*
     row_dot_kernel<S><<<blocks_for(bh * s * 32), kThreads, 0, st>>>(static_cast<const S*>(out), dos,
                                                                     dot.as<float>(), bh * s, static_cast<int>(d));
     constexpr std::size_t key_bytes = KeySmem<S, DP>::bytes, query_bytes = QuerySmem<S, DP>::bytes;
-    allow_smem(flash_backward_dkdv_kernel<S, DP>, key_bytes);
+    allow_smem(flash_backward_dkdv_kernel<S, DP>, key_bytes, d);
     flash_backward_dkdv_kernel<S, DP><<<grid, kBlockThreads, key_bytes, st>>>(
         qs, ks, vs, dos, lse, dot.as<float>(), static_cast<S*>(dk), static_cast<S*>(dv), static_cast<int>(s),
         static_cast<int>(d), fscale, scale_log2, drop);
-    allow_smem(flash_backward_dq_kernel<S, DP>, query_bytes);
+    allow_smem(flash_backward_dq_kernel<S, DP>, query_bytes, d);
     flash_backward_dq_kernel<S, DP><<<grid, kBlockThreads, query_bytes, st>>>(
         qs, ks, vs, dos, lse, dot.as<float>(), static_cast<S*>(dq), static_cast<int>(s), static_cast<int>(d), fscale,
         scale_log2, drop);

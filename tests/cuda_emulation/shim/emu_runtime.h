@@ -1,0 +1,91 @@
+// A CPU stand-in for the CUDA runtime, enough to run megazero's flash
+// attention kernels on the host: each block runs as blockDim.x host threads
+// (blocks one after another), __syncthreads/__syncwarp are std::barrier waits,
+// warp shuffles go through a per-warp exchange array, and shared memory is one
+// buffer per block filled with NaN-like 0xff bytes, so unwritten padding
+// shows. See tests/cuda_emulation/README.md for what this does and does not prove.
+#pragma once
+#include <barrier>
+#include <cassert>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+#include <memory>
+#define __device__
+#define __global__
+#define __host__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) alignas(n)
+struct uint3 { unsigned x = 0, y = 0, z = 0; };
+struct dim3 { unsigned x = 1, y = 1, z = 1; };
+struct uint4 { unsigned x, y, z, w; };
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
+
+struct EmuBlock {
+  std::barrier<>* block_bar;
+  std::barrier<>* warp_bar[32];
+  float xch[32][32];
+  bool warp_op_in_flight[32];
+};
+inline thread_local uint3 threadIdx, blockIdx;
+inline thread_local dim3 gridDim, blockDim;
+inline thread_local unsigned char* emu_smem;
+inline thread_local EmuBlock* emu_blk;
+inline void __syncthreads() { emu_blk->block_bar->arrive_and_wait(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu_blk->warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+inline float __shfl_xor_sync(unsigned, float v, int m) {
+  const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  emu_blk->xch[w][l] = v; __syncwarp();
+  float r = emu_blk->xch[w][l ^ m]; __syncwarp(); return r;
+}
+inline float __shfl_down_sync(unsigned, float v, int m) {
+  const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  emu_blk->xch[w][l] = v; __syncwarp();
+  float r = l + m < 32 ? emu_blk->xch[w][l + m] : v; __syncwarp(); return r;
+}
+// 16-bit types
+struct __nv_bfloat16 { uint16_t x = 0; };
+struct __half { _Float16 h = 0; };
+inline float ld(float v) { return v; }
+inline float ld(__nv_bfloat16 v) { uint32_t u = (uint32_t)v.x << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline float ld(__half v) { return (float)v.h; }
+inline __nv_bfloat16 to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return {0x7fc0};
+  u += 0x7fff + ((u >> 16) & 1); return {(uint16_t)(u >> 16)};
+}
+inline thread_local std::size_t emu_smem_bytes = 0;
+inline thread_local unsigned char* emu_smem_base;
+// Launch: blocks sequentially, threads concurrent.
+template <typename F>
+void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel) {
+  for (unsigned by = 0; by < grid.y; ++by)
+    for (unsigned bx = 0; bx < grid.x; ++bx) {
+      void* raw = nullptr;
+      if (posix_memalign(&raw, 128, smem_bytes ? smem_bytes : 128)) std::abort();
+      std::unique_ptr<unsigned char, void (*)(void*)> sm(static_cast<unsigned char*>(raw), std::free);
+      unsigned char* base = sm.get();
+      std::memset(base, 0xff, smem_bytes);
+      EmuBlock blk;
+      std::barrier<> bb(threads);
+      std::vector<std::unique_ptr<std::barrier<>>> wb;
+      for (unsigned w = 0; w < threads / 32; ++w) { wb.emplace_back(new std::barrier<>(32)); blk.warp_bar[w] = wb.back().get(); }
+      blk.block_bar = &bb;
+      std::vector<std::thread> ts;
+      for (unsigned t = 0; t < threads; ++t)
+        ts.emplace_back([&, t] {
+          threadIdx = {t, 0, 0}; blockIdx = {bx, by, 0}; gridDim = grid; blockDim = {threads, 1, 1};
+          emu_smem = base; emu_smem_base = base; emu_smem_bytes = smem_bytes; emu_blk = &blk;
+          kernel();
+        });
+      for (auto& t : ts) t.join();
+    }
+}

@@ -94,7 +94,7 @@ class NcclGroup {
 }  // namespace
 
 // ---------------------------------------------------------------- work
-CudaEventWork::CudaEventWork(std::string what) : what_(std::move(what)) {
+CudaEventWork::CudaEventWork(std::string what, cudaStream_t consumer) : consumer_(consumer), what_(std::move(what)) {
   MZ_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
 }
 
@@ -111,6 +111,14 @@ CudaEventWork::~CudaEventWork() {
 void CudaEventWork::record(cudaStream_t stream) { MZ_CUDA_CHECK(cudaEventRecord(event_, stream)); }
 
 void CudaEventWork::wait() {
+  // Everything that reads the result runs on the consumer (compute) stream,
+  // host reads included (device copies go through it), so ordering that
+  // stream is enough and the host runs on.
+  wait_on_stream(consumer_);
+  keep_alive_.clear();  // frees are stream-ordered on the consumer stream: safe now
+}
+
+void CudaEventWork::synchronize() {
   const cudaError_t err = cudaEventSynchronize(event_);
   if (err != cudaSuccess)
     throw InternalError(detail::concat(what_, ": waiting for the operation failed: ", cudaGetErrorName(err), " (",
@@ -229,7 +237,7 @@ void NcclCommunicator::begin_op() {
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::end_op(const char* what, std::vector<std::shared_ptr<Buffer>> keep_alive) {
-  auto work = std::make_shared<CudaEventWork>(detail::concat(name(), ": ", what));
+  auto work = std::make_shared<CudaEventWork>(detail::concat(name(), ": ", what), device_->stream());
   work->record(stream_);
   for (auto& b : keep_alive)
     if (b) work->keep_alive(std::move(b));
@@ -385,7 +393,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::do_barrier() {
   void* p = barrier_scratch_->data();
   MZ_NCCL_CHECK(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
   // A barrier is a host-side rendezvous: return only once every rank got here.
-  end_op("barrier")->wait();
+  std::static_pointer_cast<CudaEventWork>(end_op("barrier"))->synchronize();
   return nullptr;
 }
 

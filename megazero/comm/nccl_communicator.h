@@ -6,8 +6,10 @@
 // stream, so it sees finished gradients/parameters; then it is launched on the
 // communication stream and a completion event is recorded. The host is never
 // blocked at issue time, so compute issued afterwards overlaps the transfer.
-// Consumers of the result either block with Work::wait() (host side), or keep
-// the GPU ordered without blocking through wait_on_stream().
+// Work::wait() does not block the host either (as PyTorch's NCCL work.wait()):
+// it makes the device's compute stream wait for the operation, and every
+// consumer of the result runs there (kernels, frees, and host reads, which
+// are device copies on that stream). barrier() is the one host rendezvous.
 //
 // Watchdog: when a collective timeout is set, a CUDA host function queued
 // after each collective reports it complete to the watchdog (in stream order,
@@ -47,7 +49,8 @@ namespace megazero {
 class CudaEventWork final : public WorkImpl {
  public:
   // Creates the event on the current device; `what` names it in errors.
-  explicit CudaEventWork(std::string what);
+  // `consumer`: the stream wait() orders after the operation (the compute stream).
+  CudaEventWork(std::string what, cudaStream_t consumer);
   ~CudaEventWork() override;
   CudaEventWork(const CudaEventWork&) = delete;
   CudaEventWork& operator=(const CudaEventWork&) = delete;
@@ -57,8 +60,10 @@ class CudaEventWork final : public WorkImpl {
   // a stream waits for it (then later stream-ordered frees are safe).
   void keep_alive(std::shared_ptr<Buffer> buffer) { keep_alive_.push_back(std::move(buffer)); }
 
-  // Blocks the host until the operation finished (cudaEventSynchronize).
+  // Orders the consumer stream after the operation; the host does not block.
   void wait() override;
+  // Blocks the host until the operation finished (cudaEventSynchronize).
+  void synchronize();
   // Polls (cudaEventQuery).
   bool test() override;
   // Makes `stream` wait for the operation on the GPU, without blocking the host.
@@ -67,6 +72,7 @@ class CudaEventWork final : public WorkImpl {
 
  private:
   cudaEvent_t event_ = nullptr;
+  cudaStream_t consumer_ = nullptr;
   std::vector<std::shared_ptr<Buffer>> keep_alive_;
   mutable bool stream_ordered_ = false;  // a stream waits for the operation (wait_on_stream)
   std::string what_;

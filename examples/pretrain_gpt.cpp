@@ -199,11 +199,12 @@ int run(int argc, char** argv) {
   // --distributed-backend: the TP and DP groups on NCCL when asked, or by
   // default when every rank has a GPU of its own (NCCL refuses two ranks on
   // one GPU); otherwise MPI, staging GPU tensors through host memory.
-  const bool shares_gpu = on_gpu && local_ranks > cuda_visible_devices();
+  const int gpus = on_gpu ? cuda_visible_devices() : 0;
+  const bool shares_gpu = on_gpu && local_ranks > gpus;
   const bool any_shares = max_over(world, shares_gpu ? 1.0 : 0.0) > 0;
   run_consistently(world, [&] {
     MZ_REQUIRE(args.distributed_backend != "nccl" || !any_shares, "--distributed-backend nccl: ranks share a GPU ",
-               "(", local_ranks, " ranks on ", host_name, " for ", cuda_visible_devices(),
+               "(", local_ranks, " ranks on ", host_name, " for ", gpus,
                " visible GPUs) and NCCL takes one GPU per rank; start fewer ranks per node or use "
                "--distributed-backend mpi");
   });

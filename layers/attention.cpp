@@ -39,6 +39,10 @@ kernels::DropoutLayout ParallelSelfAttention::probs_layout() const {
   return l;
 }
 
+RngKey ParallelSelfAttention::dropout_key() const {
+  return {step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout};
+}
+
 double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast<double>(head_dim_)); }
 
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
@@ -51,8 +55,7 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
   v_ = split_heads(qkv, 2);
   qkv = Tensor();
   const double p = step.training ? cfg_.attention_dropout : 0.0;
-  const RngKey key{step.seed, step.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout};
-  const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, key) : attend_unfused(p, key);
+  const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, dropout_key()) : attend_unfused(p, dropout_key());
   Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
   merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
   return dense_.forward(merged, add_output_bias);
@@ -91,7 +94,7 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy) {
   dctx.copy_from(dmerged.view({B, S, local_heads_, head_dim_}).transpose(1, 2));
   dctx = dctx.view({BH, S, head_dim_});
   const double p = step_.training ? cfg_.attention_dropout : 0.0;
-  const RngKey key{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionDropout};
+  const RngKey key = dropout_key();
   Tensor dq = ctx_.activation({BH, S, head_dim_});
   Tensor dk = ctx_.activation({BH, S, head_dim_});
   Tensor dv = ctx_.activation({BH, S, head_dim_});

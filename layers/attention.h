@@ -39,7 +39,8 @@ class ParallelSelfAttention {
   // d(attention output) -> dq, dk, dv, per backend.
   void attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
   void attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
-  kernels::DropoutLayout probs_layout() const;
+  kernels::DropoutLayout probs_layout() const;  // of this step's [B, local heads, S, S] probabilities
+  RngKey dropout_key() const;                   // of this step's attention dropout
   double scale() const;
 
   GPTConfig cfg_;

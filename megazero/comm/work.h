@@ -1,6 +1,8 @@
 // Work: the handle every communication call returns (as in NCCL / c10d).
 // wait() blocks until the operation finished and rethrows its error; test()
-// polls. Blocking use is simply `comm.all_reduce(t).wait()`.
+// polls. Blocking use is simply `comm.all_reduce(t).wait()`. On GPU backends
+// (NCCL) "finished" is as the device sees it: wait() orders the compute
+// stream, where every consumer of the result runs, and the host runs on.
 #pragma once
 
 #include <chrono>

@@ -49,8 +49,7 @@ void check_attention_dropout(const char* op, double p, const DropoutLayout& l, c
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
   MZ_CHECK(l.A * l.B == d.bh && l.C == d.s && l.D == d.s, op, ": dropout layout [", l.A, ", ", l.B, ", ", l.C, ", ",
            l.D, "] must be [samples, local heads, seq, seq] for ", d.bh, " matrices of ", d.s, " x ", d.s);
-  MZ_CHECK(l.a0 >= 0 && l.b0 >= 0 && l.b0 + l.B <= l.GB, op, ": offsets a0 ", l.a0, ", b0 ", l.b0, " with B ", l.B,
-           " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
+  check_layout(op, l, d.bh * d.s * d.s);
 }
 
 // What forward and backward share: q, k, v, lse, the dropout arguments, and a kernel for them.
@@ -63,12 +62,6 @@ Dims check_arguments(const char* op, const Tensor& q, const Tensor& k, const Ten
   const std::string why = fused_attention_unsupported(q.device().kind(), q.dtype(), dm.d);
   MZ_CHECK(why.empty(), op, ": ", why);
   return dm;
-}
-
-// Global dropout index of element (0, 0) of matrix bh (dropout_forward's rule).
-std::uint64_t matrix_base(const DropoutLayout& l, i64 bh) {
-  const i64 global = (l.a0 + bh / l.B) * l.GB + l.b0 + bh % l.B;
-  return static_cast<std::uint64_t>(global) * static_cast<std::uint64_t>(l.C * l.D);
 }
 
 // A [BH, rows, keys] view at the start of a workspace buffer.
@@ -113,7 +106,7 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& 
         const double inv = 1.0 / sum;
         if (p > 0) {
           UniformStream uniform(key);
-          const std::uint64_t base = matrix_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
+          const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
           for (i64 j = 0; j <= i; ++j)
             pd[j] = uniform.at(base + static_cast<std::uint64_t>(j)) >= p ? st<S>(e[j] * inv * keep_scale) : zero<S>();
         } else {
@@ -181,7 +174,7 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
         S* o = od + row * keys;
         const double l = ls[bh * dm.s + i];
         UniformStream uniform(key);
-        const std::uint64_t base = matrix_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
+        const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
         for (i64 j = 0; j < keys; ++j) {
           const double pij = j <= i ? std::exp(scale * static_cast<double>(pp[j]) - l) : 0.0;
           pp[j] = static_cast<C>(pij);
@@ -203,7 +196,7 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
         const i64 bh = row / rows, i = i0 + row % rows;
         const double d = dd[bh * dm.s + i];
         UniformStream uniform(key);
-        const std::uint64_t base = matrix_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
+        const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
         for (i64 j = 0; j < keys; ++j) {
           const i64 e = row * keys + j;
           if (j > i) {

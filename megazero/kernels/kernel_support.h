@@ -189,6 +189,23 @@ inline bool on_host(const char* op, const Tensor& t) {
   throw InternalError(::megazero::detail::concat(op, " has no CUDA kernel yet (device ", t.device().name(), ")"));
 }
 
+// ---- dropout layouts (layer_kernels.h: DropoutLayout) ----
+
+inline void check_layout(const char* op, const DropoutLayout& l, i64 numel) {
+  MZ_CHECK(l.A >= 0 && l.B >= 0 && l.C >= 0 && l.D >= 0, op, ": negative dropout layout size");
+  MZ_CHECK(l.A * l.B * l.C * l.D == numel, op, ": layout [", l.A, ", ", l.B, ", ", l.C, ", ", l.D,
+           "] does not cover the tensor's ", numel, " elements");
+  MZ_CHECK(l.a0 >= 0 && l.b0 >= 0 && l.b0 + l.B <= l.GB, op, ": offsets a0 ", l.a0, ", b0 ", l.b0, " with B ", l.B,
+           " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
+}
+
+// Global index of element (row, 0, 0) of a layout, row in [0, A * B): the
+// first of its C * D elements.
+inline std::uint64_t dropout_row_base(const DropoutLayout& l, i64 row) {
+  const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
+  return static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(l.C * l.D);
+}
+
 // Calls fn(S{}) with the storage type S of the dtype (already validated).
 template <typename Fn>
 void with_storage_type(DType t, Fn&& fn) {

@@ -207,14 +207,6 @@ void causal_softmax_backward_cpu(const S* dprobs, const S* probs, double scale, 
 
 // ---- dropout ----
 
-void check_layout(const char* op, const DropoutLayout& l, i64 numel) {
-  MZ_CHECK(l.A >= 0 && l.B >= 0 && l.C >= 0 && l.D >= 0, op, ": negative dropout layout size");
-  MZ_CHECK(l.A * l.B * l.C * l.D == numel, op, ": layout [", l.A, ", ", l.B, ", ", l.C, ", ", l.D,
-           "] does not cover the tensor's ", numel, " elements");
-  MZ_CHECK(l.a0 >= 0 && l.b0 >= 0 && l.b0 + l.B <= l.GB, op, ": offsets a0 ", l.a0, ", b0 ", l.b0, " with B ", l.B,
-           " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
-}
-
 // out = in * keep / (1 - p), keep = uniform_at(key, global index) >= p (the
 // keep decision never looks at the data or its dtype). Work is split into
 // chunks of a [C, D] block so that every thread has some even when A * B is
@@ -229,8 +221,7 @@ void dropout_cpu(const S* in, double p, const RngKey& key, const DropoutLayout& 
 #pragma omp parallel for num_threads(threads()) schedule(static) if (l.A * l.B * inner > kParallelMin / 8)
   for (i64 item = 0; item < l.A * l.B * chunks; ++item) {
     const i64 row = item / chunks, k0 = (item % chunks) * kChunk, k1 = std::min(inner, k0 + kChunk);
-    const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
-    const auto base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
+    const std::uint64_t base = dropout_row_base(l, row);
     UniformStream uniform(key);
     for (i64 k = k0; k < k1; ++k) {
       const i64 idx = row * inner + k;
@@ -555,8 +546,7 @@ void bias_dropout_add(const Tensor& y, const Tensor& bias, const Tensor& residua
     const i64 inner = layout.C * layout.D, cols = s.cols;
 #pragma omp parallel for num_threads(threads()) schedule(static) if (y.numel() > kParallelMin)
     for (i64 row = 0; row < layout.A * layout.B; ++row) {
-      const i64 global_row = (layout.a0 + row / layout.B) * layout.GB + layout.b0 + row % layout.B;
-      const auto base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
+      const std::uint64_t base = dropout_row_base(layout, row);
       UniformStream uniform(key);
       for (i64 k = 0; k < inner; ++k) {
         const i64 idx = row * inner + k;

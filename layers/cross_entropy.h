@@ -1,9 +1,15 @@
 // Cross-entropy over vocabulary-parallel logits that never gathers the full
 // logits: each rank holds [N, V/tp]; the row max, the sum of exponentials and
-// the target logit are completed by three TP all-reduces. Padding columns
-// (vocabulary padding) are excluded from the softmax, so the loss and its
-// gradient do not depend on the TP degree. The backward is local.
+// the target logit are completed by two TP all-reduces (max; then the sums,
+// each rank's rescaled to the global max). Padding columns (vocabulary
+// padding) are excluded from the softmax, so the loss and its gradient do not
+// depend on the TP degree. The logits tensor is overwritten by its
+// exponentials in forward and by its gradient in backward (Megatron's in-place
+// softmax): the head holds one [N, V/tp] tensor, not two. The per-token losses
+// stay on the device; nothing here waits for the device.
 #pragma once
+
+#include <vector>
 
 #include "layers/tp_context.h"
 
@@ -13,18 +19,19 @@ class VocabParallelCrossEntropy {
  public:
   explicit VocabParallelCrossEntropy(const TpContext& ctx) : ctx_(ctx) {}
   // logits [N, V_local] covering global columns [vocab_start, vocab_start + V_local),
-  // of which the first `valid` are real. Returns the mean loss over the N tokens.
-  double forward(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid);
-  // d(scale * mean loss) / d logits.
+  // of which the first `valid` are real; CONSUMED (overwritten, kept for the
+  // backward). Returns the per-token losses [N] on the logits' device
+  // (kernels::row_stat_dtype of the logits).
+  Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid);
+  // d(scale * mean loss) / d logits, in the forward's logits tensor.
   Tensor backward(double scale);
-  // Per-token losses of the last forward (host copy), for evaluation and tests.
-  const std::vector<double>& token_losses() const { return token_losses_; }
+  // The per-token losses of the last forward (a host copy: waits for the device).
+  std::vector<double> token_losses() const;
 
  private:
   TpContext ctx_;
-  Tensor logits_, targets_, max_, sum_exp_;
+  Tensor exp_logits_, targets_, row_max_, global_max_, sum_exp_, losses_;
   std::int64_t vocab_start_ = 0, valid_ = 0;
-  std::vector<double> token_losses_;
 };
 
 }  // namespace megazero::layers

@@ -48,6 +48,14 @@ void GPTModel::check_ids(const Tensor& ids, const char* what) const {
 }
 
 double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInfo& step) {
+  const Tensor losses = forward_losses(ids, targets, step);
+  if (!losses.device().has_storage() || losses.numel() == 0) return 0.0;  // the planner's dry run: sizes only
+  double total = 0;
+  for (double l : losses.to_double_vector()) total += l;
+  return total / static_cast<double>(losses.numel());
+}
+
+Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step) {
   MZ_REQUIRE(step.seq <= cfg_.max_position_embeddings, "sequence length ", step.seq,
              " is longer than --max-position-embeddings ", cfg_.max_position_embeddings);
   MZ_CHECK(ids.numel() == step.micro_batch * step.seq, "ids hold ", ids.numel(), " tokens for B*S = ",
@@ -74,10 +82,11 @@ double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInf
   final_hidden_ = final_ln_->forward(h);
   hooks_->post_forward(final_group_);
   CopyToTpRegion::forward(*ctx_.tp, final_hidden_);
-  logits_ = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
-  gemm(final_hidden_, false, embedding_.weight().value, true, logits_);
+  Tensor logits = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
+  gemm(final_hidden_, false, embedding_.weight().value, true, logits);
   hooks_->post_forward(embedding_group_);
-  return loss_.forward(logits_, targets, embedding_.vocab_start(), embedding_.valid_rows());
+  kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
+  return loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows());
 }
 
 void GPTModel::backward(double loss_scale) {

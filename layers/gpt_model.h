@@ -21,7 +21,11 @@ class GPTModel {
   GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& params);
 
   // ids, targets: int64 [B*S] (B = step.micro_batch, S = step.seq). Returns
-  // the mean loss over the B*S tokens.
+  // the per-token losses [B*S] on the model's device (fp32 for 16-bit
+  // models) without waiting for the device: training sums them there.
+  Tensor forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step);
+  // The same, returning the mean loss over the B*S tokens (waits for the
+  // device: evaluation, tests, benchmarks).
   double forward(const Tensor& ids, const Tensor& targets, const StepInfo& step);
   // Accumulates d(loss_scale * mean loss)/d(parameters) into the gradients.
   void backward(double loss_scale = 1.0);
@@ -34,12 +38,16 @@ class GPTModel {
   int embedding_group() const { return embedding_group_; }
 
   const GPTConfig& config() const { return cfg_; }
-  // This rank's logits [B*S, V_local] of the last forward (kept for tests and
-  // evaluation), and which global columns they cover.
-  const Tensor& logits() const { return logits_; }
+  // The loss consumes the logits in place, so they are not kept. With
+  // keep_logits(true) (tests, inspection) each forward also keeps a copy,
+  // one more [B*S, V_local] tensor, returned by logits().
+  void keep_logits(bool keep) { keep_logits_ = keep; }
+  const Tensor& logits() const { return kept_logits_; }
+  // Which global vocabulary columns this rank's logits cover.
   std::int64_t vocab_start() const { return embedding_.vocab_start(); }
   std::int64_t vocab_valid() const { return embedding_.valid_rows(); }
-  const std::vector<double>& token_losses() const { return loss_.token_losses(); }
+  // The last forward's per-token losses (a host copy: waits for the device).
+  std::vector<double> token_losses() const { return loss_.token_losses(); }
   // Model FLOPs per token for forward + backward, without recompute: 6 x the
   // parameters touched per token plus attention (Narayanan et al., eq. 3 / B s).
   double flops_per_token(bool with_recompute) const;
@@ -56,7 +64,8 @@ class GPTModel {
   std::unique_ptr<LayerNorm> final_ln_;
   VocabParallelCrossEntropy loss_;
   StepInfo step_;
-  Tensor final_hidden_, logits_;
+  Tensor final_hidden_, kept_logits_;
+  bool keep_logits_ = false;
   ParamHooks no_hooks_;
   ParamHooks* hooks_ = &no_hooks_;
 };

@@ -84,6 +84,7 @@ std::vector<float> eval_logits(ZeroRun& r) {
   step.seq = S;
   step.training = false;
   r.model->set_param_hooks(r.engine.get());
+  r.model->keep_logits(true);  // the loss consumes its logits in place
   r.model->forward(ids, targets, step);
   const Tensor& l = r.model->logits();
   return std::vector<float>(l.data_as<float>(), l.data_as<float>() + l.numel());

@@ -44,6 +44,7 @@ Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& 
   Run r;
   r.params = std::make_unique<ParameterSet>();
   r.model = std::make_unique<GPTModel>(small_config(recompute, attention), ctx, *r.params);
+  r.model->keep_logits(true);  // the loss consumes the logits in place
   r.params->allocate(ctx.device, dtype);
   r.params->initialize(2024);
   StepInfo step;

@@ -702,14 +702,14 @@ struct CeResult {
   Vec grad;  // [n, vocab], the valid columns of every slice put back together
 };
 
-// Runs the pieces per slice and combines them as the TP all-reduces do.
+// Runs the kernels per slice and combines the statistics as the TP
+// all-reduces do (max; then the rescaled sums and the target logits).
 // Statistics are kept in row_stat_dtype(t): fp32 for 16-bit logits.
 CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t) {
   const DType stat = row_stat_dtype(t);
   const Tensor targets = ids_tensor(p.targets);
   const auto rows = usize(p.n);
-  std::vector<Tensor> logits;
-  std::vector<Vec> maxes, sums;
+  std::vector<Tensor> logits, maxes, sums;
   Vec gmax(rows, -std::numeric_limits<double>::infinity()), gsum(rows, 0.0), target(rows, 0.0);
   for (const auto& s : slices) {
     Vec local(rows * usize(s.local), 1e4);
@@ -717,23 +717,28 @@ CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t)
       for (i64 c = 0; c < s.valid; ++c) local[usize(r * s.local + c)] = p.logits[usize(r * p.vocab + s.start + c)];
     logits.push_back(tensor({p.n, s.local}, local, t));
     Tensor mx = empty({p.n}, stat), se = empty({p.n}, stat), tl = empty({p.n}, stat);
-    rowwise_max(logits.back(), s.valid, mx);
-    rowwise_sum_exp(logits.back(), mx, s.valid, se);  // with the local max, rescaled below
-    gather_target_logit(logits.back(), targets, s.start, s.valid, tl);
-    maxes.push_back(vals(mx)), sums.push_back(vals(se));
-    const Vec tv = vals(tl);
-    for (std::size_t r = 0; r < rows; ++r) gmax[r] = std::max(gmax[r], maxes.back()[r]), target[r] += tv[r];
+    cross_entropy_forward(logits.back(), targets, s.start, s.valid, mx, se, tl);  // local max; logits -> exp
+    const Vec mv = vals(mx), tv = vals(tl), ev = vals(logits.back());
+    for (i64 r = 0; r < p.n; ++r)
+      for (i64 c = s.valid; c < s.local; ++c) EXPECT_EQ(ev[usize(r * s.local + c)], 0.0) << "padding exponential";
+    for (std::size_t r = 0; r < rows; ++r) gmax[r] = std::max(gmax[r], mv[r]), target[r] += tv[r];
+    maxes.push_back(mx), sums.push_back(se);
   }
-  for (std::size_t k = 0; k < slices.size(); ++k)
-    for (std::size_t r = 0; r < rows; ++r)
-      gsum[r] += sums[k][r] * std::exp(maxes[k][r] - gmax[r]);  // a slice of padding only: 0 * exp(-inf) = 0
+  const Tensor global_max = tensor({p.n}, gmax, stat);
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    rescale_sum_exp(maxes[k], global_max, sums[k]);  // a slice of padding only stays 0
+    const Vec sv = vals(sums[k]);
+    for (std::size_t r = 0; r < rows; ++r) gsum[r] += sv[r];
+  }
+  const Tensor global_sum = tensor({p.n}, gsum, stat);
+  Tensor loss = empty({p.n}, stat);
+  cross_entropy_loss(global_max, global_sum, tensor({p.n}, target, stat), loss);
   CeResult out{0.0, Vec(p.logits.size(), 0.0)};
-  for (std::size_t r = 0; r < rows; ++r)
-    out.loss += (std::log(gsum[r]) + gmax[r] - target[r]) / static_cast<double>(p.n);
+  for (double l : vals(loss)) out.loss += l / static_cast<double>(p.n);
   for (std::size_t k = 0; k < slices.size(); ++k) {
     const auto& s = slices[k];
     Tensor d = tensor({p.n, s.local}, Vec(rows * usize(s.local), 1e30), t);
-    cross_entropy_backward(logits[k], tensor({p.n}, gmax, stat), tensor({p.n}, gsum, stat), targets, s.start, s.valid,
+    cross_entropy_backward(logits[k], maxes[k], global_max, global_sum, targets, s.start, s.valid,
                            1.0 / static_cast<double>(p.n), d);
     const Vec dv = vals(d);
     for (i64 r = 0; r < p.n; ++r) {
@@ -782,14 +787,32 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferencesOfTheKernelLoss) {
       one, grad);
 }
 
-TEST(CrossEntropy, GlobalMaxSumExpAndAliasedBackward) {
+// The forward leaves exp(logit - row max) in the logits tensor, and the
+// backward may write the gradient over it (what the GPT head does).
+TEST(CrossEntropy, ForwardKeepsExponentialsInPlaceAndBackwardOverwritesThem) {
   const CeProblem p = ce_problem(20);
-  const Tensor logits = tensor({p.n, p.vocab}, p.logits), targets = ids_tensor(p.targets);
-  Tensor mx = empty({p.n}), se = empty({p.n});
-  rowwise_max(logits, p.vocab, mx);
-  rowwise_sum_exp(logits, mx, p.vocab, se);
+  const Tensor targets = ids_tensor(p.targets);
   Tensor d = tensor({p.n, p.vocab}, p.logits);
-  cross_entropy_backward(d, mx, se, targets, 0, p.vocab, 1.0 / static_cast<double>(p.n), d);  // in place
+  Tensor mx = empty({p.n}), se = empty({p.n}), tl = empty({p.n}), loss = empty({p.n});
+  cross_entropy_forward(d, targets, 0, p.vocab, mx, se, tl);
+  const Vec ev = vals(d), mv = vals(mx), sv = vals(se), tv = vals(tl);
+  for (i64 r = 0; r < p.n; ++r) {
+    double mref = -1e300, sref = 0;
+    for (i64 c = 0; c < p.vocab; ++c) mref = std::max(mref, p.logits[usize(r * p.vocab + c)]);
+    EXPECT_EQ(mv[usize(r)], mref) << "row max is exact";
+    EXPECT_EQ(tv[usize(r)], p.logits[usize(r * p.vocab + p.targets[usize(r)])]) << "target logit is exact";
+    for (i64 c = 0; c < p.vocab; ++c) {
+      const double e = std::exp(p.logits[usize(r * p.vocab + c)] - mref);
+      EXPECT_NEAR(ev[usize(r * p.vocab + c)], e, 1e-15 * e + 1e-300);
+      sref += e;
+    }
+    EXPECT_NEAR(sv[usize(r)], sref, 1e-14 * sref);
+  }
+  cross_entropy_loss(mx, se, tl, loss);
+  double mean_loss = 0;
+  for (double l : vals(loss)) mean_loss += l / static_cast<double>(p.n);
+  EXPECT_NEAR(mean_loss, ce_loss_ref(p, p.logits), 1e-13);
+  cross_entropy_backward(d, mx, mx, se, targets, 0, p.vocab, 1.0 / static_cast<double>(p.n), d);  // in place
   expect_close(vals(d), ce_grad_ref(p), 1e-13, 1e-15, "in place");
 }
 
@@ -821,7 +844,9 @@ TEST(LayerKernels, RejectsBadShapesAndDtypes) {
   const Tensor fp64_ids = tensor({3}, {0, 1, 2}), two_ids = ids_tensor({0, 1});
   expect_rejected([&] { embedding_forward(fp64_ids, x, 0, out); }, "embedding_forward: ids must be int64");
   expect_rejected([&] { embedding_forward(two_ids, x, 0, out); }, "embedding_forward: out has shape");
-  expect_rejected([&] { rowwise_max(x, 9, m); }, "rowwise_max: valid columns 9");  // valid > V_local
+  const Tensor four_ids = ids_tensor({0, 1, 2, 3});
+  expect_rejected([&] { cross_entropy_forward(x, four_ids, 0, 9, m, m, m); },
+                  "cross_entropy_forward: valid columns 9");  // valid > V_local
   Tensor strided = empty({4, 16}).narrow(1, 0, 8);
   expect_rejected([&] { gelu_forward(strided, y); }, "gelu_forward: x must be contiguous");
   expect_rejected([&] { add_bias(y, empty({4})); }, "add_bias: bias has shape");
@@ -1335,30 +1360,36 @@ TEST(HalfStorage, CrossEntropyPiecesWithFp32Statistics) {
       const CeResult r = ce_split(p, slices_of(p.vocab, per, ranks), t);
       // Max and target logit are exact, sum_exp and the combination fp32.
       EXPECT_NEAR(r.loss, loss, 1e-6 * std::fabs(loss));
-      // Probabilities: fp32 exp of an exact difference (<= 2^-23 absolute for
-      // p <= 1), then the one-hot subtraction in double and one rounding.
-      expect_one_rounding(r.grad, grad, t, "dlogits", 0x1p-22 / static_cast<double>(p.n));
+      // The exponentials are kept in the logits tensor, so in 16 bits
+      // (relative error <= 2^-9 bf16 / 2^-12 fp16, Megatron's in-place
+      // softmax); dlogits is rounded once more: two 16-bit roundings.
+      const double eps = t == DType::BF16 ? 0x1p-8 : 0x1p-11;
+      expect_close(r.grad, grad, eps, eps / static_cast<double>(p.n), "dlogits");
     }
     // The pieces one by one, against double on the same values.
-    const Tensor logits = tensor({p.n, p.vocab}, p.logits, t), targets = ids_tensor(p.targets);
+    const Tensor targets = ids_tensor(p.targets);
+    Tensor logits = tensor({p.n, p.vocab}, p.logits, t);
     const i64 valid = p.vocab - 2;  // the last two columns act as padding
     Tensor mx = empty({p.n}, DType::F32), se = empty({p.n}, DType::F32), tl = empty({p.n}, DType::F32);
-    rowwise_max(logits, valid, mx);
-    rowwise_sum_exp(logits, mx, valid, se);
-    gather_target_logit(logits, targets, 0, valid, tl);
-    Vec want_mx(usize(p.n), -1e300), want_se(usize(p.n), 0.0), want_tl(usize(p.n), 0.0);
+    cross_entropy_forward(logits, targets, 0, valid, mx, se, tl);
+    Vec want_mx(usize(p.n), -1e300), want_se(usize(p.n), 0.0), want_tl(usize(p.n), 0.0), want_e(p.logits.size(), 0.0);
     for (i64 r = 0; r < p.n; ++r) {
       for (i64 c = 0; c < valid; ++c) want_mx[usize(r)] = std::max(want_mx[usize(r)], p.logits[usize(r * p.vocab + c)]);
-      for (i64 c = 0; c < valid; ++c)
-        want_se[usize(r)] += std::exp(p.logits[usize(r * p.vocab + c)] - want_mx[usize(r)]);
+      for (i64 c = 0; c < valid; ++c) {
+        // fp32 exp of an exact difference, rounded once to 16 bits for storage.
+        const float e = std::exp(static_cast<float>(p.logits[usize(r * p.vocab + c)] - want_mx[usize(r)]));
+        want_e[usize(r * p.vocab + c)] = static_cast<double>(e);
+        want_se[usize(r)] += e;
+      }
       if (p.targets[usize(r)] < valid) want_tl[usize(r)] = p.logits[usize(r * p.vocab + p.targets[usize(r)])];
     }
-    expect_same(vals(mx), want_mx, "rowwise_max is exact");
-    expect_same(vals(tl), want_tl, "gather_target_logit is exact");
-    expect_close(vals(se), want_se, 1e-6, 0, "rowwise_sum_exp (fp32 exp per term, double sum)");
-    Tensor d = empty({p.n, p.vocab}, t), inplace = tensor({p.n, p.vocab}, p.logits, t);
-    cross_entropy_backward(logits, mx, se, targets, 0, valid, 0.5, d);
-    cross_entropy_backward(inplace, mx, se, targets, 0, valid, 0.5, inplace);
+    expect_same(vals(mx), want_mx, "row max is exact");
+    expect_same(vals(tl), want_tl, "target logit is exact");
+    expect_close(vals(se), want_se, 1e-7, 0, "sum_exp (fp32 exp per term, double sum)");
+    expect_same(vals(logits), round_once(want_e, t), "exponentials rounded once; padding 0");
+    Tensor d = empty({p.n, p.vocab}, t), inplace = tensor({p.n, p.vocab}, vals(logits), t);
+    cross_entropy_backward(logits, mx, mx, se, targets, 0, valid, 0.5, d);
+    cross_entropy_backward(inplace, mx, mx, se, targets, 0, valid, 0.5, inplace);
     expect_same(vals(inplace), vals(d), "cross_entropy_backward in place");
     for (i64 r = 0; r < p.n; ++r)
       for (i64 c = valid; c < p.vocab; ++c) EXPECT_EQ(vals(d)[usize(r * p.vocab + c)], 0.0) << "padding";
@@ -1415,20 +1446,26 @@ TEST(HalfStorage, StatisticsMustBeFp32AndAccumulatorsStorageOrFp32) {
     Tensor dpos16 = empty({2, 8}, other);
     expect_rejected([&] { position_embedding_backward(x, 2, dpos16); },
                     "position_embedding_backward: position gradient must be");
-    expect_rejected([&] { rowwise_max(x, 8, m16); }, "rowwise_max: out must be fp32");
-    expect_rejected([&] { rowwise_sum_exp(x, m16, 8, m); }, "rowwise_sum_exp: row_max must be fp32");
-    expect_rejected([&] { rowwise_sum_exp(x, m, 8, m16); }, "rowwise_sum_exp: out must be fp32");
-    expect_rejected([&] { gather_target_logit(x, ids, 0, 8, m16); }, "gather_target_logit: out must be fp32");
-    expect_rejected([&] { cross_entropy_backward(x, m, m16, ids, 0, 8, 1.0, y); },
+    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m16, m, m); }, "cross_entropy_forward: row_max must be fp32");
+    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m, m16, m); }, "cross_entropy_forward: sum_exp must be fp32");
+    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m, m, m16); },
+                    "cross_entropy_forward: target_logit must be fp32");
+    expect_rejected([&] { rescale_sum_exp(m, m16, m); }, "rescale_sum_exp: global_max must be fp32");
+    expect_rejected([&] { cross_entropy_loss(m, m, m, m16); }, "cross_entropy_loss: statistics must be fp32 or fp64");
+    expect_rejected([&] { cross_entropy_backward(x, m, m, m16, ids, 0, 8, 1.0, y); },
                     "cross_entropy_backward: sum_exp must be fp32");
-    expect_rejected([&] { cross_entropy_backward(x, m, m, ids, 0, 8, 1.0, y_other); },
+    expect_rejected([&] { cross_entropy_backward(x, m, m16, m, ids, 0, 8, 1.0, y); },
+                    "cross_entropy_backward: global_max must be fp32");
+    expect_rejected([&] { cross_entropy_backward(x, m, m, m, ids, 0, 8, 1.0, y_other); },
                     std::string("cross_entropy_backward: dlogits must be ") + std::string(dtype_name(t)));
   }
   // fp32/fp64 storage: statistics and accumulators keep the storage dtype.
   Tensor x = empty({4, 8}, DType::F32), dbias16 = empty({8}, DType::BF16);
   expect_rejected([&] { bias_grad(x, dbias16); }, "bias_grad: dbias must be fp32 (a gradient");
   Tensor x64 = empty({4, 8}), m32 = empty({4}, DType::F32);
-  expect_rejected([&] { rowwise_max(x64, 8, m32); }, "rowwise_max: out must be fp64");
+  const Tensor ids4 = ids_tensor({0, 1, 2, 3});
+  expect_rejected([&] { cross_entropy_forward(x64, ids4, 0, 8, m32, m32, m32); },
+                  "cross_entropy_forward: row_max must be fp64");
   Tensor dpos32 = empty({2, 8}, DType::F32);
   expect_rejected([&] { position_embedding_backward(x64, 2, dpos32); }, "position gradient must be fp64");
   // The meta device validates the same rules.

@@ -604,6 +604,7 @@ std::vector<float> checkpoint_logits(const std::string& load, const std::vector<
   step.micro_batch = 1;
   step.seq = S;
   step.training = false;
+  m.model->keep_logits(true);  // the loss consumes its logits in place
   m.model->forward(ids, targets, step);
   const Tensor& logits = m.model->logits();  // [S, padded vocab], fp32
   const I cols = logits.size(1);

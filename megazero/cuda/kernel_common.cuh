@@ -34,6 +34,13 @@ inline void check_launch(const char* what) {
                                                    " (", cudaGetErrorString(err), ")"));
 }
 
+// A library call on the stream (CUB, cuBLAS's runtime helpers) that returns a cudaError_t.
+inline void check_call(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw InternalError(::megazero::detail::concat("CUDA call failed in ", what, ": ", cudaGetErrorName(err), " (",
+                                                   cudaGetErrorString(err), ")"));
+}
+
 // The compute type of a storage type: fp32 for 16-bit storage, else itself
 // (the CPU kernels' compute_t).
 template <typename S>

@@ -3,6 +3,7 @@
 // element-wise kernels use grid-stride loops; sums over rows (parameter
 // gradients) go through column_sum, a two-pass reduction in a fixed order.
 #include <cuda_runtime.h>
+#include <cub/device/device_radix_sort.cuh>
 
 #include <cmath>
 #include <initializer_list>
@@ -403,53 +404,80 @@ __device__ __forceinline__ i64 local_column(std::int64_t target, i64 vocab_start
   return c >= 0 && c < valid ? c : -1;
 }
 
-// One block per vocabulary row that has tokens; the tokens of a row are
-// tokens[first[k]..first[k+1]) in token order.
+// The embedding gradient without a host round trip: the (local row, token)
+// pairs are radix-sorted on the device (stable, so each row's tokens stay in
+// token order), and the first position of each row's run sums the run. The
+// CPU kernel's order, no atomics: runs repeat bit for bit.
+__global__ void embedding_keys_kernel(const std::int64_t* ids, i64 vocab_start, i64 v, i64 n, int* keys, int* tokens) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const i64 c = local_column(ids[i], vocab_start, v);
+    keys[i] = static_cast<int>(c >= 0 ? c : v);  // v: held by another rank, sorts last and is skipped
+    tokens[i] = static_cast<int>(i);
+  }
+}
+
+// One block per sorted position; only the first of a run does any work.
 template <typename S, typename G>
-__global__ void embedding_backward_kernel(const S* g, const i64* rows, const i64* first, const i64* tokens, i64 h,
-                                          G* dt) {
-  const i64 k = blockIdx.x, row = rows[k], t0 = first[k], t1 = first[k + 1];
+__global__ void embedding_backward_runs_kernel(const S* g, const int* keys, const int* tokens, i64 n, i64 v, i64 h,
+                                               G* dt) {
+  const i64 j = blockIdx.x;
+  const int row = keys[j];
+  if (row >= v || (j > 0 && keys[j - 1] == row)) return;
   for (i64 c = threadIdx.x; c < h; c += blockDim.x) {
     compute_t<G> acc = ld(dt[row * h + c]);
-    for (i64 t = t0; t < t1; ++t) acc += ld(g[tokens[t] * h + c]);
+    for (i64 k = j; k < n && keys[k] == row; ++k) acc += ld(g[static_cast<i64>(tokens[k]) * h + c]);
     dt[row * h + c] = st<G>(acc);
   }
 }
 
+// One block per row. The row is read twice (max, then exponentials): the
+// second sweep mostly hits L2. The target logit is read before the barrier
+// inside block_max, so before any thread overwrites the row.
 template <typename S>
-__global__ void rowwise_max_kernel(const S* logits, i64 cols, i64 valid, compute_t<S>* out) {
+__global__ void cross_entropy_forward_kernel(S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
+                                             i64 valid, compute_t<S>* row_max, compute_t<S>* sum_exp,
+                                             compute_t<S>* target_logit) {
   using C = compute_t<S>;
-  const S* lr = logits + static_cast<i64>(blockIdx.x) * cols;
-  C mx = -INFINITY;
+  const i64 r = blockIdx.x;
+  S* lr = logits + r * cols;
+  if (threadIdx.x == 0) {
+    const i64 t = local_column(targets[r], vocab_start, valid);
+    target_logit[r] = t >= 0 ? ld(lr[t]) : C(0);  // 0: the all-reduce sums over ranks
+  }
+  C mx = -INFINITY;  // a slice of only padding contributes nothing
   for (i64 c = threadIdx.x; c < valid; c += blockDim.x) mx = max(mx, ld(lr[c]));
   mx = block_max(mx);
-  if (threadIdx.x == 0) out[blockIdx.x] = mx;
-}
-
-template <typename S>
-__global__ void rowwise_sum_exp_kernel(const S* logits, const compute_t<S>* row_max, i64 cols, i64 valid,
-                                       compute_t<S>* out) {
-  using C = compute_t<S>;
-  const S* lr = logits + static_cast<i64>(blockIdx.x) * cols;
-  const C mx = row_max[blockIdx.x];
   double sum = 0;
-  for (i64 c = threadIdx.x; c < valid; c += blockDim.x) sum += exp(ld(lr[c]) - mx);
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    if (c < valid) {
+      const C e = exp(ld(lr[c]) - mx);
+      sum += e;
+      lr[c] = st<S>(e);
+    } else {
+      lr[c] = st<S>(C(0));
+    }
+  }
   sum = block_sum(sum);
-  if (threadIdx.x == 0) out[blockIdx.x] = static_cast<C>(sum);
+  if (threadIdx.x == 0) {
+    row_max[r] = mx;
+    sum_exp[r] = static_cast<C>(sum);
+  }
 }
 
 template <typename S>
-__global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S>* row_max,
-                                              const compute_t<S>* sum_exp, const std::int64_t* targets,
-                                              i64 vocab_start, i64 cols, i64 valid, double scale, S* dlogits) {
+__global__ void cross_entropy_backward_kernel(const S* exp_logits, const compute_t<S>* row_max,
+                                              const compute_t<S>* global_max, const compute_t<S>* sum_exp,
+                                              const std::int64_t* targets, i64 vocab_start, i64 cols, i64 valid,
+                                              double scale, S* dlogits) {
   const i64 r = blockIdx.x;
-  const S* lr = logits + r * cols;
+  const S* er = exp_logits + r * cols;
   S* dr = dlogits + r * cols;
-  const double inv_sum = 1.0 / static_cast<double>(sum_exp[r]);
-  const auto mx = row_max[r];
+  const double f = scale * exp(static_cast<double>(row_max[r]) - static_cast<double>(global_max[r])) /
+                   static_cast<double>(sum_exp[r]);
   const i64 t = local_column(targets[r], vocab_start, valid);
-  // Every thread reads the target logit before any thread writes (dlogits may alias logits).
-  const double target_grad = t >= 0 ? scale * (exp(ld(lr[t]) - mx) * inv_sum - 1.0) : 0.0;
+  // Every thread reads the target's value before any thread writes (dlogits may alias exp_logits).
+  const double target_grad = t >= 0 ? static_cast<double>(ld(er[t])) * f - scale : 0.0;
   __syncthreads();
   for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
     if (c >= valid)
@@ -457,7 +485,7 @@ __global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S
     else if (c == t)
       dr[c] = st<S>(target_grad);
     else
-      dr[c] = st<S>(scale * (exp(ld(lr[c]) - mx) * inv_sum));
+      dr[c] = st<S>(static_cast<double>(ld(er[c])) * f);
   }
 }
 
@@ -812,19 +840,6 @@ void embedding_forward_t(const std::int64_t* ids, const void* table, i64 vocab_s
               s, "embedding_forward");
 }
 
-template <typename S>
-void gather_target_logit_t(const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                           i64 valid, void* out, cudaStream_t s) {
-  using C = compute_t<S>;
-  const S* l = static_cast<const S*>(logits);
-  elementwise(static_cast<C*>(out), rows,
-              [=] __device__(i64 r) {
-                const i64 c = local_column(targets[r], vocab_start, valid);
-                return c >= 0 ? ld(l[r * cols + c]) : C(0);
-              },
-              s, "gather_target_logit");
-}
-
 // Rows of contiguous elements (the last dimension has unit stride on both
 // sides: head splits and merges): one warp per row, whose offsets take one
 // index decomposition instead of one per element.
@@ -1079,52 +1094,37 @@ void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 
 void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 vocab_start, i64 n, i64 v, i64 h,
                         void* dtable, DType dtable_type, cudaStream_t s) {
   if (n == 0 || h == 0) return;
-  // The token lists are built on the host (a counting sort, stable in token order).
-  std::vector<std::int64_t> id(static_cast<std::size_t>(n));
-  MZ_CHECK(cudaMemcpyAsync(id.data(), ids, id.size() * sizeof(std::int64_t), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
-               cudaStreamSynchronize(s) == cudaSuccess,
-           "embedding_backward: copying the ids to the host failed");
-  std::vector<i64> count(static_cast<std::size_t>(v), 0);
-  for (auto x : id) {
-    const i64 c = x - vocab_start;
-    if (c >= 0 && c < v) ++count[static_cast<std::size_t>(c)];
-  }
-  std::vector<i64> rows, first{0}, start(static_cast<std::size_t>(v), -1);
-  for (i64 r = 0; r < v; ++r)
-    if (count[static_cast<std::size_t>(r)] > 0) {
-      start[static_cast<std::size_t>(r)] = first.back();
-      rows.push_back(r);
-      first.push_back(first.back() + count[static_cast<std::size_t>(r)]);
-    }
-  if (rows.empty()) return;
-  std::vector<i64> tokens(static_cast<std::size_t>(first.back()));
-  for (i64 i = 0; i < n; ++i) {
-    const i64 c = id[static_cast<std::size_t>(i)] - vocab_start;
-    if (c >= 0 && c < v) tokens[static_cast<std::size_t>(start[static_cast<std::size_t>(c)]++)] = i;
-  }
-  const std::size_t bytes = (rows.size() + first.size() + tokens.size()) * sizeof(i64);
-  StreamScratch lists(bytes, s);
-  std::vector<i64> packed;
-  packed.reserve(bytes / sizeof(i64));
-  packed.insert(packed.end(), rows.begin(), rows.end());
-  packed.insert(packed.end(), first.begin(), first.end());
-  packed.insert(packed.end(), tokens.begin(), tokens.end());
-  MZ_CHECK(cudaMemcpyAsync(lists.as<i64>(), packed.data(), bytes, cudaMemcpyHostToDevice, s) == cudaSuccess,
-           "embedding_backward: copying the token lists to the device failed");
-  const i64* d_rows = lists.as<i64>();
-  const i64* d_first = d_rows + rows.size();
-  const i64* d_tokens = d_first + first.size();
+  MZ_CHECK(n < (i64{1} << 31) && v < (i64{1} << 31) - 1, "embedding_backward: ", n, " tokens or ", v,
+           " rows exceed the 32-bit sort keys");
+  int end_bit = 1;  // keys are in [0, v]
+  while (end_bit < 31 && (i64{1} << end_bit) <= v) ++end_bit;
+  const int items = static_cast<int>(n);
+  std::size_t sort_bytes = 0;
+  check_call(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int*>(nullptr),
+                                             static_cast<int*>(nullptr), static_cast<const int*>(nullptr),
+                                             static_cast<int*>(nullptr), items, 0, end_bit, s),
+             "embedding_backward: sort size");
+  // The sort's workspace first (the allocation's 256-byte alignment), then the four lists.
+  const std::size_t lists_at = (sort_bytes + 255) / 256 * 256;
+  StreamScratch scratch(lists_at + 4 * static_cast<std::size_t>(n) * sizeof(int), s);  // freed after the kernels below
+  int* keys_in = reinterpret_cast<int*>(scratch.as<char>() + lists_at);
+  int* tokens_in = keys_in + n;
+  int* keys = tokens_in + n;
+  int* tokens = keys + n;
+  embedding_keys_kernel<<<blocks_for(n), kThreads, 0, s>>>(ids, vocab_start, v, n, keys_in, tokens_in);
+  check_launch("embedding_backward keys");
+  check_call(cub::DeviceRadixSort::SortPairs(scratch.as<void>(), sort_bytes, keys_in, keys, tokens_in, tokens, items, 0,
+                                             end_bit, s),
+             "embedding_backward: sort");
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     with_accumulator<S>(dtable_type, [&](auto acc) {
       using G = decltype(acc);
-      embedding_backward_kernel<S, G><<<static_cast<unsigned>(rows.size()), row_threads(h), 0, s>>>(
-          static_cast<const S*>(dout), d_rows, d_first, d_tokens, h, static_cast<G*>(dtable));
+      embedding_backward_runs_kernel<S, G><<<static_cast<unsigned>(n), row_threads(h), 0, s>>>(
+          static_cast<const S*>(dout), keys, tokens, n, v, h, static_cast<G*>(dtable));
     });
   });
   check_launch("embedding_backward");
-  // `packed` is host memory the copy reads: wait for it before it goes.
-  MZ_CHECK(cudaStreamSynchronize(s) == cudaSuccess, "embedding_backward: kernel failed");
 }
 
 void add_position_embedding(DType t, void* out, const void* pos, i64 numel, i64 per_sample, cudaStream_t s) {
@@ -1136,43 +1136,76 @@ void position_embedding_backward(DType t, const void* dout, i64 batch, i64 per_s
   MZ_BY_STORAGE_AND_ACC(t, dpos_type, sum_rows_t, dout, dpos, batch, per_sample, s, "position_embedding_backward");
 }
 
-void rowwise_max(DType t, const void* logits, i64 rows, i64 cols, i64 valid, void* out, cudaStream_t s) {
-  if (rows == 0) return;
-  with_storage(t, [&](auto tag) {
-    using S = decltype(tag);
-    rowwise_max_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(static_cast<const S*>(logits), cols, valid,
-                                                                       static_cast<compute_t<S>*>(out));
-  });
-  check_launch("rowwise_max");
-}
-
-void rowwise_sum_exp(DType t, const void* logits, const void* row_max, i64 rows, i64 cols, i64 valid, void* out,
-                     cudaStream_t s) {
+void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                           i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s) {
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    rowwise_sum_exp_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
-        static_cast<const S*>(logits), static_cast<const C*>(row_max), cols, valid, static_cast<C*>(out));
+    cross_entropy_forward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
+        static_cast<S*>(logits), targets, vocab_start, cols, valid, static_cast<C*>(row_max), static_cast<C*>(sum_exp),
+        static_cast<C*>(target_logit));
   });
-  check_launch("rowwise_sum_exp");
+  check_launch("cross_entropy_forward");
 }
 
-void gather_target_logit(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                         i64 valid, void* out, cudaStream_t s) {
-  MZ_BY_STORAGE(t, gather_target_logit_t, logits, targets, vocab_start, rows, cols, valid, out, s);
+namespace {
+// (Typed bodies, not generic lambdas: nvcc allows no __device__ lambda there.)
+template <typename C>
+void rescale_sum_exp_t(const void* row_max, const void* global_max, i64 rows, void* sum_exp, cudaStream_t s) {
+  const C* m = static_cast<const C*>(row_max);
+  const C* g = static_cast<const C*>(global_max);
+  C* se = static_cast<C*>(sum_exp);
+  // A slice of only padding (sum 0, max -inf) stays 0.
+  elementwise(se, rows,
+              [=] __device__(i64 r) {
+                return se[r] == C(0) ? C(0)
+                                     : static_cast<C>(static_cast<double>(se[r]) *
+                                                      exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
+              },
+              s, "rescale_sum_exp");
 }
 
-void cross_entropy_backward(DType t, const void* logits, const void* row_max, const void* sum_exp,
-                            const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols, i64 valid, double scale,
-                            void* dlogits, cudaStream_t s) {
+template <typename C>
+void cross_entropy_loss_t(const void* global_max, const void* sum_exp, const void* target_logit, i64 rows, void* loss,
+                          cudaStream_t s) {
+  const C* m = static_cast<const C*>(global_max);
+  const C* se = static_cast<const C*>(sum_exp);
+  const C* tl = static_cast<const C*>(target_logit);
+  elementwise(static_cast<C*>(loss), rows,
+              [=] __device__(i64 r) {
+                return static_cast<C>(log(static_cast<double>(se[r])) + static_cast<double>(m[r]) -
+                                      static_cast<double>(tl[r]));
+              },
+              s, "cross_entropy_loss");
+}
+}  // namespace
+
+void rescale_sum_exp(DType stat, const void* row_max, const void* global_max, i64 rows, void* sum_exp, cudaStream_t s) {
+  if (stat == DType::F64)
+    rescale_sum_exp_t<double>(row_max, global_max, rows, sum_exp, s);
+  else
+    rescale_sum_exp_t<float>(row_max, global_max, rows, sum_exp, s);
+}
+
+void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp, const void* target_logit, i64 rows,
+                        void* loss, cudaStream_t s) {
+  if (stat == DType::F64)
+    cross_entropy_loss_t<double>(global_max, sum_exp, target_logit, rows, loss, s);
+  else
+    cross_entropy_loss_t<float>(global_max, sum_exp, target_logit, rows, loss, s);
+}
+
+void cross_entropy_backward(DType t, const void* exp_logits, const void* row_max, const void* global_max,
+                            const void* sum_exp, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                            i64 valid, double scale, void* dlogits, cudaStream_t s) {
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
     cross_entropy_backward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
-        static_cast<const S*>(logits), static_cast<const C*>(row_max), static_cast<const C*>(sum_exp), targets,
-        vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+        static_cast<const S*>(exp_logits), static_cast<const C*>(row_max), static_cast<const C*>(global_max),
+        static_cast<const C*>(sum_exp), targets, vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
   });
   check_launch("cross_entropy_backward");
 }

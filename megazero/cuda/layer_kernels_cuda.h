@@ -50,23 +50,25 @@ void bias_dropout_add(DType t, const void* y, const void* bias, const void* resi
 
 void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 vocab_start, i64 v, i64 h, void* out,
                        i64 n, cudaStream_t s);
-// Copies the ids to the host (one synchronisation) to list each row's tokens
-// in token order, then sums them per row on the GPU: the same order as the
-// CPU, with no atomics, so the result repeats bit for bit.
+// Sorts (row, token) pairs on the GPU (CUB's stable radix sort) so each row's
+// tokens are summed in token order: the CPU's order, no atomics (the result
+// repeats bit for bit) and no host synchronisation.
 void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 vocab_start, i64 n, i64 v, i64 h,
                         void* dtable, DType dtable_type, cudaStream_t s);
 void add_position_embedding(DType t, void* out, const void* pos, i64 numel, i64 per_sample, cudaStream_t s);
 void position_embedding_backward(DType t, const void* dout, i64 batch, i64 per_sample, void* dpos, DType dpos_type,
                                  cudaStream_t s);
 
-void rowwise_max(DType t, const void* logits, i64 rows, i64 cols, i64 valid, void* out, cudaStream_t s);
-void rowwise_sum_exp(DType t, const void* logits, const void* row_max, i64 rows, i64 cols, i64 valid, void* out,
-                     cudaStream_t s);
-void gather_target_logit(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                         i64 valid, void* out, cudaStream_t s);
-void cross_entropy_backward(DType t, const void* logits, const void* row_max, const void* sum_exp,
-                            const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols, i64 valid, double scale,
-                            void* dlogits, cudaStream_t s);
+// Vocabulary-parallel cross-entropy: the CPU kernels' contracts
+// (megazero/kernels/layer_kernels.h); one block per row.
+void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                           i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s);
+void rescale_sum_exp(DType stat, const void* row_max, const void* global_max, i64 rows, void* sum_exp, cudaStream_t s);
+void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp, const void* target_logit, i64 rows,
+                        void* loss, cudaStream_t s);
+void cross_entropy_backward(DType t, const void* exp_logits, const void* row_max, const void* global_max,
+                            const void* sum_exp, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                            i64 valid, double scale, void* dlogits, cudaStream_t s);
 
 // ---- optimizer and ZeRO helpers ----
 

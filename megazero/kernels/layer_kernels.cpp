@@ -264,48 +264,56 @@ VocabSlice check_logits(const char* op, const Tensor& logits, i64 valid) {
   return {logits.size(0), logits.size(1), valid};
 }
 
-template <typename S, typename C = compute_t<S>>
-void rowwise_max_cpu(const S* logits, VocabSlice s, C* out) {
-#pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
-  for (i64 r = 0; r < s.rows; ++r) {
-    const S* lr = logits + r * s.cols;
-    C mx = -std::numeric_limits<C>::infinity();  // a slice of only padding contributes nothing
-    for (i64 c = 0; c < s.valid; ++c) mx = std::max(mx, ld(lr[c]));
-    out[r] = mx;
-  }
-}
-
-template <typename S, typename C = compute_t<S>>
-void rowwise_sum_exp_cpu(const S* logits, const C* row_max, VocabSlice s, C* out) {
-#pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
-  for (i64 r = 0; r < s.rows; ++r) {
-    const S* lr = logits + r * s.cols;
-    double sum = 0;
-    for (i64 c = 0; c < s.valid; ++c) sum += std::exp(ld(lr[c]) - row_max[r]);
-    out[r] = static_cast<C>(sum);
-  }
-}
-
 // Local column of a global target, or -1 when another rank holds it.
 inline i64 local_column(std::int64_t target, i64 vocab_start, i64 valid) {
   const i64 c = target - vocab_start;
   return c >= 0 && c < valid ? c : -1;
 }
 
+// One row at a time, so the second sweep over it reads cache, not memory.
 template <typename S, typename C = compute_t<S>>
-void cross_entropy_backward_cpu(const S* logits, const C* row_max, const C* sum_exp, const std::int64_t* targets,
-                                i64 vocab_start, VocabSlice s, double scale, S* dlogits) {
+void cross_entropy_forward_cpu(S* logits, const std::int64_t* targets, i64 vocab_start, VocabSlice s, C* row_max,
+                               C* sum_exp, C* target_logit) {
+#pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
+  for (i64 r = 0; r < s.rows; ++r) {
+    S* lr = logits + r * s.cols;
+    C mx = -std::numeric_limits<C>::infinity();  // a slice of only padding contributes nothing
+    for (i64 c = 0; c < s.valid; ++c) mx = std::max(mx, ld(lr[c]));
+    const i64 t = local_column(targets[r], vocab_start, s.valid);
+    target_logit[r] = t >= 0 ? ld(lr[t]) : C{0};  // 0: the all-reduce sums over ranks
+    double sum = 0;
+    for (i64 c = 0; c < s.valid; ++c) {
+      const C e = std::exp(ld(lr[c]) - mx);
+      sum += e;
+      lr[c] = st<S>(e);
+    }
+    for (i64 c = s.valid; c < s.cols; ++c) lr[c] = zero<S>();
+    row_max[r] = mx;
+    sum_exp[r] = static_cast<C>(sum);
+  }
+}
+
+// exp(row_max - global_max) / sum_exp: what turns a row's exponentials into
+// probabilities. 0 for a slice of only padding (row_max = -inf).
+template <typename C>
+double softmax_factor(C row_max, C global_max, C sum_exp) {
+  return std::exp(static_cast<double>(row_max) - static_cast<double>(global_max)) / static_cast<double>(sum_exp);
+}
+
+template <typename S, typename C = compute_t<S>>
+void cross_entropy_backward_cpu(const S* exp_logits, const C* row_max, const C* global_max, const C* sum_exp,
+                                const std::int64_t* targets, i64 vocab_start, VocabSlice s, double scale,
+                                S* dlogits) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const S* lr = logits + r * s.cols;
+    const S* er = exp_logits + r * s.cols;
     S* dr = dlogits + r * s.cols;
-    const double inv_sum = 1.0 / static_cast<double>(sum_exp[r]);
+    const double f = scale * softmax_factor(row_max[r], global_max[r], sum_exp[r]);
     const i64 t = local_column(targets[r], vocab_start, s.valid);
-    const auto prob = [&](i64 c) { return std::exp(ld(lr[c]) - row_max[r]) * inv_sum; };
-    // Taken before the loop (dlogits may alias logits) and in double, so the
-    // one-hot subtraction is not rounded twice.
-    const double target_grad = t >= 0 ? scale * (prob(t) - 1.0) : 0.0;
-    for (i64 c = 0; c < s.valid; ++c) dr[c] = st<S>(scale * prob(c));
+    // Taken before the loop (dlogits may alias exp_logits) and in double, so
+    // the one-hot subtraction is not rounded twice.
+    const double target_grad = t >= 0 ? static_cast<double>(ld(er[t])) * f - scale : 0.0;
+    for (i64 c = 0; c < s.valid; ++c) dr[c] = st<S>(static_cast<double>(ld(er[c])) * f);
     if (t >= 0) dr[t] = st<S>(target_grad);
     for (i64 c = s.valid; c < s.cols; ++c) dr[c] = zero<S>();
   }
@@ -727,75 +735,106 @@ void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& d
   });
 }
 
-void rowwise_max(const Tensor& logits, std::int64_t valid, Tensor& out) {
-  constexpr const char* op = "rowwise_max";
-  const VocabSlice s = check_logits(op, logits, valid);
-  check_stat(op, "out", out, logits, logits.dtype());
-  check_rows(op, "out", out, s.rows);
-  MZ_ON_CUDA(logits, cuda::rowwise_max(logits.dtype(), logits.data(), s.rows, s.cols, s.valid, out.data(), stream_of(logits)));
-  if (!on_host(op, logits)) return;
-  with_storage_type(logits.dtype(), [&](auto tag) {
-    using S = decltype(tag);
-    rowwise_max_cpu<S>(ptr<const S>(logits), s, ptr<compute_t<S>>(out));
-  });
-}
-
-void rowwise_sum_exp(const Tensor& logits, const Tensor& row_max, std::int64_t valid, Tensor& out) {
-  constexpr const char* op = "rowwise_sum_exp";
-  const VocabSlice s = check_logits(op, logits, valid);
-  check_stat(op, "row_max", row_max, logits, logits.dtype());
-  check_rows(op, "row_max", row_max, s.rows);
-  check_stat(op, "out", out, logits, logits.dtype());
-  check_rows(op, "out", out, s.rows);
-  MZ_ON_CUDA(logits, cuda::rowwise_sum_exp(logits.dtype(), logits.data(), row_max.data(), s.rows, s.cols, s.valid, out.data(), stream_of(logits)));
-  if (!on_host(op, logits)) return;
-  with_storage_type(logits.dtype(), [&](auto tag) {
-    using S = decltype(tag);
-    using C = compute_t<S>;
-    rowwise_sum_exp_cpu<S>(ptr<const S>(logits), ptr<const C>(row_max), s, ptr<C>(out));
-  });
-}
-
-void gather_target_logit(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
-                         Tensor& out) {
-  constexpr const char* op = "gather_target_logit";
+void cross_entropy_forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+                           Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
+  constexpr const char* op = "cross_entropy_forward";
   const VocabSlice s = check_logits(op, logits, valid);
   check_operand(op, "targets", targets, logits, DType::I64);
   check_rows(op, "targets", targets, s.rows);
-  check_stat(op, "out", out, logits, logits.dtype());
-  check_rows(op, "out", out, s.rows);
-  MZ_ON_CUDA(logits, cuda::gather_target_logit(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, out.data(), stream_of(logits)));
+  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}}) {
+    check_stat(op, name, *t, logits, logits.dtype());
+    check_rows(op, name, *t, s.rows);
+  }
+  MZ_ON_CUDA(logits, cuda::cross_entropy_forward(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, row_max.data(), sum_exp.data(), target_logit.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    const S* l = ptr<const S>(logits);
-    const std::int64_t* t = ptr<const std::int64_t>(targets);
-    elementwise(ptr<C>(out), s.rows, [=](i64 r) {
-      const i64 c = local_column(t[r], vocab_start, s.valid);
-      return c >= 0 ? ld(l[r * s.cols + c]) : C{0};  // 0: the all-reduce sums over ranks
+    cross_entropy_forward_cpu<S>(ptr<S>(logits), ptr<const std::int64_t>(targets), vocab_start, s, ptr<C>(row_max),
+                                 ptr<C>(sum_exp), ptr<C>(target_logit));
+  });
+}
+
+namespace {
+// Per-row statistics all of one float dtype, one element per row.
+i64 check_stat_vectors(const char* op, const Tensor& first, std::initializer_list<Named> all) {
+  MZ_CHECK(first.defined(), op, ": statistics are undefined");
+  MZ_CHECK(first.dtype() == DType::F32 || first.dtype() == DType::F64, op,
+           ": statistics must be fp32 or fp64 (row_stat_dtype), got ", first.to_string());
+  const i64 rows = first.numel();
+  for (const auto& [name, t] : all) {
+    check_operand(op, name, *t, first, first.dtype());
+    check_rows(op, name, *t, rows);
+  }
+  return rows;
+}
+
+// Calls fn(C{}) with the host type of a statistics dtype (fp32 or fp64).
+template <typename Fn>
+void with_stat_type(DType t, Fn&& fn) {
+  if (t == DType::F64)
+    fn(double{});
+  else
+    fn(float{});
+}
+}  // namespace
+
+void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& sum_exp) {
+  constexpr const char* op = "rescale_sum_exp";
+  const i64 rows =
+      check_stat_vectors(op, sum_exp, {{"row_max", &row_max}, {"global_max", &global_max}, {"sum_exp", &sum_exp}});
+  MZ_ON_CUDA(sum_exp, cuda::rescale_sum_exp(sum_exp.dtype(), row_max.data(), global_max.data(), rows, sum_exp.data(), stream_of(sum_exp)));
+  if (!on_host(op, sum_exp)) return;
+  with_stat_type(sum_exp.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    const C* m = ptr<const C>(row_max);
+    const C* g = ptr<const C>(global_max);
+    C* se = ptr<C>(sum_exp);
+    // A slice of only padding (sum 0, max -inf) stays 0.
+    elementwise(se, rows, [=](i64 r) {
+      return se[r] == C{0} ? C{0} : static_cast<C>(static_cast<double>(se[r]) * std::exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
     });
   });
 }
 
-void cross_entropy_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp, const Tensor& targets,
-                            std::int64_t vocab_start, std::int64_t valid, double scale, Tensor& dlogits) {
+void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss) {
+  constexpr const char* op = "cross_entropy_loss";
+  const i64 rows = check_stat_vectors(
+      op, loss, {{"global_max", &global_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"loss", &loss}});
+  MZ_ON_CUDA(loss, cuda::cross_entropy_loss(loss.dtype(), global_max.data(), sum_exp.data(), target_logit.data(), rows, loss.data(), stream_of(loss)));
+  if (!on_host(op, loss)) return;
+  with_stat_type(loss.dtype(), [&](auto tag) {
+    using C = decltype(tag);
+    const C* m = ptr<const C>(global_max);
+    const C* se = ptr<const C>(sum_exp);
+    const C* tl = ptr<const C>(target_logit);
+    elementwise(ptr<C>(loss), rows, [=](i64 r) {
+      return static_cast<C>(std::log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]));
+    });
+  });
+}
+
+void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, const Tensor& global_max,
+                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start,
+                            std::int64_t valid, double scale, Tensor& dlogits) {
   constexpr const char* op = "cross_entropy_backward";
-  const VocabSlice s = check_logits(op, logits, valid);
-  check_stat(op, "row_max", row_max, logits, logits.dtype());
-  check_stat(op, "sum_exp", sum_exp, logits, logits.dtype());
-  check_operand(op, "dlogits", dlogits, logits, logits.dtype());
-  check_operand(op, "targets", targets, logits, DType::I64);
-  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"targets", &targets}})
+  const VocabSlice s = check_logits(op, exp_logits, valid);
+  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"global_max", &global_max}, {"sum_exp", &sum_exp}}) {
+    check_stat(op, name, *t, exp_logits, exp_logits.dtype());
     check_rows(op, name, *t, s.rows);
-  check_shape(op, "dlogits", dlogits, logits.shape());
-  MZ_ON_CUDA(logits, cuda::cross_entropy_backward(logits.dtype(), logits.data(), row_max.data(), sum_exp.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, scale, dlogits.data(), stream_of(logits)));
-  if (!on_host(op, logits)) return;
-  with_storage_type(logits.dtype(), [&](auto tag) {
+  }
+  check_operand(op, "targets", targets, exp_logits, DType::I64);
+  check_rows(op, "targets", targets, s.rows);
+  check_operand(op, "dlogits", dlogits, exp_logits, exp_logits.dtype());
+  check_shape(op, "dlogits", dlogits, exp_logits.shape());
+  MZ_ON_CUDA(exp_logits, cuda::cross_entropy_backward(exp_logits.dtype(), exp_logits.data(), row_max.data(), global_max.data(), sum_exp.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, scale, dlogits.data(), stream_of(exp_logits)));
+  if (!on_host(op, exp_logits)) return;
+  with_storage_type(exp_logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    cross_entropy_backward_cpu<S>(ptr<const S>(logits), ptr<const C>(row_max), ptr<const C>(sum_exp),
-                                  ptr<const std::int64_t>(targets), vocab_start, s, scale, ptr<S>(dlogits));
+    cross_entropy_backward_cpu<S>(ptr<const S>(exp_logits), ptr<const C>(row_max), ptr<const C>(global_max),
+                                  ptr<const C>(sum_exp), ptr<const std::int64_t>(targets), vocab_start, s, scale,
+                                  ptr<S>(dlogits));
   });
 }
 

@@ -16,9 +16,8 @@
 //    ONCE, to nearest even (a value computed in double is not rounded to fp32
 //    first). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
 //    they were before 16-bit storage, and no result depends on the thread count.
-//  - Per-row statistics (layernorm mean/rstd, rowwise_max and rowwise_sum_exp
-//    outputs, the row_max/sum_exp inputs of rowwise_sum_exp and
-//    cross_entropy_backward, gather_target_logit's out) have row_stat_dtype():
+//  - Per-row statistics (layernorm mean/rstd; the cross-entropy's row_max,
+//    global_max, sum_exp, target_logit and per-token loss) have row_stat_dtype():
 //    fp32 for 16-bit storage, else the storage dtype. 16-bit statistics are
 //    rejected. (Max and target logit of 16-bit logits are exact in fp32.)
 //  - Parameter-gradient accumulators (layernorm dgamma/dbeta, bias_grad's dbias,
@@ -108,18 +107,31 @@ void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t s
 // dpos[s, :] += sum_b dout[b*S + s, :].
 void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& dpos);
 
+// ---- vocabulary-parallel cross-entropy (the softmax kept in place, as Megatron does) ----
 // logits: [N, V_local]; only the first `valid` columns are real vocabulary
-// (the rest is padding, excluded from max/sum and given zero gradient).
-// Statistics (out, row_max, sum_exp) are [N] of row_stat_dtype(logits.dtype()).
-void rowwise_max(const Tensor& logits, std::int64_t valid, Tensor& out);               // out [N]
-void rowwise_sum_exp(const Tensor& logits, const Tensor& row_max, std::int64_t valid,  // out [N]
-                     Tensor& out);
-// out[n] = logits[n, t - vocab_start] if the target t is in [vocab_start, vocab_start + valid), else 0.
-void gather_target_logit(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start,
-                         std::int64_t valid, Tensor& out);
-// dlogits = scale * (exp(logits - max) / sum_exp - onehot(target)); padding columns get 0.
-void cross_entropy_backward(const Tensor& logits, const Tensor& row_max, const Tensor& sum_exp,
-                            const Tensor& targets, std::int64_t vocab_start, std::int64_t valid, double scale,
-                            Tensor& dlogits);
+// (the rest is padding: excluded from max and sum, zero gradient).
+// Statistics (row_max, global_max, sum_exp, target_logit, loss) are [N] of
+// row_stat_dtype(logits.dtype()).
+//
+// Forward, one pass per row: row_max = the max of this rank's columns;
+// target_logit = logits[n, t - vocab_start] if this rank holds the target t,
+// else 0 (the TP sum completes it); then the row is OVERWRITTEN with
+// exp(logits - row_max) (padding: 0), and sum_exp = the sum of those values
+// before rounding, taken in double. Nothing reads the logits again: the
+// backward needs only the exponentials, so no second [N, V_local] tensor.
+void cross_entropy_forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+                           Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);
+// Tensor parallel: given global_max = the max over the TP ranks of row_max,
+// sum_exp *= exp(row_max - global_max), after which the ranks' sums add up.
+void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& sum_exp);
+// loss[n] = log(sum_exp[n]) + global_max[n] - target_logit[n], with sum_exp and
+// target_logit completed over the TP group (computed in double, rounded once).
+void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss);
+// dlogits = scale * (softmax - onehot(target)) from cross_entropy_forward's
+// exponentials: softmax = exp_logits * exp(row_max - global_max) / sum_exp
+// (sum_exp completed over TP); padding columns get 0. dlogits may alias exp_logits.
+void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, const Tensor& global_max,
+                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start,
+                            std::int64_t valid, double scale, Tensor& dlogits);
 
 }  // namespace megazero::kernels

@@ -5,6 +5,7 @@
 #include "megazero/comm/activity.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
 
 namespace megazero::train {
 
@@ -17,14 +18,20 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   StepResult r;
   r.loss_scale = scaler.scale();
   const double per_micro = r.loss_scale / (static_cast<double>(micro_batches.size()) * dp.size());
-  double local = 0;
+  // The losses are summed on the device and read once, after the optimizer
+  // step is queued: no micro-batch waits for the device to report its loss.
+  Tensor loss_sum;
+  std::int64_t tokens = 0;
   using Clock = std::chrono::steady_clock;
   auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
     auto t = Clock::now();
     set_activity("forward");
-    local += model.forward(mb.ids, mb.targets, mb.step);
+    const Tensor losses = model.forward_losses(mb.ids, mb.targets, mb.step);
+    if (!loss_sum.defined()) loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
+    kernels::bias_grad(losses.view({losses.numel(), 1}), loss_sum);  // a column sum: loss_sum += sum of losses
+    tokens += losses.numel();
     r.forward_s += since(t);
     t = Clock::now();
     set_activity("backward");
@@ -39,8 +46,11 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.optimizer_s = since(t_opt);
   r.exposed_comm_s = engine.exposed_comm_seconds();
   scaler.update(r.stats.skipped);
-  // The logged loss: mean over every micro-batch of every DP rank.
-  r.loss = all_reduce_value(dp, local / static_cast<double>(micro_batches.size()), ReduceOp::Avg);
+  // The logged loss: mean over every token of every micro-batch of every DP
+  // rank (all micro-batches hold the same number of tokens).
+  double local = 0;
+  if (loss_sum.device().has_storage() && tokens > 0) local = loss_sum.to_double_vector()[0] / static_cast<double>(tokens);
+  r.loss = all_reduce_value(dp, local, ReduceOp::Avg);
   return r;
 }
 

@@ -1,5 +1,8 @@
 #include "megazero/runtime/cli.h"
 
+#include <sstream>
+#include <string_view>
+
 #include "megazero/core/error.h"
 
 namespace megazero {
@@ -9,6 +12,13 @@ boost::program_options::variables_map parse_command_line(int argc, char** argv,
                                                          const char* program) {
   namespace po = boost::program_options;
   po::variables_map vm;
+  if (!desc.find_nothrow("help", false))
+    for (int i = 1; i < argc; ++i)
+      if (std::string_view(argv[i]) == "--help" || std::string_view(argv[i]) == "-h") {
+        std::ostringstream os;
+        os << "usage: " << program << " [options]\n" << desc;
+        throw HelpRequested{os.str()};
+      }
   try {
     // No prefix guessing: a misspelt flag (--num-layer) is an error, not an abbreviation.
     po::store(po::command_line_parser(argc, argv)

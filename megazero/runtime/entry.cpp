@@ -8,6 +8,7 @@
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "megazero/runtime/cli.h"
 
 namespace megazero {
 namespace {
@@ -40,6 +41,9 @@ int run_main(const char* program, int argc, char** argv, const std::function<int
   int code = 0;
   try {
     code = body(argc, argv);
+  } catch (const HelpRequested& h) {
+    if (world_rank() == 0) std::fputs(h.text.c_str(), stdout);
+    code = 0;
   } catch (const AgreedConfigError& e) {
     if (world_rank() == 0) std::fprintf(stderr, "%s: error: %s\n", program, e.what());
     code = kExitConfigError;

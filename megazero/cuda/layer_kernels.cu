@@ -13,6 +13,7 @@
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/philox.cuh"
 #include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/vocab_kernels.cuh"
 
 namespace megazero::cuda {
 using namespace detail_k;
@@ -398,96 +399,6 @@ bool with_warp_width(i64 n, Launch&& launch) {
 }
 
 // ---------------------------------------------------------------- embeddings and cross-entropy
-
-__device__ __forceinline__ i64 local_column(std::int64_t target, i64 vocab_start, i64 valid) {
-  const i64 c = target - vocab_start;
-  return c >= 0 && c < valid ? c : -1;
-}
-
-// The embedding gradient without a host round trip: the (local row, token)
-// pairs are radix-sorted on the device (stable, so each row's tokens stay in
-// token order), and the first position of each row's run sums the run. The
-// CPU kernel's order, no atomics: runs repeat bit for bit.
-__global__ void embedding_keys_kernel(const std::int64_t* ids, i64 vocab_start, i64 v, i64 n, int* keys, int* tokens) {
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-    const i64 c = local_column(ids[i], vocab_start, v);
-    keys[i] = static_cast<int>(c >= 0 ? c : v);  // v: held by another rank, sorts last and is skipped
-    tokens[i] = static_cast<int>(i);
-  }
-}
-
-// One block per sorted position; only the first of a run does any work.
-template <typename S, typename G>
-__global__ void embedding_backward_runs_kernel(const S* g, const int* keys, const int* tokens, i64 n, i64 v, i64 h,
-                                               G* dt) {
-  const i64 j = blockIdx.x;
-  const int row = keys[j];
-  if (row >= v || (j > 0 && keys[j - 1] == row)) return;
-  for (i64 c = threadIdx.x; c < h; c += blockDim.x) {
-    compute_t<G> acc = ld(dt[row * h + c]);
-    for (i64 k = j; k < n && keys[k] == row; ++k) acc += ld(g[static_cast<i64>(tokens[k]) * h + c]);
-    dt[row * h + c] = st<G>(acc);
-  }
-}
-
-// One block per row. The row is read twice (max, then exponentials): the
-// second sweep mostly hits L2. The target logit is read before the barrier
-// inside block_max, so before any thread overwrites the row.
-template <typename S>
-__global__ void cross_entropy_forward_kernel(S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
-                                             i64 valid, compute_t<S>* row_max, compute_t<S>* sum_exp,
-                                             compute_t<S>* target_logit) {
-  using C = compute_t<S>;
-  const i64 r = blockIdx.x;
-  S* lr = logits + r * cols;
-  if (threadIdx.x == 0) {
-    const i64 t = local_column(targets[r], vocab_start, valid);
-    target_logit[r] = t >= 0 ? ld(lr[t]) : C(0);  // 0: the all-reduce sums over ranks
-  }
-  C mx = -INFINITY;  // a slice of only padding contributes nothing
-  for (i64 c = threadIdx.x; c < valid; c += blockDim.x) mx = max(mx, ld(lr[c]));
-  mx = block_max(mx);
-  double sum = 0;
-  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-    if (c < valid) {
-      const C e = exp(ld(lr[c]) - mx);
-      sum += e;
-      lr[c] = st<S>(e);
-    } else {
-      lr[c] = st<S>(C(0));
-    }
-  }
-  sum = block_sum(sum);
-  if (threadIdx.x == 0) {
-    row_max[r] = mx;
-    sum_exp[r] = static_cast<C>(sum);
-  }
-}
-
-template <typename S>
-__global__ void cross_entropy_backward_kernel(const S* exp_logits, const compute_t<S>* row_max,
-                                              const compute_t<S>* global_max, const compute_t<S>* sum_exp,
-                                              const std::int64_t* targets, i64 vocab_start, i64 cols, i64 valid,
-                                              double scale, S* dlogits) {
-  const i64 r = blockIdx.x;
-  const S* er = exp_logits + r * cols;
-  S* dr = dlogits + r * cols;
-  const double f = scale * exp(static_cast<double>(row_max[r]) - static_cast<double>(global_max[r])) /
-                   static_cast<double>(sum_exp[r]);
-  const i64 t = local_column(targets[r], vocab_start, valid);
-  // Every thread reads the target's value before any thread writes (dlogits may alias exp_logits).
-  const double target_grad = t >= 0 ? static_cast<double>(ld(er[t])) * f - scale : 0.0;
-  __syncthreads();
-  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
-    if (c >= valid)
-      dr[c] = st<S>(compute_t<S>(0));
-    else if (c == t)
-      dr[c] = st<S>(target_grad);
-    else
-      dr[c] = st<S>(static_cast<double>(ld(er[c])) * f);
-  }
-}
 
 // ---------------------------------------------------------------- optimizer
 

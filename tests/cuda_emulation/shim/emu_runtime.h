@@ -23,6 +23,9 @@
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
+// Blocks run one after another, so a function-level static is exactly one
+// copy per running block, shared by its threads: a __shared__ variable.
+#define __shared__ static
 struct uint3 { unsigned x = 0, y = 0, z = 0; };
 struct dim3 { unsigned x = 1, y = 1, z = 1; };
 struct uint4 { unsigned x, y, z, w; };
@@ -33,6 +36,7 @@ struct EmuBlock {
   std::barrier<>* block_bar;
   std::barrier<>* warp_bar[32];
   float xch[32][32];
+  double xchd[32][32];
   bool warp_op_in_flight[32];
 };
 inline thread_local uint3 threadIdx, blockIdx;
@@ -51,6 +55,14 @@ inline float __shfl_down_sync(unsigned, float v, int m) {
   emu_blk->xch[w][l] = v; __syncwarp();
   float r = l + m < 32 ? emu_blk->xch[w][l + m] : v; __syncwarp(); return r;
 }
+inline double __shfl_down_sync(unsigned, double v, int m) {
+  const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
+  emu_blk->xchd[w][l] = v; __syncwarp();
+  double r = l + m < 32 ? emu_blk->xchd[w][l + m] : v; __syncwarp(); return r;
+}
+// CUDA's device max() overloads.
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
 // 16-bit types
 struct __nv_bfloat16 { uint16_t x = 0; };
 struct __half { _Float16 h = 0; };

@@ -1,0 +1,180 @@
+// megazero/cuda/vocab_kernels.cuh's kernels (the vocabulary-parallel
+// cross-entropy and the embedding gradient), run on the CPU through the
+// emulation in shim/ against the CPU kernels of megazero/kernels/layer_kernels.h
+// on the same inputs: fp32, bf16 and fp16; padding columns; targets on and off
+// this rank's slice; a TP rescale (global max above the local one); the
+// backward in place; embedding ids repeated and outside the slice. CUB's radix
+// sort, which the launcher runs between the two embedding kernels, is stood in
+// for by std::stable_sort (the same contract: stable, by key).
+// Exit code 1 on any difference beyond the documented rounding.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "emu_runtime.h"
+#include "megazero/cuda/vocab_kernels.cuh"
+#include "megazero/kernels/layer_kernels.h"
+
+using namespace megazero;
+using megazero::cuda::detail_k::i64;
+namespace dk = megazero::cuda::detail_k;
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const char* what, double got, double want, std::size_t at) {
+  if (ok) return;
+  if (++failures <= 20) std::printf("FAIL %s at %zu: got %.9g, want %.9g\n", what, at, got, want);
+}
+
+// |a - b| <= rtol |b| + atol, element by element.
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol,
+                  const char* what) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    check(std::isfinite(a[i]) && std::fabs(a[i] - b[i]) <= rtol * std::fabs(b[i]) + atol, what, a[i], b[i], i);
+}
+
+std::shared_ptr<Device> cpu() {
+  static auto d = make_device(DeviceKind::CPU);
+  return d;
+}
+
+Tensor tensor_of(const Shape& shape, const std::vector<double>& v, DType t) {
+  Tensor x = Tensor::empty(cpu(), shape, DType::F64, MemoryCategory::Other);
+  std::copy(v.begin(), v.end(), x.data_as<double>());
+  return x.to(t, MemoryCategory::Other);
+}
+
+Tensor ids_of(const std::vector<std::int64_t>& v) {
+  Tensor x = Tensor::empty(cpu(), {static_cast<i64>(v.size())}, DType::I64, MemoryCategory::Other);
+  std::copy(v.begin(), v.end(), x.data_as<std::int64_t>());
+  return x;
+}
+
+// The emulated GPU's storage type for a dtype.
+template <DType T>
+struct Storage;
+template <>
+struct Storage<DType::F32> {
+  using type = float;
+};
+template <>
+struct Storage<DType::BF16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct Storage<DType::F16> {
+  using type = __half;
+};
+
+// Bit-for-bit views: megazero's 16-bit types and the shim's have the same layout.
+template <typename S>
+S* raw(Tensor& t) {
+  static_assert(sizeof(S) == 2 || sizeof(S) == 4);
+  return static_cast<S*>(t.data());
+}
+
+// Relative error allowed between the emulated GPU kernel and the CPU kernel
+// for a value rounded to the storage type (the GPU computes exp in whatever
+// precision its libm gives; one rounding step of the storage type).
+double ulp_of(DType t) { return t == DType::F32 ? 0x1p-22 : t == DType::BF16 ? 0x1p-7 : 0x1p-10; }
+
+std::vector<double> values(const Tensor& t) { return t.to_double_vector(); }
+
+template <DType T>
+void cross_entropy(std::mt19937& rng) {
+  using S = typename Storage<T>::type;
+  const i64 n = 7, cols = 45, valid = 41, start = 100;  // 4 padding columns
+  std::uniform_real_distribution<double> u(-6, 6);
+  std::vector<double> lv(static_cast<std::size_t>(n * cols));
+  for (auto& x : lv) x = u(rng);
+  std::vector<std::int64_t> tv;
+  for (i64 r = 0; r < n; ++r) tv.push_back(r % 3 == 0 ? 7 : start + (r * 13) % valid);  // some held elsewhere
+  const Tensor targets = ids_of(tv);
+  const auto* tp = targets.data_as<std::int64_t>();
+  auto stats = [&] { return Tensor::zeros(cpu(), {n}, DType::F32, MemoryCategory::Other); };
+  const unsigned blocks = static_cast<unsigned>(n);
+
+  // Forward: the CPU kernel, and the emulated GPU kernel on a copy of the same logits.
+  Tensor lc = tensor_of({n, cols}, lv, T), mc = stats(), sc = stats(), tc = stats();
+  kernels::cross_entropy_forward(lc, targets, start, valid, mc, sc, tc);
+  Tensor lg = tensor_of({n, cols}, lv, T), mg = stats(), sg = stats(), tg = stats();
+  emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
+    dk::cross_entropy_forward_kernel<S>(raw<S>(lg), tp, start, cols, valid, mg.data_as<float>(), sg.data_as<float>(),
+                                        tg.data_as<float>());
+  });
+  expect_close(values(mg), values(mc), 0, 0, "row max (exact)");
+  expect_close(values(tg), values(tc), 0, 0, "target logit (exact; 0 off the slice)");
+  expect_close(values(sg), values(sc), 1e-6, 0, "sum of exponentials");
+  expect_close(values(lg), values(lc), ulp_of(T), 0, "exponentials written over the logits (padding 0)");
+
+  // Backward in place, as if another rank's max were larger (the TP rescale).
+  Tensor gmax = stats();
+  for (i64 r = 0; r < n; ++r) gmax.data_as<float>()[r] = mc.data_as<float>()[r] + 0.75f * static_cast<float>(r % 2);
+  kernels::rescale_sum_exp(mc, gmax, sc);
+  Tensor sg2 = sc.clone(MemoryCategory::Other);
+  kernels::cross_entropy_backward(lc, mc, gmax, sc, targets, start, valid, 0.25, lc);
+  emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
+    dk::cross_entropy_backward_kernel<S>(raw<S>(lg), mg.data_as<float>(), gmax.data_as<float>(), sg2.data_as<float>(),
+                                         tp, start, cols, valid, 0.25, raw<S>(lg));
+  });
+  const auto want = values(lc);
+  expect_close(values(lg), want, 2 * ulp_of(T), 1e-7, "dlogits in place");
+  for (i64 r = 0; r < n; ++r)
+    for (i64 c = valid; c < cols; ++c)
+      check(values(lg)[static_cast<std::size_t>(r * cols + c)] == 0.0, "padding gradient", values(lg)[0], 0, c);
+}
+
+template <DType T>
+void embedding(std::mt19937& rng) {
+  using S = typename Storage<T>::type;
+  const i64 n = 300, h = 24, v = 37, start = 20;  // ids in [0, 80): about half on this slice
+  std::uniform_int_distribution<int> id(0, 79);
+  std::vector<std::int64_t> iv(static_cast<std::size_t>(n));
+  for (auto& x : iv) x = id(rng);
+  const Tensor ids = ids_of(iv);
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> gv(static_cast<std::size_t>(n * h)), tv(static_cast<std::size_t>(v * h));
+  for (auto& x : gv) x = u(rng);
+  for (auto& x : tv) x = u(rng);
+  const Tensor dout = tensor_of({n, h}, gv, T);
+  Tensor dc = tensor_of({v, h}, tv, DType::F32), dg = tensor_of({v, h}, tv, DType::F32);  // fp32 accumulators
+  kernels::embedding_backward(ids, dout, start, dc);
+
+  std::vector<int> keys_in(static_cast<std::size_t>(n)), tokens_in(static_cast<std::size_t>(n));
+  emu_launch(dim3{2, 1, 1}, 64, 0, [&] {  // 2 blocks x 64 threads < n: the grid-stride loop covers the rest
+    dk::embedding_keys_kernel(ids.data_as<std::int64_t>(), start, v, n, keys_in.data(), tokens_in.data());
+  });
+  // CUB's stable radix sort of (key, token) pairs, stood in for.
+  std::vector<std::size_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys_in[a] < keys_in[b]; });
+  std::vector<int> keys, tokens;
+  for (auto i : order) keys.push_back(keys_in[i]), tokens.push_back(tokens_in[i]);
+  emu_launch(dim3{static_cast<unsigned>(n), 1, 1}, 32, 0, [&] {
+    dk::embedding_backward_runs_kernel<S, float>(static_cast<const S*>(dout.data()), keys.data(), tokens.data(), n, v,
+                                                 h, dg.data_as<float>());
+  });
+  expect_close(values(dg), values(dc), 0, 0, "embedding gradient (the CPU's order: bit for bit)");
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(2026);
+  cross_entropy<DType::F32>(rng);
+  cross_entropy<DType::BF16>(rng);
+  cross_entropy<DType::F16>(rng);
+  embedding<DType::F32>(rng);
+  embedding<DType::BF16>(rng);
+  if (failures) {
+    std::printf("vocab_kernels_emulated: %d checks failed\n", failures);
+    return 1;
+  }
+  std::printf("vocab_kernels_emulated: cross-entropy (fp32, bf16, fp16) and the embedding gradient match the CPU\n");
+  return 0;
+}

@@ -196,6 +196,18 @@ int run(int argc, char** argv) {
     return make_device(DeviceKind::CUDA, local_index % gpus);
   });
   const bool on_gpu = device->kind() == DeviceKind::CUDA;
+  if (args.device_arena) {
+    // This rank's plan (the model, the engine and one iteration on the meta
+    // device, in the order this run allocates) gives the arena's size: the
+    // first-fit heap peak, which the tracker's model of this device reproduces.
+    Activity activity("planning the device arena");
+    const auto plan = plan::plan_rank_memory(args, world.size(), world.rank(), device->kind());
+    device->reserve_arena(static_cast<std::size_t>(plan.step_heap_peak));
+    const double most = max_over(world, static_cast<double>(plan.step_heap_peak));
+    if (root)
+      std::printf("device arena (MD): %.1f MiB reserved per rank (the largest; each rank its planned first-fit peak)\n",
+                  most / 1048576.0);
+  }
   // --distributed-backend: the TP and DP groups on NCCL when asked, or by
   // default when every rank has a GPU of its own (NCCL refuses two ranks on
   // one GPU); otherwise MPI, staging GPU tensors through host memory.
@@ -395,6 +407,7 @@ int run(int argc, char** argv) {
       const double ckpt_peak = max_over(
           world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
       const double heap_peak = max_over(world, static_cast<double>(mem.heap_peak_bytes));
+      const double arena_misses = max_over(world, static_cast<double>(device->arena_stats().misses));
       const double act_peak = max_over(
           world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
       const double host_ckpt_peak = max_over(
@@ -407,12 +420,14 @@ int run(int argc, char** argv) {
             " iteration %8lld/%8lld | consumed samples %10lld | elapsed time per iteration (ms): %.1f | learning rate "
             "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f | number of skipped "
             "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
-            "peak memory (max over ranks) %.1f MiB | ETA %.0f s\n",
+            "peak memory (max over ranks) %.1f MiB%s | ETA %.0f s\n",
             static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
             static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
             r.loss_scale, r.stats.grad_norm, static_cast<long long>(scaler.skipped_steps()),
             static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops,
-            100.0 * tflops / peak, peak_mib, eta);
+            100.0 * tflops / peak, peak_mib,
+            args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str() : "",
+            eta);
         std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
                     "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)\n",
                     data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3,
@@ -431,7 +446,8 @@ int run(int argc, char** argv) {
                   << ", \"optimizer_ms\": " << optim_t.max * 1e3 << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3
                   << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
                   << ", \"checkpoints_peak_bytes\": " << ckpt_peak << ", \"first_fit_heap_peak_bytes\": " << heap_peak
-                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak << "}\n"
+                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak
+                  << ", \"arena_misses\": " << arena_misses << "}\n"
                   << std::flush;
       }
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;

@@ -27,9 +27,9 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
     kernels::rescale_sum_exp(row_max_, global_max_, sum_exp_);
   }
   ReduceFromTpRegion::forward(*ctx_.tp, sums);
-  losses_ = ctx_.row_stats({n});
-  kernels::cross_entropy_loss(global_max_, sum_exp_, target_logit, losses_);
-  return losses_;
+  Tensor losses = ctx_.row_stats({n});
+  kernels::cross_entropy_loss(global_max_, sum_exp_, target_logit, losses);
+  return losses;
 }
 
 Tensor VocabParallelCrossEntropy::backward(double scale) {
@@ -42,9 +42,5 @@ Tensor VocabParallelCrossEntropy::backward(double scale) {
   return dlogits;
 }
 
-std::vector<double> VocabParallelCrossEntropy::token_losses() const {
-  if (!losses_.defined() || !losses_.device().has_storage()) return {};
-  return losses_.to_double_vector();
-}
 
 }  // namespace megazero::layers

@@ -9,8 +9,6 @@
 // stay on the device; nothing here waits for the device.
 #pragma once
 
-#include <vector>
-
 #include "layers/tp_context.h"
 
 namespace megazero::layers {
@@ -25,12 +23,12 @@ class VocabParallelCrossEntropy {
   Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid);
   // d(scale * mean loss) / d logits, in the forward's logits tensor.
   Tensor backward(double scale);
-  // The per-token losses of the last forward (a host copy: waits for the device).
-  std::vector<double> token_losses() const;
 
  private:
   TpContext ctx_;
-  Tensor exp_logits_, targets_, row_max_, global_max_, sum_exp_, losses_;
+  // Held from forward to backward only: a tensor kept across steps would sit
+  // in the middle of the next step's allocations (and of a device arena).
+  Tensor exp_logits_, targets_, row_max_, global_max_, sum_exp_;
   std::int64_t vocab_start_ = 0, valid_ = 0;
 };
 

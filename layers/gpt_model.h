@@ -46,8 +46,6 @@ class GPTModel {
   // Which global vocabulary columns this rank's logits cover.
   std::int64_t vocab_start() const { return embedding_.vocab_start(); }
   std::int64_t vocab_valid() const { return embedding_.valid_rows(); }
-  // The last forward's per-token losses (a host copy: waits for the device).
-  std::vector<double> token_losses() const { return loss_.token_losses(); }
   // Model FLOPs per token for forward + backward, without recompute: 6 x the
   // parameters touched per token plus attention (Narayanan et al., eq. 3 / B s).
   double flops_per_token(bool with_recompute) const;

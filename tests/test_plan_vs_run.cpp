@@ -64,11 +64,18 @@ struct Measured {
   std::array<std::int64_t, kNumMemoryCategories> step_peak{};
   std::int64_t step_total_peak = 0, step_heap_peak = 0, host_checkpoint_peak = 0, micro_batches = 0;
   bool skipped = false;
+  std::vector<double> losses;          // one per step
+  Device::ArenaStats arena;            // with an arena
+  std::int64_t raw_allocations = 0;    // calls that reached malloc, the arena's included
 };
 
 // One iteration for real on this rank's CPU, wired as examples/pretrain_gpt.cpp
 // wires a run (same order of construction, so the same allocations).
-Measured run_for_real(train::TrainArgs args) {
+// `steps` iterations (the same batch); peaks over all of them, as the plan's
+// cover its first two (from the second on, stage 3 prefetches along the
+// recorded group order).
+// arena_bytes > 0: the device reserves that arena first (--device-arena).
+Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int steps = 2) {
   auto groups = parallel_state::ProcessGroups::create(MpiCommunicator::world(), args.parallel);
   const int dp = groups->dp_size();
   auto source = train::make_sample_source(args);
@@ -79,6 +86,7 @@ Measured run_for_real(train::TrainArgs args) {
 
   Measured m;
   auto device = make_device(DeviceKind::CPU);
+  if (arena_bytes > 0) device->reserve_arena(static_cast<std::size_t>(arena_bytes));
   auto host = make_device(DeviceKind::CPU);  // host memory for Pa+cpu, with its own counters
   {
     layers::ParameterSet params;
@@ -112,14 +120,19 @@ Measured run_for_real(train::TrainArgs args) {
     }
     m.micro_batches = accum;
     device->memory().reset_peaks();
-    const auto r = train::train_step(model, engine, groups->dp(), mbs, opt, scaler, 0);
-    m.skipped = r.stats.skipped;
+    for (int it = 0; it < steps; ++it) {
+      const auto r = train::train_step(model, engine, groups->dp(), mbs, opt, scaler, it);
+      m.skipped = m.skipped || r.stats.skipped;
+      m.losses.push_back(r.loss);
+    }
     const auto peak = device->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) m.step_peak[c] = peak.by_category[c].peak_bytes;
     m.step_total_peak = peak.total_peak_bytes;
     m.step_heap_peak = peak.heap_peak_bytes;
     m.host_checkpoint_peak =
         host->memory().snapshot().by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes;
+    m.arena = device->arena_stats();
+    m.raw_allocations = device->raw_allocations();
   }
   return m;
 }
@@ -229,6 +242,17 @@ TEST(PlanVsRun, PlannedPeakEqualsMeasuredPeakOnEveryRank) {
       EXPECT_EQ(plan.step_peak[k], run.step_peak[k]) << "step peak, " << name;
     }
     EXPECT_EQ(plan.host_checkpoint_peak, run.host_checkpoint_peak) << "Pa+cpu host memory";
+    // MD for all device memory (--device-arena): an arena of exactly the
+    // planned first-fit peak holds every allocation of set-up and of both
+    // steps (no miss, no other call to malloc), and the run computes what it
+    // computes without one, bit for bit. (cli.train_device_arena: 4 steps.)
+    const Measured in_arena = run_for_real(args, plan.step_heap_peak);
+    EXPECT_EQ(in_arena.arena.capacity, plan.step_heap_peak);
+    EXPECT_EQ(in_arena.arena.misses, 0) << "an allocation did not fit the planned arena";
+    EXPECT_GT(in_arena.arena.served, 0);
+    EXPECT_EQ(in_arena.raw_allocations, 1) << "only the arena itself reaches malloc";
+    EXPECT_GT(run.raw_allocations, 1);
+    EXPECT_EQ(in_arena.losses, run.losses) << "the arena changes no result";
     if (args.zero_r.cpu_checkpointing) {
       EXPECT_GT(run.host_checkpoint_peak, 0);
     }

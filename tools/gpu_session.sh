@@ -83,11 +83,13 @@ for phase in "$@"; do
     train)
       {
         # GPT-2 medium shape (24 x 1024, 16 heads, 355M parameters), bf16, one GPU, mock data.
-        for a in unfused fused; do
-          echo "== attention $a (NCCL groups on one rank)"
+        # The third run: all device memory in one arena sized by the plan (--device-arena; its log
+        # line says how many allocations missed it).
+        for v in "unfused" "fused" "fused --device-arena"; do
+          echo "== attention $v (NCCL groups on one rank)"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
-            --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $a
+            --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $v
         done
       } > "$out/train.txt" 2>&1
       grep -E "^==|iteration +(10|20|30)/|error" "$out/train.txt" | tail -20

@@ -25,17 +25,18 @@ std::string_view device_kind_name(DeviceKind k) {
 }
 
 Buffer::Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category,
-               std::string label, std::uint64_t heap_id)
+               std::string label, std::uint64_t heap_id, bool from_arena)
     : device_(std::move(device)),
       data_(data),
       bytes_(bytes),
       category_(category),
       label_(std::move(label)),
-      heap_id_(heap_id) {}
+      heap_id_(heap_id),
+      from_arena_(from_arena) {}
 
 Buffer::~Buffer() {
-  device_->raw_free(data_, bytes_);
-  device_->memory().on_free(category_, bytes_, heap_id_);
+  if (!from_arena_) device_->raw_free(data_, bytes_);
+  device_->memory().on_free(category_, bytes_, heap_id_);  // an arena slot is free once the model's is
 }
 
 std::string Device::name() const {
@@ -45,9 +46,43 @@ std::string Device::name() const {
 }
 
 std::shared_ptr<Buffer> Device::allocate(std::size_t bytes, MemoryCategory category, std::string label) {
-  void* p = raw_allocate(bytes);
-  const std::uint64_t id = memory_.on_allocate(category, bytes);
+  std::int64_t at = 0;
+  const std::uint64_t id = memory_.on_allocate(category, bytes, &at);
+  if (arena_ && bytes > 0) {
+    const auto rounded = static_cast<std::int64_t>((bytes + FirstFitHeap::kRound - 1) / FirstFitHeap::kRound) *
+                         FirstFitHeap::kRound;
+    if (at + rounded <= arena_capacity_) {
+      ++arena_served_;
+      return std::make_shared<Buffer>(shared_from_this(), arena_ + at, bytes, category, std::move(label), id, true);
+    }
+    ++arena_misses_;
+  }
+  void* p = nullptr;
+  try {
+    if (bytes > 0) ++raw_allocations_;
+    p = raw_allocate(bytes);
+  } catch (...) {
+    memory_.on_free(category, bytes, id);
+    throw;
+  }
   return std::make_shared<Buffer>(shared_from_this(), p, bytes, category, std::move(label), id);
+}
+
+void Device::reserve_arena(std::size_t bytes) {
+  MZ_CHECK(arena_ == nullptr && arena_capacity_ == 0, "the device arena of ", name(), " is already reserved");
+  MZ_CHECK(memory_.snapshot().heap_span_bytes == 0, "reserve the device arena of ", name(),
+           " before its first allocation (offsets follow the memory tracker's heap model from its start)");
+  if (!has_storage() || bytes == 0) return;
+  ++raw_allocations_;
+  arena_ = static_cast<char*>(raw_allocate(bytes));
+  arena_capacity_ = static_cast<std::int64_t>(bytes);
+}
+
+Device::ArenaStats Device::arena_stats() const { return {arena_capacity_, arena_served_.load(), arena_misses_.load()}; }
+
+void Device::release_arena() {
+  if (arena_) raw_free(arena_, static_cast<std::size_t>(arena_capacity_));
+  arena_ = nullptr;
 }
 
 // ---- CPU ----

@@ -7,6 +7,7 @@
 //                real model/ZeRO code on it, so the plan cannot drift from the run.
 #pragma once
 
+#include <atomic>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -29,8 +30,9 @@ class Device;
 class Buffer {
  public:
   // heap_id: the memory tracker's id of this allocation (its first-fit heap model).
+  // from_arena: placed in the device's arena (nothing to free but the heap slot).
   Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, MemoryCategory category, std::string label,
-         std::uint64_t heap_id = 0);
+         std::uint64_t heap_id = 0, bool from_arena = false);
   ~Buffer();
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
@@ -49,6 +51,7 @@ class Buffer {
   MemoryCategory category_;
   std::string label_;
   std::uint64_t heap_id_;
+  bool from_arena_;
 };
 
 class Device : public std::enable_shared_from_this<Device> {
@@ -66,6 +69,22 @@ class Device : public std::enable_shared_from_this<Device> {
   MemoryTracker& memory() { return memory_; }
   const MemoryTracker& memory() const { return memory_; }
 
+  // The paper's MD for all of the device's memory (--device-arena): reserves
+  // `bytes` as one block, before the first allocation. From then on every
+  // allocation is placed at the offset the memory tracker's first-fit model
+  // gives it — the model the planner runs, so a plan's step_heap_peak is the
+  // arena a run needs, to the byte — and no allocation reaches malloc or
+  // cudaMalloc. One that does not fit is allocated as usual and counted as a miss.
+  void reserve_arena(std::size_t bytes);
+  struct ArenaStats {
+    std::int64_t capacity = 0;  // bytes reserved (0: no arena)
+    std::int64_t served = 0;    // allocations placed in the arena
+    std::int64_t misses = 0;    // allocations that did not fit and went to the allocator
+  };
+  ArenaStats arena_stats() const;
+  // Allocations that reached the allocator (malloc / cudaMallocAsync), the arena's own included.
+  std::int64_t raw_allocations() const { return raw_allocations_.load(); }
+
   // Byte copies. `*_host` variants move data between this device and host memory.
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
@@ -78,15 +97,22 @@ class Device : public std::enable_shared_from_this<Device> {
   friend class Buffer;
   virtual void* raw_allocate(std::size_t bytes) = 0;
   virtual void raw_free(void* p, std::size_t bytes) = 0;
+  // Frees the arena: every concrete device's destructor calls it (raw_free is
+  // gone by the time ~Device runs). Buffers keep their device alive, so none is left.
+  void release_arena();
 
  private:
   MemoryTracker memory_;
+  char* arena_ = nullptr;
+  std::int64_t arena_capacity_ = 0;
+  std::atomic<std::int64_t> arena_served_{0}, arena_misses_{0}, raw_allocations_{0};
 };
 
 class CpuDevice final : public Device {
  public:
   static constexpr std::size_t kAlignment = 64;
   CpuDevice();
+  ~CpuDevice() override { release_arena(); }
   DeviceKind kind() const override { return DeviceKind::CPU; }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override;

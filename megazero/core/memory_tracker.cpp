@@ -77,10 +77,12 @@ void FirstFitHeap::free(std::int64_t offset, std::int64_t bytes) {
     free_[at] = b;
 }
 
-std::uint64_t MemoryTracker::on_allocate(MemoryCategory c, std::size_t bytes) {
+std::uint64_t MemoryTracker::on_allocate(MemoryCategory c, std::size_t bytes, std::int64_t* heap_offset) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::uint64_t id = next_id_++;
-  heap_offset_[id] = heap_.allocate(static_cast<std::int64_t>(bytes));
+  const std::int64_t at = heap_.allocate(static_cast<std::int64_t>(bytes));
+  heap_offset_[id] = at;
+  if (heap_offset) *heap_offset = at;
   s_.heap_span_bytes = heap_.span();
   s_.heap_peak_bytes = std::max(s_.heap_peak_bytes, s_.heap_span_bytes);
   auto& k = s_.by_category[static_cast<std::size_t>(c)];

@@ -69,8 +69,9 @@ class FirstFitHeap {
 // Thread-safe: communication worker threads allocate too.
 class MemoryTracker {
  public:
-  // Returns the allocation's id for on_free.
-  std::uint64_t on_allocate(MemoryCategory c, std::size_t bytes);
+  // Returns the allocation's id for on_free; *heap_offset (if given) gets its
+  // offset in the first-fit heap model (a device arena places it there).
+  std::uint64_t on_allocate(MemoryCategory c, std::size_t bytes, std::int64_t* heap_offset = nullptr);
   void on_free(MemoryCategory c, std::size_t bytes, std::uint64_t id = 0);
 
   std::int64_t live(MemoryCategory c) const;

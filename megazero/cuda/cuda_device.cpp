@@ -53,6 +53,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
 }
 
 CudaDevice::~CudaDevice() {
+  release_arena();  // stream-ordered, after everything queued
   // Errors are ignored: at process exit the runtime may already be unloading
   // (cudaErrorCudartUnloading), and a destructor has nobody to report to.
   (void)cudaStreamSynchronize(stream_);

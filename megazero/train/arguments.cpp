@@ -107,6 +107,10 @@ void define(OptionTable& t, TrainArgs& a) {
   t.flag(Z, "cpu-checkpointing", &a.zero_r.cpu_checkpointing, "Pa+cpu: keep those slices in host memory");
   t.flag(Z, "contiguous-memory-optimization", &a.zero_r.contiguous_memory,
          "MD: checkpoints in one pre-allocated arena instead of separate allocations");
+  t.flag(Z, "device-arena", &a.device_arena,
+         "MD for all device memory: reserve this rank's planned first-fit peak as one block at start and place every "
+         "tensor at the planner's offset, so training steps make no allocator call (what does not fit, e.g. a "
+         "checkpoint save beyond the plan, is allocated as usual and counted as an arena miss)");
   t.add(T, "micro-batch-size", &a.micro_batch_size, "samples per rank per micro-batch");
   t.add(T, "global-batch-size", &a.global_batch_size, "samples per iteration; 0 = micro x DP");
   t.add(T, "train-iters", &a.train_iters, "iterations to train");

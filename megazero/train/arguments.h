@@ -46,6 +46,9 @@ struct TrainArgs {
   // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
   // GPU per rank), or auto (nccl when --device cuda gives every rank its own GPU).
   std::string distributed_backend = "auto";
+  // --device-arena: MD for all device memory (Device::reserve_arena), sized by
+  // this rank's memory plan (its first-fit heap peak).
+  bool device_arena = false;
   // checkpoints (megazero/checkpoint/)
   std::string save, load;
   std::int64_t save_interval = 0;

@@ -38,9 +38,11 @@ Tensor VocabParallelCrossEntropy::backward(double scale) {
   const double per_token = dlogits.size(0) > 0 ? scale / static_cast<double>(dlogits.size(0)) : 0.0;
   kernels::cross_entropy_backward(exp_logits_, row_max_, global_max_, sum_exp_, targets_, vocab_start_, valid_,
                                   per_token, dlogits);
-  exp_logits_ = targets_ = row_max_ = global_max_ = sum_exp_ = Tensor();
+  release();
   return dlogits;
 }
+
+void VocabParallelCrossEntropy::release() { exp_logits_ = targets_ = row_max_ = global_max_ = sum_exp_ = Tensor(); }
 
 
 }  // namespace megazero::layers

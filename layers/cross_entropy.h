@@ -6,7 +6,7 @@
 // depend on the TP degree. The logits tensor is overwritten by its
 // exponentials in forward and by its gradient in backward (Megatron's in-place
 // softmax): the head holds one [N, V/tp] tensor, not two. The per-token losses
-// stay on the device; nothing here waits for the device.
+// stay on the device; only the TP all-reduces wait (on MPI, for the host copy).
 #pragma once
 
 #include "layers/tp_context.h"
@@ -23,6 +23,8 @@ class VocabParallelCrossEntropy {
   Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid);
   // d(scale * mean loss) / d logits, in the forward's logits tensor.
   Tensor backward(double scale);
+  // Drops what forward kept for the backward (evaluation has none).
+  void release();
 
  private:
   TpContext ctx_;

@@ -86,7 +86,13 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   gemm(final_hidden_, false, embedding_.weight().value, true, logits);
   hooks_->post_forward(embedding_group_);
   kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
-  return loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows());
+  Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows());
+  if (!step.training) {  // evaluation: nothing kept for a backward (see TransformerLayer::forward)
+    loss_.release();
+    final_ln_->release();
+    final_hidden_ = Tensor();
+  }
+  return losses;
 }
 
 void GPTModel::backward(double loss_scale) {
@@ -99,6 +105,7 @@ void GPTModel::backward(double loss_scale) {
   gemm(dlogits, true, final_hidden_, false, w.grad, 1.0f, 1.0f);  // tied weight: logits part
   Tensor dh = ctx_.activation(final_hidden_.shape());
   gemm(dlogits, false, w.value, false, dh);
+  dlogits = Tensor();  // the largest activation: not held through the layers' backward
   CopyToTpRegion::backward(*ctx_.tp, dh);
   final_hidden_ = Tensor();
   hooks_->pre_backward(final_group_);

@@ -13,7 +13,7 @@ struct StepInfo {
   std::int64_t sample_offset = 0;   // global index (within the iteration's global batch) of this micro-batch's first sample
   std::int64_t micro_batch = 1;     // samples in this micro-batch (B)
   std::int64_t seq = 1;             // sequence length (S)
-  bool training = true;             // false: no dropout (evaluation)
+  bool training = true;             // false: evaluation (no dropout, nothing kept for a backward)
 };
 
 }  // namespace megazero::layers

@@ -63,7 +63,11 @@ Tensor TransformerLayer::forward_impl(const Tensor& x) {
 Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
   step_ = step;
   Tensor out = forward_impl(x);
-  if (cfg_.recompute_activations) {
+  if (!step.training) {
+    // Evaluation has no backward: keep nothing, or this pass's activations
+    // would stay allocated into the next training step (above its plan).
+    release();
+  } else if (cfg_.recompute_activations) {
     store_->save(layer_, x);
     release();
   }

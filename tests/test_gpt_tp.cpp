@@ -155,3 +155,31 @@ TEST(GptTensorParallel, HeadsNotDivisibleByTpIsRefused) {
   TpContext ctx{world.get(), make_device(DeviceKind::CPU), DType::F32};
   EXPECT_THROW(GPTModel(c, ctx, ps), ConfigError);
 }
+
+// An evaluation forward (no dropout, no backward to follow) keeps no
+// activations: all it leaves allocated is the per-token losses it returns, so
+// the next training step starts from the memory it was planned from.
+TEST(GptTensorParallel, EvaluationKeepsNothingForABackward) {
+  auto world = MpiCommunicator::world();
+  for (const char* attention : {"unfused", "fused"})
+    for (bool recompute : {false, true}) {
+      SCOPED_TRACE(testing::Message() << attention << (recompute ? " recompute" : ""));
+      TpContext ctx{world.get(), make_device(DeviceKind::CPU), DType::F32};
+      ParameterSet params;
+      GPTModel model(small_config(recompute, attention), ctx, params);
+      params.allocate(ctx.device, DType::F32);
+      params.initialize(7);
+      StepInfo step;
+      step.micro_batch = 2;
+      step.seq = 12;
+      step.training = false;
+      const std::int64_t n = step.micro_batch * step.seq;
+      Tensor ids = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+      const auto before = ctx.device->memory().live(MemoryCategory::Activations);
+      const Tensor losses = model.forward_losses(ids, ids, step);
+      EXPECT_GT(ctx.device->memory().peak(MemoryCategory::Activations), before + 10 * losses.nbytes());
+      EXPECT_EQ(ctx.device->memory().live(MemoryCategory::Activations),
+                before + static_cast<std::int64_t>(losses.nbytes()));
+      EXPECT_THROW(model.backward(1.0), std::exception) << "no backward after an evaluation forward";
+    }
+}

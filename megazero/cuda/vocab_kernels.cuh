@@ -84,8 +84,9 @@ __global__ void cross_entropy_backward_kernel(const S* exp_logits, const compute
   const i64 r = blockIdx.x;
   const S* er = exp_logits + r * cols;
   S* dr = dlogits + r * cols;
-  const double f = scale * exp(static_cast<double>(row_max[r]) - static_cast<double>(global_max[r])) /
-                   static_cast<double>(sum_exp[r]);
+  // The CPU kernel's expression, operation for operation.
+  const double f = scale * (exp(static_cast<double>(row_max[r]) - static_cast<double>(global_max[r])) /
+                            static_cast<double>(sum_exp[r]));
   const i64 t = local_column(targets[r], vocab_start, valid);
   // Every thread reads the target's value before any thread writes (dlogits may alias exp_logits).
   const double target_grad = t >= 0 ? static_cast<double>(ld(er[t])) * f - scale : 0.0;

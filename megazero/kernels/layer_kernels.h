@@ -14,7 +14,9 @@
 //    the math is the fp32 path's (softmax, cross-entropy, LayerNorm and all
 //    sums keep their fp32/double accumulations), and each result is rounded
 //    ONCE, to nearest even (a value computed in double is not rounded to fp32
-//    first). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
+//    first). One exception: the cross-entropy keeps its exponentials in the
+//    16-bit logits tensor, so its dlogits are rounded twice (Megatron's
+//    in-place softmax; see cross_entropy_forward). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
 //    they were before 16-bit storage, and no result depends on the thread count.
 //  - Per-row statistics (layernorm mean/rstd; the cross-entropy's row_max,
 //    global_max, sum_exp, target_logit and per-token loss) have row_stat_dtype():
@@ -113,7 +115,8 @@ void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& d
 // Statistics (row_max, global_max, sum_exp, target_logit, loss) are [N] of
 // row_stat_dtype(logits.dtype()).
 //
-// Forward, one pass per row: row_max = the max of this rank's columns;
+// Forward, one row at a time (read twice, the second time from cache):
+// row_max = the max of this rank's columns;
 // target_logit = logits[n, t - vocab_start] if this rank holds the target t,
 // else 0 (the TP sum completes it); then the row is OVERWRITTEN with
 // exp(logits - row_max) (padding: 0), and sum_exp = the sum of those values

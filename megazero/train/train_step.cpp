@@ -18,8 +18,10 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   StepResult r;
   r.loss_scale = scaler.scale();
   const double per_micro = r.loss_scale / (static_cast<double>(micro_batches.size()) * dp.size());
-  // The losses are summed on the device and read once, after the optimizer
-  // step is queued: no micro-batch waits for the device to report its loss.
+  // The losses are summed on the device and read once, at the end: no
+  // micro-batch waits for the device to report its loss. (So on a GPU the
+  // forward/backward timers measure the host's launching, and the device's
+  // time shows where the step first waits: the grad norm, in the optimizer.)
   Tensor loss_sum;
   std::int64_t tokens = 0;
   using Clock = std::chrono::steady_clock;

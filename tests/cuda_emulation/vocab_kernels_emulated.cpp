@@ -1,9 +1,10 @@
 // megazero/cuda/vocab_kernels.cuh's kernels (the vocabulary-parallel
 // cross-entropy and the embedding gradient), run on the CPU through the
 // emulation in shim/ against the CPU kernels of megazero/kernels/layer_kernels.h
-// on the same inputs: fp32, bf16 and fp16; padding columns; targets on and off
-// this rank's slice; a TP rescale (global max above the local one); the
-// backward in place; embedding ids repeated and outside the slice. CUB's radix
+// on the same inputs: fp32, bf16 and fp16; padding columns; a rank whose slice
+// is all padding; targets on and off this rank's slice; a TP rescale (global
+// max above the local one); the backward in place; embedding ids repeated,
+// outside the slice, and all one row (a run of 300 tokens). CUB's radix
 // sort, which the launcher runs between the two embedding kernels, is stood in
 // for by std::stable_sort (the same contract: stable, by key).
 // Exit code 1 on any difference beyond the documented rounding.
@@ -35,7 +36,8 @@ void check(bool ok, const char* what, double got, double want, std::size_t at) {
 void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol,
                   const char* what) {
   for (std::size_t i = 0; i < a.size(); ++i)
-    check(std::isfinite(a[i]) && std::fabs(a[i] - b[i]) <= rtol * std::fabs(b[i]) + atol, what, a[i], b[i], i);
+    check(a[i] == b[i] || (std::isfinite(a[i]) && std::fabs(a[i] - b[i]) <= rtol * std::fabs(b[i]) + atol), what,
+          a[i], b[i], i);  // equal: also the -inf max of an all-padding slice
 }
 
 std::shared_ptr<Device> cpu() {
@@ -85,15 +87,17 @@ double ulp_of(DType t) { return t == DType::F32 ? 0x1p-22 : t == DType::BF16 ? 0
 
 std::vector<double> values(const Tensor& t) { return t.to_double_vector(); }
 
+// valid < cols: padding columns; valid == 0: a rank whose slice is all padding.
 template <DType T>
-void cross_entropy(std::mt19937& rng) {
+void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   using S = typename Storage<T>::type;
-  const i64 n = 7, cols = 45, valid = 41, start = 100;  // 4 padding columns
+  const i64 n = 7, cols = 45, start = 100;
   std::uniform_real_distribution<double> u(-6, 6);
   std::vector<double> lv(static_cast<std::size_t>(n * cols));
   for (auto& x : lv) x = u(rng);
   std::vector<std::int64_t> tv;
-  for (i64 r = 0; r < n; ++r) tv.push_back(r % 3 == 0 ? 7 : start + (r * 13) % valid);  // some held elsewhere
+  for (i64 r = 0; r < n; ++r)  // some held elsewhere
+    tv.push_back(r % 3 == 0 || valid == 0 ? 7 : start + (r * 13) % valid);
   const Tensor targets = ids_of(tv);
   const auto* tp = targets.data_as<std::int64_t>();
   auto stats = [&] { return Tensor::zeros(cpu(), {n}, DType::F32, MemoryCategory::Other); };
@@ -129,11 +133,12 @@ void cross_entropy(std::mt19937& rng) {
       check(values(lg)[static_cast<std::size_t>(r * cols + c)] == 0.0, "padding gradient", values(lg)[0], 0, c);
 }
 
+// Ids in [lo, hi]; the slice holds rows [20, 57). lo == hi: one long run.
 template <DType T>
-void embedding(std::mt19937& rng) {
+void embedding(std::mt19937& rng, int lo = 0, int hi = 79) {
   using S = typename Storage<T>::type;
-  const i64 n = 300, h = 24, v = 37, start = 20;  // ids in [0, 80): about half on this slice
-  std::uniform_int_distribution<int> id(0, 79);
+  const i64 n = 300, h = 24, v = 37, start = 20;
+  std::uniform_int_distribution<int> id(lo, hi);
   std::vector<std::int64_t> iv(static_cast<std::size_t>(n));
   for (auto& x : iv) x = id(rng);
   const Tensor ids = ids_of(iv);
@@ -169,8 +174,10 @@ int main() {
   cross_entropy<DType::F32>(rng);
   cross_entropy<DType::BF16>(rng);
   cross_entropy<DType::F16>(rng);
+  cross_entropy<DType::BF16>(rng, 0);  // this rank holds only padding
   embedding<DType::F32>(rng);
   embedding<DType::BF16>(rng);
+  embedding<DType::F32>(rng, 33, 33);  // every token the same row: a run of 300
   if (failures) {
     std::printf("vocab_kernels_emulated: %d checks failed\n", failures);
     return 1;

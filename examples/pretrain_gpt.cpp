@@ -197,7 +197,7 @@ int run(int argc, char** argv) {
   });
   const bool on_gpu = device->kind() == DeviceKind::CUDA;
   if (args.device_arena) {
-    // This rank's plan (the model, the engine and one iteration on the meta
+    // This rank's plan (the model, the engine and two iterations on the meta
     // device, in the order this run allocates) gives the arena's size: the
     // first-fit heap peak, which the tracker's model of this device reproduces.
     Activity activity("planning the device arena");

@@ -44,5 +44,4 @@ Tensor VocabParallelCrossEntropy::backward(double scale) {
 
 void VocabParallelCrossEntropy::release() { exp_logits_ = targets_ = row_max_ = global_max_ = sum_exp_ = Tensor(); }
 
-
 }  // namespace megazero::layers

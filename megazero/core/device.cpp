@@ -49,9 +49,7 @@ std::shared_ptr<Buffer> Device::allocate(std::size_t bytes, MemoryCategory categ
   std::int64_t at = 0;
   const std::uint64_t id = memory_.on_allocate(category, bytes, &at);
   if (arena_ && bytes > 0) {
-    const auto rounded = static_cast<std::int64_t>((bytes + FirstFitHeap::kRound - 1) / FirstFitHeap::kRound) *
-                         FirstFitHeap::kRound;
-    if (at + rounded <= arena_capacity_) {
+    if (at + FirstFitHeap::rounded(static_cast<std::int64_t>(bytes)) <= arena_capacity_) {
       ++arena_served_;
       return std::make_shared<Buffer>(shared_from_this(), arena_ + at, bytes, category, std::move(label), id, true);
     }

@@ -35,7 +35,7 @@ std::string MemorySnapshot::to_string() const {
 }
 
 std::int64_t FirstFitHeap::allocate(std::int64_t bytes) {
-  const std::int64_t b = (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound;
+  const std::int64_t b = rounded(bytes);
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second < b) continue;
     const std::int64_t at = it->first, rest = it->second - b;
@@ -57,7 +57,7 @@ std::int64_t FirstFitHeap::allocate(std::int64_t bytes) {
 }
 
 void FirstFitHeap::free(std::int64_t offset, std::int64_t bytes) {
-  std::int64_t b = (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound, at = offset;
+  std::int64_t b = rounded(bytes), at = offset;
   auto next = free_.lower_bound(at);
   if (next != free_.end() && at + b == next->first) {  // merge with the block after
     b += next->second;

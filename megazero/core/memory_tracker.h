@@ -4,6 +4,7 @@
 // size, not the allocator's rounded size — and released bytes are subtracted.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -57,6 +58,8 @@ struct MemorySnapshot {
 class FirstFitHeap {
  public:
   static constexpr std::int64_t kRound = 512;
+  // The span an allocation of `bytes` takes (at least one block of kRound).
+  static std::int64_t rounded(std::int64_t bytes) { return (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound; }
   std::int64_t allocate(std::int64_t bytes);  // returns the offset
   void free(std::int64_t offset, std::int64_t bytes);
   std::int64_t span() const { return top_; }

@@ -10,6 +10,7 @@ packages=(
   libboost-program-options-dev         # command lines and config files
   libgtest-dev libgmock-dev            # the test suite
   libdnnl-dev                          # oneDNN: CPU GEMM (fp32, bf16/AMX)
+  ocl-icd-opencl-dev                   # oneDNN's CMake config requires OpenCL (Debian builds it with the OCL GPU runtime); only recommended, so named here
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
   nlohmann-json3-dev                   # checkpoint manifests and safetensors headers
   libxxhash-dev                        # checkpoint checksums (XXH3)

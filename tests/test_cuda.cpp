@@ -17,6 +17,7 @@
 #include "megazero/cuda/layer_kernels_cuda.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
 #include "megazero/optim/adamw.h"
 #include "test_device.h"
@@ -288,6 +289,20 @@ TEST_F(Cuda, EmbeddingsAndPositions) {
   }
 }
 
+// CUB's radix sort works in the scratch gpu_scratch.h plans for it (the
+// launcher throws if CUB asks for more), from one token to a million.
+TEST_F(Cuda, EmbeddingBackwardSortFitsItsPlannedScratch) {
+  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{255}, std::int64_t{4097}, std::int64_t{1} << 16,
+                               std::int64_t{1} << 20}) {
+    const std::int64_t V = 50257, H = 8;
+    auto tok = ids(n, 0, V);
+    auto dout = random({n, H}, DType::F32), dtab = zeros({V, H}, DType::F32);
+    k::embedding_backward(tok.c, dout.c, 0, dtab.c);
+    EXPECT_NO_THROW(k::embedding_backward(tok.g, dout.g, 0, dtab.g)) << n << " tokens";
+    EXPECT_EQ(rel_diff(dtab.g, dtab.c), 0.0) << n << " tokens";
+  }
+}
+
 TEST_F(Cuda, VocabParallelCrossEntropyPieces) {
   for (DType dt : kTypes) {
     const std::int64_t N = 33, Vl = 3000, valid = 2900, start = 6000;
@@ -373,8 +388,11 @@ TEST_F(Cuda, AdamWAndGradNorm) {
     double ref = 0;
     for (std::int64_t i = 10; i < 50000; ++i) ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];
     for (std::int64_t i = 60000; i < n; ++i) ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];
-    const double got = cuda::sum_of_squares(g.g.data(), gt, {{10, 50000}, {60000, n}}, as_cuda_device(*gpu).stream());
-    EXPECT_NEAR(got, ref, 1e-12 * ref);
+    const Tensor ws = k::allocate_gpu_scratch(g.g, k::gpu_scratch::sum_of_squares_bytes(2), "grad norm partials");
+    Tensor sum = Tensor::empty(gpu, {1}, DType::F64, MemoryCategory::Workspace);
+    cuda::sum_of_squares(g.g.data(), gt, {{10, 50000}, {60000, n}}, k::scratch_of(ws), sum.data_as<double>(),
+                         as_cuda_device(*gpu).stream());
+    EXPECT_NEAR(sum.to_double_vector()[0], ref, 1e-12 * ref);
   }
 }
 

@@ -21,6 +21,8 @@
 
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/fused_attention.h"
+#include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
 
 using namespace megazero;
@@ -827,6 +829,116 @@ TEST(LayerKernels, MetaDeviceChecksShapesAndComputesNothing) {
   dropout_forward(x, 0.1, RngKey{}, DropoutLayout{4, 1, 1, 8, 0, 0, 1}, x);
   Tensor bad = Tensor::empty(meta, {7}, DType::F32, MC::Other);
   expect_rejected([&] { layernorm_forward(x, bad, g, 1e-5, x, m, m); }, "layernorm_forward: gamma has shape");
+}
+
+// The CUDA kernels' scratch (gpu_scratch.h) goes through the device: a meta
+// device standing in for CUDA allocates exactly what the launchers will be
+// given (so a plan counts it and the arena holds it), and the CPU kernels,
+// or a meta device standing in for them, allocate none.
+TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
+  namespace gs = gpu_scratch;
+  const i64 rows = 96, cols = 40, seq = 16, vocab = 50, bh = 4, d = 64;
+  struct Case {
+    const char* name;
+    std::function<void(const std::shared_ptr<Device>&)> run;
+    std::size_t cuda_bytes;
+  };
+  auto t = [](const std::shared_ptr<Device>& dev, const Shape& shape, DType dt) {
+    Tensor x = Tensor::empty(dev, shape, dt, MC::Other);
+    if (dev->has_storage()) x.zero_();
+    return x;
+  };
+  const std::vector<Case> cases = {
+      {"layernorm_backward",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor x = t(dev, {rows, cols}, DType::BF16), g = t(dev, {cols}, DType::BF16);
+         Tensor st = t(dev, {rows}, DType::F32), dg = t(dev, {cols}, DType::F32), db = t(dev, {cols}, DType::F32);
+         Tensor dx = t(dev, {rows, cols}, DType::BF16);
+         layernorm_backward(x, x, g, st, st, dx, dg, db);
+       },
+       gs::column_sums_bytes(DType::BF16, rows, cols, 2)},
+      {"bias_grad",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor dy = t(dev, {rows, cols}, DType::F32), db = t(dev, {cols}, DType::F32);
+         bias_grad(dy, db);
+       },
+       gs::column_sums_bytes(DType::F32, rows, cols, 1)},
+      {"position_embedding_backward",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor dy = t(dev, {rows, cols}, DType::F32), dp = t(dev, {seq, cols}, DType::F32);
+         position_embedding_backward(dy, seq, dp);
+       },
+       gs::column_sums_bytes(DType::F32, rows / seq, seq * cols, 1)},
+      {"embedding_backward",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor ids = t(dev, {rows}, DType::I64), dy = t(dev, {rows, cols}, DType::F32);
+         Tensor table = t(dev, {vocab, cols}, DType::F32);
+         embedding_backward(ids, dy, 0, table);
+       },
+       gs::embedding_sort_bytes(rows)},
+      {"fused_attention_backward",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor q = t(dev, {bh, seq, d}, DType::BF16), lse = t(dev, {bh, seq}, DType::F32);
+         Tensor dq = t(dev, {bh, seq, d}, DType::BF16), dk = t(dev, {bh, seq, d}, DType::BF16),
+                dv = t(dev, {bh, seq, d}, DType::BF16);
+         fused_attention_backward(q, q, q, q, q, lse, 0.125, 0.0, RngKey{}, DropoutLayout{bh, 1, seq, seq, 0, 0, 1},
+                                  dq, dk, dv);
+       },
+       gs::flash_backward_bytes(bh, seq)},
+  };
+  auto workspace_traffic = [](const std::shared_ptr<Device>& dev, const Case& c) {
+    const auto before = dev->memory().snapshot()[MC::Workspace];
+    c.run(dev);
+    const auto after = dev->memory().snapshot()[MC::Workspace];
+    EXPECT_EQ(after.live_bytes, before.live_bytes) << "scratch outlives the call";
+    return std::pair{after.allocations - before.allocations, after.allocated_bytes - before.allocated_bytes};
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    ASSERT_GT(c.cuda_bytes, 0u);
+    // Standing in for CUDA: exactly the launcher's scratch, nothing else.
+    const auto [cuda_allocs, cuda_bytes] = workspace_traffic(make_meta_device(DeviceKind::CUDA), c);
+    EXPECT_EQ(cuda_allocs, 1);
+    EXPECT_EQ(cuda_bytes, static_cast<i64>(c.cuda_bytes));
+    // The CPU kernels: none of it (the CPU attention backward has workspace
+    // of its own, which a meta device standing in for the CPU reproduces).
+    const auto cpu_traffic = workspace_traffic(make_device(DeviceKind::CPU), c);
+    EXPECT_EQ(workspace_traffic(make_meta_device(DeviceKind::CPU), c), cpu_traffic);
+    if (std::string(c.name) != "fused_attention_backward") {
+      EXPECT_EQ(cpu_traffic, (std::pair<i64, i64>{0, 0}));
+    }
+  }
+}
+
+// The chunking the column-sum launchers use: every row in exactly one chunk,
+// within CUDA's grid limits, and the scratch holds every chunk's partials.
+TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
+  namespace gs = gpu_scratch;
+  for (const i64 rows : {i64{0}, i64{1}, i64{31}, i64{32}, i64{33}, i64{1000}, i64{8192}, i64{1} << 20, i64{100000007}})
+    for (const i64 cols : {i64{1}, i64{8}, i64{40}, i64{1536}, i64{50304}, i64{400000}}) {
+      SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+      auto check = [&](const gs::Chunks& c, i64 per_thread) {
+        EXPECT_GE(c.col_blocks * gs::kThreads * per_thread, cols);
+        EXPECT_GE(c.used, 1);
+        EXPECT_LE(c.used, 65535);
+        EXPECT_GE(c.used * c.per_chunk, rows);
+        if (rows > 0) {
+          EXPECT_LT((c.used - 1) * c.per_chunk, rows);  // no empty chunk
+        }
+      };
+      const auto plain = gs::column_chunks(rows, cols);
+      check(plain, 1);
+      for (const DType dt : {DType::F32, DType::BF16, DType::F64}) {
+        const std::size_t bytes = gs::column_sums_bytes(dt, rows, cols, 2);
+        EXPECT_GE(bytes, static_cast<std::size_t>(plain.used * cols) * sizeof(double));
+        const i64 vec = static_cast<i64>(16 / dtype_size(dt));
+        if (dt != DType::F64 && cols % vec == 0 && rows > 0) {
+          const auto packed = gs::packed_column_chunks(rows, cols, vec);
+          check(packed, vec);
+          EXPECT_GE(bytes, static_cast<std::size_t>(packed.used * cols * 2) * sizeof(double));
+        }
+      }
+    }
 }
 
 TEST(LayerKernels, RejectsBadShapesAndDtypes) {

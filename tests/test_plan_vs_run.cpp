@@ -269,7 +269,9 @@ TEST(PlanVsRun, PlannedPeakEqualsMeasuredPeakOnEveryRank) {
 // a meta device standing in for the CPU's kernels makes, GEMM by GEMM, the
 // allocations the CPU backend makes (whichever path this CPU takes: oneDNN's
 // scratchpad, or fp32 copies of 16-bit operands; copies of operands BLAS cannot
-// take as strided), and a meta device standing in for CUDA makes none.
+// take as strided), and a meta device standing in for CUDA makes cuBLAS's
+// workspace (handed to cuBLAS, so cuBLAS allocates nothing of its own) and
+// nothing else.
 TEST(PlanVsRun, MetaDeviceStandingInForTheCpuAllocatesWhatCpuGemmAllocates) {
   struct G {
     Shape a, b, c;
@@ -309,7 +311,10 @@ TEST(PlanVsRun, MetaDeviceStandingInForTheCpuAllocatesWhatCpuGemmAllocates) {
         EXPECT_EQ(ma[W].peak_bytes, ca[W].peak_bytes);
         EXPECT_EQ(ma.total_peak_bytes, ca.total_peak_bytes);
         EXPECT_EQ(ma.heap_peak_bytes, ca.heap_peak_bytes);
-        EXPECT_EQ(ga[W].allocations, gb[W].allocations);
+        EXPECT_EQ(ga[W].allocations - gb[W].allocations, 1);
+        EXPECT_EQ(ga[W].allocated_bytes - gb[W].allocated_bytes,
+                  static_cast<std::int64_t>(kernels::gpu_scratch::kCublasWorkspaceBytes));
+        EXPECT_EQ(ga[W].live_bytes, gb[W].live_bytes);
         // Not in vain: the OpenBLAS paths do allocate here (a strided operand's
         // copy, widened operands). oneDNN takes any strides and may need no
         // scratchpad (it does not on AVX512-BF16 CPUs), so no claim for it.

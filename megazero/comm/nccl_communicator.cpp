@@ -206,7 +206,6 @@ void NcclCommunicator::release() noexcept {
   comm_ = nullptr;
   order_event_ = nullptr;
   stream_ = nullptr;
-  barrier_scratch_.reset();
   if (restore) (void)cudaSetDevice(previous);
 }
 
@@ -382,18 +381,17 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce(const Tensor& t, int r
 
 std::shared_ptr<WorkImpl> NcclCommunicator::do_barrier() {
   CudaDeviceGuard guard(device_->index());
-  if (!barrier_scratch_) {
-    // Made on first use, under Other: it is not a communication bucket, and
-    // communicators that never barrier should not show up in the counters.
-    barrier_scratch_ = device_->allocate(sizeof(std::int32_t), MemoryCategory::Other, "nccl barrier scratch");
-    begin_op();  // the comm stream first waits for the allocation (ordered on the compute stream)
-    MZ_CUDA_CHECK(cudaMemsetAsync(barrier_scratch_->data(), 0, sizeof(std::int32_t), stream_));
-  }
-  begin_op();
-  void* p = barrier_scratch_->data();
+  // One int32, allocated and freed here: a transient allocation leaves the
+  // device's first-fit heap as it found it, so a barrier anywhere in a run
+  // (a checkpoint) does not move the offsets --device-arena planned. Under
+  // Other: it is not a communication bucket.
+  auto scratch = device_->allocate(sizeof(std::int32_t), MemoryCategory::Other, "nccl barrier scratch");
+  begin_op();  // the comm stream first waits for the allocation (ordered on the compute stream)
+  void* p = scratch->data();
+  MZ_CUDA_CHECK(cudaMemsetAsync(p, 0, sizeof(std::int32_t), stream_));
   MZ_NCCL_CHECK(ncclAllReduce(p, p, 1, ncclInt32, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
   // A barrier is a host-side rendezvous: return only once every rank got here.
-  std::static_pointer_cast<CudaEventWork>(end_op("barrier"))->synchronize();
+  std::static_pointer_cast<CudaEventWork>(end_op("barrier", {scratch}))->synchronize();
   return nullptr;
 }
 
@@ -418,7 +416,10 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_recv(const Tensor& t, int pee
 // the mirror path of MpiCommunicator's GPU staging: copied to this GPU, the
 // collective runs there, the result is copied back before the call returns.
 // These are a few scalars per step, so the synchronisation costs nothing that
-// matters, and callers need no second (host) communicator for them.
+// matters, and callers need no second (host) communicator for them. The
+// staging copy is freed before anything else is allocated, which leaves the
+// device's first-fit heap as it was (FirstFitHeap's transient test): the
+// offsets --device-arena planned do not move.
 
 namespace {
 bool on_host(const Tensor& t) { return t.device().kind() == DeviceKind::CPU; }

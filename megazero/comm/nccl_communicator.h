@@ -21,7 +21,8 @@
 // was made to wait for it; a Work dropped before either synchronises first.
 //
 // Host tensors are accepted too: staged through this GPU and copied back
-// before the call returns (the few host scalars of a step: loss, grad norm).
+// before the call returns (the few host scalars of a step: the logged loss,
+// the stop-signal vote; the grad-norm sum stays on the device).
 //
 // Send/recv: NCCL has no tags (the tag is ignored; messages between a pair of
 // ranks match in issue order) and a send only completes once the peer posts
@@ -146,7 +147,6 @@ class NcclCommunicator final : public Communicator {
   // Orders one stream after another: cudaStreamWaitEvent snapshots the event's
   // latest record at call time, so one event serves every hand-off.
   cudaEvent_t order_event_ = nullptr;
-  std::shared_ptr<Buffer> barrier_scratch_;  // one int32 the barrier all-reduces
 };
 
 }  // namespace megazero

@@ -544,13 +544,13 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
 void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out,
                               const void* dout, const float* lse, i64 bh, i64 s, i64 d, double scale, double p,
                               const RngKey& key, const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
-                              cudaStream_t st) {
+                              kernels::GpuScratch ws, cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
   check_aligned({q, k, v, out, dout, dq, dk, dv});
   const Dropout drop = make_dropout(p, key, layout);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
-  StreamScratch dot(static_cast<std::size_t>(bh * s) * sizeof(float), st);
+  float* dot = scratch_as<float>(ws, kernels::gpu_scratch::flash_backward_bytes(bh, s), "flash_attention_backward");
   const float fscale = static_cast<float>(scale), scale_log2 = fscale * kLog2e;
   with_types(t, d, [&](auto tag, auto dp) {
     using S = decltype(tag);
@@ -560,15 +560,15 @@ void flash_attention_backward(DType t, const void* q, const void* k, const void*
     const auto* vs = static_cast<const S*>(v);
     const auto* dos = static_cast<const S*>(dout);
     row_dot_kernel<S><<<blocks_for(bh * s * 32), kThreads, 0, st>>>(static_cast<const S*>(out), dos,
-                                                                    dot.as<float>(), bh * s, static_cast<int>(d));
+                                                                    dot, bh * s, static_cast<int>(d));
     constexpr std::size_t key_bytes = KeySmem<S, DP>::bytes, query_bytes = QuerySmem<S, DP>::bytes;
     allow_smem(flash_backward_dkdv_kernel<S, DP>, key_bytes, d);
     flash_backward_dkdv_kernel<S, DP><<<grid, kBlockThreads, key_bytes, st>>>(
-        qs, ks, vs, dos, lse, dot.as<float>(), static_cast<S*>(dk), static_cast<S*>(dv), static_cast<int>(s),
+        qs, ks, vs, dos, lse, dot, static_cast<S*>(dk), static_cast<S*>(dv), static_cast<int>(s),
         static_cast<int>(d), fscale, scale_log2, drop);
     allow_smem(flash_backward_dq_kernel<S, DP>, query_bytes, d);
     flash_backward_dq_kernel<S, DP><<<grid, kBlockThreads, query_bytes, st>>>(
-        qs, ks, vs, dos, lse, dot.as<float>(), static_cast<S*>(dq), static_cast<int>(s), static_cast<int>(d), fscale,
+        qs, ks, vs, dos, lse, dot, static_cast<S*>(dq), static_cast<int>(s), static_cast<int>(d), fscale,
         scale_log2, drop);
   });
   check_launch("flash_attention_backward");

@@ -46,12 +46,18 @@ class HandleCache {
   std::unordered_map<int, cublasHandle_t> handles_;
 };
 
-cublasHandle_t handle_for(const CudaDevice& dev) {
+cublasHandle_t handle_for(const CudaDevice& dev, kernels::GpuScratch ws) {
   thread_local HandleCache cache;
   cublasHandle_t h = cache.get(dev.index());
   // Several CudaDevice objects may share a GPU, each with its own stream, so
-  // bind the stream on every call (cheap: it only stores the pointer).
+  // bind the stream on every call (cheap: it only stores the pointer). Setting
+  // the stream drops the workspace back to cuBLAS's own pool, so hand it ours
+  // after: cuBLAS then allocates nothing.
   check_cublas(cublasSetStream(h, dev.stream()), "cublasSetStream");
+  MZ_CHECK(ws.data != nullptr && ws.bytes >= kernels::gpu_scratch::kCublasWorkspaceBytes,
+           "gemm (cuda): given ", ws.bytes, " bytes of cuBLAS workspace, needs ",
+           kernels::gpu_scratch::kCublasWorkspaceBytes);
+  check_cublas(cublasSetWorkspace(h, ws.data, ws.bytes), "cublasSetWorkspace");
   return h;
 }
 
@@ -93,7 +99,8 @@ cudaDataType_t cuda_type(DType t) {
 
 }  // namespace
 
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+          kernels::GpuScratch ws) {
   const std::int64_t m = c.size(-2), n = c.size(-1);
   const std::int64_t k = a.size(trans_a ? -2 : -1);
   const std::int64_t batch = a.dim() == 3 ? a.size(0) : 1;
@@ -115,7 +122,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                  dev.stream());
     return;
   }
-  cublasHandle_t h = handle_for(dev);
+  cublasHandle_t h = handle_for(dev, ws);
 
   const Operand oa = describe(a, "A"), ob = describe(b, "B");
   // cuBLAS's first operand must be op(B)^T (N x K). Memory of a row-major B is

@@ -13,12 +13,14 @@
 
 #include "megazero/core/dtype.h"
 #include "megazero/core/error.h"
+#include "megazero/kernels/gpu_scratch.h"
 
 namespace megazero::cuda::detail_k {
 
 using i64 = std::int64_t;
 
 constexpr unsigned kThreads = 256;
+static_assert(kThreads == kernels::gpu_scratch::kThreads, "the scratch sizing assumes this block size");
 // Enough blocks to fill an H100 (132 SMs) many times over; grid-stride loops
 // cover the rest, so no grid dimension ever overflows.
 constexpr i64 kMaxBlocks = 132 * 32;
@@ -133,28 +135,15 @@ __device__ T block_max(T v) {
   return warp_part[0];
 }
 
-// Stream-ordered scratch for a kernel's partial results, from the device's
-// memory pool (kept reserved, so no allocation reaches the driver in steady
-// state). Freed on the stream, after the kernels that use it.
-class StreamScratch {
- public:
-  StreamScratch(std::size_t bytes, cudaStream_t s) : s_(s) {
-    const cudaError_t err = cudaMallocAsync(&p_, std::max<std::size_t>(bytes, 16), s);
-    if (err != cudaSuccess)
-      throw InternalError(::megazero::detail::concat("cudaMallocAsync of ", bytes, " bytes of kernel scratch: ",
-                                                     cudaGetErrorString(err)));
-  }
-  ~StreamScratch() { (void)cudaFreeAsync(p_, s_); }
-  StreamScratch(const StreamScratch&) = delete;
-  StreamScratch& operator=(const StreamScratch&) = delete;
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  cudaStream_t s_;
-};
+// The caller's scratch (megazero/kernels/gpu_scratch.h: allocated through the
+// device, so counted and planned) as T*, after checking it holds `need` bytes.
+template <typename T>
+T* scratch_as(kernels::GpuScratch ws, std::size_t need, const char* what) {
+  if (need == 0) return static_cast<T*>(ws.data);
+  if (ws.data == nullptr || ws.bytes < need)
+    throw InternalError(::megazero::detail::concat(what, ": given ", ws.bytes, " bytes of scratch, needs ", need,
+                                                   " (megazero/kernels/gpu_scratch.h sizes it)"));
+  return static_cast<T*>(ws.data);
+}
 
 }  // namespace megazero::cuda::detail_k

@@ -45,20 +45,14 @@ __global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial
 }
 
 template <typename G, typename Term>
-void column_sum(G* dst, i64 rows, i64 cols, Term term, cudaStream_t s, const char* what) {
+void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, cudaStream_t s, const char* what) {
   if (cols == 0) return;
-  // Enough chunks to fill the GPU when cols is small (a bias of 1536), each
-  // long enough to amortise the partial write.
-  const i64 col_blocks = (cols + kThreads - 1) / kThreads;
-  const i64 want_chunks = std::max<i64>(1, std::min<i64>((rows + 31) / 32, (4 * 132 + col_blocks - 1) / col_blocks));
-  const i64 chunks = std::min<i64>(want_chunks, 65535);
-  const i64 per_chunk = std::max<i64>(1, (rows + chunks - 1) / chunks);
-  const i64 used = rows == 0 ? 1 : (rows + per_chunk - 1) / per_chunk;
-  StreamScratch partial(static_cast<std::size_t>(used * cols) * sizeof(double), s);
-  column_partial_kernel<G><<<dim3(static_cast<unsigned>(col_blocks), static_cast<unsigned>(used)), kThreads, 0, s>>>(
-      rows, cols, per_chunk, term, partial.as<double>());
+  const auto c = kernels::gpu_scratch::column_chunks(rows, cols);
+  double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), what);
+  column_partial_kernel<G><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
+      rows, cols, c.per_chunk, term, partial);
   check_launch(what);
-  column_finish_kernel<G><<<static_cast<unsigned>(col_blocks), kThreads, 0, s>>>(cols, used, partial.as<double>(), dst);
+  column_finish_kernel<G><<<static_cast<unsigned>(c.col_blocks), kThreads, 0, s>>>(cols, c.used, partial, dst);
   check_launch(what);
 }
 
@@ -416,7 +410,7 @@ __global__ void adamw_kernel(float* w, float* m, float* v, const G* g, i64 begin
   }
 }
 
-constexpr unsigned kNormBlocks = 264;
+constexpr unsigned kNormBlocks = static_cast<unsigned>(kernels::gpu_scratch::kNormBlocks);
 
 template <typename G>
 __global__ void sum_sq_kernel(const G* g, i64 begin, i64 end, double* partial) {
@@ -633,21 +627,18 @@ __global__ void column_partial_packed_kernel(const S* dy, const S* x, const floa
 // when the fast path does not apply.
 template <typename S, typename GB, typename GG>
 bool packed_column_sums(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows, i64 cols, GB* dbeta,
-                        GG* dgamma, cudaStream_t s) {
+                        GG* dgamma, kernels::GpuScratch ws, cudaStream_t s) {
   if constexpr (std::is_same_v<S, double>) {
     return false;
   } else {
     constexpr int V = kVec<S>;
     if (cols % V != 0 || !aligned16(dy) || (x && !aligned16(x)) || rows == 0) return false;
-    const i64 packs = cols / V;
-    const i64 col_blocks = (packs + kThreads - 1) / kThreads;
-    const i64 chunks = std::max<i64>(1, std::min<i64>({(rows + 63) / 64, (4 * 132 + col_blocks - 1) / col_blocks, 65535}));
-    const i64 per_chunk = (rows + chunks - 1) / chunks;
-    const i64 used = (rows + per_chunk - 1) / per_chunk;
-    StreamScratch partial(static_cast<std::size_t>(used * cols * (dgamma ? 2 : 1)) * sizeof(double), s);
-    double* pb = partial.as<double>();
+    const auto c = kernels::gpu_scratch::packed_column_chunks(rows, cols, V);
+    const i64 used = c.used, per_chunk = c.per_chunk;
+    double* pb = scratch_as<double>(ws, static_cast<std::size_t>(used * cols * (dgamma ? 2 : 1)) * sizeof(double),
+                                    "column sums");
     double* pg = dgamma ? pb + used * cols : nullptr;
-    const dim3 grid(static_cast<unsigned>(col_blocks), static_cast<unsigned>(used));
+    const dim3 grid(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(used));
     if (dgamma)
       column_partial_packed_kernel<S, true><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
     else
@@ -668,7 +659,7 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
 
 template <typename S, typename G>
 void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, const void* rstd, void* dgamma,
-                             i64 rows, i64 cols, cudaStream_t s) {
+                             i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
   using C = compute_t<S>;
   const S* dyp = static_cast<const S*>(dy);
   const S* xp = static_cast<const S*>(x);
@@ -679,18 +670,19 @@ void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, co
                return static_cast<double>(ld(dyp[r * cols + c])) *
                       ((ld(xp[r * cols + c]) - static_cast<double>(mp[r])) * rp[r]);
              },
-             s, "layernorm_backward dgamma");
+             ws, s, "layernorm_backward dgamma");
 }
 
 // dst[c] += sum_r src[r * cols + c] (bias gradients, LayerNorm's dbeta, position embeddings).
 template <typename S, typename G>
-void sum_rows_t(const void* src, void* dst, i64 rows, i64 cols, cudaStream_t s, const char* what) {
+void sum_rows_t(const void* src, void* dst, i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s,
+                const char* what) {
   const S* g = static_cast<const S*>(src);
   if (packed_column_sums<S, G, G>(g, nullptr, nullptr, nullptr, rows, cols, static_cast<G*>(dst),
-                                  static_cast<G*>(nullptr), s))
+                                  static_cast<G*>(nullptr), ws, s))
     return;
   column_sum(static_cast<G*>(dst), rows, cols,
-             [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, s, what);
+             [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, ws, s, what);
 }
 
 template <typename S>
@@ -837,7 +829,7 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
-                        i64 rows, i64 cols, cudaStream_t s) {
+                        i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
   // Parameter gradients first: dx may overwrite dy. One packed pass over dy
   // and x for both when the accumulators are fp32 (Megatron's main grads).
   bool fused = false;
@@ -849,7 +841,7 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
           using G = decltype(acc);
           fused = packed_column_sums<S, G, G>(static_cast<const S*>(dy), static_cast<const S*>(x),
                                               static_cast<const float*>(mean), static_cast<const float*>(rstd), rows,
-                                              cols, static_cast<G*>(dbeta), static_cast<G*>(dgamma), s);
+                                              cols, static_cast<G*>(dbeta), static_cast<G*>(dgamma), ws, s);
         };
         if (dgamma_type == DType::F32)
           run(float{});
@@ -859,8 +851,9 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
     });
   }
   if (!fused) {
-    MZ_BY_STORAGE_AND_ACC(t, dgamma_type, layernorm_param_grads_t, dy, x, mean, rstd, dgamma, rows, cols, s);
-    MZ_BY_STORAGE_AND_ACC(t, dbeta_type, sum_rows_t, dy, dbeta, rows, cols, s, "layernorm_backward dbeta");
+    // One after the other on the stream, so they share the scratch.
+    MZ_BY_STORAGE_AND_ACC(t, dgamma_type, layernorm_param_grads_t, dy, x, mean, rstd, dgamma, rows, cols, ws, s);
+    MZ_BY_STORAGE_AND_ACC(t, dbeta_type, sum_rows_t, dy, dbeta, rows, cols, ws, s, "layernorm_backward dbeta");
   }
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
@@ -893,8 +886,9 @@ void add_bias(DType t, void* y, const void* bias, i64 rows, i64 cols, cudaStream
   MZ_BY_STORAGE(t, add_periodic_t, y, bias, rows * cols, cols, s, "add_bias");
 }
 
-void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, cudaStream_t s) {
-  MZ_BY_STORAGE_AND_ACC(t, dbias_type, sum_rows_t, dy, dbias, rows, cols, s, "bias_grad");
+void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, kernels::GpuScratch ws,
+               cudaStream_t s) {
+  MZ_BY_STORAGE_AND_ACC(t, dbias_type, sum_rows_t, dy, dbias, rows, cols, ws, s, "bias_grad");
 }
 
 void add(DType t, const void* a, const void* b, void* out, i64 n, cudaStream_t s) {
@@ -1003,36 +997,36 @@ void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 
 }
 
 void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 vocab_start, i64 n, i64 v, i64 h,
-                        void* dtable, DType dtable_type, cudaStream_t s) {
+                        void* dtable, DType dtable_type, kernels::GpuScratch ws, cudaStream_t s) {
   if (n == 0 || h == 0) return;
   MZ_CHECK(n < (i64{1} << 31) && v < (i64{1} << 31) - 1, "embedding_backward: ", n, " tokens or ", v,
            " rows exceed the 32-bit sort keys");
   int end_bit = 1;  // keys are in [0, v]
   while (end_bit < 31 && (i64{1} << end_bit) <= v) ++end_bit;
   const int items = static_cast<int>(n);
+  // The sort's workspace first (256-byte aligned), then the four lists: the
+  // keys and token indices, each double-buffered (the sort may leave its
+  // result in either buffer).
+  char* base = scratch_as<char>(ws, kernels::gpu_scratch::embedding_sort_bytes(n), "embedding_backward");
+  const std::size_t lists_at = kernels::gpu_scratch::embedding_sort_lists_offset(n);
+  int* lists = reinterpret_cast<int*>(base + lists_at);
+  cub::DoubleBuffer<int> keys(lists, lists + n), tokens(lists + 2 * n, lists + 3 * n);
   std::size_t sort_bytes = 0;
-  check_call(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<const int*>(nullptr),
-                                             static_cast<int*>(nullptr), static_cast<const int*>(nullptr),
-                                             static_cast<int*>(nullptr), items, 0, end_bit, s),
+  check_call(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, tokens, items, 0, end_bit, s),
              "embedding_backward: sort size");
-  // The sort's workspace first (the allocation's 256-byte alignment), then the four lists.
-  const std::size_t lists_at = (sort_bytes + 255) / 256 * 256;
-  StreamScratch scratch(lists_at + 4 * static_cast<std::size_t>(n) * sizeof(int), s);  // freed after the kernels below
-  int* keys_in = reinterpret_cast<int*>(scratch.as<char>() + lists_at);
-  int* tokens_in = keys_in + n;
-  int* keys = tokens_in + n;
-  int* tokens = keys + n;
-  embedding_keys_kernel<<<blocks_for(n), kThreads, 0, s>>>(ids, vocab_start, v, n, keys_in, tokens_in);
+  MZ_CHECK(sort_bytes <= lists_at, "embedding_backward: CUB's radix sort wants ", sort_bytes,
+           " bytes of workspace for ", n, " tokens, more than the ", lists_at,
+           " of megazero/kernels/gpu_scratch.cpp's bound (embedding_sort_lists_offset): raise the bound");
+  embedding_keys_kernel<<<blocks_for(n), kThreads, 0, s>>>(ids, vocab_start, v, n, keys.Current(), tokens.Current());
   check_launch("embedding_backward keys");
-  check_call(cub::DeviceRadixSort::SortPairs(scratch.as<void>(), sort_bytes, keys_in, keys, tokens_in, tokens, items, 0,
-                                             end_bit, s),
+  check_call(cub::DeviceRadixSort::SortPairs(base, sort_bytes, keys, tokens, items, 0, end_bit, s),
              "embedding_backward: sort");
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     with_accumulator<S>(dtable_type, [&](auto acc) {
       using G = decltype(acc);
       embedding_backward_runs_kernel<S, G><<<static_cast<unsigned>(n), row_threads(h), 0, s>>>(
-          static_cast<const S*>(dout), keys, tokens, n, v, h, static_cast<G*>(dtable));
+          static_cast<const S*>(dout), keys.Current(), tokens.Current(), n, v, h, static_cast<G*>(dtable));
     });
   });
   check_launch("embedding_backward");
@@ -1043,8 +1037,8 @@ void add_position_embedding(DType t, void* out, const void* pos, i64 numel, i64 
 }
 
 void position_embedding_backward(DType t, const void* dout, i64 batch, i64 per_sample, void* dpos, DType dpos_type,
-                                 cudaStream_t s) {
-  MZ_BY_STORAGE_AND_ACC(t, dpos_type, sum_rows_t, dout, dpos, batch, per_sample, s, "position_embedding_backward");
+                                 kernels::GpuScratch ws, cudaStream_t s) {
+  MZ_BY_STORAGE_AND_ACC(t, dpos_type, sum_rows_t, dout, dpos, batch, per_sample, ws, s, "position_embedding_backward");
 }
 
 void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
@@ -1132,10 +1126,11 @@ void adamw(float* w, float* m, float* v, const void* g, DType grad_type, i64 beg
   check_launch("adamw");
 }
 
-double sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, cudaStream_t s) {
+void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
+                    double* out, cudaStream_t s) {
   const i64 parts = static_cast<i64>(ranges.size()) * kNormBlocks;
-  StreamScratch partial(static_cast<std::size_t>(parts + 1) * sizeof(double), s);
-  double* p = partial.as<double>();
+  double* p = scratch_as<double>(ws, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())),
+                                 "grad norm");
   with_storage(t, [&](auto tag) {
     using G = decltype(tag);
     for (std::size_t k = 0; k < ranges.size(); ++k)
@@ -1143,13 +1138,8 @@ double sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i
                                                          p + static_cast<i64>(k) * kNormBlocks);
   });
   check_launch("grad norm");
-  sum_partials_kernel<<<1, 1024, 0, s>>>(p, parts, p + parts);
+  sum_partials_kernel<<<1, 1024, 0, s>>>(p, parts, out);
   check_launch("grad norm");
-  double out = 0;
-  MZ_CHECK(cudaMemcpyAsync(&out, p + parts, sizeof(double), cudaMemcpyDeviceToHost, s) == cudaSuccess &&
-               cudaStreamSynchronize(s) == cudaSuccess,
-           "grad norm: reading the sum failed");
-  return out;
 }
 
 void strided_copy(const void* src, DType src_type, const i64* src_strides, void* dst, DType dst_type,

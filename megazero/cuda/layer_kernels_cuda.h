@@ -2,7 +2,9 @@
 // has the contracts: shapes, aliasing, dtypes, accumulate vs overwrite). The
 // public functions there validate their arguments and call these with raw
 // device pointers; everything is queued on stream `s` without blocking the
-// host, except embedding_backward (see there).
+// host. Kernels that need scratch
+// beyond their operands take it as `ws`, sized by megazero/kernels/gpu_scratch.h
+// and allocated by the caller through the device; none allocates.
 //
 // Numerics follow the CPU kernels: 16-bit values are loaded exactly into fp32,
 // statistics and sums are taken in double, and each result is rounded once.
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "megazero/core/dtype.h"
+#include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
 
 namespace megazero::cuda {
@@ -26,12 +29,13 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
                        void* rstd, i64 rows, i64 cols, cudaStream_t s);
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
-                        i64 rows, i64 cols, cudaStream_t s);
+                        i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s);  // ws: column_sums_bytes(t, rows, cols, 2)
 
 void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);
 void add_bias(DType t, void* y, const void* bias, i64 rows, i64 cols, cudaStream_t s);
-void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, cudaStream_t s);
+void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, kernels::GpuScratch ws,
+               cudaStream_t s);  // ws: column_sums_bytes(t, rows, cols, 1)
 void add(DType t, const void* a, const void* b, void* out, i64 n, cudaStream_t s);
 void axpy(DType t, double alpha, const void* x, void* y, i64 n, cudaStream_t s);
 void scale_elements(DType t, void* x, i64 n, double alpha, cudaStream_t s);
@@ -53,11 +57,12 @@ void embedding_forward(DType t, const std::int64_t* ids, const void* table, i64 
 // Sorts (row, token) pairs on the GPU (CUB's stable radix sort) so each row's
 // tokens are summed in token order: the CPU's order, no atomics (the result
 // repeats bit for bit) and no host synchronisation.
+// ws: embedding_sort_bytes(n).
 void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 vocab_start, i64 n, i64 v, i64 h,
-                        void* dtable, DType dtable_type, cudaStream_t s);
+                        void* dtable, DType dtable_type, kernels::GpuScratch ws, cudaStream_t s);
 void add_position_embedding(DType t, void* out, const void* pos, i64 numel, i64 per_sample, cudaStream_t s);
 void position_embedding_backward(DType t, const void* dout, i64 batch, i64 per_sample, void* dpos, DType dpos_type,
-                                 cudaStream_t s);
+                                 kernels::GpuScratch ws, cudaStream_t s);  // ws: column_sums_bytes(t, batch, per_sample, 1)
 
 // Vocabulary-parallel cross-entropy: the CPU kernels' contracts
 // (megazero/kernels/layer_kernels.h); one block per row.
@@ -80,9 +85,10 @@ struct AdamArgs {
 void adamw(float* w, float* m, float* v, const void* g, DType grad_type, i64 begin, i64 end, bool decay,
            const AdamArgs& a, cudaStream_t s);
 
-// Sum of squares of g over the ranges, in double and in a fixed order;
-// blocks until the result is on the host.
-double sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, cudaStream_t s);
+// *out (device memory) = the sum of squares of g over the ranges, in double
+// and in a fixed order. ws: sum_of_squares_bytes(ranges.size()).
+void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
+                    double* out, cudaStream_t s);
 
 // dst[idx] = convert(src[idx]) for every index of `shape` (at most 8
 // dimensions), element strides for each side; the dtype conversion rounds

@@ -266,10 +266,11 @@ void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operands(op, q, q.dtype(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   check_shapes(op, q.shape(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  const Tensor ws = allocate_gpu_scratch(q, gpu_scratch::flash_backward_bytes(dm.bh, dm.s), "flash backward row dots");
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
                                                lse.data_as<float>(), dm.bh, dm.s, dm.d, scale, p, key, layout,
-                                               dq.data(), dk.data(), dv.data(), stream_of(q)));
+                                               dq.data(), dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 7);

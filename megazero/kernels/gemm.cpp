@@ -3,6 +3,7 @@
 #include "megazero/kernels/gemm.h"
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/gpu_scratch.h"
 
 namespace megazero {
 
@@ -24,6 +25,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
   MZ_CHECK(c.strides().back() == 1 || n == 1, "gemm: C needs a unit stride in its last dimension");
   MZ_CHECK(a.device_ptr() == b.device_ptr() && a.device_ptr() == c.device_ptr(),
            "gemm: A, B and C must be on one device");
+  // cuBLAS's workspace, ours rather than its own cudaMalloc: counted, planned
+  // (a meta device standing in for CUDA allocates it too) and in the arena.
+  const Tensor ws = c.numel() > 0 && k > 0 ? kernels::allocate_gpu_scratch(c, kernels::gpu_scratch::kCublasWorkspaceBytes,
+                                                                           "cuBLAS workspace")
+                                           : Tensor();
   switch (a.device().kind()) {
     case DeviceKind::Meta: {  // dry run: shapes checked, nothing computed, the work logged for the time model
       auto& meta = static_cast<MetaDevice&>(a.device());
@@ -36,7 +42,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
     case DeviceKind::CPU: cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta); return;
     case DeviceKind::CUDA:
 #ifdef MEGAZERO_WITH_CUDA
-      cuda::gemm(a, trans_a, b, trans_b, c, alpha, beta);
+      cuda::gemm(a, trans_a, b, trans_b, c, alpha, beta, kernels::scratch_of(ws));
       return;
 #else
       break;

@@ -16,6 +16,7 @@
 #include <string>
 
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/gpu_scratch.h"
 
 namespace megazero {
 
@@ -31,7 +32,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 }
 #ifdef MEGAZERO_WITH_CUDA
 namespace cuda {
-void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta);
+// ws: cuBLAS's workspace (gpu_scratch::kCublasWorkspaceBytes), allocated by gemm().
+void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
+          kernels::GpuScratch ws);
 }
 #endif
 

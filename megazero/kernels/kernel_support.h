@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/cuda_device.h"

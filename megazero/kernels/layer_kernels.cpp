@@ -367,7 +367,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
-  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(), add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, stream_of(x)));
+  const Tensor ws = allocate_gpu_scratch(x, gpu_scratch::column_sums_bytes(dt, s.rows, s.cols, 2), "layernorm_backward scratch");
+  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(), add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, scratch_of(ws), stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -432,7 +433,8 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   check_operand(op, "dy", dy, dy, dy.dtype());
   check_accumulator(op, "dbias", dbias, dy, dy.dtype());
   check_shape(op, "dbias", dbias, {s.cols});
-  MZ_ON_CUDA(dy, cuda::bias_grad(dy.dtype(), dy.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, stream_of(dy)));
+  const Tensor ws = allocate_gpu_scratch(dy, gpu_scratch::column_sums_bytes(dy.dtype(), s.rows, s.cols, 1), "bias_grad scratch");
+  MZ_ON_CUDA(dy, cuda::bias_grad(dy.dtype(), dy.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(dy)));
   if (!on_host(op, dy)) return;
   with_storage_type(dy.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -670,7 +672,8 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, std::int64_t voca
   const i64 n = ids.size(0);
   check_operand(op, "dout", dout, dtable, dout.dtype());
   check_shape(op, "dout", dout, {n, h});
-  MZ_ON_CUDA(dtable, cuda::embedding_backward(dout.dtype(), ptr<const std::int64_t>(ids), dout.data(), vocab_start, n, v, h, dtable.data(), dtable.dtype(), stream_of(dtable)));
+  const Tensor ws = allocate_gpu_scratch(dtable, n > 0 && h > 0 ? gpu_scratch::embedding_sort_bytes(n) : 0, "embedding_backward sort");
+  MZ_ON_CUDA(dtable, cuda::embedding_backward(dout.dtype(), ptr<const std::int64_t>(ids), dout.data(), vocab_start, n, v, h, dtable.data(), dtable.dtype(), scratch_of(ws), stream_of(dtable)));
   if (!on_host(op, dtable)) return;
   with_storage_type(dout.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -719,7 +722,8 @@ void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t s
 void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& dpos) {
   constexpr const char* op = "position_embedding_backward";
   const Rows s = check_positions(op, dout, dpos, seq, true);
-  MZ_ON_CUDA(dout, cuda::position_embedding_backward(dout.dtype(), dout.data(), s.rows, seq * s.cols, dpos.data(), dpos.dtype(), stream_of(dout)));
+  const Tensor ws = allocate_gpu_scratch(dout, gpu_scratch::column_sums_bytes(dout.dtype(), s.rows, seq * s.cols, 1), "position_embedding_backward scratch");
+  MZ_ON_CUDA(dout, cuda::position_embedding_backward(dout.dtype(), dout.data(), s.rows, seq * s.cols, dpos.data(), dpos.dtype(), scratch_of(ws), stream_of(dout)));
   if (!on_host(op, dout)) return;
   with_storage_type(dout.dtype(), [&](auto tag) {
     using S = decltype(tag);

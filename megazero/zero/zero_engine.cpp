@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/cuda_device.h"
@@ -337,16 +338,22 @@ std::string ZeroEngine::constant_buffers() const {
 
 // ---------------------------------------------------------------- step
 // Reads the partition in place: a host copy of it (Psi/Nd doubles) every step
-// would cost more memory traffic than the sum itself.
-double ZeroEngine::sum_of_squares(const Tensor& grads) const {
-  if (!grads.device().has_storage()) return 0;  // the planner's dry run
+// would cost more memory traffic than the sum itself. The sum stays on the
+// device for the all-reduces; the step reads it once, after them.
+void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  for (const auto& [r, counted] : norm_segments_)
+    if (counted && r.end > r.begin) ranges.emplace_back(r.begin, r.end);
+  // The GPU kernel's partial sums (a meta device standing in for CUDA plans them too).
+  const Tensor ws = kernels::allocate_gpu_scratch(
+      grads, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<std::int64_t>(ranges.size())), "grad norm partials");
+  if (!grads.device().has_storage()) return;  // the planner's dry run
   MZ_CHECK(grads.is_contiguous(), "grad norm: the gradient partition must be contiguous");
 #ifdef MEGAZERO_WITH_CUDA
   if (grads.device().kind() == DeviceKind::CUDA) {
-    std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
-    for (const auto& [r, counted] : norm_segments_)
-      if (counted && r.end > r.begin) ranges.emplace_back(r.begin, r.end);
-    return cuda::sum_of_squares(grads.data(), grads.dtype(), ranges, as_cuda_device(grads.device()).stream());
+    cuda::sum_of_squares(grads.data(), grads.dtype(), ranges, kernels::scratch_of(ws), out.data_as<double>(),
+                         as_cuda_device(grads.device()).stream());
+    return;
   }
 #endif
   MZ_CHECK(grads.device().kind() == DeviceKind::CPU, "grad norm: gradients on ", grads.device().name());
@@ -358,7 +365,7 @@ double ZeroEngine::sum_of_squares(const Tensor& grads) const {
         const double g = load_as_double(base, grads.dtype(), static_cast<std::size_t>(i));
         s += g * g;
       }
-  return s;
+  out.data_as<double>()[0] = s;
 }
 
 Tensor ZeroEngine::partition_grads() {
@@ -372,11 +379,13 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
   recording_ = false;  // the first step recorded the group order
   seq_pos_ = 0;
   const Tensor part_grads = partition_grads();
-  Tensor sumsq = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::F64, MemoryCategory::Workspace);
-  sumsq.data_as<double>()[0] = sum_of_squares(part_grads);
+  // On the gradients' device (planned like any other allocation; NCCL
+  // reduces it in place), read by the host once: the step's one wait.
+  Tensor sumsq = Tensor::empty(part_grads.device_ptr(), {1}, DType::F64, MemoryCategory::Workspace, "grad norm sum");
+  sum_of_squares(part_grads, sumsq);
   tp_.all_reduce(sumsq, ReduceOp::Sum).wait();
   dp_.all_reduce(sumsq, ReduceOp::Sum).wait();
-  const double total = sumsq.data_as<double>()[0];
+  const double total = sumsq.device().has_storage() ? sumsq.to_double_vector()[0] : 0.0;
   StepStats st;
   st.grad_norm = std::sqrt(total) / loss_scale;
   if (!std::isfinite(total)) {  // the same verdict on every rank: the sum was all-reduced

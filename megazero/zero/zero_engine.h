@@ -120,7 +120,8 @@ class ZeroEngine final : public layers::ParamHooks {
   void issue_gather(int group);
   void release(int group);
   void publish_params();
-  double sum_of_squares(const Tensor& grads) const;
+  // out[0] (an fp64 scalar on the gradients' device) = the squared norm of this rank's counted gradients.
+  void sum_of_squares(const Tensor& grads, Tensor& out) const;
 
   std::vector<layers::Parameter*> params_;
   Communicator& dp_;

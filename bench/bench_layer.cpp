@@ -37,6 +37,7 @@ int run(int argc, char** argv) {
   int tp_size = 16, steps = 10, warmup = 2;
   std::string device_spec = "cuda", dtype_name_arg = "bf16";
   double dropout = 0.1, peak_tflops = 989.0;
+  bool no_bias_gelu_fusion = false;
   po::options_description d("bench_layer");
   d.add_options()("hidden-size", po::value(&cfg.hidden_size))(
       "num-attention-heads", po::value(&cfg.num_attention_heads))("ffn-hidden-size", po::value(&cfg.ffn_hidden_size))(
@@ -45,8 +46,10 @@ int run(int argc, char** argv) {
       "device", po::value(&device_spec), "cpu or cuda[:N]")("dropout", po::value(&dropout))(
       "recompute-activations", po::bool_switch(&cfg.recompute_activations))("steps", po::value(&steps))(
       "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
-      "attention-backend", po::value(&cfg.attention_backend), "unfused or fused");
+      "attention-backend", po::value(&cfg.attention_backend), "unfused or fused")(
+      "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes");
   parse_command_line(argc, argv, d, "bench_layer");
+  cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
   const DType dt = dtype_name_arg == "fp32" ? DType::F32 : dtype_name_arg == "bf16" ? DType::BF16 : DType::F16;
   MZ_REQUIRE(dtype_name_arg == "fp32" || dtype_name_arg == "bf16" || dtype_name_arg == "fp16",
              "--dtype must be fp32, bf16 or fp16, got '", dtype_name_arg, "'");

@@ -15,21 +15,22 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterSet& params, const std::stri
   if (bias) bias_ = &params.add(name + ".bias", {out}, 0, ctx.rank(), ctx.size(), Init::Zeros, 0, false);
 }
 
-Tensor ColumnParallelLinear::forward(const Tensor& x) {
+Tensor ColumnParallelLinear::forward(const Tensor& x, bool add_bias) {
+  MZ_CHECK(add_bias || !gather_output_, "ColumnParallelLinear: a gathered output cannot leave its bias to the caller");
   CopyToTpRegion::forward(*ctx_.tp, x);
   input_ = x;
   Tensor y = ctx_.activation({x.size(0), local_out_});
   gemm(x, false, weight_->value, true, y);
-  if (bias_) kernels::add_bias(y, bias_->value);
+  if (bias_ && add_bias) kernels::add_bias(y, bias_->value);
   if (!gather_output_) return y;
   return GatherFromTpRegion::forward(*ctx_.tp, y, MemoryCategory::Activations);
 }
 
-Tensor ColumnParallelLinear::backward(const Tensor& dy_in) {
+Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) {
   MZ_CHECK(input_.defined(), "ColumnParallelLinear::backward before forward");
   Tensor dy = gather_output_ ? GatherFromTpRegion::backward(*ctx_.tp, dy_in, MemoryCategory::Activations) : dy_in;
   gemm(dy, true, input_, false, weight_->grad, 1.0f, 1.0f);  // dW += dy^T x
-  if (bias_) kernels::bias_grad(dy, bias_->grad);
+  if (bias_ && !bias_grad_done) kernels::bias_grad(dy, bias_->grad);
   Tensor dx = ctx_.activation(input_.shape());
   gemm(dy, false, weight_->value, false, dx);  // partial: this rank's outputs only
   CopyToTpRegion::backward(*ctx_.tp, dx);

@@ -15,12 +15,17 @@ class ColumnParallelLinear {
  public:
   ColumnParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out, bool bias,
                        bool gather_output, const TpContext& ctx, double init_std);
-  // x: [N, in] -> [N, out / tp] (or [N, out] with gather_output).
-  Tensor forward(const Tensor& x);
-  // dy like forward's output -> dx [N, in] (TP-reduced); accumulates dW, db.
-  Tensor backward(const Tensor& dy);
+  // x: [N, in] -> [N, out / tp] (or [N, out] with gather_output). add_bias
+  // false leaves the bias to the caller (the MLP's bias-GeLU fusion).
+  Tensor forward(const Tensor& x, bool add_bias = true);
+  // dy like forward's output -> dx [N, in] (TP-reduced); accumulates dW and,
+  // unless the caller already has (bias_grad_done: the fused bias-GeLU
+  // backward sums the same dy in its own pass), db.
+  Tensor backward(const Tensor& dy, bool bias_grad_done = false);
   void release() { input_ = Tensor(); }
   std::int64_t local_out() const { return local_out_; }
+  // This rank's slice of the bias, or nullptr for a layer without one.
+  Parameter* bias() const { return bias_; }
 
  private:
   TpContext ctx_;

@@ -9,23 +9,35 @@ namespace megazero::layers {
 
 ParallelMLP::ParallelMLP(ParameterSet& params, const std::string& name, const GPTConfig& cfg, const TpContext& ctx)
     : ctx_(ctx),
+      bias_gelu_fusion_(cfg.bias_gelu_fusion),
       fc1_(params, name + ".fc1", cfg.hidden_size, cfg.ffn(), true, false, ctx, cfg.init_method_std),
       fc2_(params, name + ".fc2", cfg.ffn(), cfg.hidden_size, true, ctx,
            cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
 
 Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
-  pre_gelu_ = fc1_.forward(x);
+  const bool fused = fused_bias_gelu();
+  pre_gelu_ = fc1_.forward(x, !fused);
   Tensor act = ctx_.activation(pre_gelu_.shape());
-  kernels::gelu_forward(pre_gelu_, act);
+  if (fused) {
+    kernels::bias_gelu_forward(pre_gelu_, fc1_.bias()->value, act);
+  } else {
+    kernels::gelu_forward(pre_gelu_, act);
+  }
   return fc2_.forward(act, add_output_bias);
 }
 
 Tensor ParallelMLP::backward(const Tensor& dy) {
   MZ_CHECK(pre_gelu_.defined(), "MLP backward before forward");
   Tensor dact = fc2_.backward(dy);
-  kernels::gelu_backward(dact, pre_gelu_, dact);
+  const bool fused = fused_bias_gelu();
+  if (fused) {
+    Parameter& bias = *fc1_.bias();
+    kernels::bias_gelu_backward(dact, pre_gelu_, bias.value, dact, bias.grad);
+  } else {
+    kernels::gelu_backward(dact, pre_gelu_, dact);
+  }
   pre_gelu_ = Tensor();
-  return fc1_.backward(dact);
+  return fc1_.backward(dact, fused);
 }
 
 void ParallelMLP::release() {

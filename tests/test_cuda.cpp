@@ -147,6 +147,16 @@ TEST_F(Cuda, ElementwiseKernels) {
     k::bias_grad(dy.c, db.c);
     k::bias_grad(dy.g, db.g);
     EXPECT_LE(rel_diff(db.g, db.c), 1e-6) << "bias_grad";
+    // The bias-GeLU fusion: forward, and backward's dx (aliasing dy) with the
+    // bias gradient summed in the same pass.
+    k::bias_gelu_forward(x.c, bias.c, y.c);
+    k::bias_gelu_forward(x.g, bias.g, y.g);
+    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "bias_gelu_forward " << dtype_name(dt);
+    auto dyf = random(x.c.shape(), dt), dbf = random({300}, acc_of(dt));
+    k::bias_gelu_backward(dyf.c, x.c, bias.c, dyf.c, dbf.c);
+    k::bias_gelu_backward(dyf.g, x.g, bias.g, dyf.g, dbf.g);
+    EXPECT_LE(rel_diff(dyf.g, dyf.c), tol(dt)) << "bias_gelu_backward dx " << dtype_name(dt);
+    EXPECT_LE(rel_diff(dbf.g, dbf.c), 2 * tol(dt)) << "bias_gelu_backward dbias " << dtype_name(dt);
     k::add(x.c, dy.c, y.c);
     k::add(x.g, dy.g, y.g);
     EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "add";

@@ -100,10 +100,44 @@ TEST_F(LayerGrad, LayerNormLayer) {
 }
 
 TEST_F(LayerGrad, MLP) {
-  ParameterSet ps;
-  ParallelMLP mlp(ps, "mlp", cfg, ctx);
-  check_layer(ps, input(4, cfg.hidden_size, 4), [&](const Tensor& x) { return mlp.forward(x); },
-              [&](const Tensor& dy) { return mlp.backward(dy); });
+  for (const bool fusion : {true, false}) {  // --no-bias-gelu-fusion
+    SCOPED_TRACE(fusion ? "bias-GeLU fusion" : "no bias-GeLU fusion");
+    cfg.bias_gelu_fusion = fusion;
+    ParameterSet ps;
+    ParallelMLP mlp(ps, "mlp", cfg, ctx);
+    check_layer(ps, input(4, cfg.hidden_size, 4), [&](const Tensor& x) { return mlp.forward(x); },
+                [&](const Tensor& dy) { return mlp.backward(dy); });
+  }
+}
+
+// In fp32 the fusion changes no bit: output, input gradient, every parameter gradient.
+TEST_F(LayerGrad, BiasGeluFusionChangesNoBitInFp32) {
+  ctx.dtype = DType::F32;
+  struct Run {
+    std::vector<double> out, dx;
+    std::vector<std::vector<double>> grads;
+  };
+  auto run = [&](bool fusion) {
+    cfg.bias_gelu_fusion = fusion;
+    ParameterSet ps;
+    ParallelMLP mlp(ps, "mlp", cfg, ctx);
+    ps.allocate(ctx.device, DType::F32);
+    ps.initialize(11);
+    for (auto* p : ps.all())
+      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 5, 0.5));
+    ps.zero_grad();
+    const Tensor x = input(8, cfg.hidden_size, 4);
+    Run r;
+    const Tensor out = mlp.forward(x);
+    r.out = out.to_double_vector();
+    r.dx = mlp.backward(random_like(out, 99)).to_double_vector();
+    for (auto* p : ps.all()) r.grads.push_back(p->grad.to_double_vector());
+    return r;
+  };
+  const Run fused = run(true), unfused = run(false);
+  EXPECT_EQ(fused.out, unfused.out);
+  EXPECT_EQ(fused.dx, unfused.dx);
+  EXPECT_EQ(fused.grads, unfused.grads);
 }
 
 TEST_F(LayerGrad, SelfAttentionWithDropout) {

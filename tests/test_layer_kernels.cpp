@@ -291,6 +291,68 @@ TEST(Gelu, BackwardMatchesFiniteDifferencesAndAliases) {
   expect_close(vals(dx32), vals(dx), 1e-5, 1e-5, "fp32");
 }
 
+// Megatron's bias-GeLU fusion: forward is gelu(y + bias) (fp32: add_bias then
+// gelu_forward, bit for bit); backward's dx and dbias match finite differences
+// in fp64 and, in fp32, the unfused gelu_backward then bias_grad exactly.
+TEST(Gelu, BiasGeluFusionIsTheUnfusedSequence) {
+  std::mt19937 rng(8);
+  const i64 rows = 12, cols = 7;
+  const Shape shape{rows, cols};
+  const Vec y = randn(usize(rows * cols), rng, 2.0), bias = randn(usize(cols), rng), w = randn(usize(rows * cols), rng);
+  const Vec dbias0 = randn(usize(cols), rng);
+  auto fused = [&](const Vec& yv, const Vec& bv, DType t) {
+    Tensor out = empty(shape, t);
+    bias_gelu_forward(tensor(shape, yv, t), tensor({cols}, bv, t), out);
+    return vals(out);
+  };
+  auto unfused = [&](const Vec& yv, const Vec& bv, DType t) {
+    Tensor pre = tensor(shape, yv, t);
+    add_bias(pre, tensor({cols}, bv, t));
+    Tensor out = empty(shape, t);
+    gelu_forward(pre, out);
+    return vals(out);
+  };
+  Vec want(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) want[i] = gelu_ref(y[i] + bias[i % usize(cols)]);
+  expect_close(fused(y, bias, DType::F64), want, 1e-15, 1e-15, "fp64");
+  expect_close(fused(to_f32(y), to_f32(bias), DType::F32), unfused(to_f32(y), to_f32(bias), DType::F32), 0, 0,
+               "fp32 fused vs unfused");
+  {  // in place
+    Tensor yy = tensor(shape, y);
+    bias_gelu_forward(yy, tensor({cols}, bias), yy);
+    expect_close(vals(yy), want, 1e-15, 1e-15, "in place");
+  }
+  // Backward, fp64: dx and dbias against finite differences of the forward.
+  Tensor dx = empty(shape), db = tensor({cols}, dbias0);
+  bias_gelu_backward(tensor(shape, w), tensor(shape, y), tensor({cols}, bias), dx, db);
+  expect_fd_gradient(
+      "dx", y, [&](const Vec& v) { return fused(v, bias, DType::F64); }, w, vals(dx));
+  expect_fd_gradient(
+      "dbias", bias, [&](const Vec& b) { return fused(y, b, DType::F64); }, w, minus(vals(db), dbias0));
+  // fp32 (and dx aliasing dy): the unfused gelu_backward then bias_grad, bit for bit.
+  for (const DType t : {DType::F32, DType::BF16}) {
+    const Vec y32 = to_f32(y), b32 = to_f32(bias), w32 = to_f32(w);
+    Tensor d = tensor(shape, w32, t), dbf = tensor({cols}, dbias0, DType::F32);
+    bias_gelu_backward(d, tensor(shape, y32, t), tensor({cols}, b32, t), d, dbf);
+    Tensor pre = tensor(shape, y32, t);
+    add_bias(pre, tensor({cols}, b32, t));
+    Tensor du = tensor(shape, w32, t), dbu = tensor({cols}, dbias0, DType::F32);
+    gelu_backward(du, pre, du);
+    bias_grad(du, dbu);
+    if (t == DType::F32) {
+      expect_close(vals(d), vals(du), 0, 0, "fp32 dx");
+      expect_close(vals(dbf), vals(dbu), 0, 0, "fp32 dbias");
+    } else {  // 16-bit: y + bias is not rounded first, so one rounding of difference at most
+      expect_close(vals(d), vals(du), 2e-2, 1e-2, "bf16 dx");
+      expect_close(vals(dbf), vals(dbu), 2e-2, 5e-2, "bf16 dbias");
+    }
+  }
+  expect_rejected([&] {
+    Tensor o = empty(shape);
+    bias_gelu_forward(tensor(shape, y), tensor({cols + 1}, Vec(usize(cols + 1))), o);
+  }, "bias_gelu_forward: bias has shape");
+}
+
 // ======================== bias and element-wise ========================
 
 TEST(Elementwise, AddBiasMatchesReferenceAndBiasGradIsItsBackward) {
@@ -857,6 +919,13 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
          layernorm_backward(x, x, g, st, st, dx, dg, db);
        },
        gs::column_sums_bytes(DType::BF16, rows, cols, 2)},
+      {"bias_gelu_backward",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor dy = t(dev, {rows, cols}, DType::BF16), b = t(dev, {cols}, DType::BF16);
+         Tensor db = t(dev, {cols}, DType::F32);
+         bias_gelu_backward(dy, dy, b, dy, db);
+       },
+       gs::column_sums_bytes(DType::BF16, rows, cols, 1)},
       {"bias_grad",
        [&](const std::shared_ptr<Device>& dev) {
          Tensor dy = t(dev, {rows, cols}, DType::F32), db = t(dev, {cols}, DType::F32);

@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-gpu}
-targets=(test_cuda test_nccl test_gpt_tp test_zero test_gemm test_layer_kernels test_collectives bench_layer bench_gpt pretrain_gpt)
+targets=(test_cuda test_nccl test_gpt_tp test_zero test_gemm test_layer_kernels test_collectives bench_layer bench_kernels bench_gpt pretrain_gpt)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib/ucx"

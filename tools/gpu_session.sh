@@ -67,6 +67,9 @@ for phase in "$@"; do
         for a in unfused fused; do
           $B/bench_layer --device cuda --dtype bf16 --steps 10 --recompute-activations --attention-backend $a
         done
+        # What the bias-GeLU fusion (on above, Megatron's default) buys: the layer, and the kernels alone.
+        $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend fused --no-bias-gelu-fusion
+        $B/bench_kernels --device cuda --dtype bf16
       } > "$out/layer.txt" 2>&1
       cat "$out/layer.txt"
       ;;

@@ -699,6 +699,33 @@ void gelu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_
       [] __device__(C g, C v, i64) { return g * gelu_grad(v); }, s, "gelu_backward");
 }
 
+template <typename S>
+void bias_gelu_forward_t(const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {
+  using C = compute_t<S>;
+  const S* bp = static_cast<const S*>(bias);
+  map(static_cast<S*>(out), static_cast<const S*>(y), static_cast<const S*>(nullptr), rows * cols,
+      [=] __device__(C v, C, i64 i) { return gelu(v + ld(bp[i % cols])); }, s, "bias_gelu_forward");
+}
+
+// dx in the column sum's own pass: the term writes the rounded dx and returns
+// it, so dbias sums exactly what gelu_backward then bias_grad would.
+template <typename S, typename G>
+void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void* dx, void* dbias, i64 rows, i64 cols,
+                          kernels::GpuScratch ws, cudaStream_t s) {
+  const S* dyp = static_cast<const S*>(dy);
+  const S* yp = static_cast<const S*>(y);
+  const S* bp = static_cast<const S*>(bias);
+  S* dxp = static_cast<S*>(dx);
+  column_sum(static_cast<G*>(dbias), rows, cols,
+             [=] __device__(i64 r, i64 c) {
+               const i64 i = r * cols + c;
+               const S v = st<S>(ld(dyp[i]) * gelu_grad(ld(yp[i]) + ld(bp[c])));
+               dxp[i] = v;
+               return static_cast<double>(ld(v));
+             },
+             ws, s, "bias_gelu_backward");
+}
+
 // y[i] += b[i % period]: bias (period = cols) and position embeddings (period = seq * H).
 template <typename S>
 void add_periodic_t(void* y, const void* b, i64 n, i64 period, cudaStream_t s, const char* what) {
@@ -880,6 +907,15 @@ void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s) {
 
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
   MZ_BY_STORAGE(t, gelu_backward_t, dy, x, dx, n, s);
+}
+
+void bias_gelu_forward(DType t, const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {
+  MZ_BY_STORAGE(t, bias_gelu_forward_t, y, bias, out, rows, cols, s);
+}
+
+void bias_gelu_backward(DType t, const void* dy, const void* y, const void* bias, void* dx, void* dbias,
+                        DType dbias_type, i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+  MZ_BY_STORAGE_AND_ACC(t, dbias_type, bias_gelu_backward_t, dy, y, bias, dx, dbias, rows, cols, ws, s);
 }
 
 void add_bias(DType t, void* y, const void* bias, i64 rows, i64 cols, cudaStream_t s) {

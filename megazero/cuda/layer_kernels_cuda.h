@@ -33,6 +33,11 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
 
 void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);
+void bias_gelu_forward(DType t, const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s);
+// One pass: each thread walks a column over a chunk of rows, writing dx and
+// summing it (ws: column_sums_bytes(t, rows, cols, 1)).
+void bias_gelu_backward(DType t, const void* dy, const void* y, const void* bias, void* dx, void* dbias,
+                        DType dbias_type, i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s);
 void add_bias(DType t, void* y, const void* bias, i64 rows, i64 cols, cudaStream_t s);
 void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, kernels::GpuScratch ws,
                cudaStream_t s);  // ws: column_sums_bytes(t, rows, cols, 1)

@@ -153,6 +153,15 @@ void elementwise(T* out, i64 n, F f) {
   for (i64 i = 0; i < n; ++i) out[i] = f(i);
 }
 
+// Applies out[r * cols + c] = f(r, c) row by row (a bias indexed by c without
+// a division per element); f reads only that element, so outputs may alias inputs.
+template <typename T, typename F>
+void rowwise(T* out, i64 rows, i64 cols, F f) {
+#pragma omp parallel for num_threads(threads()) schedule(static) if (rows * cols > kParallelMin)
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < cols; ++c) out[r * cols + c] = f(r, c);
+}
+
 // ---- causal softmax ----
 
 // Row i of each [n, n] matrix is softmax over j <= i of scale * s; the max is
@@ -408,6 +417,49 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
     const S* dyp = ptr<const S>(dy);
     elementwise(ptr<S>(dx), x.numel(), [=](i64 i) { return st<S>(ld(dyp[i]) * gelu_grad(ld(xp[i]))); });
   });
+}
+
+void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out) {
+  constexpr const char* op = "bias_gelu_forward";
+  check_float(op, "y", y);
+  const Rows s = rows_of(op, "y", y);
+  check_operands(op, y, y.dtype(), {{"y", &y}, {"bias", &bias}, {"out", &out}});
+  check_shape(op, "bias", bias, {s.cols});
+  check_shape(op, "out", out, y.shape());
+  MZ_ON_CUDA(y, cuda::bias_gelu_forward(y.dtype(), y.data(), bias.data(), out.data(), s.rows, s.cols, stream_of(y)));
+  if (!on_host(op, y)) return;
+  with_storage_type(y.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* yp = ptr<const S>(y);
+    const S* bp = ptr<const S>(bias);
+    rowwise(ptr<S>(out), s.rows, s.cols,
+            [=](i64 r, i64 c) { return st<S>(gelu(ld(yp[r * s.cols + c]) + ld(bp[c]))); });
+  });
+}
+
+void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, Tensor& dx, Tensor& dbias) {
+  constexpr const char* op = "bias_gelu_backward";
+  check_float(op, "y", y);
+  const Rows s = rows_of(op, "y", y);
+  check_operands(op, y, y.dtype(), {{"dy", &dy}, {"y", &y}, {"bias", &bias}, {"dx", &dx}});
+  check_shapes(op, y.shape(), {{"dy", &dy}, {"dx", &dx}});
+  check_shape(op, "bias", bias, {s.cols});
+  check_accumulator(op, "dbias", dbias, y, y.dtype());
+  check_shape(op, "dbias", dbias, {s.cols});
+  const Tensor ws = allocate_gpu_scratch(y, gpu_scratch::column_sums_bytes(y.dtype(), s.rows, s.cols, 1), "bias_gelu_backward scratch");
+  MZ_ON_CUDA(y, cuda::bias_gelu_backward(y.dtype(), dy.data(), y.data(), bias.data(), dx.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(y)));
+  if (!on_host(op, y)) return;
+  with_storage_type(y.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* yp = ptr<const S>(y);
+    const S* bp = ptr<const S>(bias);
+    const S* dyp = ptr<const S>(dy);
+    rowwise(ptr<S>(dx), s.rows, s.cols, [=](i64 r, i64 c) {
+      const i64 i = r * s.cols + c;
+      return st<S>(ld(dyp[i]) * gelu_grad(ld(yp[i]) + ld(bp[c])));
+    });
+  });
+  bias_grad(dx, dbias);  // the CPU gains nothing from fusing this pass
 }
 
 void add_bias(Tensor& y, const Tensor& bias) {

@@ -58,6 +58,15 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 // ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
 void gelu_forward(const Tensor& x, Tensor& y);                          // y may alias x
 void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);      // dx may alias dy
+// Megatron's bias-GeLU fusion, the MLP's first linear without its own bias add:
+// out = gelu(y + bias) with y + bias kept in the compute type (fp32 for 16-bit
+// storage; for fp32 this is add_bias then gelu_forward bit for bit). bias is
+// [cols] along the last dimension; out may alias y.
+void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out);
+// Its backward: dx = dy * gelu'(y + bias), rounded to storage (dx may alias
+// dy), and dbias += sum_r dx[r, :] of those rounded values — gelu_backward then
+// bias_grad, in one pass over dy on a GPU.
+void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, Tensor& dx, Tensor& dbias);
 
 // ---- bias and element-wise ----
 void add_bias(Tensor& y, const Tensor& bias);           // y[r, c] += bias[c]

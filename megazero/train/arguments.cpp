@@ -94,6 +94,8 @@ void define(OptionTable& t, TrainArgs& a) {
         "unfused (scores and probabilities in memory, as Megatron's classic path) or fused (flash-style: neither "
         "is kept; backward recomputes them)");
   t.flag(M, "recompute-activations", &a.model.recompute_activations, "keep only each layer's input; recompute in backward");
+  t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
+         "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
   t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
   t.add(P, "ranks-per-node", &a.parallel.ranks_per_node, "0 = detect from MPI");
   t.flag(P, "allow-tp-across-nodes", &a.parallel.allow_tp_across_nodes, "accept TP groups spanning nodes (slow)");
@@ -242,6 +244,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
     throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
   }
   expand_zero_config(a, vm, on_command_line);
+  a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   if (a.help && help_text) {
     std::ostringstream os;
     os << desc;

@@ -49,6 +49,8 @@ struct TrainArgs {
   // --device-arena: MD for all device memory (Device::reserve_arena), sized by
   // this rank's memory plan (its first-fit heap peak).
   bool device_arena = false;
+  // --no-bias-gelu-fusion (Megatron's flag): sets model.bias_gelu_fusion = false.
+  bool no_bias_gelu_fusion = false;
   // checkpoints (megazero/checkpoint/)
   std::string save, load;
   std::int64_t save_interval = 0;

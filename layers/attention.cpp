@@ -86,10 +86,10 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   return context_;
 }
 
-Tensor ParallelSelfAttention::backward(const Tensor& dy) {
+Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_done) {
   MZ_CHECK(q_.defined(), "attention backward before forward");
   const std::int64_t B = step_.micro_batch, S = step_.seq, BH = B * local_heads_;
-  Tensor dmerged = dense_.backward(dy);
+  Tensor dmerged = dense_.backward(dy, output_bias_grad_done);
   Tensor dctx = ctx_.activation({B, local_heads_, S, head_dim_});
   dctx.copy_from(dmerged.view({B, S, local_heads_, head_dim_}).transpose(1, 2));
   dctx = dctx.view({BH, S, head_dim_});

@@ -26,8 +26,9 @@ class ParallelSelfAttention {
   // [B*S, H] -> [B*S, H]; add_output_bias false: the dense layer's bias is
   // left to the caller (output_bias()).
   Tensor forward(const Tensor& x, const StepInfo& step, bool add_output_bias = true);
-  const Parameter* output_bias() const { return dense_.bias(); }
-  Tensor backward(const Tensor& dy);
+  Parameter* output_bias() const { return dense_.bias(); }
+  // output_bias_grad_done: the caller summed the dense bias's gradient.
+  Tensor backward(const Tensor& dy, bool output_bias_grad_done = false);
   void release();
 
  private:

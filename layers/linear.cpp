@@ -54,10 +54,10 @@ Tensor RowParallelLinear::forward(const Tensor& x, bool add_bias) {
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy) {
+Tensor RowParallelLinear::backward(const Tensor& dy, bool bias_grad_done) {
   MZ_CHECK(input_.defined(), "RowParallelLinear::backward before forward");
   ReduceFromTpRegion::backward(*ctx_.tp, dy);
-  if (bias_) kernels::bias_grad(dy, bias_->grad);
+  if (bias_ && !bias_grad_done) kernels::bias_grad(dy, bias_->grad);
   gemm(dy, true, input_, false, weight_->grad, 1.0f, 1.0f);
   Tensor dx = ctx_.activation(input_.shape());
   gemm(dy, false, weight_->value, false, dx);

@@ -45,12 +45,14 @@ class RowParallelLinear {
                     const TpContext& ctx, double init_std);
   // x: [N, in / tp] -> [N, out], identical on every TP rank. add_bias false
   // leaves the bias to the caller (Megatron's skip_bias_add: the transformer
-  // layer fuses it into bias-dropout-add); backward is the same either way.
+  // layer fuses it into bias-dropout-add).
   Tensor forward(const Tensor& x, bool add_bias = true);
   // The bias, or nullptr for a layer without one.
-  const Parameter* bias() const { return bias_; }
-  // dy [N, out] -> dx [N, in / tp]; accumulates dW, db.
-  Tensor backward(const Tensor& dy);
+  Parameter* bias() const { return bias_; }
+  // dy [N, out] -> dx [N, in / tp]; accumulates dW and, unless the caller
+  // already has (bias_grad_done: the transformer layer sums it in its
+  // dropout backward's pass), db.
+  Tensor backward(const Tensor& dy, bool bias_grad_done = false);
   void release() { input_ = Tensor(); }
 
  private:

@@ -26,9 +26,9 @@ Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
   return fc2_.forward(act, add_output_bias);
 }
 
-Tensor ParallelMLP::backward(const Tensor& dy) {
+Tensor ParallelMLP::backward(const Tensor& dy, bool output_bias_grad_done) {
   MZ_CHECK(pre_gelu_.defined(), "MLP backward before forward");
-  Tensor dact = fc2_.backward(dy);
+  Tensor dact = fc2_.backward(dy, output_bias_grad_done);
   const bool fused = fused_bias_gelu();
   if (fused) {
     Parameter& bias = *fc1_.bias();

@@ -12,8 +12,9 @@ class ParallelMLP {
   ParallelMLP(ParameterSet& params, const std::string& name, const GPTConfig& cfg, const TpContext& ctx);
   // add_output_bias false: fc2's bias is left to the caller (output_bias()).
   Tensor forward(const Tensor& x, bool add_output_bias = true);
-  const Parameter* output_bias() const { return fc2_.bias(); }
-  Tensor backward(const Tensor& dy);
+  Parameter* output_bias() const { return fc2_.bias(); }
+  // output_bias_grad_done: the caller summed fc2's bias gradient.
+  Tensor backward(const Tensor& dy, bool output_bias_grad_done = false);
   void release();
 
  private:

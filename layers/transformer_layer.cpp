@@ -24,15 +24,18 @@ Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
   return y;
 }
 
-Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site) const {
+Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site, Parameter* bias) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
-  Tensor dx = ctx_.activation(dy.shape());
-  if (p == 0) {
-    dx.copy_from(dy);
-    return dx;
-  }
+  Tensor dx = ctx_.activation(dy.shape());  // not in place: dy is also the residual's gradient
   kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
-  kernels::dropout_backward(dy, p, RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, l, dx);
+  const RngKey key{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site};
+  if (bias) {
+    kernels::dropout_backward_bias_grad(dy, p, key, l, dx, bias->grad);
+  } else if (p == 0) {
+    dx.copy_from(dy);
+  } else {
+    kernels::dropout_backward(dy, p, key, l, dx);
+  }
   return dx;
 }
 
@@ -76,10 +79,15 @@ Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
   if (cfg_.recompute_activations) forward_impl(store_->restore(layer_));  // same step_, same masks
-  Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout);
-  Tensor dx1 = ln2_.backward(mlp_.backward(dm), &dy);  // + the residual's gradient, in the same pass
-  Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout);
-  return ln1_.backward(attention_.backward(da), &dx1);
+  // Each output bias's gradient is summed in its dropout backward's pass, so
+  // the linear that owns it skips its own sum (the bias was added there too,
+  // in bias-dropout-add).
+  Parameter* mlp_bias = mlp_.output_bias();
+  Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout, mlp_bias);
+  Tensor dx1 = ln2_.backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
+  Parameter* attention_bias = attention_.output_bias();
+  Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout, attention_bias);
+  return ln1_.backward(attention_.backward(da, attention_bias != nullptr), &dx1);
 }
 
 void TransformerLayer::release() {

@@ -29,7 +29,9 @@ class TransformerLayer {
   Tensor forward_impl(const Tensor& x);
   Tensor hidden_dropout(const Tensor& x, RngSite site) const;
   Tensor bias_dropout_add(const Tensor& y, const Parameter* bias, const Tensor& residual, RngSite site) const;
-  Tensor hidden_dropout_backward(const Tensor& dy, RngSite site) const;
+  // With `bias` (the sub-block's output bias, added before the dropout), its
+  // gradient is summed in the same pass (kernels::dropout_backward_bias_grad).
+  Tensor hidden_dropout_backward(const Tensor& dy, RngSite site, Parameter* bias) const;
   void release();
 
   GPTConfig cfg_;

@@ -275,6 +275,23 @@ TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
       }
 }
 
+// The dropout backward with the bias gradient in one pass (a row of the layout
+// shorter than a row of the tensor, so threads' columns cross layout rows).
+TEST_F(Cuda, DropoutBackwardWithBiasGradientMatchesCpu) {
+  for (DType dt : kTypes)
+    for (const k::DropoutLayout& l : {k::DropoutLayout{4, 1, 64, 96, 0, 0, 1}, k::DropoutLayout{8, 2, 1, 48, 1, 3, 9}}) {
+      const std::int64_t cols = 96, rows = l.A * l.B * l.C * l.D / cols;
+      const RngKey key{5, 9, 1, 2};
+      for (double p : {0.0, 0.1}) {
+        auto dy = random({rows, cols}, dt), dx = poisoned({rows, cols}, dt), db = random({cols}, acc_of(dt));
+        k::dropout_backward_bias_grad(dy.c, p, key, l, dx.c, db.c);
+        k::dropout_backward_bias_grad(dy.g, p, key, l, dx.g, db.g);
+        EXPECT_EQ(rel_diff(dx.g, dx.c), 0.0) << dtype_name(dt) << " p " << p << ": the CPU's mask and rounding";
+        EXPECT_LE(rel_diff(db.g, db.c), 1e-6) << dtype_name(dt) << " p " << p;
+      }
+    }
+}
+
 TEST_F(Cuda, EmbeddingsAndPositions) {
   for (DType dt : kTypes) {
     const std::int64_t V = 50, H = 70, N = 400, start = 20, S = 8;

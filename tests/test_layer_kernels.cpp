@@ -622,6 +622,44 @@ TEST(Dropout, BiasDropoutAddIsTheUnfusedSequenceBitForBit) {
   expect_rejected([&] { bias_dropout_add(y, bias, res, 0.1, key, l, y); }, "bias_dropout_add: bias");
 }
 
+// bias-dropout-add's backward with the bias gradient in the same call: dx is
+// dropout_backward's (also written over dy), and dbias gains the column sums
+// of that rounded dx, with fp32 accumulators for 16-bit storage. FD of the
+// forward in fp64 checks both.
+TEST(Dropout, BackwardWithTheBiasGradientIsBiasDropoutAddsGradient) {
+  std::mt19937 rng(22);
+  const DropoutLayout l{2, 1, 6, 10, 3, 0, 1};
+  const RngKey key{99, 4, 2, kRngMlpOutputDropout};
+  for (double p : {0.0, 0.25}) {
+    const Vec yv = randn(120, rng), bv = randn(10, rng), rv = randn(120, rng), w = randn(120, rng),
+              db0 = randn(10, rng);
+    auto forward = [&](const Vec& y, const Vec& b) {
+      Tensor out = empty({12, 10});
+      bias_dropout_add(tensor({12, 10}, y), tensor({10}, b), tensor({12, 10}, rv), p, key, l, out);
+      return vals(out);
+    };
+    Tensor dx = empty({12, 10}), db = tensor({10}, db0);
+    dropout_backward_bias_grad(tensor({12, 10}, w), p, key, l, dx, db);
+    expect_fd_gradient(
+        "dy", yv, [&](const Vec& y) { return forward(y, bv); }, w, vals(dx));
+    expect_fd_gradient(
+        "dbias", bv, [&](const Vec& b) { return forward(yv, b); }, w, minus(vals(db), db0));
+    for (DType t : {DType::F32, DType::BF16}) {  // the two kernels it stands for, bit for bit
+      Tensor d = tensor({12, 10}, w, t), dbf = tensor({10}, db0, DType::F32);
+      dropout_backward_bias_grad(d, p, key, l, d, dbf);
+      Tensor du = empty({12, 10}, t), dbu = tensor({10}, db0, DType::F32);
+      dropout_backward(tensor({12, 10}, w, t), p, key, l, du);
+      bias_grad(du, dbu);
+      EXPECT_EQ(vals(d), vals(du)) << dtype_name(t) << " p " << p;
+      EXPECT_EQ(vals(dbf), vals(dbu)) << dtype_name(t) << " p " << p;
+    }
+  }
+  Tensor dy = empty({12, 10}), db = empty({9});
+  expect_rejected([&] { dropout_backward_bias_grad(dy, 0.1, key, l, dy, db); }, "dropout_backward_bias_grad: dbias");
+  Tensor db10 = empty({10});
+  expect_rejected([&] { dropout_backward_bias_grad(dy, 1.0, key, l, dy, db10); }, "must be in [0, 1)");
+}
+
 // ============================== embeddings ==============================
 
 TEST(Embedding, RowsOfTheSliceAndZerosForOtherIds) {
@@ -926,6 +964,12 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
          bias_gelu_backward(dy, dy, b, dy, db);
        },
        gs::column_sums_bytes(DType::BF16, rows, cols, 1)},
+      {"dropout_backward_bias_grad",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor dy = t(dev, {rows, cols}, DType::BF16), db = t(dev, {cols}, DType::F32);
+         dropout_backward_bias_grad(dy, 0.1, RngKey{}, DropoutLayout{rows, 1, 1, cols, 0, 0, 1}, dy, db);
+       },
+       gs::dropout_bias_grad_bytes(rows, cols)},
       {"bias_grad",
        [&](const std::shared_ptr<Device>& dev) {
          Tensor dy = t(dev, {rows, cols}, DType::F32), db = t(dev, {cols}, DType::F32);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "megazero/cuda/cuda_kernels.h"
+#include "megazero/cuda/dropout_kernels.cuh"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/philox.cuh"
 #include "megazero/cuda/layer_kernels_cuda.h"
@@ -726,6 +727,21 @@ void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void*
              ws, s, "bias_gelu_backward");
 }
 
+template <typename S, typename G>
+void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* dx,
+                         void* dbias, i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+  const auto c = kernels::gpu_scratch::dropout_column_chunks(rows, cols);
+  double* partial = scratch_as<double>(ws, kernels::gpu_scratch::dropout_bias_grad_bytes(rows, cols),
+                                       "dropout_backward_bias_grad");
+  dropout_backward_partial_kernel<S><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)),
+                                       kThreads, 0, s>>>(static_cast<const S*>(dy), p, philox_key(key), layout, rows,
+                                                         cols, c.per_chunk, static_cast<S*>(dx), partial);
+  check_launch("dropout_backward_bias_grad");
+  column_finish_kernel<G><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+      cols, c.used, partial, static_cast<G*>(dbias));
+  check_launch("dropout_backward_bias_grad");
+}
+
 // y[i] += b[i % period]: bias (period = cols) and position embeddings (period = seq * H).
 template <typename S>
 void add_periodic_t(void* y, const void* b, i64 n, i64 period, cudaStream_t s, const char* what) {
@@ -907,6 +923,13 @@ void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s) {
 
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
   MZ_BY_STORAGE(t, gelu_backward_t, dy, x, dx, n, s);
+}
+
+void dropout_backward_bias_grad(DType t, const void* dy, double p, const RngKey& key,
+                                const kernels::DropoutLayout& layout, void* dx, void* dbias, DType dbias_type, i64 rows,
+                                i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+  if (cols == 0) return;
+  MZ_BY_STORAGE_AND_ACC(t, dbias_type, dropout_bias_grad_t, dy, p, key, layout, dx, dbias, rows, cols, ws, s);
 }
 
 void bias_gelu_forward(DType t, const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {

@@ -34,6 +34,11 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
 void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);
 void bias_gelu_forward(DType t, const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s);
+// dx = dropout backward of dy (may alias) and dbias += its column sums, one
+// pass (dropout_kernels.cuh; ws: dropout_bias_grad_bytes(rows, cols)).
+void dropout_backward_bias_grad(DType t, const void* dy, double p, const RngKey& key,
+                                const kernels::DropoutLayout& layout, void* dx, void* dbias, DType dbias_type, i64 rows,
+                                i64 cols, kernels::GpuScratch ws, cudaStream_t s);
 // One pass: each thread walks a column over a chunk of rows, writing dx and
 // summing it (ws: column_sums_bytes(t, rows, cols, 1)).
 void bias_gelu_backward(DType t, const void* dy, const void* y, const void* bias, void* dx, void* dbias,

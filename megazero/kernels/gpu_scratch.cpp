@@ -41,6 +41,20 @@ Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) {
   return c;
 }
 
+Chunks dropout_column_chunks(i64 rows, i64 cols) {
+  Chunks c;
+  c.col_blocks = ceil_div(ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads);
+  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, 64), ceil_div(kTargetBlocks, c.col_blocks), 65535}));
+  c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
+  c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
+  return c;
+}
+
+std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {
+  if (cols <= 0) return 0;
+  return static_cast<std::size_t>(dropout_column_chunks(rows, cols).used * cols) * sizeof(double);
+}
+
 std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums) {
   if (cols <= 0) return 0;
   // The one-column-per-thread path runs the sums one after the other, each

@@ -41,10 +41,15 @@ struct Chunks {
 };
 Chunks column_chunks(i64 rows, i64 cols);                  // one column per thread
 Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec);  // `vec` columns per thread (16-byte loads)
+// The fused dropout backward and bias gradient: 4 columns per thread (one
+// Philox block), any cols.
+constexpr i64 kDropoutColumns = 4;
+Chunks dropout_column_chunks(i64 rows, i64 cols);
 
 // `sums` column sums over the same rows (1: a bias or dbeta; 2: LayerNorm's
 // dgamma and dbeta), whichever path the launcher takes for `storage`.
 std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums);
+std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols);
 std::size_t sum_of_squares_bytes(i64 ranges);
 std::size_t flash_backward_bytes(i64 bh, i64 seq);
 // The four int lists of `tokens` (row keys and token indices, double-buffered)

@@ -630,6 +630,24 @@ void dropout_backward(const Tensor& dy, double p, const RngKey& key, const Dropo
   dropout("dropout_backward", dy, p, key, layout, dx);
 }
 
+void dropout_backward_bias_grad(const Tensor& dy, double p, const RngKey& key, const DropoutLayout& layout, Tensor& dx,
+                                Tensor& dbias) {
+  constexpr const char* op = "dropout_backward_bias_grad";
+  check_float(op, "dy", dy);
+  const Rows s = rows_of(op, "dy", dy);
+  check_operands(op, dy, dy.dtype(), {{"dy", &dy}, {"dx", &dx}});
+  check_shape(op, "dx", dx, dy.shape());
+  check_accumulator(op, "dbias", dbias, dy, dy.dtype());
+  check_shape(op, "dbias", dbias, {s.cols});
+  MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
+  check_layout(op, layout, dy.numel());
+  const Tensor ws = allocate_gpu_scratch(dy, gpu_scratch::dropout_bias_grad_bytes(s.rows, s.cols), "dropout_backward_bias_grad scratch");
+  MZ_ON_CUDA(dy, cuda::dropout_backward_bias_grad(dy.dtype(), dy.data(), p, key, layout, dx.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(dy)));
+  if (!on_host(op, dy)) return;
+  dropout(op, dy, p, key, layout, dx);
+  bias_grad(dx, dbias);
+}
+
 void embedding_forward(const Tensor& ids, const Tensor& table, std::int64_t vocab_start, Tensor& out) {
   constexpr const char* op = "embedding_forward";
   check_float(op, "table", table);

@@ -98,6 +98,13 @@ struct DropoutLayout {
 void dropout_forward(const Tensor& x, double p, const RngKey& key, const DropoutLayout& layout, Tensor& y);
 // dx = dy * keep / (1 - p), regenerating the same mask. dx may alias dy.
 void dropout_backward(const Tensor& dy, double p, const RngKey& key, const DropoutLayout& layout, Tensor& dx);
+// dropout_backward and the gradient of a bias added before the dropout (the
+// bias of bias-dropout-add): dx as dropout_backward (may alias dy), and
+// dbias[c] += sum_r dx[r, c] over dx's rounded values, dy taken as [rows,
+// cols] by its last dimension. On a GPU one pass over dy; on the CPU the two
+// kernels (p == 0: a copy and the sum).
+void dropout_backward_bias_grad(const Tensor& dy, double p, const RngKey& key, const DropoutLayout& layout, Tensor& dx,
+                                Tensor& dbias);
 
 // Megatron's fused bias-dropout-add, the end of each sub-block:
 //   out = residual + dropout(y + bias)   (bias [cols] along the last dimension)

@@ -63,6 +63,7 @@ inline double __shfl_down_sync(unsigned, double v, int m) {
 // CUDA's device max() overloads.
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
+inline std::int64_t min(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 // 16-bit types
 struct __nv_bfloat16 { uint16_t x = 0; };
 struct __half { _Float16 h = 0; };

@@ -25,8 +25,9 @@ struct GPTConfig {
   // "fused" never does (kernels/fused_attention.h).
   std::string attention_backend = "unfused";
   // Megatron's bias-GeLU fusion in the MLP (on by default, as there;
-  // --no-bias-gelu-fusion). fp32 results are the same bits either way; with
-  // 16-bit storage the fused path rounds once fewer (y + bias stays fp32).
+  // --no-bias-gelu-fusion). On the CPU fp32 results are the same bits either
+  // way (on a GPU the bias gradient's double sums may group differently: last
+  // bit); with 16-bit storage the fused path rounds once fewer (y + bias stays fp32).
   bool bias_gelu_fusion = true;
   std::int64_t make_vocab_size_divisible_by = 128;  // padded to a multiple of this x TP
 

@@ -978,10 +978,10 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
        gs::column_sums_bytes(DType::F32, rows, cols, 1)},
       {"position_embedding_backward",
        [&](const std::shared_ptr<Device>& dev) {
-         Tensor dy = t(dev, {rows, cols}, DType::F32), dp = t(dev, {seq, cols}, DType::F32);
-         position_embedding_backward(dy, seq, dp);
+         Tensor dy = t(dev, {40 * seq, cols}, DType::F32), dp = t(dev, {seq, cols}, DType::F32);
+         position_embedding_backward(dy, seq, dp);  // 40 samples: two chunks of rows, so partials
        },
-       gs::column_sums_bytes(DType::F32, rows / seq, seq * cols, 1)},
+       gs::column_sums_bytes(DType::F32, 40, seq * cols, 1)},
       {"embedding_backward",
        [&](const std::shared_ptr<Device>& dev) {
          Tensor ids = t(dev, {rows}, DType::I64), dy = t(dev, {rows, cols}, DType::F32);
@@ -1021,6 +1021,13 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
       EXPECT_EQ(cpu_traffic, (std::pair<i64, i64>{0, 0}));
     }
   }
+  // A position-embedding gradient over a few samples of seq x h columns (one
+  // chunk of rows) takes no scratch: not 8 bytes a column for nothing.
+  const auto meta = make_meta_device(DeviceKind::CUDA);
+  Tensor dy = t(meta, {4 * seq, 4096}, DType::BF16), dp = t(meta, {seq, 4096}, DType::F32);
+  const auto before = meta->memory().snapshot()[MC::Workspace];
+  position_embedding_backward(dy, seq, dp);
+  EXPECT_EQ(meta->memory().snapshot()[MC::Workspace].allocations, before.allocations);
 }
 
 // The chunking the column-sum launchers use: every row in exactly one chunk,
@@ -1041,14 +1048,23 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
       };
       const auto plain = gs::column_chunks(rows, cols);
       check(plain, 1);
+      const auto dropout = gs::dropout_column_chunks(rows, cols);  // any cols: four a thread, the last partly
+      check(dropout, gs::kDropoutColumns);
+      EXPECT_EQ(gs::dropout_bias_grad_bytes(rows, cols), static_cast<std::size_t>(dropout.used * cols) * sizeof(double));
       for (const DType dt : {DType::F32, DType::BF16, DType::F64}) {
         const std::size_t bytes = gs::column_sums_bytes(dt, rows, cols, 2);
-        EXPECT_GE(bytes, static_cast<std::size_t>(plain.used * cols) * sizeof(double));
+        // One chunk (every row in it) needs no scratch: the sums go straight into the result.
+        EXPECT_GE(bytes, plain.used > 1 ? static_cast<std::size_t>(plain.used * cols) * sizeof(double) : 0);
         const i64 vec = static_cast<i64>(16 / dtype_size(dt));
+        std::size_t packed_bytes = 0;
         if (dt != DType::F64 && cols % vec == 0 && rows > 0) {
           const auto packed = gs::packed_column_chunks(rows, cols, vec);
           check(packed, vec);
-          EXPECT_GE(bytes, static_cast<std::size_t>(packed.used * cols * 2) * sizeof(double));
+          if (packed.used > 1) packed_bytes = static_cast<std::size_t>(packed.used * cols * 2) * sizeof(double);
+          EXPECT_GE(bytes, packed_bytes);
+        }
+        if (plain.used == 1 && packed_bytes == 0) {
+          EXPECT_EQ(bytes, 0u);
         }
       }
     }

@@ -412,14 +412,15 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_recv(const Tensor& t, int pee
 }
 
 // ---------------------------------------------------------------- host tensors
-// A host tensor (a loss value, the grad-norm sum, checkpoint metadata) takes
-// the mirror path of MpiCommunicator's GPU staging: copied to this GPU, the
-// collective runs there, the result is copied back before the call returns.
-// These are a few scalars per step, so the synchronisation costs nothing that
-// matters, and callers need no second (host) communicator for them. The
-// staging copy is freed before anything else is allocated, which leaves the
-// device's first-fit heap as it was (FirstFitHeap's transient test): the
-// offsets --device-arena planned do not move.
+// A host tensor (the logged loss, the stop-signal vote, checkpoint metadata)
+// takes the mirror path of MpiCommunicator's GPU staging: copied to this GPU,
+// the collective runs there, the result is copied back before the call
+// returns. These are a few scalars per step, so the synchronisation costs
+// nothing that matters, and callers need no second (host) communicator for
+// them. A collective's staging copy is freed before the call returns (a send's
+// when its Work completes); a transient allocation leaves the device's
+// first-fit heap as it was (FirstFitHeap's transient test), so the offsets
+// --device-arena planned do not move.
 
 namespace {
 bool on_host(const Tensor& t) { return t.device().kind() == DeviceKind::CPU; }

@@ -36,6 +36,17 @@ __global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Te
   partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
 }
 
+// One chunk holds every row: dst[c] = round(dst[c] + sum_r term(r, c)) with
+// no partials (the same sums, in the same order, as partial + finish).
+template <typename G, typename Term>
+__global__ void column_direct_kernel(i64 rows, i64 cols, Term term, G* dst) {
+  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0;
+  for (i64 r = 0; r < rows; ++r) acc += term(r, c);
+  dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
+}
+
 template <typename G>
 __global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
   const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -49,6 +60,11 @@ template <typename G, typename Term>
 void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, cudaStream_t s, const char* what) {
   if (cols == 0) return;
   const auto c = kernels::gpu_scratch::column_chunks(rows, cols);
+  if (c.used == 1) {
+    column_direct_kernel<G><<<static_cast<unsigned>(c.col_blocks), kThreads, 0, s>>>(rows, cols, term, dst);
+    check_launch(what);
+    return;
+  }
   double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), what);
   column_partial_kernel<G><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
       rows, cols, c.per_chunk, term, partial);
@@ -633,8 +649,9 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
     return false;
   } else {
     constexpr int V = kVec<S>;
-    if (cols % V != 0 || !aligned16(dy) || (x && !aligned16(x)) || rows == 0) return false;
+    if (cols == 0 || cols % V != 0 || !aligned16(dy) || (x && !aligned16(x)) || rows == 0) return false;
     const auto c = kernels::gpu_scratch::packed_column_chunks(rows, cols, V);
+    if (c.used == 1) return false;  // one chunk: the plain path adds straight into the sums
     const i64 used = c.used, per_chunk = c.per_chunk;
     double* pb = scratch_as<double>(ws, static_cast<std::size_t>(used * cols * (dgamma ? 2 : 1)) * sizeof(double),
                                     "column sums");
@@ -708,8 +725,38 @@ void bias_gelu_forward_t(const void* y, const void* bias, void* out, i64 rows, i
       [=] __device__(C v, C, i64 i) { return gelu(v + ld(bp[i % cols])); }, s, "bias_gelu_forward");
 }
 
-// dx in the column sum's own pass: the term writes the rounded dx and returns
-// it, so dbias sums exactly what gelu_backward then bias_grad would.
+// bias_gelu_backward with 16-byte packs: each thread owns kVec<S> columns over
+// a chunk of rows, loads a row's dy and y packs, writes its dx pack, and sums
+// the rounded dx per column in double (column_finish_kernel adds the chunks).
+template <typename S>
+__global__ void bias_gelu_backward_packed_kernel(const S* dy, const S* y, const S* bias, S* dx, i64 rows, i64 cols,
+                                                 i64 rows_per_chunk, double* partial) {
+  constexpr int V = kVec<S>;
+  const i64 q = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q * V >= cols) return;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  const Pack<S> b = reinterpret_cast<const Pack<S>*>(bias)[q];
+  double acc[V] = {};
+  for (i64 r = r0; r < r1; ++r) {
+    const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
+    const Pack<S> x = reinterpret_cast<const Pack<S>*>(y + r * cols)[q];
+    Pack<S> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      o.v[j] = st<S>(ld(d.v[j]) * gelu_grad(ld(x.v[j]) + ld(b.v[j])));
+      acc[j] += static_cast<double>(ld(o.v[j]));
+    }
+    reinterpret_cast<Pack<S>*>(dx + r * cols)[q] = o;
+  }
+  const i64 base = static_cast<i64>(blockIdx.y) * cols + q * V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) partial[base + j] = acc[j];
+}
+
+// dx and dbias in one pass: packed when the row is whole packs and the
+// pointers are aligned (scratch: column_sums_bytes covers both forms), else
+// the column sum's term writes the rounded dx and returns it. Either way dbias
+// sums exactly the values gelu_backward then bias_grad would.
 template <typename S, typename G>
 void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void* dx, void* dbias, i64 rows, i64 cols,
                           kernels::GpuScratch ws, cudaStream_t s) {
@@ -717,6 +764,23 @@ void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void*
   const S* yp = static_cast<const S*>(y);
   const S* bp = static_cast<const S*>(bias);
   S* dxp = static_cast<S*>(dx);
+  if (cols == 0) return;
+  if constexpr (!std::is_same_v<S, double>) {
+    constexpr int V = kVec<S>;
+    const auto c = kernels::gpu_scratch::packed_column_chunks(rows, cols, V);
+    if (rows > 0 && c.used > 1 && cols % V == 0 && aligned16(dy) && aligned16(y) && aligned16(bias) &&
+        aligned16(dx)) {
+      double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double),
+                                           "bias_gelu_backward");
+      bias_gelu_backward_packed_kernel<S><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)),
+                                            kThreads, 0, s>>>(dyp, yp, bp, dxp, rows, cols, c.per_chunk, partial);
+      check_launch("bias_gelu_backward");
+      column_finish_kernel<G><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
+          cols, c.used, partial, static_cast<G*>(dbias));
+      check_launch("bias_gelu_backward");
+      return;
+    }
+  }
   column_sum(static_cast<G*>(dbias), rows, cols,
              [=] __device__(i64 r, i64 c) {
                const i64 i = r * cols + c;

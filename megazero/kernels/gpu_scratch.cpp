@@ -58,14 +58,18 @@ std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {
 std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums) {
   if (cols <= 0) return 0;
   // The one-column-per-thread path runs the sums one after the other, each
-  // reusing the scratch; the packed path (16-byte loads, not fp64) keeps all
-  // of them at once.
-  std::size_t bytes = static_cast<std::size_t>(column_chunks(rows, cols).used * cols) * sizeof(double);
+  // reusing the scratch, and needs none when one chunk holds every row (it
+  // then adds straight into the sum: a position-embedding gradient, a few
+  // rows of seq x h columns); the packed path (16-byte loads, not fp64) keeps
+  // all of them at once, and is taken only with more than one chunk.
+  const i64 plain = column_chunks(rows, cols).used;
+  std::size_t bytes = plain > 1 ? static_cast<std::size_t>(plain * cols) * sizeof(double) : 0;
   if (storage != DType::F64) {
     const i64 vec = static_cast<i64>(16 / dtype_size(storage));
-    if (cols % vec == 0 && rows > 0)
-      bytes = std::max(bytes, static_cast<std::size_t>(packed_column_chunks(rows, cols, vec).used * cols * sums) *
-                                  sizeof(double));
+    if (cols % vec == 0 && rows > 0) {
+      const i64 packed = packed_column_chunks(rows, cols, vec).used;
+      if (packed > 1) bytes = std::max(bytes, static_cast<std::size_t>(packed * cols * sums) * sizeof(double));
+    }
   }
   return bytes;
 }

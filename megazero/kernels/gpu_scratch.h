@@ -47,7 +47,9 @@ constexpr i64 kDropoutColumns = 4;
 Chunks dropout_column_chunks(i64 rows, i64 cols);
 
 // `sums` column sums over the same rows (1: a bias or dbeta; 2: LayerNorm's
-// dgamma and dbeta), whichever path the launcher takes for `storage`.
+// dgamma and dbeta), whichever path the launcher takes for `storage`: the
+// packed path only with more than one chunk of rows, the plain one without
+// scratch when a single chunk holds them all.
 std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums);
 std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols);
 std::size_t sum_of_squares_bytes(i64 ranges);

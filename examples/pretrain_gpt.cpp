@@ -249,6 +249,20 @@ int run(int argc, char** argv) {
     checkpoints->reserve(args.checkpoint_elements(), args.dtype());
   }
   if (root) {
+    // Megatron prints the parameter count; this also names the model's
+    // kernel choices, so a log says which path a run took.
+    std::int64_t total = 0;
+    for (const auto* p : params.all()) total += shape_numel(p->global_shape);
+    const auto& m = args.model;
+    std::printf("model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
+                "%lld): %.2fM parameters, %.2fM held by each TP rank; attention %s, bias-GeLU fusion %s, "
+                "recompute %s\n",
+                static_cast<long long>(m.num_layers), static_cast<long long>(m.hidden_size),
+                static_cast<long long>(m.num_attention_heads), static_cast<long long>(m.ffn()),
+                static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
+                static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
+                static_cast<double>(params.local_numel()) / 1e6, m.attention_backend.c_str(),
+                m.bias_gelu_fusion ? "on" : "off", m.recompute_activations ? "on" : "off");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
     std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",
                 !args.model.recompute_activations ? "off (no --recompute-activations)"

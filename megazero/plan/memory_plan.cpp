@@ -181,12 +181,13 @@ std::string RankMemoryPlan::to_table() const {
   std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
   os << "  model states (parameters + gradients + optimizer): " << gib(model_states) << "; the paper's formula: "
      << gib(paper_model_states) << " (" << d << ")\n"
-     << "  one iteration (" << micro_batches
-     << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device): peak activations "
+     << "  two iterations (each " << micro_batches
+     << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device; the second is "
+        "every later one): peak activations "
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]) << ", checkpoints "
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]) << ", total "
      << gib(step_total_peak) << " (first-fit heap " << gib(step_heap_peak) << ")\n"
-     << "  communication of that iteration (elements):";
+     << "  communication of one iteration (the second; elements):";
   for (auto [group, st] : {std::pair{"tp", &tp_comm}, std::pair{"dp", &dp_comm}})
     for (std::size_t t = 0; t < kNumCollectiveTypes; ++t)
       if ((*st).by_type[t].calls > 0)

@@ -70,7 +70,9 @@ __global__ void dropout_backward_partial_kernel(const S* dy, double p, PhiloxKey
       }
     }
   }
-  for (int j = 0; j < n; ++j) partial[static_cast<i64>(blockIdx.y) * cols + c0 + j] = acc[j];
+#pragma unroll
+  for (int j = 0; j < Q; ++j)  // a constant index: acc stays in registers
+    if (j < n) partial[static_cast<i64>(blockIdx.y) * cols + c0 + j] = acc[j];
 }
 
 }  // namespace megazero::cuda::detail_k

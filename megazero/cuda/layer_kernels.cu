@@ -139,6 +139,44 @@ __global__ void map_scalar_kernel(S* out, const S* a, const S* b, i64 n, F f) {
     out[i] = st<S>(f(ld(a[i]), b ? ld(b[i]) : C(0), i));
 }
 
+// out[i] = round(f(a[i], p[i % period])) for a periodic operand p (a bias:
+// period = cols; position embeddings: seq * H). The period is whole packs, so
+// each pack has one p pack: one division per pack, not a 64-bit modulo per
+// element (the GPU emulates those in software). out may be a.
+template <typename S, typename F>
+__global__ void periodic_map_kernel(S* out, const S* a, const S* p, i64 packs, i64 period_packs, F f) {
+  constexpr int V = kVec<S>;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 t = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; t < packs; t += stride) {
+    const i64 q = t - (t / period_packs) * period_packs;
+    const Pack<S> pa = reinterpret_cast<const Pack<S>*>(a)[t];
+    const Pack<S> pp = reinterpret_cast<const Pack<S>*>(p)[q];
+    Pack<S> po;
+#pragma unroll
+    for (int j = 0; j < V; ++j) po.v[j] = st<S>(f(ld(pa.v[j]), ld(pp.v[j])));
+    reinterpret_cast<Pack<S>*>(out)[t] = po;
+  }
+}
+
+// The same with a scalar loop (unaligned pointers, a period of partial packs).
+template <typename S, typename F>
+__global__ void periodic_map_scalar_kernel(S* out, const S* a, const S* p, i64 n, i64 period, F f) {
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+    out[i] = st<S>(f(ld(a[i]), ld(p[i % period])));
+}
+
+template <typename S, typename F>
+void periodic_map(S* out, const S* a, const S* p, i64 n, i64 period, F f, cudaStream_t s, const char* what) {
+  if (n == 0) return;
+  constexpr int V = kVec<S>;
+  if (period % V == 0 && n % period == 0 && aligned16(out) && aligned16(a) && aligned16(p))
+    periodic_map_kernel<<<blocks_for(n / V), kThreads, 0, s>>>(out, a, p, n / V, period / V, f);
+  else
+    periodic_map_scalar_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, a, p, n, period, f);
+  check_launch(what);
+}
+
 template <typename S, typename F>
 void map(S* out, const S* a, const S* b, i64 n, F f, cudaStream_t s, const char* what) {
   if (n == 0) return;
@@ -720,9 +758,8 @@ void gelu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_
 template <typename S>
 void bias_gelu_forward_t(const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {
   using C = compute_t<S>;
-  const S* bp = static_cast<const S*>(bias);
-  map(static_cast<S*>(out), static_cast<const S*>(y), static_cast<const S*>(nullptr), rows * cols,
-      [=] __device__(C v, C, i64 i) { return gelu(v + ld(bp[i % cols])); }, s, "bias_gelu_forward");
+  periodic_map(static_cast<S*>(out), static_cast<const S*>(y), static_cast<const S*>(bias), rows * cols, cols,
+               [] __device__(C v, C b) { return gelu(v + b); }, s, "bias_gelu_forward");
 }
 
 // bias_gelu_backward with 16-byte packs: each thread owns kVec<S> columns over
@@ -810,9 +847,8 @@ void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kern
 template <typename S>
 void add_periodic_t(void* y, const void* b, i64 n, i64 period, cudaStream_t s, const char* what) {
   using C = compute_t<S>;
-  const S* bp = static_cast<const S*>(b);
-  map(static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(nullptr), n,
-      [=] __device__(C v, C, i64 i) { return v + ld(bp[i % period]); }, s, what);
+  periodic_map(static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(b), n, period,
+               [] __device__(C v, C p) { return v + p; }, s, what);
 }
 
 template <typename S>

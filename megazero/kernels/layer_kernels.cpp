@@ -474,7 +474,7 @@ void add_bias(Tensor& y, const Tensor& bias) {
     using S = decltype(tag);
     S* yp = ptr<S>(y);
     const S* bp = ptr<const S>(bias);
-    elementwise(yp, y.numel(), [=](i64 i) { return st<S>(ld(yp[i]) + ld(bp[i % s.cols])); });
+    rowwise(yp, s.rows, s.cols, [=](i64 r, i64 c) { return st<S>(ld(yp[r * s.cols + c]) + ld(bp[c])); });
   });
 }
 

@@ -37,7 +37,8 @@ __global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Te
 }
 
 // One chunk holds every row: dst[c] = round(dst[c] + sum_r term(r, c)) with
-// no partials (the same sums, in the same order, as partial + finish).
+// no partials (the same sums, in the same order, as partial + finish: the
+// same bits up to the sign of a zero sum).
 template <typename G, typename Term>
 __global__ void column_direct_kernel(i64 rows, i64 cols, Term term, G* dst) {
   const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -57,6 +57,14 @@ __global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial
   dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
 }
 
+// dst[c] = round(dst[c] + the `chunks` partial sums of column c, in order).
+template <typename G>
+void finish_columns(G* dst, i64 cols, i64 chunks, const double* partial, cudaStream_t s, const char* what) {
+  column_finish_kernel<G><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(cols, chunks,
+                                                                                                    partial, dst);
+  check_launch(what);
+}
+
 template <typename G, typename Term>
 void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, cudaStream_t s, const char* what) {
   if (cols == 0) return;
@@ -70,8 +78,7 @@ void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, c
   column_partial_kernel<G><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
       rows, cols, c.per_chunk, term, partial);
   check_launch(what);
-  column_finish_kernel<G><<<static_cast<unsigned>(c.col_blocks), kThreads, 0, s>>>(cols, c.used, partial, dst);
-  check_launch(what);
+  finish_columns(dst, cols, c.used, partial, s, what);
 }
 
 // Calls fn(G{}) with the accumulator type for storage S: fp32 when asked for
@@ -702,10 +709,8 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
       column_partial_packed_kernel<S, false><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb,
                                                                        pg);
     check_launch("column sums");
-    const unsigned fb = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
-    column_finish_kernel<GB><<<fb, kThreads, 0, s>>>(cols, used, pb, dbeta);
-    if (dgamma) column_finish_kernel<GG><<<fb, kThreads, 0, s>>>(cols, used, pg, dgamma);
-    check_launch("column sums");
+    finish_columns(dbeta, cols, used, pb, s, "column sums");
+    if (dgamma) finish_columns(dgamma, cols, used, pg, s, "column sums");
     return true;
   }
 }
@@ -813,9 +818,7 @@ void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void*
       bias_gelu_backward_packed_kernel<S><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)),
                                             kThreads, 0, s>>>(dyp, yp, bp, dxp, rows, cols, c.per_chunk, partial);
       check_launch("bias_gelu_backward");
-      column_finish_kernel<G><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-          cols, c.used, partial, static_cast<G*>(dbias));
-      check_launch("bias_gelu_backward");
+      finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "bias_gelu_backward");
       return;
     }
   }
@@ -839,9 +842,7 @@ void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kern
                                        kThreads, 0, s>>>(static_cast<const S*>(dy), p, philox_key(key), layout, rows,
                                                          cols, c.per_chunk, static_cast<S*>(dx), partial);
   check_launch("dropout_backward_bias_grad");
-  column_finish_kernel<G><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(
-      cols, c.used, partial, static_cast<G*>(dbias));
-  check_launch("dropout_backward_bias_grad");
+  finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "dropout_backward_bias_grad");
 }
 
 // y[i] += b[i % period]: bias (period = cols) and position embeddings (period = seq * H).

@@ -18,36 +18,30 @@ i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 // CUB's temporaries give).
 std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
+// Rows split into chunks for `col_blocks` block columns: enough chunks to fill
+// the GPU when there are few columns (a bias of 1536), each at least
+// `min_rows` long to amortise its partial write, at most 65535 (grid.y).
+Chunks split_rows(i64 rows, i64 col_blocks, i64 min_rows) {
+  Chunks c;
+  c.col_blocks = col_blocks;
+  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, min_rows), ceil_div(kTargetBlocks, col_blocks), 65535}));
+  c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
+  c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
+  return c;
+}
+
 }  // namespace
 
 Chunks column_chunks(i64 rows, i64 cols) {
-  Chunks c;
-  c.col_blocks = ceil_div(std::max<i64>(cols, 1), kThreads);
-  // Enough chunks to fill the GPU when cols is small (a bias of 1536), each
-  // at least 32 rows long to amortise the partial write.
-  const i64 want = std::max<i64>(1, std::min<i64>(ceil_div(rows, 32), ceil_div(kTargetBlocks, c.col_blocks)));
-  const i64 chunks = std::min<i64>(want, 65535);
-  c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
-  c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
-  return c;
+  return split_rows(rows, ceil_div(std::max<i64>(cols, 1), kThreads), 32);
 }
 
 Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) {
-  Chunks c;
-  c.col_blocks = ceil_div(std::max<i64>(cols / vec, 1), kThreads);
-  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, 64), ceil_div(kTargetBlocks, c.col_blocks), 65535}));
-  c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
-  c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
-  return c;
+  return split_rows(rows, ceil_div(std::max<i64>(cols / vec, 1), kThreads), 64);
 }
 
 Chunks dropout_column_chunks(i64 rows, i64 cols) {
-  Chunks c;
-  c.col_blocks = ceil_div(ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads);
-  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, 64), ceil_div(kTargetBlocks, c.col_blocks), 65535}));
-  c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
-  c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
-  return c;
+  return split_rows(rows, ceil_div(ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads), 64);
 }
 
 std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {

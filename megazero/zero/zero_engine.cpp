@@ -359,12 +359,11 @@ void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
   MZ_CHECK(grads.device().kind() == DeviceKind::CPU, "grad norm: gradients on ", grads.device().name());
   const void* base = grads.data();
   double s = 0;
-  for (const auto& [r, counted] : norm_segments_)
-    if (counted)
-      for (std::int64_t i = r.begin; i < r.end; ++i) {
-        const double g = load_as_double(base, grads.dtype(), static_cast<std::size_t>(i));
-        s += g * g;
-      }
+  for (const auto& [begin, end] : ranges)
+    for (std::int64_t i = begin; i < end; ++i) {
+      const double g = load_as_double(base, grads.dtype(), static_cast<std::size_t>(i));
+      s += g * g;
+    }
   out.data_as<double>()[0] = s;
 }
 

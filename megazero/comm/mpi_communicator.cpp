@@ -1,5 +1,6 @@
 #include "megazero/comm/mpi_communicator.h"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -94,6 +95,26 @@ bool all_equal(const std::vector<std::int64_t>& c) {
   return true;
 }
 
+// Waits for a request without holding a core. MPICH's blocking calls
+// busy-poll: with more ranks than cores (the CPU tests; the main job runs 4
+// ranks on 2 cores) a rank waiting for a slower peer takes the core that peer
+// needs, and a 64-byte all-reduce at 4 ranks on 2 cores took 16 ms; it takes
+// 0.13 ms with this wait (bench_collectives, docs/PERFORMANCE.md). So: test a
+// few times (a peer that is already there answers within microseconds), then
+// yield the core between tests. With a core to spare, sched_yield returns at
+// once and this is the busy poll it replaces. It never sleeps: MPICH moves a
+// large message in pipelined steps, each needing a test on every rank, and a
+// 50 us sleep between tests made a 1 MiB all-reduce twice as slow.
+void wait_for(MPI_Request& req, const char* call, const std::string& comm) {
+  constexpr int kSpinTests = 64;
+  for (int i = 0;; ++i) {
+    int done = 0;
+    mpi::check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call, comm);
+    if (done) return;
+    if (i >= kSpinTests) sched_yield();
+  }
+}
+
 // Send/recv in flight: an MPI request on the caller's thread.
 class RequestWork final : public WorkImpl {
  public:
@@ -101,7 +122,7 @@ class RequestWork final : public WorkImpl {
       : req_(req), view_(std::move(view)), copy_out_(copy_out), comm_(std::move(comm)) {}
   void wait() override {
     if (done_) return;
-    mpi::check(MPI_Wait(&req_, MPI_STATUS_IGNORE), "MPI_Wait", comm_);
+    wait_for(req_, "MPI_Wait", comm_);
     complete();
   }
   bool test() override {
@@ -207,9 +228,11 @@ std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn, std
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
   return enqueue([this, t, op] {
     HostView h(t, true);
-    mpi::check(MPI_Allreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
-                               mpi::reduce_op(t.dtype(), op), comm_),
-               "MPI_Allreduce", name());
+    MPI_Request req;
+    mpi::check(MPI_Iallreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
+                                mpi::reduce_op(t.dtype(), op), comm_, &req),
+               "MPI_Iallreduce", name());
+    wait_for(req, "MPI_Iallreduce", name());
     if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
     h.copy_out();
   }, watch_ticket());
@@ -228,13 +251,16 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
     void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
     const auto type = mpi::datatype(input.dtype());
     const auto mop = mpi::reduce_op(input.dtype(), op);
+    MPI_Request req;
+    const auto c = to_mpi_counts(counts);  // outlives the request, as MPI requires
     if (all_equal(counts)) {
-      mpi::check(MPI_Reduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_),
-                 "MPI_Reduce_scatter_block", name());
+      mpi::check(MPI_Ireduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_, &req),
+                 "MPI_Ireduce_scatter_block", name());
     } else {
-      const auto c = to_mpi_counts(counts);
-      mpi::check(MPI_Reduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_), "MPI_Reduce_scatter", name());
+      mpi::check(MPI_Ireduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_, &req), "MPI_Ireduce_scatter",
+                 name());
     }
+    wait_for(req, "MPI_Ireduce_scatter", name());
     if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
     if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
   }, watch_ticket());
@@ -263,13 +289,16 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
       }
     }
     const auto type = mpi::datatype(output.dtype());
+    MPI_Request req;
+    const auto c = to_mpi_counts(counts);  // outlives the request, as MPI requires
     if (all_equal(counts)) {
-      mpi::check(MPI_Allgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_), "MPI_Allgather", name());
-    } else {
-      const auto c = to_mpi_counts(counts);
-      mpi::check(MPI_Allgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_), "MPI_Allgatherv",
+      mpi::check(MPI_Iallgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_, &req), "MPI_Iallgather",
                  name());
+    } else {
+      mpi::check(MPI_Iallgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_, &req),
+                 "MPI_Iallgatherv", name());
     }
+    wait_for(req, "MPI_Iallgather", name());
     out.copy_out();
   }, watch_ticket());
 }
@@ -277,7 +306,9 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
 std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int root) {
   return enqueue([this, t, root] {
     HostView h(t, rank() == root);
-    mpi::check(MPI_Bcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_), "MPI_Bcast", name());
+    MPI_Request req;
+    mpi::check(MPI_Ibcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_, &req), "MPI_Ibcast", name());
+    wait_for(req, "MPI_Ibcast", name());
     h.copy_out();
   }, watch_ticket());
 }
@@ -286,9 +317,11 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, 
   return enqueue([this, t, root, op] {
     HostView h(t, true);
     const bool is_root = rank() == root;
-    mpi::check(MPI_Reduce_c(is_root ? MPI_IN_PLACE : h.ptr(), is_root ? h.ptr() : nullptr, t.numel(),
-                            mpi::datatype(t.dtype()), mpi::reduce_op(t.dtype(), op), root, comm_),
-               "MPI_Reduce", name());
+    MPI_Request req;
+    mpi::check(MPI_Ireduce_c(is_root ? MPI_IN_PLACE : h.ptr(), is_root ? h.ptr() : nullptr, t.numel(),
+                             mpi::datatype(t.dtype()), mpi::reduce_op(t.dtype(), op), root, comm_, &req),
+               "MPI_Ireduce", name());
+    wait_for(req, "MPI_Ireduce", name());
     if (is_root) {
       if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
       h.copy_out();
@@ -297,7 +330,11 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, 
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_barrier() {
-  return enqueue([this] { mpi::check(MPI_Barrier(comm_), "MPI_Barrier", name()); }, watch_ticket());
+  return enqueue([this] {
+    MPI_Request req;
+    mpi::check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", name());
+    wait_for(req, "MPI_Ibarrier", name());
+  }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_send(const Tensor& t, int peer, int tag) {

@@ -73,7 +73,11 @@ grep -q "loaded checkpoint .*iter_0000004" "$work/fallback.log" || fail "did not
 echo "checkpoint_e2e: corrupt newest checkpoint named, previous one loaded"
 
 # 4. SIGUSR1 to one rank once training runs: save at the step boundary, exit 5.
-( run signalled $L22 --save "$work/ck4" ) &
+# 200 iterations (~10 ms each here) so the signal lands mid-run however fast
+# the machine; the resumed run is compared with an uninterrupted one as long.
+ITERS=200 run straight_long $L22
+losses straight_long >"$work/straight_long.losses"
+( ITERS=200 run signalled $L22 --save "$work/ck4" ) &
 bg=$!
 for _ in $(seq 1 600); do
   grep -qE "^ iteration +1/" "$work/signalled.log" 2>/dev/null && break
@@ -84,10 +88,10 @@ pid=$(pgrep -f "^$exe .*$work/ck4" | head -n 1)
 wait $bg
 [ "$(rc signalled)" = 5 ] || fail "exit code $(rc signalled) after SIGUSR1, expected 5"
 stopped=$(sed -nE 's/^stopping after iteration ([0-9]+) on a stop signal.*/\1/p' "$work/signalled.log")
-[ -n "$stopped" ] && [ "$stopped" -lt 6 ] || fail "no stop at a step boundary"
-run after_signal $L22 --load "$work/ck4"
+[ -n "$stopped" ] && [ "$stopped" -lt 200 ] || fail "no stop at a step boundary"
+ITERS=200 run after_signal $L22 --load "$work/ck4"
 losses after_signal >"$work/after_signal.losses"
-diff <(tail -n $((6 - stopped)) "$work/straight.losses") "$work/after_signal.losses" >/dev/null ||
+diff <(tail -n $((200 - stopped)) "$work/straight_long.losses") "$work/after_signal.losses" >/dev/null ||
   fail "losses after the signal-triggered checkpoint differ"
 echo "checkpoint_e2e: SIGUSR1 -> checkpoint at iteration $stopped, exit 5, exact resume"
 

@@ -91,7 +91,9 @@ grep -q "launch: srun" "$work/bad.out" && fail "bad flag: training was launched 
 echo "slurm_e2e: a misspelt flag: exit code 2 before launch"
 
 # 3. SIGUSR1 -> checkpoint, exit 5 -> requeue -> resume with --load.
-iters=4
+# 200 iterations (~10 ms each here) so the signal lands mid-run however fast
+# the machine.
+iters=200
 j=$(submit signal -N 2 --ntasks-per-node=2 -- --tensor-model-parallel-size 2 --zero-stage 2 --train-iters $iters \
     --save "$work/ckpt")
 for _ in $(seq 1 600); do
@@ -121,7 +123,7 @@ has signal "restart 1: 2 nodes"
 has signal "resuming: adding --load $work/ckpt \(requeued run \(restart 1\)\)"
 has signal "loaded checkpoint $work/ckpt/iter_0*$stopped: iteration $stopped,"
 has signal "^training done: $((iters - stopped)) iterations"
-[ -f "$work/ckpt/iter_000000$iters/manifest.json" ] || fail "signal: no final checkpoint"
+[ -f "$work/ckpt/$(printf "iter_%07d" "$iters")/manifest.json" ] || fail "signal: no final checkpoint"
 echo "slurm_e2e: SIGUSR1 -> checkpoint at iteration $stopped, exit 5, requeued, resumed with --load, finished ($(( $(date +%s) - t_start )) s)"
 
 # 4. A scaling sweep through Slurm: 2 points, then a re-run that skips them.

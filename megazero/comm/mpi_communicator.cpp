@@ -104,14 +104,19 @@ bool all_equal(const std::vector<std::int64_t>& c) {
 // yield the core between tests. With a core to spare, sched_yield returns at
 // once and this is the busy poll it replaces. It never sleeps: MPICH moves a
 // large message in pipelined steps, each needing a test on every rank, and a
-// 50 us sleep between tests made a 1 MiB all-reduce twice as slow.
+// 50 us sleep between tests made a 1 MiB all-reduce twice as slow. (Only
+// communicator creation -- MPI_Comm_split/_split_type, once per group at
+// start-up -- still blocks in MPICH's own wait.)
 void wait_for(MPI_Request& req, const char* call, const std::string& comm) {
   constexpr int kSpinTests = 64;
-  for (int i = 0;; ++i) {
+  for (int spins = 0;;) {
     int done = 0;
     mpi::check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), call, comm);
     if (done) return;
-    if (i >= kSpinTests) sched_yield();
+    if (spins < kSpinTests)
+      ++spins;
+    else
+      sched_yield();
   }
 }
 
@@ -252,15 +257,15 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
     const auto type = mpi::datatype(input.dtype());
     const auto mop = mpi::reduce_op(input.dtype(), op);
     MPI_Request req;
-    const auto c = to_mpi_counts(counts);  // outlives the request, as MPI requires
-    if (all_equal(counts)) {
-      mpi::check(MPI_Ireduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_, &req),
-                 "MPI_Ireduce_scatter_block", name());
+    const bool even = all_equal(counts);
+    const auto c = even ? std::vector<MPI_Count>{} : to_mpi_counts(counts);  // outlives the request
+    const char* call = even ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce_scatter";
+    if (even) {
+      mpi::check(MPI_Ireduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_, &req), call, name());
     } else {
-      mpi::check(MPI_Ireduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_, &req), "MPI_Ireduce_scatter",
-                 name());
+      mpi::check(MPI_Ireduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_, &req), call, name());
     }
-    wait_for(req, "MPI_Ireduce_scatter", name());
+    wait_for(req, call, name());
     if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
     if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
   }, watch_ticket());
@@ -290,15 +295,16 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
     }
     const auto type = mpi::datatype(output.dtype());
     MPI_Request req;
-    const auto c = to_mpi_counts(counts);  // outlives the request, as MPI requires
-    if (all_equal(counts)) {
-      mpi::check(MPI_Iallgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_, &req), "MPI_Iallgather",
-                 name());
+    const bool even = all_equal(counts);
+    const auto c = even ? std::vector<MPI_Count>{} : to_mpi_counts(counts);  // outlives the request
+    const char* call = even ? "MPI_Iallgather" : "MPI_Iallgatherv";
+    if (even) {
+      mpi::check(MPI_Iallgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_, &req), call, name());
     } else {
-      mpi::check(MPI_Iallgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_, &req),
-                 "MPI_Iallgatherv", name());
+      mpi::check(MPI_Iallgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_, &req), call,
+                 name());
     }
-    wait_for(req, "MPI_Iallgather", name());
+    wait_for(req, call, name());
     out.copy_out();
   }, watch_ticket());
 }

@@ -73,10 +73,13 @@ grep -q "loaded checkpoint .*iter_0000004" "$work/fallback.log" || fail "did not
 echo "checkpoint_e2e: corrupt newest checkpoint named, previous one loaded"
 
 # 4. SIGUSR1 to one rank once training runs: save at the step boundary, exit 5.
-# 200 iterations (~10 ms each here) so the signal lands mid-run however fast
-# the machine; the resumed run is compared with an uninterrupted one as long.
+# 200 iterations (~10 ms each here: 2 s, against ~0.1 s from the first
+# iteration's line to the signal) so the signal lands mid-run; the resumed run
+# is compared with an uninterrupted one as long.
 ITERS=200 run straight_long $L22
+[ "$(rc straight_long)" = 0 ] || fail "the uninterrupted 200-iteration run failed"
 losses straight_long >"$work/straight_long.losses"
+[ "$(wc -l <"$work/straight_long.losses")" = 200 ] || fail "expected 200 loss lines"
 ( ITERS=200 run signalled $L22 --save "$work/ck4" ) &
 bg=$!
 for _ in $(seq 1 600); do
@@ -90,7 +93,9 @@ wait $bg
 stopped=$(sed -nE 's/^stopping after iteration ([0-9]+) on a stop signal.*/\1/p' "$work/signalled.log")
 [ -n "$stopped" ] && [ "$stopped" -lt 200 ] || fail "no stop at a step boundary"
 ITERS=200 run after_signal $L22 --load "$work/ck4"
+[ "$(rc after_signal)" = 0 ] || fail "the run resumed after the signal failed"
 losses after_signal >"$work/after_signal.losses"
+[ "$(wc -l <"$work/after_signal.losses")" = $((200 - stopped)) ] || fail "expected $((200 - stopped)) loss lines after the signal"
 diff <(tail -n $((200 - stopped)) "$work/straight_long.losses") "$work/after_signal.losses" >/dev/null ||
   fail "losses after the signal-triggered checkpoint differ"
 echo "checkpoint_e2e: SIGUSR1 -> checkpoint at iteration $stopped, exit 5, exact resume"

@@ -91,9 +91,10 @@ grep -q "launch: srun" "$work/bad.out" && fail "bad flag: training was launched 
 echo "slurm_e2e: a misspelt flag: exit code 2 before launch"
 
 # 3. SIGUSR1 -> checkpoint, exit 5 -> requeue -> resume with --load.
-# 200 iterations (~10 ms each here) so the signal lands mid-run however fast
-# the machine.
-iters=200
+# 400 iterations (~10 ms each here: 4 s, against well under a second from the
+# first iteration's line through scancel and the batch shell to the ranks) so
+# the signal lands mid-run.
+iters=400
 j=$(submit signal -N 2 --ntasks-per-node=2 -- --tensor-model-parallel-size 2 --zero-stage 2 --train-iters $iters \
     --save "$work/ckpt")
 for _ in $(seq 1 600); do

@@ -184,12 +184,24 @@ void unregister_watch(const std::shared_ptr<CollectiveWatch>& watch) {
 }  // namespace detail
 
 void abort_world(int code) {
-  // A world of one rank has no other rank to take down: exit at once, so the
-  // job's exit code is exactly `code` (through MPI_Abort, mpiexec was seen to
-  // report 1 instead of 2 now and then, failing a sweep's OOM classification).
+  // A world of one rank has no other rank to take down: finalize MPI and exit,
+  // so the job's exit code is exactly `code`. Without the finalize, Hydra's
+  // proxy sees the rank's connection close without one and, about one run in
+  // six here, hangs the rank up (SIGHUP) before it has exited: mpiexec then
+  // reports 1 (through MPI_Abort too), failing a sweep's OOM classification.
+  // Nothing else can be inside MPI here: a one-rank group's collectives finish
+  // at once, and this rank's threads wait on their queues, not in MPI. (MPI
+  // wants the finalize from the thread that initialised it: from a
+  // communicator's worker thread, exit without one.)
   int size = 0;
   if (detail::world_rank() >= 0) MPI_Comm_size(MPI_COMM_WORLD, &size);
-  if (size <= 1) std::_Exit(code);
+  if (size <= 1) {
+    int finalized = 0, main_thread = 0;
+    MPI_Finalized(&finalized);
+    if (size == 1 && !finalized) MPI_Is_thread_main(&main_thread);
+    if (main_thread) MPI_Finalize();
+    std::_Exit(code);
+  }
   // MPI_Abort works from this thread while others are blocked inside MPI
   // (MPI_THREAD_MULTIPLE); the process manager then kills every rank.
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

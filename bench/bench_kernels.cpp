@@ -1,10 +1,12 @@
 // The MLP's bias-GeLU epilogue, fused and unfused, on one [rows, cols] tensor
 // (the fc1 output of one rank): forward (bias add + GeLU) and backward (GeLU
-// backward + bias gradient). Best of --steps calls each, after a warm-up call;
-// on a GPU each timing synchronises the device.
-//   bench_kernels [--device cpu|cuda --dtype fp32|bf16|fp16 --rows 8192 --cols 2048 --steps 20]
+// backward + bias gradient); and the vocab-parallel cross-entropy forward and
+// backward on [ce-rows, ce-vocab] logits. Best of --steps calls each, after a
+// warm-up call; on a GPU each timing synchronises the device.
+//   bench_kernels [--device cpu|cuda --dtype fp32|bf16|fp16 --rows 8192 --cols 2048 --steps 20
+//                  --ce-rows 1024 --ce-vocab 25216]
 // Defaults: the paper's 100B MLP slice on a TP-16 rank (ffn 32768 / 16, seq
-// 1024 x micro-batch 8).
+// 1024 x micro-batch 8); GPT-2's vocabulary on a TP-2 rank (50432 / 2).
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -22,14 +24,16 @@ namespace {
 
 int run(int argc, char** argv) {
   std::int64_t rows = 8192, cols = 2048;
+  std::int64_t ce_rows = 1024, ce_vocab = 25216;
   int steps = 20;
   std::string device_spec = "cpu", dtype_arg = "bf16";
   po::options_description d("bench_kernels");
   d.add_options()("device", po::value(&device_spec), "cpu or cuda[:N]")(
       "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))(
-      "steps", po::value(&steps));
+      "steps", po::value(&steps))("ce-rows", po::value(&ce_rows))("ce-vocab", po::value(&ce_vocab));
   parse_command_line(argc, argv, d, "bench_kernels");
-  MZ_REQUIRE(rows > 0 && cols > 0 && steps > 0, "--rows, --cols and --steps must be positive");
+  MZ_REQUIRE(rows > 0 && cols > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0,
+             "--rows, --cols, --steps, --ce-rows and --ce-vocab must be positive");
   const DType t = parse_dtype(dtype_arg, "--dtype");
   auto dev = make_device(device_spec);
   const auto C = MemoryCategory::Other;
@@ -66,6 +70,24 @@ int run(int argc, char** argv) {
               static_cast<long long>(cols), dtype_arg.c_str(), dev->name().c_str(), mib, steps);
   std::printf("forward:  unfused %.3f ms, fused %.3f ms (%.2fx)\n", fwd_unfused, fwd_fused, fwd_unfused / fwd_fused);
   std::printf("backward: unfused %.3f ms, fused %.3f ms (%.2fx)\n", bwd_unfused, bwd_fused, bwd_unfused / bwd_fused);
+
+  // Each forward overwrites the logits with its exponentials, which the next
+  // call takes as logits: values in (0, 1], so no call meets subnormals.
+  const DType stat = kernels::row_stat_dtype(t);
+  Tensor logits = Tensor::zeros(dev, {ce_rows, ce_vocab}, t, C);
+  Tensor targets = Tensor::zeros(dev, {ce_rows}, DType::I64, C);
+  Tensor row_max = Tensor::zeros(dev, {ce_rows}, stat, C), sum_exp = Tensor::zeros(dev, {ce_rows}, stat, C);
+  Tensor target_logit = Tensor::zeros(dev, {ce_rows}, stat, C);
+  const double ce_fwd = best_ms([&] {
+    kernels::cross_entropy_forward(logits, targets, 0, ce_vocab, row_max, sum_exp, target_logit);
+  });
+  Tensor dlogits = Tensor::zeros(dev, {ce_rows, ce_vocab}, t, C);  // not in place: repeated calls would shrink it
+  const double ce_bwd = best_ms([&] {
+    kernels::cross_entropy_backward(logits, row_max, row_max, sum_exp, targets, 0, ce_vocab, 1.0, dlogits);
+  });
+  std::printf("cross-entropy [%lld, %lld] %s: forward %.3f ms (%.2f ns per logit), backward %.3f ms\n",
+              static_cast<long long>(ce_rows), static_cast<long long>(ce_vocab), dtype_arg.c_str(), ce_fwd,
+              ce_fwd * 1e6 / static_cast<double>(ce_rows * ce_vocab), ce_bwd);
   return 0;
 }
 

@@ -1431,8 +1431,8 @@ TEST(HalfStorage, CausalSoftmax) {
     const double sc = 0.3;
     const Vec s = rounded(randn(usize(numel(shape)), rng, 4.0), t);
     const Vec want = causal_softmax_ref(s, mats, n, sc);
-    // Each probability is fp32 exp (<= 1 ulp, its argument rounded once in
-    // fp32) over a double sum: well within the 1% slack of one rounding.
+    // Each probability is fp32 exp (libmvec's: <= 4 ulp; its argument rounded
+    // once in fp32) over a double sum: well within the 1% slack of one rounding.
     const Vec p = softmax_run(shape, s, sc, t);
     expect_one_rounding(p, want, t, "probs");
     for (i64 row = 0; row < mats * n; ++row) {
@@ -1634,6 +1634,63 @@ TEST(HalfStorage, CrossEntropyPiecesWithFp32Statistics) {
     expect_same(vals(inplace), vals(d), "cross_entropy_backward in place");
     for (i64 r = 0; r < p.n; ++r)
       for (i64 c = valid; c < p.vocab; ++c) EXPECT_EQ(vals(d)[usize(r * p.vocab + c)], 0.0) << "padding";
+  }
+}
+
+// Rows long enough for the vector exponentials' body and remainder (16 lanes
+// with AVX-512; the tests above use rows of at most 11): the vocab-parallel
+// cross-entropy on 1037-column slices (1030 valid) and the causal softmax on
+// 40-column rows, in fp32 and 16 bits (whose rows go through a per-thread fp32
+// copy). Each exponential is libmvec's, within 4 fp32 ulp of exp of the fp32
+// argument: for 16-bit storage, well within the 1% slack of one rounding.
+TEST(HalfStorage, LongRowsTakeTheVectorExponentialsWithinTheirBound) {
+  const i64 n = 3, vocab = 1037, valid = 1030;
+  std::mt19937 rng(77);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec x = rounded(to_f32(randn(usize(n * vocab), rng, 4.0)), t);
+    const std::vector<i64> targets = {5, 1029, 1033};  // the last is another rank's (>= valid)
+    Tensor logits = tensor({n, vocab}, x, t);
+    Tensor mx = empty({n}, DType::F32), se = empty({n}, DType::F32), tl = empty({n}, DType::F32);
+    cross_entropy_forward(logits, ids_tensor(targets), 0, valid, mx, se, tl);
+    const Vec e = vals(logits), m = vals(mx), sum = vals(se), target = vals(tl);
+    Vec want_e(e.size(), 0.0), unrounded(e.size(), 0.0);
+    for (i64 r = 0; r < n; ++r) {
+      double want_m = -1e300, want_sum = 0;
+      for (i64 c = 0; c < valid; ++c) want_m = std::max(want_m, x[usize(r * vocab + c)]);
+      EXPECT_EQ(m[usize(r)], want_m) << "row max is exact";
+      for (i64 c = 0; c < valid; ++c) {
+        // The fp32 argument the kernel exponentiates, then exp in double.
+        const float arg = static_cast<float>(x[usize(r * vocab + c)]) - static_cast<float>(want_m);
+        const double w = std::exp(static_cast<double>(arg));
+        unrounded[usize(r * vocab + c)] = w;
+        want_sum += w;
+      }
+      EXPECT_NEAR(sum[usize(r)], want_sum, 1e-6 * want_sum) << "sum_exp, row " << r;
+      EXPECT_EQ(target[usize(r)], targets[usize(r)] < valid ? x[usize(r * vocab + targets[usize(r)])] : 0.0);
+    }
+    if (t == DType::F32) {
+      for (std::size_t i = 0; i < e.size(); ++i) {
+        if (static_cast<i64>(i) % vocab >= valid) {
+          ASSERT_EQ(e[i], 0.0) << "padding " << i;
+          continue;
+        }
+        const double tol = 4 * 0x1p-23 * unrounded[i] + 0x1p-149;  // 4 ulp: an ulp is at most 2^-23 relative
+        ASSERT_NEAR(e[i], unrounded[i], tol) << "exponential " << i;
+      }
+    } else {
+      expect_one_rounding(e, unrounded, t, "exponentials");  // padding: both 0
+    }
+
+    const i64 sn = 40;
+    const Shape shape{1, 2, sn, sn};
+    const Vec scores = rounded(to_f32(randn(usize(numel(shape)), rng, 4.0)), t);
+    const Vec want = causal_softmax_ref(scores, 2, sn, 0.3);
+    const Vec p = softmax_run(shape, scores, 0.3, t);
+    if (t == DType::F32)
+      expect_close(p, want, 2e-6, 1e-8, "causal softmax");
+    else
+      expect_one_rounding(p, want, t, "causal softmax");
   }
 }
 

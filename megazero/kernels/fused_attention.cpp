@@ -95,13 +95,8 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& 
         C* e = sc + row * keys;
         S* pd = pr + row * keys;
         // causal_softmax_forward's arithmetic, so the probabilities round alike.
-        C mx = -std::numeric_limits<C>::infinity();
-        for (i64 j = 0; j <= i; ++j) mx = std::max(mx, csc * e[j]);
-        double sum = 0;
-        for (i64 j = 0; j <= i; ++j) {
-          e[j] = std::exp(csc * e[j] - mx);
-          sum += e[j];
-        }
+        const C mx = scaled_max(e, csc, i + 1);
+        const double sum = exp_scaled_shifted(e, csc, mx, e, i + 1);
         ls[bh * dm.s + i] = static_cast<C>(static_cast<double>(mx) + std::log(sum));
         const double inv = 1.0 / sum;
         if (p > 0) {

@@ -13,6 +13,7 @@
 #include "megazero/core/error.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/vector_math.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/cuda_device.h"
 #endif

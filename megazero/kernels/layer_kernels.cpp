@@ -185,13 +185,14 @@ void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mat
       if (static_cast<i64>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
       e = scratch.data();
     }
-    C mx = -std::numeric_limits<C>::infinity();
-    for (i64 j = 0; j <= i; ++j) mx = std::max(mx, sc * ld(s[j]));
-    double sum = 0;
-    for (i64 j = 0; j <= i; ++j) {  // overwrites s[j] after reading it when probs aliases scores
-      e[j] = std::exp(sc * ld(s[j]) - mx);
-      sum += e[j];
+    const C* x = e;  // the scores in the compute type
+    if constexpr (std::is_same_v<S, C>) {
+      x = s;  // e[j] overwrites s[j] after reading it when probs aliases scores
+    } else {
+      for (i64 j = 0; j <= i; ++j) e[j] = ld(s[j]);
     }
+    const C mx = scaled_max(x, sc, i + 1);
+    const double sum = exp_scaled_shifted(x, sc, mx, e, i + 1);
     const double inv = 1.0 / sum;
     for (i64 j = 0; j <= i; ++j) p[j] = st<S>(e[j] * inv);
     for (i64 j = i + 1; j < n; ++j) p[j] = zero<S>();
@@ -280,22 +281,29 @@ inline i64 local_column(std::int64_t target, i64 vocab_start, i64 valid) {
 }
 
 // One row at a time, so the second sweep over it reads cache, not memory.
+// The exponentials are vector_math's (libmvec) for fp32 and 16-bit rows.
 template <typename S, typename C = compute_t<S>>
 void cross_entropy_forward_cpu(S* logits, const std::int64_t* targets, i64 vocab_start, VocabSlice s, C* row_max,
                                C* sum_exp, C* target_logit) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
     S* lr = logits + r * s.cols;
-    C mx = -std::numeric_limits<C>::infinity();  // a slice of only padding contributes nothing
-    for (i64 c = 0; c < s.valid; ++c) mx = std::max(mx, ld(lr[c]));
     const i64 t = local_column(targets[r], vocab_start, s.valid);
     target_logit[r] = t >= 0 ? ld(lr[t]) : C{0};  // 0: the all-reduce sums over ranks
-    double sum = 0;
-    for (i64 c = 0; c < s.valid; ++c) {
-      const C e = std::exp(ld(lr[c]) - mx);
-      sum += e;
-      lr[c] = st<S>(e);
+    // The row in the compute type: itself, or a per-thread copy of a 16-bit row.
+    C* x;
+    if constexpr (std::is_same_v<S, C>) {
+      x = lr;
+    } else {
+      thread_local std::vector<C> scratch;
+      if (static_cast<i64>(scratch.size()) < s.valid) scratch.resize(static_cast<std::size_t>(s.valid));
+      x = scratch.data();
+      for (i64 c = 0; c < s.valid; ++c) x[c] = ld(lr[c]);
     }
+    const C mx = scaled_max(x, C{1}, s.valid);  // -inf: a slice of only padding contributes nothing
+    const double sum = exp_scaled_shifted(x, C{1}, mx, x, s.valid);
+    if constexpr (!std::is_same_v<S, C>)
+      for (i64 c = 0; c < s.valid; ++c) lr[c] = st<S>(x[c]);
     for (i64 c = s.valid; c < s.cols; ++c) lr[c] = zero<S>();
     row_max[r] = mx;
     sum_exp[r] = static_cast<C>(sum);

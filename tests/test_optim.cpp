@@ -45,6 +45,68 @@ TEST(AdamW, MatchesTheFormulaOverSeveralStepsWithAndWithoutDecay) {
   EXPECT_EQ(w.to_double_vector()[3], 0.0) << "zero gradient, no decay: unchanged";
 }
 
+// Long partitions take the vectorised, multi-threaded update: it must be the
+// scalar formula's bits for any thread count (no element depends on another),
+// including across segment boundaries that cut vectors and thread chunks.
+TEST(AdamW, LongPartitionsAreTheScalarUpdateBitForBitOnAnyThreadCount) {
+  auto dev = make_device(DeviceKind::CPU);
+  const std::int64_t n = 300007;
+  const std::vector<DecaySegment> segs = {{0, 3, true}, {3, 150001, false}, {150001, 299990, true}, {299990, n, false}};
+  AdamConfig c;
+  c.weight_decay = 0.05;
+  const double lr = 3e-3, scale = 0.25;
+  for (DType gt : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(gt));
+    std::vector<double> w0(static_cast<std::size_t>(n)), g0(w0.size());
+    for (std::size_t i = 0; i < w0.size(); ++i) {
+      w0[i] = std::sin(0.37 * static_cast<double>(i));
+      g0[i] = std::cos(0.11 * static_cast<double>(i)) * (i % 5 == 0 ? 0.0 : 1.0);
+    }
+    std::vector<std::vector<float>> results;
+    const int before = cpu_math_threads();
+    for (int threads : {1, 4}) {
+      set_cpu_math_threads(threads);
+      Tensor w = Tensor::empty(dev, {n}, DType::F32, MemoryCategory::OptimizerStates);
+      Tensor m = Tensor::zeros(dev, {n}, DType::F32, MemoryCategory::OptimizerStates);
+      Tensor v = Tensor::zeros(dev, {n}, DType::F32, MemoryCategory::OptimizerStates);
+      Tensor g = Tensor::empty(dev, {n}, gt, MemoryCategory::Gradients);
+      w.copy_from_doubles(w0);
+      g.copy_from_doubles(g0);
+      for (int step = 1; step <= 2; ++step) adamw_step(w, m, v, g, segs, c, lr, step, scale);
+      std::vector<float> all(w.data_as<float>(), w.data_as<float>() + n);
+      all.insert(all.end(), m.data_as<float>(), m.data_as<float>() + n);
+      all.insert(all.end(), v.data_as<float>(), v.data_as<float>() + n);
+      results.push_back(std::move(all));
+      if (threads == 1) {
+        // The scalar update, in the kernel's order of operations.
+        const auto grads = g.to_double_vector();
+        std::vector<float> rw(w0.begin(), w0.end()), rm(w0.size(), 0.f), rv(w0.size(), 0.f);
+        for (int step = 1; step <= 2; ++step) {
+          const double bc1 = 1 - std::pow(c.beta1, step), bc2 = 1 - std::pow(c.beta2, step);
+          for (const auto& sg : segs)
+            for (std::int64_t i = sg.begin; i < sg.end; ++i) {
+              const auto k = static_cast<std::size_t>(i);
+              const double gi = grads[k] * scale, wd = sg.decay ? c.weight_decay : 0.0;
+              const double mi = c.beta1 * rm[k] + (1 - c.beta1) * gi;
+              const double vi = c.beta2 * rv[k] + (1 - c.beta2) * gi * gi;
+              rm[k] = static_cast<float>(mi);
+              rv[k] = static_cast<float>(vi);
+              const double u = (mi / bc1) / (std::sqrt(vi / bc2) + c.eps);
+              rw[k] = static_cast<float>(rw[k] - lr * (u + wd * rw[k]));
+            }
+        }
+        for (std::size_t k = 0; k < w0.size(); ++k) {
+          ASSERT_EQ(results[0][k], rw[k]) << "w[" << k << "]";
+          ASSERT_EQ(results[0][w0.size() + k], rm[k]) << "m[" << k << "]";
+          ASSERT_EQ(results[0][2 * w0.size() + k], rv[k]) << "v[" << k << "]";
+        }
+      }
+    }
+    set_cpu_math_threads(before);
+    EXPECT_TRUE(results[0] == results[1]) << "1 and 4 threads differ";
+  }
+}
+
 TEST(LrSchedule, WarmupThenCosineLinearConstant) {
   LrSchedule s;
   s.max_lr = 1.0;

@@ -1669,6 +1669,19 @@ TEST(HalfStorage, LongRowsTakeTheVectorExponentialsWithinTheirBound) {
       EXPECT_NEAR(sum[usize(r)], want_sum, 1e-6 * want_sum) << "sum_exp, row " << r;
       EXPECT_EQ(target[usize(r)], targets[usize(r)] < valid ? x[usize(r * vocab + targets[usize(r)])] : 0.0);
     }
+    // The backward over the same rows (the cloned, vectorised store): each
+    // gradient is the double product rounded once, bit for bit.
+    Tensor d = empty({n, vocab}, t);
+    cross_entropy_backward(logits, mx, mx, se, ids_tensor(targets), 0, valid, 0.5, d);
+    Vec want_d(e.size(), 0.0);
+    for (i64 r = 0; r < n; ++r) {
+      const double f = 0.5 * (std::exp(0.0) / sum[usize(r)]);  // scale * softmax_factor, as the kernel has it
+      for (i64 c = 0; c < valid; ++c) {
+        const double g = e[usize(r * vocab + c)] * f;
+        want_d[usize(r * vocab + c)] = c == targets[usize(r)] ? e[usize(r * vocab + c)] * f - 0.5 : g;
+      }
+    }
+    expect_same(vals(d), t == DType::F32 ? to_f32(want_d) : round_once(want_d, t), "dlogits rounded once");
     if (t == DType::F32) {
       for (std::size_t i = 0; i < e.size(); ++i) {
         if (static_cast<i64>(i) % vocab >= valid) {
@@ -1691,6 +1704,27 @@ TEST(HalfStorage, LongRowsTakeTheVectorExponentialsWithinTheirBound) {
       expect_close(p, want, 2e-6, 1e-8, "causal softmax");
     else
       expect_one_rounding(p, want, t, "causal softmax");
+  }
+}
+
+// The cross-entropy backward's 16-bit store in its vector loop: products that
+// sit just above a 16-bit midpoint (1 + half an ulp + 2^-30, times powers of
+// two) must round up. Rounded to fp32 first they would land on the midpoint
+// and round to even, i.e. down; the kernel rounds to odd in fp32 first.
+TEST(HalfStorage, CrossEntropyBackwardRoundsLongRowsOnceJustAboveMidpoints) {
+  for (auto [t, half_ulp] : {std::pair{DType::BF16, 0x1p-8}, std::pair{DType::F16, 0x1p-11}}) {
+    SCOPED_TRACE(dtype_name(t));
+    const i64 vocab = 1037;
+    Vec e(usize(vocab));
+    for (i64 c = 0; c < vocab; ++c) e[usize(c)] = std::ldexp(c % 2 ? 1.0 : -1.0, -static_cast<int>(c % 13));
+    const double scale = 1.0 + half_ulp + 0x1p-30;  // the product's factor: exp(0) / 1 * scale
+    Tensor d = empty({1, vocab}, t);
+    Tensor zero_max = tensor({1}, {0.0}, DType::F32), one_sum = tensor({1}, {1.0}, DType::F32);
+    cross_entropy_backward(tensor({1, vocab}, e, t), zero_max, zero_max, one_sum, ids_tensor({vocab}), 0, vocab,
+                           scale, d);
+    Vec want(e.size());
+    for (std::size_t c = 0; c < e.size(); ++c) want[c] = e[c] * (1.0 + 2 * half_ulp);  // rounded up, away from 0
+    expect_same(vals(d), want, "just above the midpoint rounds up");
   }
 }
 

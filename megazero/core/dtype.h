@@ -41,14 +41,15 @@ inline float f32_from_bits(std::uint32_t u) {
 }
 
 // ---- bfloat16: the top 16 bits of an fp32 ----
+// Branch-free (a select, not a jump), so loops of conversions vectorise.
 inline BFloat16 float_to_bf16(float f) {
-  std::uint32_t u = f32_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u)  // NaN: keep sign and payload top bits, force quiet
-    return BFloat16{static_cast<std::uint16_t>((u >> 16) | 0x0040u)};
+  const std::uint32_t u = f32_bits(f);
+  // NaN: keep sign and payload top bits, force quiet.
+  const std::uint32_t quiet_nan = (u >> 16) | 0x0040u;
   // Round to nearest even: add 0x7fff plus the lowest kept bit, then truncate.
   // Overflow carries into the exponent and correctly produces infinity.
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return BFloat16{static_cast<std::uint16_t>(u >> 16)};
+  const std::uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  return BFloat16{static_cast<std::uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded)};
 }
 inline float bf16_to_float(BFloat16 h) { return f32_from_bits(static_cast<std::uint32_t>(h.bits) << 16); }
 

@@ -59,12 +59,15 @@ inline float ld(BFloat16 v) { return bf16_to_float(v); }
 // double -> float rounded to odd: truncate, then set the last bit if inexact.
 // Rounding that to bf16/fp16 (>= 2 bits fewer) to nearest even gives exactly
 // the nearest-even rounding of the double: one rounding, not two.
+// Branch-free (selects, not jumps), so loops of 16-bit stores vectorise.
 inline float to_float_round_odd(double d) {
   const float f = static_cast<float>(d);
-  if (static_cast<double>(f) == d || std::isnan(d)) return f;
-  std::uint32_t u = f32_bits(f);
-  if ((u & 1u) == 0) u += std::fabs(static_cast<double>(f)) > std::fabs(d) ? 0xffffffffu : 1u;  // the odd neighbour
-  return f32_from_bits(u);
+  const double back = f;
+  const std::uint32_t u = f32_bits(f);
+  // Inexact with an even last bit: take the odd neighbour on d's side.
+  const bool to_odd = back != d && !std::isnan(d) && (u & 1u) == 0;
+  const std::uint32_t toward_d = std::fabs(back) > std::fabs(d) ? 0xffffffffu : 1u;
+  return f32_from_bits(u + (to_odd ? toward_d : 0u));
 }
 
 // Store: a float or double result -> storage type S, rounded once to nearest even.

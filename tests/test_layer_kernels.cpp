@@ -1707,24 +1707,30 @@ TEST(HalfStorage, LongRowsTakeTheVectorExponentialsWithinTheirBound) {
   }
 }
 
-// The cross-entropy backward's 16-bit store in its vector loop: products that
-// sit just above a 16-bit midpoint (1 + half an ulp + 2^-30, times powers of
-// two) must round up. Rounded to fp32 first they would land on the midpoint
-// and round to even, i.e. down; the kernel rounds to odd in fp32 first.
-TEST(HalfStorage, CrossEntropyBackwardRoundsLongRowsOnceJustAboveMidpoints) {
+// The cross-entropy backward's 16-bit store in its vector loop, next to
+// 16-bit midpoints (times powers of two of both signs). Just above the
+// midpoint between 1 and the next value (1 + half an ulp + 2^-30) must round
+// up; just below the midpoint between that value and the one after
+// (1 + 3 half ulps - 2^-30) must round down. Rounded to fp32 first, both would
+// land on the midpoint and round to even: the wrong way in both cases. The
+// kernel rounds to odd in fp32 first.
+TEST(HalfStorage, CrossEntropyBackwardRoundsLongRowsOnceNextToMidpoints) {
   for (auto [t, half_ulp] : {std::pair{DType::BF16, 0x1p-8}, std::pair{DType::F16, 0x1p-11}}) {
     SCOPED_TRACE(dtype_name(t));
     const i64 vocab = 1037;
     Vec e(usize(vocab));
     for (i64 c = 0; c < vocab; ++c) e[usize(c)] = std::ldexp(c % 2 ? 1.0 : -1.0, -static_cast<int>(c % 13));
-    const double scale = 1.0 + half_ulp + 0x1p-30;  // the product's factor: exp(0) / 1 * scale
-    Tensor d = empty({1, vocab}, t);
     Tensor zero_max = tensor({1}, {0.0}, DType::F32), one_sum = tensor({1}, {1.0}, DType::F32);
-    cross_entropy_backward(tensor({1, vocab}, e, t), zero_max, zero_max, one_sum, ids_tensor({vocab}), 0, vocab,
-                           scale, d);
-    Vec want(e.size());
-    for (std::size_t c = 0; c < e.size(); ++c) want[c] = e[c] * (1.0 + 2 * half_ulp);  // rounded up, away from 0
-    expect_same(vals(d), want, "just above the midpoint rounds up");
+    // {the product's factor (exp(0) / 1 * scale), what it rounds to}
+    for (auto [scale, rounded] : {std::pair{1.0 + half_ulp + 0x1p-30, 1.0 + 2 * half_ulp},
+                                  std::pair{1.0 + 3 * half_ulp - 0x1p-30, 1.0 + 2 * half_ulp}}) {
+      Tensor d = empty({1, vocab}, t);
+      cross_entropy_backward(tensor({1, vocab}, e, t), zero_max, zero_max, one_sum, ids_tensor({vocab}), 0, vocab,
+                             scale, d);
+      Vec want(e.size());
+      for (std::size_t c = 0; c < e.size(); ++c) want[c] = e[c] * rounded;
+      expect_same(vals(d), want, scale < 1.0 + 2 * half_ulp ? "just above a midpoint" : "just below a midpoint");
+    }
   }
 }
 

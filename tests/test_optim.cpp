@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "megazero/core/error.h"
@@ -63,7 +64,10 @@ TEST(AdamW, LongPartitionsAreTheScalarUpdateBitForBitOnAnyThreadCount) {
       g0[i] = std::cos(0.11 * static_cast<double>(i)) * (i % 5 == 0 ? 0.0 : 1.0);
     }
     std::vector<std::vector<float>> results;
-    const int before = cpu_math_threads();
+    struct RestoreThreads {
+      int before = cpu_math_threads();
+      ~RestoreThreads() { set_cpu_math_threads(before); }
+    } restore;
     for (int threads : {1, 4}) {
       set_cpu_math_threads(threads);
       Tensor w = Tensor::empty(dev, {n}, DType::F32, MemoryCategory::OptimizerStates);
@@ -95,15 +99,20 @@ TEST(AdamW, LongPartitionsAreTheScalarUpdateBitForBitOnAnyThreadCount) {
               rw[k] = static_cast<float>(rw[k] - lr * (u + wd * rw[k]));
             }
         }
+        const auto bits = [](float f) {
+          std::uint32_t u;
+          std::memcpy(&u, &f, 4);
+          return u;
+        };
         for (std::size_t k = 0; k < w0.size(); ++k) {
-          ASSERT_EQ(results[0][k], rw[k]) << "w[" << k << "]";
-          ASSERT_EQ(results[0][w0.size() + k], rm[k]) << "m[" << k << "]";
-          ASSERT_EQ(results[0][2 * w0.size() + k], rv[k]) << "v[" << k << "]";
+          ASSERT_EQ(bits(results[0][k]), bits(rw[k])) << "w[" << k << "]";
+          ASSERT_EQ(bits(results[0][w0.size() + k]), bits(rm[k])) << "m[" << k << "]";
+          ASSERT_EQ(bits(results[0][2 * w0.size() + k]), bits(rv[k])) << "v[" << k << "]";
         }
       }
     }
-    set_cpu_math_threads(before);
-    EXPECT_TRUE(results[0] == results[1]) << "1 and 4 threads differ";
+    EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)), 0)
+        << "1 and 4 threads differ";
   }
 }
 

@@ -66,7 +66,7 @@ inline float to_float_round_odd(double d) {
   const std::uint32_t u = f32_bits(f);
   // Inexact with an even last bit: take the odd neighbour on d's side.
   const bool to_odd = back != d && !std::isnan(d) && (u & 1u) == 0;
-  const std::uint32_t toward_d = std::fabs(back) > std::fabs(d) ? 0xffffffffu : 1u;
+  const std::uint32_t toward_d = std::isgreater(std::fabs(back), std::fabs(d)) ? 0xffffffffu : 1u;  // quiet on NaN
   return f32_from_bits(u + (to_odd ? toward_d : 0u));
 }
 

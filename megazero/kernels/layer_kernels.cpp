@@ -130,20 +130,52 @@ void layernorm_backward_dx_cpu(const S* dy, const S* x, const S* gamma, const C*
 constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
 
+// gelu(x) = 0.5 x (1 + tanh(u)), u = c (x + a x^3), in three pieces so that the
+// fp32 paths can take every tanh from one vector_math call (gelu_chunks).
 template <typename T>
-T gelu(T x) {
-  const T u = static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
-  return static_cast<T>(0.5) * x * (static_cast<T>(1) + std::tanh(u));
+T gelu_arg(T x) {
+  return static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
 }
-
+template <typename T>
+T gelu_of(T x, T t) {  // t = tanh(gelu_arg(x))
+  return static_cast<T>(0.5) * x * (static_cast<T>(1) + t);
+}
 // d/dx of gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) c (1 + 3 a x^2), t = tanh(u).
 template <typename T>
-T gelu_grad(T x) {
-  const T u = static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
-  const T t = std::tanh(u);
+T gelu_grad_of(T x, T t) {
   const T du = static_cast<T>(kGeluC) * (static_cast<T>(1) + static_cast<T>(3 * kGeluA) * x * x);
   return static_cast<T>(0.5) * (static_cast<T>(1) + t) + static_cast<T>(0.5) * x * (static_cast<T>(1) - t * t) * du;
 }
+
+// The GeLU map over `rows` runs of `cols` elements (the last run may stop at
+// `n`), 256 at a time: arg(r, c) gives the GeLU input in the compute type,
+// then all the chunk's tanh come from one vector_math::tanh_f32 call, then
+// out(r, c, x, t) stores the result. tanh_f32 computes every element with the
+// same vector routine wherever it sits, so the fused and unfused GeLU paths
+// (different runs over the same values) agree bit for bit. fp32 compute only
+// (fp32 and 16-bit storage); fp64 keeps the scalar std::tanh.
+template <typename Arg, typename Out>
+void gelu_chunks(i64 rows, i64 cols, i64 n, Arg arg, Out out) {
+  constexpr i64 kChunk = 256;
+#pragma omp parallel for num_threads(threads()) schedule(static) if (n > kParallelMin)
+  for (i64 r = 0; r < rows; ++r) {
+    float x[kChunk], u[kChunk], t[kChunk];
+    const i64 len = std::min(cols, n - r * cols);
+    for (i64 c0 = 0; c0 < len; c0 += kChunk) {
+      const i64 m = std::min(kChunk, len - c0);
+      for (i64 k = 0; k < m; ++k) {
+        x[k] = arg(r, c0 + k);
+        u[k] = gelu_arg(x[k]);
+      }
+      tanh_f32(u, t, m);
+      for (i64 k = 0; k < m; ++k) out(r, c0 + k, x[k], t[k]);
+    }
+  }
+}
+
+// A flat run of n elements as gelu_chunks' rows (no division per element).
+constexpr i64 kGeluFlatRow = 4096;
+inline i64 flat_rows(i64 n) { return (n + kGeluFlatRow - 1) / kGeluFlatRow; }
 
 // Applies out[i] = f(i) over n elements; f reads only index i, so outputs may
 // alias inputs.
@@ -412,7 +444,14 @@ void gelu_forward(const Tensor& x, Tensor& y) {
   with_storage_type(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
     const S* xp = ptr<const S>(x);
-    elementwise(ptr<S>(y), x.numel(), [=](i64 i) { return st<S>(gelu(ld(xp[i]))); });
+    S* yp = ptr<S>(y);
+    if constexpr (std::is_same_v<compute_t<S>, double>) {
+      elementwise(yp, x.numel(), [=](i64 i) { return st<S>(gelu_of(ld(xp[i]), std::tanh(gelu_arg(ld(xp[i]))))); });
+    } else {
+      const i64 n = x.numel();
+      gelu_chunks(flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
+                  [=](i64 r, i64 c, float v, float t) { yp[r * kGeluFlatRow + c] = st<S>(gelu_of(v, t)); });
+    }
   });
 }
 
@@ -427,7 +466,20 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
     using S = decltype(tag);
     const S* xp = ptr<const S>(x);
     const S* dyp = ptr<const S>(dy);
-    elementwise(ptr<S>(dx), x.numel(), [=](i64 i) { return st<S>(ld(dyp[i]) * gelu_grad(ld(xp[i]))); });
+    S* dxp = ptr<S>(dx);
+    if constexpr (std::is_same_v<compute_t<S>, double>) {
+      elementwise(dxp, x.numel(), [=](i64 i) {
+        const double v = ld(xp[i]);
+        return st<S>(ld(dyp[i]) * gelu_grad_of(v, std::tanh(gelu_arg(v))));
+      });
+    } else {
+      const i64 n = x.numel();
+      gelu_chunks(flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
+                  [=](i64 r, i64 c, float v, float t) {
+                    const i64 i = r * kGeluFlatRow + c;
+                    dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
+                  });
+    }
   });
 }
 
@@ -444,8 +496,16 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out) {
     using S = decltype(tag);
     const S* yp = ptr<const S>(y);
     const S* bp = ptr<const S>(bias);
-    rowwise(ptr<S>(out), s.rows, s.cols,
-            [=](i64 r, i64 c) { return st<S>(gelu(ld(yp[r * s.cols + c]) + ld(bp[c]))); });
+    S* op_ = ptr<S>(out);
+    if constexpr (std::is_same_v<compute_t<S>, double>) {
+      rowwise(op_, s.rows, s.cols, [=](i64 r, i64 c) {
+        const double v = ld(yp[r * s.cols + c]) + ld(bp[c]);
+        return st<S>(gelu_of(v, std::tanh(gelu_arg(v))));
+      });
+    } else {
+      gelu_chunks(s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
+                  [=](i64 r, i64 c, float v, float t) { op_[r * s.cols + c] = st<S>(gelu_of(v, t)); });
+    }
   });
 }
 
@@ -466,10 +526,20 @@ void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, T
     const S* yp = ptr<const S>(y);
     const S* bp = ptr<const S>(bias);
     const S* dyp = ptr<const S>(dy);
-    rowwise(ptr<S>(dx), s.rows, s.cols, [=](i64 r, i64 c) {
-      const i64 i = r * s.cols + c;
-      return st<S>(ld(dyp[i]) * gelu_grad(ld(yp[i]) + ld(bp[c])));
-    });
+    S* dxp = ptr<S>(dx);
+    if constexpr (std::is_same_v<compute_t<S>, double>) {
+      rowwise(dxp, s.rows, s.cols, [=](i64 r, i64 c) {
+        const i64 i = r * s.cols + c;
+        const double v = ld(yp[i]) + ld(bp[c]);
+        return st<S>(ld(dyp[i]) * gelu_grad_of(v, std::tanh(gelu_arg(v))));
+      });
+    } else {
+      gelu_chunks(s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
+                  [=](i64 r, i64 c, float v, float t) {
+                    const i64 i = r * s.cols + c;
+                    dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
+                  });
+    }
   });
   bias_grad(dx, dbias);  // the CPU gains nothing from fusing this pass
 }

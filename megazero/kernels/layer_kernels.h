@@ -19,8 +19,9 @@
 //    in-place softmax; see cross_entropy_forward). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
 //    they were before 16-bit storage, and no result depends on the thread count.
 //  - The softmax exponentials (cross-entropy, causal softmax, fused attention)
-//    of fp32 and 16-bit rows are libmvec's vector expf (vector_math.h; within
-//    4 ulp, where the scalar expf is within 1); fp64 keeps the scalar std::exp.
+//    and the GeLU's tanh of fp32 and 16-bit tensors are libmvec's vector expf
+//    and tanhf (vector_math.h; within 4 ulp, where the scalar ones are within
+//    1); fp64 keeps the scalar std::exp and std::tanh.
 //  - Per-row statistics (layernorm mean/rstd; the cross-entropy's row_max,
 //    global_max, sum_exp, target_logit and per-token loss) have row_stat_dtype():
 //    fp32 for 16-bit storage, else the storage dtype. 16-bit statistics are

@@ -14,6 +14,8 @@
 extern "C" {
 #pragma omp declare simd notinbranch
 float expf(float) noexcept;
+#pragma omp declare simd notinbranch
+float tanhf(float) noexcept;
 }
 // One clone per ISA, picked by the dynamic loader for the running CPU.
 #define MZ_SIMD_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
@@ -54,6 +56,32 @@ double exp_scaled_shifted(const double* x, double scale, double shift, double* y
     sum += y[i];
   }
   return sum;
+}
+
+namespace {
+// 16 lanes: a whole number of vectors at every ISA's width (4, 8, 16), so a
+// block's loop has no scalar remainder.
+constexpr std::int64_t kTanhBlock = 16;
+
+MZ_SIMD_CLONES void tanh_blocks(const float* u, float* t, std::int64_t blocks) {
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    const float* ub = u + b * kTanhBlock;
+    float* tb = t + b * kTanhBlock;
+#pragma omp simd
+    for (std::int64_t k = 0; k < kTanhBlock; ++k) tb[k] = tanhf(ub[k]);
+  }
+}
+}  // namespace
+
+void tanh_f32(const float* u, float* t, std::int64_t n) {
+  const std::int64_t whole = n / kTanhBlock;
+  tanh_blocks(u, t, whole);
+  const std::int64_t done = whole * kTanhBlock;
+  if (done == n) return;
+  float in[kTanhBlock] = {}, out[kTanhBlock];
+  std::copy(u + done, u + n, in);
+  tanh_blocks(in, out, 1);
+  std::copy(out, out + (n - done), t + done);
 }
 
 }  // namespace megazero::kernels

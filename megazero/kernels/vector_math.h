@@ -1,5 +1,6 @@
 // The exponentials of the CPU softmaxes (vocab-parallel cross-entropy, causal
-// softmax, fused attention) in SIMD: glibc's libmvec vector expf, chosen for
+// softmax, fused attention) and the GeLU's tanh in SIMD: glibc's libmvec
+// vector expf and tanhf, chosen for
 // the CPU at load time (AVX-512, AVX2 or SSE). The scalar std::exp loop these
 // replace was 16% of the main job's step (the cross-entropy over 25k logits a
 // token). glibc documents libmvec's expf to within 4 ulp (tests/
@@ -19,5 +20,11 @@ double scaled_max(const double* x, double scale, std::int64_t n);
 // the y[i], accumulated in double.
 double exp_scaled_shifted(const float* x, float scale, float shift, float* y, std::int64_t n);
 double exp_scaled_shifted(const double* x, double scale, double shift, double* y, std::int64_t n);
+
+// t[i] = tanh(u[i]) for i < n (t may be u). Every element goes through the
+// same vector routine, the tail too (padded to a full block), so an element's
+// tanh does not depend on where it sits: two loops over the same values in
+// different runs (fused and unfused GeLU) get the same bits.
+void tanh_f32(const float* u, float* t, std::int64_t n);
 
 }  // namespace megazero::kernels

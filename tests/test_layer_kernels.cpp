@@ -1369,6 +1369,60 @@ TEST(HalfStorage, Gelu) {
   }
 }
 
+// Tensors large enough for every path of the chunked GeLU: several 4096-element
+// runs and a partial one (flat kernels), rows of 300 (a second 256-element
+// chunk), above the threading threshold; 1 and 4 threads give the same bits,
+// and the fused kernels are the unfused sequence bit for bit in fp32.
+TEST(HalfStorage, GeluLargeTensorsTakeEveryChunkAndThreadPath) {
+  const i64 n = 9 * 4096 + 37;
+  std::mt19937 rng(71);
+  const Vec x32 = to_f32(randn(usize(n), rng, 3.0)), dy32 = to_f32(randn(usize(n), rng));
+  const int before = cpu_math_threads();
+  for (DType t : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec x = t == DType::F32 ? x32 : rounded(x32, t), dy = t == DType::F32 ? dy32 : rounded(dy32, t);
+    Vec want(x.size()), dwant(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) want[i] = gelu_ref(x[i]), dwant[i] = dy[i] * gelu_grad_ref(x[i]);
+    std::vector<Vec> runs;
+    for (int threads : {1, 4}) {
+      set_cpu_math_threads(threads);
+      Tensor y = empty({n}, t), dx = empty({n}, t);
+      gelu_forward(tensor({n}, x, t), y);
+      gelu_backward(tensor({n}, dy, t), tensor({n}, x, t), dx);
+      Vec both = vals(y);
+      const Vec dv = vals(dx);
+      both.insert(both.end(), dv.begin(), dv.end());
+      runs.push_back(both);
+    }
+    set_cpu_math_threads(before);
+    expect_same(runs[1], runs[0], "4 threads vs 1");
+    const Vec y(runs[0].begin(), runs[0].begin() + n), dx(runs[0].begin() + n, runs[0].end());
+    if (t == DType::F32) {
+      expect_close(y, want, 1e-6, 1e-6, "gelu");
+      expect_close(dx, dwant, 1e-5, 1e-5, "gelu_backward");
+    } else {
+      expect_one_rounding(y, want, t, "gelu", 2e-6);
+      expect_one_rounding(dx, dwant, t, "gelu_backward", 4e-6);
+    }
+  }
+  // Fused vs unfused, fp32, rows of 300 columns.
+  const i64 rows = 130, cols = 300;
+  const Shape shape{rows, cols};
+  const Vec yv = to_f32(randn(usize(rows * cols), rng, 2.0)), bv = to_f32(randn(usize(cols), rng));
+  const Vec w = to_f32(randn(usize(rows * cols), rng));
+  Tensor fused = empty(shape, DType::F32), pre = tensor(shape, yv, DType::F32), unfused = empty(shape, DType::F32);
+  bias_gelu_forward(tensor(shape, yv, DType::F32), tensor({cols}, bv, DType::F32), fused);
+  add_bias(pre, tensor({cols}, bv, DType::F32));
+  gelu_forward(pre, unfused);
+  expect_same(vals(fused), vals(unfused), "fused forward");
+  Tensor dxf = empty(shape, DType::F32), dbf = tensor({cols}, Vec(usize(cols), 0.0), DType::F32);
+  bias_gelu_backward(tensor(shape, w, DType::F32), tensor(shape, yv, DType::F32), tensor({cols}, bv, DType::F32), dxf,
+                     dbf);
+  Tensor dxu = empty(shape, DType::F32);
+  gelu_backward(tensor(shape, w, DType::F32), pre, dxu);
+  expect_same(vals(dxf), vals(dxu), "fused backward dx");
+}
+
 // ------------------------- bias and element-wise -------------------------
 
 TEST(HalfStorage, BiasAndElementwise) {

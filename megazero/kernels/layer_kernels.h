@@ -21,7 +21,8 @@
 //  - The softmax exponentials (cross-entropy, causal softmax, fused attention)
 //    and the GeLU's tanh of fp32 and 16-bit tensors are libmvec's vector expf
 //    and tanhf (vector_math.h; within 4 ulp, where the scalar ones are within
-//    1); fp64 keeps the scalar std::exp and std::tanh.
+//    1; their last bits depend on the ISA clone the CPU selects); fp64 keeps
+//    the scalar std::exp and std::tanh.
 //  - Per-row statistics (layernorm mean/rstd; the cross-entropy's row_max,
 //    global_max, sum_exp, target_logit and per-token loss) have row_stat_dtype():
 //    fp32 for 16-bit storage, else the storage dtype. 16-bit statistics are

@@ -88,6 +88,25 @@ inline float half_to_float(Half h) {
   return f32_from_bits(sign | f32_bits(mag));
 }
 
+// An element of a floating storage type, widened exactly: 16-bit -> float.
+inline float widen(float v) { return v; }
+inline double widen(double v) { return v; }
+inline float widen(Half v) { return half_to_float(v); }
+inline float widen(BFloat16 v) { return bf16_to_float(v); }
+
+// Calls fn(T{}) with the C++ storage type T of a floating dtype; false (fn not
+// called) for the integer dtypes.
+template <typename Fn>
+bool with_float_dtype(DType t, Fn&& fn) {
+  switch (t) {
+    case DType::F32: fn(float{}); return true;
+    case DType::F64: fn(double{}); return true;
+    case DType::BF16: fn(BFloat16{}); return true;
+    case DType::F16: fn(Half{}); return true;
+    default: return false;
+  }
+}
+
 // Bulk conversion between any two floating dtypes (F32/F16/BF16/F64), n elements.
 // src and dst may not overlap unless they are the same pointer with equal dtypes.
 void convert(const void* src, DType src_type, void* dst, DType dst_type, std::size_t n);

@@ -51,10 +51,10 @@ template <typename S>
 using compute_t = typename ComputeOf<S>::type;
 
 // Load: storage -> compute type (exact).
-inline float ld(float v) { return v; }
-inline double ld(double v) { return v; }
-inline float ld(Half v) { return half_to_float(v); }
-inline float ld(BFloat16 v) { return bf16_to_float(v); }
+template <typename S>
+compute_t<S> ld(S v) {
+  return widen(v);
+}
 
 // double -> float rounded to odd: truncate, then set the last bit if inexact.
 // Rounding that to bf16/fp16 (>= 2 bits fewer) to nearest even gives exactly

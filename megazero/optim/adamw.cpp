@@ -18,13 +18,13 @@ namespace {
 // are the scalar ones, each correctly rounded, none fused: -ffp-contract=off;
 // nothing is summed). The bare loop through a load-function pointer ran at ~14
 // ns per parameter.
-template <typename G, typename Load>
+template <typename G>
 void update(float* w, float* m, float* v, const G* g, std::int64_t b, std::int64_t e, bool decay,
-            const AdamConfig& c, double lr, double bc1, double bc2, double scale, Load load) {
+            const AdamConfig& c, double lr, double bc1, double bc2, double scale) {
   const double b1 = c.beta1, b2 = c.beta2, eps = c.eps, wd = decay ? c.weight_decay : 0.0;
 #pragma omp parallel for simd num_threads(cpu_math_threads()) schedule(static) if (parallel : e - b > (std::int64_t{1} << 16))
   for (std::int64_t i = b; i < e; ++i) {
-    const double grad = load(g[i]) * scale;
+    const double grad = static_cast<double>(widen(g[i])) * scale;
     const double mi = b1 * m[i] + (1 - b1) * grad;
     const double vi = b2 * v[i] + (1 - b2) * grad * grad;
     m[i] = static_cast<float>(mi);
@@ -33,11 +33,6 @@ void update(float* w, float* m, float* v, const G* g, std::int64_t b, std::int64
     w[i] = static_cast<float>(w[i] - lr * (update + wd * w[i]));  // decoupled decay
   }
 }
-
-double load_f32(float x) { return x; }
-double load_f64(double x) { return x; }
-double load_bf16(BFloat16 x) { return bf16_to_float(x); }
-double load_f16(Half x) { return half_to_float(x); }
 
 }  // namespace
 
@@ -70,16 +65,11 @@ void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_a
   auto* v = exp_avg_sq.data_as<float>();
   for (const auto& s : segments) {
     MZ_CHECK(s.begin >= 0 && s.end <= n && s.begin <= s.end, "adamw: segment out of range");
-    auto run = [&](const auto* g, auto load) {
-      update(w, m, v, g, s.begin, s.end, s.decay, cfg, lr, bc1, bc2, grad_scale, load);
-    };
-    switch (grads.dtype()) {
-      case DType::F32: run(grads.data_as<float>(), [](float x) { return load_f32(x); }); break;
-      case DType::F64: run(grads.data_as<double>(), [](double x) { return load_f64(x); }); break;
-      case DType::BF16: run(grads.data_as<BFloat16>(), [](BFloat16 x) { return load_bf16(x); }); break;
-      case DType::F16: run(grads.data_as<Half>(), [](Half x) { return load_f16(x); }); break;
-      default: MZ_CHECK(false, "adamw: gradients of dtype ", dtype_name(grads.dtype()));
-    }
+    const bool floating = with_float_dtype(grads.dtype(), [&](auto tag) {
+      using G = decltype(tag);
+      update(w, m, v, grads.data_as<G>(), s.begin, s.end, s.decay, cfg, lr, bc1, bc2, grad_scale);
+    });
+    MZ_CHECK(floating, "adamw: gradients of dtype ", dtype_name(grads.dtype()));
   }
 }
 

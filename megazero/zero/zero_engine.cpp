@@ -343,20 +343,20 @@ namespace {
 // i = begin + 8j + k, combined pairwise, then the range's tail. The eight
 // independent sums vectorise (the sequential sum through a per-element dtype
 // switch ran at about the cost of the AdamW update itself).
-template <typename G, typename Load>
-double cpu_sum_of_squares(const G* g, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges, Load load) {
+template <typename G>
+double cpu_sum_of_squares(const G* g, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
   double s = 0;
   for (const auto& [begin, end] : ranges) {
     double acc[8] = {};
     std::int64_t i = begin;
     for (; i + 8 <= end; i += 8)
       for (int k = 0; k < 8; ++k) {
-        const double v = load(g[i + k]);
+        const double v = widen(g[i + k]);
         acc[k] += v * v;
       }
     double r = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
     for (; i < end; ++i) {
-      const double v = load(g[i]);
+      const double v = widen(g[i]);
       r += v * v;
     }
     s += r;
@@ -386,17 +386,10 @@ void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
 #endif
   MZ_CHECK(grads.device().kind() == DeviceKind::CPU, "grad norm: gradients on ", grads.device().name());
   double s = 0;
-  switch (grads.dtype()) {
-    case DType::F32: s = cpu_sum_of_squares(grads.data_as<float>(), ranges, [](float g) { return g; }); break;
-    case DType::F64: s = cpu_sum_of_squares(grads.data_as<double>(), ranges, [](double g) { return g; }); break;
-    case DType::BF16:
-      s = cpu_sum_of_squares(grads.data_as<BFloat16>(), ranges, [](BFloat16 g) { return bf16_to_float(g); });
-      break;
-    case DType::F16:
-      s = cpu_sum_of_squares(grads.data_as<Half>(), ranges, [](Half g) { return half_to_float(g); });
-      break;
-    default: MZ_CHECK(false, "grad norm: gradients of dtype ", dtype_name(grads.dtype()));
-  }
+  const bool floating = with_float_dtype(grads.dtype(), [&](auto tag) {
+    s = cpu_sum_of_squares(grads.data_as<decltype(tag)>(), ranges);
+  });
+  MZ_CHECK(floating, "grad norm: gradients of dtype ", dtype_name(grads.dtype()));
   out.data_as<double>()[0] = s;
 }
 

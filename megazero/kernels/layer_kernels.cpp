@@ -194,7 +194,17 @@ void rowwise(T* out, i64 rows, i64 cols, F f) {
     for (i64 c = 0; c < cols; ++c) out[r * cols + c] = f(r, c);
 }
 
-// ---- causal softmax ----
+// A per-thread compute-type row of at least n elements, for the 16-bit rows
+// the softmaxes widen before their vector exponentials (a few hundred KB at
+// most, outside the memory tracker, as a library's thread buffer would be).
+template <typename C>
+C* row_scratch(i64 n) {
+  thread_local std::vector<C> scratch;
+  if (static_cast<i64>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
+  return scratch.data();
+}
+
+// ---- causal softmax ----// ---- causal softmax ----
 
 // Row i of each [n, n] matrix is softmax over j <= i of scale * s; the max is
 // subtracted before exp and the sum is taken in double. The unnormalised
@@ -213,9 +223,7 @@ void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mat
     if constexpr (std::is_same_v<S, C>) {
       e = p;
     } else {
-      thread_local std::vector<C> scratch;
-      if (static_cast<i64>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
-      e = scratch.data();
+      e = row_scratch<C>(n);
     }
     const C* x = e;  // the scores in the compute type
     if constexpr (std::is_same_v<S, C>) {
@@ -327,9 +335,7 @@ void cross_entropy_forward_cpu(S* logits, const std::int64_t* targets, i64 vocab
     if constexpr (std::is_same_v<S, C>) {
       x = lr;
     } else {
-      thread_local std::vector<C> scratch;
-      if (static_cast<i64>(scratch.size()) < s.valid) scratch.resize(static_cast<std::size_t>(s.valid));
-      x = scratch.data();
+      x = row_scratch<C>(s.valid);
       for (i64 c = 0; c < s.valid; ++c) x[c] = ld(lr[c]);
     }
     const C mx = scaled_max(x, C{1}, s.valid);  // -inf: a slice of only padding contributes nothing

@@ -99,8 +99,8 @@ int main(int argc, char** argv) {
         const auto bi = static_cast<blasint>(n);
         if (t == DType::F32) {
           report("OpenBLAS sgemm", best_seconds(reps, [&] {
-                   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi, bi, bi, 1.f, a.data_as<float>(), bi,
-                               b.data_as<float>(), bi, 0.f, c.data_as<float>(), bi);
+                   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, bi, bi, bi, 1.f, a.host_data<float>(), bi,
+                               b.host_data<float>(), bi, 0.f, c.host_data<float>(), bi);
                  }));
         }
       }

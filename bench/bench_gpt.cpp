@@ -49,7 +49,7 @@ int run(int argc, char** argv) {
   step.seq = cfg.seq_length;
   const std::int64_t n = micro_batch * cfg.seq_length;
   Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-  for (std::int64_t i = 0; i < n; ++i) ids.data_as<std::int64_t>()[i] = (i * 7919) % cfg.vocab_size;
+  for (std::int64_t i = 0; i < n; ++i) ids.host_data<std::int64_t>()[i] = (i * 7919) % cfg.vocab_size;
   double best = 1e30, loss = 0;
   for (int s = 0; s <= steps; ++s) {  // step 0 warms up
     step.iteration = static_cast<std::uint64_t>(s);

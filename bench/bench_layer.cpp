@@ -73,7 +73,7 @@ int run(int argc, char** argv) {
     Tensor host = Tensor::empty(make_device(DeviceKind::CPU), t.shape(), DType::F32, MemoryCategory::Other);
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> nd(0.0f, static_cast<float>(sd));
-    float* p = host.data_as<float>();
+    float* p = host.host_data<float>();
     for (std::int64_t i = 0; i < host.numel(); ++i) p[i] = nd(rng);
     t.copy_from(host);
   };

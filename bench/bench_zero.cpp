@@ -65,8 +65,8 @@ int run(int argc, char** argv) {
   mb.ids = Tensor::empty(dev, {n}, DType::I64, MemoryCategory::Activations);
   mb.targets = Tensor::empty(dev, {n}, DType::I64, MemoryCategory::Activations);
   for (std::int64_t i = 0; i < n; ++i) {
-    mb.ids.data_as<std::int64_t>()[i] = (i * 7919 + me) % cfg.vocab_size;
-    mb.targets.data_as<std::int64_t>()[i] = (i * 104729 + me) % cfg.vocab_size;
+    mb.ids.host_data<std::int64_t>()[i] = (i * 7919 + me) % cfg.vocab_size;
+    mb.targets.host_data<std::int64_t>()[i] = (i * 104729 + me) % cfg.vocab_size;
   }
   mb.step.micro_batch = micro_batch;
   mb.step.seq = cfg.seq_length;
@@ -85,18 +85,18 @@ int run(int argc, char** argv) {
   const auto snap = dev->memory().snapshot();
   Tensor peaks = Tensor::empty(make_device(DeviceKind::CPU), {static_cast<std::int64_t>(kNumMemoryCategories) + 1},
                                DType::I64, MemoryCategory::Workspace);
-  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) peaks.data_as<std::int64_t>()[c] = snap.by_category[c].peak_bytes;
-  peaks.data_as<std::int64_t>()[kNumMemoryCategories] = snap.total_peak_bytes;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) peaks.host_data<std::int64_t>()[c] = snap.by_category[c].peak_bytes;
+  peaks.host_data<std::int64_t>()[kNumMemoryCategories] = snap.total_peak_bytes;
   world->all_reduce(peaks, ReduceOp::Max).wait();
   if (me == 0) {
     std::printf("stage %d TP %d DP %d %s params/rank %lld: median step %.3f s, loss %.4f, peak MiB (max over ranks):",
                 stage, tp_size, dp->size(), bf16 ? "bf16" : "fp32", static_cast<long long>(params.local_numel()),
                 times[times.size() / 2], loss);
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
-      const auto v = peaks.data_as<std::int64_t>()[c];
+      const auto v = peaks.host_data<std::int64_t>()[c];
       if (v) std::printf(" %s %.2f", std::string(memory_category_name(static_cast<MemoryCategory>(c))).c_str(), static_cast<double>(v) / 1048576.0);
     }
-    std::printf(" | total %.2f\n", static_cast<double>(peaks.data_as<std::int64_t>()[kNumMemoryCategories]) / 1048576.0);
+    std::printf(" | total %.2f\n", static_cast<double>(peaks.host_data<std::int64_t>()[kNumMemoryCategories]) / 1048576.0);
   }
   return 0;
 }

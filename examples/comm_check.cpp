@@ -156,10 +156,10 @@ int run(int argc, char** argv) {
   // Totals over ranks.
   auto cpu = make_device(DeviceKind::CPU);
   Tensor totals = Tensor::empty(cpu, {2}, DType::I64, MC::CommBuffers);
-  totals.data_as<std::int64_t>()[0] = check.passed;
-  totals.data_as<std::int64_t>()[1] = check.failed;
+  totals.host_data<std::int64_t>()[0] = check.passed;
+  totals.host_data<std::int64_t>()[1] = check.failed;
   g->world().all_reduce(totals).wait();
-  const auto passed = totals.data_as<std::int64_t>()[0], failed = totals.data_as<std::int64_t>()[1];
+  const auto passed = totals.host_data<std::int64_t>()[0], failed = totals.host_data<std::int64_t>()[1];
   if (root) {
     std::printf("all_reduce of %.0f MiB fp32, bus bandwidth: world %.2f GB/s, tp %.2f GB/s, dp %.2f GB/s\n",
                 args.size_mib, bw_world, bw_tp, bw_dp);

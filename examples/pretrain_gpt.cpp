@@ -17,6 +17,7 @@
 #include "megazero/comm/nccl_communicator.h"
 #endif
 #include "megazero/plan/memory_plan.h"
+#include "megazero/plan/memory_preflight.h"
 #include "megazero/plan/time_model.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
@@ -40,15 +41,15 @@ struct Spread {
 Spread spread(Communicator& world, double v) {
   auto cpu = make_device(DeviceKind::CPU);
   Tensor t = Tensor::empty(cpu, {3}, DType::F64, MemoryCategory::Workspace);
-  t.data_as<double>()[0] = v;
-  t.data_as<double>()[1] = -v;
-  t.data_as<double>()[2] = 0;
+  t.host_data<double>()[0] = v;
+  t.host_data<double>()[1] = -v;
+  t.host_data<double>()[2] = 0;
   world.all_reduce(t, ReduceOp::Max).wait();
-  const double mx = t.data_as<double>()[0];
+  const double mx = t.host_data<double>()[0];
   Tensor who = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::Workspace);
-  who.data_as<std::int64_t>()[0] = v == mx ? world.size() - world.rank() : 0;
+  who.host_data<std::int64_t>()[0] = v == mx ? world.size() - world.rank() : 0;
   world.all_reduce(who, ReduceOp::Max).wait();
-  return {-t.data_as<double>()[1], mx, world.size() - static_cast<int>(who.data_as<std::int64_t>()[0])};
+  return {-t.host_data<double>()[1], mx, world.size() - static_cast<int>(who.host_data<std::int64_t>()[0])};
 }
 
 double max_over(Communicator& world, double v) { return spread(world, v).max; }
@@ -186,24 +187,49 @@ int run(int argc, char** argv) {
   }
   if (args.dry_run) return 0;
 
-  // --device cuda: the GPU of this rank's place on its host.
+  // --device cuda: the GPU of this rank's place on its host. cpu-isolated: the
+  // CPU kernels over memory host code cannot touch (a GPU's rules, for tests).
   auto device = run_consistently(world, [&] {
-    MZ_REQUIRE(args.device == "cpu" || args.device == "cuda", "--device must be cpu or cuda, got '", args.device, "'");
-    if (args.device == "cpu") return make_device(DeviceKind::CPU);
+    if (args.device != "cuda") return make_device(args.device);
     const int gpus = cuda_visible_devices();
     MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", host_name,
                " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
     return make_device(DeviceKind::CUDA, local_index % gpus);
   });
   const bool on_gpu = device->kind() == DeviceKind::CUDA;
+  // This rank's plan (the model, the engine and two iterations on the meta
+  // device, in the order this run allocates), made once if the pre-flight or
+  // the arena needs it.
+  std::optional<plan::RankMemoryPlan> rank_plan;
+  auto my_plan = [&]() -> const plan::RankMemoryPlan& {
+    if (!rank_plan) {
+      Activity activity("planning this rank's memory");
+      rank_plan = plan::plan_rank_memory(args, world.size(), world.rank(), device->kind());
+    }
+    return *rank_plan;
+  };
+  // The memory pre-flight (a device with a capacity: a GPU): a run that cannot
+  // fit is refused before it allocates, on every rank alike, saying what would fit.
+  const auto device_memory = device->memory_info();
+  if (device_memory) {
+    const auto verdict = run_consistently(world, [&] {
+      const auto v = plan::memory_preflight(args, world.size(), world.rank(), device->kind(), my_plan(),
+                                            device_memory->free);
+      MZ_REQUIRE(v.fits, plan::preflight_error(v, device->name(), world.rank(), device_memory->total));
+      return v;
+    });
+    const double most = max_over(world, static_cast<double>(verdict.needed));
+    const double least_free = -max_over(world, -static_cast<double>(verdict.available));
+    if (root)
+      std::printf("memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free on the device "
+                  "(the least over ranks; the CUDA context and NCCL's buffers come out of it)\n",
+                  most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0);
+  }
   if (args.device_arena) {
-    // This rank's plan (the model, the engine and two iterations on the meta
-    // device, in the order this run allocates) gives the arena's size: the
-    // first-fit heap peak, which the tracker's model of this device reproduces.
+    // The arena's size: the plan's first-fit heap peak, which the tracker's model of this device reproduces.
     Activity activity("planning the device arena");
-    const auto plan = plan::plan_rank_memory(args, world.size(), world.rank(), device->kind());
-    device->reserve_arena(static_cast<std::size_t>(plan.step_heap_peak));
-    const double most = max_over(world, static_cast<double>(plan.step_heap_peak));
+    device->reserve_arena(static_cast<std::size_t>(my_plan().step_heap_peak));
+    const double most = max_over(world, static_cast<double>(my_plan().step_heap_peak));
     if (root)
       std::printf("device arena (MD): %.1f MiB reserved per rank (the largest; each rank its planned first-fit peak)\n",
                   most / 1048576.0);
@@ -350,7 +376,7 @@ int run(int argc, char** argv) {
       const std::int64_t base =
           split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
       source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, host, mb.ids, mb.targets);
-      if (on_gpu) {  // tokens are made on the host; one copy each to the GPU
+      if (!device->host_accessible()) {  // tokens are made on the host; one copy each to the device
         for (Tensor* t : {&mb.ids, &mb.targets}) {
           Tensor d = Tensor::empty(device, t->shape(), DType::I64, MemoryCategory::Activations);
           d.copy_from(*t);

@@ -38,8 +38,8 @@ void GPTModel::set_checkpoint_store(ActivationCheckpointStore* store) {
 
 void GPTModel::check_ids(const Tensor& ids, const char* what) const {
   MZ_CHECK(ids.dtype() == DType::I64 && ids.dim() == 1, what, " must be int64 [B*S]");
-  if (ids.device().kind() != DeviceKind::CPU) return;
-  const auto* p = ids.data_as<std::int64_t>();
+  if (!ids.device().host_accessible()) return;  // device ids were checked on the host they came from
+  const auto* p = ids.host_data<std::int64_t>();
   for (std::int64_t i = 0; i < ids.numel(); ++i)
     MZ_REQUIRE(p[i] >= 0 && p[i] < cfg_.vocab_size, what, " holds token id ", p[i], " at position ", i,
                ", outside the vocabulary [0, ", cfg_.vocab_size,

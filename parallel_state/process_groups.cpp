@@ -15,9 +15,9 @@ std::shared_ptr<Device> host() { return make_device(DeviceKind::CPU); }
 
 std::int64_t all_reduce_max(Communicator& c, std::int64_t v) {
   Tensor t = Tensor::empty(host(), {1}, DType::I64, MemoryCategory::CommBuffers);
-  t.data_as<std::int64_t>()[0] = v;
+  t.host_data<std::int64_t>()[0] = v;
   c.all_reduce(t, ReduceOp::Max).wait();
-  return t.data_as<std::int64_t>()[0];
+  return t.host_data<std::int64_t>()[0];
 }
 
 }  // namespace
@@ -28,9 +28,9 @@ int detect_ranks_per_node(MpiCommunicator& world) {
   const int local_rank = local->rank();
   // Rank of the node's first process, via the node-local communicator.
   Tensor first = Tensor::empty(host(), {1}, DType::I64, MemoryCategory::CommBuffers);
-  first.data_as<std::int64_t>()[0] = world.rank();
+  first.host_data<std::int64_t>()[0] = world.rank();
   local->broadcast(first, 0).wait();
-  const auto node_first = first.data_as<std::int64_t>()[0];
+  const auto node_first = first.host_data<std::int64_t>()[0];
   local.reset();
 
   const std::int64_t max_size = all_reduce_max(world, local_size);
@@ -54,11 +54,11 @@ std::vector<std::string> gather_host_names(Communicator& world) {
   constexpr std::int64_t kLen = 64;
   std::string me = MpiCommunicator::host_name().substr(0, kLen - 1);
   Tensor mine = Tensor::zeros(host(), {kLen}, DType::U8, MemoryCategory::CommBuffers);
-  std::memcpy(mine.data(), me.data(), me.size());
+  std::memcpy(mine.host_bytes(), me.data(), me.size());
   Tensor all = Tensor::empty(host(), {kLen * world.size()}, DType::U8, MemoryCategory::CommBuffers);
   world.all_gather(mine, all).wait();
   std::vector<std::string> out;
-  for (int r = 0; r < world.size(); ++r) out.emplace_back(static_cast<const char*>(all.data()) + r * kLen);
+  for (int r = 0; r < world.size(); ++r) out.emplace_back(static_cast<const char*>(all.host_bytes()) + r * kLen);
   return out;
 }
 

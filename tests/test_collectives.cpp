@@ -280,7 +280,7 @@ TEST_F(Collectives, RecordsFingerprintsAndCountsBytes) {
   EXPECT_EQ(world->stats()[CollectiveType::AllGather].elements, 10L * world->size());
   // Every rank issued the same fingerprints: compare with rank 0's.
   Tensor fp = Tensor::empty(dev, {3}, DType::I64, MC::CommBuffers);
-  for (std::int64_t i = 0; i < 3; ++i) fp.data_as<std::int64_t>()[i] = world->records()[static_cast<std::size_t>(i)].count;
+  for (std::int64_t i = 0; i < 3; ++i) fp.host_data<std::int64_t>()[i] = world->records()[static_cast<std::size_t>(i)].count;
   Tensor ref = fp.clone(MC::CommBuffers);
   world->set_record_hook(nullptr);
   world->broadcast(ref, 0).wait();

@@ -76,8 +76,8 @@ std::vector<float> eval_logits(ZeroRun& r) {
   Tensor ids = Tensor::empty(r.device, {B * S}, DType::I64, MemoryCategory::Activations);
   Tensor targets = Tensor::empty(r.device, {B * S}, DType::I64, MemoryCategory::Activations);
   for (I i = 0; i < B * S; ++i) {
-    ids.data_as<I>()[i] = (i * 37 + 11) % c.vocab_size;
-    targets.data_as<I>()[i] = (i * 53 + 5) % c.vocab_size;
+    ids.host_data<I>()[i] = (i * 37 + 11) % c.vocab_size;
+    targets.host_data<I>()[i] = (i * 53 + 5) % c.vocab_size;
   }
   layers::StepInfo step;
   step.micro_batch = B;
@@ -87,7 +87,7 @@ std::vector<float> eval_logits(ZeroRun& r) {
   r.model->keep_logits(true);  // the loss consumes its logits in place
   r.model->forward(ids, targets, step);
   const Tensor& l = r.model->logits();
-  return std::vector<float>(l.data_as<float>(), l.data_as<float>() + l.numel());
+  return std::vector<float>(l.host_data<float>(), l.host_data<float>() + l.numel());
 }
 
 std::vector<float> tensor_of(const checkpoint::SafetensorsFile& f, const std::string& name, const std::vector<I>& shape) {

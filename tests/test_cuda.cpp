@@ -417,7 +417,7 @@ TEST_F(Cuda, AdamWAndGradNorm) {
     for (std::int64_t i = 60000; i < n; ++i) ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];
     const Tensor ws = k::allocate_gpu_scratch(g.g, k::gpu_scratch::sum_of_squares_bytes(2), "grad norm partials");
     Tensor sum = Tensor::empty(gpu, {1}, DType::F64, MemoryCategory::Workspace);
-    cuda::sum_of_squares(g.g.data(), gt, {{10, 50000}, {60000, n}}, k::scratch_of(ws), sum.data_as<double>(),
+    cuda::sum_of_squares(g.g.data(), gt, {{10, 50000}, {60000, n}}, k::scratch_of(ws), sum.host_data<double>(),
                          as_cuda_device(*gpu).stream());
     EXPECT_NEAR(sum.to_double_vector()[0], ref, 1e-12 * ref);
   }

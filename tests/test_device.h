@@ -20,8 +20,8 @@ inline std::shared_ptr<Device> test_device() {
 template <typename Fn>
 Tensor int64_tensor(const std::shared_ptr<Device>& device, std::int64_t n, Fn fn) {
   Tensor host = Tensor::empty(make_device(DeviceKind::CPU), {n}, DType::I64, MemoryCategory::Activations);
-  for (std::int64_t i = 0; i < n; ++i) host.data_as<std::int64_t>()[i] = fn(i);
-  if (device->kind() == DeviceKind::CPU) return host;
+  for (std::int64_t i = 0; i < n; ++i) host.host_data<std::int64_t>()[i] = fn(i);
+  if (device->host_accessible()) return host;
   Tensor t = Tensor::empty(device, {n}, DType::I64, MemoryCategory::Activations);
   t.copy_from(host);
   return t;

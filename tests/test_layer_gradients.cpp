@@ -174,8 +174,8 @@ TEST_F(LayerGrad, WholeModelIncludingEmbeddingsTiedLogitsAndCrossEntropy) {
     Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
     Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
     for (std::int64_t i = 0; i < n; ++i) {
-      ids.data_as<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
-      targets.data_as<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
+      ids.host_data<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
+      targets.host_data<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
     }
     model.forward(ids, targets, step);
     ps.zero_grad();
@@ -219,7 +219,7 @@ TEST_F(LayerGrad, ModelRejectsBadShapesAndIds) {
   ps.initialize(1);
   const std::int64_t n = step.micro_batch * step.seq;
   Tensor ids = Tensor::zeros(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-  ids.data_as<std::int64_t>()[3] = cfg.vocab_size;  // one past the end
+  ids.host_data<std::int64_t>()[3] = cfg.vocab_size;  // one past the end
   try {
     model.forward(ids, ids, step);
     ADD_FAILURE() << "out-of-range id accepted";

@@ -48,7 +48,7 @@ Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(cp
 
 Tensor ids_tensor(const std::vector<i64>& ids) {
   Tensor out = Tensor::empty(cpu(), {static_cast<i64>(ids.size())}, DType::I64, MC::Other);
-  std::copy(ids.begin(), ids.end(), out.data_as<i64>());
+  std::copy(ids.begin(), ids.end(), out.host_data<i64>());
   return out;
 }
 

@@ -77,9 +77,9 @@ TEST(AdamW, LongPartitionsAreTheScalarUpdateBitForBitOnAnyThreadCount) {
       w.copy_from_doubles(w0);
       g.copy_from_doubles(g0);
       for (int step = 1; step <= 2; ++step) adamw_step(w, m, v, g, segs, c, lr, step, scale);
-      std::vector<float> all(w.data_as<float>(), w.data_as<float>() + n);
-      all.insert(all.end(), m.data_as<float>(), m.data_as<float>() + n);
-      all.insert(all.end(), v.data_as<float>(), v.data_as<float>() + n);
+      std::vector<float> all(w.host_data<float>(), w.host_data<float>() + n);
+      all.insert(all.end(), m.host_data<float>(), m.host_data<float>() + n);
+      all.insert(all.end(), v.host_data<float>(), v.host_data<float>() + n);
       results.push_back(std::move(all));
       if (threads == 1) {
         // The scalar update, in the kernel's order of operations.

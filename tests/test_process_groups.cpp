@@ -13,9 +13,9 @@ namespace {
 
 std::int64_t sum_over(Communicator& c, std::int64_t v) {
   Tensor t = Tensor::empty(make_device(DeviceKind::CPU), {1}, DType::I64, MemoryCategory::CommBuffers);
-  t.data_as<std::int64_t>()[0] = v;
+  t.host_data<std::int64_t>()[0] = v;
   c.all_reduce(t).wait();
-  return t.data_as<std::int64_t>()[0];
+  return t.host_data<std::int64_t>()[0];
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ TEST(ZeroPrecision, Fp16OverflowOnOneRankSkipsEverywhereAndBacksOff) {
     run.engine->zero_grad();
     const std::int64_t S = run.model->config().seq_length, b = s.micro_batch;
     Tensor ids = Tensor::zeros(run.device, {b * S}, DType::I64, MC::Activations);
-    for (std::int64_t i = 0; i < b * S; ++i) ids.data_as<std::int64_t>()[i] = (i * 7 + world().rank()) % 97;
+    for (std::int64_t i = 0; i < b * S; ++i) ids.host_data<std::int64_t>()[i] = (i * 7 + world().rank()) % 97;
     layers::StepInfo step;
     step.micro_batch = b;
     step.seq = S;

@@ -26,8 +26,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: convert_checkpoint export --load DIR --output OUTDIR [--dtype fp32|fp16|bf16]\n"
-    "       convert_checkpoint import --input HF_DIR_OR_FILE --save DIR [--seq-length N] [--num-attention-heads N]\n"
-    "       convert_checkpoint logits --load DIR --tokens 1,2,3 --output FILE\n"
+    "       convert_checkpoint import --input HF_DIR_OR_FILE --save DIR [--seq-length N] [--num-attention-heads N] [--device D]\n"
+    "       convert_checkpoint logits --load DIR --tokens 1,2,3 --output FILE [--device D]\n"
     "       convert_checkpoint COMMAND --help\n";
 
 std::string describe(const layers::GPTConfig& c) {
@@ -75,7 +75,8 @@ int do_import(int argc, char** argv, Communicator& self) {
       ("seq-length", po::value(&o.seq_length), "recorded in the checkpoint's configuration; default n_positions")
       ("num-attention-heads", po::value(&o.num_attention_heads), "needed when there is no config.json")
       ("make-vocab-size-divisible-by", po::value(&o.make_vocab_size_divisible_by), "vocab padding (default 128)")
-      ("seed", po::value(&o.seed)->default_value(1234), "recorded as the run's --seed");
+      ("seed", po::value(&o.seed)->default_value(1234), "recorded as the run's --seed")
+      ("device", po::value(&o.device)->default_value("cpu"), "where the model is built and saved from: cpu, cuda, cuda:N or cpu-isolated");
   if (!parse(argc, argv, d, "convert_checkpoint import")) return 0;
   const auto r = hf::import_checkpoint(o, self);
   for (const auto& n : r.notes) std::printf("convert_checkpoint: note: %s\n", n.c_str());
@@ -91,14 +92,15 @@ int do_import(int argc, char** argv, Communicator& self) {
 }
 
 int do_logits(int argc, char** argv, Communicator& self) {
-  std::string load, tokens, output;
+  std::string load, tokens, output, device;
   std::int64_t heads = 0;
   po::options_description d("convert_checkpoint logits options");
   d.add_options()
       ("load", po::value(&load), "a checkpoint directory, as for export")
       ("tokens", po::value(&tokens), "comma-separated token ids: one sequence")
       ("output", po::value(&output), "text file: a line \"S V\", then S lines of V logits")
-      ("num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it");
+      ("num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")
+      ("device", po::value(&device)->default_value("cpu"), "where the model runs: cpu, cuda, cuda:N or cpu-isolated");
   if (!parse(argc, argv, d, "convert_checkpoint logits")) return 0;
   MZ_REQUIRE(!tokens.empty(), "--tokens is required, e.g. --tokens 464,3290,318");
   MZ_REQUIRE(!output.empty(), "--output is required: the file to write the logits to");
@@ -114,7 +116,7 @@ int do_logits(int argc, char** argv, Communicator& self) {
     }
     b = e + 1;
   }
-  const auto logits = hf::checkpoint_logits(load, ids, self, heads);
+  const auto logits = hf::checkpoint_logits(load, ids, self, heads, device);
   const std::size_t V = logits.size() / ids.size();
   std::ofstream out(output);
   MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");

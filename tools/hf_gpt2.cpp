@@ -62,25 +62,33 @@ double parse_double(const std::string& v, const std::string& key, const std::str
   throw ConfigError("checkpoint '" + where + "': its configuration has " + key + " = '" + v + "', not a number");
 }
 
-// The model at TP 1 on one rank with a stage-0 engine: import fills its master
-// weights and saves; logits loads and runs it.
+// The model at TP 1 on one rank with a stage-0 engine, on any device: import
+// fills its master weights and saves; logits loads and runs it. Master
+// weights move between the host and the device only through copies.
 struct Tp1Model {
-  std::shared_ptr<Device> device = make_device(DeviceKind::CPU);
+  std::shared_ptr<Device> device;
   std::unique_ptr<Communicator> tp, dp;
   layers::ParameterSet params;
   std::unique_ptr<layers::GPTModel> model;
   std::unique_ptr<zero::ZeroEngine> engine;  // declared last: destroyed first
 
-  Tp1Model(const GPTConfig& cfg, Communicator& self) {
+  Tp1Model(const GPTConfig& cfg, Communicator& self, const std::string& device_spec) : device(make_device(device_spec)) {
     MZ_CHECK(self.size() == 1, "the TP 1 model runs on one rank");
+    MZ_REQUIRE(device->has_storage(), "--device ", device_spec, ": the meta device holds no weights; use cpu or cuda");
     tp = self.split(0, 0, "convert-tp");
     dp = self.split(0, 0, "convert-dp");
     model = std::make_unique<layers::GPTModel>(cfg, layers::TpContext{tp.get(), device, DType::F32}, params);
     engine = std::make_unique<zero::ZeroEngine>(params, *dp, *tp, device, zero::ZeroConfig{});
   }
-  // fp32 master weights of parameter i (stage 0, DP 1: the whole flat buffer is owned).
-  float* master(std::size_t i) {
-    return engine->owned_state().master.data_as<float>() + (engine->layout().param(i).begin - engine->owned().begin);
+  // Sets parameter i's fp32 master weights (stage 0, DP 1: the whole flat
+  // buffer is owned) from host values; missing trailing elements become 0.
+  void set_master(std::size_t i, const std::vector<float>& values) {
+    const I begin = engine->layout().param(i).begin - engine->owned().begin;
+    const I n = engine->parameters()[i]->local_numel();
+    Tensor host = Tensor::zeros(make_device(DeviceKind::CPU), {n}, DType::F32, MemoryCategory::Workspace);
+    std::copy_n(values.begin(), std::min<std::size_t>(values.size(), static_cast<std::size_t>(n)),
+                host.host_data<float>());
+    engine->owned_state().master.narrow(0, begin, n).copy_from(host);
   }
 };
 
@@ -551,7 +559,7 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
              "' says tie_word_embeddings false but the file has no lm_head.weight; megazero ties the output layer to "
              "the word embedding");
 
-  Tp1Model m(c, self);
+  Tp1Model m(c, self, o.device);
   const auto& params = m.engine->parameters();
   MZ_CHECK(params.size() == maps.size(), "tensor map and model disagree");
   for (std::size_t i = 0; i < params.size(); ++i) {
@@ -559,7 +567,9 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
     MZ_CHECK(params[i]->name == t.ours && params[i]->global_shape == t.our_shape, "tensor map out of date: ",
              params[i]->name, " vs ", t.ours);
     const auto hf = read_floats(f, f.entry(prefix + t.hf));
-    from_hf(t, c, hf.data(), m.master(i));
+    std::vector<float> ours(static_cast<std::size_t>(params[i]->local_numel()), 0.0f);  // padding rows stay 0
+    from_hf(t, c, hf.data(), ours.data());
+    m.set_master(i, ours);
   }
   m.engine->load_finished();
   checkpoint::TrainState st;  // iteration 0, no data consumed, Adam moments zero: a fresh fine-tuning start
@@ -572,7 +582,7 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
 
 // ------------------------------------------------------------ logits
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self,
-                                     I heads) {
+                                     I heads, const std::string& device) {
   const std::string dir = resolve_checkpoint(load);
   checkpoint::CheckpointReader reader(dir);
   GPTConfig c = model_config_of(reader.manifest(), dir, heads);
@@ -583,34 +593,38 @@ std::vector<float> checkpoint_logits(const std::string& load, const std::vector<
     MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--tokens: id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
   c.seq_length = S;
   c.hidden_dropout = c.attention_dropout = 0;
-  Tp1Model m(c, self);
+  Tp1Model m(c, self, device);
   const auto& params = m.engine->parameters();
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  for (std::size_t i = 0; i < params.size(); ++i)
     // At TP 1 a shard is the global tensor; the saved vocab padding may differ (rows beyond the vocabulary are 0).
-    const auto g = reader.global_tensor(params[i]->name, "master");
-    const auto n = std::min<std::size_t>(g.size(), static_cast<std::size_t>(params[i]->local_numel()));
-    std::copy(g.begin(), g.begin() + static_cast<std::ptrdiff_t>(n), m.master(i));
-    std::fill(m.master(i) + n, m.master(i) + params[i]->local_numel(), 0.0f);
-  }
+    m.set_master(i, reader.global_tensor(params[i]->name, "master"));
   m.engine->load_finished();
   m.model->set_param_hooks(m.engine.get());
+  // Tokens are made on the host and copied to the model's device.
+  const auto host = make_device(DeviceKind::CPU);
+  Tensor host_ids = Tensor::empty(host, {S}, DType::I64, MemoryCategory::Activations);
+  Tensor host_targets = Tensor::empty(host, {S}, DType::I64, MemoryCategory::Activations);
+  for (I i = 0; i < S; ++i) {
+    host_ids.host_data<I>()[i] = tokens[static_cast<std::size_t>(i)];
+    host_targets.host_data<I>()[i] = tokens[static_cast<std::size_t>((i + 1) % S)];
+  }
   Tensor ids = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
   Tensor targets = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
-  for (I i = 0; i < S; ++i) {
-    ids.data_as<I>()[i] = tokens[static_cast<std::size_t>(i)];
-    targets.data_as<I>()[i] = tokens[static_cast<std::size_t>((i + 1) % S)];
-  }
+  ids.copy_from(host_ids);
+  targets.copy_from(host_targets);
   layers::StepInfo step;
   step.micro_batch = 1;
   step.seq = S;
   step.training = false;
   m.model->keep_logits(true);  // the loss consumes its logits in place
   m.model->forward(ids, targets, step);
-  const Tensor& logits = m.model->logits();  // [S, padded vocab], fp32
+  const Tensor& logits = m.model->logits();  // [S, padded vocab], fp32, on the model's device
+  Tensor host_logits = Tensor::empty(host, logits.shape(), DType::F32, MemoryCategory::Workspace);
+  host_logits.copy_from(logits);
   const I cols = logits.size(1);
   std::vector<float> out(static_cast<std::size_t>(S * c.vocab_size));
   for (I s = 0; s < S; ++s)
-    std::copy_n(logits.data_as<float>() + s * cols, c.vocab_size, out.begin() + s * c.vocab_size);
+    std::copy_n(host_logits.host_data<float>() + s * cols, c.vocab_size, out.begin() + s * c.vocab_size);
   return out;
 }
 

@@ -83,6 +83,7 @@ struct ImportOptions {
   std::int64_t num_attention_heads = 0;  // needed without config.json
   std::int64_t make_vocab_size_divisible_by = 0;  // 0: config.json's megazero value, else 128
   std::uint64_t seed = 1234;
+  std::string device = "cpu";  // where the model is built: cpu, cpu-isolated, cuda[:N]
 };
 struct ImportResult {
   std::string checkpoint, safetensors, config;  // config: "" if none was found
@@ -95,8 +96,8 @@ struct ImportResult {
 ImportResult import_checkpoint(const ImportOptions& o, Communicator& self);
 
 // Logits [tokens.size(), vocab] (the real vocabulary) of one sequence through
-// a checkpoint's model at TP 1 on `self` (one rank), no dropout.
+// a checkpoint's model at TP 1 on `self` (one rank), no dropout, on `device`.
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<std::int64_t>& tokens,
-                                     Communicator& self, std::int64_t heads = 0);
+                                     Communicator& self, std::int64_t heads = 0, const std::string& device = "cpu");
 
 }  // namespace megazero::hf

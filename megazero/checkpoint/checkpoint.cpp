@@ -76,9 +76,11 @@ class SavedShards {
  public:
   SavedShards(std::string dir, const Manifest& m) : dir_(std::move(dir)), m_(m) {}
 
-  // Copies saved elements [src, src + n) of (state, param) on saved TP rank tp.
+  // Copies saved elements [src, src + n) of (state, param) on saved TP rank tp
+  // to `dst`, an address of `device` (host memory on the CPU device; on a GPU
+  // straight from the mapped file to device memory).
   void copy(int tp, const std::string& state, const std::string& param, std::int64_t src, std::int64_t n,
-            float* dst) {
+            Device& device, float* dst) {
     const auto& pieces = index(tp)[{state, param}];
     auto it = std::upper_bound(pieces.begin(), pieces.end(), src,
                                [](std::int64_t v, const Piece& p) { return v < p.begin; });
@@ -89,7 +91,7 @@ class SavedShards {
       if (it->begin > at) break;
       if (it->begin + it->length <= at) continue;
       const std::int64_t take = std::min(n - done, it->begin + it->length - at);
-      std::memcpy(dst + done, it->data + (at - it->begin), static_cast<std::size_t>(take) * sizeof(float));
+      device.copy_from_host(dst + done, it->data + (at - it->begin), static_cast<std::size_t>(take) * sizeof(float));
       done += take;
       bytes_ += static_cast<std::uint64_t>(take) * sizeof(float);
     }
@@ -332,8 +334,9 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
       for (std::size_t i = 0; i < params.size(); ++i) {
         const zero::Range r = layout.param(i).intersect(part);
         if (r.empty()) continue;
-        const float* base = states[s]->data_as<float>() + (r.begin - owned.begin);
-        w.add(piece_name(kStates[s], params[i]->name, r.begin - layout.param(i).begin), DType::F32, {r.size()}, base);
+        // Device memory is streamed out through the writer's staging buffers, never read in place.
+        w.add(piece_name(kStates[s], params[i]->name, r.begin - layout.param(i).begin),
+              states[s]->narrow(0, r.begin - owned.begin, r.size()), {r.size()});
       }
     const std::string path = (tmp_dir / file).string();
     hash = w.write(path);
@@ -348,7 +351,7 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
   // Sizes and checksums reach every rank; rank 0 writes the manifest.
   Tensor info = Tensor::empty(make_device(DeviceKind::CPU), {4 * world.size()}, DType::I64, MemoryCategory::Workspace);
   Tensor mine = Tensor::empty(make_device(DeviceKind::CPU), {4}, DType::I64, MemoryCategory::Workspace);
-  auto* m4 = mine.data_as<std::int64_t>();
+  auto* m4 = mine.host_data<std::int64_t>();
   m4[0] = tp_rank;
   m4[1] = dp_rank;
   m4[2] = static_cast<std::int64_t>(bytes);
@@ -364,7 +367,7 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
     m.params_dtype = std::string(dtype_name(engine.config().param_dtype));
     for (const auto* p : engine.parameters())
       m.parameters.push_back({p->name, p->global_shape, p->split_dim, p->padding_from_row});
-    const auto* all = info.data_as<std::int64_t>();
+    const auto* all = info.host_data<std::int64_t>();
     for (int r = 0; r < world.size(); ++r) {
       ShardFileInfo f;
       f.tp_rank = static_cast<int>(all[4 * r]);
@@ -499,12 +502,14 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
       const auto runs = map_shard_range(dst, where.tp_rank, saved_layout(*saved.at(p.name), m.tp), local0,
                                         local0 + r.size());
       for (int s = 0; s < 3; ++s) {
-        float* base = states[s]->data_as<float>() + (r.begin - owned.begin) - local0;
+        // A device address: written only through the device's copies.
+        Device& device = states[s]->device();
+        float* base = static_cast<float*>(states[s]->data()) + (r.begin - owned.begin) - local0;
         for (const auto& run : runs) {
           if (run.src_part < 0)
-            std::fill(base + run.dst, base + run.dst + run.length, 0.0f);
+            device.fill_zero(base + run.dst, static_cast<std::size_t>(run.length) * sizeof(float));
           else
-            shards.copy(run.src_part, kStates[s], p.name, run.src, run.length, base + run.dst);
+            shards.copy(run.src_part, kStates[s], p.name, run.src, run.length, device, base + run.dst);
         }
       }
     }
@@ -549,11 +554,12 @@ std::vector<float> CheckpointReader::global_tensor(const std::string& param, con
   const ShardLayout whole{info->global_shape, info->split_dim, 1};
   const std::int64_t n = shard_numel(whole);
   std::vector<float> out(static_cast<std::size_t>(n));
+  const auto host = make_device(DeviceKind::CPU);
   for (const auto& run : map_shard_range(whole, 0, saved_layout(*info, manifest_.tp), 0, n)) {
     if (run.src_part < 0)
       std::fill(out.begin() + run.dst, out.begin() + run.dst + run.length, 0.0f);
     else
-      impl_->shards->copy(run.src_part, state, param, run.src, run.length, out.data() + run.dst);
+      impl_->shards->copy(run.src_part, state, param, run.src, run.length, *host, out.data() + run.dst);
   }
   return out;
 }

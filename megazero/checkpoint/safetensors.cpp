@@ -8,7 +8,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "megazero/core/error.h"
@@ -37,7 +41,8 @@ DType dtype_from_safetensors(const std::string& n) {
 }
 
 // ------------------------------------------------------------------ writer
-void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data) {
+void SafetensorsWriter::add_entry(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
+                                  const void* data, Device* device) {
   MZ_CHECK(name != "__metadata__", "reserved tensor name");
   for (const auto& t : tensors_) MZ_CHECK(t.name != name, "tensor '", name, "' added twice");
   std::uint64_t numel = 1;
@@ -46,8 +51,29 @@ void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<st
     numel *= static_cast<std::uint64_t>(d);
   }
   const std::uint64_t bytes = numel * dtype_size(dtype);
-  tensors_.push_back({name, {dtype, std::move(shape), data_bytes_, data_bytes_ + bytes}, data});
+  tensors_.push_back({name, {dtype, std::move(shape), data_bytes_, data_bytes_ + bytes}, data, device});
   data_bytes_ += bytes;
+}
+
+void SafetensorsWriter::add(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
+                            const void* host_data) {
+  add_entry(name, dtype, std::move(shape), host_data, nullptr);
+}
+
+void SafetensorsWriter::add(const std::string& name, const Tensor& t, std::vector<std::int64_t> shape) {
+  MZ_CHECK(t.is_contiguous(), "safetensors: '", name, "' is not contiguous");
+  MZ_CHECK(shape_numel(shape) == t.numel(), "safetensors: '", name, "' has ", t.numel(), " elements, not ",
+           shape_str(shape));
+  MZ_CHECK(t.device().has_storage(), "safetensors: '", name, "' is on the meta device");
+  if (t.device().host_accessible())
+    add_entry(name, t.dtype(), std::move(shape), t.host_bytes(), nullptr);
+  else
+    add_entry(name, t.dtype(), std::move(shape), t.data(), &t.device());
+}
+
+void SafetensorsWriter::set_staging_bytes(std::size_t bytes) {
+  MZ_CHECK(bytes > 0, "staging buffers need at least one byte");
+  staging_bytes_ = bytes;
 }
 
 namespace {
@@ -89,6 +115,87 @@ class HashingFile {
 
 }  // namespace
 
+namespace {
+
+// Device bytes out to the host in chunks: a thread copies chunk i + 1 into one
+// staging buffer while the caller writes chunk i from the other. Chunks come
+// out in the order they were listed.
+class StagedReader {
+ public:
+  struct Piece {
+    Device* device;
+    const char* src;
+    std::size_t bytes;
+  };
+  StagedReader(std::vector<Piece> pieces, std::size_t chunk) : pieces_(std::move(pieces)), chunk_(chunk) {
+    if (pieces_.empty()) return;
+    staging_ = pieces_.front().device->allocate_host_staging(2 * chunk_);
+    worker_ = std::thread([this] { produce(); });
+  }
+  ~StagedReader() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (worker_.joinable()) worker_.join();
+  }
+  // The next chunk (in piece order) as host bytes, valid until the next call.
+  std::pair<const char*, std::size_t> next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (consumed_ > 0) {  // the previous chunk's slot is free again
+      --filled_;
+      cv_.notify_all();
+    }
+    cv_.wait(lock, [&] { return filled_ > 0 || error_; });
+    if (error_ && filled_ == 0) std::rethrow_exception(error_);
+    const int slot = static_cast<int>(consumed_ % 2);
+    ++consumed_;
+    return {static_cast<const char*>(staging_.get()) + slot * chunk_, sizes_[slot]};
+  }
+
+ private:
+  void produce() {
+    std::uint64_t produced = 0;
+    try {
+      for (const Piece& p : pieces_)
+        for (std::size_t off = 0; off < p.bytes; off += chunk_) {
+          const int slot = static_cast<int>(produced % 2);
+          {
+            std::unique_lock<std::mutex> lock(mu_);
+            cv_.wait(lock, [&] { return filled_ < 2 || stop_; });
+            if (stop_) return;
+          }
+          const std::size_t n = std::min(chunk_, p.bytes - off);
+          p.device->copy_to_host(static_cast<char*>(staging_.get()) + slot * chunk_, p.src + off, n);
+          std::lock_guard<std::mutex> lock(mu_);
+          sizes_[slot] = n;
+          ++filled_;
+          ++produced;
+          cv_.notify_all();
+        }
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu_);
+      error_ = std::current_exception();
+      cv_.notify_all();
+    }
+  }
+
+  std::vector<Piece> pieces_;
+  std::size_t chunk_;
+  std::shared_ptr<void> staging_;
+  std::thread worker_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int filled_ = 0;  // slots holding a chunk not yet handed out (plus the one handed out)
+  std::uint64_t consumed_ = 0;
+  std::size_t sizes_[2] = {0, 0};
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
 std::uint64_t SafetensorsWriter::write(const std::string& path) const {
   json header = json::object();
   if (!metadata_.empty()) header["__metadata__"] = metadata_;
@@ -103,7 +210,25 @@ std::uint64_t SafetensorsWriter::write(const std::string& path) const {
   HashingFile f(path);
   f.write(len, 8);
   f.write(text.data(), text.size());
-  for (const auto& t : tensors_) f.write(t.data, t.entry.end - t.entry.begin);
+  std::vector<StagedReader::Piece> pieces;
+  for (const auto& t : tensors_)
+    if (t.device && t.entry.end > t.entry.begin)
+      pieces.push_back({t.device, static_cast<const char*>(t.data), t.entry.end - t.entry.begin});
+  StagedReader staged(std::move(pieces), staging_bytes_);
+  staged_bytes_ = 0;
+  for (const auto& t : tensors_) {
+    const std::size_t bytes = t.entry.end - t.entry.begin;
+    if (!t.device) {
+      f.write(t.data, bytes);
+      continue;
+    }
+    for (std::size_t done = 0; done < bytes;) {
+      const auto [chunk, n] = staged.next();
+      f.write(chunk, n);
+      done += n;
+      staged_bytes_ += n;
+    }
+  }
   return f.finish();
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "megazero/core/dtype.h"
+#include "megazero/core/tensor.h"
 
 namespace megazero::checkpoint {
 
@@ -27,26 +28,45 @@ struct TensorEntry {
 };
 
 // Builds a file in memory order: add() tensors, then write(). The bytes are
-// copied when write() runs, so the pointers must stay valid until then.
+// read when write() runs, so the memory must stay valid until then.
+//
+// A tensor in device memory (a GPU's, the isolated device's) is never read by
+// host code: write() streams it out through two staging buffers of
+// staging_bytes() each (page-locked on a GPU), a copy thread filling one while
+// the other is hashed and written, so a shard costs that much host memory
+// whatever its size, and the device-to-host copies overlap the disk writes.
 class SafetensorsWriter {
  public:
-  void add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data);
+  void add(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* host_data);
+  // A contiguous tensor on any device, as a 1-D or shaped entry of its dtype.
+  void add(const std::string& name, const Tensor& t, std::vector<std::int64_t> shape);
   void set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+  // Size of each of the two staging buffers (default 8 MiB; tests make it small
+  // to cross chunk boundaries).
+  void set_staging_bytes(std::size_t bytes);
+  std::size_t staging_bytes() const { return staging_bytes_; }
   // Writes to `path` (created or truncated), fsyncs it, and returns the file's
   // XXH3-64 checksum computed from the bytes as they were written.
   // Throws ConfigError naming the path on any I/O failure.
   std::uint64_t write(const std::string& path) const;
   std::uint64_t data_bytes() const { return data_bytes_; }
+  // Bytes that went through the staging buffers in the last write().
+  std::uint64_t staged_bytes() const { return staged_bytes_; }
 
  private:
   struct Pending {
     std::string name;
     TensorEntry entry;
-    const void* data;
+    const void* data;          // host memory, or a device address when `device` is set
+    Device* device = nullptr;  // non-null: streamed through the staging buffers
   };
+  void add_entry(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data,
+                 Device* device);
   std::vector<Pending> tensors_;
   std::map<std::string, std::string> metadata_;
   std::uint64_t data_bytes_ = 0;
+  std::size_t staging_bytes_ = std::size_t{8} << 20;
+  mutable std::uint64_t staged_bytes_ = 0;
 };
 
 // A read-only, memory-mapped safetensors file.

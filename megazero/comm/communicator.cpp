@@ -86,11 +86,14 @@ std::uint64_t Communicator::record(CollectiveType type, ReduceOp op, DType dtype
   return r.seq;
 }
 
-// A group of one rank holding GPU tensors: the result is the input, so
-// nothing is staged through the host or handed to a backend (a 350M-parameter
-// model would otherwise copy its gradients out and back every step). CPU
-// tensors still go through the backend, whose own cost the planner models.
-bool Communicator::local_only(const Tensor& t) const { return size_ == 1 && t.device().kind() == DeviceKind::CUDA; }
+// A group of one rank holding device tensors (a GPU's, the isolated
+// device's): the result is the input, so nothing is staged through the host
+// or handed to a backend (a 350M-parameter model would otherwise copy its
+// gradients out and back every step). Host tensors still go through the
+// backend, whose own cost the planner models.
+bool Communicator::local_only(const Tensor& t) const {
+  return size_ == 1 && t.device().has_storage() && !t.device().host_accessible();
+}
 
 std::shared_ptr<WorkImpl> Communicator::local_copy(const Tensor& input, const Tensor& output) {
   if (input.data() != output.data()) {

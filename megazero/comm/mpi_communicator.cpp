@@ -45,7 +45,7 @@ namespace {
 class HostView {
  public:
   HostView(const Tensor& t, bool copy_in) : t_(t) {
-    if (t.device().kind() == DeviceKind::CPU) {
+    if (t.device().host_accessible()) {
       ptr_ = t.data();
     } else {
       staging_.resize(t.nbytes());
@@ -251,7 +251,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
     // An empty output counts too: its pointer may equal the input's, and MPI
     // rejects aliased buffers even for zero elements.
     const bool alias =
-        output.numel() == 0 || overlaps(input, output) || output.device().kind() != DeviceKind::CPU;
+        output.numel() == 0 || overlaps(input, output) || !output.device().host_accessible();
     std::vector<char> tmp(alias ? std::max<std::size_t>(output.nbytes(), 8) : 0);
     void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
     const auto type = mpi::datatype(input.dtype());
@@ -280,12 +280,12 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
     const auto my_displ = displ[static_cast<std::size_t>(rank())] * esize;
     // ZeRO gathers partitions that already sit at their place in the full
     // buffer: that is MPI's in-place form.
-    const bool in_place = output.device().kind() == DeviceKind::CPU &&
+    const bool in_place = output.device().host_accessible() &&
                           input.data() == static_cast<char*>(output.data()) + my_displ;
     std::unique_ptr<HostView> in;
     const void* send = MPI_IN_PLACE;
     if (!in_place) {
-      if (output.device().kind() != DeviceKind::CPU) {
+      if (!output.device().host_accessible()) {
         in = std::make_unique<HostView>(input, true);
         std::memcpy(static_cast<char*>(out.ptr()) + my_displ, in->ptr(), input.nbytes());
       } else {

@@ -149,7 +149,7 @@ NcclCommunicator::NcclCommunicator(Communicator& bootstrap, std::shared_ptr<Cuda
   ncclUniqueId id{};
   Tensor msg = Tensor::empty(make_device(DeviceKind::CPU), Shape{static_cast<std::int64_t>(sizeof id + 1)}, DType::U8,
                              MemoryCategory::CommBuffers, "nccl unique id");
-  auto* bytes = static_cast<unsigned char*>(msg.data());
+  auto* bytes = static_cast<unsigned char*>(msg.host_bytes());
   std::memset(bytes, 0, sizeof id + 1);
   ncclResult_t id_result = ncclSuccess;
   if (rank() == 0) {
@@ -423,7 +423,7 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_recv(const Tensor& t, int pee
 // --device-arena planned do not move.
 
 namespace {
-bool on_host(const Tensor& t) { return t.device().kind() == DeviceKind::CPU; }
+bool on_host(const Tensor& t) { return t.device().host_accessible(); }
 }  // namespace
 
 Tensor NcclCommunicator::stage_in(const Tensor& t) {

@@ -3,13 +3,17 @@
 #include <malloc.h>
 #include <omp.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
+#include <vector>
 #include <limits>
 #include <mutex>
 #include <cstring>
 #include <new>
 
 #include "megazero/core/error.h"
+#include "megazero/core/isolated_device.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);  // from OpenBLAS
 
@@ -35,7 +39,10 @@ Buffer::Buffer(std::shared_ptr<Device> device, void* data, std::size_t bytes, Me
       from_arena_(from_arena) {}
 
 Buffer::~Buffer() {
-  if (!from_arena_) device_->raw_free(data_, bytes_);
+  if (!from_arena_) {
+    device_->raw_free(data_, bytes_);
+    device_->held_bytes_ -= static_cast<std::int64_t>(bytes_);
+  }
   device_->memory().on_free(category_, bytes_, heap_id_);  // an arena slot is free once the model's is
 }
 
@@ -63,6 +70,7 @@ std::shared_ptr<Buffer> Device::allocate(std::size_t bytes, MemoryCategory categ
     memory_.on_free(category, bytes, id);
     throw;
   }
+  held_bytes_ += static_cast<std::int64_t>(bytes);
   return std::make_shared<Buffer>(shared_from_this(), p, bytes, category, std::move(label), id);
 }
 
@@ -74,13 +82,112 @@ void Device::reserve_arena(std::size_t bytes) {
   ++raw_allocations_;
   arena_ = static_cast<char*>(raw_allocate(bytes));
   arena_capacity_ = static_cast<std::int64_t>(bytes);
+  held_bytes_ += arena_capacity_;
 }
 
 Device::ArenaStats Device::arena_stats() const { return {arena_capacity_, arena_served_.load(), arena_misses_.load()}; }
 
 void Device::release_arena() {
-  if (arena_) raw_free(arena_, static_cast<std::size_t>(arena_capacity_));
+  if (arena_) {
+    raw_free(arena_, static_cast<std::size_t>(arena_capacity_));
+    held_bytes_ -= arena_capacity_;
+  }
   arena_ = nullptr;
+}
+
+namespace {
+std::string mib(double bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f MiB", bytes / 1048576.0);
+  return b;
+}
+
+// Calls fn(dst_offset, src_offset, n) for each innermost run of elements, with
+// offsets in elements; runs are contiguous in both when both last strides are 1.
+template <typename Fn>
+void for_each_row(const std::int64_t* shape, int dims, const std::int64_t* dst_strides,
+                  const std::int64_t* src_strides, Fn fn) {
+  if (dims == 0) {
+    fn(0, 0, 1);
+    return;
+  }
+  const auto nd = static_cast<std::size_t>(dims);
+  const std::int64_t inner = shape[nd - 1];
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i + 1 < nd; ++i) rows *= shape[i];
+  std::vector<std::int64_t> idx(nd, 0);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    std::int64_t d = 0, s = 0;
+    for (std::size_t i = 0; i + 1 < nd; ++i) {
+      d += idx[i] * dst_strides[i];
+      s += idx[i] * src_strides[i];
+    }
+    fn(d, s, inner);
+    for (std::size_t i = nd - 1; i-- > 0;) {
+      if (++idx[i] < shape[i]) break;
+      idx[i] = 0;
+    }
+  }
+}
+}  // namespace
+
+std::string Device::out_of_memory_message(std::size_t requested, std::optional<MemoryInfo> info,
+                                          const std::string& extra) const {
+  std::string s = detail::concat("out of memory on ", name(), ": requested ", requested, " bytes (",
+                                 mib(static_cast<double>(requested)), ")");
+  if (info) s += detail::concat(" with ", mib(static_cast<double>(info->free)), " free of ", mib(static_cast<double>(info->total)));
+  s += detail::concat("; megazero holds ", mib(static_cast<double>(held_bytes())));
+  if (arena_capacity_ > 0) s += detail::concat(" (", mib(static_cast<double>(arena_capacity_)), " of them the device arena)");
+  s += extra;
+  return s + "; lower --micro-batch-size, raise --zero-stage, or enable --recompute-activations "
+             "(pretrain_gpt --dry-run --world-size N plans the memory of any layout)";
+}
+
+// The CPU's strided copy, at the device's compute addresses: the CPU device's
+// own, or the isolated device's kernel view of its memory.
+void Device::copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_strides, const void* src,
+                          DType src_dtype, const std::int64_t* src_strides, const std::int64_t* shape, int dims) {
+  if (!has_storage()) return;
+  std::int64_t n = 1;
+  for (int i = 0; i < dims; ++i) n *= shape[i];
+  if (n == 0) return;
+  auto* dst_base = static_cast<char*>(compute_address(dst));
+  const auto* src_base = static_cast<const char*>(compute_address(src));
+  const auto de = static_cast<std::int64_t>(dtype_size(dst_dtype));
+  const auto se = static_cast<std::int64_t>(dtype_size(src_dtype));
+  auto contiguous = [&](const std::int64_t* strides) {
+    std::int64_t expected = 1;
+    for (int i = dims; i-- > 0;) {
+      if (shape[i] != 1 && strides[i] != expected) return false;
+      expected *= shape[i];
+    }
+    return true;
+  };
+  if (contiguous(dst_strides) && contiguous(src_strides)) {
+    if (dst_dtype == src_dtype)
+      std::memmove(dst_base, src_base, static_cast<std::size_t>(n * de));
+    else
+      convert(src_base, src_dtype, dst_base, dst_dtype, static_cast<std::size_t>(n));
+    return;
+  }
+  const std::int64_t dst_inner = dims == 0 ? 1 : dst_strides[dims - 1];
+  const std::int64_t src_inner = dims == 0 ? 1 : src_strides[dims - 1];
+  for_each_row(shape, dims, dst_strides, src_strides, [&](std::int64_t d, std::int64_t s, std::int64_t len) {
+    if (dst_inner == 1 && src_inner == 1) {
+      convert(src_base + s * se, src_dtype, dst_base + d * de, dst_dtype, static_cast<std::size_t>(len));
+    } else {
+      for (std::int64_t i = 0; i < len; ++i)
+        convert(src_base + (s + i * src_inner) * se, src_dtype, dst_base + (d + i * dst_inner) * de, dst_dtype, 1);
+    }
+  });
+}
+
+std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {
+  const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
+  void* p = std::aligned_alloc(4096, rounded);
+  if (!p) throw ConfigError(detail::concat("out of host memory allocating a ", mib(static_cast<double>(bytes)),
+                                           " staging buffer for ", name()));
+  return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
 // ---- CPU ----
@@ -104,9 +211,7 @@ void* CpuDevice::raw_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded);
-  if (!p)
-    throw ConfigError(detail::concat("out of host memory allocating ", bytes,
-                                     " bytes; reduce the micro-batch size, raise --zero-stage, or add ranks"));
+  if (!p) throw ConfigError(out_of_memory_message(bytes, std::nullopt, " (host memory)"));
   return p;
 }
 void CpuDevice::raw_free(void* p, std::size_t) { std::free(p); }
@@ -163,6 +268,7 @@ std::shared_ptr<Device> make_meta_device(DeviceKind kernels) { return std::make_
 
 std::shared_ptr<Device> make_device(const std::string& spec) {
   if (spec == "cpu") return make_device(DeviceKind::CPU);
+  if (spec == "cpu-isolated") return make_isolated_cpu_device();
   if (spec == "meta") return make_device(DeviceKind::Meta);
   if (spec == "cuda") return make_device(DeviceKind::CUDA, 0);
   if (spec.rfind("cuda:", 0) == 0) {
@@ -170,7 +276,7 @@ std::shared_ptr<Device> make_device(const std::string& spec) {
     const long idx = std::strtol(spec.c_str() + 5, &end, 10);
     if (end && *end == '\0' && idx >= 0 && spec.size() > 5) return make_device(DeviceKind::CUDA, static_cast<int>(idx));
   }
-  throw ConfigError("--device: unknown device '" + spec + "'; use cpu, cuda, cuda:N or meta");
+  throw ConfigError("--device: unknown device '" + spec + "'; use cpu, cpu-isolated, cuda, cuda:N or meta");
 }
 
 std::string cpu_math_threads_variable() {

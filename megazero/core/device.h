@@ -1,10 +1,18 @@
 // The device abstraction. Algorithms (TP layers, ZeRO, checkpoints) allocate and
 // copy through this interface and never ask which device they run on; kernels
-// dispatch on Device::kind(). Three implementations:
+// dispatch on Device::kind(). Four implementations:
 //   CpuDevice  — host memory, 64-byte aligned (AVX-512 loads, oneDNN).
 //   CudaDevice — cudaMalloc'd memory (megazero/cuda/, built with MEGAZERO_CUDA).
+//   IsolatedCpuDevice — the CPU kernels over memory host code cannot touch
+//                (core/isolated_device.h): a GPU's address-space rules on a
+//                machine without one, so CPU-only CI catches host/device mix-ups.
 //   MetaDevice — counts bytes but stores nothing: the memory planner runs the
 //                real model/ZeRO code on it, so the plan cannot drift from the run.
+//
+// Host code reads or writes a tensor's elements only where host_accessible()
+// (Tensor::host_data checks it); everywhere else it goes through the copies
+// below. Kernels reach their operands at compute_address(), which is the
+// address itself on every device but the isolated one.
 #pragma once
 
 #include <atomic>
@@ -14,6 +22,7 @@
 #include <map>
 #include <mutex>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "megazero/core/dtype.h"
@@ -59,9 +68,28 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual ~Device() = default;
   virtual DeviceKind kind() const = 0;
   virtual int index() const { return 0; }
-  std::string name() const;
+  virtual std::string name() const;
   // False on the meta device: tensors there have shapes but no storage.
   bool has_storage() const { return kind() != DeviceKind::Meta; }
+  // True where host code may dereference the device's addresses (the CPU
+  // device only): everything else is reached through the copies below.
+  virtual bool host_accessible() const { return false; }
+  // The address at which this device's own kernels reach `p`, an address of
+  // its memory (the same on every device but the isolated one). Only kernel
+  // code may call it: host code that dereferences the result defeats the
+  // isolation that catches host/device mix-ups.
+  virtual void* compute_address(const void* p) const { return const_cast<void*>(p); }
+
+  // Free and total bytes of the device where it has a fixed capacity (a GPU;
+  // the isolated device with an emulated capacity); nullopt on host memory.
+  struct MemoryInfo {
+    std::int64_t free = 0, total = 0;
+  };
+  virtual std::optional<MemoryInfo> memory_info() { return std::nullopt; }
+  // Bytes megazero holds from the device's allocator now: live allocations
+  // outside the arena plus the arena itself (what an out-of-memory message
+  // reports; unlike the tracker's live bytes it never counts a request that failed).
+  std::int64_t held_bytes() const { return held_bytes_.load(); }
 
   // Allocates `bytes` (may be 0) and counts them under `category`.
   std::shared_ptr<Buffer> allocate(std::size_t bytes, MemoryCategory category, std::string label = {});
@@ -90,8 +118,18 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual void copy_from_host(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual void copy_within(void* dst, const void* src, std::size_t bytes) = 0;
   virtual void fill_zero(void* dst, std::size_t bytes) = 0;
+  // A strided copy with a dtype conversion between two views of this device's
+  // memory (Tensor::copy_from within one device): `shape`, strides in elements.
+  // 16-bit results are rounded once, to nearest even.
+  virtual void copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_strides, const void* src,
+                            DType src_dtype, const std::int64_t* src_strides, const std::int64_t* shape, int dims);
   // Waits for all work queued on the device (no-op on CPU).
   virtual void synchronize() {}
+
+  // Host memory to stage this device's data through (a checkpoint's shards):
+  // page-locked on a GPU, so copies into it are DMA transfers. Not device
+  // memory: neither the tracker nor the arena sees it.
+  virtual std::shared_ptr<void> allocate_host_staging(std::size_t bytes);
 
  protected:
   friend class Buffer;
@@ -100,12 +138,16 @@ class Device : public std::enable_shared_from_this<Device> {
   // Frees the arena: every concrete device's destructor calls it (raw_free is
   // gone by the time ~Device runs). Buffers keep their device alive, so none is left.
   void release_arena();
+  // The out-of-memory message every device gives (a ConfigError's text): what
+  // was asked, what is free, what megazero holds, and the flags that help.
+  std::string out_of_memory_message(std::size_t requested, std::optional<MemoryInfo> info,
+                                    const std::string& extra = {}) const;
 
  private:
   MemoryTracker memory_;
   char* arena_ = nullptr;
   std::int64_t arena_capacity_ = 0;
-  std::atomic<std::int64_t> arena_served_{0}, arena_misses_{0}, raw_allocations_{0};
+  std::atomic<std::int64_t> arena_served_{0}, arena_misses_{0}, raw_allocations_{0}, held_bytes_{0};
 };
 
 class CpuDevice final : public Device {
@@ -114,6 +156,7 @@ class CpuDevice final : public Device {
   CpuDevice();
   ~CpuDevice() override { release_arena(); }
   DeviceKind kind() const override { return DeviceKind::CPU; }
+  bool host_accessible() const override { return true; }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_within(void* dst, const void* src, std::size_t bytes) override;
@@ -174,7 +217,7 @@ class MetaDevice final : public Device {
 std::shared_ptr<Device> make_device(DeviceKind kind, int index = 0);
 // A meta device standing in for the kernels of `kernels` (CPU or CUDA; see MetaDevice).
 std::shared_ptr<Device> make_meta_device(DeviceKind kernels);
-// Parses "cpu", "cuda", "cuda:1", "meta" (for --device); ConfigError otherwise.
+// Parses "cpu", "cpu-isolated", "cuda", "cuda:1", "meta" (for --device); ConfigError otherwise.
 std::shared_ptr<Device> make_device(const std::string& spec);
 
 // GPUs this process can use: 0 in a build without the CUDA backend or when

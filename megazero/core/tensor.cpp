@@ -1,10 +1,6 @@
 #include "megazero/core/tensor.h"
 
-#ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/cuda_device.h"
-#include "megazero/cuda/layer_kernels_cuda.h"
-#endif
-
+#include <cstring>
 #include <sstream>
 
 #include "megazero/core/error.h"
@@ -85,6 +81,17 @@ void* Tensor::data() const {
   return base + offset_ * static_cast<std::int64_t>(dtype_size(dtype_));
 }
 
+void* Tensor::host_bytes(std::source_location where) const {
+  MZ_CHECK(defined(), "host access to an undefined tensor from ", where.file_name(), ":", where.line());
+  if (!device().host_accessible())
+    throw InternalError(detail::concat(
+        where.file_name(), ":", where.line(), " (", where.function_name(), "): host code accessed the elements of ",
+        to_string(), " '", buffer_->label(), "', whose memory is on ", device().name(),
+        ", which host code cannot touch; copy it through the device first (Tensor::copy_from into a host tensor, "
+        "Device::copy_to_host)"));
+  return data();
+}
+
 void Tensor::check_dtype(DType expected) const {
   MZ_CHECK(dtype_ == expected, "tensor is ", dtype_name(dtype_), ", accessed as ", dtype_name(expected));
 }
@@ -142,37 +149,6 @@ void Tensor::zero_() {
   if (device().has_storage()) device().fill_zero(data(), nbytes());
 }
 
-namespace {
-
-// Calls fn(dst_offset, src_offset, n) for each innermost run of elements, with
-// offsets in elements; runs are contiguous in both when both last strides are 1.
-template <typename Fn>
-void for_each_row(const Shape& shape, const Shape& dst_strides, const Shape& src_strides, Fn fn) {
-  const std::size_t nd = shape.size();
-  if (nd == 0) {
-    fn(0, 0, 1);
-    return;
-  }
-  const std::int64_t inner = shape[nd - 1];
-  std::int64_t rows = 1;
-  for (std::size_t i = 0; i + 1 < nd; ++i) rows *= shape[i];
-  std::vector<std::int64_t> idx(nd, 0);
-  for (std::int64_t r = 0; r < rows; ++r) {
-    std::int64_t d = 0, s = 0;
-    for (std::size_t i = 0; i + 1 < nd; ++i) {
-      d += idx[i] * dst_strides[i];
-      s += idx[i] * src_strides[i];
-    }
-    fn(d, s, inner);
-    for (std::size_t i = nd - 1; i-- > 0;) {
-      if (++idx[i] < shape[i]) break;
-      idx[i] = 0;
-    }
-  }
-}
-
-}  // namespace
-
 void Tensor::copy_from(const Tensor& src) {
   MZ_CHECK(shape_ == src.shape_, "copy_from: shape ", shape_str(src.shape_), " into ", shape_str(shape_));
   if (!device().has_storage()) return;
@@ -180,59 +156,34 @@ void Tensor::copy_from(const Tensor& src) {
   const bool same_dtype = dtype_ == src.dtype_;
   MZ_CHECK(same_dtype || (is_floating(dtype_) && is_floating(src.dtype_)), "copy_from: ", dtype_name(src.dtype_),
            " to ", dtype_name(dtype_), " is not supported");
-  const bool both_host = device().kind() == DeviceKind::CPU && src.device().kind() == DeviceKind::CPU;
-  if (!both_host) {
-#ifdef MEGAZERO_WITH_CUDA
-    // One GPU: queued on its stream without blocking the host (flat copies,
-    // strided views and casts alike).
-    if (&device() == &src.device()) {
-      cuda::strided_copy(src.data(), src.dtype_, src.strides_.data(), data(), dtype_, strides_.data(), shape_.data(),
-                         static_cast<int>(shape_.size()), as_cuda_device(device()).stream());
-      return;
-    }
-#endif
-    // Between host and GPU (or two GPUs): contiguous bytes, staged through the
-    // host when a cast is needed or neither side is host memory.
-    MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors");
-    if (same_dtype && src.device().kind() == DeviceKind::CPU) {
-      device().copy_from_host(data(), src.data(), nbytes());
-      return;
-    }
-    if (same_dtype && device().kind() == DeviceKind::CPU) {
-      src.device().copy_to_host(data(), src.data(), nbytes());
-      return;
-    }
-    std::vector<char> host_src(src.nbytes()), host_dst(nbytes());
-    src.device().copy_to_host(host_src.data(), src.data(), src.nbytes());
-    if (same_dtype)
-      host_dst.swap(host_src);
-    else
-      convert(host_src.data(), src.dtype_, host_dst.data(), dtype_, static_cast<std::size_t>(numel()));
-    device().copy_from_host(data(), host_dst.data(), nbytes());
+  Device& dst_dev = device();
+  Device& src_dev = src.device();
+  // Within one memory (one device, or host memory on both sides): the
+  // device's strided copy, queued like a kernel on a GPU.
+  if (&dst_dev == &src_dev || (dst_dev.host_accessible() && src_dev.host_accessible())) {
+    dst_dev.copy_strided(data(), dtype_, strides_.data(), src.data(), src.dtype_, src.strides_.data(), shape_.data(),
+                         static_cast<int>(shape_.size()));
     return;
   }
-  auto* dst_base = static_cast<char*>(data());
-  auto* src_base = static_cast<const char*>(src.data());
-  const auto de = static_cast<std::int64_t>(dtype_size(dtype_));
-  const auto se = static_cast<std::int64_t>(dtype_size(src.dtype_));
-  if (is_contiguous() && src.is_contiguous()) {
-    if (same_dtype) {
-      std::memmove(dst_base, src_base, nbytes());
-    } else {
-      convert(src_base, src.dtype_, dst_base, dtype_, static_cast<std::size_t>(numel()));
-    }
+  // Between host and a device (or two devices): contiguous bytes, staged
+  // through the host when a cast is needed or neither side is host memory.
+  MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors (", src.to_string(),
+           " -> ", to_string(), ")");
+  if (same_dtype && src_dev.host_accessible()) {
+    dst_dev.copy_from_host(data(), src.data(), nbytes());
     return;
   }
-  const std::int64_t dst_inner = shape_.empty() ? 1 : strides_.back();
-  const std::int64_t src_inner = shape_.empty() ? 1 : src.strides_.back();
-  for_each_row(shape_, strides_, src.strides_, [&](std::int64_t d, std::int64_t s, std::int64_t n) {
-    if (dst_inner == 1 && src_inner == 1) {
-      convert(src_base + s * se, src.dtype_, dst_base + d * de, dtype_, static_cast<std::size_t>(n));
-    } else {
-      for (std::int64_t i = 0; i < n; ++i)
-        convert(src_base + (s + i * src_inner) * se, src.dtype_, dst_base + (d + i * dst_inner) * de, dtype_, 1);
-    }
-  });
+  if (same_dtype && dst_dev.host_accessible()) {
+    src_dev.copy_to_host(data(), src.data(), nbytes());
+    return;
+  }
+  std::vector<char> host_src(src.nbytes()), host_dst(nbytes());
+  src_dev.copy_to_host(host_src.data(), src.data(), src.nbytes());
+  if (same_dtype)
+    host_dst.swap(host_src);
+  else
+    convert(host_src.data(), src.dtype_, host_dst.data(), dtype_, static_cast<std::size_t>(numel()));
+  dst_dev.copy_from_host(data(), host_dst.data(), nbytes());
 }
 
 Tensor Tensor::clone(MemoryCategory category) const { return to(dtype_, category); }
@@ -244,19 +195,12 @@ Tensor Tensor::to(DType dtype, MemoryCategory category) const {
 }
 
 std::vector<double> Tensor::to_double_vector() const {
-  Tensor host_view = *this;
-  std::vector<char> staging;
-  const void* base = nullptr;
-  if (device().kind() == DeviceKind::CPU && is_contiguous()) {
-    base = data();
-  } else {
-    auto cpu = make_device(DeviceKind::CPU);
-    Tensor c = empty(cpu, shape_, dtype_, MemoryCategory::Workspace);
-    c.copy_from(*this);
-    staging.resize(c.nbytes());
-    std::memcpy(staging.data(), c.data(), c.nbytes());
-    base = staging.data();
+  Tensor host = *this;
+  if (!device().host_accessible() || !is_contiguous()) {
+    host = empty(make_device(DeviceKind::CPU), shape_, dtype_, MemoryCategory::Workspace);
+    host.copy_from(*this);
   }
+  const void* base = host.host_bytes();
   std::vector<double> out(static_cast<std::size_t>(numel()));
   for (std::size_t i = 0; i < out.size(); ++i) out[i] = load_as_double(base, dtype_, i);
   return out;
@@ -265,9 +209,9 @@ std::vector<double> Tensor::to_double_vector() const {
 void Tensor::copy_from_doubles(const std::vector<double>& values) {
   MZ_CHECK(static_cast<std::int64_t>(values.size()) == numel(), "copy_from_doubles: ", values.size(),
            " values for ", to_string());
-  auto cpu = make_device(DeviceKind::CPU);
-  Tensor c = empty(cpu, shape_, dtype_, MemoryCategory::Workspace);
-  for (std::size_t i = 0; i < values.size(); ++i) store_from_double(c.data(), dtype_, i, values[i]);
+  Tensor c = empty(make_device(DeviceKind::CPU), shape_, dtype_, MemoryCategory::Workspace);
+  void* base = c.host_bytes();
+  for (std::size_t i = 0; i < values.size(); ++i) store_from_double(base, dtype_, i, values[i]);
   copy_from(c);
 }
 

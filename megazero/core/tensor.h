@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -54,13 +55,20 @@ class Tensor {
   const std::shared_ptr<Buffer>& buffer() const { return buffer_; }
   bool is_contiguous() const;
 
-  // Raw pointer to the first element (nullptr on the meta device).
+  // The device address of the first element (nullptr on the meta device): an
+  // operand for the device's copies, kernels and collectives, never for host
+  // code to dereference unless device().host_accessible().
   void* data() const;
+  // The first element as host code may read and write it. InternalError, naming
+  // the tensor and the caller, where the memory is not host memory (a GPU's,
+  // the isolated device's, the meta device's): copy such a tensor to a host
+  // one first (copy_from, to_double_vector). Never a segfault.
   template <typename T>
-  T* data_as() const {
+  T* host_data(std::source_location where = std::source_location::current()) const {
     check_dtype(DTypeOf<T>::value);
-    return static_cast<T*>(data());
+    return static_cast<T*>(host_bytes(where));
   }
+  void* host_bytes(std::source_location where = std::source_location::current()) const;
 
   // ---- views (share storage) ----
   Tensor view(const Shape& shape) const;  // contiguous only; one -1 allowed
@@ -77,7 +85,7 @@ class Tensor {
   Tensor clone(MemoryCategory category) const;            // contiguous, same device and dtype
   Tensor to(DType dtype, MemoryCategory category) const;  // contiguous copy in another dtype
 
-  // Host helpers, mostly for tests and I/O: values through double.
+  // Values through double, from any device (staged through host memory).
   std::vector<double> to_double_vector() const;
   void copy_from_doubles(const std::vector<double>& values);
 

@@ -1,6 +1,10 @@
 #include "megazero/cuda/cuda_device.h"
 
+#include "megazero/cuda/layer_kernels_cuda.h"
+
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include <cstdio>
 #include <iomanip>
@@ -69,12 +73,16 @@ void* CudaDevice::raw_allocate(std::size_t bytes) {
   const cudaError_t err = cudaMallocAsync(&p, bytes, stream_);
   if (err == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // not sticky: clear it so later launch checks do not report it again
-    std::size_t free_bytes = 0, total_bytes = 0;
-    (void)cudaMemGetInfo(&free_bytes, &total_bytes);
-    throw ConfigError(detail::concat(
-        "out of GPU memory on ", name(), ": requested ", bytes, " bytes (", mib(bytes), ") with ", mib(free_bytes),
-        " free of ", mib(total_bytes), " (megazero holds ", mib(static_cast<std::size_t>(memory().total_live())),
-        "); lower --micro-batch-size, raise --zero-stage, or enable --recompute-activations"));
+    // What the pool keeps reserved is megazero's too (freed tensors it holds for reuse).
+    cudaMemPool_t pool = nullptr;
+    std::uint64_t reserved = 0;
+    std::string extra;
+    if (cudaDeviceGetDefaultMemPool(&pool, index_) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) == cudaSuccess)
+      extra = "; the stream-ordered pool reserves " + mib(static_cast<std::size_t>(reserved)) +
+              " (live tensors and freed ones kept for reuse); the CUDA context, cuBLAS and NCCL hold the rest";
+    (void)cudaGetLastError();
+    throw ConfigError(out_of_memory_message(bytes, memory_info(), extra));
   }
   MZ_CUDA_CHECK(err);
   return p;
@@ -128,6 +136,31 @@ void CudaDevice::fill_zero(void* dst, std::size_t bytes) {
   if (bytes == 0) return;
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaDevice::copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_strides, const void* src,
+                              DType src_dtype, const std::int64_t* src_strides, const std::int64_t* shape, int dims) {
+  CudaDeviceGuard guard(index_);
+  cuda::strided_copy(src, src_dtype, src_strides, dst, dst_dtype, dst_strides, shape, dims, stream_);
+}
+
+std::optional<Device::MemoryInfo> CudaDevice::memory_info() {
+  CudaDeviceGuard guard(index_);
+  std::size_t free_bytes = 0, total_bytes = 0;
+  MZ_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return MemoryInfo{static_cast<std::int64_t>(free_bytes), static_cast<std::int64_t>(total_bytes)};
+}
+
+std::shared_ptr<void> CudaDevice::allocate_host_staging(std::size_t bytes) {
+  CudaDeviceGuard guard(index_);
+  void* p = nullptr;
+  const cudaError_t err = cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw ConfigError(detail::concat("cannot allocate ", mib(bytes), " of page-locked host memory for ", name(),
+                                     ": ", cudaGetErrorString(err), " (check the memlock limit, ulimit -l)"));
+  }
+  return std::shared_ptr<void>(p, [](void* q) { (void)cudaFreeHost(q); });
 }
 
 void CudaDevice::synchronize() {

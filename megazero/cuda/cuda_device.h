@@ -65,9 +65,17 @@ class CudaDevice final : public Device {
   void copy_within(void* dst, const void* src, std::size_t bytes) override;
   // Queued on the stream; later work on the stream (and host copies) see it.
   void fill_zero(void* dst, std::size_t bytes) override;
+  // Queued on the compute stream (megazero/cuda strided_copy).
+  void copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_strides, const void* src, DType src_dtype,
+                    const std::int64_t* src_strides, const std::int64_t* shape, int dims) override;
   // Waits for the compute stream (not for communicators' streams: wait on
   // their Work for those).
   void synchronize() override;
+  // cudaMemGetInfo: free bytes as the driver sees them (the memory pool's
+  // reserve counts as used).
+  std::optional<MemoryInfo> memory_info() override;
+  // Page-locked (cudaHostAlloc), so device-to-host copies into it are DMA.
+  std::shared_ptr<void> allocate_host_staging(std::size_t bytes) override;
 
  protected:
   void* raw_allocate(std::size_t bytes) override;

@@ -243,7 +243,7 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_shape(op, "out", out, q.shape());
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, scale, p,
-                                              key, layout, out.data(), lse.data_as<float>(), stream_of(q)));
+                                              key, layout, out.data(), ptr<float>(lse), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 2);
@@ -264,7 +264,7 @@ void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   const Tensor ws = allocate_gpu_scratch(q, gpu_scratch::flash_backward_bytes(dm.bh, dm.s), "flash backward row dots");
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
-                                               lse.data_as<float>(), dm.bh, dm.s, dm.d, scale, p, key, layout,
+                                               ptr<float>(lse), dm.bh, dm.s, dm.d, scale, p, key, layout,
                                                dq.data(), dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {

@@ -78,8 +78,11 @@ bool try_native(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, f
   dnnl::matmul prim(pd);
   auto& eng = cpu_engine();
   dnnl::stream stream(eng);
-  dnnl::memory a_mem(a_md, eng, a.data()), b_mem(b_md, eng, b.data()), c_mem(c_md, eng, c.data());
-  dnnl::memory s_mem(pd.scratchpad_desc(), eng, scratch->data());
+  // At the device's compute addresses (the isolated device's kernel view).
+  Device& dev = a.device();
+  dnnl::memory a_mem(a_md, eng, dev.compute_address(a.data())), b_mem(b_md, eng, dev.compute_address(b.data())),
+      c_mem(c_md, eng, dev.compute_address(c.data()));
+  dnnl::memory s_mem(pd.scratchpad_desc(), eng, dev.compute_address(scratch->data()));
   prim.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem},
                         {DNNL_ARG_SCRATCHPAD, s_mem}});
   stream.wait();
@@ -131,7 +134,8 @@ void gemm_blas(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, do
     const auto m = static_cast<blasint>(ci.size(0)), n = static_cast<blasint>(ci.size(1));
     const auto k = static_cast<blasint>(ta ? ai.size(0) : ai.size(1));
     const auto ldc = static_cast<blasint>(std::max<std::int64_t>({ci.strides()[0], ci.size(1), 1}));
-    blas_gemm(opa, opb, m, n, k, alpha, ai.data_as<T>(), lda, bi.data_as<T>(), ldb, beta, ci.data_as<T>(), ldc);
+    auto at = [](const Tensor& x) { return static_cast<T*>(x.device().compute_address(x.data())); };
+    blas_gemm(opa, opb, m, n, k, alpha, at(ai), lda, at(bi), ldb, beta, at(ci), ldc);
   }
 }
 

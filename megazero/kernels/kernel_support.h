@@ -110,8 +110,9 @@ inline void check_operand(const char* op, const char* name, const Tensor& t, con
   MZ_CHECK(t.dtype() == dtype, op, ": ", name, " must be ", dtype_name(dtype), ", got ", t.to_string());
   MZ_CHECK(t.is_contiguous(), op, ": ", name, " must be contiguous, got ", t.to_string(), " with strides ",
            shape_str(t.strides()));
-  MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index(), op, ": ", name,
-           " is on ", t.device().name(), " but the other operands are on ", ref.device().name());
+  MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index() &&
+               t.device().host_accessible() == ref.device().host_accessible(),
+           op, ": ", name, " is on ", t.device().name(), " but the other operands are on ", ref.device().name());
 }
 
 // A per-row statistic of activations of dtype `storage`: row_stat_dtype(storage).
@@ -235,10 +236,14 @@ void with_accumulator_type(const Tensor& acc, Fn&& fn) {
   fn(S{});
 }
 
-// Typed data pointer; ptr<const T> for inputs.
+// Typed pointer to a CPU kernel's operand, at the address the kernel works on
+// (the device's compute address: the isolated device's read-write view of its
+// memory); ptr<const T> for inputs. The one way the CPU kernels reach memory.
 template <typename T>
 T* ptr(const Tensor& t) {
-  return t.data_as<std::remove_const_t<T>>();
+  MZ_CHECK(t.dtype() == DTypeOf<std::remove_const_t<T>>::value, "kernel operand ", t.to_string(), " accessed as ",
+           dtype_name(DTypeOf<std::remove_const_t<T>>::value));
+  return static_cast<T*>(t.device().compute_address(t.data()));
 }
 
 }  // namespace megazero::kernels::detail

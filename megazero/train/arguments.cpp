@@ -145,8 +145,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "metrics-file", &a.metrics_file, "JSON-lines metrics, one record per logged iteration");
   t.add(G, "peak-tflops", &a.peak_tflops, "peak TFLOP/s per rank for MFU; 0 = device default");
   t.add(G, "device", &a.device,
-        "cpu, or cuda: each rank uses GPU (local rank mod visible GPUs); collectives of GPU tensors go over MPI, "
-        "staged through host memory");
+        "cpu, or cuda: each rank uses GPU (local rank mod visible GPUs); collectives of GPU tensors go over NCCL or "
+        "MPI (--distributed-backend); cpu-isolated: a test device, the CPU kernels over memory host code cannot touch");
   t.add(G, "distributed-backend", &a.distributed_backend,
         "collectives of the TP and DP groups: auto (nccl with --device cuda when every rank has its own GPU, "
         "else mpi), nccl, or mpi (GPU tensors staged through host memory)");
@@ -284,6 +284,9 @@ void TrainArgs::validate() const {
   zero_r.validate(model.recompute_activations);
   MZ_REQUIRE(distributed_backend == "auto" || distributed_backend == "mpi" || distributed_backend == "nccl",
              "--distributed-backend must be auto, mpi or nccl, got '", distributed_backend, "'");
+  MZ_REQUIRE(device == "cpu" || device == "cuda" || device == "cpu-isolated",
+             "--device must be cpu, cuda or cpu-isolated (a test device: the CPU kernels over memory host code cannot "
+             "touch), got '", device, "'");
   MZ_REQUIRE(distributed_backend != "nccl" || device == "cuda",
              "--distributed-backend nccl needs --device cuda (NCCL moves GPU tensors); use mpi on CPUs");
   if (device == "cuda" && model.fused_attention()) {

@@ -42,7 +42,7 @@ struct TrainArgs {
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
   std::string metrics_file;  // JSON lines, one record per logged iteration
   double peak_tflops = 0;    // for MFU; 0 = the device default (docs/PERFORMANCE.md)
-  std::string device = "cpu";  // --device: cpu, or cuda (one GPU per rank: local rank mod GPUs)
+  std::string device = "cpu";  // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
   // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
   // GPU per rank), or auto (nccl when --device cuda gives every rank its own GPU).
   std::string distributed_backend = "auto";

@@ -23,8 +23,8 @@ class MockSource final : public SampleSource {
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t <= S; ++t) {
         const std::int64_t tok = token(static_cast<std::uint64_t>(split), static_cast<std::uint64_t>(first + b), static_cast<std::uint64_t>(t));
-        if (t < S) ids.data_as<std::int64_t>()[b * S + t] = tok;
-        if (t > 0) targets.data_as<std::int64_t>()[b * S + t - 1] = tok;
+        if (t < S) ids.host_data<std::int64_t>()[b * S + t] = tok;
+        if (t > 0) targets.host_data<std::int64_t>()[b * S + t - 1] = tok;
       }
   }
 
@@ -74,8 +74,8 @@ class DatasetSource final : public SampleSource {
     const auto& ds = splits_[static_cast<int>(split)] ? splits_[static_cast<int>(split)] : splits_[0];
     std::vector<std::int64_t> tokens(static_cast<std::size_t>(S + 1));
     ds->sample(i, tokens);
-    std::copy(tokens.begin(), tokens.end() - 1, ids.data_as<std::int64_t>() + row * S);
-    std::copy(tokens.begin() + 1, tokens.end(), targets.data_as<std::int64_t>() + row * S);
+    std::copy(tokens.begin(), tokens.end() - 1, ids.host_data<std::int64_t>() + row * S);
+    std::copy(tokens.begin() + 1, tokens.end(), targets.host_data<std::int64_t>() + row * S);
   }
 
  private:

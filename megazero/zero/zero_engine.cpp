@@ -5,12 +5,8 @@
 #include <cmath>
 
 #include "megazero/core/error.h"
-#include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
-#ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/cuda_device.h"
-#include "megazero/cuda/layer_kernels_cuda.h"
-#endif
+#include "megazero/kernels/optimizer_kernels.h"
 
 namespace megazero::zero {
 
@@ -337,34 +333,6 @@ std::string ZeroEngine::constant_buffers() const {
 }
 
 // ---------------------------------------------------------------- step
-namespace {
-// Sum of squares in double over the ranges, in a fixed order that does not
-// depend on where the buffer sits: eight running sums over the elements
-// i = begin + 8j + k, combined pairwise, then the range's tail. The eight
-// independent sums vectorise (the sequential sum through a per-element dtype
-// switch ran at about the cost of the AdamW update itself).
-template <typename G>
-double cpu_sum_of_squares(const G* g, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges) {
-  double s = 0;
-  for (const auto& [begin, end] : ranges) {
-    double acc[8] = {};
-    std::int64_t i = begin;
-    for (; i + 8 <= end; i += 8)
-      for (int k = 0; k < 8; ++k) {
-        const double v = widen(g[i + k]);
-        acc[k] += v * v;
-      }
-    double r = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    for (; i < end; ++i) {
-      const double v = widen(g[i]);
-      r += v * v;
-    }
-    s += r;
-  }
-  return s;
-}
-}  // namespace
-
 // Reads the partition in place: a host copy of it (Psi/Nd doubles) every step
 // would cost more memory traffic than the sum itself. The sum stays on the
 // device for the all-reduces; the step reads it once, after them.
@@ -372,25 +340,7 @@ void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
   std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   for (const auto& [r, counted] : norm_segments_)
     if (counted && r.end > r.begin) ranges.emplace_back(r.begin, r.end);
-  // The GPU kernel's partial sums (a meta device standing in for CUDA plans them too).
-  const Tensor ws = kernels::allocate_gpu_scratch(
-      grads, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<std::int64_t>(ranges.size())), "grad norm partials");
-  if (!grads.device().has_storage()) return;  // the planner's dry run
-  MZ_CHECK(grads.is_contiguous(), "grad norm: the gradient partition must be contiguous");
-#ifdef MEGAZERO_WITH_CUDA
-  if (grads.device().kind() == DeviceKind::CUDA) {
-    cuda::sum_of_squares(grads.data(), grads.dtype(), ranges, kernels::scratch_of(ws), out.data_as<double>(),
-                         as_cuda_device(grads.device()).stream());
-    return;
-  }
-#endif
-  MZ_CHECK(grads.device().kind() == DeviceKind::CPU, "grad norm: gradients on ", grads.device().name());
-  double s = 0;
-  const bool floating = with_float_dtype(grads.dtype(), [&](auto tag) {
-    s = cpu_sum_of_squares(grads.data_as<decltype(tag)>(), ranges);
-  });
-  MZ_CHECK(floating, "grad norm: gradients of dtype ", dtype_name(grads.dtype()));
-  out.data_as<double>()[0] = s;
+  kernels::sum_of_squares(grads, ranges, out);
 }
 
 Tensor ZeroEngine::partition_grads() {

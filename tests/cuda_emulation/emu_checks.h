@@ -38,13 +38,13 @@ inline std::shared_ptr<Device> cpu() {
 
 inline Tensor tensor_of(const Shape& shape, const std::vector<double>& v, DType t) {
   Tensor x = Tensor::empty(cpu(), shape, DType::F64, MemoryCategory::Other);
-  std::copy(v.begin(), v.end(), x.data_as<double>());
+  std::copy(v.begin(), v.end(), x.host_data<double>());
   return x.to(t, MemoryCategory::Other);
 }
 
 inline Tensor ids_of(const std::vector<std::int64_t>& v) {
   Tensor x = Tensor::empty(cpu(), {static_cast<i64>(v.size())}, DType::I64, MemoryCategory::Other);
-  std::copy(v.begin(), v.end(), x.data_as<std::int64_t>());
+  std::copy(v.begin(), v.end(), x.host_data<std::int64_t>());
   return x;
 }
 

@@ -41,7 +41,7 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   for (i64 r = 0; r < n; ++r)  // some held elsewhere
     tv.push_back(r % 3 == 0 || valid == 0 ? 7 : start + (r * 13) % valid);
   const Tensor targets = ids_of(tv);
-  const auto* tp = targets.data_as<std::int64_t>();
+  const auto* tp = targets.host_data<std::int64_t>();
   auto stats = [&] { return Tensor::zeros(cpu(), {n}, DType::F32, MemoryCategory::Other); };
   const unsigned blocks = static_cast<unsigned>(n);
 
@@ -50,8 +50,8 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   kernels::cross_entropy_forward(lc, targets, start, valid, mc, sc, tc);
   Tensor lg = tensor_of({n, cols}, lv, T), mg = stats(), sg = stats(), tg = stats();
   emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
-    dk::cross_entropy_forward_kernel<S>(raw<S>(lg), tp, start, cols, valid, mg.data_as<float>(), sg.data_as<float>(),
-                                        tg.data_as<float>());
+    dk::cross_entropy_forward_kernel<S>(raw<S>(lg), tp, start, cols, valid, mg.host_data<float>(), sg.host_data<float>(),
+                                        tg.host_data<float>());
   });
   expect_close(values(mg), values(mc), 0, 0, "row max (exact)");
   expect_close(values(tg), values(tc), 0, 0, "target logit (exact; 0 off the slice)");
@@ -60,12 +60,12 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
 
   // Backward in place, as if another rank's max were larger (the TP rescale).
   Tensor gmax = stats();
-  for (i64 r = 0; r < n; ++r) gmax.data_as<float>()[r] = mc.data_as<float>()[r] + 0.75f * static_cast<float>(r % 2);
+  for (i64 r = 0; r < n; ++r) gmax.host_data<float>()[r] = mc.host_data<float>()[r] + 0.75f * static_cast<float>(r % 2);
   kernels::rescale_sum_exp(mc, gmax, sc);
   Tensor sg2 = sc.clone(MemoryCategory::Other);
   kernels::cross_entropy_backward(lc, mc, gmax, sc, targets, start, valid, 0.25, lc);
   emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
-    dk::cross_entropy_backward_kernel<S>(raw<S>(lg), mg.data_as<float>(), gmax.data_as<float>(), sg2.data_as<float>(),
+    dk::cross_entropy_backward_kernel<S>(raw<S>(lg), mg.host_data<float>(), gmax.host_data<float>(), sg2.host_data<float>(),
                                          tp, start, cols, valid, 0.25, raw<S>(lg));
   });
   const auto want = values(lc);
@@ -94,7 +94,7 @@ void embedding(std::mt19937& rng, int lo = 0, int hi = 79) {
 
   std::vector<int> keys_in(static_cast<std::size_t>(n)), tokens_in(static_cast<std::size_t>(n));
   emu_launch(dim3{2, 1, 1}, 64, 0, [&] {  // 2 blocks x 64 threads < n: the grid-stride loop covers the rest
-    dk::embedding_keys_kernel(ids.data_as<std::int64_t>(), start, v, n, keys_in.data(), tokens_in.data());
+    dk::embedding_keys_kernel(ids.host_data<std::int64_t>(), start, v, n, keys_in.data(), tokens_in.data());
   });
   // CUB's stable radix sort of (key, token) pairs, stood in for.
   std::vector<std::size_t> order(static_cast<std::size_t>(n));
@@ -104,7 +104,7 @@ void embedding(std::mt19937& rng, int lo = 0, int hi = 79) {
   for (auto i : order) keys.push_back(keys_in[i]), tokens.push_back(tokens_in[i]);
   emu_launch(dim3{static_cast<unsigned>(n), 1, 1}, 32, 0, [&] {
     dk::embedding_backward_runs_kernel<S, float>(static_cast<const S*>(dout.data()), keys.data(), tokens.data(), n, v,
-                                                 h, dg.data_as<float>());
+                                                 h, dg.host_data<float>());
   });
   expect_close(values(dg), values(dc), 0, 0, "embedding gradient (the CPU's order: bit for bit)");
 }

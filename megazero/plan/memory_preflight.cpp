@@ -1,0 +1,89 @@
+#include "megazero/plan/memory_preflight.h"
+
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+#include "megazero/core/error.h"
+
+namespace megazero::plan {
+namespace {
+
+std::string gib(std::int64_t bytes) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  return b;
+}
+
+std::int64_t needed_by(const train::TrainArgs& args, const RankMemoryPlan& p) {
+  // With --device-arena the run reserves the first-fit peak as one block; without, the pool holds the live peak.
+  return args.device_arena ? p.step_heap_peak : p.step_total_peak;
+}
+
+}  // namespace
+
+PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, int rank, DeviceKind kernels,
+                                  const RankMemoryPlan& plan, std::int64_t free_bytes) {
+  PreflightVerdict v;
+  v.needed = needed_by(args, plan);
+  v.available = free_bytes;
+  v.fits = v.needed <= free_bytes;
+  if (v.fits) return v;
+
+  // One flag at a time, each as the user would add it to the command line.
+  struct Change {
+    std::string flags;
+    std::function<void(train::TrainArgs&)> apply;
+  };
+  std::vector<Change> changes;
+  for (int s = args.zero.stage + 1; s <= 3; ++s)
+    changes.push_back({"--zero-stage " + std::to_string(s), [s](train::TrainArgs& a) { a.zero.stage = s; }});
+  if (!args.model.recompute_activations)
+    changes.push_back({"--recompute-activations", [](train::TrainArgs& a) { a.model.recompute_activations = true; }});
+  const int dp = world_size / args.parallel.tensor_model_parallel_size;
+  const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
+  for (std::int64_t mb = args.micro_batch_size / 2; mb >= 1; mb /= 2)
+    if (global % (mb * dp) == 0)
+      changes.push_back({"--micro-batch-size " + std::to_string(mb) + " --global-batch-size " + std::to_string(global),
+                         [mb, global](train::TrainArgs& a) {
+                           a.micro_batch_size = mb;
+                           a.global_batch_size = global;
+                         }});
+  std::string fitting;
+  for (const auto& c : changes) {
+    train::TrainArgs a = args;
+    c.apply(a);
+    const std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
+    if (need <= free_bytes) {
+      fitting += (fitting.empty() ? "" : ", ") + c.flags + " (" + gib(need) + ")";
+      if (c.flags.rfind("--micro-batch-size", 0) == 0) break;  // the largest micro-batch that fits is enough
+    }
+  }
+  if (!fitting.empty()) {
+    v.advice = "each of these fits alone: " + fitting;
+    return v;
+  }
+  train::TrainArgs most = args;  // everything at once
+  most.zero.stage = 3;
+  most.model.recompute_activations = true;
+  most.micro_batch_size = 1;
+  most.global_batch_size = global;
+  const std::int64_t least = needed_by(most, plan_rank_memory(most, world_size, rank, kernels));
+  v.advice = least <= free_bytes
+                 ? "--zero-stage 3 --recompute-activations --micro-batch-size 1 --global-batch-size " +
+                       std::to_string(global) + " together fit (" + gib(least) + ")"
+                 : "even --zero-stage 3 --recompute-activations --micro-batch-size 1 needs " + gib(least) +
+                       ": add ranks (a larger data-parallel group divides the model states) or raise "
+                       "--tensor-model-parallel-size, or use a smaller model";
+  return v;
+}
+
+std::string preflight_error(const PreflightVerdict& v, const std::string& device_name, int rank,
+                            std::int64_t total_bytes) {
+  return detail::concat("memory pre-flight: rank ", rank, "'s plan needs ", gib(v.needed), " (", v.needed,
+                        " bytes) at its peak but ", device_name, " has ", gib(v.available), " free of ",
+                        gib(total_bytes), "; ", v.advice,
+                        " (pretrain_gpt --dry-run --world-size N --plan-rank R prints the whole plan)");
+}
+
+}  // namespace megazero::plan

@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "megazero/core/error.h"
+#include "test_device.h"
 #include "zero_harness.h"
 
 using namespace megazero;
@@ -116,8 +117,7 @@ TEST(ZeroPrecision, Fp16OverflowOnOneRankSkipsEverywhereAndBacksOff) {
     run.model->set_param_hooks(run.engine.get());
     run.engine->zero_grad();
     const std::int64_t S = run.model->config().seq_length, b = s.micro_batch;
-    Tensor ids = Tensor::zeros(run.device, {b * S}, DType::I64, MC::Activations);
-    for (std::int64_t i = 0; i < b * S; ++i) ids.host_data<std::int64_t>()[i] = (i * 7 + world().rank()) % 97;
+    const Tensor ids = test_support::int64_tensor(run.device, b * S, [&](std::int64_t i) { return (i * 7 + world().rank()) % 97; });
     layers::StepInfo step;
     step.micro_batch = b;
     step.seq = S;

@@ -137,11 +137,31 @@ std::optional<Device::MemoryInfo> IsolatedCpuDevice::memory_info() {
   return MemoryInfo{std::max<std::int64_t>(0, capacity_ - held_bytes()), capacity_};
 }
 
+namespace {
+constexpr std::size_t kMaxCachedBytes = std::size_t{1} << 30;
+}  // namespace
+
+IsolatedCpuDevice::~IsolatedCpuDevice() {
+  release_arena();
+  for (const auto& [mapped, p] : cache_) unmap(p);
+}
+
 void* IsolatedCpuDevice::raw_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   if (capacity_ > 0 && held_bytes() + static_cast<std::int64_t>(bytes) > capacity_)
     throw ConfigError(out_of_memory_message(bytes, memory_info(), " (the capacity MEGAZERO_ISOLATED_DEVICE_MIB gives it)"));
   const std::size_t mapped = (bytes + page_size() - 1) / page_size() * page_size();
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (auto it = cache_.find(mapped); it != cache_.end()) {
+      void* dev = it->second;
+      cache_.erase(it);
+      cached_bytes_ -= mapped;
+      std::unique_lock registry(g_mu);
+      regions().at(static_cast<const char*>(dev)).bytes = bytes;
+      return dev;
+    }
+  }
   const int fd = ::memfd_create("megazero-cpu-isolated", MFD_CLOEXEC);
   MZ_REQUIRE(fd >= 0, "cpu-isolated: memfd_create failed: ", std::strerror(errno));
   void* dev = MAP_FAILED;
@@ -162,8 +182,21 @@ void* IsolatedCpuDevice::raw_allocate(std::size_t bytes) {
   return dev;
 }
 
-void IsolatedCpuDevice::raw_free(void* p, std::size_t) {
+void IsolatedCpuDevice::raw_free(void* p, std::size_t bytes) {
   if (!p) return;
+  const std::size_t mapped = (bytes + page_size() - 1) / page_size() * page_size();
+  {
+    std::lock_guard<std::mutex> lock(cache_mu_);
+    if (cached_bytes_ + mapped <= kMaxCachedBytes) {
+      cache_.emplace(mapped, p);
+      cached_bytes_ += mapped;
+      return;
+    }
+  }
+  unmap(p);
+}
+
+void IsolatedCpuDevice::unmap(void* p) {
   Region r{};
   {
     std::unique_lock lock(g_mu);

@@ -19,7 +19,9 @@
 // the out-of-memory message are tested on it).
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 
 #include "megazero/core/device.h"
 
@@ -29,7 +31,7 @@ class IsolatedCpuDevice final : public Device {
  public:
   // capacity_bytes 0: no limit (memory_info() is then nullopt, as on the host).
   explicit IsolatedCpuDevice(std::int64_t capacity_bytes = 0);
-  ~IsolatedCpuDevice() override { release_arena(); }
+  ~IsolatedCpuDevice() override;
   DeviceKind kind() const override { return DeviceKind::CPU; }  // its kernels are the CPU's
   std::string name() const override { return "cpu-isolated"; }
   bool host_accessible() const override { return false; }
@@ -46,7 +48,15 @@ class IsolatedCpuDevice final : public Device {
   void raw_free(void* p, std::size_t bytes) override;
 
  private:
+  void unmap(void* p);
+
   std::int64_t capacity_;
+  // Freed mappings kept for reuse by size, as a GPU's caching pool keeps
+  // freed blocks (a fresh mapping per activation doubled a step's time); still
+  // PROT_NONE at the device address, so a host touch of freed memory faults too.
+  std::mutex cache_mu_;
+  std::multimap<std::size_t, void*> cache_;  // mapped bytes -> device address
+  std::size_t cached_bytes_ = 0;
 };
 
 // A new isolated device; its capacity from $MEGAZERO_ISOLATED_DEVICE_MIB (none if unset).

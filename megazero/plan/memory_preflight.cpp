@@ -9,9 +9,13 @@
 namespace megazero::plan {
 namespace {
 
-std::string gib(std::int64_t bytes) {
+std::string gib(std::int64_t bytes) {  // GiB, or MiB below one GiB
   char b[32];
-  std::snprintf(b, sizeof b, "%.2f GiB", static_cast<double>(bytes) / 1073741824.0);
+  const double v = static_cast<double>(bytes);
+  if (v >= 1073741824.0)
+    std::snprintf(b, sizeof b, "%.2f GiB", v / 1073741824.0);
+  else
+    std::snprintf(b, sizeof b, "%.1f MiB", v / 1048576.0);
   return b;
 }
 
@@ -63,18 +67,30 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
     v.advice = "each of these fits alone: " + fitting;
     return v;
   }
-  train::TrainArgs most = args;  // everything at once
-  most.zero.stage = 3;
-  most.model.recompute_activations = true;
-  most.micro_batch_size = 1;
-  most.global_batch_size = global;
-  const std::int64_t least = needed_by(most, plan_rank_memory(most, world_size, rank, kernels));
-  v.advice = least <= free_bytes
-                 ? "--zero-stage 3 --recompute-activations --micro-batch-size 1 --global-batch-size " +
-                       std::to_string(global) + " together fit (" + gib(least) + ")"
-                 : "even --zero-stage 3 --recompute-activations --micro-batch-size 1 needs " + gib(least) +
-                       ": add ranks (a larger data-parallel group divides the model states) or raise "
-                       "--tensor-model-parallel-size, or use a smaller model";
+  // All at once: recompute, micro-batch 1 and the stage that needs least
+  // (stage 3 is not always it: a small model's constant buffers can outweigh
+  // what partitioning saves).
+  std::int64_t least = -1;
+  int best_stage = args.zero.stage;
+  for (int s = args.zero.stage; s <= 3; ++s) {
+    train::TrainArgs a = args;
+    a.zero.stage = s;
+    a.model.recompute_activations = true;
+    a.micro_batch_size = 1;
+    a.global_batch_size = global;
+    const std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
+    if (least < 0 || need < least) {
+      least = need;
+      best_stage = s;
+    }
+  }
+  const std::string combined = "--zero-stage " + std::to_string(best_stage) +
+                               " --recompute-activations --micro-batch-size 1 --global-batch-size " +
+                               std::to_string(global);
+  v.advice = least <= free_bytes ? combined + " together fit (" + gib(least) + ")"
+                                 : "even " + combined + " needs " + gib(least) +
+                                       ": add ranks (a larger data-parallel group divides the model states) or raise "
+                                       "--tensor-model-parallel-size, or use a smaller model";
   return v;
 }
 

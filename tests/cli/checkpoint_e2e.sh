@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# checkpoint_e2e.sh PRETRAIN_GPT CONFIG: checkpoints through the real
-# executable on 4 ranks (TP 2 x DP 2, ZeRO stage 2), each step checked:
+# checkpoint_e2e.sh PRETRAIN_GPT CONFIG [DEVICE]: checkpoints through the real
+# executable on 4 ranks (TP 2 x DP 2, ZeRO stage 2) on DEVICE (--device: cpu by
+# default; cpu-isolated in CI proves every path below never touches device
+# memory from host code; cuda on a GPU), each step checked:
 #  1. kill -9 of one rank in the middle of a save: the job ends, the previous
 #     checkpoint and `latest` are intact, and --load resumes from it with the
 #     losses of the uninterrupted run, bit for bit (as printed);
@@ -15,17 +17,17 @@
 #  6. kill -9 of one rank in the middle of training: every rank is gone within
 #     seconds, with a message naming the dead rank, and a non-zero exit.
 set -u
-exe=$1 cfg=$2
+exe=$1 cfg=$2 device=${3:-cpu}
 work=$(mktemp -d /tmp/mz-ckpt-e2e-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 run() {  # run NAME ARGS...: output in $work/NAME.log, exit code in $work/NAME.rc
   local name=$1; shift
   timeout 300 mpiexec -n 4 "$exe" --config "$cfg" --mock-data --vocab-size 256 --train-iters "${ITERS:-6}" --log-interval 1 \
-    --eval-iters 1 "$@" >"$work/$name.log" 2>&1
+    --eval-iters 1 --device "$device" "$@" >"$work/$name.log" 2>&1
   echo $? >"$work/$name.rc"
 }
 losses() { grep -E "^ iteration" "$work/$1.log" | sed -E 's/^ iteration +([0-9]+)\/.*lm loss ([0-9.E+-]+).*/\1 \2/'; }
-fail() { echo "checkpoint_e2e: FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }
+fail() { echo "checkpoint_e2e ($device): FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }
 rc() { cat "$work/$1.rc"; }
 L22="--tensor-model-parallel-size 2 --zero-stage 2"
 

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# device_paths_e2e.sh PRETRAIN_GPT CONVERT_CHECKPOINT CONFIG DEVICE: every user
+# path of a run on DEVICE (cpu-isolated in CI: a GPU's rule that host code
+# never touches device memory; cuda in tools/gpu_session.sh paths), 2 ranks
+# sharing the device over MPI, each step checked:
+#  1. save -> resume is exact (the printed losses and loss scales, bit for bit)
+#     in fp32, bf16 and fp16 with dynamic loss scaling;
+#  2. ZeRO stages 0-3, each saved mid-run and resumed exactly;
+#  3. a DEVICE checkpoint resumes on the CPU and on another layout (TP 2, stage
+#     3), and a CPU checkpoint resumes on DEVICE (to 1e-4; bit for bit where
+#     DEVICE runs the CPU kernels);
+#  4. SIGTERM (what scancel and Slurm's time limit send) saves at the next step
+#     boundary, exits 5, and the resumed run continues exactly;
+#  5. --device-arena with saves: no arena misses, and the save works from it;
+#  6. export -> import -> export on DEVICE: identical files, identical logits,
+#     and DEVICE's logits match the CPU's (1e-4 of the largest);
+#  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
+#     every rank alike, printed once, planned vs free bytes and the flags that
+#     fit) and reports the plan when it fits.
+set -u
+train=$1 convert=$2 cfg=$3 device=$4
+work=$(mktemp -d /tmp/mz-device-paths-XXXXXX)
+trap 'rm -rf "$work"' EXIT
+tiny=(--config "$cfg" --mock-data --vocab-size 256 --log-interval 1 --eval-iters 1)
+run() {  # run NAME RANKS ARGS...: output in $work/NAME.log, exit code in $work/NAME.rc
+  local name=$1 ranks=$2; shift 2
+  timeout 300 mpiexec -n "$ranks" "$train" "${tiny[@]}" "$@" >"$work/$name.log" 2>&1
+  echo $? >"$work/$name.rc"
+}
+rc() { cat "$work/$1.rc"; }
+# "iteration loss loss-scale" per logged iteration.
+losses() { grep -E "^ iteration" "$work/$1.log" | sed -E 's/^ iteration +([0-9]+)\/.*lm loss ([0-9.E+-]+) \| loss scale ([0-9.]+).*/\1 \2 \3/'; }
+fail() { echo "device_paths_e2e ($device): FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 12 "$f"; done >&2; exit 1; }
+ok() { [ "$(rc "$1")" = 0 ] || fail "$1 exited with $(rc "$1")"; }
+same_tail() {  # same_tail STRAIGHT RESUMED: the resumed run's lines equal the straight run's last ones
+  local n; n=$(losses "$2" | wc -l)
+  [ "$n" -gt 0 ] || fail "$2 logged no iterations"
+  diff <(losses "$1" | tail -n "$n") <(losses "$2") >/dev/null ||
+    fail "$2 differs from $1: $(paste -d'|' <(losses "$1" | tail -n "$n") <(losses "$2") | tr '\n' ' ')"
+}
+close_tail() {  # close_tail STRAIGHT RESUMED TOL: relative difference of the losses below TOL
+  local n; n=$(losses "$2" | wc -l)
+  [ "$n" -gt 0 ] || fail "$2 logged no iterations"
+  paste -d' ' <(losses "$1" | tail -n "$n") <(losses "$2") |
+    awk -v tol="$3" '{ d = $2 - $5; if (d < 0) d = -d; if ($1 != $4 || d > tol * $2) bad = 1 } END { exit bad }' ||
+    fail "$2 is not within $3 of $1: $(paste -d'|' <(losses "$1" | tail -n "$n") <(losses "$2") | tr '\n' ' ')"
+}
+# Where DEVICE runs the CPU's kernels, crossing to the CPU changes no bit.
+if [ "$device" = cpu-isolated ] || [ "$device" = cpu ]; then cross=same_tail; else cross="close_tail_1e4"; fi
+close_tail_1e4() { close_tail "$1" "$2" 1e-4; }
+
+# A directory holding only iteration ITER of a run's checkpoints (the run kept
+# going past it with the same --train-iters, so the LR schedule is the same).
+only() {  # only SAVE_DIR ITER NEW_DIR
+  mkdir -p "$3" && cp -r "$1/iter_$(printf %07d "$2")" "$3/" || fail "no checkpoint at iteration $2 in $1"
+}
+
+# 1. save -> resume, exact, in every precision.
+for prec in fp32 bf16 fp16; do
+  flags=(--device "$device" --zero-stage 1 --train-iters 6)
+  [ "$prec" = fp32 ] || flags+=(--"$prec")
+  [ "$prec" = fp16 ] && flags+=(--initial-loss-scale 65536 --loss-scale-window 2)
+  run "straight_$prec" 2 "${flags[@]}" --save "$work/all_$prec" --save-interval 3
+  ok "straight_$prec"
+  only "$work/all_$prec" 3 "$work/ck_$prec"
+  run "resumed_$prec" 2 "${flags[@]}" --load "$work/ck_$prec"
+  ok "resumed_$prec"
+  grep -q "loaded checkpoint .*iter_0000003" "$work/resumed_$prec.log" || fail "the $prec run did not load iteration 3"
+  same_tail "straight_$prec" "resumed_$prec"
+done
+[ "$(losses straight_fp16 | awk '{ print $3 }' | sort -u | wc -l)" -gt 1 ] ||
+  fail "the fp16 loss scale never changed: the scaler's state was not exercised"
+echo "device_paths_e2e ($device): save -> resume exact in fp32, bf16 and fp16 (loss scale included)"
+
+# 2. ZeRO stages 0-3, each resumed from a mid-run checkpoint.
+for stage in 0 1 2 3; do
+  run "z${stage}_straight" 2 --device "$device" --zero-stage "$stage" --train-iters 4 --bf16 --save "$work/z${stage}_all" \
+    --save-interval 2
+  ok "z${stage}_straight"
+  only "$work/z${stage}_all" 2 "$work/z$stage"
+  run "z${stage}_resumed" 2 --device "$device" --zero-stage "$stage" --train-iters 4 --bf16 --load "$work/z$stage"
+  ok "z${stage}_resumed"
+  same_tail "z${stage}_straight" "z${stage}_resumed"
+done
+echo "device_paths_e2e ($device): ZeRO stages 0-3 on 2 ranks sharing the device: checkpoint and exact resume"
+
+# 3. Across devices and layouts (fp32, from step 1's checkpoint at iteration 3).
+run cpu_straight 2 --device cpu --zero-stage 1 --train-iters 6 --save "$work/all_cpu" --save-interval 3
+ok cpu_straight
+run to_cpu 2 --device cpu --zero-stage 1 --train-iters 6 --load "$work/ck_fp32"
+ok to_cpu
+grep -q "loaded checkpoint .*iter_0000003" "$work/to_cpu.log" || fail "the CPU run did not load the $device checkpoint"
+$cross cpu_straight to_cpu
+run relayout 2 --device "$device" --tensor-model-parallel-size 2 --zero-stage 3 --train-iters 6 --load "$work/ck_fp32"
+ok relayout
+grep -q "saved at TP 1 x DP 2, ZeRO stage 1" "$work/relayout.log" || fail "no resharding report"
+close_tail straight_fp32 relayout 1e-4
+only "$work/all_cpu" 3 "$work/ck_cpu"
+run from_cpu 2 --device "$device" --zero-stage 1 --train-iters 6 --load "$work/ck_cpu"
+ok from_cpu
+$cross straight_fp32 from_cpu
+echo "device_paths_e2e ($device): $device -> CPU, CPU -> $device and TP 1 stage 1 -> TP 2 stage 3 resumes"
+
+# 4. SIGTERM mid-run: checkpoint at the step boundary, exit 5, exact resume.
+run term_straight 2 --device "$device" --zero-stage 2 --train-iters 150
+ok term_straight
+( run term 2 --device "$device" --zero-stage 2 --train-iters 150 --save "$work/ck_term" ) &
+bg=$!
+for _ in $(seq 1 600); do
+  grep -qE "^ iteration +1/" "$work/term.log" 2>/dev/null && break
+  sleep 0.1
+done
+pkill -TERM -f "^$train .*$work/ck_term"
+wait $bg
+[ "$(rc term)" = 5 ] || fail "exit code $(rc term) after SIGTERM, expected 5"
+stopped=$(sed -nE 's/^stopping after iteration ([0-9]+) on a stop signal.*/\1/p' "$work/term.log")
+[ -n "$stopped" ] && [ "$stopped" -lt 150 ] || fail "no stop at a step boundary"
+[ -f "$work/ck_term/iter_$(printf %07d "$stopped")/manifest.json" ] || fail "no checkpoint at iteration $stopped"
+run term_resumed 2 --device "$device" --zero-stage 2 --train-iters 150 --load "$work/ck_term"
+ok term_resumed
+same_tail term_straight term_resumed
+echo "device_paths_e2e ($device): SIGTERM -> checkpoint at iteration $stopped, exit 5, exact resume"
+
+# 5. --device-arena: saves from it, and what the arena served resumes exactly.
+run arena 2 --device "$device" --zero-stage 3 --device-arena --train-iters 4 --save "$work/arena_all" --save-interval 2
+ok arena
+grep -qE "iteration +4/ +4 .*arena misses 0 \|" "$work/arena.log" || fail "arena misses with saves"
+only "$work/arena_all" 2 "$work/ck_arena"
+run arena_resumed 2 --device "$device" --zero-stage 3 --device-arena --train-iters 4 --load "$work/ck_arena"
+ok arena_resumed
+same_tail arena arena_resumed
+echo "device_paths_e2e ($device): --device-arena saves (no misses) and resumes exactly"
+
+# 6. Hugging Face export -> import -> export, and logits, on DEVICE.
+tokens=0,5,199,17,42,255,3,100,7,7,7,150,198,1
+conv() {  # conv NAME ARGS...: one process, no mpiexec
+  local name=$1; shift
+  timeout 300 "$convert" "$@" >"$work/$name.log" 2>&1 || fail "$name exited with $?"
+}
+conv export export --load "$work/ck_fp32" --output "$work/hf"
+conv logits logits --load "$work/ck_fp32" --tokens $tokens --output "$work/logits.txt" --device "$device"
+conv logits_cpu logits --load "$work/ck_fp32" --tokens $tokens --output "$work/logits_cpu.txt" --device cpu
+conv import import --input "$work/hf" --save "$work/imported" --device "$device"
+conv export2 export --load "$work/imported" --output "$work/hf2"
+cmp -s "$work/hf/model.safetensors" "$work/hf2/model.safetensors" || fail "export(import(x)) differs from x"
+conv logits2 logits --load "$work/imported" --tokens $tokens --output "$work/logits2.txt" --device "$device"
+cmp -s "$work/logits.txt" "$work/logits2.txt" || fail "the imported checkpoint computes other logits on $device"
+paste -d' ' <(tail -n +2 "$work/logits.txt" | tr ' ' '\n') <(tail -n +2 "$work/logits_cpu.txt" | tr ' ' '\n') |
+  awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; a = $2 < 0 ? -$2 : $2; if (a > big) big = a }
+       END { exit !(m <= 1e-4 * big) }' || fail "$device's logits differ from the CPU's"
+echo "device_paths_e2e ($device): export -> import -> export identical, logits identical, and the CPU's"
+
+# 7. The memory pre-flight (a device with a capacity: a GPU, or the isolated
+# device given one; host memory has none to check against).
+if [ "$device" = cpu ]; then
+  echo "device_paths_e2e: all passed (no pre-flight on host memory)"
+  exit 0
+fi
+if [ "$device" = cuda ]; then  # GPT-3 175B on one device
+  big=(--num-layers 96 --hidden-size 12288 --num-attention-heads 96 --seq-length 2048 --max-position-embeddings 2048)
+  capacity=()
+else  # 12 MiB cannot hold the tiny model at stage 0 on 2 ranks (13.6 MiB planned); other settings fit
+  big=()
+  capacity=(env MEGAZERO_ISOLATED_DEVICE_MIB=12)
+fi
+"${capacity[@]}" timeout 300 mpiexec -n 2 "$train" "${tiny[@]}" --device "$device" --train-iters 2 "${big[@]}" \
+  >"$work/preflight.log" 2>&1
+code=$?
+[ "$code" = 2 ] || fail "a model too large for the device gave exit $code, expected 2"
+[ "$(grep -cE "error: memory pre-flight: rank [0-9]+'s plan needs .* free of .*(fit|add ranks)" "$work/preflight.log")" = 1 ] ||
+  fail "the pre-flight refusal was not printed once, with planned and free bytes and what fits"
+if [ "$device" != cuda ]; then  # the first suggestion, taken as given, trains on the same device
+  suggestion=$(sed -nE 's/.*each of these fits alone: (--[a-z-]+ [0-9]+)[ ,(].*/\1/p' "$work/preflight.log")
+  [ -n "$suggestion" ] || fail "no flag suggested"
+  export MEGAZERO_ISOLATED_DEVICE_MIB=12
+  # shellcheck disable=SC2086
+  run preflight_suggestion 2 --device "$device" --train-iters 2 $suggestion
+  unset MEGAZERO_ISOLATED_DEVICE_MIB
+  ok preflight_suggestion
+  export MEGAZERO_ISOLATED_DEVICE_MIB=64
+fi
+run preflight_fits 2 --device "$device" --train-iters 2
+unset MEGAZERO_ISOLATED_DEVICE_MIB
+ok preflight_fits
+grep -q "memory pre-flight: planned peak [0-9.]* MiB per rank" "$work/preflight_fits.log" ||
+  fail "no pre-flight report when the model fits"
+grep "error: memory pre-flight" "$work/preflight.log" | head -n 1 | cut -c1-400
+echo "device_paths_e2e ($device): all passed"

@@ -180,6 +180,7 @@ TEST(IsolatedDevice, CapacityGivesAnOutOfMemoryErrorThatReportsWhatIsHeld) {
   } catch (const ConfigError& e) {
     const std::string m = e.what();
     // The held bytes are the 6 MiB really held, not 14 MiB with the failed request counted.
+    EXPECT_EQ(m.rfind("out of device memory on cpu-isolated: ", 0), 0u) << m;
     EXPECT_NE(m.find("requested 8388608 bytes (8.0 MiB) with 4.0 MiB free of 10.0 MiB; megazero holds 6.0 MiB"),
               std::string::npos)
         << m;

@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-gpu}
-targets=(test_cuda test_nccl test_gpt_tp test_zero test_gemm test_layer_kernels test_collectives bench_layer bench_kernels bench_gpt pretrain_gpt)
+targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero_r test_gemm test_layer_kernels
+         test_collectives bench_layer bench_kernels bench_gpt pretrain_gpt convert_checkpoint)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib/ucx"
@@ -18,6 +19,8 @@ for t in "${targets[@]}"; do
   strip -o "$stage/bin/$t" "$f"
 done
 cp /usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy "$stage/bin/"
+# The end-to-end scripts (tests/cli) call plain `mpiexec`.
+ln -s mpiexec.hydra "$stage/bin/mpiexec"
 # Everything the binaries load except glibc, the driver and the CUDA libraries
 # the GPU machine brings (cuBLAS is 600 MB; cuDNN and NCCL come with PyTorch there).
 ldd "$stage"/bin/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u |

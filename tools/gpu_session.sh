@@ -2,6 +2,13 @@
 # Runs on a GPU machine from the repository root: unpacks .gpu/bundle.tar.xz
 # (tools/gpu_bundle.sh), finds cuBLAS/cuDNN/NCCL there, and runs the phases
 # asked for, writing each phase's log to $OUT (or ./gpu-out):
+#   paths  - every user path of a GPU run, 2 and 4 ranks sharing the GPU over
+#            MPI (tests/cli/device_paths_e2e.sh and checkpoint_e2e.sh with cuda):
+#            save -> resume bit-exact in fp32/bf16/fp16, ZeRO 0-3 with
+#            checkpoints, GPU <-> CPU and relayout resume, SIGTERM/SIGUSR1
+#            saves, kill -9 mid-save, NaN stop, --device-arena with saves, HF
+#            export -> import -> identical logits, the memory pre-flight; and
+#            test_zero_precision / test_zero_r on cuda. Run it first.
 #   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
 #            test_layer_kernels, and the TP-equivalence and ZeRO suites with
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
@@ -11,7 +18,7 @@
 #            (bench/torch_layer.py), bf16 and fp16
 #   profile- per-kernel times of one layer step (Nsight Compute)
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
-#   tools/gpu_session.sh tests layer train
+#   tools/gpu_session.sh paths tests layer train
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -36,6 +43,21 @@ cat "$out/env.txt"
 
 for phase in "$@"; do
   case $phase in
+    paths)
+      {
+        echo "== device_paths_e2e on cuda (2 ranks sharing the GPU)"
+        timeout 1200 bash tests/cli/device_paths_e2e.sh $B/pretrain_gpt $B/convert_checkpoint configs/gpt_tiny.cfg cuda
+        echo "== exit $?"
+        echo "== checkpoint_e2e on cuda (4 ranks sharing the GPU: TP 2 x DP 2, ZeRO 2)"
+        timeout 900 bash tests/cli/checkpoint_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg cuda
+        echo "== exit $?"
+        for t in test_zero_precision test_zero_r; do
+          echo "== $t on cuda, 2 ranks"; MEGAZERO_TEST_DEVICE=cuda mpi 2 $B/$t
+          echo "== exit $?"
+        done
+      } > "$out/paths.txt" 2>&1
+      grep -E "^==|^device_paths_e2e|^checkpoint_e2e|FAIL|PASSED|FAILED" "$out/paths.txt" | tail -60
+      ;;
     tests)
       {
         echo "== test_cuda"; mpi 1 $B/test_cuda

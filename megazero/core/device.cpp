@@ -133,7 +133,10 @@ void for_each_row(const std::int64_t* shape, int dims, const std::int64_t* dst_s
 
 std::string Device::out_of_memory_message(std::size_t requested, std::optional<MemoryInfo> info,
                                           const std::string& extra) const {
-  std::string s = detail::concat("out of memory on ", name(), ": requested ", requested, " bytes (",
+  // "host memory" for the CPU device, "device memory" otherwise: the sweep
+  // report and users grep for these words.
+  std::string s = detail::concat("out of ", host_accessible() ? "host" : "device", " memory on ", name(),
+                                 ": requested ", requested, " bytes (",
                                  mib(static_cast<double>(requested)), ")");
   if (info) s += detail::concat(" with ", mib(static_cast<double>(info->free)), " free of ", mib(static_cast<double>(info->total)));
   s += detail::concat("; megazero holds ", mib(static_cast<double>(held_bytes())));
@@ -211,7 +214,7 @@ void* CpuDevice::raw_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   const std::size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded);
-  if (!p) throw ConfigError(out_of_memory_message(bytes, std::nullopt, " (host memory)"));
+  if (!p) throw ConfigError(out_of_memory_message(bytes, std::nullopt, ""));
   return p;
 }
 void CpuDevice::raw_free(void* p, std::size_t) { std::free(p); }

@@ -23,6 +23,7 @@
 #include "megazero/checkpoint/safetensors.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
+#include "test_device.h"
 #include "tools/hf_gpt2.h"
 #include "zero_harness.h"
 
@@ -73,12 +74,8 @@ void save(ZeroRun& r, const std::string& dir, int iteration) {
 std::vector<float> eval_logits(ZeroRun& r) {
   const auto& c = r.model->config();
   const I B = 2, S = c.seq_length;
-  Tensor ids = Tensor::empty(r.device, {B * S}, DType::I64, MemoryCategory::Activations);
-  Tensor targets = Tensor::empty(r.device, {B * S}, DType::I64, MemoryCategory::Activations);
-  for (I i = 0; i < B * S; ++i) {
-    ids.host_data<I>()[i] = (i * 37 + 11) % c.vocab_size;
-    targets.host_data<I>()[i] = (i * 53 + 5) % c.vocab_size;
-  }
+  Tensor ids = test_support::int64_tensor(r.device, B * S, [&](I i) { return (i * 37 + 11) % c.vocab_size; });
+  Tensor targets = test_support::int64_tensor(r.device, B * S, [&](I i) { return (i * 53 + 5) % c.vocab_size; });
   layers::StepInfo step;
   step.micro_batch = B;
   step.seq = S;
@@ -86,8 +83,8 @@ std::vector<float> eval_logits(ZeroRun& r) {
   r.model->set_param_hooks(r.engine.get());
   r.model->keep_logits(true);  // the loss consumes its logits in place
   r.model->forward(ids, targets, step);
-  const Tensor& l = r.model->logits();
-  return std::vector<float>(l.host_data<float>(), l.host_data<float>() + l.numel());
+  const std::vector<double> l = r.model->logits().to_double_vector();  // fp32 logits: exact in double
+  return std::vector<float>(l.begin(), l.end());
 }
 
 std::vector<float> tensor_of(const checkpoint::SafetensorsFile& f, const std::string& name, const std::vector<I>& shape) {

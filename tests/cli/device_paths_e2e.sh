@@ -8,9 +8,10 @@
 #  2. ZeRO stages 0-3, each saved mid-run and resumed exactly;
 #  3. a DEVICE checkpoint resumes on the CPU and on another layout (TP 2, stage
 #     3), and a CPU checkpoint resumes on DEVICE (to 1e-4; bit for bit where
-#     DEVICE runs the CPU kernels);
+#     DEVICE runs the CPU kernels), and DEVICE's validation loss is the CPU's;
 #  4. SIGTERM (what scancel and Slurm's time limit send) saves at the next step
-#     boundary, exits 5, and the resumed run continues exactly;
+#     boundary, exits 5, and the resumed run continues exactly; a rank stopped
+#     with SIGSTOP ends the job through the collective watchdog (exit 4);
 #  5. --device-arena with saves: no arena misses, and the save works from it;
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
 #     and DEVICE's logits match the CPU's (1e-4 of the largest);
@@ -99,7 +100,17 @@ only "$work/all_cpu" 3 "$work/ck_cpu"
 run from_cpu 2 --device "$device" --zero-stage 1 --train-iters 6 --load "$work/ck_cpu"
 ok from_cpu
 $cross straight_fp32 from_cpu
-echo "device_paths_e2e ($device): $device -> CPU, CPU -> $device and TP 1 stage 1 -> TP 2 stage 3 resumes"
+# Evaluation on DEVICE: the same validation loss as the CPU's run of the same flags.
+val() { sed -nE 's/^ validation loss at iteration ([0-9]+): ([0-9.]+) .*/\1 \2/p' "$work/$1.log"; }
+[ -n "$(val straight_fp32)" ] || fail "no validation loss on $device"
+if [ "$cross" = same_tail ]; then
+  [ "$(val straight_fp32)" = "$(val cpu_straight)" ] || fail "validation on $device: $(val straight_fp32), CPU: $(val cpu_straight)"
+else
+  paste -d' ' <(val straight_fp32) <(val cpu_straight) |
+    awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-4 * $4) bad = 1 } END { exit bad }' ||
+    fail "validation on $device: $(val straight_fp32), CPU: $(val cpu_straight)"
+fi
+echo "device_paths_e2e ($device): $device -> CPU, CPU -> $device and TP 1 stage 1 -> TP 2 stage 3 resumes; validation as on the CPU"
 
 # 4. SIGTERM mid-run: checkpoint at the step boundary, exit 5, exact resume.
 run term_straight 2 --device "$device" --zero-stage 2 --train-iters 150
@@ -120,6 +131,23 @@ run term_resumed 2 --device "$device" --zero-stage 2 --train-iters 150 --load "$
 ok term_resumed
 same_tail term_straight term_resumed
 echo "device_paths_e2e ($device): SIGTERM -> checkpoint at iteration $stopped, exit 5, exact resume"
+
+# 4b. A rank that stops answering (SIGSTOP) mid-run: the other rank's collective
+# watchdog ends the job with exit 4 and a report, not a hang.
+( run hang 2 --device "$device" --zero-stage 2 --train-iters 100000 --collective-timeout 3 --save "$work/ck_hang" \
+    --save-interval 100000 ) &
+bg=$!
+for _ in $(seq 1 600); do
+  grep -qE "^ iteration +2/" "$work/hang.log" 2>/dev/null && break
+  sleep 0.1
+done
+victim=$(pgrep -f "^$train .*$work/ck_hang" | head -n 1)
+[ -n "$victim" ] || fail "the hang run is not running"
+kill -STOP "$victim"
+wait $bg
+[ "$(rc hang)" = 4 ] || fail "exit code $(rc hang) with a stopped rank, expected 4 (the watchdog)"
+grep -qE "watchdog: rank [0-9]+ .*has not completed after" "$work/hang.log" || fail "no watchdog report"
+echo "device_paths_e2e ($device): a stopped rank -> watchdog report, exit 4"
 
 # 5. --device-arena: saves from it, and what the arena served resumes exactly.
 run arena 2 --device "$device" --zero-stage 3 --device-arena --train-iters 4 --save "$work/arena_all" --save-interval 2

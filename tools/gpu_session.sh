@@ -44,15 +44,17 @@ cat "$out/env.txt"
 for phase in "$@"; do
   case $phase in
     paths)
+      # MZ_PATHS_DEVICE=cpu-isolated checks the phase's plumbing on a machine without a GPU.
+      dev=${MZ_PATHS_DEVICE:-cuda}
       {
-        echo "== device_paths_e2e on cuda (2 ranks sharing the GPU)"
-        timeout 1200 bash tests/cli/device_paths_e2e.sh $B/pretrain_gpt $B/convert_checkpoint configs/gpt_tiny.cfg cuda
+        echo "== device_paths_e2e on $dev (2 ranks sharing the GPU)"
+        timeout 1200 bash tests/cli/device_paths_e2e.sh $B/pretrain_gpt $B/convert_checkpoint configs/gpt_tiny.cfg "$dev"
         echo "== exit $?"
-        echo "== checkpoint_e2e on cuda (4 ranks sharing the GPU: TP 2 x DP 2, ZeRO 2)"
-        timeout 900 bash tests/cli/checkpoint_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg cuda
+        echo "== checkpoint_e2e on $dev (4 ranks sharing the GPU: TP 2 x DP 2, ZeRO 2)"
+        timeout 900 bash tests/cli/checkpoint_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg "$dev"
         echo "== exit $?"
         for t in test_zero_precision test_zero_r; do
-          echo "== $t on cuda, 2 ranks"; MEGAZERO_TEST_DEVICE=cuda mpi 2 $B/$t
+          echo "== $t on $dev, 2 ranks"; MEGAZERO_TEST_DEVICE=$dev mpi 2 $B/$t
           echo "== exit $?"
         done
       } > "$out/paths.txt" 2>&1

@@ -94,6 +94,11 @@ int run(int argc, char** argv) {
     }
     return a;
   });
+  // Ranks started with different flags (an MPMD launch, a per-node wrapper
+  // gone wrong) would build different models and hang or train garbage: every
+  // rank compares its resolved configuration with rank 0's before anything else.
+  agree_on_error(*world_comm,
+                 config_difference(broadcast_string(*world_comm, args.fingerprint()), args.fingerprint(), world_comm->rank()));
   if (args.help) {
     if (world_comm->rank() == 0) std::cout << help << std::flush;
     return 0;
@@ -182,6 +187,7 @@ int run(int argc, char** argv) {
   if (root) {
     std::cout << "math threads per rank: " << cpu_math_threads() << " (" << threads_from
               << "; set MEGAZERO_NUM_THREADS to override)\n";
+    for (const auto& note : args.notes) std::cout << "note: " << note << "\n";
     std::cout << groups->describe() << "---- resolved configuration ----\n" << args.to_config()
               << "---- data: " << source->describe() << "\n" << std::flush;
   }

@@ -1,5 +1,7 @@
 #include "layers/gpt_config.h"
 
+#include <cmath>
+
 #include "megazero/core/error.h"
 
 namespace megazero::layers {
@@ -9,10 +11,34 @@ std::int64_t GPTConfig::padded_vocab(int tp) const {
   return (vocab_size + multiple - 1) / multiple * multiple;
 }
 
+namespace {
+// Upper bounds far above any model trained (GPT-3: 96 layers, hidden 12288;
+// the paper's 1T: 128 layers, hidden 25600): a typo's extra digits are refused
+// here, not found as an overflow or an hour-long start-up later.
+constexpr std::int64_t kMaxLayers = 10000, kMaxHidden = 1 << 20, kMaxSeq = 1 << 20, kMaxFfn = 1 << 24,
+                       kMaxVocab = (std::int64_t{1} << 31) - 1;
+
+void require_at_most(const char* flag, std::int64_t v, std::int64_t most) {
+  MZ_REQUIRE(v <= most, flag, " ", v, " is beyond megazero's bound of ", most,
+             " (far above any model trained); check the value for extra digits");
+}
+}  // namespace
+
 void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(num_layers > 0, "--num-layers must be positive, got ", num_layers);
   MZ_REQUIRE(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
   MZ_REQUIRE(num_attention_heads > 0, "--num-attention-heads must be positive, got ", num_attention_heads);
+  MZ_REQUIRE(ffn_hidden_size >= 0, "--ffn-hidden-size must not be negative (0 means 4 x --hidden-size), got ",
+             ffn_hidden_size);
+  require_at_most("--num-layers", num_layers, kMaxLayers);
+  require_at_most("--hidden-size", hidden_size, kMaxHidden);
+  require_at_most("--ffn-hidden-size", ffn_hidden_size, kMaxFfn);
+  require_at_most("--seq-length", seq_length, kMaxSeq);
+  require_at_most("--max-position-embeddings", max_position_embeddings, kMaxSeq);
+  require_at_most("the vocabulary size (--vocab-size or the tokenizer's)", vocab_size, kMaxVocab);
+  require_at_most("--make-vocab-size-divisible-by", make_vocab_size_divisible_by, 1 << 20);
+  MZ_REQUIRE(std::isfinite(init_method_std) && init_method_std > 0, "--init-method-std must be a positive number, got ",
+             init_method_std);
   MZ_REQUIRE(hidden_size % num_attention_heads == 0, "--hidden-size ", hidden_size,
              " is not divisible by --num-attention-heads ", num_attention_heads,
              "; choose a head count that divides the hidden size");

@@ -18,9 +18,11 @@ double LrSchedule::at(std::int64_t it) const {
 }
 
 void LrSchedule::validate() const {
-  MZ_REQUIRE(max_lr >= 0, "--lr must be non-negative, got ", max_lr);
-  MZ_REQUIRE(min_lr >= 0 && min_lr <= max_lr, "--min-lr ", min_lr, " must be in [0, --lr ", max_lr, "]");
-  MZ_REQUIRE(warmup_iters >= 0, "--lr-warmup-iters must be non-negative");
+  MZ_REQUIRE(std::isfinite(max_lr) && max_lr >= 0, "--lr must be a finite non-negative number, got ", max_lr);
+  MZ_REQUIRE(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= max_lr, "--min-lr ", min_lr, " must be in [0, --lr ",
+             max_lr, "]");
+  MZ_REQUIRE(warmup_iters >= 0, "--lr-warmup-iters must be non-negative, got ", warmup_iters);
+  MZ_REQUIRE(decay_iters >= 0, "--lr-decay-iters must be non-negative, got ", decay_iters);
   MZ_REQUIRE(style == "cosine" || style == "linear" || style == "constant", "--lr-decay-style '", style,
              "' is not one of cosine, linear, constant");
 }

@@ -2,7 +2,11 @@
 
 #include "megazero/kernels/fused_attention.h"
 
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <map>
 #include <set>
@@ -11,6 +15,7 @@
 #include <boost/program_options.hpp>
 
 #include "megazero/core/error.h"
+#include "megazero/train/megatron_compat.h"
 
 namespace po = boost::program_options;
 
@@ -159,6 +164,18 @@ void define(OptionTable& t, TrainArgs& a) {
   t.flag(F, "check-collectives", &a.check_collectives,
          "debug: ranks cross-check every collective's fingerprint and report the first divergence");
   t.add(F, "on-nan-loss", &a.on_nan_loss, "stop (default) or skip: what a NaN/Inf loss does outside fp16 scaling");
+  t.add(T, "exit-duration-in-mins", &a.exit_duration_in_mins,
+        "stop after this many minutes of training: save (with --save) and exit 0; 0 = off");
+  t.add(T, "exit-interval", &a.exit_interval,
+        "stop at the first iteration that is a multiple of this: save (with --save) and exit 0; 0 = off");
+  t.flag(C, "use-checkpoint-opt-param-scheduler", &a.use_checkpoint_lr_schedule,
+         "on --load, take the learning-rate schedule (--lr, --min-lr, warmup, decay iterations and style) from the "
+         "checkpoint; by default a different schedule is refused");
+  t.flag(C, "override-opt-param-scheduler", &a.override_lr_schedule,
+         "on --load, use this command line's learning-rate schedule even if it differs from the checkpoint's");
+  t.add(G, "tensorboard-dir", &a.tensorboard_dir,
+        "write TensorBoard event files here (the logged scalars: loss, learning rate, grad norm, loss scale, "
+        "throughput, memory, timers, validation)");
   t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
       "world-size", po::value(&a.world_size), "with --dry-run: validate and plan memory for a virtual world of N ranks")(
@@ -214,36 +231,149 @@ void expand_zero_config(TrainArgs& a, const po::variables_map& vm, const std::se
 
 }  // namespace
 
+namespace {
+
+// A config file is short text: a directory is refused, and at most 1 MiB is
+// read from anything else (so /dev/zero or a runaway pipe ends in an error,
+// while `--config <(generate)` works); a UTF-8 byte-order mark is dropped.
+std::string read_config_file(const std::string& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  MZ_REQUIRE(!ec && fs::exists(status), "--config: cannot read '", file, "': no such file; pass a config file (see configs/)");
+  MZ_REQUIRE(!fs::is_directory(status), "--config: '", file, "' is a directory; pass a config file in it (see configs/)");
+  std::ifstream in(file, std::ios::binary);
+  MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; check its permissions");
+  constexpr std::size_t kMaxConfigBytes = 1 << 20;
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  MZ_REQUIRE(text.size() <= kMaxConfigBytes, "--config: '", file, "' is longer than 1 MiB; a config file is key = value "
+             "lines (see configs/)");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  MZ_REQUIRE(text.find('\0') == std::string::npos, "--config: '", file, "' is not a text file (it holds NUL bytes)");
+  return text;
+}
+
+// A token that looks like a flag typed with a dash look-alike (en dash,
+// em dash, minus sign, from a word processor or a web page): Program_options
+// would take it for a stray word.
+std::string dash_lookalike(const std::string& token) {
+  for (const char* d : {"\xE2\x80\x93", "\xE2\x80\x94", "\xE2\x88\x92", "\xE2\x80\x90", "\xE2\x80\x91"})
+    if (token.rfind(d, 0) == 0) return d;
+  return "";
+}
+
+std::vector<std::string> known_flags(const po::options_description& desc) {
+  std::vector<std::string> names;
+  for (const auto& o : desc.options()) names.push_back(o->long_name());
+  return names;
+}
+
+}  // namespace
+
+namespace {
+constexpr std::int64_t kMaxIterations = 1'000'000'000'000, kMaxBatch = std::int64_t{1} << 40;
+
+// Every size the run computes from the flags (parameters, the largest
+// activation) in floating point, where no product overflows: one that would
+// overflow the int64 counters later is refused here, naming the flags.
+void require_model_fits_in_counters(const TrainArgs& a) {
+  using I = long double;
+  const auto& m = a.model;
+  const I h = m.hidden_size, L = m.num_layers, f = m.ffn(), V = m.vocab_size, P = m.max_position_embeddings;
+  const I params = V * h + P * h + L * (4 * h * h + 2 * h * f + 9 * h + f);
+  const I mbs = a.micro_batch_size, S = m.seq_length;
+  const I heads = m.num_attention_heads;
+  const I activation = mbs * S * std::max({V, f, 3 * h, heads * S});
+  const I kMaxElements = std::ldexp(1.0L, 50);  // a PiB of bf16: beyond any memory
+  MZ_REQUIRE(params <= kMaxElements, "the model would have about ", static_cast<double>(params),
+             " parameters (--num-layers ", m.num_layers, ", --hidden-size ", m.hidden_size, ", --ffn-hidden-size ", m.ffn(),
+             ", vocabulary ", m.vocab_size, "), more than any memory holds; check these flags");
+  MZ_REQUIRE(activation <= kMaxElements, "one micro-batch's largest activation would have about ",
+             static_cast<double>(activation), " elements (--micro-batch-size ", a.micro_batch_size, " x --seq-length ",
+             m.seq_length, " x the widest of vocabulary, MLP width, 3 x hidden and heads x seq), more than any memory "
+             "holds; check these flags");
+}
+}  // namespace
+
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   TrainArgs a;
   OptionTable table;
   define(table, a);
+  std::map<std::string, std::string> megatron;
+  define_megatron_flags(table.group("Megatron compatibility (accepted spellings)"), megatron);
   const auto desc = table.all();
+  const auto known = known_flags(desc);
   po::variables_map vm;
   std::set<std::string> on_command_line;
+  for (int i = 1; i < argc; ++i) {
+    const std::string tok = argv[i];
+    if (!dash_lookalike(tok).empty()) {
+      std::string name = tok;
+      for (std::string d; !(d = dash_lookalike(name)).empty();) name.erase(0, d.size());
+      while (!name.empty() && name[0] == '-') name.erase(0, 1);
+      throw ConfigError("'" + tok + "' starts with a dash look-alike (an en dash or similar, as word processors and web "
+                        "pages replace '--'), not with '--': type --" + name.substr(0, name.find('=')));
+    }
+  }
   try {
     // No prefix guessing: a misspelt flag (--num-layer) is an error, not an abbreviation.
     const auto parsed = po::command_line_parser(argc, argv)
                             .options(desc)
                             .style(po::command_line_style::default_style & ~po::command_line_style::allow_guessing)
+                            .allow_unregistered()
                             .run();
-    for (const auto& o : parsed.options) on_command_line.insert(o.string_key);
+    // Every unknown flag and stray word at once (a word right after an unknown
+    // flag is taken as its value, not reported twice).
+    FlagProblems problems;
+    bool after_unknown = false;
+    for (const auto& o : parsed.options) {
+      if (o.position_key >= 0) {
+        for (const auto& v : o.value)
+          if (!after_unknown) problems.stray.push_back(v);
+        after_unknown = false;
+        continue;
+      }
+      after_unknown = o.unregistered;
+      if (o.unregistered) {
+        std::string name = o.string_key;
+        while (!name.empty() && name[0] == '-') name.erase(0, 1);
+        problems.unknown.push_back(name.substr(0, name.find('=')));
+      } else {
+        on_command_line.insert(o.string_key);
+      }
+    }
+    if (const auto msg = describe_flag_problems(problems, known); !msg.empty()) throw ConfigError(msg);
     po::store(parsed, vm);
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
-      std::ifstream in(file);
-      MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; pass an existing config file (see configs/)");
+      std::istringstream in(read_config_file(file));
       try {
-        po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);  // command line stored first wins
+        const auto from_file = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
+        FlagProblems file_problems;
+        file_problems.where = "--config " + file;
+        for (const auto& o : from_file.options)
+          if (o.unregistered) file_problems.unknown.push_back(o.string_key);
+        if (const auto msg = describe_flag_problems(file_problems, known); !msg.empty())
+          throw ConfigError(msg + " (keys are the flag names without '--')");
+        po::store(from_file, vm);  // command line stored first wins
       } catch (const po::error& e) {
         throw ConfigError("--config " + file + ": " + e.what() + "; keys are the flag names without '--'");
       }
     }
     po::notify(vm);
+    // An explicit --world-size 0 is not "no virtual world".
+    MZ_REQUIRE(!vm.count("world-size") || (a.world_size > 0 && a.world_size <= (1 << 24)),
+               "--world-size must be a positive number of ranks (at most 16777216), got ", a.world_size);
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
   }
+  std::vector<std::string> given;
+  for (const auto& [name, v] : vm)
+    if (!v.defaulted()) given.push_back(name);
   expand_zero_config(a, vm, on_command_line);
+  apply_megatron_flags(a, megatron, given);
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   if (a.help && help_text) {
     std::ostringstream os;
@@ -260,14 +390,51 @@ void TrainArgs::validate() const {
   lr.validate();
   MZ_REQUIRE(!(fp16 && bf16), "--fp16 and --bf16 conflict; choose one");
   MZ_REQUIRE(train_iters > 0, "--train-iters must be positive, got ", train_iters);
+  MZ_REQUIRE(train_iters <= kMaxIterations, "--train-iters ", train_iters, " is beyond megazero's bound of ",
+             kMaxIterations, "; check the value for extra digits");
   MZ_REQUIRE(micro_batch_size > 0, "--micro-batch-size must be positive, got ", micro_batch_size);
-  MZ_REQUIRE(global_batch_size >= 0, "--global-batch-size must not be negative");
+  MZ_REQUIRE(micro_batch_size <= kMaxBatch, "--micro-batch-size ", micro_batch_size, " is beyond megazero's bound of ",
+             kMaxBatch, "; check the value for extra digits");
+  MZ_REQUIRE(global_batch_size >= 0, "--global-batch-size must not be negative (0 means micro batch x DP), got ",
+             global_batch_size);
+  MZ_REQUIRE(global_batch_size <= kMaxBatch, "--global-batch-size ", global_batch_size,
+             " is beyond megazero's bound of ", kMaxBatch, "; check the value for extra digits");
+  require_model_fits_in_counters(*this);
+  MZ_REQUIRE(parallel.tensor_model_parallel_size > 0, "--tensor-model-parallel-size must be positive, got ",
+             parallel.tensor_model_parallel_size);
+  MZ_REQUIRE(parallel.ranks_per_node >= 0, "--ranks-per-node must not be negative (0 detects it), got ",
+             parallel.ranks_per_node);
+  auto unit = [](double v) { return v >= 0 && v < 1; };
+  MZ_REQUIRE(unit(adam.beta1), "--adam-beta1 must be in [0, 1), got ", adam.beta1);
+  MZ_REQUIRE(unit(adam.beta2), "--adam-beta2 must be in [0, 1), got ", adam.beta2);
+  MZ_REQUIRE(std::isfinite(adam.eps) && adam.eps > 0, "--adam-eps must be a positive number, got ", adam.eps);
+  MZ_REQUIRE(std::isfinite(adam.weight_decay) && adam.weight_decay >= 0,
+             "--weight-decay must be a finite non-negative number, got ", adam.weight_decay);
+  MZ_REQUIRE(std::isfinite(loss_scale.initial_scale) && loss_scale.initial_scale > 0,
+             "--initial-loss-scale must be a positive number (Megatron's default 2^32), got ", loss_scale.initial_scale);
+  MZ_REQUIRE(std::isfinite(loss_scale.min_scale) && loss_scale.min_scale > 0,
+             "--min-loss-scale must be a positive number, got ", loss_scale.min_scale);
+  MZ_REQUIRE(loss_scale.min_scale <= loss_scale.initial_scale, "--min-loss-scale ", loss_scale.min_scale,
+             " is above --initial-loss-scale ", loss_scale.initial_scale, "; the floor must be at most the start");
+  MZ_REQUIRE(loss_scale.window >= 1, "--loss-scale-window must be at least 1, got ", loss_scale.window);
+  MZ_REQUIRE(loss_scale.hysteresis >= 1, "--hysteresis must be at least 1, got ", loss_scale.hysteresis);
+  MZ_REQUIRE(std::isfinite(peak_tflops) && peak_tflops >= 0, "--peak-tflops must be a finite non-negative number, got ",
+             peak_tflops);
+  MZ_REQUIRE(std::isfinite(exit_duration_in_mins) && exit_duration_in_mins >= 0,
+             "--exit-duration-in-mins must be a finite non-negative number (0 = off), got ", exit_duration_in_mins);
+  MZ_REQUIRE(exit_interval >= 0, "--exit-interval must not be negative (0 = off), got ", exit_interval);
+  MZ_REQUIRE(!(use_checkpoint_lr_schedule && override_lr_schedule),
+             "--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler conflict; choose one");
+  MZ_REQUIRE(!(use_checkpoint_lr_schedule || override_lr_schedule) || !load.empty(),
+             use_checkpoint_lr_schedule ? "--use-checkpoint-opt-param-scheduler" : "--override-opt-param-scheduler",
+             " only means something with --load DIR");
   if (world_size == 0)
     for (const auto& [flag, set] : {std::pair{"--plan-rank", plan_rank != 0}, std::pair{"--plan-fit-gib", plan_fit_gib != 0},
                                     std::pair{"--hardware", !hardware.empty()}, std::pair{"--plan-json", !plan_json.empty()}})
       MZ_REQUIRE(!set, flag, " plans a virtual world: add --dry-run --world-size N (N ranks, e.g. 400)");
   MZ_REQUIRE(plan_fit_gib >= 0, "--plan-fit-gib must not be negative");
-  MZ_REQUIRE(clip_grad >= 0, "--clip-grad must not be negative");
+  MZ_REQUIRE(std::isfinite(clip_grad) && clip_grad >= 0, "--clip-grad must be a finite non-negative number (0 = off), got ",
+             clip_grad);
   MZ_REQUIRE(log_interval > 0, "--log-interval must be positive");
   MZ_REQUIRE(eval_iters >= 0 && eval_interval >= 0, "--eval-interval and --eval-iters must not be negative");
   MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
@@ -312,6 +479,41 @@ std::string TrainArgs::to_config() const {
   OptionTable table;
   define(table, copy);
   return table.print();
+}
+
+std::string TrainArgs::fingerprint() const {
+  std::ostringstream os;
+  os << to_config() << "help = " << help << "\ndry-run = " << dry_run << "\nworld-size = " << world_size
+     << "\nplan-rank = " << plan_rank << "\nplan-fit-gib = " << plan_fit_gib << "\nhardware = " << hardware
+     << "\nplan-json = " << plan_json << "\n";
+  return os.str();
+}
+
+std::string config_difference(const std::string& reference, const std::string& mine, int rank) {
+  if (reference == mine) return "";
+  auto lines = [](const std::string& text) {
+    std::map<std::string, std::string> kv;
+    std::istringstream is(text);
+    for (std::string line; std::getline(is, line);) {
+      const auto eq = line.find(" = ");
+      if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
+    }
+    return kv;
+  };
+  const auto ref = lines(reference), own = lines(mine);
+  std::string diff;
+  int shown = 0;
+  for (const auto& [key, value] : own) {
+    const auto it = ref.find(key);
+    const std::string other = it == ref.end() ? "(none)" : it->second;
+    if (other == value) continue;
+    if (shown++ < 8) diff += std::string(diff.empty() ? "" : ", ") + key + " (rank 0: '" + other + "', rank " +
+                             std::to_string(rank) + ": '" + value + "')";
+  }
+  if (shown > 8) diff += " and " + std::to_string(shown - 8) + " more";
+  return "ranks were started with different configurations: rank " + std::to_string(rank) + " differs from rank 0 in " +
+         (diff.empty() ? std::string("the order of its options") : diff) +
+         "; start every rank with the same flags and config file";
 }
 
 }  // namespace megazero::train

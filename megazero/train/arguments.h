@@ -59,6 +59,19 @@ struct TrainArgs {
   double collective_timeout = 600;  // a generous NCCL-like default: a slow save or eval never trips it
   bool check_collectives = false;
   std::string on_nan_loss = "stop";
+  // Stopping on purpose, as Megatron's flags: after this many minutes of
+  // training or at an iteration that is a multiple of the interval, save (with
+  // --save) and exit 0.
+  double exit_duration_in_mins = 0;
+  std::int64_t exit_interval = 0;
+  // Resuming with another LR schedule (Megatron's flags): by default a change
+  // of --lr, --min-lr, --lr-warmup-iters, --lr-decay-iters or --lr-decay-style
+  // against the checkpoint's is refused; --use-checkpoint-opt-param-scheduler
+  // takes the checkpoint's, --override-opt-param-scheduler the command line's.
+  bool use_checkpoint_lr_schedule = false, override_lr_schedule = false;
+  std::string tensorboard_dir;  // --tensorboard-dir: TensorBoard event files of the logged scalars
+  // Lines printed once at start (what an accepted-but-inert Megatron flag does).
+  std::vector<std::string> notes;
   // ZeRO-R (megazero/zero/partitioned_activations.h) and the paper's C1..C5
   zero::ZeroRConfig zero_r;
   std::string zero_config;            // "" or C1..C5
@@ -90,7 +103,14 @@ struct TrainArgs {
   void validate_layout(int world_size) const;
   // The resolved configuration as "key = value" lines (printed at start and stored with outputs).
   std::string to_config() const;
+  // to_config() plus the flags it leaves out (--help, --dry-run and the plan
+  // flags): what every rank of a job must have been started with alike.
+  std::string fingerprint() const;
 };
+
+// "" if `mine` (this rank's fingerprint) equals `reference` (rank 0's), else
+// a message naming each differing key with both values.
+std::string config_difference(const std::string& reference, const std::string& mine, int rank);
 
 // Parses argv (and the --config file). Throws ConfigError; fills help text on --help.
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text);

@@ -1,0 +1,290 @@
+#include "megazero/train/megatron_compat.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "megazero/core/error.h"
+#include "megazero/train/arguments.h"
+
+namespace po = boost::program_options;
+
+namespace megazero::train {
+namespace {
+
+enum class Kind { Switch, Value };
+// What an accepted Megatron flag is here.
+enum class Meaning {
+  Translated,  // apply_megatron_flags turns it into our flags
+  NoEffect,    // accepted; the note says why it changes nothing
+  Refused,     // a feature megazero does not have; the note says so
+};
+struct CompatFlag {
+  const char* name;
+  Kind kind;
+  Meaning meaning;
+  const char* note;  // NoEffect: why nothing changes; Refused: what to do instead
+};
+
+const char* const kPlannedModels = "not implemented yet (modern decoder options are planned: GPT-2 architecture only today)";
+
+// Megatron-LM's spellings (megatron/training/arguments.py) that a typical GPT
+// script passes, beyond the flags arguments.cpp defines under the same name.
+const CompatFlag kFlags[] = {
+    {"use-distributed-optimizer", Kind::Switch, Meaning::Translated, "ZeRO stage 1 (Pos)"},
+    {"use-flash-attn", Kind::Switch, Meaning::Translated, "--attention-backend fused"},
+    {"checkpoint-activations", Kind::Switch, Meaning::Translated, "--recompute-activations"},
+    {"overlap-grad-reduce", Kind::Switch, Meaning::Translated, "--overlap-comm true"},
+    {"use-checkpoint-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--use-checkpoint-opt-param-scheduler"},
+    {"override-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--override-opt-param-scheduler"},
+    {"tokenizer-type", Kind::Value, Meaning::Translated, "checked against the data's tokenizer"},
+    {"lr-warmup-fraction", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
+    {"train-samples", Kind::Value, Meaning::Translated, "--train-iters"},
+    {"lr-decay-samples", Kind::Value, Meaning::Translated, "--lr-decay-iters"},
+    {"lr-warmup-samples", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
+    {"distributed-timeout-minutes", Kind::Value, Meaning::Translated, "--collective-timeout"},
+    {"pipeline-model-parallel-size", Kind::Value, Meaning::Translated, "1 only"},
+    {"recompute-granularity", Kind::Value, Meaning::Translated, "full = --recompute-activations"},
+    {"recompute-method", Kind::Value, Meaning::Translated, "uniform only"},
+    {"recompute-num-layers", Kind::Value, Meaning::Translated, "1 only"},
+    {"normalization", Kind::Value, Meaning::Translated, "LayerNorm only"},
+    {"position-embedding-type", Kind::Value, Meaning::Translated, "learned_absolute only"},
+    {"data-impl", Kind::Value, Meaning::Translated, "mmap only"},
+    {"no-masked-softmax-fusion", Kind::Switch, Meaning::NoEffect, "the causal softmax is always one kernel"},
+    {"no-bias-dropout-fusion", Kind::Switch, Meaning::NoEffect,
+     "bias-dropout-add is always one pass (the result is the same either way)"},
+    {"no-gradient-accumulation-fusion", Kind::Switch, Meaning::NoEffect,
+     "weight gradients are accumulated by the GEMM itself"},
+    {"no-async-tensor-model-parallel-allreduce", Kind::Switch, Meaning::NoEffect,
+     "TP all-reduces are issued where the math needs them"},
+    {"attention-softmax-in-fp32", Kind::Switch, Meaning::NoEffect, "softmax statistics are always fp32"},
+    {"accumulate-allreduce-grads-in-fp32", Kind::Switch, Meaning::NoEffect,
+     "gradient reductions follow the parameter dtype; the optimizer works on fp32 partitions"},
+    {"use-mcore-models", Kind::Switch, Meaning::NoEffect, "megazero has one model implementation"},
+    {"use-legacy-models", Kind::Switch, Meaning::NoEffect, "megazero has one model implementation"},
+    {"overlap-param-gather", Kind::Switch, Meaning::NoEffect,
+     "ZeRO stage 3 always prefetches the next group's parameters"},
+    {"log-throughput", Kind::Switch, Meaning::NoEffect, "tokens/s, TFLOP/s and MFU are always logged"},
+    {"log-timers-to-tensorboard", Kind::Switch, Meaning::NoEffect,
+     "--tensorboard-dir always receives the step timers"},
+    {"log-validation-ppl-to-tensorboard", Kind::Switch, Meaning::NoEffect,
+     "--tensorboard-dir always receives validation loss and perplexity"},
+    {"log-memory-to-tensorboard", Kind::Switch, Meaning::NoEffect, "--tensorboard-dir always receives peak memory"},
+    {"DDP-impl", Kind::Value, Meaning::NoEffect, "data parallelism is the ZeRO engine's"},
+    {"num-workers", Kind::Value, Meaning::NoEffect, "samples are read from the memory-mapped dataset in the step"},
+    {"transformer-impl", Kind::Value, Meaning::NoEffect, "megazero's own layers"},
+    {"timing-log-level", Kind::Value, Meaning::NoEffect, "per-step timers (min/max over ranks) are always logged"},
+    {"sequence-parallel", Kind::Switch, Meaning::Refused,
+     "not implemented yet (planned); leave it out: activations are replicated across the TP group"},
+    {"swiglu", Kind::Switch, Meaning::Refused, kPlannedModels},
+    {"group-query-attention", Kind::Switch, Meaning::Refused, kPlannedModels},
+    {"num-query-groups", Kind::Value, Meaning::Refused, kPlannedModels},
+    {"untie-embeddings-and-output-weights", Kind::Switch, Meaning::Refused, kPlannedModels},
+    {"disable-bias-linear", Kind::Switch, Meaning::Refused, kPlannedModels},
+    {"use-rotary-position-embeddings", Kind::Switch, Meaning::Refused, kPlannedModels},
+    {"rotary-percent", Kind::Value, Meaning::Refused, kPlannedModels},
+    {"finetune", Kind::Switch, Meaning::Refused,
+     "not supported: --load always restores the optimizer state and the iteration"},
+    {"no-load-optim", Kind::Switch, Meaning::Refused,
+     "not supported: --load always restores the optimizer state (export and re-import the weights with "
+     "tools/convert_checkpoint to start a fresh optimizer)"},
+    {"no-load-rng", Kind::Switch, Meaning::NoEffect, "there is no RNG state: every random stream is counter-based"},
+    {"num-layers-per-virtual-pipeline-stage", Kind::Value, Meaning::Refused,
+     "megazero has no pipeline parallelism; TP x ZeRO-DP scale the model"},
+    {"expert-model-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
+    {"num-experts", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
+};
+
+const CompatFlag* find(const std::string& name) {
+  for (const auto& f : kFlags)
+    if (name == f.name) return &f;
+  return nullptr;
+}
+
+// Damerau-Levenshtein distance (adjacent transpositions count 1).
+std::size_t distance(const std::string& a, const std::string& b) {
+  const std::size_t n = a.size(), m = b.size();
+  std::vector<std::vector<std::size_t>> d(n + 1, std::vector<std::size_t>(m + 1));
+  for (std::size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (std::size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (std::size_t i = 1; i <= n; ++i)
+    for (std::size_t j = 1; j <= m; ++j) {
+      const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[n][m];
+}
+
+std::int64_t parse_int(const std::string& flag, const std::string& v) {
+  std::size_t used = 0;
+  long long x = 0;
+  try {
+    x = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MZ_REQUIRE(used == v.size() && !v.empty(), "--", flag, " takes a whole number, got '", v, "'");
+  return x;
+}
+double parse_real(const std::string& flag, const std::string& v) {
+  std::size_t used = 0;
+  double x = 0;
+  try {
+    x = std::stod(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  MZ_REQUIRE(used == v.size() && !v.empty() && std::isfinite(x), "--", flag, " takes a finite number, got '", v, "'");
+  return x;
+}
+
+}  // namespace
+
+void define_megatron_flags(po::options_description& group, std::map<std::string, std::string>& given) {
+  for (const auto& f : kFlags) {
+    const std::string name = f.name;
+    std::string help = f.meaning == Meaning::Translated ? std::string("Megatron's spelling: ") + f.note
+                       : f.meaning == Meaning::NoEffect ? std::string("accepted, no effect: ") + f.note
+                                                        : std::string("refused: ") + f.note;
+    if (f.kind == Kind::Switch)
+      group.add_options()(f.name, po::value<bool>()->zero_tokens()->implicit_value(true)->notifier(
+                                      [&given, name](bool on) {
+                                        if (on) given[name] = "true";  // "name = false" in a file: not given
+                                      }),
+                          help.c_str());
+    else
+      group.add_options()(f.name, po::value<std::string>()->notifier([&given, name](const std::string& v) {
+        given[name] = v;
+      }),
+                          help.c_str());
+  }
+}
+
+void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>& given,
+                          const std::vector<std::string>& explicitly) {
+  auto was_given = [&](const char* flag) { return std::find(explicitly.begin(), explicitly.end(), flag) != explicitly.end(); };
+  std::vector<std::string> refused;
+  auto value = [&](const char* flag) -> const std::string* {
+    auto it = given.find(flag);
+    return it == given.end() ? nullptr : &it->second;
+  };
+  auto conflict = [&](const char* megatron, const char* ours) {
+    MZ_REQUIRE(!was_given(ours), "--", megatron, " and --", ours, " both set the same thing; keep one");
+  };
+  for (const auto& [name, v] : given) {
+    const CompatFlag* f = find(name);
+    if (!f) continue;
+    if (f->meaning == Meaning::NoEffect)
+      a.notes.push_back("--" + name + " has no effect here: " + f->note);
+    else if (f->meaning == Meaning::Refused)
+      refused.push_back("--" + name + ": " + f->note);
+  }
+  // Values that only one setting of the flag makes sense for.
+  auto only = [&](const char* flag, std::initializer_list<const char*> ok, const std::string& otherwise) {
+    const std::string* v = value(flag);
+    if (!v) return;
+    for (const char* o : ok)
+      if (*v == o) return;
+    refused.push_back("--" + std::string(flag) + " " + *v + ": " + otherwise);
+  };
+  only("pipeline-model-parallel-size", {"1"},
+       "megazero has no pipeline parallelism (TP x ZeRO-DP scale the model: raise --zero-stage or "
+       "--tensor-model-parallel-size); use 1 or leave it out");
+  only("recompute-granularity", {"full"},
+       "only full recompute exists (every layer keeps its input and recomputes the rest): use full");
+  only("recompute-method", {"uniform"}, "only uniform exists (every layer is its own recompute block)");
+  only("recompute-num-layers", {"1"}, "every layer is its own recompute block: use 1");
+  only("normalization", {"LayerNorm"}, kPlannedModels);
+  only("position-embedding-type", {"learned_absolute"}, kPlannedModels);
+  only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
+  only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel"},
+       "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
+  if (!refused.empty()) {
+    std::string msg = refused.size() == 1 ? "" : std::to_string(refused.size()) + " Megatron flags cannot be honoured: ";
+    for (std::size_t i = 0; i < refused.size(); ++i) msg += (i ? "; " : "") + refused[i];
+    throw ConfigError(msg);
+  }
+
+  if (value("use-distributed-optimizer")) {
+    MZ_REQUIRE(!was_given("zero-stage") || a.zero.stage >= 1, "--use-distributed-optimizer partitions the optimizer "
+               "states (ZeRO stage 1) but --zero-stage 0 was given; drop one of them");
+    if (!was_given("zero-stage") && a.zero_config.empty()) a.zero.stage = 1;
+  }
+  if (value("use-flash-attn")) {
+    MZ_REQUIRE(!was_given("attention-backend") || a.model.attention_backend == "fused",
+               "--use-flash-attn means --attention-backend fused, but --attention-backend ", a.model.attention_backend,
+               " was given; drop one of them");
+    a.model.attention_backend = "fused";
+  }
+  if (value("checkpoint-activations") || value("recompute-granularity")) a.model.recompute_activations = true;
+  if (value("overlap-grad-reduce")) a.zero.overlap_comm = true;
+  if (value("use-checkpoint-opt_param-scheduler")) a.use_checkpoint_lr_schedule = true;
+  if (value("override-opt_param-scheduler")) a.override_lr_schedule = true;
+  if (const auto* v = value("distributed-timeout-minutes")) {
+    conflict("distributed-timeout-minutes", "collective-timeout");
+    const double minutes = parse_real("distributed-timeout-minutes", *v);
+    MZ_REQUIRE(minutes > 0, "--distributed-timeout-minutes must be positive, got ", *v);
+    a.collective_timeout = minutes * 60;
+  }
+  // Sample counts become iterations: Megatron's sample-based schedule with a
+  // fixed global batch is the iteration-based one.
+  auto samples_to_iters = [&](const char* flag, const char* ours, std::int64_t* field) {
+    const auto* v = value(flag);
+    if (!v) return;
+    conflict(flag, ours);
+    const std::int64_t samples = parse_int(flag, *v);
+    MZ_REQUIRE(samples >= 0, "--", flag, " must not be negative, got ", samples);
+    MZ_REQUIRE(a.global_batch_size > 0, "--", flag, " counts samples: it needs --global-batch-size to turn them into "
+               "iterations");
+    MZ_REQUIRE(samples % a.global_batch_size == 0, "--", flag, " ", samples, " is not a multiple of --global-batch-size ",
+               a.global_batch_size, "; use a multiple (or --", ours, ")");
+    *field = samples / a.global_batch_size;
+  };
+  samples_to_iters("train-samples", "train-iters", &a.train_iters);
+  samples_to_iters("lr-decay-samples", "lr-decay-iters", &a.lr.decay_iters);
+  samples_to_iters("lr-warmup-samples", "lr-warmup-iters", &a.lr.warmup_iters);
+  if (const auto* v = value("lr-warmup-fraction")) {
+    conflict("lr-warmup-fraction", "lr-warmup-iters");
+    MZ_REQUIRE(!value("lr-warmup-samples"), "--lr-warmup-fraction and --lr-warmup-samples both set the warmup; keep one");
+    const double f = parse_real("lr-warmup-fraction", *v);
+    MZ_REQUIRE(f >= 0 && f <= 1, "--lr-warmup-fraction must be in [0, 1], got ", *v);
+    const std::int64_t decay = a.lr.decay_iters > 1 ? a.lr.decay_iters : a.train_iters;
+    a.lr.warmup_iters = static_cast<std::int64_t>(std::llround(f * static_cast<double>(decay)));
+  }
+}
+
+std::string nearest_flag(const std::string& name, const std::vector<std::string>& known) {
+  std::string best;
+  std::size_t best_d = std::string::npos;
+  for (const auto& k : known) {
+    const std::size_t d = distance(name, k);
+    if (d < best_d) best_d = d, best = k;
+  }
+  // Close enough to be a typo: a third of the name's length, at least 1, at most 3 edits.
+  const std::size_t limit = std::clamp<std::size_t>(name.size() / 3, 1, 3);
+  if (best_d <= limit) return best;
+  // A prefix or a part of a longer name (--layers for --num-layers).
+  for (const auto& k : known)
+    if (name.size() >= 4 && k.find(name) != std::string::npos) return k;
+  return "";
+}
+
+std::string describe_flag_problems(const FlagProblems& p, const std::vector<std::string>& known) {
+  std::vector<std::string> items;
+  const bool file = !p.where.empty();
+  const std::string dashes = file ? "" : "--";
+  for (const auto& u : p.unknown) {
+    const std::string near = nearest_flag(u, known);
+    items.push_back((file ? "'" + u + "' is not a pretrain_gpt key" : "--" + u + " is not a pretrain_gpt flag") +
+                    (near.empty() ? "" : " (did you mean " + dashes + near + "?)"));
+  }
+  for (const auto& s : p.stray) items.push_back("'" + s + "' is not a flag or a flag's value (flags start with --)");
+  if (items.empty()) return "";
+  std::string msg = (p.where.empty() ? "" : p.where + ": ") +
+                    (items.size() == 1 ? std::string() : std::to_string(items.size()) + " problems: ");
+  for (std::size_t i = 0; i < items.size(); ++i) msg += (i ? "; " : "") + items[i];
+  return msg + "; run pretrain_gpt --help for the options";
+}
+
+}  // namespace megazero::train

@@ -7,13 +7,15 @@ set -euo pipefail
 packages=(
   cmake g++ make pkg-config            # toolchain (CMake >= 3.25, C++20)
   mpich libmpich-dev                   # MPI: the CPU collective backend and the launcher
-  libboost-program-options-dev         # command lines and config files
+  libboost-program-options-dev         # command lines and config files (and Boost.CRC: the event files' CRC32C)
   libgtest-dev libgmock-dev            # the test suite
   libdnnl-dev                          # oneDNN: CPU GEMM (fp32, bf16/AMX)
   ocl-icd-opencl-dev                   # oneDNN's CMake config requires OpenCL (Debian builds it with the OCL GPU runtime); only recommended, so named here
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
   nlohmann-json3-dev                   # checkpoint manifests and safetensors headers
   libxxhash-dev                        # checkpoint checksums (XXH3)
+  libprotobuf-dev protobuf-compiler    # --tensorboard-dir: TensorBoard's Event records (protoc generates the C++)
+  python3-protobuf                     # tests: Python's protobuf decodes the TensorBoard event files independently
   python3-numpy                        # tests: an independent GPT-2 forward over exported weights
   slurm-wlm munge                      # launch/slurm: tests run a throwaway single-machine Slurm
   python3-matplotlib                   # launch/sweep: scaling charts (PNG)

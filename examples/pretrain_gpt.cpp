@@ -21,6 +21,7 @@
 #include "megazero/plan/time_model.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
+#include "megazero/train/tensorboard_writer.h"
 #include "megazero/runtime/entry.h"
 #include "megazero/train/arguments.h"
 #include "megazero/train/train_step.h"
@@ -81,6 +82,7 @@ int run(int argc, char** argv) {
   // First: a stop signal (SIGTERM/SIGUSR1) that arrives during start-up must
   // not kill the process; it is acted on at the first step boundary.
   install_stop_signal_handlers();
+  const auto t_process = Clock::now();  // --exit-duration-in-mins counts from here
   auto world_comm = MpiCommunicator::world();
   std::string help;
   TrainArgs args = run_consistently(*world_comm, [&] {
@@ -338,6 +340,24 @@ int run(int argc, char** argv) {
       std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
     }
     std::fflush(stdout);
+    if (res.loaded) {  // every rank holds the same manifest: these checks agree by construction
+      if (start_iter > args.train_iters)
+        throw AgreedConfigError(detail::concat(
+            "--train-iters ", args.train_iters, " but the checkpoint ", res.io.path, " is at iteration ", start_iter,
+            ": nothing to train; --train-iters counts from the start of training (as Megatron's), so raise it above ",
+            start_iter));
+      std::string note;
+      try {
+        note = reconcile_lr_schedule(args, res.state.config, start_iter);
+      } catch (const ConfigError& e) {
+        throw AgreedConfigError(e.what());
+      }
+      opt.lr = args.lr;
+      if (root && !note.empty()) std::printf(" note: %s\n", note.c_str());
+      if (root && start_iter == args.train_iters)
+        std::printf(" the checkpoint is at --train-iters %lld already: nothing to train\n",
+                    static_cast<long long>(args.train_iters));
+    }
   }
   auto save = [&](std::int64_t iteration) {
     Activity activity("saving a checkpoint");
@@ -363,6 +383,13 @@ int run(int argc, char** argv) {
     metrics.open(args.metrics_file, std::ios::trunc);
     MZ_REQUIRE(metrics.good(), "--metrics-file: cannot write '", args.metrics_file, "'");
   }
+  std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes, as Megatron's
+  run_consistently(world, [&] {
+    if (root && !args.tensorboard_dir.empty()) tensorboard.emplace(args.tensorboard_dir);
+  });
+  auto scalar = [&](const char* tag, std::int64_t step, double v) {
+    if (tensorboard) tensorboard->add_scalar(tag, step, v);
+  };
   // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
   const double peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
   const double flops_per_iter = model.flops_per_token(args.model.recompute_activations) * static_cast<double>(global * S);
@@ -400,6 +427,9 @@ int run(int argc, char** argv) {
     const double loss = all_reduce_value(
         groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
     if (root) std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss, std::exp(loss));
+    scalar("lm loss validation", at, loss);
+    scalar("lm loss validation ppl", at, std::exp(loss));
+    if (tensorboard) tensorboard->flush();
     return loss;
   };
 
@@ -496,6 +526,27 @@ int run(int argc, char** argv) {
                   << ", \"arena_misses\": " << arena_misses << "}\n"
                   << std::flush;
       }
+      if (tensorboard) {  // Megatron's tags where it has them
+        const std::int64_t step = it + 1;
+        scalar("lm loss", step, r.loss);
+        scalar("learning-rate", step, r.lr);
+        scalar("grad-norm", step, r.stats.grad_norm);
+        scalar("loss-scale", step, r.loss_scale);
+        scalar("batch-size", step, static_cast<double>(global));
+        scalar("skipped-iterations", step, static_cast<double>(scaler.skipped_steps()));
+        scalar("nan-iterations", step, static_cast<double>(nan_total));
+        scalar("iteration-time-ms", step, per_iter * 1e3);
+        scalar("throughput/tokens-per-second", step, static_cast<double>(global * S) / per_iter);
+        scalar("throughput/tflops-per-rank", step, tflops);
+        scalar("throughput/mfu", step, tflops / peak);
+        scalar("memory/peak-mib", step, peak_mib);
+        scalar("timers/data-ms", step, data_spread.max * 1e3);
+        scalar("timers/forward-ms", step, fwd.max * 1e3);
+        scalar("timers/backward-ms", step, bwd.max * 1e3);
+        scalar("timers/optimizer-ms", step, optim_t.max * 1e3);
+        scalar("timers/exposed-dp-comm-ms", step, comm.max * 1e3);
+        tensorboard->flush();
+      }
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;
       window_iters = 0;
     }
@@ -506,6 +557,21 @@ int run(int argc, char** argv) {
     if (!args.save.empty() && args.save_interval > 0 && (it + 1) % args.save_interval == 0) {
       save(it + 1);
       last_saved = it + 1;
+    }
+    // --exit-interval / --exit-duration-in-mins (Megatron's): save and exit 0.
+    // Rank 0's clock decides, so every rank stops after the same step.
+    const bool exit_interval_hit = args.exit_interval > 0 && (it + 1) % args.exit_interval == 0;
+    const bool exit_duration_hit =
+        args.exit_duration_in_mins > 0 &&
+        broadcast_string(world, seconds_since(t_process) / 60.0 >= args.exit_duration_in_mins ? "1" : "0") == "1";
+    if ((exit_interval_hit || exit_duration_hit) && it + 1 < args.train_iters) {
+      if (!args.save.empty() && last_saved != it + 1) save(it + 1);
+      if (root)
+        std::printf("exiting after iteration %lld: %s reached%s\n", static_cast<long long>(it + 1),
+                    exit_interval_hit ? "--exit-interval" : "--exit-duration-in-mins",
+                    args.save.empty() ? " (no --save: nothing saved)" : ", checkpoint saved");
+      std::fflush(stdout);
+      return 0;
     }
     if (stop_requested_anywhere(world)) {
       if (!args.save.empty() && last_saved != it + 1) save(it + 1);

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -286,15 +287,12 @@ std::string gpt2_config_json(const GPTConfig& c, DType dtype) {
   return j.dump(2) + "\n";
 }
 
-std::string resolve_checkpoint(const std::string& load) {
+std::unique_ptr<checkpoint::CheckpointReader> open_checkpoint(const std::string& load) {
   MZ_REQUIRE(!load.empty(), "--load is required: a pretrain_gpt --save directory or one of its iter_* directories");
-  std::error_code ec;
-  if (fs::exists(fs::path(load) / "manifest.json", ec)) return load;
-  const std::string latest = checkpoint::find_latest(load);
-  MZ_REQUIRE(!latest.empty(), "--load ", load, ": no checkpoint there",
-             fs::exists(load, ec) ? "" : " (the path does not exist)",
-             "; pass the --save directory of a pretrain_gpt run or one of its iter_NNNNNNN directories");
-  return latest;
+  std::vector<std::string> rejected;
+  auto reader = checkpoint::open_newest_usable(load, &rejected);
+  for (const auto& r : rejected) std::fprintf(stderr, "convert_checkpoint: WARNING: skipped unusable checkpoint %s\n", r.c_str());
+  return reader;
 }
 
 // ------------------------------------------------------------ export
@@ -304,8 +302,9 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   MZ_REQUIRE(o.dtype == DType::F32 || o.dtype == DType::F16 || o.dtype == DType::BF16,
              "--dtype must be fp32, fp16 or bf16, got ", dtype_name(o.dtype));
   ExportResult r;
-  r.checkpoint = resolve_checkpoint(o.load);
-  checkpoint::CheckpointReader reader(r.checkpoint);
+  const auto opened = open_checkpoint(o.load);
+  checkpoint::CheckpointReader& reader = *opened;
+  r.checkpoint = reader.dir();
   const auto& m = reader.manifest();
   r.model = model_config_of(m, r.checkpoint, o.num_attention_heads);
   r.iteration = m.state.iteration;
@@ -583,8 +582,9 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
 // ------------------------------------------------------------ logits
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self,
                                      I heads, const std::string& device) {
-  const std::string dir = resolve_checkpoint(load);
-  checkpoint::CheckpointReader reader(dir);
+  const auto opened = open_checkpoint(load);
+  checkpoint::CheckpointReader& reader = *opened;
+  const std::string dir = reader.dir();
   GPTConfig c = model_config_of(reader.manifest(), dir, heads);
   const I S = static_cast<I>(tokens.size());
   MZ_REQUIRE(S > 0 && S <= c.max_position_embeddings, "--tokens: give 1 to ", c.max_position_embeddings,

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -58,9 +59,10 @@ layers::GPTConfig model_config_of(const checkpoint::Manifest& m, const std::stri
 // GPT2Config JSON of a model (torch_dtype from `dtype`).
 std::string gpt2_config_json(const layers::GPTConfig& cfg, DType dtype);
 
-// A checkpoint directory from --load: DIR itself if it holds a manifest, else
-// the newest complete checkpoint under DIR. ConfigError naming DIR if none.
-std::string resolve_checkpoint(const std::string& load);
+// The checkpoint --load names, opened: DIR itself if it is one, else the
+// newest usable checkpoint under DIR (damaged ones are skipped, each reported
+// on stderr with its reason). ConfigError naming DIR and every reason if none.
+std::unique_ptr<checkpoint::CheckpointReader> open_checkpoint(const std::string& load);
 
 struct ExportOptions {
   std::string load, output;

@@ -21,7 +21,7 @@ using namespace megazero::parallel_state;
 namespace {
 
 struct Args {
-  int world_size = 0;
+  int world_size = -1;  // -1: not given (the live job)
   ParallelOptions parallel;
   std::string format = "table";
   bool help = false;
@@ -52,9 +52,11 @@ Args parse(int argc, char** argv) {
     return a;
   }
   MZ_REQUIRE(a.format == "table" || a.format == "json", "--format: '", a.format, "' is not table or json");
-  MZ_REQUIRE(a.world_size == 0 || a.parallel.ranks_per_node > 0,
+  // The largest GPU clusters hold ~10^5 GPUs; a table of more than 2^20 ranks is a typo, not a plan.
+  MZ_REQUIRE(a.world_size == -1 || (a.world_size > 0 && a.world_size <= (1 << 20)),
+             "--world-size must be a number of ranks from 1 to 1048576, got ", a.world_size);
+  MZ_REQUIRE(a.world_size == -1 || a.parallel.ranks_per_node > 0,
              "--world-size needs --ranks-per-node (a virtual world has no MPI to detect nodes from)");
-  MZ_REQUIRE(a.world_size >= 0, "--world-size must be positive, got ", a.world_size);
   return a;
 }
 

@@ -8,6 +8,7 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 
@@ -62,8 +63,14 @@ Args parse(int argc, char** argv) {
 // Calls doc(text, where) for each document of the input.
 template <typename F>
 void for_each_document(const Args& a, F&& doc) {
+  {
+    std::error_code ec;
+    MZ_REQUIRE(std::filesystem::exists(a.input, ec), "--input ", a.input, ": no such file; check the path");
+    MZ_REQUIRE(!std::filesystem::is_directory(a.input, ec), "--input ", a.input,
+               " is a directory; pass the text (or JSON-lines) file to tokenize");
+  }
   std::ifstream in(a.input, std::ios::binary);
-  MZ_REQUIRE(in.good(), "--input ", a.input, ": cannot be read; check the path");
+  MZ_REQUIRE(in.good(), "--input ", a.input, ": cannot be read; check its permissions");
   std::string line, text;
   std::int64_t lineno = 0, start = 1;
   while (std::getline(in, line)) {

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <set>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -30,6 +32,9 @@ constexpr const char* kFormat = "megazero-checkpoint";
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 const char* const kStates[] = {"master", "exp_avg", "exp_avg_sq"};
+// Bounds of what a manifest may claim (pretrain_gpt's own flag bounds).
+constexpr std::int64_t kMaxIterations = 1'000'000'000'000, kMaxBatch = std::int64_t{1} << 40;
+constexpr int kMaxRanks = 1 << 24;
 
 std::string shard_file_name(int tp, int dp) {
   char s[64];
@@ -143,6 +148,79 @@ class SavedShards {
 
 ShardLayout saved_layout(const ParameterInfo& p, int tp) { return {p.global_shape, p.split_dim, tp}; }
 
+// Values a manifest can hold: what a run could have written. (Its checksum
+// catches accidents; this catches a manifest written by something else.)
+void validate(const Manifest& m, const std::string& path) {
+  const auto& st = m.state;
+  MZ_REQUIRE(st.iteration >= 0 && st.iteration <= kMaxIterations, "'", path, "': iteration ", st.iteration,
+             " is not a completed iteration count");
+  MZ_REQUIRE(st.consumed_samples >= 0 && st.consumed_samples / std::max<std::int64_t>(st.iteration, 1) <= kMaxBatch,
+             "'", path, "': consumed samples ", st.consumed_samples, " cannot follow ", st.iteration, " iterations");
+  const auto& ls = st.loss_scaler;
+  MZ_REQUIRE(std::isfinite(ls.scale) && ls.scale > 0 && ls.good_steps >= 0 && ls.skipped >= 0 &&
+                 ls.skipped <= st.iteration,
+             "'", path, "': invalid loss scaler state (scale ", ls.scale, ", good steps ", ls.good_steps, ", skipped ",
+             ls.skipped, ", hysteresis left ", ls.hysteresis_left, ")");
+  MZ_REQUIRE(m.params_dtype == "fp32" || m.params_dtype == "fp16" || m.params_dtype == "bf16", "'", path,
+             "': unknown params_dtype '", m.params_dtype, "'");
+  std::set<std::pair<int, int>> seen;
+  for (const auto& f : m.files) {
+    MZ_REQUIRE(f.tp_rank >= 0 && f.tp_rank < m.tp && f.dp_rank >= 0 && f.dp_rank < m.dp &&
+                   f.name == shard_file_name(f.tp_rank, f.dp_rank) && seen.insert({f.tp_rank, f.dp_rank}).second,
+               "'", path, "': file entry '", f.name, "' (TP rank ", f.tp_rank, ", DP rank ", f.dp_rank,
+               ") does not fit TP ", m.tp, " x DP ", m.dp);
+  }
+  std::set<std::string> names;
+  for (const auto& p : m.parameters)
+    MZ_REQUIRE(names.insert(p.name).second, "'", path, "': parameter '", p.name, "' is listed twice");
+}
+
+// The manifest of a checkpoint directory, parsed, validated and checked
+// against the directory's name (iter_N holds iteration N).
+Manifest read_manifest(const std::string& dir) {
+  const std::string mpath = (fs::path(dir) / kManifest).string();
+  Manifest m = Manifest::parse(read_small_file(mpath), mpath);
+  const std::int64_t named = iteration_of(fs::path(dir).filename().string());
+  MZ_REQUIRE(named < 0 || named == m.state.iteration, "'", mpath, "' says iteration ", m.state.iteration,
+             " but its directory is named for iteration ", named);
+  return m;
+}
+
+// A shard's header must be what the manifest says the file holds: pieces of
+// the three states of its parameters, 1-D fp32, inside their TP shard. (The
+// checksum proves the bytes are the saved ones, not that the saver was right.)
+std::string check_shard_header(const std::string& file_path, const Manifest& m, const ShardFileInfo& f) {
+  try {
+    SafetensorsFile file(file_path);
+    std::map<std::string, const ParameterInfo*> params;
+    for (const auto& p : m.parameters) params[p.name] = &p;
+    const auto& meta = file.metadata();
+    auto meta_is = [&](const char* key, int v) {
+      auto it = meta.find(key);
+      return it != meta.end() && it->second == std::to_string(v);
+    };
+    if (!meta_is("tp_rank", f.tp_rank) || !meta_is("dp_rank", f.dp_rank))
+      return "'" + file_path + "' is not the shard of TP rank " + std::to_string(f.tp_rank) + ", DP rank " +
+             std::to_string(f.dp_rank) + " its name and the manifest say";
+    for (const auto& [name, e] : file.tensors()) {
+      std::string state, param;
+      std::int64_t begin = 0;
+      if (!parse_piece_name(name, state, param, begin) ||
+          std::find(std::begin(kStates), std::end(kStates), state) == std::end(kStates))
+        return "'" + file_path + "' holds '" + name + "', which is not a piece of a checkpointed state";
+      auto it = params.find(param);
+      if (it == params.end()) return "'" + file_path + "' holds '" + name + "' of a parameter the manifest does not list";
+      const std::int64_t numel = shard_numel(saved_layout(*it->second, m.tp));
+      if (e.dtype != DType::F32 || e.shape.size() != 1 || begin < 0 || e.shape[0] > numel - begin)
+        return "'" + file_path + "': piece '" + name + "' is not a 1-D fp32 run inside its " + std::to_string(numel) +
+               "-element TP shard";
+    }
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
 // Checks that the files of a manifest exist with their sizes; verifies the
 // checksums of the files with index % stride == offset. Returns "" or why not.
 std::string verify_files(const std::string& dir, const Manifest& m, int offset, int stride) {
@@ -157,6 +235,7 @@ std::string verify_files(const std::string& dir, const Manifest& m, int offset, 
              std::to_string(f.bytes) + " (truncated?)";
     if (static_cast<int>(i % static_cast<std::size_t>(stride)) != offset) continue;
     if (file_xxh3(p.string()) != f.xxh3) return "'" + p.string() + "' fails its checksum (corrupted)";
+    if (auto why = check_shard_header(p.string(), m, f); !why.empty()) return why;
   }
   return "";
 }
@@ -198,6 +277,9 @@ std::string Manifest::to_json() const {
     j["files"].push_back(
         {{"name", f.name}, {"tp_rank", f.tp_rank}, {"dp_rank", f.dp_rank}, {"bytes", f.bytes}, {"xxh3_64", hex64(f.xxh3)}});
   j["config"] = state.config;
+  // The manifest's own checksum, over its compact dump without this field: a
+  // hand edit or a flipped bit in it is caught like one in a shard.
+  j["manifest_xxh3_64"] = hex64(bytes_xxh3(j.dump()));
   return j.dump(1) + "\n";
 }
 
@@ -207,8 +289,15 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
     const json j = json::parse(text);
     MZ_REQUIRE(j.value("format", "") == kFormat, "'", path, "' is not a megazero checkpoint manifest");
     m.version = j.at("version").get<int>();
-    MZ_REQUIRE(m.version == 1, "'", path, "' has format version ", m.version,
-               "; this megazero reads version 1 (upgrade megazero)");
+    MZ_REQUIRE(m.version == 1 || m.version == 2, "'", path, "' has format version ", m.version,
+               "; this megazero reads versions 1 and 2 (upgrade megazero)");
+    if (m.version >= 2) {
+      json body = j;
+      const std::string recorded = body.at("manifest_xxh3_64").get<std::string>();
+      body.erase("manifest_xxh3_64");
+      MZ_REQUIRE(parse_hex64(recorded) == bytes_xxh3(body.dump()), "'", path,
+                 "' fails its own checksum (edited or corrupted)");
+    }
     m.state.iteration = j.at("iteration").get<std::int64_t>();
     m.state.consumed_samples = j.at("consumed_samples").get<std::int64_t>();
     m.state.seed = j.at("rng").at("seed").get<std::uint64_t>();
@@ -222,7 +311,8 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
     m.dp = l.at("data_parallel_size").get<int>();
     m.stage = l.at("zero_stage").get<int>();
     m.params_dtype = l.at("params_dtype").get<std::string>();
-    MZ_REQUIRE(m.tp > 0 && m.dp > 0, "'", path, "': invalid layout");
+    MZ_REQUIRE(m.tp > 0 && m.dp > 0 && m.tp <= kMaxRanks && m.dp <= kMaxRanks && m.stage >= 0 && m.stage <= 3, "'",
+               path, "': invalid layout (TP ", m.tp, ", DP ", m.dp, ", ZeRO stage ", m.stage, ")");
     for (const auto& p : j.at("parameters")) {
       ParameterInfo info{p.at("name").get<std::string>(), p.at("global_shape").get<std::vector<std::int64_t>>(),
                          p.at("split_dim").get<int>(), p.at("padding_from_row").get<std::int64_t>()};
@@ -240,6 +330,7 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
     }
     MZ_REQUIRE(static_cast<int>(m.files.size()) >= m.tp * m.dp, "'", path, "' lists ", m.files.size(),
                " shard files for TP ", m.tp, " x DP ", m.dp);
+    validate(m, path);
   } catch (const json::exception& e) {
     throw ConfigError("'" + path + "' is not a valid manifest: " + e.what());
   } catch (const std::invalid_argument& e) {
@@ -255,39 +346,46 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
 }
 
 // ------------------------------------------------------------ find
-namespace {
-// Complete checkpoint directories (with a manifest), newest first, the one
-// `latest` names ahead of all others.
-std::vector<std::string> candidates(const std::string& dir) {
-  std::vector<std::pair<std::int64_t, std::string>> found;
+std::vector<std::string> checkpoint_candidates(const std::string& load, const std::string& flag) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return {};
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const std::int64_t it = iteration_of(name);
-    if (it >= 0 && e.is_directory()) found.push_back({it, e.path().string()});
+  const auto st = fs::status(load, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    throw ConfigError(flag + " '" + load + "': cannot read it: " + ec.message());
+  if (!fs::exists(st)) return {};
+  MZ_REQUIRE(fs::is_directory(st), flag, " '", load, "' is not a directory; pass the checkpoint directory (the --save "
+             "DIR of a run, or one of its iter_NNNNNNN directories)");
+  // One checkpoint named directly: that one, with no fallback (it was asked for).
+  if (fs::exists(fs::path(load) / kManifest, ec) || iteration_of(fs::path(load).filename().string()) >= 0) return {load};
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  fs::directory_iterator it(load, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const std::int64_t iteration = iteration_of(name);
+    std::error_code dir_ec;
+    if (iteration >= 0 && it->is_directory(dir_ec) && !dir_ec) found.push_back({iteration, it->path().string()});
   }
+  if (ec) throw ConfigError(flag + " '" + load + "': cannot list it: " + ec.message());
   std::sort(found.rbegin(), found.rend());
   std::vector<std::string> out;
-  std::string latest;
-  const fs::path marker = fs::path(dir) / kLatest;
+  const fs::path marker = fs::path(load) / kLatest;
   if (fs::exists(marker, ec)) {
+    std::string latest;
     try {
       latest = read_small_file(marker.string(), 4096);
     } catch (const ConfigError&) {
     }
     while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-    if (iteration_of(latest) >= 0) out.push_back((fs::path(dir) / latest).string());
+    if (iteration_of(latest) >= 0 && latest.find('/') == std::string::npos) out.push_back((fs::path(load) / latest).string());
   }
-  for (auto& [it, path] : found)
+  for (auto& [iteration, path] : found)
     if (out.empty() || path != out.front()) out.push_back(path);
   return out;
 }
-}  // namespace
 
 std::string find_latest(const std::string& dir) {
-  for (const auto& c : candidates(dir))
-    if (fs::exists(fs::path(c) / kManifest)) return c;
+  std::error_code ec;
+  for (const auto& c : checkpoint_candidates(dir))
+    if (fs::exists(fs::path(c) / kManifest, ec)) return c;
   return "";
 }
 
@@ -394,7 +492,7 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
     write_file_atomically((fs::path(dir) / kLatest).string(), final_name + "\n");
     fs::remove_all(old, ec);
     if (options.keep > 0) {  // prune the oldest beyond `keep`, never the one just written
-      auto all_dirs = candidates(dir);
+      auto all_dirs = checkpoint_candidates(dir, "--save");
       std::vector<std::pair<std::int64_t, fs::path>> by_iter;
       for (const auto& c : all_dirs) by_iter.push_back({iteration_of(fs::path(c).filename().string()), c});
       std::sort(by_iter.rbegin(), by_iter.rend());
@@ -446,8 +544,10 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
   LoadResult res;
   // Rank 0 lists; everybody tries the same candidates in the same order.
   std::string listing;
-  if (world.rank() == 0)
-    for (const auto& c : candidates(dir)) listing += c + "\n";
+  run_consistently(world, [&] {
+    if (world.rank() == 0)
+      for (const auto& c : checkpoint_candidates(dir)) listing += c + "\n";
+  });
   listing = broadcast_string(world, listing);
   std::vector<std::string> cands;
   for (std::size_t b = 0, e; (e = listing.find('\n', b)) != std::string::npos; b = e + 1)
@@ -458,11 +558,11 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
   for (const auto& c : cands) {
     std::string why;
     try {
-      const std::string mpath = (fs::path(c) / kManifest).string();
-      if (!fs::exists(mpath)) {
+      std::error_code ec;
+      if (!fs::exists(fs::path(c) / kManifest, ec)) {
         why = "no manifest (the save did not finish)";
       } else {
-        m = Manifest::parse(read_small_file(mpath), mpath);
+        m = read_manifest(c);
         why = verify_files(c, m, world.rank(), world.size());
       }
     } catch (const ConfigError& e) {
@@ -536,14 +636,15 @@ struct CheckpointReader::Impl {
 
 CheckpointReader::CheckpointReader(const std::string& checkpoint_dir) : impl_(new Impl) {
   impl_->dir = checkpoint_dir;
-  const std::string mpath = (fs::path(checkpoint_dir) / kManifest).string();
-  manifest_ = Manifest::parse(read_small_file(mpath), mpath);
+  manifest_ = read_manifest(checkpoint_dir);
   const std::string why = verify_files(checkpoint_dir, manifest_, 0, 1);
   MZ_REQUIRE(why.empty(), "checkpoint '", checkpoint_dir, "' is unusable: ", why);
   impl_->shards = std::make_unique<SavedShards>(checkpoint_dir, manifest_);
 }
 
 CheckpointReader::~CheckpointReader() { delete impl_; }
+
+const std::string& CheckpointReader::dir() const { return impl_->dir; }
 
 std::vector<float> CheckpointReader::global_tensor(const std::string& param, const std::string& state) {
   const ParameterInfo* info = nullptr;
@@ -562,6 +663,27 @@ std::vector<float> CheckpointReader::global_tensor(const std::string& param, con
       impl_->shards->copy(run.src_part, state, param, run.src, run.length, *host, out.data() + run.dst);
   }
   return out;
+}
+
+std::unique_ptr<CheckpointReader> open_newest_usable(const std::string& load, std::vector<std::string>* rejected,
+                                                     const std::string& flag) {
+  const auto cands = checkpoint_candidates(load, flag);
+  MZ_REQUIRE(!cands.empty(), flag, " ", load, ": no checkpoint there", fs::exists(load) ? "" : " (the path does not exist)",
+             "; pass the --save directory of a pretrain_gpt run or one of its iter_NNNNNNN directories");
+  std::vector<std::string> why;
+  for (const auto& c : cands) {
+    try {
+      std::error_code ec;
+      MZ_REQUIRE(fs::exists(fs::path(c) / kManifest, ec), "no manifest (the save did not finish)");
+      return std::make_unique<CheckpointReader>(c);
+    } catch (const ConfigError& e) {
+      why.push_back(c + ": " + e.what());
+      if (rejected) rejected->push_back(why.back());
+    }
+  }
+  std::string s = flag + ": no usable checkpoint in '" + load + "':\n";
+  for (const auto& w : why) s += "  " + w + "\n";
+  throw ConfigError(s + "  remove the broken directories or point " + flag + " elsewhere");
 }
 
 }  // namespace megazero::checkpoint

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -97,7 +98,7 @@ struct ShardFileInfo {
   std::uint64_t bytes = 0, xxh3 = 0;
 };
 struct Manifest {
-  int version = 1;
+  int version = 2;  // 2: the manifest carries the XXH3 of its own contents (1: read, unchecked)
   TrainState state;
   int tp = 1, dp = 1, stage = 0;
   std::string params_dtype;
@@ -116,6 +117,7 @@ class CheckpointReader {
   explicit CheckpointReader(const std::string& checkpoint_dir);
   ~CheckpointReader();
   const Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const;
   // The global tensor of a parameter's state ("master", "exp_avg",
   // "exp_avg_sq") as fp32, row-major over its saved global shape.
   std::vector<float> global_tensor(const std::string& param, const std::string& state);
@@ -128,6 +130,19 @@ class CheckpointReader {
 
 // The newest complete checkpoint directory under `dir` (by `latest`, else by
 // name), or "" if none. Does not verify checksums.
+// The checkpoint directories `load` names, in the order a load tries them:
+// `load` itself if it is one (it holds manifest.json or is named iter_N), else
+// its iter_* directories, the one `latest` names first, then newest first.
+// A regular file, or a path the file system cannot list (a symlink loop, no
+// permission), is a ConfigError naming `flag` (--load).
+std::vector<std::string> checkpoint_candidates(const std::string& load, const std::string& flag = "--load");
+
+// The newest usable checkpoint of `load` (as checkpoint_candidates orders
+// them), for tools: each unusable one is skipped with its reason appended to
+// `rejected`. ConfigError listing every reason if none is usable.
+std::unique_ptr<CheckpointReader> open_newest_usable(const std::string& load, std::vector<std::string>* rejected,
+                                                     const std::string& flag = "--load");
+
 std::string find_latest(const std::string& dir);
 
 }  // namespace megazero::checkpoint

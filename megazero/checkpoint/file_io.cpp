@@ -103,4 +103,6 @@ std::uint64_t parse_hex64(const std::string& s) {
   return std::stoull(s, nullptr, 16);
 }
 
+std::uint64_t bytes_xxh3(const std::string& bytes) { return XXH3_64bits(bytes.data(), bytes.size()); }
+
 }  // namespace megazero::checkpoint

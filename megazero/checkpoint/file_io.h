@@ -18,6 +18,8 @@ std::string read_small_file(const std::string& path, std::uint64_t max_bytes = 6
 void fsync_path(const std::string& path);  // a file or a directory
 // XXH3-64 of a file's contents, streamed.
 std::uint64_t file_xxh3(const std::string& path);
+// XXH3-64 of bytes in memory.
+std::uint64_t bytes_xxh3(const std::string& bytes);
 std::string hex64(std::uint64_t v);
 std::uint64_t parse_hex64(const std::string& s);  // throws std::runtime_error
 

@@ -90,7 +90,7 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "ffn-hidden-size", &a.model.ffn_hidden_size, "MLP width; 0 = 4 x hidden");
   t.add(M, "seq-length", &a.model.seq_length, "sequence length");
   t.add(M, "max-position-embeddings", &a.model.max_position_embeddings, "position table size (>= seq length)");
-  t.add(M, "vocab-size", &a.model.vocab_size, "vocabulary (set from the tokenizer when data is used)");
+  t.add(M, "vocab-size", &a.model.vocab_size, "vocabulary size: the data's tokenizer's (GPT-2 BPE: 50257); a token id at or past it is an error");
   t.add(M, "make-vocab-size-divisible-by", &a.model.make_vocab_size_divisible_by, "vocab padded to this x TP");
   t.add(M, "hidden-dropout", &a.model.hidden_dropout, "dropout after attention and MLP");
   t.add(M, "attention-dropout", &a.model.attention_dropout, "dropout on attention probabilities");
@@ -364,8 +364,8 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
     }
     po::notify(vm);
     // An explicit --world-size 0 is not "no virtual world".
-    MZ_REQUIRE(!vm.count("world-size") || (a.world_size > 0 && a.world_size <= (1 << 24)),
-               "--world-size must be a positive number of ranks (at most 16777216), got ", a.world_size);
+    MZ_REQUIRE(!vm.count("world-size") || (a.world_size > 0 && a.world_size <= (1 << 20)),
+               "--world-size must be a number of ranks from 1 to 1048576, got ", a.world_size);
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
   }
@@ -489,18 +489,50 @@ std::string TrainArgs::fingerprint() const {
   return os.str();
 }
 
+std::map<std::string, std::string> config_values(const std::string& config) {
+  std::map<std::string, std::string> kv;
+  std::istringstream is(config);
+  for (std::string line; std::getline(is, line);) {
+    const auto eq = line.find(" = ");
+    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
+  }
+  return kv;
+}
+
+std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration) {
+  if (iteration == 0) return "";
+  const auto saved = config_values(saved_config), now = config_values(args.to_config());
+  const char* const keys[] = {"lr", "min-lr", "lr-warmup-iters", "lr-decay-iters", "lr-decay-style"};
+  std::string diff;
+  for (const char* k : keys) {
+    const auto s = saved.find(k), n = now.find(k);
+    if (s == saved.end() || n == now.end() || s->second == n->second) continue;
+    diff += std::string(diff.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";
+  }
+  if (diff.empty()) return "";
+  if (args.override_lr_schedule)
+    return "--override-opt-param-scheduler: this run's learning-rate schedule replaces the checkpoint's: " + diff;
+  if (args.use_checkpoint_lr_schedule) {
+    auto number = [&](const char* k) { return std::stod(saved.at(k)); };
+    auto whole = [&](const char* k) { return std::stoll(saved.at(k)); };
+    if (saved.count("lr")) args.lr.max_lr = number("lr");
+    if (saved.count("min-lr")) args.lr.min_lr = number("min-lr");
+    if (saved.count("lr-warmup-iters")) args.lr.warmup_iters = whole("lr-warmup-iters");
+    if (saved.count("lr-decay-iters")) args.lr.decay_iters = whole("lr-decay-iters");
+    if (saved.count("lr-decay-style")) args.lr.style = saved.at("lr-decay-style");
+    args.lr.validate();
+    return "--use-checkpoint-opt-param-scheduler: the checkpoint's learning-rate schedule is kept, not " + diff;
+  }
+  throw ConfigError("the learning-rate schedule differs from the checkpoint's (at iteration " +
+                    std::to_string(iteration) + "): " + diff +
+                    "; resuming would change the learning rate mid-run (a different --train-iters changes "
+                    "--lr-decay-iters when that is not set). Pass --use-checkpoint-opt-param-scheduler to keep the "
+                    "checkpoint's schedule, or --override-opt-param-scheduler to use this one (Megatron's flags)");
+}
+
 std::string config_difference(const std::string& reference, const std::string& mine, int rank) {
   if (reference == mine) return "";
-  auto lines = [](const std::string& text) {
-    std::map<std::string, std::string> kv;
-    std::istringstream is(text);
-    for (std::string line; std::getline(is, line);) {
-      const auto eq = line.find(" = ");
-      if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
-    }
-    return kv;
-  };
-  const auto ref = lines(reference), own = lines(mine);
+  const auto ref = config_values(reference), own = config_values(mine);
   std::string diff;
   int shown = 0;
   for (const auto& [key, value] : own) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -107,6 +108,18 @@ struct TrainArgs {
   // flags): what every rank of a job must have been started with alike.
   std::string fingerprint() const;
 };
+
+// The "key = value" lines of a resolved configuration (to_config's format).
+std::map<std::string, std::string> config_values(const std::string& config);
+
+// On resume: the learning-rate schedule of this run against the one a
+// checkpoint at `iteration` was trained with (`saved_config`, its resolved
+// configuration). Nothing to check at iteration 0 (an imported model) or for a
+// checkpoint that stored no schedule. A difference is a ConfigError naming each
+// key, unless --use-checkpoint-opt-param-scheduler (the checkpoint's schedule
+// replaces this run's: returns a note) or --override-opt-param-scheduler (this
+// run's is kept: returns a note).
+std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration);
 
 // "" if `mine` (this rank's fingerprint) equals `reference` (rank 0's), else
 // a message naming each differing key with both values.

@@ -53,6 +53,11 @@ class DatasetSource final : public SampleSource {
     MZ_REQUIRE(splits_[0] && splits_[0]->samples_per_epoch() > 0, "--data-path ", prefix,
                ": the training split holds too few tokens for one sample of --seq-length ", args.model.seq_length,
                " + 1; use more data, a shorter --seq-length, or a larger training --split weight");
+    // Validation on the training split would report a training loss as a validation one.
+    MZ_REQUIRE(args.eval_iters == 0 || (splits_[1] && splits_[1]->samples_per_epoch() > 0), "--split ", args.split,
+               " leaves --data-path ", prefix, " no validation samples (of ", data_->num_documents(),
+               " documents) but --eval-iters ", args.eval_iters,
+               " asks for validation; give the validation split a weight (e.g. --split 969,30,1) or pass --eval-iters 0");
   }
   std::int64_t vocab_size() const override { return vocab_; }
   std::string describe() const override {
@@ -74,6 +79,12 @@ class DatasetSource final : public SampleSource {
     const auto& ds = splits_[static_cast<int>(split)] ? splits_[static_cast<int>(split)] : splits_[0];
     std::vector<std::int64_t> tokens(static_cast<std::size_t>(S + 1));
     ds->sample(i, tokens);
+    // An id past the vocabulary would read no embedding row and train on
+    // garbage (data tokenized for another model): a clear error instead.
+    for (const std::int64_t t : tokens)
+      MZ_REQUIRE(t >= 0 && t < vocab_, "--data-path ", data_->prefix(), ": token id ", t, " in sample ", i,
+                 " is outside the vocabulary of --vocab-size ", vocab_,
+                 "; the data was tokenized for a larger vocabulary: pass its tokenizer's size (GPT-2 BPE: 50257)");
     std::copy(tokens.begin(), tokens.end() - 1, ids.host_data<std::int64_t>() + row * S);
     std::copy(tokens.begin() + 1, tokens.end(), targets.host_data<std::int64_t>() + row * S);
   }

@@ -67,7 +67,7 @@ echo "checkpoint_e2e: TP 2 x DP 2 stage 2 -> TP 1 x DP 4 stage 3: losses continu
 run series $L22 --save "$work/ck3" --save-interval 2
 shard="$work/ck3/iter_0000006/shard_tp001_dp00000.safetensors"
 printf '\x55' | dd of="$shard" bs=1 seek=$(( $(stat -c %s "$shard") - 5 )) conv=notrunc status=none
-ITERS=8 run fallback $L22 --load "$work/ck3"
+ITERS=8 run fallback $L22 --load "$work/ck3" --use-checkpoint-opt-param-scheduler
 [ "$(rc fallback)" = 0 ] || fail "loading past a corrupt checkpoint failed"
 grep -q "skipped unusable checkpoint .*iter_0000006.*shard_tp001_dp00000.safetensors' fails its checksum" "$work/fallback.log" ||
   fail "the corrupt file was not named"

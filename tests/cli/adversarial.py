@@ -1,0 +1,549 @@
+#!/usr/bin/env python3
+"""Adversarial inputs against the real executables, as a hostile or careless user
+would type them: every case must end with its expected exit code within a time
+bound, print its message exactly once (rank 0 speaks for all ranks), and leave
+no process behind. One report lists every case that did not.
+
+  adversarial.py --bin BUILD_DIR --repo REPO [--only SUBSTRING] [--list]
+
+Exit codes: 0 success (with --dry-run where nothing needs training), 2 bad
+input (ConfigError, agreed by every rank). A case is (name, ranks, code, regex,
+argv); argv words may use {TRAIN} {TOPO} {CONVERT} {PREP} {CFG} {TMP} {CK}
+(a checkpoint made once at start-up), {DATA} (a tiny dataset prefix).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+TINY = "--config {CFG} --mock-data --vocab-size 256 --train-iters 2 --log-interval 1 --eval-iters 0"
+DRY = TINY + " --dry-run"
+E2 = 2  # bad input
+
+
+def cases():
+    c = []
+
+    def add(name, code, regex, cmd, ranks=2):
+        c.append((name, ranks, code, regex, cmd))
+
+    # ---- numeric flags: every out-of-range, non-finite and non-numeric value.
+    boost_invalid = r"the argument \('.*'\) for option '--{flag}' is invalid"
+    numeric = {
+        # flag: [(value, regex)]
+        "num-layers": [("0", "--num-layers must be positive"), ("-1", "--num-layers must be positive"),
+                       ("1000000", "--num-layers 1000000 is beyond"), ("abc", None), ("2.5", None), ("", None)],
+        "hidden-size": [("0", "--hidden-size must be positive"), ("-8", "--hidden-size must be positive"),
+                        ("2147483648", "--hidden-size 2147483648 is beyond"), ("x", None),
+                        ("99999999999999999999", None), ("96", "--hidden-size 96 is not divisible by --num-attention-heads")],
+        "num-attention-heads": [("0", "--num-attention-heads must be positive"), ("-2", "must be positive"),
+                                ("3", "is not divisible by --num-attention-heads 3"), ("256", "not divisible")],
+        "ffn-hidden-size": [("-5", "--ffn-hidden-size must not be negative"), ("99999999999", "--ffn-hidden-size .* is beyond"),
+                            ("q", None)],
+        "seq-length": [("0", "--seq-length must be positive"), ("-1", "--seq-length must be positive"),
+                       ("65", "--seq-length 65 is longer than --max-position-embeddings 64"),
+                       ("2000000", "--seq-length 2000000 is beyond")],
+        "max-position-embeddings": [("0", "--max-position-embeddings must be positive"),
+                                    ("5000000", "--max-position-embeddings 5000000 is beyond")],
+        "vocab-size": [("0", "vocabulary size must be positive"), ("-1", "vocabulary size must be positive"),
+                       ("3000000000", "vocabulary size .* is beyond")],
+        "make-vocab-size-divisible-by": [("0", "--make-vocab-size-divisible-by must be positive"),
+                                         ("-1", "must be positive")],
+        "hidden-dropout": [("-0.1", r"--hidden-dropout must be in \[0, 1\)"), ("1", r"must be in \[0, 1\)"),
+                           ("1.5", r"must be in \[0, 1\)"), ("nan", r"must be in \[0, 1\)")],
+        "attention-dropout": [("-0.1", r"--attention-dropout must be in \[0, 1\)"), ("1", r"must be in \[0, 1\)"),
+                              ("inf", r"must be in \[0, 1\)")],
+        "init-method-std": [("0", "--init-method-std must be a positive number"), ("-1", "positive number"),
+                            ("nan", "positive number"), ("inf", "positive number")],
+        "tensor-model-parallel-size": [("0", "--tensor-model-parallel-size must be positive"),
+                                       ("-1", "must be positive"), ("3", "does not divide the world size 2"),
+                                       ("4", "does not divide the world size 2")],
+        "ranks-per-node": [("-1", "--ranks-per-node must not be negative")],
+        "zero-stage": [("-1", "--zero-stage must be 0, 1, 2 or 3"), ("4", "--zero-stage must be 0, 1, 2 or 3"),
+                       ("x", None)],
+        "reduce-bucket-size": [("0", "--reduce-bucket-size must be positive"), ("-1", "must be positive")],
+        "micro-batch-size": [("0", "--micro-batch-size must be positive"), ("-1", "must be positive"),
+                             ("2199023255553", "--micro-batch-size .* is beyond")],
+        "global-batch-size": [("-1", "--global-batch-size must not be negative"),
+                              ("3", "--global-batch-size 3 is not a multiple"),
+                              ("2199023255553", "--global-batch-size .* is beyond")],
+        "train-iters": [("0", "--train-iters must be positive"), ("-1", "--train-iters must be positive"),
+                        ("10000000000000", "--train-iters .* is beyond")],
+        "clip-grad": [("-1", "--clip-grad must be a finite non-negative"), ("nan", "finite non-negative"),
+                      ("inf", "finite non-negative")],
+        "weight-decay": [("-1", "--weight-decay must be a finite non-negative"), ("nan", "finite non-negative"),
+                         ("inf", "finite non-negative")],
+        "adam-beta1": [("1", r"--adam-beta1 must be in \[0, 1\)"), ("1.5", r"\[0, 1\)"), ("-0.1", r"\[0, 1\)"),
+                       ("nan", r"\[0, 1\)")],
+        "adam-beta2": [("1", r"--adam-beta2 must be in \[0, 1\)"), ("2", r"\[0, 1\)"), ("-1", r"\[0, 1\)"),
+                       ("nan", r"\[0, 1\)")],
+        "adam-eps": [("0", "--adam-eps must be a positive number"), ("-1e-8", "positive number"), ("nan", "positive")],
+        "lr": [("-1", "--lr must be a finite non-negative"), ("inf", "finite non-negative"), ("nan", "finite"),
+               ("one", None)],
+        "min-lr": [("-1", r"--min-lr -1 must be in \[0, --lr"), ("1", r"--min-lr 1 must be in \[0, --lr"),
+                   ("nan", "--min-lr nan must be in")],
+        "lr-warmup-iters": [("-1", "--lr-warmup-iters must be non-negative")],
+        "lr-decay-iters": [("-5", "--lr-decay-iters must be non-negative")],
+        "initial-loss-scale": [("0", "--initial-loss-scale must be a positive number"), ("-1", "positive number"),
+                               ("inf", "positive number"), ("nan", "positive number")],
+        "loss-scale-window": [("0", "--loss-scale-window must be at least 1"), ("-1", "at least 1")],
+        "hysteresis": [("0", "--hysteresis must be at least 1"), ("-3", "at least 1")],
+        "min-loss-scale": [("0", "--min-loss-scale must be a positive number"), ("-1", "positive number"),
+                           ("1e20", "--min-loss-scale 1e\\+20 is above --initial-loss-scale")],
+        "log-interval": [("0", "--log-interval must be positive"), ("-1", "--log-interval must be positive")],
+        "eval-interval": [("-1", "--eval-interval and --eval-iters must not be negative")],
+        "eval-iters": [("-1", "--eval-interval and --eval-iters must not be negative")],
+        "peak-tflops": [("-1", "--peak-tflops must be a finite non-negative"), ("nan", "finite non-negative")],
+        "collective-timeout": [("-1", "--collective-timeout must not be negative")],
+        "save-interval": [("-1", "--save-interval must not be negative"), ("2", "--save-interval 2 needs --save DIR")],
+        "keep-checkpoints": [("-1", "--keep-checkpoints must not be negative")],
+        "exit-duration-in-mins": [("-1", "--exit-duration-in-mins must be a finite non-negative"),
+                                  ("nan", "finite non-negative")],
+        "exit-interval": [("-1", "--exit-interval must not be negative")],
+        "world-size": [("0", "--world-size must be a number of ranks from 1 to 1048576"),
+                       ("-4", "--world-size must be a number of ranks"), ("2000000000", "--world-size must be")],
+        "seed": [("-1", None), ("x", None)],
+    }
+    for flag, values in numeric.items():
+        for value, regex in values:
+            rx = regex if regex else boost_invalid.format(flag=re.escape(flag))
+            if value == "":
+                rx = f"the required argument for option '--{flag}' is missing|the argument \\(''\\) for option '--{flag}' is invalid"
+            add(f"num.{flag}={value or 'empty'}", E2, rx, f"{{TRAIN}} {DRY} --{flag}" + (f" {value}" if value else "")
+                if value else f"{{TRAIN}} {DRY} --{flag}")
+
+    # ---- string choices.
+    choices = {
+        "lr-decay-style": [("exp", "--lr-decay-style 'exp' is not one of cosine, linear, constant")],
+        "on-nan-loss": [("ignore", "--on-nan-loss must be stop or skip, got 'ignore'"), ("STOP", "must be stop or skip")],
+        "device": [("gpu", "--device must be cpu, cuda or cpu-isolated"), ("CPU", "--device must be cpu"),
+                   ("cuda:0", "--device must be cpu")],
+        "distributed-backend": [("gloo", "--distributed-backend must be auto, mpi or nccl"),
+                                ("nccl", "--distributed-backend nccl needs --device cuda")],
+        "attention-backend": [("flash", "--attention-backend must be unfused or fused")],
+        "zero-config": [("C6", "--zero-config must be one of C1, C2, C3, C4, C5"), ("c1", "must be one of C1")],
+        "hardware": [("tpu-pod", "tpu-pod")],
+    }
+    for flag, values in choices.items():
+        for value, regex in values:
+            extra = " --world-size 4" if flag == "hardware" else ""
+            add(f"choice.{flag}={value}", E2, regex, f"{{TRAIN}} {DRY}{extra} --{flag} {value}")
+    add("choice.cuda-without-gpu", E2, "--device cuda: no GPU is visible", "{TRAIN} " + TINY + " --device cuda")
+
+    # ---- flag syntax.
+    syntax = [
+        ("stray-word", "'word' is not a flag or a flag's value", DRY + " word"),
+        ("two-stray-words", "2 problems: 'a' is not a flag.*'b' is not a flag", DRY + " a b"),
+        ("en-dash", "'\u2013\u2013zero-stage' starts with a dash look-alike.*type --zero-stage", DRY + " \u2013\u2013zero-stage 2"),
+        ("em-dash", "starts with a dash look-alike.*type --num-layers", DRY + " \u2014num-layers 2"),
+        ("minus-sign", "starts with a dash look-alike.*type --bf16", DRY + " \u2212\u2212bf16"),
+        ("en-dash-equals", "type --zero-stage", DRY + " \u2013\u2013zero-stage=2"),
+        ("unknown", "--foo is not a pretrain_gpt flag", DRY + " --foo"),
+        ("unknown-with-value", "--foo is not a pretrain_gpt flag; run", DRY + " --foo 3"),
+        ("typo-num-layer", "did you mean --num-layers\\?", DRY + " --num-layer 3"),
+        ("typo-hiden", "did you mean --hidden-size\\?", DRY + " --hiden-size 64"),
+        ("typo-transposed", "did you mean --zero-stage\\?", DRY + " --zreo-stage 1"),
+        ("typo-underscore", "did you mean --micro-batch-size\\?", DRY + " --micro_batch_size 2"),
+        ("three-unknowns", "3 problems: .*--aaa.*--bbb.*--ccc", DRY + " --aaa --bbb 1 --ccc"),
+        ("single-dash", "is not a pretrain_gpt flag|unrecognised|not a flag", DRY + " -x"),
+        ("repeated-flag", "cannot be specified more than once", DRY + " --num-layers 2 --num-layers 3"),
+        ("missing-value", "the required argument for option '--zero-stage' is missing", DRY + " --zero-stage"),
+        ("value-for-switch", "'1' is not a flag|option '--bf16' does not take any arguments", DRY + " --bf16 1"),
+        ("equals-bad", "the argument \\('two'\\) for option '--num-layers' is invalid", DRY + " --num-layers=two"),
+        ("prefix-not-guessed", "--num is not a pretrain_gpt flag", DRY + " --num 2"),
+    ]
+    for name, regex, args in syntax:
+        add(f"syntax.{name}", E2, regex, "{TRAIN} " + args)
+    add("syntax.equals-ok", 0, "num-layers = 3", "{TRAIN} " + DRY + " --num-layers=3")
+
+    # ---- conflicts and dependencies.
+    conflicts = [
+        ("fp16-bf16", "--fp16 and --bf16 conflict", " --fp16 --bf16"),
+        ("mock-and-data", "--mock-data and --data-path conflict", " --data-path {DATA}"),
+        ("zero-config-vs-stage", "--zero-config C1 means --zero-stage 1 but --zero-stage 3 was given",
+         " --zero-config C1 --zero-stage 3"),
+        ("zero-config-cpu", "--zero-config C1 has no Pa\\+cpu", " --zero-config C1 --cpu-checkpointing"),
+        ("cpu-ckpt-without-pa", "cpu-checkpointing", " --recompute-activations --cpu-checkpointing"),
+        ("pa-without-recompute", "partition-activations", " --partition-activations"),
+        ("flash-vs-unfused", "--use-flash-attn means --attention-backend fused", " --use-flash-attn --attention-backend unfused"),
+        ("distopt-vs-stage0", "--use-distributed-optimizer partitions the optimizer", " --use-distributed-optimizer --zero-stage 0"),
+        ("train-samples-vs-iters", "--train-samples and --train-iters both set", " --train-samples 64 --global-batch-size 16"),
+        ("warmup-fraction-vs-iters", "--lr-warmup-fraction and --lr-warmup-iters both set", " --lr-warmup-fraction 0.1"),
+        ("two-schedule-flags", "conflict; choose one",
+         " --use-checkpoint-opt-param-scheduler --override-opt-param-scheduler --load {TMP}/x"),
+        ("schedule-flag-without-load", "only means something with --load", " --use-checkpoint-opt-param-scheduler"),
+        ("override-without-load", "only means something with --load", " --override-opt-param-scheduler"),
+        ("plan-rank-without-world", "--plan-rank plans a virtual world", " --plan-rank 3"),
+        ("plan-json-without-world", "--plan-json plans a virtual world", " --plan-json {TMP}/p.json"),
+        ("hardware-without-world", "--hardware plans a virtual world", " --hardware dgx2-v100"),
+        ("plan-fit-without-world", "--plan-fit-gib plans a virtual world", " --plan-fit-gib 16"),
+        ("plan-rank-outside", "--plan-rank 9 is outside the world of 4 ranks", " --world-size 4 --plan-rank 9"),
+        ("plan-rank-negative", "--plan-rank -2 is outside", " --world-size 4 --plan-rank -2"),
+        ("plan-fit-negative", "--plan-fit-gib must not be negative", " --world-size 4 --plan-fit-gib -1"),
+        ("plan-json-unwritable", "--plan-json: cannot write", " --world-size 4 --plan-json /proc/nope/p.json"),
+        ("heads-vs-tp-virtual", "--num-attention-heads 4 is not divisible by --tensor-model-parallel-size 8",
+         " --world-size 8 --tensor-model-parallel-size 8"),
+        ("batch-vs-dp-virtual", "--global-batch-size 16 is not a multiple of --micro-batch-size 4 x data-parallel size 8",
+         " --world-size 8"),
+    ]
+    for name, regex, extra in conflicts:
+        base = DRY if "world-size" in extra or "plan" in extra or "hardware" in extra else DRY
+        add(f"conflict.{name}", E2, regex, "{TRAIN} " + base + extra)
+    add("conflict.world-without-dry-run", E2, "--world-size plans a virtual world and needs --dry-run",
+        "{TRAIN} " + TINY + " --world-size 4")
+    add("conflict.no-data", E2, "no data: pass --data-path PREFIX",
+        "{TRAIN} --config {CFG} --vocab-size 256 --train-iters 2 --dry-run")
+    add("conflict.train-samples-no-global", E2, "--train-samples counts samples: it needs --global-batch-size",
+        "{TRAIN} --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+        "--mock-data --vocab-size 256 --train-samples 64 --dry-run")
+    add("conflict.train-samples-not-multiple", E2, "--train-samples 65 is not a multiple of --global-batch-size 16",
+        "{TRAIN} --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+        "--mock-data --vocab-size 256 --train-samples 65 --global-batch-size 16 --dry-run")
+    add("conflict.warmup-fraction-range", E2, r"--lr-warmup-fraction must be in \[0, 1\]",
+        "{TRAIN} --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --max-position-embeddings 32 "
+        "--mock-data --vocab-size 256 --train-iters 10 --lr-warmup-fraction 1.5 --dry-run")
+    add("conflict.distributed-timeout-negative", E2, "--distributed-timeout-minutes must be positive",
+        "{TRAIN} " + DRY + " --distributed-timeout-minutes -3")
+    add("conflict.distributed-timeout-vs-ours", E2, "--distributed-timeout-minutes and --collective-timeout both",
+        "{TRAIN} " + DRY + " --distributed-timeout-minutes 3 --collective-timeout 60")
+
+    # ---- Megatron's flags: accepted spellings, inert ones (with a note), refused ones (with why).
+    minimal = ("{TRAIN} --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+               "--max-position-embeddings 32 --mock-data --vocab-size 256 --global-batch-size 16 --micro-batch-size 4 --dry-run")
+    accepted = [
+        ("use-distributed-optimizer", "", "zero-stage = 1"),
+        ("use-flash-attn", "", "attention-backend = fused"),
+        ("checkpoint-activations", "", "recompute-activations = true"),
+        ("recompute-granularity", "full", "recompute-activations = true"),
+        ("train-samples", "160", "train-iters = 10"),
+        ("lr-warmup-fraction", "0.5 --train-iters 10", "lr-warmup-iters = 5"),
+        ("lr-decay-samples", "320 --train-iters 10", "lr-decay-iters = 20"),
+        ("lr-warmup-samples", "48 --train-iters 10", "lr-warmup-iters = 3"),
+        ("distributed-timeout-minutes", "2 --train-iters 1", "collective-timeout = 120"),
+        ("pipeline-model-parallel-size", "1 --train-iters 1", "pipeline"),
+        ("tokenizer-type", "GPT2BPETokenizer --train-iters 1", "resolved configuration"),
+        ("normalization", "LayerNorm --train-iters 1", "resolved configuration"),
+        ("position-embedding-type", "learned_absolute --train-iters 1", "resolved configuration"),
+        ("data-impl", "mmap --train-iters 1", "resolved configuration"),
+        ("overlap-grad-reduce", "--train-iters 1", "overlap-comm = 1"),
+        ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),
+        ("exit-duration-in-mins", "230 --train-iters 10", "exit-duration-in-mins = 230"),
+    ]
+    for flag, value, regex in accepted:
+        train = "" if "train-iters" in value or flag == "train-samples" else " --train-iters 10"
+        add(f"megatron.accepted.{flag}", 0, regex, f"{minimal}{train} --{flag} {value}".rstrip())
+    inert = ["no-masked-softmax-fusion", "no-bias-dropout-fusion", "no-gradient-accumulation-fusion",
+             "no-async-tensor-model-parallel-allreduce", "attention-softmax-in-fp32",
+             "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models", "overlap-param-gather",
+             "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
+             "log-memory-to-tensorboard", "no-load-rng"]
+    for flag in inert:
+        add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ", f"{minimal} --train-iters 1 --{flag}")
+    for flag, value in [("DDP-impl", "local"), ("num-workers", "2"), ("transformer-impl", "local"),
+                        ("timing-log-level", "2")]:
+        add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ",
+            f"{minimal} --train-iters 1 --{flag} {value}")
+    refused = [
+        ("sequence-parallel", "", "--sequence-parallel: not implemented yet"),
+        ("swiglu", "", "--swiglu: not implemented yet"),
+        ("group-query-attention", "", "--group-query-attention: not implemented yet"),
+        ("num-query-groups", "4", "--num-query-groups: not implemented yet"),
+        ("untie-embeddings-and-output-weights", "", "--untie-embeddings-and-output-weights: not implemented"),
+        ("disable-bias-linear", "", "--disable-bias-linear: not implemented yet"),
+        ("use-rotary-position-embeddings", "", "--use-rotary-position-embeddings: not implemented"),
+        ("rotary-percent", "0.5", "--rotary-percent: not implemented"),
+        ("finetune", "", "--finetune: not supported"),
+        ("no-load-optim", "", "--no-load-optim: not supported"),
+        ("num-experts", "8", "--num-experts: megazero has no mixture-of-experts"),
+        ("expert-model-parallel-size", "2", "--expert-model-parallel-size: megazero has no mixture-of-experts"),
+        ("num-layers-per-virtual-pipeline-stage", "2", "no pipeline parallelism"),
+        ("pipeline-model-parallel-size", "2", "--pipeline-model-parallel-size 2: megazero has no pipeline parallelism"),
+        ("recompute-granularity", "selective", "--recompute-granularity selective: only full recompute exists"),
+        ("recompute-method", "block", "--recompute-method block: only uniform exists"),
+        ("recompute-num-layers", "2", "--recompute-num-layers 2: every layer is its own recompute block"),
+        ("normalization", "RMSNorm", "--normalization RMSNorm: not implemented yet"),
+        ("position-embedding-type", "rope", "--position-embedding-type rope: not implemented yet"),
+        ("data-impl", "lazy", "--data-impl lazy: datasets are always memory-mapped"),
+        ("tokenizer-type", "SentencePieceTokenizer", "--tokenizer-type SentencePieceTokenizer: the data is tokenized"),
+    ]
+    for flag, value, regex in refused:
+        add(f"megatron.refused.{flag}={value or 'on'}", E2, regex, f"{minimal} --train-iters 1 --{flag} {value}".rstrip())
+    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --sequence-parallel.*--swiglu",
+        f"{minimal} --train-iters 1 --sequence-parallel --swiglu")
+
+    # ---- config files.
+    files = [
+        ("directory", "{TMP}", "--config: '.*' is a directory"),
+        ("dev-zero", "/dev/zero", "--config: '/dev/zero' is longer than 1 MiB"),
+        ("missing", "{TMP}/none.cfg", "--config: cannot read '.*none.cfg': no such file"),
+        ("binary", "@binary", "is not a text file \\(it holds NUL bytes\\)"),
+        ("huge", "@huge", "is longer than 1 MiB"),
+        ("unknown-key", "@unknown", "'foo' is not a pretrain_gpt key"),
+        ("typo-key", "@typo", "'num-layer' is not a pretrain_gpt key \\(did you mean num-layers\\?\\)"),
+        ("dashed-key", "@dashed", "is not a pretrain_gpt key|unrecognised|invalid"),
+        ("bad-value", "@badvalue", "the argument \\('many'\\) for option '--num-layers' is invalid|num-layers"),
+        ("section", "@section", "'model.num-layers' is not a pretrain_gpt key"),
+        ("duplicate-key", "@duplicate", "cannot be specified more than once|multiple"),
+        ("negative-in-file", "@negative", "--num-layers must be positive"),
+    ]
+    for name, path, regex in files:
+        add(f"config.{name}", E2, regex, "{TRAIN} --config " + path + " --mock-data --vocab-size 256 --dry-run")
+    add("config.bom-ok", 0, "num-layers = 2", "{TRAIN} --config @bom --mock-data --vocab-size 256 --dry-run")
+    add("config.empty-ok", 0, "resolved configuration",
+        "{TRAIN} --config @empty --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+        "--max-position-embeddings 32 --mock-data --vocab-size 256 --train-iters 1 --dry-run")
+    add("config.pipe-ok", 0, "num-layers = 2", "{TRAIN} --config @pipe --mock-data --vocab-size 256 --dry-run")
+    add("config.command-line-wins", 0, "num-layers = 3", "{TRAIN} " + DRY + " --num-layers 3")
+
+    # ---- ranks started differently (MPMD): refused, naming the keys, never a hang.
+    mpmd = [
+        ("hidden", "--hidden-size 64", "rank 1 differs from rank 0 in hidden-size \\(rank 0: '128', rank 1: '64'\\)"),
+        ("help", "--help", "differs from rank 0 in help"),
+        ("dry-run", "--dry-run", "differs from rank 0 in dry-run"),
+        ("zero-stage", "--zero-stage 2", "differs from rank 0 in zero-stage"),
+        ("bf16", "--bf16", "differs from rank 0 in bf16"),
+        ("seed", "--seed 7", "differs from rank 0 in seed"),
+    ]
+    for name, extra, regex in mpmd:
+        add(f"mpmd.{name}", E2, regex, "@mpmd {TRAIN} " + TINY + " ::: " + extra, ranks=2)
+
+    # ---- checkpoints ({CK} holds iter_0000002 and iter_0000004 of a 4-iteration run, TP 1 x DP 2, stage 1).
+    resume = "{TRAIN} " + TINY.replace("--train-iters 2", "") + " --zero-stage 1"
+    ck = [
+        ("load-file", 2, "--load '.*latest' is not a directory", " --train-iters 6 --load {CK}/latest"),
+        ("load-iter-dir", 0, "loaded checkpoint .*iter_0000002: iteration 2",
+         " --train-iters 4 --load {CK}/iter_0000002"),
+        ("load-missing-dir", 0, "no checkpoint in .* yet: starting from iteration 0", " --train-iters 1 --load {TMP}/none"),
+        ("train-iters-below", 2, "--train-iters 3 but the checkpoint .* is at iteration 4: nothing to train",
+         " --train-iters 3 --load {CK}"),
+        ("train-iters-equal", 0, "at --train-iters 4 already: nothing to train", " --train-iters 4 --load {CK}"),
+        ("schedule-change", 2, "the learning-rate schedule differs from the checkpoint's .*--lr-decay-iters 8 \\(checkpoint: 4\\)",
+         " --train-iters 8 --load {CK}"),
+        ("schedule-lr-change", 2, "--lr 0.001 \\(checkpoint: 0.003\\)",
+         " --train-iters 4 --lr-decay-iters 4 --lr 0.001 --load {CK}/iter_0000002"),
+        ("schedule-use-checkpoint", 0, "the checkpoint's learning-rate schedule is kept",
+         " --train-iters 6 --load {CK} --use-checkpoint-opt-param-scheduler"),
+        ("schedule-override", 0, "this run's learning-rate schedule replaces the checkpoint's",
+         " --train-iters 6 --load {CK} --override-opt-param-scheduler"),
+        ("schedule-megatron-spelling", 0, "the checkpoint's learning-rate schedule is kept",
+         " --train-iters 6 --load {CK} --use-checkpoint-opt_param-scheduler"),
+        ("other-model", 2, "the model flags must match|--num-layers and the model flags must match",
+         " --train-iters 6 --num-layers 3 --load {CK} --use-checkpoint-opt-param-scheduler"),
+        ("other-width", 2, "--hidden-size, --num-attention-heads.* must match",
+         " --train-iters 6 --hidden-size 64 --load {CK} --use-checkpoint-opt-param-scheduler"),
+        ("save-to-file", 2, "--save", " --train-iters 1 --save {CK}/latest"),
+        ("symlink-loop", 2, "--load '.*loop': cannot", " --train-iters 1 --load @loop"),
+        ("manifest-negative-iteration", 2, "iteration -5 is not a completed iteration count|fails its own checksum",
+         " --train-iters 6 --load @manifest:iteration=-5"),
+        ("manifest-negative-samples", 2, "consumed samples -100|fails its own checksum",
+         " --train-iters 6 --load @manifest:consumed_samples=-100"),
+        ("manifest-huge-iteration", 2, "is not a completed iteration count|fails its own checksum",
+         " --train-iters 6 --load @manifest:iteration=1e18"),
+        ("manifest-edited", 2, "fails its own checksum \\(edited or corrupted\\)",
+         " --train-iters 6 --load @manifest:seed=99"),
+        ("manifest-fallback", 0, "skipped unusable checkpoint .*iter_0000004: .*fails its own checksum.*\n.*loaded checkpoint .*iter_0000002",
+         " --train-iters 6 --load @manifestdir:seed=99 --use-checkpoint-opt-param-scheduler"),
+        ("manifest-not-json", 2, "is not a valid manifest", " --train-iters 6 --load @manifest:!garbage"),
+        ("manifest-wrong-dir", 2, "says iteration 2 but its directory is named for iteration 4|fails its own checksum",
+         " --train-iters 6 --load @manifest:iteration=2"),
+        ("shard-truncated", 0, "skipped unusable checkpoint .*truncated", " --train-iters 6 --load @truncated "
+         "--use-checkpoint-opt-param-scheduler"),
+        ("shard-missing", 0, "skipped unusable checkpoint .*is missing", " --train-iters 6 --load @missing "
+         "--use-checkpoint-opt-param-scheduler"),
+        ("all-damaged", 2, "no usable checkpoint in", " --train-iters 6 --load @alldamaged"),
+    ]
+    for name, code, regex, extra in ck:
+        add(f"checkpoint.{name}", code, regex, resume + extra)
+
+    # ---- tools.
+    add("tool.topology-huge-world", E2, "--world-size must be a number of ranks from 1 to 1048576",
+        "{TOPO} --world-size 2000000000 --ranks-per-node 8", ranks=1)
+    add("tool.topology-zero-world", E2, "--world-size must be a number of ranks", "{TOPO} --world-size 0 --ranks-per-node 8",
+        ranks=1)
+    add("tool.topology-negative-world", E2, "--world-size must be a number of ranks",
+        "{TOPO} --world-size -3 --ranks-per-node 8", ranks=1)
+    add("tool.topology-no-rpn", E2, "--world-size needs --ranks-per-node", "{TOPO} --world-size 16", ranks=1)
+    add("tool.topology-tp-not-dividing", E2, "does not divide", "{TOPO} --world-size 16 --ranks-per-node 8 "
+        "--tensor-model-parallel-size 3", ranks=1)
+    add("tool.topology-bad-format", E2, "--format: 'xml' is not table or json", "{TOPO} --format xml", ranks=1)
+    add("tool.preprocess-dir", E2, "--input .* is a directory", "{PREP} --input {TMP} --output-prefix {TMP}/o "
+        "--tokenizer-type ByteLevel", ranks=1)
+    add("tool.preprocess-missing", E2, "--input .*nothing.txt: no such file", "{PREP} --input {TMP}/nothing.txt "
+        "--output-prefix {TMP}/o --tokenizer-type ByteLevel", ranks=1)
+    add("tool.export-fallback", 0, "WARNING: skipped unusable checkpoint .*iter_0000004.*\n.*exported .*iter_0000002",
+        "{CONVERT} export --load @manifestdir:seed=99 --output {TMP}/hf", ranks=0)
+    add("tool.export-all-damaged", E2, "no usable checkpoint in", "{CONVERT} export --load @alldamaged --output {TMP}/hf",
+        ranks=0)
+    add("tool.export-file", E2, "--load '.*latest' is not a directory", "{CONVERT} export --load {CK}/latest "
+        "--output {TMP}/hf", ranks=0)
+    add("tool.export-missing", E2, "no checkpoint there \\(the path does not exist\\)",
+        "{CONVERT} export --load {TMP}/none --output {TMP}/hf", ranks=0)
+    add("tool.logits-fallback", 0, "WARNING: skipped unusable checkpoint",
+        "{CONVERT} logits --load @manifestdir:seed=99 --tokens 1,2,3 --output {TMP}/l.txt", ranks=0)
+    return c
+
+
+def make_checkpoint(a, env, root):
+    ck = os.path.join(root, "ck")
+    cmd = ["mpiexec", "-n", "2", os.path.join(a.bin, "examples/pretrain_gpt"), "--config",
+           os.path.join(a.repo, "configs/gpt_tiny.cfg"), "--mock-data", "--vocab-size", "256", "--train-iters", "4",
+           "--log-interval", "1", "--eval-iters", "0", "--zero-stage", "1", "--save", ck, "--save-interval", "2"]
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+    return ck
+
+
+def special_path(token, tmp, ck):
+    """@name arguments: files and damaged checkpoint copies made for one case."""
+    import json
+    if token == "@binary":
+        p = os.path.join(tmp, "binary.cfg")
+        open(p, "wb").write(b"num-layers = 2\n\0\0\0")
+        return p
+    if token == "@huge":
+        p = os.path.join(tmp, "huge.cfg")
+        open(p, "w").write("# padding\n" * 200000)
+        return p
+    contents = {
+        "@unknown": "num-layers = 2\nhidden-size = 64\nnum-attention-heads = 4\nfoo = 1\n",
+        "@typo": "num-layer = 2\n",
+        "@dashed": "--num-layers = 2\n",
+        "@badvalue": "num-layers = many\n",
+        "@section": "[model]\nnum-layers = 2\n",
+        "@duplicate": "num-layers = 2\nnum-layers = 3\n",
+        "@negative": "num-layers = -2\nhidden-size = 64\nnum-attention-heads = 4\n",
+        "@bom": "\ufeffnum-layers = 2\nhidden-size = 64\nnum-attention-heads = 4\nseq-length = 32\n"
+                "max-position-embeddings = 32\ntrain-iters = 1\n",
+        "@empty": "",
+    }
+    if token in contents:
+        p = os.path.join(tmp, token[1:] + ".cfg")
+        open(p, "w", encoding="utf-8").write(contents[token])
+        return p
+    if token == "@pipe":
+        p = os.path.join(tmp, "pipe.cfg")
+        os.mkfifo(p)
+        import threading
+
+        def feed():
+            with open(p, "w") as f:
+                f.write("num-layers = 2\nhidden-size = 64\nnum-attention-heads = 4\nseq-length = 32\n"
+                        "max-position-embeddings = 32\ntrain-iters = 1\n")
+        threading.Thread(target=feed, daemon=True).start()
+        return p
+    if token == "@loop":
+        p = os.path.join(tmp, "loop")
+        os.symlink(p, p)
+        return p
+    copy = os.path.join(tmp, "ck")
+    shutil.copytree(ck, copy, symlinks=True)
+    newest = os.path.join(copy, "iter_0000004")
+    if token.startswith("@manifest:") or token.startswith("@manifestdir:"):
+        edit = token.split(":", 1)[1]
+        mpath = os.path.join(newest, "manifest.json")
+        if edit.startswith("!"):
+            open(mpath, "w").write(edit[1:])
+        else:
+            key, value = edit.split("=")
+            j = json.load(open(mpath))
+            if key == "seed":
+                j["rng"]["seed"] = int(value)
+            else:
+                j[key] = int(float(value))
+            json.dump(j, open(mpath, "w"), indent=1)
+        return newest if token.startswith("@manifest:") else copy
+    if token == "@truncated":
+        f = os.path.join(newest, "shard_tp000_dp00001.safetensors")
+        os.truncate(f, os.path.getsize(f) // 2)
+        return copy
+    if token == "@missing":
+        os.remove(os.path.join(newest, "shard_tp000_dp00000.safetensors"))
+        return copy
+    if token == "@alldamaged":
+        for it in ("iter_0000002", "iter_0000004"):
+            os.remove(os.path.join(copy, it, "shard_tp000_dp00000.safetensors"))
+        return copy
+    raise ValueError(token)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--bin", required=True)
+    p.add_argument("--repo", required=True)
+    p.add_argument("--only", default="")
+    p.add_argument("--list", action="store_true")
+    a = p.parse_args()
+    all_cases = [x for x in cases() if a.only in x[0]]
+    if a.list:
+        for x in all_cases:
+            print(x[0])
+        print(len(all_cases), "cases")
+        return 0
+    env = dict(os.environ, OMP_NUM_THREADS="1", MEGAZERO_NUM_THREADS="1")
+    root = tempfile.mkdtemp(prefix="mz-adversarial-")
+    failures = []
+    try:
+        ck = make_checkpoint(a, env, root)
+        exe = {"TRAIN": os.path.join(a.bin, "examples/pretrain_gpt"),
+               "TOPO": os.path.join(a.bin, "tools/megazero-topology"),
+               "CONVERT": os.path.join(a.bin, "tools/convert_checkpoint"),
+               "PREP": os.path.join(a.bin, "tools/preprocess_data"),
+               "CFG": os.path.join(a.repo, "configs/gpt_tiny.cfg"), "CK": ck,
+               "DATA": os.path.join(a.repo, "data/corpus/kjv_text_document")}
+        t_all = time.time()
+        for i, (name, ranks, code, regex, cmd) in enumerate(all_cases):
+            tmp = os.path.join(root, f"case{i}")
+            os.makedirs(tmp)
+            subst = dict(exe, TMP=tmp)
+            words = cmd.split(" ")
+            mpmd = words[0] == "@mpmd"
+            if mpmd:
+                words = words[1:]
+            words = [w.format(**subst) for w in words if w != ""]
+            words = [special_path(w, tmp, ck) if w.startswith("@") else w for w in words]
+            if mpmd:
+                split = words.index(":::")
+                base, extra = words[:split], words[split + 1:]
+                argv = ["mpiexec", "-n", "1"] + base + [":", "-n", "1"] + base + extra
+            elif ranks == 0:
+                argv = words
+            else:
+                argv = ["mpiexec", "-n", str(ranks)] + words
+            t0 = time.time()
+            try:
+                r = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=60,
+                                   cwd=tmp)
+                out, rc = r.stdout.decode("utf-8", "replace"), r.returncode
+            except subprocess.TimeoutExpired as e:
+                out, rc = (e.stdout or b"").decode("utf-8", "replace"), "timeout (60 s)"
+            took = time.time() - t0
+            problems = []
+            if rc != code:
+                problems.append(f"exit {rc}, expected {code}")
+            hits = len(re.findall(regex, out))
+            if hits == 0:
+                problems.append(f"no match for /{regex}/")
+            elif code == E2 and hits > 1 and ranks > 1:
+                problems.append(f"the message was printed {hits} times, not once")
+            if code == E2 and "internal error" in out:
+                problems.append("an internal error instead of a clear message")
+            if problems:
+                failures.append((name, argv, problems, out))
+            print(f"{'FAIL' if problems else 'ok  '} {name} ({took:.1f} s)", flush=True)
+        stray = subprocess.run(["pgrep", "-f", root], stdout=subprocess.PIPE).stdout.decode().split()
+        if stray:
+            failures.append(("no stray processes", [], [f"processes left: {stray}"], ""))
+        print(f"adversarial: {len(all_cases)} cases in {time.time() - t_all:.0f} s, {len(failures)} failed")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    for name, argv, problems, out in failures:
+        print(f"---- {name}: {'; '.join(problems)}\n  $ {' '.join(argv)}")
+        print("\n".join("  | " + l for l in out.strip().splitlines()[-8:]))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

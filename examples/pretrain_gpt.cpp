@@ -423,7 +423,8 @@ int run(int argc, char** argv) {
   auto evaluate = [&](std::int64_t at) {
     double sum = 0;
     for (std::int64_t e = 0; e < args.eval_iters; ++e)
-      for (auto& mb : micro_batches(at * 1000003 + e, Split::Valid)) sum += model.forward(mb.ids, mb.targets, mb.step);
+      for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, Split::Valid); }))
+        sum += model.forward(mb.ids, mb.targets, mb.step);
     const double loss = all_reduce_value(
         groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
     if (root) std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss, std::exp(loss));
@@ -442,7 +443,9 @@ int run(int argc, char** argv) {
   for (std::int64_t it = start_iter; it < args.train_iters; ++it) {
     set_activity_iteration(it + 1);
     const auto t0 = Clock::now();
-    auto mbs = micro_batches(it, Split::Train);
+    // Bad data (a token id past --vocab-size) fails one rank's samples: every
+    // rank stops alike, with that rank's message (one tiny all-reduce).
+    auto mbs = run_consistently(world, [&] { return micro_batches(it, Split::Train); });
     const double t_data = seconds_since(t0);
     const auto t1 = Clock::now();
     StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it);

@@ -264,6 +264,15 @@ std::string dash_lookalike(const std::string& token) {
   return "";
 }
 
+// Program_options reads "-1" into an unsigned flag as 2^64 - 1 (--seed -1 would
+// silently train with seed 18446744073709551615).
+void require_unsigned_not_negative(const std::vector<po::option>& options, const std::string& where) {
+  for (const auto& o : options)
+    if (o.string_key == "seed")
+      for (const auto& v : o.value)
+        MZ_REQUIRE(v.find('-') == std::string::npos, where, "--seed must be a non-negative whole number, got ", v);
+}
+
 std::vector<std::string> known_flags(const po::options_description& desc) {
   std::vector<std::string> names;
   for (const auto& o : desc.options()) names.push_back(o->long_name());
@@ -345,6 +354,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
       }
     }
     if (const auto msg = describe_flag_problems(problems, known); !msg.empty()) throw ConfigError(msg);
+    require_unsigned_not_negative(parsed.options, "");
     po::store(parsed, vm);
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
@@ -357,6 +367,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
           if (o.unregistered) file_problems.unknown.push_back(o.string_key);
         if (const auto msg = describe_flag_problems(file_problems, known); !msg.empty())
           throw ConfigError(msg + " (keys are the flag names without '--')");
+        require_unsigned_not_negative(from_file.options, "--config " + file + ": ");
         po::store(from_file, vm);  // command line stored first wins
       } catch (const po::error& e) {
         throw ConfigError("--config " + file + ": " + e.what() + "; keys are the flag names without '--'");
@@ -380,6 +391,8 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
     os << desc;
     *help_text = os.str();
   }
+  // Checked before the default replaces it (0 or 1: decay over --train-iters).
+  MZ_REQUIRE(a.lr.decay_iters >= 0, "--lr-decay-iters must be non-negative (0 = --train-iters), got ", a.lr.decay_iters);
   if (a.lr.decay_iters <= 1 && a.train_iters > 0) a.lr.decay_iters = a.train_iters;
   return a;
 }

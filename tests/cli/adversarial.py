@@ -39,7 +39,7 @@ def cases():
                        ("1000000", "--num-layers 1000000 is beyond"), ("abc", None), ("2.5", None), ("", None)],
         "hidden-size": [("0", "--hidden-size must be positive"), ("-8", "--hidden-size must be positive"),
                         ("2147483648", "--hidden-size 2147483648 is beyond"), ("x", None),
-                        ("99999999999999999999", None), ("96", "--hidden-size 96 is not divisible by --num-attention-heads")],
+                        ("99999999999999999999", None), ("130", "--hidden-size 130 is not divisible by --num-attention-heads")],
         "num-attention-heads": [("0", "--num-attention-heads must be positive"), ("-2", "must be positive"),
                                 ("3", "is not divisible by --num-attention-heads 3"), ("256", "not divisible")],
         "ffn-hidden-size": [("-5", "--ffn-hidden-size must not be negative"), ("99999999999", "--ffn-hidden-size .* is beyond"),
@@ -60,7 +60,7 @@ def cases():
         "init-method-std": [("0", "--init-method-std must be a positive number"), ("-1", "positive number"),
                             ("nan", "positive number"), ("inf", "positive number")],
         "tensor-model-parallel-size": [("0", "--tensor-model-parallel-size must be positive"),
-                                       ("-1", "must be positive"), ("3", "does not divide the world size 2"),
+                                       ("-1", "must be positive"), ("3", "does not divide the world size 2|not divisible by --tensor-model-parallel-size 3"),
                                        ("4", "does not divide the world size 2")],
         "ranks-per-node": [("-1", "--ranks-per-node must not be negative")],
         "zero-stage": [("-1", "--zero-stage must be 0, 1, 2 or 3"), ("4", "--zero-stage must be 0, 1, 2 or 3"),
@@ -106,15 +106,16 @@ def cases():
         "exit-interval": [("-1", "--exit-interval must not be negative")],
         "world-size": [("0", "--world-size must be a number of ranks from 1 to 1048576"),
                        ("-4", "--world-size must be a number of ranks"), ("2000000000", "--world-size must be")],
-        "seed": [("-1", None), ("x", None)],
+        "seed": [("-1", "--seed must be a non-negative whole number, got -1"), ("x", None)],
     }
     for flag, values in numeric.items():
         for value, regex in values:
             rx = regex if regex else boost_invalid.format(flag=re.escape(flag))
             if value == "":
                 rx = f"the required argument for option '--{flag}' is missing|the argument \\(''\\) for option '--{flag}' is invalid"
-            add(f"num.{flag}={value or 'empty'}", E2, rx, f"{{TRAIN}} {DRY} --{flag}" + (f" {value}" if value else "")
-                if value else f"{{TRAIN}} {DRY} --{flag}")
+            # The base without the flag under test (a repeated flag is its own error).
+            base = " ".join(w for w in re.sub(rf"--{flag} \S+", "", DRY).split(" ") if w)
+            add(f"num.{flag}={value or 'empty'}", E2, rx, f"{{TRAIN}} {base} --{flag}" + (f" {value}" if value else ""))
 
     # ---- string choices.
     choices = {
@@ -224,7 +225,7 @@ def cases():
         ("lr-decay-samples", "320 --train-iters 10", "lr-decay-iters = 20"),
         ("lr-warmup-samples", "48 --train-iters 10", "lr-warmup-iters = 3"),
         ("distributed-timeout-minutes", "2 --train-iters 1", "collective-timeout = 120"),
-        ("pipeline-model-parallel-size", "1 --train-iters 1", "pipeline"),
+        ("pipeline-model-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("tokenizer-type", "GPT2BPETokenizer --train-iters 1", "resolved configuration"),
         ("normalization", "LayerNorm --train-iters 1", "resolved configuration"),
         ("position-embedding-type", "learned_absolute --train-iters 1", "resolved configuration"),
@@ -296,7 +297,8 @@ def cases():
     add("config.empty-ok", 0, "resolved configuration",
         "{TRAIN} --config @empty --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
         "--max-position-embeddings 32 --mock-data --vocab-size 256 --train-iters 1 --dry-run")
-    add("config.pipe-ok", 0, "num-layers = 2", "{TRAIN} --config @pipe --mock-data --vocab-size 256 --dry-run")
+    # (One rank: every rank reads the config, and a pipe has one reader.)
+    add("config.pipe-ok", 0, "num-layers = 2", "{TRAIN} --config @pipe --mock-data --vocab-size 256 --dry-run", ranks=1)
     add("config.command-line-wins", 0, "num-layers = 3", "{TRAIN} " + DRY + " --num-layers 3")
 
     # ---- ranks started differently (MPMD): refused, naming the keys, never a hang.
@@ -358,6 +360,39 @@ def cases():
     ]
     for name, code, regex, extra in ck:
         add(f"checkpoint.{name}", code, regex, resume + extra)
+
+    # ---- outputs and data.
+    data = "{TRAIN} --config {CFG} --vocab-size 50257 --train-iters 1 --log-interval 1"
+    io = [
+        ("tensorboard-dir-is-file", E2, "--tensorboard-dir '.*' is a file", TINY + " --tensorboard-dir {CFG}"),
+        ("tensorboard-dir-unwritable", E2, "--tensorboard-dir: cannot create", TINY + " --tensorboard-dir /proc/mz/tb"),
+        ("metrics-file-unwritable", E2, "--metrics-file: cannot write", TINY + " --metrics-file /proc/mz/m.jsonl"),
+        ("save-unwritable", E2, "--save", TINY + " --save /proc/mz/ck"),
+        ("exit-interval-saves", 0, "exiting after iteration 2: --exit-interval reached, checkpoint saved",
+         TINY.replace("--train-iters 2", "--train-iters 5") + " --exit-interval 2 --save {TMP}/ck"),
+        ("exit-duration-zero-off", 0, "training done: 2 iterations", TINY + " --exit-duration-in-mins 0"),
+    ]
+    for name, code, regex, args in io:
+        add(f"io.{name}", code, regex, "{TRAIN} " + args)
+    datacases = [
+        ("missing-prefix", E2, "--data-path .*nothing", " --data-path {TMP}/nothing"),
+        ("blend-odd", E2, "--data-path", " --data-path 0.3 {DATA} 0.7"),
+        ("blend-negative-weight", E2, "--data-path", " --data-path -1 {DATA} 2 {DATA}"),
+        ("split-two-numbers", E2, "--split", " --data-path {DATA} --split 1,2,3,4"),
+        ("split-letters", E2, "--split", " --data-path {DATA} --split a,b,c"),
+        ("split-zero", E2, "--split", " --data-path {DATA} --split 0,0,0"),
+        ("split-negative", E2, "--split", " --data-path {DATA} --split -1,1,1"),
+        ("no-validation-split", E2, "--split 100,0,0 leaves --data-path .* no validation samples .* --eval-iters 1",
+         " --data-path {DATA} --split 100,0,0 --eval-iters 1"),
+        ("token-outside-vocab", E2, "token id [0-9]+ in sample [0-9]+ is outside the vocabulary of --vocab-size 256",
+         " --data-path {DATA} --vocab-size 256 --eval-iters 0"),
+    ]
+    for name, code, regex, args in datacases:
+        # (--vocab-size 256 for the last case replaces the base's 50257: a repeated flag is its own error.)
+        base = data.replace("--vocab-size 50257", "") if "--vocab-size" in args else data
+        add(f"data.{name}", code, regex, base + args + ("" if "--eval-iters" in args else " --eval-iters 0"))
+    add("data.no-validation-split-ok-without-eval", 0, "training done",
+        data + " --data-path {DATA} --split 100,0,0 --eval-iters 0")
 
     # ---- tools.
     add("tool.topology-huge-world", E2, "--world-size must be a number of ranks from 1 to 1048576",
@@ -476,6 +511,7 @@ def main():
     p.add_argument("--only", default="")
     p.add_argument("--list", action="store_true")
     a = p.parse_args()
+    a.bin, a.repo = os.path.abspath(a.bin), os.path.abspath(a.repo)
     all_cases = [x for x in cases() if a.only in x[0]]
     if a.list:
         for x in all_cases:
@@ -523,7 +559,7 @@ def main():
             problems = []
             if rc != code:
                 problems.append(f"exit {rc}, expected {code}")
-            hits = len(re.findall(regex, out))
+            hits = len(re.findall(regex, out)) if "\n" in regex else sum(1 for l in out.splitlines() if re.search(regex, l))
             if hits == 0:
                 problems.append(f"no match for /{regex}/")
             elif code == E2 and hits > 1 and ranks > 1:

@@ -277,6 +277,70 @@ TEST(Damage, BrokenNewestFallsBackToThePreviousOne) {
   on_rank0([&] { fs::remove_all(dir); });
 }
 
+// Damage the checksums cannot see: the manifest re-sealed (its own XXH3
+// recomputed by Manifest::to_json) after two shards were swapped, so every
+// file matches its recorded checksum but holds another rank's pieces; and a
+// manifest edited by hand. Each is rejected by name and the previous one used.
+TEST(Damage, ConsistentChecksumsButWrongContentsFallBack) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  const std::string dir = shared_temp_dir();
+  save_series(dir, 2, 0);
+  const fs::path newest = fs::path(dir) / "iter_0000002";
+  const fs::path mpath = newest / "manifest.json";
+  auto read = [](const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string original = read(mpath);
+  on_rank0([&] {
+    const fs::path a = newest / "shard_tp000_dp00000.safetensors", b = newest / "shard_tp000_dp00001.safetensors";
+    fs::rename(a, newest / "swap");
+    fs::rename(b, a);
+    fs::rename(newest / "swap", b);
+    auto m = checkpoint::Manifest::parse(original, mpath.string());
+    checkpoint::ShardFileInfo* fa = nullptr;
+    checkpoint::ShardFileInfo* fb = nullptr;
+    for (auto& f : m.files) {
+      if (f.tp_rank == 0 && f.dp_rank == 0) fa = &f;
+      if (f.tp_rank == 0 && f.dp_rank == 1) fb = &f;
+    }
+    ASSERT_TRUE(fa && fb);
+    std::swap(fa->bytes, fb->bytes);
+    std::swap(fa->xxh3, fb->xxh3);
+    std::ofstream(mpath, std::ios::binary | std::ios::trunc) << m.to_json();
+  });
+  load_expecting_fallback(dir, 1, "is not the shard of TP rank 0, DP rank");
+  // Put the shards back, then edit the manifest by hand (a seed) without re-sealing it.
+  on_rank0([&] {
+    const fs::path a = newest / "shard_tp000_dp00000.safetensors", b = newest / "shard_tp000_dp00001.safetensors";
+    fs::rename(a, newest / "swap");
+    fs::rename(b, a);
+    fs::rename(newest / "swap", b);
+    std::string edited = original;
+    const auto at = edited.find("\"seed\": ");
+    ASSERT_NE(at, std::string::npos);
+    edited.insert(at + 8, "9");
+    std::ofstream(mpath, std::ios::binary | std::ios::trunc) << edited;
+  });
+  load_expecting_fallback(dir, 1, "fails its own checksum");
+  // A re-sealed manifest claiming an iteration its directory is not named for.
+  on_rank0([&] {
+    auto m = checkpoint::Manifest::parse(original, mpath.string());
+    m.state.iteration = 7;
+    std::ofstream(mpath, std::ios::binary | std::ios::trunc) << m.to_json();
+  });
+  load_expecting_fallback(dir, 1, "says iteration 7 but its directory is named for iteration 2");
+  // Restored: the newest loads again (the checks reject only what is wrong).
+  on_rank0([&] { std::ofstream(mpath, std::ios::binary | std::ios::trunc) << original; });
+  {
+    ZeroRun r(world(), spec_of(2, 2, 2));
+    const auto res = checkpoint::load_checkpoint(dir, *r.engine, place(r));
+    EXPECT_EQ(res.state.iteration, 2);
+    EXPECT_TRUE(res.rejected.empty());
+  }
+  on_rank0([&] { fs::remove_all(dir); });
+}
+
 TEST(Damage, EmptyDirectoryIsAFreshStart) {
   if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
   const std::string dir = shared_temp_dir();

@@ -85,7 +85,7 @@ echo "slurm_e2e: 2 nodes x 2 tasks: rank map validated, trained, exit 0 ($(( $(d
 j=$(submit bad -N 2 --ntasks-per-node=2 -- --num-layer 3)
 wait_done "$j" 60
 [ "$(job_field "$j" ExitCode)" = 2:0 ] || fail "bad flag: ExitCode $(job_field "$j" ExitCode), expected 2:0"
-has bad "unrecognised option '--num-layer'"
+has bad "--num-layer is not a pretrain_gpt flag"
 has bad "nothing was launched"
 grep -q "launch: srun" "$work/bad.out" && fail "bad flag: training was launched anyway"
 echo "slurm_e2e: a misspelt flag: exit code 2 before launch"

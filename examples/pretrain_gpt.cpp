@@ -82,6 +82,7 @@ int run(int argc, char** argv) {
   // First: a stop signal (SIGTERM/SIGUSR1) that arrives during start-up must
   // not kill the process; it is acted on at the first step boundary.
   install_stop_signal_handlers();
+  set_stop_is_immediate(true);  // until the first step: nothing to save
   const auto t_process = Clock::now();  // --exit-duration-in-mins counts from here
   auto world_comm = MpiCommunicator::world();
   std::string help;
@@ -440,6 +441,10 @@ int run(int argc, char** argv) {
   std::int64_t nan_total = 0, last_saved = -1, window_iters = 0;
   const std::int64_t nan_at = nan_loss_at();
   bool first = true;
+  // From here a stop signal waits for the step boundary and saves.
+  set_stop_is_immediate(false);
+  if (stop_signal_received() != 0 && root)  // one that came in between is still honoured below
+    std::printf("a stop signal arrived during start-up; stopping after the first step\n");
   for (std::int64_t it = start_iter; it < args.train_iters; ++it) {
     set_activity_iteration(it + 1);
     const auto t0 = Clock::now();

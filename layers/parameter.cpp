@@ -35,7 +35,7 @@ double Parameter::init_value(std::uint64_t seed, std::int64_t local_flat) const 
 
 Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
                              double init_std, bool weight_decay) {
-  for (const auto& p : params_) MZ_CHECK(p.name != name, "parameter '", name, "' declared twice");
+  MZ_CHECK(!by_name_.count(name), "parameter '", name, "' declared twice");
   Parameter p;
   p.name = std::move(name);
   p.global_shape = global_shape;
@@ -54,6 +54,7 @@ Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim
   p.init_std = init_std;
   p.weight_decay = weight_decay;
   params_.push_back(std::move(p));
+  by_name_[params_.back().name] = &params_.back();
   return params_.back();
 }
 
@@ -74,9 +75,9 @@ std::vector<const Parameter*> ParameterSet::all() const {
 }
 
 Parameter& ParameterSet::get(const std::string& name) {
-  for (auto& p : params_)
-    if (p.name == name) return p;
-  throw InternalError("no parameter named '" + name + "'");
+  const auto it = by_name_.find(name);
+  if (it == by_name_.end()) throw InternalError("no parameter named '" + name + "'");
+  return *it->second;
 }
 
 std::int64_t ParameterSet::local_numel() const {

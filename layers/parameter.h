@@ -7,6 +7,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "megazero/core/tensor.h"
@@ -48,6 +49,12 @@ struct Parameter {
 // All parameters of a model on this rank, in registration (= forward) order.
 class ParameterSet {
  public:
+  ParameterSet() = default;
+  // by_name_ points into params_: a copy would point into the original.
+  ParameterSet(const ParameterSet&) = delete;
+  ParameterSet& operator=(const ParameterSet&) = delete;
+  ParameterSet(ParameterSet&&) = default;
+  ParameterSet& operator=(ParameterSet&&) = default;
   // Declares a parameter split along `split_dim` into `parts` equal contiguous
   // shards, of which this rank holds shard `part`. split_dim -1: replicated.
   Parameter& add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
@@ -77,6 +84,7 @@ class ParameterSet {
 
  private:
   std::deque<Parameter> params_;  // stable addresses
+  std::unordered_map<std::string, Parameter*> by_name_;  // declaration and lookup in O(1), not O(parameters)
   std::vector<std::string> group_names_;
   Tensor flat_values_, flat_grads_;
 };

@@ -44,7 +44,7 @@ DType dtype_from_safetensors(const std::string& n) {
 void SafetensorsWriter::add_entry(const std::string& name, DType dtype, std::vector<std::int64_t> shape,
                                   const void* data, Device* device) {
   MZ_CHECK(name != "__metadata__", "reserved tensor name");
-  for (const auto& t : tensors_) MZ_CHECK(t.name != name, "tensor '", name, "' added twice");
+  MZ_CHECK(names_.insert(name).second, "tensor '", name, "' added twice");
   std::uint64_t numel = 1;
   for (auto d : shape) {
     MZ_CHECK(d >= 0, "negative dimension in '", name, "'");

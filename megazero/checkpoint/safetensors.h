@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "megazero/core/dtype.h"
@@ -63,6 +64,7 @@ class SafetensorsWriter {
   void add_entry(const std::string& name, DType dtype, std::vector<std::int64_t> shape, const void* data,
                  Device* device);
   std::vector<Pending> tensors_;
+  std::unordered_set<std::string> names_;  // duplicate check in O(1): a checkpoint has pieces per parameter
   std::map<std::string, std::string> metadata_;
   std::uint64_t data_bytes_ = 0;
   std::size_t staging_bytes_ = std::size_t{8} << 20;

@@ -11,6 +11,11 @@ namespace megazero::train {
 
 // Installs the handlers (idempotent).
 void install_stop_signal_handlers();
+// While true (start-up: parsing, planning, building the model, loading a
+// checkpoint — minutes for a large model), a stop signal ends the process at
+// once with exit code 5 instead of waiting for a step boundary: there is no
+// state worth saving yet. The driver turns it off before its first step.
+void set_stop_is_immediate(bool immediate);
 // The signal received by this process, or 0.
 int stop_signal_received();
 // Collective over `world`: whether any rank received a stop signal.

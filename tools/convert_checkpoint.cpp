@@ -52,17 +52,23 @@ int do_export(int argc, char** argv) {
       ("load", po::value(&o.load), "a pretrain_gpt --save directory (its newest checkpoint) or one iter_NNNNNNN directory")
       ("output", po::value(&o.output), "directory to write model.safetensors and config.json into")
       ("dtype", po::value(&dtype)->default_value("fp32"), "fp32, fp16 or bf16 (rounded to nearest even)")
-      ("num-attention-heads", po::value(&o.num_attention_heads), "only for checkpoints whose configuration lacks it");
+      ("num-attention-heads", po::value(&o.num_attention_heads), "only for checkpoints whose configuration lacks it")
+      ("vocab-file", po::value(&o.vocab_file), "GPT-2 encoder.json: written as the export's vocab.json (with --merge-file)")
+      ("merge-file", po::value(&o.merge_file), "GPT-2 vocab.bpe: written as the export's merges.txt (with --vocab-file)");
   if (!parse(argc, argv, d, "convert_checkpoint export")) return 0;
   MZ_REQUIRE(dtype == "fp32" || dtype == "fp16" || dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '", dtype,
              "'");
   o.dtype = parse_dtype(dtype, "--dtype");
   const auto r = hf::export_checkpoint(o);
-  std::printf("convert_checkpoint: exported %s (iteration %lld; %s) to %s: %lld tensors, %.1f MiB %s, and config.json, "
+  std::printf("convert_checkpoint: exported %s (iteration %lld; %s) to %s: %lld tensors, %.1f MiB %s, and config.json%s, "
               "in %.2f s\n",
               r.checkpoint.c_str(), static_cast<long long>(r.iteration), describe(r.model).c_str(),
               r.safetensors.c_str(), static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1048576.0,
-              std::string(dtype_name(o.dtype)).c_str(), r.seconds);
+              std::string(dtype_name(o.dtype)).c_str(),
+              r.tokenizer ? ", vocab.json, merges.txt, tokenizer_config.json" : "", r.seconds);
+  if (!r.tokenizer)
+    std::printf("convert_checkpoint: note: no tokenizer files written; pass --vocab-file and --merge-file (GPT-2's "
+                "encoder.json and vocab.bpe, as given to pretrain_gpt) to include them\n");
   return 0;
 }
 

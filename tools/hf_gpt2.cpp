@@ -301,6 +301,21 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   MZ_REQUIRE(!o.output.empty(), "--output is required: the directory to write model.safetensors and config.json");
   MZ_REQUIRE(o.dtype == DType::F32 || o.dtype == DType::F16 || o.dtype == DType::BF16,
              "--dtype must be fp32, fp16 or bf16, got ", dtype_name(o.dtype));
+  MZ_REQUIRE(o.vocab_file.empty() == o.merge_file.empty(), "--vocab-file and --merge-file go together (GPT-2's "
+             "encoder.json and vocab.bpe): pass both, or neither for an export without tokenizer files");
+  std::string vocab, merges;
+  if (!o.vocab_file.empty()) {
+    vocab = checkpoint::read_small_file(o.vocab_file);
+    merges = checkpoint::read_small_file(o.merge_file);
+    try {
+      const auto j = nlohmann::json::parse(vocab);
+      MZ_REQUIRE(j.is_object() && !j.empty(), "--vocab-file ", o.vocab_file, ": not a JSON object of token -> id");
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError("--vocab-file " + o.vocab_file + ": not JSON (" + e.what() + "); pass GPT-2's encoder.json");
+    }
+    MZ_REQUIRE(merges.rfind("#version", 0) == 0 || merges.find(' ') != std::string::npos, "--merge-file ", o.merge_file,
+               ": not a BPE merges file (lines \"a b\"); pass GPT-2's vocab.bpe");
+  }
   ExportResult r;
   const auto opened = open_checkpoint(o.load);
   checkpoint::CheckpointReader& reader = *opened;
@@ -345,6 +360,17 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   fs::rename(tmp, final_path, ec);
   MZ_REQUIRE(!ec, "--output ", o.output, ": cannot rename '", tmp.string(), "': ", ec.message());
   checkpoint::write_file_atomically((fs::path(o.output) / "config.json").string(), gpt2_config_json(r.model, o.dtype));
+  if (!vocab.empty()) {
+    checkpoint::write_file_atomically((fs::path(o.output) / "vocab.json").string(), vocab);
+    checkpoint::write_file_atomically((fs::path(o.output) / "merges.txt").string(), merges);
+    const nlohmann::json tc = {{"tokenizer_class", "GPT2Tokenizer"},
+                               {"model_max_length", r.model.max_position_embeddings},
+                               {"bos_token", "<|endoftext|>"},
+                               {"eos_token", "<|endoftext|>"},
+                               {"unk_token", "<|endoftext|>"}};
+    checkpoint::write_file_atomically((fs::path(o.output) / "tokenizer_config.json").string(), tc.dump(2) + "\n");
+    r.tokenizer = true;
+  }
   r.safetensors = final_path.string();
   r.tensors = static_cast<I>(maps.size());
   r.bytes = fs::file_size(final_path);

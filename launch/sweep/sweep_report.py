@@ -11,7 +11,7 @@ Subcommands (sweep.sh calls them; `report` is also useful by hand):
   report   --out DIR         csv + the PNG charts + a table on stdout
 
 Status of a point: ok (exit 0 and metrics), oom (out of memory: the program's
-"out of ... memory" message, std::bad_alloc, CUDA OOM, Slurm OUT_OF_MEMORY, or
+memory pre-flight refusal or "out of ... memory" message, std::bad_alloc, CUDA OOM, Slurm OUT_OF_MEMORY, or
 a SIGKILL that was not the timeout: the kernel's OOM killer), timeout (the
 per-point limit), failed (anything else; exit_code and error say why).
 Metrics: the mean over the --metrics-file records after the first (warm-up)
@@ -39,7 +39,7 @@ COLUMNS = [
 ]
 
 OOM_PATTERNS = re.compile(
-    r"out of (host |device |GPU |CUDA )?memory|std::bad_alloc|Cannot allocate memory|CUDA error: out of memory|"
+    r"out of (host |device |GPU |CUDA )?memory|memory pre-flight: .*plan needs|std::bad_alloc|Cannot allocate memory|CUDA error: out of memory|"
     r"cudaErrorMemoryAllocation|CUBLAS_STATUS_ALLOC_FAILED|oom-kill|OUT_OF_MEMORY|Out Of Memory",
     re.IGNORECASE)
 ERROR_LINE = re.compile(r"error|abort|killed|fatal|BAD TERMINATION|CANCELLED|DUE TO TIME LIMIT", re.IGNORECASE)

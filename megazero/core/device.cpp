@@ -10,6 +10,7 @@
 #include <limits>
 #include <mutex>
 #include <cstring>
+#include <fstream>
 #include <new>
 
 #include "megazero/core/error.h"
@@ -218,6 +219,21 @@ void* CpuDevice::raw_allocate(std::size_t bytes) {
   return p;
 }
 void CpuDevice::raw_free(void* p, std::size_t) { std::free(p); }
+
+std::optional<Device::MemoryInfo> CpuDevice::memory_info() {
+  std::ifstream in("/proc/meminfo");
+  MemoryInfo info;
+  bool have_free = false, have_total = false;
+  for (std::string key; in >> key;) {
+    std::int64_t kib = 0;
+    in >> kib;
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+    if (key == "MemAvailable:") info.free = kib * 1024, have_free = true;
+    if (key == "MemTotal:") info.total = kib * 1024, have_total = true;
+  }
+  if (!have_free || !have_total) return std::nullopt;  // not Linux: no pre-flight
+  return info;
+}
 void CpuDevice::copy_to_host(void* dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }

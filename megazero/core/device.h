@@ -157,6 +157,9 @@ class CpuDevice final : public Device {
   ~CpuDevice() override { release_arena(); }
   DeviceKind kind() const override { return DeviceKind::CPU; }
   bool host_accessible() const override { return true; }
+  // The host's available and total memory (/proc/meminfo's MemAvailable and
+  // MemTotal), shared by every process on the host.
+  std::optional<MemoryInfo> memory_info() override;
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* src, std::size_t bytes) override;
   void copy_within(void* dst, const void* src, std::size_t bytes) override;

@@ -361,6 +361,13 @@ def cases():
     for name, code, regex, extra in ck:
         add(f"checkpoint.{name}", code, regex, resume + extra)
 
+    # A model this host cannot hold: the memory pre-flight refuses it before allocating, once, naming what fits.
+    add("memory.host-preflight", E2, "memory pre-flight: rank 0's plan needs .* but this rank's share of the host's "
+        "available memory \\(1/2\\)", "{TRAIN} --num-layers 64 --hidden-size 16384 --num-attention-heads 128 "
+        "--seq-length 32 --max-position-embeddings 32 --mock-data --vocab-size 256 --train-iters 1")
+    add("memory.host-preflight-reports", 0, "memory pre-flight: planned peak [0-9.]+ MiB per rank .* free per rank in "
+        "host memory", "{TRAIN} " + TINY)
+
     # ---- outputs and data.
     data = "{TRAIN} --config {CFG} --vocab-size 50257 --train-iters 1 --log-interval 1"
     io = [

@@ -3,7 +3,7 @@
 # (mpiexec through launch/local/pretrain_gpt.sh) end to end. Each step checked:
 #  1. weak scaling over 1 and 2 ranks (global batch 8 -> 16): 2 ok points;
 #  2. the same results directory, one more point: a model too big for this
-#     machine, recorded as oom (the program's "out of host memory", exit 2),
+#     machine, recorded as oom (the program's memory pre-flight refusal, exit 2),
 #     not a crash of the sweep;
 #  3. results.csv has the 3 rows with the documented columns; the 3 PNG charts
 #     exist and are not empty; env.json/env.txt record host, CPU, MPI, commit;
@@ -20,7 +20,7 @@ sweep=("$src/launch/sweep/sweep.sh" --backend local --out "$work/sweep" --exe "$
 
 "${sweep[@]}" --ranks 1,2 --model 2:64:4 --scaling weak >"$work/run1.log" 2>&1 || fail "the weak-scaling sweep failed"
 "${sweep[@]}" --ranks 1 --model 64:16384:128 --scaling weak >"$work/run2.log" 2>&1 || fail "the sweep with an OOM point failed"
-grep -q "oom (exit code 2): .*out of host memory" "$work/run2.log" || fail "the OOM point was not reported as oom"
+grep -q "oom (exit code 2): .*memory pre-flight: rank 0's plan needs" "$work/run2.log" || fail "the OOM point was not reported as oom"
 csv="$work/sweep/results.csv"
 /usr/bin/python3 - "$csv" <<'EOF' || fail "results.csv content"
 import csv, sys
@@ -42,7 +42,7 @@ for r in ok.values():
     assert float(r["exposed_dp_comm_ms"]) >= 0
 oom = [r for r in rows if r["status"] == "oom"]
 assert len(oom) == 1 and oom[0]["num_layers"] == "64" and oom[0]["exit_code"] == "2", rows
-assert "out of host memory" in oom[0]["error"] and oom[0]["tokens_per_s"] == ""
+assert "memory pre-flight" in oom[0]["error"] and oom[0]["tokens_per_s"] == ""
 print("sweep_local_e2e: results.csv: 2 ok (weak scaling, batch 8 -> 16), 1 oom")
 EOF
 for png in throughput_per_rank memory_per_rank scaling_efficiency; do

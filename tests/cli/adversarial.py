@@ -241,7 +241,8 @@ def cases():
              "no-async-tensor-model-parallel-allreduce", "attention-softmax-in-fp32",
              "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models", "overlap-param-gather",
              "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
-             "log-memory-to-tensorboard", "no-load-rng"]
+             "log-memory-to-tensorboard", "no-load-rng", "no-persist-layer-norm", "apply-query-key-layer-scaling",
+             "no-query-key-layer-scaling", "use-cpu-initialization", "log-params-norm", "log-num-zeros-in-grad"]
     for flag in inert:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ", f"{minimal} --train-iters 1 --{flag}")
     for flag, value in [("DDP-impl", "local"), ("num-workers", "2"), ("transformer-impl", "local"),
@@ -270,6 +271,8 @@ def cases():
         ("position-embedding-type", "rope", "--position-embedding-type rope: not implemented yet"),
         ("data-impl", "lazy", "--data-impl lazy: datasets are always memory-mapped"),
         ("tokenizer-type", "SentencePieceTokenizer", "--tokenizer-type SentencePieceTokenizer: the data is tokenized"),
+        ("loss-scale", "1024", "--loss-scale: static loss scaling is not implemented"),
+        ("rampup-batch-size", "4", "--rampup-batch-size: batch-size ramp-up is not implemented"),
     ]
     for flag, value, regex in refused:
         add(f"megatron.refused.{flag}={value or 'on'}", E2, regex, f"{minimal} --train-iters 1 --{flag} {value}".rstrip())

@@ -34,6 +34,8 @@ void install_stop_signal_handlers() {
   sigaction(SIGUSR1, &sa, nullptr);
 }
 
+void clear_stop_signal() { g_signal = 0; }
+
 int stop_signal_received() { return static_cast<int>(g_signal); }
 
 bool stop_requested_anywhere(Communicator& world) {

@@ -16,6 +16,8 @@ void install_stop_signal_handlers();
 // once with exit code 5 instead of waiting for a step boundary: there is no
 // state worth saving yet. The driver turns it off before its first step.
 void set_stop_is_immediate(bool immediate);
+// Forgets a received signal (a process that trains again after a stop: tests).
+void clear_stop_signal();
 // The signal received by this process, or 0.
 int stop_signal_received();
 // Collective over `world`: whether any rank received a stop signal.

@@ -1,0 +1,615 @@
+#include "megazero/trainer/trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <optional>
+
+#include "layers/gpt_model.h"
+#include "megazero/checkpoint/checkpoint.h"
+#include "megazero/comm/activity.h"
+#include "megazero/comm/consensus.h"
+#include "megazero/comm/fault_tolerance.h"
+#include "megazero/comm/mpi_communicator.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/comm/nccl_communicator.h"
+#endif
+#include "megazero/plan/memory_plan.h"
+#include "megazero/plan/memory_preflight.h"
+#include "megazero/train/sample_source.h"
+#include "megazero/train/stop_signals.h"
+#include "megazero/train/tensorboard_writer.h"
+#include "megazero/train/train_step.h"
+#include "megazero/zero/partitioned_activations.h"
+#include "megazero/zero/zero_engine.h"
+
+namespace megazero::train {
+namespace {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// min, max and the slowest rank of a per-rank value over the world.
+struct Spread {
+  double min, max;
+  int slowest;
+};
+Spread spread(Communicator& world, double v) {
+  auto cpu = make_device(DeviceKind::CPU);
+  Tensor t = Tensor::empty(cpu, {3}, DType::F64, MemoryCategory::Workspace);
+  t.host_data<double>()[0] = v;
+  t.host_data<double>()[1] = -v;
+  t.host_data<double>()[2] = 0;
+  world.all_reduce(t, ReduceOp::Max).wait();
+  const double mx = t.host_data<double>()[0];
+  Tensor who = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::Workspace);
+  who.host_data<std::int64_t>()[0] = v == mx ? world.size() - world.rank() : 0;
+  world.all_reduce(who, ReduceOp::Max).wait();
+  return {-t.host_data<double>()[1], mx, world.size() - static_cast<int>(who.host_data<std::int64_t>()[0])};
+}
+
+double max_over(Communicator& world, double v) { return spread(world, v).max; }
+
+// Test fault injection: MEGAZERO_TEST_KILL_IN_SAVE=RANK[@ITERATION] makes that
+// world rank die with its shard half written (during the save of ITERATION, or
+// of any iteration); MEGAZERO_TEST_NAN_LOSS_AT=ITERATION reports a NaN loss
+// there, as a diverged run would.
+int kill_in_save_rank(std::int64_t iteration) {
+  const char* v = std::getenv("MEGAZERO_TEST_KILL_IN_SAVE");
+  if (!v) return -1;
+  const std::string s(v);
+  const auto at = s.find('@');
+  if (at != std::string::npos && std::stoll(s.substr(at + 1)) != iteration) return -1;
+  return std::stoi(s.substr(0, at));
+}
+std::int64_t nan_loss_at() {
+  const char* v = std::getenv("MEGAZERO_TEST_NAN_LOSS_AT");
+  return v ? std::stoll(v) : -1;
+}
+
+std::string mib_per_s(double bytes, double seconds) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.1f MiB/s", seconds > 0 ? bytes / 1048576.0 / seconds : 0.0);
+  return b;
+}
+
+}  // namespace
+
+// Everything a run holds, under the names the steps below use.
+struct Trainer::Impl {
+  TrainArgs args;
+  Clock::time_point t_process;
+  std::unique_ptr<parallel_state::ProcessGroups> groups;
+  std::unique_ptr<SampleSource> source;
+  bool root = false;
+  int dp = 1, local_ranks = 1, local_index = 0;
+  std::int64_t global = 0, accum = 1, S = 0;
+  std::string host_name;
+  std::shared_ptr<Device> device, host;
+  bool on_gpu = false;
+  layers::ParameterSet params;
+  std::unique_ptr<layers::GPTModel> model_;
+  std::unique_ptr<zero::ZeroEngine> engine_;
+  std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
+  OptimizerSettings opt;
+  std::unique_ptr<optim::LossScaler> scaler_;
+  checkpoint::Placement placement;
+  std::int64_t start_iter = 0, consumed_at_start = 0, last_saved = -1;
+  std::ofstream metrics;
+  std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes, as Megatron's
+  double peak = 0, flops_per_iter = 0;
+
+  void setup(std::unique_ptr<Communicator> world_comm);
+  void build();
+  void save(std::int64_t iteration);
+  std::vector<MicroBatch> micro_batches(std::int64_t it, Split split);
+  double evaluate(std::int64_t at);
+  TrainResult train();
+  void scalar(const char* tag, std::int64_t step, double v) {
+    if (tensorboard) tensorboard->add_scalar(tag, step, v);
+  }
+};
+
+void Trainer::Impl::setup(std::unique_ptr<Communicator> world_comm) {
+  set_collective_timeout(args.collective_timeout);
+  set_check_collectives_default(args.check_collectives);
+  world_comm->enable_collective_checking(args.check_collectives);
+  groups = parallel_state::ProcessGroups::create(std::move(world_comm), args.parallel);
+  Communicator& world = groups->world();
+  root = world.rank() == 0;
+  dp = groups->dp_size();
+  source = run_consistently(world, [&] { return make_sample_source(args); });
+  args.model.vocab_size = source->vocab_size();
+  run_consistently(world, [&] { args.model.validate(groups->tp_size()); });
+  global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
+  accum = global / (args.micro_batch_size * dp);
+  S = args.model.seq_length;
+  // This rank's place among the ranks on its host (the real machine, whatever
+  // --ranks-per-node says): it shares the host's cores and picks its GPU by it.
+  const auto& hosts = groups->hosts();
+  host_name = hosts[static_cast<std::size_t>(world.rank())];
+  local_ranks = static_cast<int>(std::count(hosts.begin(), hosts.end(), host_name));
+  local_index = static_cast<int>(std::count(hosts.begin(), hosts.begin() + world.rank(), host_name));
+  // Math threads: the environment's count, else this host's cores shared by
+  // the ranks on it (every rank taking all cores makes two ranks on two
+  // cores several times slower than one thread each).
+  std::string threads_from = cpu_math_threads_variable();
+  if (threads_from.empty()) {
+    set_cpu_math_threads(std::max(1, cpu_cores() / local_ranks));
+    threads_from = std::to_string(cpu_cores()) + " cores shared by " + std::to_string(local_ranks) + " ranks on this host";
+  }
+  if (root) {
+    std::cout << "math threads per rank: " << cpu_math_threads() << " (" << threads_from
+              << "; set MEGAZERO_NUM_THREADS to override)\n";
+    for (const auto& note : args.notes) std::cout << "note: " << note << "\n";
+    std::cout << groups->describe() << "---- resolved configuration ----\n" << args.to_config()
+              << "---- data: " << source->describe() << "\n" << std::flush;
+  }
+}
+
+void Trainer::Impl::build() {
+  Communicator& world = groups->world();
+  // --device cuda: the GPU of this rank's place on its host. cpu-isolated: the
+  // CPU kernels over memory host code cannot touch (a GPU's rules, for tests).
+  device = run_consistently(world, [&] {
+    if (args.device != "cuda") return make_device(args.device);
+    const int gpus = cuda_visible_devices();
+    MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", host_name,
+               " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
+    return make_device(DeviceKind::CUDA, local_index % gpus);
+  });
+  on_gpu = device->kind() == DeviceKind::CUDA;
+  // This rank's plan (the model, the engine and two iterations on the meta
+  // device, in the order this run allocates), made once if the pre-flight or
+  // the arena needs it.
+  std::optional<plan::RankMemoryPlan> rank_plan;
+  auto my_plan = [&]() -> const plan::RankMemoryPlan& {
+    if (!rank_plan) {
+      Activity activity("planning this rank's memory");
+      rank_plan = plan::plan_rank_memory(args, world.size(), world.rank(), device->kind());
+    }
+    return *rank_plan;
+  };
+  // The memory pre-flight (a device with a capacity: a GPU): a run that cannot
+  // fit is refused before it allocates, on every rank alike, saying what would fit.
+  // Host memory is shared by the ranks on the host: each gets its share of what is available.
+  auto device_memory = device->memory_info();
+  const bool shared_host = device_memory && device->host_accessible();
+  if (shared_host) device_memory->free /= local_ranks;
+  const std::string memory_name =
+      shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")")
+                  : device->name();
+  if (device_memory) {
+    const auto verdict = run_consistently(world, [&] {
+      const auto v = plan::memory_preflight(args, world.size(), world.rank(), device->kind(), my_plan(),
+                                            device_memory->free);
+      MZ_REQUIRE(v.fits, plan::preflight_error(v, memory_name, world.rank(), device_memory->total));
+      return v;
+    });
+    const double most = max_over(world, static_cast<double>(verdict.needed));
+    const double least_free = -max_over(world, -static_cast<double>(verdict.available));
+    if (root)
+      std::printf("memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free %s "
+                  "(the least over ranks%s)\n",
+                  most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0,
+                  shared_host ? "per rank in host memory" : "on the device",
+                  shared_host ? "" : "; the CUDA context and NCCL's buffers come out of it");
+  }
+  if (args.device_arena) {
+    // The arena's size: the plan's first-fit heap peak, which the tracker's model of this device reproduces.
+    Activity activity("planning the device arena");
+    device->reserve_arena(static_cast<std::size_t>(my_plan().step_heap_peak));
+    const double most = max_over(world, static_cast<double>(my_plan().step_heap_peak));
+    if (root)
+      std::printf("device arena (MD): %.1f MiB reserved per rank (the largest; each rank its planned first-fit peak)\n",
+                  most / 1048576.0);
+  }
+  // --distributed-backend: the TP and DP groups on NCCL when asked, or by
+  // default when every rank has a GPU of its own (NCCL refuses two ranks on
+  // one GPU); otherwise MPI, staging GPU tensors through host memory.
+  const int gpus = on_gpu ? cuda_visible_devices() : 0;
+  const bool shares_gpu = on_gpu && local_ranks > gpus;
+  const bool any_shares = max_over(world, shares_gpu ? 1.0 : 0.0) > 0;
+  run_consistently(world, [&] {
+    MZ_REQUIRE(args.distributed_backend != "nccl" || !any_shares, "--distributed-backend nccl: ranks share a GPU ",
+               "(", local_ranks, " ranks on ", host_name, " for ", gpus,
+               " visible GPUs) and NCCL takes one GPU per rank; start fewer ranks per node or use "
+               "--distributed-backend mpi");
+  });
+  const bool use_nccl = on_gpu && !any_shares && args.distributed_backend != "mpi";
+  if (use_nccl) {
+#ifdef MEGAZERO_WITH_CUDA
+    auto gpu = std::dynamic_pointer_cast<CudaDevice>(device);
+    MZ_CHECK(gpu, "--device cuda made no CudaDevice");
+    groups->use_device_groups([&](Communicator& bootstrap, const std::string& name) -> std::unique_ptr<Communicator> {
+      return std::make_unique<NcclCommunicator>(bootstrap, gpu, name);
+    });
+#endif
+  }
+  if (root)
+    std::printf("collectives: tp %s, dp %s, world %s%s\n", std::string(groups->tp().backend()).c_str(),
+                std::string(groups->dp().backend()).c_str(), std::string(world.backend()).c_str(),
+                on_gpu && !use_nccl ? " (GPU tensors staged through host memory)" : "");
+  model_ = std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
+  auto& model = *model_;
+  const zero::ZeroConfig zc = args.engine_config();
+  engine_ = std::make_unique<zero::ZeroEngine>(params, groups->dp(), groups->tp(), device, zc);
+  auto& engine = *engine_;
+  engine.initialize(args.seed);
+  // ZeRO-R: where recomputing layers keep their inputs (Pa, Pa+cpu, MD).
+  host = make_device(DeviceKind::CPU);  // host memory for Pa+cpu, with its own counters
+  if (args.zero_r.any()) {
+    checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
+                                                                 static_cast<int>(args.model.num_layers));
+    model.set_checkpoint_store(checkpoints.get());
+    checkpoints->reserve(args.checkpoint_elements(), args.dtype());
+  }
+  if (root) {
+    // Megatron prints the parameter count; this also names the model's
+    // kernel choices, so a log says which path a run took.
+    std::int64_t total = 0;
+    for (const auto* p : params.all()) total += shape_numel(p->global_shape);
+    const auto& m = args.model;
+    std::printf("model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
+                "%lld): %.2fM parameters, %.2fM held by each TP rank; attention %s, bias-GeLU fusion %s, "
+                "recompute %s\n",
+                static_cast<long long>(m.num_layers), static_cast<long long>(m.hidden_size),
+                static_cast<long long>(m.num_attention_heads), static_cast<long long>(m.ffn()),
+                static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
+                static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
+                static_cast<double>(params.local_numel()) / 1e6, m.attention_backend.c_str(),
+                m.bias_gelu_fusion ? "on" : "off", m.recompute_activations ? "on" : "off");
+    if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
+    std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",
+                !args.model.recompute_activations ? "off (no --recompute-activations)"
+                : args.zero_r.partition_activations ? ("partitioned 1/" + std::to_string(groups->tp_size()) + " per TP rank (Pa)").c_str()
+                                                    : "whole on every TP rank",
+                args.zero_r.cpu_checkpointing ? ", in host memory (Pa+cpu)" : "",
+                args.zero_r.contiguous_memory ? ", in one pre-allocated arena (MD)" : "",
+                engine.constant_buffers().c_str());
+    std::fflush(stdout);
+  }
+  opt = OptimizerSettings{args.adam, args.lr, args.clip_grad};
+  optim::LossScalerConfig lsc = args.loss_scale;
+  lsc.dynamic = args.fp16;
+  scaler_ = std::make_unique<optim::LossScaler>(lsc);
+  auto& scaler = *scaler_;
+
+  // Resume: the newest good checkpoint under --load, in whatever layout it was saved.
+  placement = checkpoint::Placement::of(*groups);
+  if (!args.load.empty()) {
+    Activity activity("loading a checkpoint");
+    const auto res = checkpoint::load_checkpoint(args.load, engine, placement);
+    if (root)
+      for (const auto& r : res.rejected) std::printf(" WARNING: skipped unusable checkpoint %s\n", r.c_str());
+    if (res.loaded) {
+      start_iter = res.state.iteration;
+      consumed_at_start = res.state.consumed_samples;
+      scaler.restore(res.state.loss_scaler);
+      if (root) {
+        std::printf(" loaded checkpoint %s: iteration %lld, consumed samples %lld (saved at TP %d x DP %d, ZeRO stage "
+                    "%d) in %.2f s: %s per rank, %s total\n",
+                    res.io.path.c_str(), static_cast<long long>(start_iter), static_cast<long long>(consumed_at_start),
+                    res.saved_tp, res.saved_dp, res.saved_stage, res.io.max_seconds,
+                    mib_per_s(static_cast<double>(res.io.rank_bytes), res.io.seconds).c_str(),
+                    mib_per_s(static_cast<double>(res.io.total_bytes), res.io.max_seconds).c_str());
+        if (res.state.seed != args.seed)
+          std::printf(" WARNING: the checkpoint was trained with --seed %llu, this run uses %llu: data order and "
+                      "dropout change from here on\n",
+                      static_cast<unsigned long long>(res.state.seed), static_cast<unsigned long long>(args.seed));
+      }
+    } else if (root) {
+      std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
+    }
+    std::fflush(stdout);
+    if (res.loaded) {  // every rank holds the same manifest: these checks agree by construction
+      if (start_iter > args.train_iters)
+        throw AgreedConfigError(detail::concat(
+            "--train-iters ", args.train_iters, " but the checkpoint ", res.io.path, " is at iteration ", start_iter,
+            ": nothing to train; --train-iters counts from the start of training (as Megatron's), so raise it above ",
+            start_iter));
+      std::string note;
+      try {
+        note = reconcile_lr_schedule(args, res.state.config, start_iter);
+      } catch (const ConfigError& e) {
+        throw AgreedConfigError(e.what());
+      }
+      opt.lr = args.lr;
+      if (root && !note.empty()) std::printf(" note: %s\n", note.c_str());
+      if (root && start_iter == args.train_iters)
+        std::printf(" the checkpoint is at --train-iters %lld already: nothing to train\n",
+                    static_cast<long long>(args.train_iters));
+    }
+  }
+  run_consistently(world, [&] {
+    if (!root || args.metrics_file.empty()) return;
+    metrics.open(args.metrics_file, std::ios::trunc);
+    MZ_REQUIRE(metrics.good(), "--metrics-file: cannot write '", args.metrics_file, "'");
+  });
+  run_consistently(world, [&] {
+    if (root && !args.tensorboard_dir.empty()) tensorboard.emplace(args.tensorboard_dir);
+  });
+  // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
+  peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
+  flops_per_iter = model.flops_per_token(args.model.recompute_activations) * static_cast<double>(global * S);
+}
+
+void Trainer::Impl::save(std::int64_t iteration) {
+  auto& engine = *engine_;
+  auto& scaler = *scaler_;
+    Activity activity("saving a checkpoint");
+    checkpoint::TrainState st;
+    st.iteration = iteration;
+    st.consumed_samples = consumed_at_start + (iteration - start_iter) * global;
+    st.seed = args.seed;
+    st.loss_scaler = scaler.state();
+    st.config = args.to_config();
+    checkpoint::SaveOptions so;
+    so.keep = args.keep_checkpoints;
+    so.kill_rank_midway = kill_in_save_rank(iteration);
+    const auto io = checkpoint::save_checkpoint(args.save, st, engine, placement, so);
+    if (root)
+      std::printf(" saved checkpoint %s in %.2f s: %.1f MiB, %s per rank, %s total\n", io.path.c_str(),
+                  io.max_seconds, static_cast<double>(io.total_bytes) / 1048576.0,
+                  mib_per_s(static_cast<double>(io.rank_bytes), io.seconds).c_str(),
+                  mib_per_s(static_cast<double>(io.total_bytes), io.max_seconds).c_str());
+    std::fflush(stdout);
+}
+
+std::vector<MicroBatch> Trainer::Impl::micro_batches(std::int64_t it, Split split) {
+    std::vector<MicroBatch> mbs;
+    for (std::int64_t m = 0; m < accum; ++m) {
+      MicroBatch mb;
+      mb.step.seed = args.seed;
+      mb.step.iteration = static_cast<std::uint64_t>(it);
+      mb.step.micro_batch = args.micro_batch_size;
+      mb.step.seq = S;
+      mb.step.training = split == Split::Train;
+      mb.step.sample_offset = groups->dp_rank() * (global / dp) + m * args.micro_batch_size;
+      // Training reads from the data position (consumed samples), so a resumed
+      // run continues where the checkpoint left off.
+      const std::int64_t base =
+          split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
+      source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, host, mb.ids, mb.targets);
+      if (!device->host_accessible()) {  // tokens are made on the host; one copy each to the device
+        for (Tensor* t : {&mb.ids, &mb.targets}) {
+          Tensor d = Tensor::empty(device, t->shape(), DType::I64, MemoryCategory::Activations);
+          d.copy_from(*t);
+          *t = d;
+        }
+      }
+      mbs.push_back(std::move(mb));
+    }
+    return mbs;
+}
+
+double Trainer::Impl::evaluate(std::int64_t at) {
+  Communicator& world = groups->world();
+  auto& model = *model_;
+    double sum = 0;
+    for (std::int64_t e = 0; e < args.eval_iters; ++e)
+      for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, Split::Valid); }))
+        sum += model.forward(mb.ids, mb.targets, mb.step);
+    const double loss = all_reduce_value(
+        groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
+    if (root) std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss, std::exp(loss));
+    scalar("lm loss validation", at, loss);
+    scalar("lm loss validation ppl", at, std::exp(loss));
+    if (tensorboard) tensorboard->flush();
+    return loss;
+}
+
+TrainResult Trainer::Impl::train() {
+  Communicator& world = groups->world();
+  auto& model = *model_;
+  auto& engine = *engine_;
+  auto& scaler = *scaler_;
+  TrainResult result;
+  result.start_iteration = start_iter;
+  result.last_iteration = start_iter;
+  const auto t_start = Clock::now();
+  double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
+  double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
+  std::int64_t nan_total = 0, window_iters = 0;
+  const std::int64_t nan_at = nan_loss_at();
+  bool first = true;
+  // From here a stop signal waits for the step boundary and saves.
+  set_stop_is_immediate(false);
+  if (stop_signal_received() != 0 && root)  // one that came in between is still honoured below
+    std::printf("a stop signal arrived during start-up; stopping after the first step\n");
+  for (std::int64_t it = start_iter; it < args.train_iters; ++it) {
+    set_activity_iteration(it + 1);
+    const auto t0 = Clock::now();
+    // Bad data (a token id past --vocab-size) fails one rank's samples: every
+    // rank stops alike, with that rank's message (one tiny all-reduce).
+    auto mbs = run_consistently(world, [&] { return micro_batches(it, Split::Train); });
+    const double t_data = seconds_since(t0);
+    const auto t1 = Clock::now();
+    StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it);
+    if (it + 1 == nan_at) r.loss = std::nan("");
+    const double t_step = seconds_since(t1);
+    window_time += seconds_since(t0);
+    ++window_iters;
+    window_data += t_data;
+    window_step += t_step;
+    window_fwd += r.forward_s;
+    window_bwd += r.backward_s;
+    window_opt += r.optimizer_s;
+    window_comm += r.exposed_comm_s;
+    result.losses.push_back(r.loss);
+    result.last_iteration = it + 1;
+    if (first) first_loss = r.loss;
+    first = false;
+    last_loss = r.loss;
+    // The loss is the all-reduced mean: every rank takes the same branch. With
+    // fp16 a non-finite loss is an overflow the scaler already handled.
+    if (!std::isfinite(r.loss) && !args.fp16) {
+      ++nan_total;
+      if (args.on_nan_loss == "stop")
+        throw AgreedConfigError(detail::concat(
+            "the loss is ", r.loss, " at iteration ", it + 1,
+            "; training stopped instead of continuing on garbage (the step was not applied): lower --lr, raise "
+            "--lr-warmup-iters or use --clip-grad, resume from the last checkpoint with --load, or pass "
+            "--on-nan-loss skip to skip such iterations"));
+    }
+    if ((it + 1) % args.log_interval == 0 || it + 1 == args.train_iters) {
+      const std::int64_t n = window_iters;
+      const double per_iter = window_time / static_cast<double>(n);
+      const auto data_spread = spread(world, window_data / static_cast<double>(n));
+      const auto step_spread = spread(world, window_step / static_cast<double>(n));
+      const double nd = static_cast<double>(n);
+      const auto fwd = spread(world, window_fwd / nd), bwd = spread(world, window_bwd / nd);
+      const auto optim_t = spread(world, window_opt / nd), comm = spread(world, window_comm / nd);
+      const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
+      const auto mem = device->memory().snapshot();
+      const double ckpt_peak = max_over(
+          world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
+      const double heap_peak = max_over(world, static_cast<double>(mem.heap_peak_bytes));
+      const double arena_misses = max_over(world, static_cast<double>(device->arena_stats().misses));
+      const double act_peak = max_over(
+          world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
+      const double host_ckpt_peak = max_over(
+          world, static_cast<double>(host->memory().snapshot().by_category[static_cast<std::size_t>(
+                                         MemoryCategory::ActivationCheckpoints)].peak_bytes));
+      const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
+      const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
+      if (root) {
+        std::printf(
+            " iteration %8lld/%8lld | consumed samples %10lld | elapsed time per iteration (ms): %.1f | learning rate "
+            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f | number of skipped "
+            "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
+            "peak memory (max over ranks) %.1f MiB%s | ETA %.0f s\n",
+            static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
+            static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
+            r.loss_scale, r.stats.grad_norm, static_cast<long long>(scaler.skipped_steps()),
+            static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops,
+            100.0 * tflops / peak, peak_mib,
+            args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str() : "",
+            eta);
+        std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
+                    "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)\n",
+                    data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3,
+                    bwd.max * 1e3, optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3,
+                    step_spread.min * 1e3, step_spread.max * 1e3, step_spread.slowest);
+        std::fflush(stdout);
+        if (metrics.is_open())
+          metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
+                  << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
+                  << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << scaler.skipped_steps()
+                  << ", \"nan_iterations\": " << nan_total
+                  << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": "
+                  << static_cast<double>(global * S) / per_iter << ", \"tflops_per_rank\": " << tflops
+                  << ", \"mfu\": " << tflops / peak << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0
+                  << ", \"forward_ms\": " << fwd.max * 1e3 << ", \"backward_ms\": " << bwd.max * 1e3
+                  << ", \"optimizer_ms\": " << optim_t.max * 1e3 << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3
+                  << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
+                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak << ", \"first_fit_heap_peak_bytes\": " << heap_peak
+                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak
+                  << ", \"arena_misses\": " << arena_misses << "}\n"
+                  << std::flush;
+      }
+      if (tensorboard) {  // Megatron's tags where it has them
+        const std::int64_t step = it + 1;
+        scalar("lm loss", step, r.loss);
+        scalar("learning-rate", step, r.lr);
+        scalar("grad-norm", step, r.stats.grad_norm);
+        scalar("loss-scale", step, r.loss_scale);
+        scalar("batch-size", step, static_cast<double>(global));
+        scalar("skipped-iterations", step, static_cast<double>(scaler.skipped_steps()));
+        scalar("nan-iterations", step, static_cast<double>(nan_total));
+        scalar("iteration-time-ms", step, per_iter * 1e3);
+        scalar("throughput/tokens-per-second", step, static_cast<double>(global * S) / per_iter);
+        scalar("throughput/tflops-per-rank", step, tflops);
+        scalar("throughput/mfu", step, tflops / peak);
+        scalar("memory/peak-mib", step, peak_mib);
+        scalar("timers/data-ms", step, data_spread.max * 1e3);
+        scalar("timers/forward-ms", step, fwd.max * 1e3);
+        scalar("timers/backward-ms", step, bwd.max * 1e3);
+        scalar("timers/optimizer-ms", step, optim_t.max * 1e3);
+        scalar("timers/exposed-dp-comm-ms", step, comm.max * 1e3);
+        tensorboard->flush();
+      }
+      window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;
+      window_iters = 0;
+    }
+    if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) {
+      Activity activity("evaluation");
+      evaluate(it + 1);
+    }
+    if (!args.save.empty() && args.save_interval > 0 && (it + 1) % args.save_interval == 0) {
+      save(it + 1);
+      last_saved = it + 1;
+    }
+    // --exit-interval / --exit-duration-in-mins (Megatron's): save and exit 0.
+    // Rank 0's clock decides, so every rank stops after the same step.
+    const bool exit_interval_hit = args.exit_interval > 0 && (it + 1) % args.exit_interval == 0;
+    const bool exit_duration_hit =
+        args.exit_duration_in_mins > 0 &&
+        broadcast_string(world, seconds_since(t_process) / 60.0 >= args.exit_duration_in_mins ? "1" : "0") == "1";
+    if ((exit_interval_hit || exit_duration_hit) && it + 1 < args.train_iters) {
+      if (!args.save.empty() && last_saved != it + 1) save(it + 1);
+      if (root)
+        std::printf("exiting after iteration %lld: %s reached%s\n", static_cast<long long>(it + 1),
+                    exit_interval_hit ? "--exit-interval" : "--exit-duration-in-mins",
+                    args.save.empty() ? " (no --save: nothing saved)" : ", checkpoint saved");
+      std::fflush(stdout);
+      return result;
+    }
+    if (stop_requested_anywhere(world)) {
+      if (!args.save.empty() && last_saved != it + 1) save(it + 1);
+      if (root)
+        std::printf("stopping after iteration %lld on a stop signal (SIGTERM/SIGUSR1)%s; exit code %d\n",
+                    static_cast<long long>(it + 1),
+                    args.save.empty() ? " without a checkpoint (no --save)" : ", checkpoint saved", kExitStoppedBySignal);
+      std::fflush(stdout);
+      result.exit_code = kExitStoppedBySignal;
+      return result;
+    }
+  }
+  set_activity_iteration(-1);
+  if (!args.save.empty() && last_saved != args.train_iters && start_iter < args.train_iters) save(args.train_iters);
+  set_activity("final evaluation");
+  const double valid = args.eval_iters > 0 ? evaluate(args.train_iters) : 0.0;
+  result.validation_loss = valid;
+  if (root && checkpoints && args.zero_r.contiguous_memory && args.train_iters > start_iter) {
+    // MD: what the arenas replaced — allocations that would have been made
+    // (and freed) among short-lived activations every iteration.
+    const double iters = static_cast<double>(args.train_iters - start_iter);
+    std::printf("MD: per iteration, %.0f activation checkpoints placed in a %.2f MiB arena and %.0f group gradients "
+                "in reserved buffers, instead of as many allocations interleaved with transient activations\n",
+                static_cast<double>(checkpoints->stats().arena_fills) / iters,
+                static_cast<double>(checkpoints->stats().arena_bytes) / 1048576.0,
+                static_cast<double>(engine.gradient_arena_fills()) / iters);
+  }
+  if (root) {
+    char vtext[64];
+    if (args.eval_iters > 0)
+      std::snprintf(vtext, sizeof vtext, "validation loss %.4f", valid);
+    else
+      std::snprintf(vtext, sizeof vtext, "no validation (--eval-iters 0)");
+    std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, %s\n",
+                static_cast<long long>(args.train_iters - start_iter), seconds_since(t_start), first_loss, last_loss,
+                vtext);
+  }
+  return result;
+}
+
+Trainer::Trainer(TrainArgs args, std::unique_ptr<Communicator> world, Clock::time_point process_start)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->args = std::move(args);
+  impl_->t_process = process_start;
+  impl_->setup(std::move(world));
+}
+Trainer::~Trainer() = default;
+void Trainer::build() { impl_->build(); }
+TrainResult Trainer::train() { return impl_->train(); }
+double Trainer::evaluate(std::int64_t iteration) { return impl_->evaluate(iteration); }
+void Trainer::save(std::int64_t iteration) { impl_->save(iteration); }
+const TrainArgs& Trainer::args() const { return impl_->args; }
+Communicator& Trainer::world() { return impl_->groups->world(); }
+
+}  // namespace megazero::train

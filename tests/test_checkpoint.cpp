@@ -28,15 +28,7 @@ namespace {
 
 MpiCommunicator& world() { return test_world(); }
 
-// A fresh directory under /tmp, the same path on every rank.
-std::string shared_temp_dir() {
-  std::string d;
-  if (world().rank() == 0) {
-    char tmpl[] = "/tmp/mz-ckpt-XXXXXX";
-    d = ::mkdtemp(tmpl);
-  }
-  return broadcast_string(world(), d);
-}
+std::string shared_temp_dir() { return testing_util::shared_temp_dir("mz-ckpt"); }
 
 Placement place(ZeroRun& r) { return {&world(), r.tp->rank(), r.tp->size()}; }
 

@@ -37,14 +37,7 @@ namespace {
 MpiCommunicator& world() { return test_world(); }
 void barrier() { world().barrier().wait(); }
 
-std::string shared_temp_dir() {
-  std::string d;
-  if (world().rank() == 0) {
-    char tmpl[] = "/tmp/mz-hf-XXXXXX";
-    d = ::mkdtemp(tmpl);
-  }
-  return broadcast_string(world(), d);
-}
+std::string shared_temp_dir() { return testing_util::shared_temp_dir("mz-hf"); }
 
 std::string local_temp_dir() {
   char tmpl[] = "/tmp/mz-hf-XXXXXX";

@@ -26,14 +26,7 @@ namespace {
 
 MpiCommunicator& world() { return testing_util::test_world(); }
 
-std::string shared_temp_dir() {
-  std::string d;
-  if (world().rank() == 0) {
-    char tmpl[] = "/tmp/mz-trainer-XXXXXX";
-    d = ::mkdtemp(tmpl);
-  }
-  return broadcast_string(world(), d);
-}
+std::string shared_temp_dir() { return testing_util::shared_temp_dir("mz-trainer"); }
 
 // pretrain_gpt's parsing and validation of these flags (a tiny GPT, mock data, TP 2 or DP 2).
 TrainArgs args_of(std::vector<std::string> flags) {

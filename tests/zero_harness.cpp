@@ -1,10 +1,12 @@
 #include "zero_harness.h"
 
+#include "megazero/comm/consensus.h"
 #include "test_device.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "megazero/core/error.h"
 
@@ -22,6 +24,15 @@ const auto* const g_teardown = testing::AddGlobalTestEnvironment(new WorldTeardo
 MpiCommunicator& test_world() {
   if (!g_world) g_world = MpiCommunicator::world();
   return *g_world;
+}
+
+std::string shared_temp_dir(const std::string& prefix) {
+  std::string d;
+  if (test_world().rank() == 0) {
+    std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+    d = ::mkdtemp(tmpl.data());
+  }
+  return broadcast_string(test_world(), d);
 }
 
 layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden) {

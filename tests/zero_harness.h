@@ -32,6 +32,9 @@ layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32);
 // run filtered), destroyed before MPI_Finalize by a GoogleTest environment.
 MpiCommunicator& test_world();
 
+// A fresh directory /tmp/<prefix>-XXXXXX made by rank 0, the same path on every rank of test_world().
+std::string shared_temp_dir(const std::string& prefix);
+
 class ZeroRun {
  public:
   // Collective over `world`; ranks beyond tp x dp must not call this. `self`

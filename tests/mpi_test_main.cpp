@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "megazero/runtime/entry.h"
+
 #include <cstdio>
 
 namespace {
@@ -26,6 +28,7 @@ class RankFailurePrinter : public testing::EmptyTestEventListener {
 }  // namespace
 
 int main(int argc, char** argv) {
+  megazero::register_device_backends();
   int provided = 0;
   // MULTIPLE: each communicator runs its collectives on its own worker thread.
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);

@@ -241,3 +241,23 @@ TEST(Device, ParsesSpecsAndRefusesUnknownOnes) {
   }
 #endif
 }
+
+// core never names the CUDA backend: it is registered by the entry points
+// (runtime/entry.h). In a CUDA build without a GPU, make_device("cuda") must
+// come from the registered backend ("no CUDA GPU is visible"), not from core's
+// fallback ("built without the CUDA backend"); in a CPU build, the fallback.
+TEST(DeviceFactory, TheBuildsCudaBackendIsRegistered) {
+  std::string what;
+  try {
+    make_device("cuda");
+  } catch (const ConfigError& e) {
+    what = e.what();
+  }
+#ifdef MEGAZERO_WITH_CUDA
+  if (what.empty()) GTEST_SKIP() << "a GPU is visible: the backend made a device";
+  EXPECT_EQ(what.find("built without the CUDA backend"), std::string::npos) << what;
+  EXPECT_NE(what.find("no CUDA GPU is visible"), std::string::npos) << what;
+#else
+  EXPECT_NE(what.find("built without the CUDA backend"), std::string::npos) << what;
+#endif
+}

@@ -261,18 +261,20 @@ void MetaDevice::copy_to_host(void*, const void*, std::size_t) {
 }
 void MetaDevice::copy_from_host(void*, const void*, std::size_t) {}
 
-#ifndef MEGAZERO_WITH_CUDA
-std::shared_ptr<Device> make_cuda_device(int) {
-  throw ConfigError(
-      "--device cuda: this megazero was built without the CUDA backend; rebuild with "
-      "-DMEGAZERO_CUDA=ON on a machine with the CUDA toolkit, cuDNN and NCCL, or use --device cpu");
+namespace {
+GpuBackend& gpu_backend() {
+  static GpuBackend backend;
+  return backend;
 }
-int cuda_visible_devices() { return 0; }
-#else
-std::shared_ptr<Device> make_cuda_device(int index);  // megazero/cuda/cuda_device.cpp
-int cuda_device_count();                              // megazero/cuda/cuda_device.cpp
-int cuda_visible_devices() { return cuda_device_count(); }
-#endif
+std::shared_ptr<Device> make_cuda_device(int index) {
+  MZ_REQUIRE(gpu_backend().make, "--device cuda: this megazero was built without the CUDA backend; rebuild with "
+             "-DMEGAZERO_CUDA=ON on a machine with the CUDA toolkit, cuDNN and NCCL, or use --device cpu");
+  return gpu_backend().make(index);
+}
+}  // namespace
+
+void register_gpu_backend(const GpuBackend& backend) { gpu_backend() = backend; }
+int cuda_visible_devices() { return gpu_backend().count ? gpu_backend().count() : 0; }
 
 std::shared_ptr<Device> make_device(DeviceKind kind, int index) {
   switch (kind) {

@@ -227,6 +227,15 @@ std::shared_ptr<Device> make_device(const std::string& spec);
 // the driver reports none.
 int cuda_visible_devices();
 
+// The CUDA backend (megazero/cuda, a library above this one) registers how to
+// make its devices when it is linked in; core never names it. Without one,
+// make_device(CUDA) says the build has no CUDA backend.
+struct GpuBackend {
+  std::shared_ptr<Device> (*make)(int index) = nullptr;
+  int (*count)() = nullptr;
+};
+void register_gpu_backend(const GpuBackend& backend);
+
 // Number of math threads used by CPU kernels (oneDNN via OpenMP, OpenBLAS).
 // Default: $MEGAZERO_NUM_THREADS, else $OMP_NUM_THREADS, else all cores.
 void set_cpu_math_threads(int n);

@@ -208,4 +208,6 @@ std::shared_ptr<Device> make_cuda_device(int index) {
   return device;
 }
 
+void register_cuda_backend() { register_gpu_backend(GpuBackend{&make_cuda_device, &cuda_device_count}); }
+
 }  // namespace megazero

@@ -98,5 +98,8 @@ int cuda_device_count();
 // ConfigError (naming the visible count and the way out) when no GPU is
 // visible or `index` is out of range. Also declared in core/device.cpp.
 std::shared_ptr<Device> make_cuda_device(int index);
+// Tells core's make_device how to make CUDA devices (core never names this
+// library); the entry points call it through register_device_backends().
+void register_cuda_backend();
 
 }  // namespace megazero

@@ -9,6 +9,7 @@
 // functions promise.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -39,25 +40,98 @@ constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
 struct Chunks {
   i64 col_blocks = 0, per_chunk = 1, used = 1;
 };
-Chunks column_chunks(i64 rows, i64 cols);                  // one column per thread
-Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec);  // `vec` columns per thread (16-byte loads)
 // The fused dropout backward and bias gradient: 4 columns per thread (one
 // Philox block), any cols.
 constexpr i64 kDropoutColumns = 4;
-Chunks dropout_column_chunks(i64 rows, i64 cols);
+
+// The sizes are pure integer math, defined here so megazero/cuda uses them
+// without a link dependency on the kernels library.
+namespace detail {
+
+inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
+
+// Each piece of a scratch starts on a 256-byte boundary (what cudaMalloc and
+// CUB's temporaries give).
+inline std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+// Rows split into chunks for `col_blocks` block columns: enough chunks to fill
+// the GPU when there are few columns (a bias of 1536), each at least
+// `min_rows` long to amortise its partial write, at most 65535 (grid.y).
+inline Chunks split_rows(i64 rows, i64 col_blocks, i64 min_rows) {
+  Chunks c;
+  c.col_blocks = col_blocks;
+  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, min_rows), ceil_div(kTargetBlocks, col_blocks), 65535}));
+  c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
+  c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
+  return c;
+}
+
+}  // namespace detail
+
+inline Chunks column_chunks(i64 rows, i64 cols) {
+  return detail::split_rows(rows, detail::ceil_div(std::max<i64>(cols, 1), kThreads), 32);
+}
+
+inline Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) {
+  return detail::split_rows(rows, detail::ceil_div(std::max<i64>(cols / vec, 1), kThreads), 64);
+}
+
+inline Chunks dropout_column_chunks(i64 rows, i64 cols) {
+  return detail::split_rows(rows, detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads), 64);
+}
+
+inline std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {
+  if (cols <= 0) return 0;
+  return static_cast<std::size_t>(dropout_column_chunks(rows, cols).used * cols) * sizeof(double);
+}
 
 // `sums` column sums over the same rows (1: a bias or dbeta; 2: LayerNorm's
 // dgamma and dbeta), whichever path the launcher takes for `storage`: the
 // packed path only with more than one chunk of rows, the plain one without
 // scratch when a single chunk holds them all.
-std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums);
-std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols);
-std::size_t sum_of_squares_bytes(i64 ranges);
-std::size_t flash_backward_bytes(i64 bh, i64 seq);
+inline std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums) {
+  if (cols <= 0) return 0;
+  // The one-column-per-thread path runs the sums one after the other, each
+  // reusing the scratch, and needs none when one chunk holds every row (it
+  // then adds straight into the sum: a position-embedding gradient, a few
+  // rows of seq x h columns); the packed path (16-byte loads, not fp64) keeps
+  // all of them at once, and is taken only with more than one chunk.
+  const i64 plain = column_chunks(rows, cols).used;
+  std::size_t bytes = plain > 1 ? static_cast<std::size_t>(plain * cols) * sizeof(double) : 0;
+  if (storage != DType::F64) {
+    const i64 vec = static_cast<i64>(16 / dtype_size(storage));
+    if (cols % vec == 0 && rows > 0) {
+      const i64 packed = packed_column_chunks(rows, cols, vec).used;
+      if (packed > 1) bytes = std::max(bytes, static_cast<std::size_t>(packed * cols * sums) * sizeof(double));
+    }
+  }
+  return bytes;
+}
+
+inline std::size_t sum_of_squares_bytes(i64 ranges) {
+  return static_cast<std::size_t>(ranges * kNormBlocks) * sizeof(double);
+}
+
+inline std::size_t flash_backward_bytes(i64 bh, i64 seq) { return static_cast<std::size_t>(bh * seq) * sizeof(float); }
+
 // The four int lists of `tokens` (row keys and token indices, double-buffered)
 // and a bound on CUB's radix-sort workspace; the offset of the lists.
-std::size_t embedding_sort_bytes(i64 tokens);
-std::size_t embedding_sort_lists_offset(i64 tokens);
+inline std::size_t embedding_sort_lists_offset(i64 tokens) {
+  // CUB's onesweep radix sort over 32-bit keys with caller-owned double
+  // buffers needs per-pass histograms (at most 4 passes of 256 bins), one
+  // look-back record of 256 counters per tile and a counter per pass, each
+  // piece 256-byte aligned. Its tiles hold thousands of keys; the bound below
+  // assumes 256 per tile and 8-byte counters, so it holds with a wide margin
+  // (the launcher checks it against CUB's own query).
+  const std::size_t bins = detail::aligned(4 * 256 * 8);
+  const std::size_t lookback = detail::aligned(static_cast<std::size_t>(detail::ceil_div(std::max<i64>(tokens, 1), 256)) * 256 * 8);
+  const std::size_t counters = detail::aligned(4 * 8);
+  return detail::aligned(bins + lookback + counters + 256);
+}
+
+inline std::size_t embedding_sort_bytes(i64 tokens) {
+  return embedding_sort_lists_offset(tokens) + 4 * static_cast<std::size_t>(tokens) * sizeof(int);
+}
 
 }  // namespace gpu_scratch
 

@@ -8,6 +8,9 @@
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cuda_device.h"
+#endif
 #include "megazero/runtime/cli.h"
 
 namespace megazero {
@@ -30,7 +33,14 @@ int world_rank() {
 
 }  // namespace
 
+void register_device_backends() {
+#ifdef MEGAZERO_WITH_CUDA
+  register_cuda_backend();
+#endif
+}
+
 int run_main(const char* program, int argc, char** argv, const std::function<int(int, char**)>& body) {
+  register_device_backends();
   std::unique_ptr<MpiEnvironment> env;
   try {
     env = std::make_unique<MpiEnvironment>(&argc, &argv);

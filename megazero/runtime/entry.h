@@ -15,6 +15,10 @@
 namespace megazero {
 
 // Runs body() between MPI initialisation and finalisation; returns its exit code.
+// Registers the device backends this build has (CUDA) with core's device
+// factory; run_main does it first, test mains call it themselves.
+void register_device_backends();
+
 int run_main(const char* program, int argc, char** argv, const std::function<int(int, char**)>& body);
 
 }  // namespace megazero

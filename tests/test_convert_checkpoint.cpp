@@ -24,6 +24,7 @@
 #include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
 #include "test_device.h"
+#include "megazero/train/arguments.h"
 #include "tools/hf_gpt2.h"
 #include "zero_harness.h"
 
@@ -190,7 +191,7 @@ void convert_on_one_rank(const std::string& dir, Communicator& self) {
   checkpoint::CheckpointReader a(checkpoint::find_latest(dir + "/orig")), b(im.checkpoint);
   EXPECT_EQ(b.manifest().state.iteration, 0);
   EXPECT_EQ(b.manifest().tp, 1);
-  EXPECT_EQ(hf::parse_config_text(b.manifest().state.config).at("num-attention-heads"), "4");
+  EXPECT_EQ(train::config_values(b.manifest().state.config).at("num-attention-heads"), "4");
   for (const auto& p : a.manifest().parameters) {
     const auto va = a.global_tensor(p.name, "master"), vb = b.global_tensor(p.name, "master");
     // The padded vocabulary differs (TP 2 vs TP 1): the rows both have must be equal, padding zero.

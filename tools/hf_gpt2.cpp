@@ -159,26 +159,6 @@ void from_hf(const TensorMap& m, const GPTConfig& c, const float* hf, float* our
 }
 
 // ------------------------------------------------------------ configurations
-std::map<std::string, std::string> parse_config_text(const std::string& text) {
-  auto trim = [](std::string s) {
-    const auto b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
-    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
-  };
-  std::map<std::string, std::string> kv;
-  std::size_t pos = 0;
-  while (pos <= text.size()) {
-    std::size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(pos, end - pos);
-    pos = end + 1;
-    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
-    const auto eq = line.find('=');
-    if (eq == std::string::npos) continue;
-    kv[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
-  }
-  return kv;
-}
-
 std::string resolved_config(const GPTConfig& cfg, std::uint64_t seed) {
   train::TrainArgs a;  // pretrain_gpt's own printer: the same keys and defaults as its runs store
   a.model = cfg;
@@ -187,7 +167,7 @@ std::string resolved_config(const GPTConfig& cfg, std::uint64_t seed) {
 }
 
 GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& where, I heads) {
-  const auto kv = parse_config_text(m.state.config);
+  const auto kv = train::config_values(m.state.config);
   std::map<std::string, const checkpoint::ParameterInfo*> by_name;
   for (const auto& p : m.parameters) by_name[p.name] = &p;
   auto param = [&](const std::string& n, std::size_t dims) -> const checkpoint::ParameterInfo& {

@@ -46,9 +46,6 @@ std::vector<TensorMap> gpt2_tensor_map(const layers::GPTConfig& cfg, std::int64_
 void to_hf(const TensorMap& m, const layers::GPTConfig& cfg, const float* ours, float* hf);
 void from_hf(const TensorMap& m, const layers::GPTConfig& cfg, const float* hf, float* ours);
 
-// "key = value" lines (a resolved configuration) as a map; blank lines and
-// '#' comments skipped.
-std::map<std::string, std::string> parse_config_text(const std::string& text);
 // The resolved pretrain_gpt configuration of a model (every flag, defaults
 // elsewhere), as stored in checkpoints.
 std::string resolved_config(const layers::GPTConfig& cfg, std::uint64_t seed);

@@ -503,11 +503,15 @@ std::string TrainArgs::fingerprint() const {
 }
 
 std::map<std::string, std::string> config_values(const std::string& config) {
+  auto trim = [](const std::string& s) {
+    const auto b = s.find_first_not_of(" \t\r"), e = s.find_last_not_of(" \t\r");
+    return b == std::string::npos ? std::string() : s.substr(b, e - b + 1);
+  };
   std::map<std::string, std::string> kv;
   std::istringstream is(config);
   for (std::string line; std::getline(is, line);) {
-    const auto eq = line.find(" = ");
-    if (eq != std::string::npos) kv[line.substr(0, eq)] = line.substr(eq + 3);
+    const auto eq = line.find('=');
+    if (eq != std::string::npos) kv[trim(line.substr(0, eq))] = trim(line.substr(eq + 1));
   }
   return kv;
 }

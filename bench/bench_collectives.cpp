@@ -23,9 +23,9 @@ int run(int argc, char** argv) {
   int iters = 5;
   std::string dtype_s = "fp32";
   po::options_description d("bench_collectives");
-  d.add_options()("min-bytes", po::value(&min_bytes), "smallest message")("max-bytes", po::value(&max_bytes),
-                                                                           "largest message")(
-      "iters", po::value(&iters), "timed runs per size")("dtype", po::value(&dtype_s), "fp32, bf16 or fp16");
+  d.add_options()("min-bytes", po::value(&min_bytes), "smallest message")(
+      "max-bytes", po::value(&max_bytes), "largest message")("iters", po::value(&iters), "timed runs per size")(
+      "dtype", po::value(&dtype_s), "fp32, bf16 or fp16");
   parse_command_line(argc, argv, d, "bench_collectives");
   const DType t = parse_dtype(dtype_s, "--dtype");
   auto world = MpiCommunicator::world();

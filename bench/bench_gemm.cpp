@@ -47,10 +47,10 @@ std::function<void()> onednn_direct(const Tensor& a, const Tensor& b, Tensor& c)
   dnnl::memory::desc c_md({m, n}, to(c.dtype()), dnnl::memory::format_tag::ab);
   auto pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng);
   auto prim = std::make_shared<dnnl::matmul>(pd);
-  auto args = std::make_shared<std::unordered_map<int, dnnl::memory>>(std::unordered_map<int, dnnl::memory>{
-      {DNNL_ARG_SRC, dnnl::memory(a_md, eng, a.data())},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(b_md, eng, b.data())},
-      {DNNL_ARG_DST, dnnl::memory(c_md, eng, c.data())}});
+  auto args = std::make_shared<std::unordered_map<int, dnnl::memory>>(
+      std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, dnnl::memory(a_md, eng, a.data())},
+                                            {DNNL_ARG_WEIGHTS, dnnl::memory(b_md, eng, b.data())},
+                                            {DNNL_ARG_DST, dnnl::memory(c_md, eng, c.data())}});
   return [prim, args] {
     dnnl::stream s(eng);
     prim->execute(s, *args);

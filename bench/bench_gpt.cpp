@@ -66,10 +66,11 @@ int run(int argc, char** argv) {
                 static_cast<long long>(cfg.num_attention_heads), static_cast<long long>(cfg.seq_length),
                 static_cast<long long>(micro_batch), static_cast<long long>(cfg.vocab_size), world->size(),
                 cpu_math_threads(), cfg.recompute_activations ? 1 : 0);
-    std::printf("params/rank %lld, loss %.4f, best step %.3f s, %.0f tokens/s, %.1f GFLOP/s per rank, peak "
-                "activations %.1f MiB\n",
-                static_cast<long long>(params.local_numel()), loss, best, static_cast<double>(n) / best,
-                flops / best / 1e9, static_cast<double>(ctx.device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
+    std::printf(
+        "params/rank %lld, loss %.4f, best step %.3f s, %.0f tokens/s, %.1f GFLOP/s per rank, peak "
+        "activations %.1f MiB\n",
+        static_cast<long long>(params.local_numel()), loss, best, static_cast<double>(n) / best, flops / best / 1e9,
+        static_cast<double>(ctx.device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
   }
   return 0;
 }

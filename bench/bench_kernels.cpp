@@ -55,10 +55,11 @@ int run(int argc, char** argv) {
   // Unfused forward: fc1 added its bias in place (pre = y + bias), then GeLU.
   const double copy = best_ms([&] { pre.copy_from(y); });
   const double fwd_unfused = best_ms([&] {
-    pre.copy_from(y);
-    kernels::add_bias(pre, bias);
-    kernels::gelu_forward(pre, act);
-  }) - copy;
+                               pre.copy_from(y);
+                               kernels::add_bias(pre, bias);
+                               kernels::gelu_forward(pre, act);
+                             }) -
+                             copy;
   const double fwd_fused = best_ms([&] { kernels::bias_gelu_forward(y, bias, act); });
   const double bwd_unfused = best_ms([&] {
     kernels::gelu_backward(dy, pre, act);
@@ -78,13 +79,11 @@ int run(int argc, char** argv) {
   Tensor targets = Tensor::zeros(dev, {ce_rows}, DType::I64, C);
   Tensor row_max = Tensor::zeros(dev, {ce_rows}, stat, C), sum_exp = Tensor::zeros(dev, {ce_rows}, stat, C);
   Tensor target_logit = Tensor::zeros(dev, {ce_rows}, stat, C);
-  const double ce_fwd = best_ms([&] {
-    kernels::cross_entropy_forward(logits, targets, 0, ce_vocab, row_max, sum_exp, target_logit);
-  });
+  const double ce_fwd =
+      best_ms([&] { kernels::cross_entropy_forward(logits, targets, 0, ce_vocab, row_max, sum_exp, target_logit); });
   Tensor dlogits = Tensor::zeros(dev, {ce_rows, ce_vocab}, t, C);  // not in place: repeated calls would shrink it
-  const double ce_bwd = best_ms([&] {
-    kernels::cross_entropy_backward(logits, row_max, row_max, sum_exp, targets, 0, ce_vocab, 1.0, dlogits);
-  });
+  const double ce_bwd = best_ms(
+      [&] { kernels::cross_entropy_backward(logits, row_max, row_max, sum_exp, targets, 0, ce_vocab, 1.0, dlogits); });
   std::printf("cross-entropy [%lld, %lld] %s: forward %.3f ms (%.2f ns per logit), backward %.3f ms\n",
               static_cast<long long>(ce_rows), static_cast<long long>(ce_vocab), dtype_arg.c_str(), ce_fwd,
               ce_fwd * 1e6 / static_cast<double>(ce_rows * ce_vocab), ce_bwd);

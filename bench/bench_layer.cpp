@@ -101,18 +101,21 @@ int run(int argc, char** argv) {
   const double fwd = (8.0 + 4.0 * ffn_ratio) * Bd * Sd * hd * hd + 4.0 * Bd * Sd * Sd * hd;
   const double flops = 3.0 * fwd / tp_size;
   const double tflops = flops / (med * 1e-3) / 1e12;
-  std::printf("layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d, attention %s\n",
-              static_cast<long long>(h), static_cast<long long>(cfg.num_attention_heads), tp_size,
-              static_cast<long long>(cfg.ffn()), tp_size, static_cast<long long>(S), static_cast<long long>(B),
-              dtype_name_arg.c_str(), device->name().c_str(), dropout, cfg.recompute_activations ? 1 : 0,
-              cfg.attention_backend.c_str());
-  std::printf("median %.3f ms (min %.3f, max %.3f over %d steps), %.1f TFLOP/s, MFU %.1f%% of %.0f, peak "
-              "activations %.0f MiB\n",
-              med, ms.front(), ms.back(), steps, tflops, 100.0 * tflops / peak_tflops, peak_tflops,
-              static_cast<double>(device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
-  std::printf("{\"bench\": \"layer\", \"impl\": \"megazero\", \"attention\": \"%s\", \"dtype\": \"%s\", "
-              "\"ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f}\n",
-              cfg.attention_backend.c_str(), dtype_name_arg.c_str(), med, tflops, tflops / peak_tflops);
+  std::printf(
+      "layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d, attention %s\n",
+      static_cast<long long>(h), static_cast<long long>(cfg.num_attention_heads), tp_size,
+      static_cast<long long>(cfg.ffn()), tp_size, static_cast<long long>(S), static_cast<long long>(B),
+      dtype_name_arg.c_str(), device->name().c_str(), dropout, cfg.recompute_activations ? 1 : 0,
+      cfg.attention_backend.c_str());
+  std::printf(
+      "median %.3f ms (min %.3f, max %.3f over %d steps), %.1f TFLOP/s, MFU %.1f%% of %.0f, peak "
+      "activations %.0f MiB\n",
+      med, ms.front(), ms.back(), steps, tflops, 100.0 * tflops / peak_tflops, peak_tflops,
+      static_cast<double>(device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
+  std::printf(
+      "{\"bench\": \"layer\", \"impl\": \"megazero\", \"attention\": \"%s\", \"dtype\": \"%s\", "
+      "\"ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f}\n",
+      cfg.attention_backend.c_str(), dtype_name_arg.c_str(), med, tflops, tflops / peak_tflops);
   return 0;
 }
 

@@ -37,7 +37,8 @@ int run(int argc, char** argv) {
       "hidden-size", po::value(&cfg.hidden_size))("num-attention-heads", po::value(&cfg.num_attention_heads))(
       "seq-length", po::value(&cfg.seq_length))("vocab-size", po::value(&cfg.vocab_size))(
       "micro-batch-size", po::value(&micro_batch))("steps", po::value(&steps))(
-      "reduce-bucket-size", po::value(&bucket))("prefetch", po::value(&prefetch), "stage 3: prefetch the next group (true/false)");
+      "reduce-bucket-size", po::value(&bucket))("prefetch", po::value(&prefetch),
+                                                "stage 3: prefetch the next group (true/false)");
   parse_command_line(argc, argv, d, "bench_zero");
   cfg.max_position_embeddings = cfg.seq_length;
   auto world = MpiCommunicator::world();
@@ -85,7 +86,8 @@ int run(int argc, char** argv) {
   const auto snap = dev->memory().snapshot();
   Tensor peaks = Tensor::empty(make_device(DeviceKind::CPU), {static_cast<std::int64_t>(kNumMemoryCategories) + 1},
                                DType::I64, MemoryCategory::Workspace);
-  for (std::size_t c = 0; c < kNumMemoryCategories; ++c) peaks.host_data<std::int64_t>()[c] = snap.by_category[c].peak_bytes;
+  for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
+    peaks.host_data<std::int64_t>()[c] = snap.by_category[c].peak_bytes;
   peaks.host_data<std::int64_t>()[kNumMemoryCategories] = snap.total_peak_bytes;
   world->all_reduce(peaks, ReduceOp::Max).wait();
   if (me == 0) {
@@ -94,9 +96,12 @@ int run(int argc, char** argv) {
                 times[times.size() / 2], loss);
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
       const auto v = peaks.host_data<std::int64_t>()[c];
-      if (v) std::printf(" %s %.2f", std::string(memory_category_name(static_cast<MemoryCategory>(c))).c_str(), static_cast<double>(v) / 1048576.0);
+      if (v)
+        std::printf(" %s %.2f", std::string(memory_category_name(static_cast<MemoryCategory>(c))).c_str(),
+                    static_cast<double>(v) / 1048576.0);
     }
-    std::printf(" | total %.2f\n", static_cast<double>(peaks.host_data<std::int64_t>()[kNumMemoryCategories]) / 1048576.0);
+    std::printf(" | total %.2f\n",
+                static_cast<double>(peaks.host_data<std::int64_t>()[kNumMemoryCategories]) / 1048576.0);
   }
   return 0;
 }

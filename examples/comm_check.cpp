@@ -76,8 +76,7 @@ class Checker {
       // broadcast from the last rank
       Tensor b = filled(n, t);
       c.broadcast(b, c.size() - 1).wait();
-      expect(c, "broadcast " + std::string(dtype_name(t)), b,
-             [&](std::int64_t i) { return value(members.back(), i); });
+      expect(c, "broadcast " + std::string(dtype_name(t)), b, [&](std::int64_t i) { return value(members.back(), i); });
     }
     // Non-blocking all-reduce overlapped with GEMMs.
     Tensor x = filled(1 << 18, DType::F32);

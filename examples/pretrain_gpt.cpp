@@ -40,8 +40,8 @@ int run(int argc, char** argv) {
   // Ranks started with different flags (an MPMD launch, a per-node wrapper
   // gone wrong) would build different models and hang or train garbage: every
   // rank compares its resolved configuration with rank 0's before anything else.
-  agree_on_error(*world_comm,
-                 config_difference(broadcast_string(*world_comm, args.fingerprint()), args.fingerprint(), world_comm->rank()));
+  agree_on_error(*world_comm, config_difference(broadcast_string(*world_comm, args.fingerprint()), args.fingerprint(),
+                                                world_comm->rank()));
   if (args.help) {
     if (world_comm->rank() == 0) std::cout << help << std::flush;
     return 0;

@@ -38,7 +38,9 @@ PositionEmbedding::PositionEmbedding(ParameterSet& params, const std::string& na
   weight_ = &params.add(name + ".weight", {max_positions, hidden}, -1, 0, 1, Init::Normal, init_std);
 }
 
-void PositionEmbedding::forward(Tensor& x, std::int64_t seq) { kernels::add_position_embedding(x, weight_->value, seq); }
+void PositionEmbedding::forward(Tensor& x, std::int64_t seq) {
+  kernels::add_position_embedding(x, weight_->value, seq);
+}
 
 void PositionEmbedding::backward(const Tensor& dout, std::int64_t seq) {
   kernels::position_embedding_backward(dout, seq, weight_->grad);

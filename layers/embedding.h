@@ -12,10 +12,10 @@ class VocabParallelEmbedding {
  public:
   // vocab: the real vocabulary; padded_vocab: rows allocated (a multiple of the
   // TP size); padding rows stay zero and are never looked up.
-  VocabParallelEmbedding(ParameterSet& params, const std::string& name, std::int64_t vocab,
-                         std::int64_t padded_vocab, std::int64_t hidden, const TpContext& ctx, double init_std);
+  VocabParallelEmbedding(ParameterSet& params, const std::string& name, std::int64_t vocab, std::int64_t padded_vocab,
+                         std::int64_t hidden, const TpContext& ctx, double init_std);
   Tensor forward(const Tensor& ids);  // int64 [N] -> [N, hidden], identical on every TP rank
-  void backward(const Tensor& dout);   // accumulates into the weight gradient
+  void backward(const Tensor& dout);  // accumulates into the weight gradient
   Parameter& weight() { return *weight_; }
   std::int64_t vocab_start() const { return vocab_start_; }
   std::int64_t local_rows() const { return weight_->local_shape[0]; }
@@ -31,10 +31,10 @@ class VocabParallelEmbedding {
 
 class PositionEmbedding {
  public:
-  PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions,
-                    std::int64_t hidden, const TpContext& ctx, double init_std);
-  void forward(Tensor& x, std::int64_t seq);              // x [B*S, H] += table[s]
-  void backward(const Tensor& dout, std::int64_t seq);    // accumulates
+  PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions, std::int64_t hidden,
+                    const TpContext& ctx, double init_std);
+  void forward(Tensor& x, std::int64_t seq);            // x [B*S, H] += table[s]
+  void backward(const Tensor& dout, std::int64_t seq);  // accumulates
 
  private:
   Parameter* weight_;

@@ -8,18 +8,18 @@
 namespace megazero::layers {
 
 struct GPTConfig {
-  std::int64_t num_layers = 2;               // --num-layers
-  std::int64_t hidden_size = 64;             // --hidden-size
-  std::int64_t num_attention_heads = 4;      // --num-attention-heads
-  std::int64_t ffn_hidden_size = 0;          // 0 = 4 x hidden
-  std::int64_t vocab_size = 50257;           // from the tokenizer
+  std::int64_t num_layers = 2;                  // --num-layers
+  std::int64_t hidden_size = 64;                // --hidden-size
+  std::int64_t num_attention_heads = 4;         // --num-attention-heads
+  std::int64_t ffn_hidden_size = 0;             // 0 = 4 x hidden
+  std::int64_t vocab_size = 50257;              // from the tokenizer
   std::int64_t max_position_embeddings = 1024;  // --max-position-embeddings
-  std::int64_t seq_length = 1024;            // --seq-length
-  double hidden_dropout = 0.1;               // --hidden-dropout
-  double attention_dropout = 0.1;            // --attention-dropout
+  std::int64_t seq_length = 1024;               // --seq-length
+  double hidden_dropout = 0.1;                  // --hidden-dropout
+  double attention_dropout = 0.1;               // --attention-dropout
   double layernorm_epsilon = 1e-5;
-  double init_method_std = 0.02;             // GPT-2: normal(0, 0.02)
-  bool recompute_activations = false;        // --recompute-activations
+  double init_method_std = 0.02;       // GPT-2: normal(0, 0.02)
+  bool recompute_activations = false;  // --recompute-activations
   // --attention-backend: "unfused" materialises the [S, S] probabilities (as
   // the paper's Megatron did, and as its activation-memory formula counts);
   // "fused" never does (kernels/fused_attention.h).

@@ -58,8 +58,8 @@ double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInf
 Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step) {
   MZ_REQUIRE(step.seq <= cfg_.max_position_embeddings, "sequence length ", step.seq,
              " is longer than --max-position-embeddings ", cfg_.max_position_embeddings);
-  MZ_CHECK(ids.numel() == step.micro_batch * step.seq, "ids hold ", ids.numel(), " tokens for B*S = ",
-           step.micro_batch * step.seq);
+  MZ_CHECK(ids.numel() == step.micro_batch * step.seq, "ids hold ", ids.numel(),
+           " tokens for B*S = ", step.micro_batch * step.seq);
   check_ids(ids, "the input");
   check_ids(targets, "the targets");
   step_ = step;
@@ -119,8 +119,8 @@ void GPTModel::backward(double loss_scale) {
   }
   if (step_.training && cfg_.hidden_dropout > 0) {
     kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
-    kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout},
-                              l, dh);
+    kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout}, l,
+                              dh);
   }
   position_.backward(dh, step_.seq);
   embedding_.backward(dh);

@@ -10,7 +10,7 @@ namespace megazero::layers {
 class LayerNorm {
  public:
   LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
-  Tensor forward(const Tensor& x);       // [N, hidden]
+  Tensor forward(const Tensor& x);  // [N, hidden]
   // dx (+ *residual_grad, in the same pass, when given); accumulates dgamma, dbeta.
   Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr);
   void release();

@@ -38,8 +38,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) 
   return dx;
 }
 
-RowParallelLinear::RowParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in,
-                                     std::int64_t out, bool bias, const TpContext& ctx, double init_std)
+RowParallelLinear::RowParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out,
+                                     bool bias, const TpContext& ctx, double init_std)
     : ctx_(ctx) {
   weight_ = &params.add(name + ".weight", {out, in}, 1, ctx.rank(), ctx.size(), Init::Normal, init_std);
   if (bias) bias_ = &params.add(name + ".bias", {out}, -1, 0, 1, Init::Zeros, 0, false);

@@ -43,8 +43,8 @@ Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim
   p.split_dim = split_dim;
   if (split_dim >= 0) {
     const auto d = static_cast<std::size_t>(split_dim);
-    MZ_CHECK(d < global_shape.size() && parts > 0 && global_shape[d] % parts == 0, "parameter '", p.name,
-             "': dim ", split_dim, " of ", shape_str(global_shape), " does not split into ", parts, " parts");
+    MZ_CHECK(d < global_shape.size() && parts > 0 && global_shape[d] % parts == 0, "parameter '", p.name, "': dim ",
+             split_dim, " of ", shape_str(global_shape), " does not split into ", parts, " parts");
     p.local_shape[d] = global_shape[d] / parts;
     p.shard_start = p.local_shape[d] * part;
   }

@@ -17,14 +17,14 @@ namespace megazero::layers {
 enum class Init { Normal, Zeros, Ones };
 
 struct Parameter {
-  std::string name;           // e.g. "layers.3.attention.qkv.weight"
-  Shape global_shape;         // the full tensor, as at TP = 1
-  int split_dim = -1;         // dimension split across TP ranks; -1 = replicated
+  std::string name;              // e.g. "layers.3.attention.qkv.weight"
+  Shape global_shape;            // the full tensor, as at TP = 1
+  int split_dim = -1;            // dimension split across TP ranks; -1 = replicated
   std::int64_t shard_start = 0;  // this rank's first index along split_dim (global)
-  Shape local_shape;          // what this rank holds
-  bool weight_decay = true;   // false for biases and LayerNorm
+  Shape local_shape;             // what this rank holds
+  bool weight_decay = true;      // false for biases and LayerNorm
   Init init = Init::Normal;
-  double init_std = 0.0;      // for Init::Normal
+  double init_std = 0.0;  // for Init::Normal
   // Rows of dim 0 at or beyond this index are padding (vocab padding) and stay
   // zero at init; -1 = none.
   std::int64_t padding_from_row = -1;
@@ -83,7 +83,7 @@ class ParameterSet {
   const Tensor& flat_grads() const { return flat_grads_; }
 
  private:
-  std::deque<Parameter> params_;  // stable addresses
+  std::deque<Parameter> params_;                         // stable addresses
   std::unordered_map<std::string, Parameter*> by_name_;  // declaration and lookup in O(1), not O(parameters)
   std::vector<std::string> group_names_;
   Tensor flat_values_, flat_grads_;

@@ -8,12 +8,13 @@
 namespace megazero::layers {
 
 struct StepInfo {
-  std::uint64_t seed = 1234;        // --seed
-  std::uint64_t iteration = 0;      // training iteration
-  std::int64_t sample_offset = 0;   // global index (within the iteration's global batch) of this micro-batch's first sample
-  std::int64_t micro_batch = 1;     // samples in this micro-batch (B)
-  std::int64_t seq = 1;             // sequence length (S)
-  bool training = true;             // false: evaluation (no dropout, nothing kept for a backward)
+  std::uint64_t seed = 1234;    // --seed
+  std::uint64_t iteration = 0;  // training iteration
+  std::int64_t sample_offset =
+      0;  // global index (within the iteration's global batch) of this micro-batch's first sample
+  std::int64_t micro_batch = 1;  // samples in this micro-batch (B)
+  std::int64_t seq = 1;          // sequence length (S)
+  bool training = true;          // false: evaluation (no dropout, nothing kept for a backward)
 };
 
 }  // namespace megazero::layers

@@ -84,7 +84,8 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
   // in bias-dropout-add).
   Parameter* mlp_bias = mlp_.output_bias();
   Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout, mlp_bias);
-  Tensor dx1 = ln2_.backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
+  Tensor dx1 =
+      ln2_.backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
   Parameter* attention_bias = attention_.output_bias();
   Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout, attention_bias);
   return ln1_.backward(attention_.backward(da, attention_bias != nullptr), &dx1);

@@ -75,15 +75,15 @@ std::unique_ptr<ProcessGroups> ProcessGroups::create(std::unique_ptr<Communicato
   // Same inputs on every rank, so every rank throws alike; agree anyway in case
   // options were parsed differently (e.g. per-rank environment).
   Topology topo = run_consistently(*world, [&] {
-    TopologyOptions t;
-    t.world_size = world->size();
-    t.tensor_model_parallel_size = options.tensor_model_parallel_size;
-    t.ranks_per_node = ranks_per_node;
-    t.allow_tp_across_nodes = options.allow_tp_across_nodes;
-    std::optional<Topology> made;
-    made.emplace(Topology::create(t));
-    return made;
-  }).value();
+                    TopologyOptions t;
+                    t.world_size = world->size();
+                    t.tensor_model_parallel_size = options.tensor_model_parallel_size;
+                    t.ranks_per_node = ranks_per_node;
+                    t.allow_tp_across_nodes = options.allow_tp_across_nodes;
+                    std::optional<Topology> made;
+                    made.emplace(Topology::create(t));
+                    return made;
+                  }).value();
   return std::unique_ptr<ProcessGroups>(new ProcessGroups(std::move(world), std::move(topo), detect));
 }
 

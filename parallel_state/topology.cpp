@@ -23,8 +23,8 @@ RankGrid::RankGrid(std::vector<GridDim> dims) : dims_(std::move(dims)) {
 }
 
 std::size_t RankGrid::idx(int dim) const {
-  MZ_CHECK(dim >= 0 && static_cast<std::size_t>(dim) < dims_.size(), "grid dimension ", dim,
-           " out of range [0, ", dims_.size(), ")");
+  MZ_CHECK(dim >= 0 && static_cast<std::size_t>(dim) < dims_.size(), "grid dimension ", dim, " out of range [0, ",
+           dims_.size(), ")");
   return static_cast<std::size_t>(dim);
 }
 
@@ -43,8 +43,7 @@ std::vector<int> RankGrid::coords(int rank) const {
 }
 
 int RankGrid::rank_of(const std::vector<int>& coords) const {
-  MZ_CHECK(coords.size() == dims_.size(), "got ", coords.size(), " coordinates for a ",
-           dims_.size(), "-D grid");
+  MZ_CHECK(coords.size() == dims_.size(), "got ", coords.size(), " coordinates for a ", dims_.size(), "-D grid");
   int rank = 0;
   for (std::size_t i = 0; i < dims_.size(); ++i) {
     MZ_CHECK(coords[i] >= 0 && coords[i] < dims_[i].size, dims_[i].name, " coordinate ", coords[i],
@@ -69,8 +68,8 @@ int RankGrid::group_index(int rank, int dim) const {
 
 std::vector<int> RankGrid::group(int dim, int index) const {
   const std::size_t d = idx(dim);
-  MZ_CHECK(index >= 0 && index < num_groups(dim), dims_[d].name, " group index ", index,
-           " out of range [0, ", num_groups(dim), ")");
+  MZ_CHECK(index >= 0 && index < num_groups(dim), dims_[d].name, " group index ", index, " out of range [0, ",
+           num_groups(dim), ")");
   // Undo group_index: recover the other coordinates, then walk along `dim`.
   std::vector<int> c(dims_.size(), 0);
   int rest = index;
@@ -81,8 +80,7 @@ std::vector<int> RankGrid::group(int dim, int index) const {
   }
   const int base = rank_of(c);
   std::vector<int> members(static_cast<std::size_t>(dims_[d].size));
-  for (std::size_t k = 0; k < members.size(); ++k)
-    members[k] = base + static_cast<int>(k) * strides_[d];
+  for (std::size_t k = 0; k < members.size(); ++k) members[k] = base + static_cast<int>(k) * strides_[d];
   return members;
 }
 
@@ -130,8 +128,7 @@ std::vector<int> cross_node_choices(int world, int ranks_per_node) {
 
 // ---------------------------------------------------------------- Topology --
 
-Topology::Topology(RankGrid grid, int ranks_per_node, bool allow_tp_across_nodes,
-                   std::vector<std::string> warnings)
+Topology::Topology(RankGrid grid, int ranks_per_node, bool allow_tp_across_nodes, std::vector<std::string> warnings)
     : grid_(std::move(grid)),
       ranks_per_node_(ranks_per_node),
       allow_tp_across_nodes_(allow_tp_across_nodes),
@@ -149,18 +146,16 @@ Topology Topology::create(const TopologyOptions& o) {
              "--ranks-per-node 8");
   const std::string world_choices =
       "valid choices for a world of " + std::to_string(world) + ": " + join(divisors(world));
-  MZ_REQUIRE(world % t == 0, "--tensor-model-parallel-size ", t, " does not divide the world size ",
-             world, " (world = TP x DP, so DP = world / TP must be a whole number); ",
-             world_choices, "; or run a world size that is a multiple of ", t,
-             " (mpiexec -n / --world-size)");
+  MZ_REQUIRE(world % t == 0, "--tensor-model-parallel-size ", t, " does not divide the world size ", world,
+             " (world = TP x DP, so DP = world / TP must be a whole number); ", world_choices,
+             "; or run a world size that is a multiple of ", t, " (mpiexec -n / --world-size)");
   MZ_REQUIRE(world % rpn == 0, "--ranks-per-node ", rpn, " does not divide the world size ", world,
              ": every node must run the same number of ranks; ", world_choices,
              "; or run a world size that is a multiple of ", rpn, " (mpiexec -n / --world-size)");
 
   std::vector<std::string> warnings;
   if (t > rpn) {
-    MZ_REQUIRE(o.allow_tp_across_nodes, "--tensor-model-parallel-size ", t,
-               " is larger than --ranks-per-node ", rpn,
+    MZ_REQUIRE(o.allow_tp_across_nodes, "--tensor-model-parallel-size ", t, " is larger than --ranks-per-node ", rpn,
                ", so each TP group would span several nodes and run its every-layer all-reduces "
                "over the inter-node network; use a TP size that fits in a node (",
                node_local_choices(rpn), "), or pass --allow-tp-across-nodes to accept the cost");
@@ -170,8 +165,8 @@ Topology Topology::create(const TopologyOptions& o) {
                " so that each TP group covers whole nodes; ", node_local_choices(rpn),
                ok.empty() ? std::string() : "; across nodes: " + join(ok));
     std::ostringstream w;
-    w << "--allow-tp-across-nodes: each TP group of " << t << " ranks spans " << t / rpn
-      << " nodes (--ranks-per-node " << rpn
+    w << "--allow-tp-across-nodes: each TP group of " << t << " ranks spans " << t / rpn << " nodes (--ranks-per-node "
+      << rpn
       << "), so the tensor-parallel all-reduces of every layer (forward and backward) cross "
          "the inter-node network, typically several times slower than links inside a node; "
          "for speed use a --tensor-model-parallel-size that divides --ranks-per-node "
@@ -181,17 +176,16 @@ Topology Topology::create(const TopologyOptions& o) {
     // The first straddling group starts at the last multiple of t below a node
     // boundary; naming it makes the problem concrete.
     const int first = (rpn / t) * t;
-    MZ_REQUIRE(o.allow_tp_across_nodes, "--tensor-model-parallel-size ", t,
-               " does not divide --ranks-per-node ", rpn,
-               ", so some TP groups would straddle two nodes (e.g. ranks ", first, "-",
-               first + t - 1, " on nodes 0 and 1) and run their every-layer all-reduces over the ",
+    MZ_REQUIRE(o.allow_tp_across_nodes, "--tensor-model-parallel-size ", t, " does not divide --ranks-per-node ", rpn,
+               ", so some TP groups would straddle two nodes (e.g. ranks ", first, "-", first + t - 1,
+               " on nodes 0 and 1) and run their every-layer all-reduces over the ",
                "inter-node network; use a TP size that divides the node (", node_local_choices(rpn),
                "), or pass --allow-tp-across-nodes to accept the cost");
     int crossing = 0;  // groups [i*t, i*t + t) whose first and last rank differ in node
     for (int i = 0; i < world / t; ++i) crossing += (i * t) / rpn != (i * t + t - 1) / rpn;
     std::ostringstream w;
-    w << "--allow-tp-across-nodes: --tensor-model-parallel-size " << t
-      << " does not divide --ranks-per-node " << rpn << ", so " << crossing << " of " << world / t
+    w << "--allow-tp-across-nodes: --tensor-model-parallel-size " << t << " does not divide --ranks-per-node " << rpn
+      << ", so " << crossing << " of " << world / t
       << " TP groups straddle two nodes; their every-layer all-reduces cross the inter-node "
          "network and the whole step waits for them; for speed use a "
          "--tensor-model-parallel-size that divides --ranks-per-node "
@@ -199,14 +193,13 @@ Topology Topology::create(const TopologyOptions& o) {
     warnings.push_back(w.str());
   }
 
-  return Topology(RankGrid({{"tp", t}, {"dp", world / t}}), rpn, o.allow_tp_across_nodes,
-                  std::move(warnings));
+  return Topology(RankGrid({{"tp", t}, {"dp", world / t}}), rpn, o.allow_tp_across_nodes, std::move(warnings));
 }
 
 RankCoord Topology::coord(int rank) const {
   const std::vector<int> c = grid_.coords(rank);  // range-checks the rank
-  return RankCoord{rank, rank / ranks_per_node_, rank % ranks_per_node_,
-                   c[static_cast<std::size_t>(kTpDim)], c[static_cast<std::size_t>(kDpDim)]};
+  return RankCoord{rank, rank / ranks_per_node_, rank % ranks_per_node_, c[static_cast<std::size_t>(kTpDim)],
+                   c[static_cast<std::size_t>(kDpDim)]};
 }
 
 int Topology::rank_of(int tp_rank, int dp_rank) const {
@@ -217,8 +210,7 @@ int Topology::rank_of(int tp_rank, int dp_rank) const {
 }
 
 int Topology::node_of(int rank) const {
-  MZ_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " out of range [0, ", world_size(),
-           ")");
+  MZ_CHECK(rank >= 0 && rank < world_size(), "rank ", rank, " out of range [0, ", world_size(), ")");
   return rank / ranks_per_node_;
 }
 

@@ -116,8 +116,7 @@ class Topology {
   static constexpr int kDpDim = 1;
 
  private:
-  Topology(RankGrid grid, int ranks_per_node, bool allow_tp_across_nodes,
-           std::vector<std::string> warnings);
+  Topology(RankGrid grid, int ranks_per_node, bool allow_tp_across_nodes, std::vector<std::string> warnings);
 
   RankGrid grid_;
   int ranks_per_node_;

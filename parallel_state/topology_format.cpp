@@ -9,9 +9,7 @@
 namespace megazero::parallel_state {
 namespace {
 
-std::string plural(int n, const char* word) {
-  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
-}
+std::string plural(int n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
 
 // "0-15" for a contiguous run, "0 16 32" otherwise: TP groups read as ranges,
 // DP groups (stride t) show every member. Input is ascending.
@@ -60,8 +58,7 @@ void json_int_array(std::ostringstream& os, const std::vector<int>& v) {
   os << "]";
 }
 
-void json_groups(std::ostringstream& os, const char* key,
-                 const std::vector<std::vector<int>>& groups, bool last) {
+void json_groups(std::ostringstream& os, const char* key, const std::vector<std::vector<int>>& groups, bool last) {
   os << "  \"" << key << "\": [\n";
   for (std::size_t g = 0; g < groups.size(); ++g) {
     os << "    ";
@@ -126,20 +123,18 @@ std::string to_json(const Topology& topo) {
   os << "  \"grid\": [";
   const auto& dims = topo.grid().dims();
   for (std::size_t i = 0; i < dims.size(); ++i)
-    os << (i ? ", " : "") << "{\"name\": " << json_quote(dims[i].name)
-       << ", \"size\": " << dims[i].size << "}";
+    os << (i ? ", " : "") << "{\"name\": " << json_quote(dims[i].name) << ", \"size\": " << dims[i].size << "}";
   os << "],\n";
   os << "  \"warnings\": [";
   const auto& warnings = topo.warnings();
-  for (std::size_t i = 0; i < warnings.size(); ++i)
-    os << (i ? ", " : "") << json_quote(warnings[i]);
+  for (std::size_t i = 0; i < warnings.size(); ++i) os << (i ? ", " : "") << json_quote(warnings[i]);
   os << "],\n";
   os << "  \"ranks\": [\n";
   for (int r = 0; r < topo.world_size(); ++r) {
     const RankCoord c = topo.coord(r);
-    os << "    {\"rank\": " << c.rank << ", \"node\": " << c.node
-       << ", \"local_rank\": " << c.local_rank << ", \"tp_rank\": " << c.tp_rank
-       << ", \"dp_rank\": " << c.dp_rank << "}" << (r + 1 < topo.world_size() ? ",\n" : "\n");
+    os << "    {\"rank\": " << c.rank << ", \"node\": " << c.node << ", \"local_rank\": " << c.local_rank
+       << ", \"tp_rank\": " << c.tp_rank << ", \"dp_rank\": " << c.dp_rank << "}"
+       << (r + 1 < topo.world_size() ? ",\n" : "\n");
   }
   os << "  ],\n";
   json_groups(os, "tp_groups", topo.tp_groups(), false);
@@ -176,8 +171,7 @@ std::string json_quote(std::string_view s) {
       default:
         if (static_cast<unsigned char>(ch) < 0x20) {
           char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x",
-                        static_cast<unsigned>(static_cast<unsigned char>(ch)));
+          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
           out += buf;
         } else {
           out += ch;

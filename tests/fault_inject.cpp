@@ -75,8 +75,8 @@ int body(int argc, char** argv) {
     if (faulty && i == a.fault_at && a.fault != "none") {
       // Wall-clock time, so a test can measure how long the job takes to end.
       const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-      std::fprintf(stderr, "fault-inject: rank %d: injecting '%s' at iteration %d (time %.3f)\n", me,
-                   a.fault.c_str(), i, now);
+      std::fprintf(stderr, "fault-inject: rank %d: injecting '%s' at iteration %d (time %.3f)\n", me, a.fault.c_str(),
+                   i, now);
       std::fflush(stderr);
       if (a.fault == "hang")
         for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
@@ -92,9 +92,10 @@ int body(int argc, char** argv) {
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (me == 0)
-    std::printf("fault-inject: %d all_reduce of %lld f32 on %d ranks in %.3f s (%.1f us each), %llu fingerprints checked\n",
-                a.iters, static_cast<long long>(a.elements), world->size(), s, a.iters ? 1e6 * s / a.iters : 0.0,
-                static_cast<unsigned long long>(world->fingerprints_checked()));
+    std::printf(
+        "fault-inject: %d all_reduce of %lld f32 on %d ranks in %.3f s (%.1f us each), %llu fingerprints checked\n",
+        a.iters, static_cast<long long>(a.elements), world->size(), s, a.iters ? 1e6 * s / a.iters : 0.0,
+        static_cast<unsigned long long>(world->fingerprints_checked()));
   return 0;
 }
 

@@ -83,7 +83,8 @@ TEST_P(ResumeIsExact, SameLossesBitForBit) {
   EXPECT_TRUE(loaded.rejected.empty());
   resumed.scaler->restore(loaded.state.loss_scaler);
   const auto rest = resumed.train(2, 3);
-  for (int i = 0; i < 3; ++i) EXPECT_EQ(rest[static_cast<std::size_t>(i)], straight[static_cast<std::size_t>(2 + i)]) << "step " << 2 + i;
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(rest[static_cast<std::size_t>(i)], straight[static_cast<std::size_t>(2 + i)]) << "step " << 2 + i;
   EXPECT_EQ(resumed.scaler->scale(), final_scale);
   barrier();
   if (world().rank() == 0) fs::remove_all(dir);

@@ -128,7 +128,8 @@ TEST(Safetensors, DamagedHeadersAreRefused) {
       {R"({"t": {"dtype": "Q7", "shape": [4], "data_offsets": [0, 16]}})", "unsupported dtype"},
       {R"({"t": {"dtype": "F32", "shape": [4], "data_offsets": [-1, 16]}})", "data_offsets"},
       {R"({"s": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
-          "t": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})", "overlap"},
+          "t": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}})",
+       "overlap"},
       {R"({"__metadata__": {"k": 3}})", "not a string"},
   };
   for (const auto& c : cases) {
@@ -257,12 +258,14 @@ TEST(Reshard, EveryElementLandsWhereItsCoordinatesSay) {
     std::vector<std::int64_t> shape;
     int split;
   };
-  const Param params[] = {{{24, 6}, 0}, {{6, 24}, 1}, {{4, 12, 3}, 1}, {{2, 3, 8}, 2}, {{24}, 0}, {{10, 4}, -1}, {{7}, -1}};
+  const Param params[] = {{{24, 6}, 0}, {{6, 24}, 1},  {{4, 12, 3}, 1}, {{2, 3, 8}, 2},
+                          {{24}, 0},    {{10, 4}, -1}, {{7}, -1}};
   for (const auto& p : params)
     for (int from : {1, 2, 4})
       for (int to : {1, 2, 4, 3}) {
         ShardLayout dst{p.shape, p.split, to}, src{p.shape, p.split, from};
-        if (p.split >= 0 && (p.shape[static_cast<std::size_t>(p.split)] % to || p.shape[static_cast<std::size_t>(p.split)] % from))
+        if (p.split >= 0 &&
+            (p.shape[static_cast<std::size_t>(p.split)] % to || p.shape[static_cast<std::size_t>(p.split)] % from))
           continue;
         SCOPED_TRACE(testing::Message() << "split " << p.split << " TP " << from << " -> " << to);
         check_mapping(dst, src, rng);

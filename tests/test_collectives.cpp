@@ -38,8 +38,10 @@ double expected(ReduceOp op, int size, std::int64_t i, DType t) {
     mx = std::max(mx, value(r, i));
   }
   switch (op) {
-    case ReduceOp::Sum: return sum;
-    case ReduceOp::Max: return mx;
+    case ReduceOp::Sum:
+      return sum;
+    case ReduceOp::Max:
+      return mx;
     case ReduceOp::Avg:
       // Implementation contract: exact sum, then one fp32 division (fp64
       // division for fp64), rounded once to the dtype.
@@ -160,7 +162,8 @@ TEST_F(Collectives, AllGatherEvenUnevenAndInPlace) {
         const std::int64_t total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
         std::vector<std::int64_t> displ(static_cast<std::size_t>(n), 0);
         for (int r = 1; r < n; ++r)
-          displ[static_cast<std::size_t>(r)] = displ[static_cast<std::size_t>(r - 1)] + counts[static_cast<std::size_t>(r - 1)];
+          displ[static_cast<std::size_t>(r)] =
+              displ[static_cast<std::size_t>(r - 1)] + counts[static_cast<std::size_t>(r - 1)];
         Tensor output = Tensor::zeros(dev, {total}, t, MC::CommBuffers);
         Tensor mine = filled(dev, counts[static_cast<std::size_t>(me)], t, me, displ[static_cast<std::size_t>(me)]);
         Tensor input = mine;
@@ -229,9 +232,11 @@ TEST_F(Collectives, NonBlockingOverlapsComputeAndCompletesInOrder) {
   w1.wait();
   EXPECT_LT(w1.seq(), w2.seq());
   const auto got = big.to_double_vector();
-  for (std::int64_t i = 0; i < count; i += 10007) ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(ReduceOp::Sum, n, i, DType::F32));
+  for (std::int64_t i = 0; i < count; i += 10007)
+    ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(ReduceOp::Sum, n, i, DType::F32));
   const auto s = small.to_double_vector();
-  for (std::int64_t i = 0; i < 11; ++i) ASSERT_EQ(s[static_cast<std::size_t>(i)], expected(ReduceOp::Max, n, i, DType::BF16));
+  for (std::int64_t i = 0; i < 11; ++i)
+    ASSERT_EQ(s[static_cast<std::size_t>(i)], expected(ReduceOp::Max, n, i, DType::BF16));
 }
 
 TEST_F(Collectives, SplitCommunicatorsRunConcurrently) {
@@ -280,7 +285,8 @@ TEST_F(Collectives, RecordsFingerprintsAndCountsBytes) {
   EXPECT_EQ(world->stats()[CollectiveType::AllGather].elements, 10L * world->size());
   // Every rank issued the same fingerprints: compare with rank 0's.
   Tensor fp = Tensor::empty(dev, {3}, DType::I64, MC::CommBuffers);
-  for (std::int64_t i = 0; i < 3; ++i) fp.host_data<std::int64_t>()[i] = world->records()[static_cast<std::size_t>(i)].count;
+  for (std::int64_t i = 0; i < 3; ++i)
+    fp.host_data<std::int64_t>()[i] = world->records()[static_cast<std::size_t>(i)].count;
   Tensor ref = fp.clone(MC::CommBuffers);
   world->set_record_hook(nullptr);
   world->broadcast(ref, 0).wait();

@@ -81,7 +81,8 @@ std::vector<float> eval_logits(ZeroRun& r) {
   return std::vector<float>(l.begin(), l.end());
 }
 
-std::vector<float> tensor_of(const checkpoint::SafetensorsFile& f, const std::string& name, const std::vector<I>& shape) {
+std::vector<float> tensor_of(const checkpoint::SafetensorsFile& f, const std::string& name,
+                             const std::vector<I>& shape) {
   const auto& e = f.entry(name);
   EXPECT_EQ(e.shape, shape) << name;
   EXPECT_EQ(e.dtype, DType::F32) << name;
@@ -102,7 +103,8 @@ void check_export_layout(const std::string& ckpt, const std::string& hf_dir) {
   checkpoint::SafetensorsFile f(hf_dir + "/model.safetensors");
   EXPECT_EQ(f.metadata().at("format"), "pt");
   const auto c = zero_test_model(false);
-  const I h = c.hidden_size, H = c.num_attention_heads, hd = h / H, V = c.vocab_size, F = 4 * h, P = c.max_position_embeddings;
+  const I h = c.hidden_size, H = c.num_attention_heads, hd = h / H, V = c.vocab_size, F = 4 * h,
+          P = c.max_position_embeddings;
   EXPECT_EQ(f.tensors().size(), static_cast<std::size_t>(4 + 12 * c.num_layers));
   auto ours = [&](const std::string& n) { return reader.global_tensor(n, "master"); };
   auto same = [&](const std::string& what, const std::vector<float>& hf, I n, auto&& expected) {
@@ -134,7 +136,8 @@ void check_export_layout(const std::string& ckpt, const std::string& hf_dir) {
       }
     // Fused QKV: our output row (head, which, d) is HF's column which*h + head*hd + d.
     const auto qkv = ours(o + "attention.qkv.weight"), qkv_b = ours(o + "attention.qkv.bias");
-    const auto cw = tensor_of(f, x + "attn.c_attn.weight", {h, 3 * h}), cb = tensor_of(f, x + "attn.c_attn.bias", {3 * h});
+    const auto cw = tensor_of(f, x + "attn.c_attn.weight", {h, 3 * h}),
+               cb = tensor_of(f, x + "attn.c_attn.bias", {3 * h});
     I bad = 0;
     for (I head = 0; head < H; ++head)
       for (I which = 0; which < 3; ++which)
@@ -146,7 +149,8 @@ void check_export_layout(const std::string& ckpt, const std::string& hf_dir) {
         }
     EXPECT_EQ(bad, 0) << x << "attn.c_attn";
     EXPECT_NE(qkv_b, std::vector<float>(qkv_b.size(), 0.0f)) << "trained QKV bias should be nonzero";
-    const auto dense = ours(o + "attention.dense.weight"), fc1 = ours(o + "mlp.fc1.weight"), fc2 = ours(o + "mlp.fc2.weight");
+    const auto dense = ours(o + "attention.dense.weight"), fc1 = ours(o + "mlp.fc1.weight"),
+               fc2 = ours(o + "mlp.fc2.weight");
     same(x + "attn.c_proj.weight", tensor_of(f, x + "attn.c_proj.weight", {h, h}), h * h, transposed(dense, h, h));
     same(x + "mlp.c_fc.weight", tensor_of(f, x + "mlp.c_fc.weight", {h, F}), h * F, transposed(fc1, F, h));
     same(x + "mlp.c_proj.weight", tensor_of(f, x + "mlp.c_proj.weight", {F, h}), F * h, transposed(fc2, h, F));
@@ -237,7 +241,8 @@ TEST(ConvertCheckpoint, Tp2Dp2ExportImportKeepsTheModel) {
   EXPECT_TRUE(checkpoint::load_checkpoint(dir + "/imported", *tp1.engine, place(tp1)).loaded);
   const auto z = eval_logits(tp1);
   const I V = orig.model->config().vocab_size, rows = 2 * orig.model->config().seq_length;
-  const I local = static_cast<I>(x.size()) / rows, full = static_cast<I>(z.size()) / rows, start = orig.model->vocab_start();
+  const I local = static_cast<I>(x.size()) / rows, full = static_cast<I>(z.size()) / rows,
+          start = orig.model->vocab_start();
   double worst = 0;
   for (I r = 0; r < rows; ++r)
     for (I v = 0; v < local && start + v < V; ++v)
@@ -351,7 +356,8 @@ TEST(ConvertCheckpoint, ImportRefusesBrokenInputsNamingTheProblem) {
   Exported e;
   const std::string d = e.dir;
   // A tensor missing.
-  rewrite(d + "/hf", d + "/missing", [](const std::string& n, DType&, std::vector<I>&) { return n != "h.1.mlp.c_fc.bias"; });
+  rewrite(d + "/hf", d + "/missing",
+          [](const std::string& n, DType&, std::vector<I>&) { return n != "h.1.mlp.c_fc.bias"; });
   auto msg = import_error(d + "/missing", d + "/out1");
   EXPECT_NE(msg.find("has no tensor 'h.1.mlp.c_fc.bias'"), std::string::npos) << msg;
   EXPECT_NE(msg.find(d + "/missing/model.safetensors"), std::string::npos) << msg;
@@ -379,15 +385,17 @@ TEST(ConvertCheckpoint, ImportRefusesBrokenInputsNamingTheProblem) {
   msg = import_error(d + "/relu", d + "/out4");
   EXPECT_NE(msg.find("activation_function 'relu' is not supported"), std::string::npos) << msg;
   // No config.json: the head count must be given; then it imports the same model.
-  rewrite(d + "/hf", d + "/bare", [](const std::string&, DType&, std::vector<I>&) { return true; }, false);
+  rewrite(
+      d + "/hf", d + "/bare", [](const std::string&, DType&, std::vector<I>&) { return true; }, false);
   msg = import_error(d + "/bare/model.safetensors", d + "/out5");
   EXPECT_NE(msg.find("--num-attention-heads"), std::string::npos) << msg;
   EXPECT_EQ(import_error(d + "/bare/model.safetensors", d + "/out5", 4), "");
   // save_pretrained's layout: "transformer." prefix and a tied lm_head copy.
   {
     checkpoint::SafetensorsFile f(d + "/hf/model.safetensors");
-    rewrite(d + "/hf", d + "/prefixed", [](const std::string&, DType&, std::vector<I>&) { return true; }, true,
-            "transformer.");
+    rewrite(
+        d + "/hf", d + "/prefixed", [](const std::string&, DType&, std::vector<I>&) { return true; }, true,
+        "transformer.");
     checkpoint::SafetensorsFile p(d + "/prefixed/model.safetensors");
     checkpoint::SafetensorsWriter w;
     w.set_metadata("format", "pt");

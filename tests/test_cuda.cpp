@@ -279,7 +279,8 @@ TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
 // shorter than a row of the tensor, so threads' columns cross layout rows).
 TEST_F(Cuda, DropoutBackwardWithBiasGradientMatchesCpu) {
   for (DType dt : kTypes)
-    for (const k::DropoutLayout& l : {k::DropoutLayout{4, 1, 64, 96, 0, 0, 1}, k::DropoutLayout{8, 2, 1, 48, 1, 3, 9}}) {
+    for (const k::DropoutLayout& l :
+         {k::DropoutLayout{4, 1, 64, 96, 0, 0, 1}, k::DropoutLayout{8, 2, 1, 48, 1, 3, 9}}) {
       const std::int64_t cols = 96, rows = l.A * l.B * l.C * l.D / cols;
       const RngKey key{5, 9, 1, 2};
       for (double p : {0.0, 0.1}) {
@@ -319,8 +320,8 @@ TEST_F(Cuda, EmbeddingsAndPositions) {
 // CUB's radix sort works in the scratch gpu_scratch.h plans for it (the
 // launcher throws if CUB asks for more), from one token to a million.
 TEST_F(Cuda, EmbeddingBackwardSortFitsItsPlannedScratch) {
-  for (const std::int64_t n : {std::int64_t{1}, std::int64_t{255}, std::int64_t{4097}, std::int64_t{1} << 16,
-                               std::int64_t{1} << 20}) {
+  for (const std::int64_t n :
+       {std::int64_t{1}, std::int64_t{255}, std::int64_t{4097}, std::int64_t{1} << 16, std::int64_t{1} << 20}) {
     const std::int64_t V = 50257, H = 8;
     auto tok = ids(n, 0, V);
     auto dout = random({n, H}, DType::F32), dtab = zeros({V, H}, DType::F32);
@@ -430,7 +431,8 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
     DType dt;
     const char* attention;
   };
-  for (const Variant& var : {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"}, Variant{DType::BF16, "fused"}})
+  for (const Variant& var :
+       {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"}, Variant{DType::BF16, "fused"}})
     for (bool recompute : {false, true}) {
       const DType dt = var.dt;
       layers::GPTConfig cfg;

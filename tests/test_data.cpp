@@ -125,19 +125,27 @@ TEST(IndexedDataset, MegatronByteLayout) {
   const auto b = read_bytes(dir / "m.idx");
   const std::string magic(b.begin(), b.begin() + 9);
   EXPECT_EQ(magic, std::string("MMIDIDX\0\0", 9));
-  auto u64 = [&](std::size_t at) { std::uint64_t v; std::memcpy(&v, b.data() + at, 8); return v; };
-  auto i32 = [&](std::size_t at) { std::int32_t v; std::memcpy(&v, b.data() + at, 4); return v; };
-  EXPECT_EQ(u64(9), 1u);                   // version
-  EXPECT_EQ(static_cast<int>(b[17]), 8);   // uint16
-  EXPECT_EQ(u64(18), 3u);                  // sequences
-  EXPECT_EQ(u64(26), 3u);                  // len(document_indices) = documents + 1
+  auto u64 = [&](std::size_t at) {
+    std::uint64_t v;
+    std::memcpy(&v, b.data() + at, 8);
+    return v;
+  };
+  auto i32 = [&](std::size_t at) {
+    std::int32_t v;
+    std::memcpy(&v, b.data() + at, 4);
+    return v;
+  };
+  EXPECT_EQ(u64(9), 1u);                  // version
+  EXPECT_EQ(static_cast<int>(b[17]), 8);  // uint16
+  EXPECT_EQ(u64(18), 3u);                 // sequences
+  EXPECT_EQ(u64(26), 3u);                 // len(document_indices) = documents + 1
   EXPECT_EQ(i32(34), 2);
   EXPECT_EQ(i32(38), 1);
   EXPECT_EQ(i32(42), 3);
-  EXPECT_EQ(u64(46), 0u);                  // byte pointers
+  EXPECT_EQ(u64(46), 0u);  // byte pointers
   EXPECT_EQ(u64(54), 4u);
   EXPECT_EQ(u64(62), 6u);
-  EXPECT_EQ(u64(70), 0u);                  // document indices 0, 1, 3
+  EXPECT_EQ(u64(70), 0u);  // document indices 0, 1, 3
   EXPECT_EQ(u64(78), 1u);
   EXPECT_EQ(u64(86), 3u);
   EXPECT_EQ(b.size(), 94u);
@@ -190,8 +198,10 @@ TEST(IndexedDataset, EveryCorruptionIsNamed) {
       {"length off by one", [](auto& i, auto&) { i[38] ^= 0x02; }, "places sequence 2 at byte 6 but the previous"},
       {"negative length", [](auto& i, auto&) { poke<std::int32_t>(i, 42, -3); }, "negative length -3"},
       {"document indices decrease", [](auto& i, auto&) { poke<std::int64_t>(i, 78, 4); }, "decreasing document"},
-      {"document indices end early", [](auto& i, auto&) { poke<std::int64_t>(i, 86, 2); }, "ends its document indices at 2"},
-      {"document indices start late", [](auto& i, auto&) { poke<std::int64_t>(i, 70, 1); }, "starts its document indices at 1"},
+      {"document indices end early", [](auto& i, auto&) { poke<std::int64_t>(i, 86, 2); },
+       "ends its document indices at 2"},
+      {"document indices start late", [](auto& i, auto&) { poke<std::int64_t>(i, 70, 1); },
+       "starts its document indices at 1"},
       {"missing bin", [](auto&, auto&) {}, "cannot open"},
   };
   TempDir dir;
@@ -410,8 +420,10 @@ TEST(Tokenizer, PretokenizerFollowsGpt2Regex) {
   EXPECT_EQ(pieces("a\n\nb  "), (V{"a", "\n", "\n", "b", "  "}));
   EXPECT_EQ(pieces("x123 45,6!?"), (V{"x", "123", " 45", ",", "6", "!?"}));
   EXPECT_EQ(pieces(" caf\xC3\xA9 na\xC3\xAFve \xC2\xBD"), (V{" caf\xC3\xA9", " na\xC3\xAFve", " \xC2\xBD"}));
-  EXPECT_EQ(pieces("a\xC2\xA0" "b"), (V{"a", "\xC2\xA0", "b"}));  // NBSP is whitespace
-  EXPECT_EQ(pieces("\xFF\xFEz"), (V{"\xFF\xFE", "z"}));       // invalid UTF-8: one piece per run
+  EXPECT_EQ(pieces("a\xC2\xA0"
+                   "b"),
+            (V{"a", "\xC2\xA0", "b"}));                  // NBSP is whitespace
+  EXPECT_EQ(pieces("\xFF\xFEz"), (V{"\xFF\xFE", "z"}));  // invalid UTF-8: one piece per run
 }
 
 namespace {
@@ -426,8 +438,11 @@ std::unique_ptr<Gpt2BpeTokenizer> gpt2_or_null() {
 const char* const kSample =
     "Hello, world! It's 2024: the year we've waited for... Isn't it? I'd say we'll see.\n\n"
     "Numbers 3.14159 and 1,000,000 or 42nd;   multiple   spaces\tand\ttabs \n  indented line\n"
-    "Caf\xC3\xA9 na\xC3\xAFve r\xC3\xA9sum\xC3\xA9 \xC3\x9C" "ber Stra\xC3\x9F" "e \xC3\xA0 la carte, \xC2\xBD price \xC2\xA9 2024\n"
-    "\xE2\x80\x9C" "Curly quotes\xE2\x80\x9D \xE2\x80\x94 em dash, emoji \xF0\x9F\x98\x80\xF0\x9F\x9A\x80, "
+    "Caf\xC3\xA9 na\xC3\xAFve r\xC3\xA9sum\xC3\xA9 \xC3\x9C"
+    "ber Stra\xC3\x9F"
+    "e \xC3\xA0 la carte, \xC2\xBD price \xC2\xA9 2024\n"
+    "\xE2\x80\x9C"
+    "Curly quotes\xE2\x80\x9D \xE2\x80\x94 em dash, emoji \xF0\x9F\x98\x80\xF0\x9F\x9A\x80, "
     "\xE6\x97\xA5\xE6\x9C\xAC\xE8\xAA\x9E, \xD0\x9F\xD1\x80\xD0\xB8\xD0\xB2\xD0\xB5\xD1\x82, \xCE\xB1\xCE\xB2\xCE\xB3 "
     "<|endoftext|> code: x = f(a_b, c-d) // end   \n\n\n";
 

@@ -331,8 +331,8 @@ TEST_F(CheckCollectives, EveryDivergenceThrowsOnEveryRank) {
   Tensor full = filled(2 * n, DType::F32, 0);
   const std::string ag = "all_gather(fp32, " + std::to_string(2 * n) + ")";
   expect_divergence([&] { world->all_gather(part, full, counts).wait(); }, ag, ag + " with different per-rank counts");
-  expect_divergence([&] { odd ? world->barrier().wait() : world->all_reduce(x).wait(); },
-                    "all_reduce(sum, fp32, 16)", "barrier()");
+  expect_divergence([&] { odd ? world->barrier().wait() : world->all_reduce(x).wait(); }, "all_reduce(sum, fp32, 16)",
+                    "barrier()");
   // Still usable, and in step, afterwards.
   world->all_reduce(x).wait();
   EXPECT_EQ(x.to_double_vector()[0], n);

@@ -140,8 +140,8 @@ Result run_fused(const Problem& pr, const Inputs& in, DType t, bool backward = t
   Tensor dq = Tensor::empty(cpu(), pr.shape(), t, MC::Other), dk = Tensor::empty(cpu(), pr.shape(), t, MC::Other),
          dv = Tensor::empty(cpu(), pr.shape(), t, MC::Other);
   dk.copy_from_doubles(Vec(in.q.size(), 1e30));  // overwritten, not accumulated into
-  fused_attention_backward(q, k, v, out, tensor(pr.shape(), in.w, t), lse, pr.scale, pr.p, pr.key, pr.layout(), dq,
-                           dk, dv);
+  fused_attention_backward(q, k, v, out, tensor(pr.shape(), in.w, t), lse, pr.scale, pr.p, pr.key, pr.layout(), dq, dk,
+                           dv);
   r.dq = dq.to_double_vector();
   r.dk = dk.to_double_vector();
   r.dv = dv.to_double_vector();
@@ -319,10 +319,13 @@ TEST(FusedAttention, RejectsBadArgumentsNamingThem) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { fused_attention_forward(q, k, short_v, 1, 0, pr.key, pr.layout(), out, lse); }).find("v has shape"),
-            std::string::npos);
+  EXPECT_NE(
+      message([&] { fused_attention_forward(q, k, short_v, 1, 0, pr.key, pr.layout(), out, lse); }).find("v has shape"),
+      std::string::npos);
   Tensor lse16 = Tensor::empty(cpu(), {pr.bh(), pr.s}, DType::BF16, MC::Other);
-  EXPECT_NE(message([&] { fused_attention_forward(q, k, q, 1, 0, pr.key, pr.layout(), out, lse16); }).find("lse must be fp32"),
+  EXPECT_NE(message([&] {
+              fused_attention_forward(q, k, q, 1, 0, pr.key, pr.layout(), out, lse16);
+            }).find("lse must be fp32"),
             std::string::npos);
   DropoutLayout wrong = pr.layout();
   wrong.C = pr.s + 1;

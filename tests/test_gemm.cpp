@@ -42,10 +42,9 @@ double ulp_half_of(DType t, double x) {
 }
 
 void check_case(const Case& cs, DType in, DType out, float alpha, float beta, bool strided) {
-  SCOPED_TRACE(testing::Message() << "batch " << cs.batch << " m " << cs.m << " n " << cs.n << " k " << cs.k
-                                  << " ta " << cs.ta << " tb " << cs.tb << " in " << dtype_name(in) << " out "
-                                  << dtype_name(out) << " alpha " << alpha << " beta " << beta << " strided "
-                                  << strided);
+  SCOPED_TRACE(testing::Message() << "batch " << cs.batch << " m " << cs.m << " n " << cs.n << " k " << cs.k << " ta "
+                                  << cs.ta << " tb " << cs.tb << " in " << dtype_name(in) << " out " << dtype_name(out)
+                                  << " alpha " << alpha << " beta " << beta << " strided " << strided);
   auto dev = make_device(DeviceKind::CPU);
   std::mt19937 rng(static_cast<unsigned>(cs.m * 131 + cs.n * 17 + cs.k));
   auto with_batch = [&](Shape s, bool batched) {
@@ -91,11 +90,10 @@ void check_case(const Case& cs, DType in, DType out, float alpha, float beta, bo
 }
 
 const Case kCases[] = {
-    {0, 1, 1, 1, false, false, false},   {0, 7, 13, 5, false, false, false}, {0, 7, 13, 5, true, false, false},
-    {0, 7, 13, 5, false, true, false},   {0, 7, 13, 5, true, true, false},   {0, 33, 65, 17, false, true, false},
-    {0, 127, 3, 255, true, false, false}, {0, 64, 64, 64, false, false, false},
-    {3, 5, 9, 11, false, false, false},  {3, 5, 9, 11, true, true, false},   {4, 17, 8, 33, false, true, true},
-    {2, 31, 7, 16, true, false, true},
+    {0, 1, 1, 1, false, false, false},    {0, 7, 13, 5, false, false, false},   {0, 7, 13, 5, true, false, false},
+    {0, 7, 13, 5, false, true, false},    {0, 7, 13, 5, true, true, false},     {0, 33, 65, 17, false, true, false},
+    {0, 127, 3, 255, true, false, false}, {0, 64, 64, 64, false, false, false}, {3, 5, 9, 11, false, false, false},
+    {3, 5, 9, 11, true, true, false},     {4, 17, 8, 33, false, true, true},    {2, 31, 7, 16, true, false, true},
 };
 
 }  // namespace
@@ -116,9 +114,11 @@ TEST_P(GemmDtypes, AlphaBetaAndStridedOperands) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, GemmDtypes,
-                         testing::Values(std::make_pair(DType::F32, DType::F32), std::make_pair(DType::BF16, DType::F32),
-                                         std::make_pair(DType::BF16, DType::BF16), std::make_pair(DType::F16, DType::F32),
-                                         std::make_pair(DType::F16, DType::F16), std::make_pair(DType::F64, DType::F64)),
+                         testing::Values(std::make_pair(DType::F32, DType::F32),
+                                         std::make_pair(DType::BF16, DType::F32),
+                                         std::make_pair(DType::BF16, DType::BF16),
+                                         std::make_pair(DType::F16, DType::F32), std::make_pair(DType::F16, DType::F16),
+                                         std::make_pair(DType::F64, DType::F64)),
                          [](const auto& param_info) {
                            return std::string(dtype_name(param_info.param.first)) + "_to_" +
                                   std::string(dtype_name(param_info.param.second));

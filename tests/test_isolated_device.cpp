@@ -170,7 +170,7 @@ TEST(IsolatedDevice, CapacityGivesAnOutOfMemoryErrorThatReportsWhatIsHeld) {
   auto d = std::make_shared<IsolatedCpuDevice>(std::int64_t{10} << 20);  // 10 MiB
   ASSERT_TRUE(d->memory_info());
   EXPECT_EQ(d->memory_info()->total, 10 << 20);
-  Tensor a = Tensor::empty(d, {1 << 20}, DType::F32, MC::Parameters);  // 4 MiB
+  Tensor a = Tensor::empty(d, {1 << 20}, DType::F32, MC::Parameters);   // 4 MiB
   Tensor b = Tensor::empty(d, {1 << 19}, DType::F32, MC::Activations);  // 2 MiB
   EXPECT_EQ(d->held_bytes(), 6 << 20);
   EXPECT_EQ(d->memory_info()->free, 4 << 20);

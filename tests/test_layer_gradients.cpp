@@ -80,23 +80,26 @@ TEST_F(LayerGrad, ColumnParallelLinear) {
   for (bool gather : {false, true}) {
     ParameterSet ps;
     ColumnParallelLinear lin(ps, "lin", 5, 7, true, gather, ctx, 0.3);
-    check_layer(ps, input(4, 5, 1), [&](const Tensor& x) { return lin.forward(x); },
-                [&](const Tensor& dy) { return lin.backward(dy); });
+    check_layer(
+        ps, input(4, 5, 1), [&](const Tensor& x) { return lin.forward(x); },
+        [&](const Tensor& dy) { return lin.backward(dy); });
   }
 }
 
 TEST_F(LayerGrad, RowParallelLinear) {
   ParameterSet ps;
   RowParallelLinear lin(ps, "lin", 6, 3, true, ctx, 0.3);
-  check_layer(ps, input(4, 6, 2), [&](const Tensor& x) { return lin.forward(x); },
-              [&](const Tensor& dy) { return lin.backward(dy); });
+  check_layer(
+      ps, input(4, 6, 2), [&](const Tensor& x) { return lin.forward(x); },
+      [&](const Tensor& dy) { return lin.backward(dy); });
 }
 
 TEST_F(LayerGrad, LayerNormLayer) {
   ParameterSet ps;
   LayerNorm ln(ps, "ln", 9, 1e-5, ctx);
-  check_layer(ps, input(5, 9, 3), [&](const Tensor& x) { return ln.forward(x); },
-              [&](const Tensor& dy) { return ln.backward(dy); });
+  check_layer(
+      ps, input(5, 9, 3), [&](const Tensor& x) { return ln.forward(x); },
+      [&](const Tensor& dy) { return ln.backward(dy); });
 }
 
 TEST_F(LayerGrad, MLP) {
@@ -105,8 +108,9 @@ TEST_F(LayerGrad, MLP) {
     cfg.bias_gelu_fusion = fusion;
     ParameterSet ps;
     ParallelMLP mlp(ps, "mlp", cfg, ctx);
-    check_layer(ps, input(4, cfg.hidden_size, 4), [&](const Tensor& x) { return mlp.forward(x); },
-                [&](const Tensor& dy) { return mlp.backward(dy); });
+    check_layer(
+        ps, input(4, cfg.hidden_size, 4), [&](const Tensor& x) { return mlp.forward(x); },
+        [&](const Tensor& dy) { return mlp.backward(dy); });
   }
 }
 
@@ -143,9 +147,9 @@ TEST_F(LayerGrad, BiasGeluFusionChangesNoBitInFp32) {
 TEST_F(LayerGrad, SelfAttentionWithDropout) {
   ParameterSet ps;
   ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
-  check_layer(ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
-              [&](const Tensor& x) { return attn.forward(x, step); },
-              [&](const Tensor& dy) { return attn.backward(dy); });
+  check_layer(
+      ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
+      [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
 }
 
 TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
@@ -154,9 +158,9 @@ TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
     cfg.recompute_activations = recompute;
     ParameterSet ps;
     TransformerLayer layer(ps, cfg, 1, ctx);
-    check_layer(ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
-                [&](const Tensor& x) { return layer.forward(x, step); },
-                [&](const Tensor& dy) { return layer.backward(dy); });
+    check_layer(
+        ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
+        [&](const Tensor& x) { return layer.forward(x, step); }, [&](const Tensor& dy) { return layer.backward(dy); });
   }
 }
 

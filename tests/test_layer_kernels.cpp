@@ -347,10 +347,12 @@ TEST(Gelu, BiasGeluFusionIsTheUnfusedSequence) {
       expect_close(vals(dbf), vals(dbu), 2e-2, 5e-2, "bf16 dbias");
     }
   }
-  expect_rejected([&] {
-    Tensor o = empty(shape);
-    bias_gelu_forward(tensor(shape, y), tensor({cols + 1}, Vec(usize(cols + 1))), o);
-  }, "bias_gelu_forward: bias has shape");
+  expect_rejected(
+      [&] {
+        Tensor o = empty(shape);
+        bias_gelu_forward(tensor(shape, y), tensor({cols + 1}, Vec(usize(cols + 1))), o);
+      },
+      "bias_gelu_forward: bias has shape");
 }
 
 // ======================== bias and element-wise ========================
@@ -994,8 +996,8 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
          Tensor q = t(dev, {bh, seq, d}, DType::BF16), lse = t(dev, {bh, seq}, DType::F32);
          Tensor dq = t(dev, {bh, seq, d}, DType::BF16), dk = t(dev, {bh, seq, d}, DType::BF16),
                 dv = t(dev, {bh, seq, d}, DType::BF16);
-         fused_attention_backward(q, q, q, q, q, lse, 0.125, 0.0, RngKey{}, DropoutLayout{bh, 1, seq, seq, 0, 0, 1},
-                                  dq, dk, dv);
+         fused_attention_backward(q, q, q, q, q, lse, 0.125, 0.0, RngKey{}, DropoutLayout{bh, 1, seq, seq, 0, 0, 1}, dq,
+                                  dk, dv);
        },
        gs::flash_backward_bytes(bh, seq)},
   };
@@ -1050,7 +1052,8 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
       check(plain, 1);
       const auto dropout = gs::dropout_column_chunks(rows, cols);  // any cols: four a thread, the last partly
       check(dropout, gs::kDropoutColumns);
-      EXPECT_EQ(gs::dropout_bias_grad_bytes(rows, cols), static_cast<std::size_t>(dropout.used * cols) * sizeof(double));
+      EXPECT_EQ(gs::dropout_bias_grad_bytes(rows, cols),
+                static_cast<std::size_t>(dropout.used * cols) * sizeof(double));
       for (const DType dt : {DType::F32, DType::BF16, DType::F64}) {
         const std::size_t bytes = gs::column_sums_bytes(dt, rows, cols, 2);
         // One chunk (every row in it) needs no scratch: the sums go straight into the result.
@@ -1838,8 +1841,10 @@ TEST(HalfStorage, StatisticsMustBeFp32AndAccumulatorsStorageOrFp32) {
     Tensor dpos16 = empty({2, 8}, other);
     expect_rejected([&] { position_embedding_backward(x, 2, dpos16); },
                     "position_embedding_backward: position gradient must be");
-    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m16, m, m); }, "cross_entropy_forward: row_max must be fp32");
-    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m, m16, m); }, "cross_entropy_forward: sum_exp must be fp32");
+    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m16, m, m); },
+                    "cross_entropy_forward: row_max must be fp32");
+    expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m, m16, m); },
+                    "cross_entropy_forward: sum_exp must be fp32");
     expect_rejected([&] { cross_entropy_forward(x, ids, 0, 8, m, m, m16); },
                     "cross_entropy_forward: target_logit must be fp32");
     expect_rejected([&] { rescale_sum_exp(m, m16, m); }, "rescale_sum_exp: global_max must be fp32");

@@ -34,10 +34,26 @@ train::TrainArgs parse(std::vector<std::string> words, int world = 400) {
 }
 
 train::TrainArgs paper_100b(int stage, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> words = {"pretrain_gpt", "--mock-data", "--num-layers", "125", "--hidden-size", "8192",
-                                    "--num-attention-heads", "64", "--seq-length", "1024", "--max-position-embeddings",
-                                    "1024", "--vocab-size", "50257", "--tensor-model-parallel-size", "16",
-                                    "--recompute-activations", "--fp16", "--train-iters", "1000"};
+  std::vector<std::string> words = {"pretrain_gpt",
+                                    "--mock-data",
+                                    "--num-layers",
+                                    "125",
+                                    "--hidden-size",
+                                    "8192",
+                                    "--num-attention-heads",
+                                    "64",
+                                    "--seq-length",
+                                    "1024",
+                                    "--max-position-embeddings",
+                                    "1024",
+                                    "--vocab-size",
+                                    "50257",
+                                    "--tensor-model-parallel-size",
+                                    "16",
+                                    "--recompute-activations",
+                                    "--fp16",
+                                    "--train-iters",
+                                    "1000"};
   if (std::find(extra.begin(), extra.end(), "--micro-batch-size") == extra.end())
     words.insert(words.end(), {"--micro-batch-size", "32", "--global-batch-size", "800"});
   if (stage >= 0) words.insert(words.end(), {"--zero-stage", std::to_string(stage)});
@@ -211,7 +227,8 @@ TEST(Plan, EveryPaperConfigurationFitsWhereThePaperRanIt) {
   for (const auto& r : runs) {
     SCOPED_TRACE(r.name);
     const auto p = plan::plan_rank_memory(r.args, r.gpus, 0);
-    EXPECT_EQ(p.step_total_peak <= k32GiB, cannot_fit.count(r.name) == 0) << static_cast<double>(p.step_total_peak) / double(1 << 30) << " GiB";
+    EXPECT_EQ(p.step_total_peak <= k32GiB, cannot_fit.count(r.name) == 0)
+        << static_cast<double>(p.step_total_peak) / double(1 << 30) << " GiB";
     if (!r.baseline || r.mp == 1) continue;
     ++baselines;
     auto half = r.args;  // same batch per replica, half the MP degree, twice the replicas
@@ -232,11 +249,27 @@ TEST(Plan, CountedGemmFlopsAreTheAnalyticModelFlops) {
   for (const bool recompute : {true, false})
     for (const int tp : {1, 16}) {
       SCOPED_TRACE(testing::Message() << "recompute " << recompute << ", TP " << tp);
-      std::vector<std::string> w = {"pretrain_gpt", "--mock-data", "--num-layers", "4", "--hidden-size", "2048",
-                                    "--num-attention-heads", "16", "--seq-length", "1024",
-                                    "--max-position-embeddings", "1024", "--vocab-size", "50257",
-                                    "--tensor-model-parallel-size", std::to_string(tp), "--micro-batch-size", "4",
-                                    "--fp16", "--train-iters", "1"};
+      std::vector<std::string> w = {"pretrain_gpt",
+                                    "--mock-data",
+                                    "--num-layers",
+                                    "4",
+                                    "--hidden-size",
+                                    "2048",
+                                    "--num-attention-heads",
+                                    "16",
+                                    "--seq-length",
+                                    "1024",
+                                    "--max-position-embeddings",
+                                    "1024",
+                                    "--vocab-size",
+                                    "50257",
+                                    "--tensor-model-parallel-size",
+                                    std::to_string(tp),
+                                    "--micro-batch-size",
+                                    "4",
+                                    "--fp16",
+                                    "--train-iters",
+                                    "1"};
       if (recompute) w.push_back("--recompute-activations");
       const auto p = plan::plan_rank_memory(parse(w, tp), tp, 0);
       // The code pads the vocabulary to a multiple of 128 x TP; the formula
@@ -258,10 +291,11 @@ TEST(Plan, TimeModelPricesCollectivesAsRings) {
   // 25 DP ranks, one per node (TP 16 fills a DGX-2): the node's 85 GB/s shared by its 16 GPUs.
   const double bw = 85e9 / 16, lat = 15e-6, f = 24.0 / 25.0;
   const auto& d = p.dp_comm;
-  const double expect = f * static_cast<double>(d[CollectiveType::ReduceScatter].bytes + d[CollectiveType::AllGather].bytes) / bw +
-                        2 * f * static_cast<double>(d[CollectiveType::AllReduce].bytes) / bw +
-                        static_cast<double>(d[CollectiveType::ReduceScatter].calls + d[CollectiveType::AllGather].calls) * 24 * lat +
-                        static_cast<double>(d[CollectiveType::AllReduce].calls) * 48 * lat;
+  const double expect =
+      f * static_cast<double>(d[CollectiveType::ReduceScatter].bytes + d[CollectiveType::AllGather].bytes) / bw +
+      2 * f * static_cast<double>(d[CollectiveType::AllReduce].bytes) / bw +
+      static_cast<double>(d[CollectiveType::ReduceScatter].calls + d[CollectiveType::AllGather].calls) * 24 * lat +
+      static_cast<double>(d[CollectiveType::AllReduce].calls) * 48 * lat;
   EXPECT_NEAR(e.dp_comm_s, expect, 1e-9 * expect);
   EXPECT_NEAR(e.dp_exposed_s, e.dp_comm_s, 1e-12);  // no compute: nothing hidden
   EXPECT_EQ(e.dp_nodes, 25);
@@ -280,10 +314,26 @@ TEST(Plan, TimeModelPricesCollectivesAsRings) {
 // 1.2B GPT-2 (40 layers, hidden 1536, 16 heads, batch 8) on one V100 32 GB.
 TEST(Plan, DgxProfileReproducesItsCalibrationPoint) {
   const auto hw = plan::load_hardware_profile("dgx2-v100");
-  auto args = parse({"pretrain_gpt", "--mock-data", "--num-layers", "40", "--hidden-size", "1536",
-                     "--num-attention-heads", "16", "--seq-length", "1024", "--max-position-embeddings", "1024",
-                     "--vocab-size", "50257", "--micro-batch-size", "8", "--fp16", "--recompute-activations",
-                     "--train-iters", "1"},
+  auto args = parse({"pretrain_gpt",
+                     "--mock-data",
+                     "--num-layers",
+                     "40",
+                     "--hidden-size",
+                     "1536",
+                     "--num-attention-heads",
+                     "16",
+                     "--seq-length",
+                     "1024",
+                     "--max-position-embeddings",
+                     "1024",
+                     "--vocab-size",
+                     "50257",
+                     "--micro-batch-size",
+                     "8",
+                     "--fp16",
+                     "--recompute-activations",
+                     "--train-iters",
+                     "1"},
                     1);
   const auto e = plan::estimate_step_time(args, plan::plan_rank_memory(args, 1, 0), hw);
   EXPECT_NEAR(e.tflops_per_gpu, 39.0, 0.03 * 39.0);
@@ -329,8 +379,9 @@ TEST(Plan, HardwareProfileErrorsNameTheFlag) {
     EXPECT_NE(std::string(e.what()).find("dgx2-v100"), std::string::npos);
   }
   const auto path = std::filesystem::temp_directory_path() / "megazero_bad_profile.json";
-  for (const std::string& text : {std::string("{"), std::string(R"({"devices_per_node": 16})"),
-                                  std::string(R"({"devices_per_node": 16, "memory_gib": 32, "peak_tflops": {"fp16": -1}})")}) {
+  for (const std::string& text :
+       {std::string("{"), std::string(R"({"devices_per_node": 16})"),
+        std::string(R"({"devices_per_node": 16, "memory_gib": 32, "peak_tflops": {"fp16": -1}})")}) {
     std::ofstream(path) << text;
     EXPECT_THROW(plan::load_hardware_profile(path.string()), ConfigError) << text;
   }

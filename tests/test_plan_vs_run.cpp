@@ -40,11 +40,17 @@ constexpr int kWorld = 4;
 // A small GPT, as a user would write it on the command line. Dropout on, so the
 // masks are allocated; a small gradient bucket, so the model spans several. A
 // case's flags override these (and add to them).
-const std::vector<std::pair<std::string, std::string>> kBase = {
-    {"--num-layers", "2"},          {"--hidden-size", "64"},       {"--num-attention-heads", "4"},
-    {"--seq-length", "32"},         {"--max-position-embeddings", "64"}, {"--vocab-size", "300"},
-    {"--micro-batch-size", "2"},    {"--train-iters", "1"},        {"--hidden-dropout", "0.1"},
-    {"--attention-dropout", "0.1"}, {"--reduce-bucket-size", "5000"}};
+const std::vector<std::pair<std::string, std::string>> kBase = {{"--num-layers", "2"},
+                                                                {"--hidden-size", "64"},
+                                                                {"--num-attention-heads", "4"},
+                                                                {"--seq-length", "32"},
+                                                                {"--max-position-embeddings", "64"},
+                                                                {"--vocab-size", "300"},
+                                                                {"--micro-batch-size", "2"},
+                                                                {"--train-iters", "1"},
+                                                                {"--hidden-dropout", "0.1"},
+                                                                {"--attention-dropout", "0.1"},
+                                                                {"--reduce-bucket-size", "5000"}};
 
 train::TrainArgs parse(const std::vector<std::string>& flags) {
   std::vector<std::string> words = {"pretrain_gpt", "--mock-data"};
@@ -64,9 +70,9 @@ struct Measured {
   std::array<std::int64_t, kNumMemoryCategories> step_peak{};
   std::int64_t step_total_peak = 0, step_heap_peak = 0, host_checkpoint_peak = 0, micro_batches = 0;
   bool skipped = false;
-  std::vector<double> losses;          // one per step
-  Device::ArenaStats arena;            // with an arena
-  std::int64_t raw_allocations = 0;    // calls that reached malloc, the arena's included
+  std::vector<double> losses;        // one per step
+  Device::ArenaStats arena;          // with an arena
+  std::int64_t raw_allocations = 0;  // calls that reached malloc, the arena's included
 };
 
 // One iteration for real on this rank's CPU, wired as examples/pretrain_gpt.cpp
@@ -129,8 +135,10 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) m.step_peak[c] = peak.by_category[c].peak_bytes;
     m.step_total_peak = peak.total_peak_bytes;
     m.step_heap_peak = peak.heap_peak_bytes;
-    m.host_checkpoint_peak =
-        host->memory().snapshot().by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes;
+    m.host_checkpoint_peak = host->memory()
+                                 .snapshot()
+                                 .by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
+                                 .peak_bytes;
     m.arena = device->arena_stats();
     m.raw_allocations = device->raw_allocations();
   }
@@ -158,16 +166,16 @@ std::vector<Case> cases() {
   for (const char* c : {"C1", "C2", "C3", "C4", "C5"})
     out.push_back({std::string("TP2 ") + c, {"--tensor-model-parallel-size", "2", "--zero-config", c}});
   out.push_back({"TP4 C5", {"--tensor-model-parallel-size", "4", "--zero-config", "C5"}});
-  out.push_back({"TP2 stage 3 recompute",
-                 {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--recompute-activations"}});
+  out.push_back(
+      {"TP2 stage 3 recompute", {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--recompute-activations"}});
   out.push_back({"TP2 stage 1 Pa",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "1", "--recompute-activations",
                   "--partition-activations"}});
   out.push_back({"TP4 stage 3 Pa+cpu",
                  {"--tensor-model-parallel-size", "4", "--zero-stage", "3", "--recompute-activations",
                   "--partition-activations", "--cpu-checkpointing"}});
-  out.push_back({"TP1 stage 2 MD",
-                 {"--zero-stage", "2", "--recompute-activations", "--contiguous-memory-optimization"}});
+  out.push_back(
+      {"TP1 stage 2 MD", {"--zero-stage", "2", "--recompute-activations", "--contiguous-memory-optimization"}});
   out.push_back({"TP2 stage 0 Pa+MD",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "0", "--recompute-activations",
                   "--partition-activations", "--contiguous-memory-optimization"}});
@@ -181,8 +189,8 @@ std::vector<Case> cases() {
   }
   out.push_back({"TP4 bf16 C4", {"--tensor-model-parallel-size", "4", "--zero-config", "C4", "--bf16"}});
   // A wider, deeper model: 3 layers, hidden 128, 8 heads, sequence 64.
-  const std::vector<std::string> wide = {"--num-layers", "3", "--hidden-size", "128", "--num-attention-heads", "8",
-                                         "--seq-length", "64"};
+  const std::vector<std::string> wide = {"--num-layers",          "3", "--hidden-size", "128",
+                                         "--num-attention-heads", "8", "--seq-length",  "64"};
   for (const char* tp : {"1", "2", "4"}) {
     auto f = wide;
     f.insert(f.end(), {"--tensor-model-parallel-size", tp, "--zero-config", "C4"});
@@ -195,8 +203,8 @@ std::vector<Case> cases() {
   }
   // Gradient accumulation: global batch = 2 x micro x DP (two micro-batches per rank).
   out.push_back({"TP1 stage 2 accumulation", {"--zero-stage", "2", "--global-batch-size", "16"}});
-  out.push_back({"TP2 stage 3 accumulation", {"--tensor-model-parallel-size", "2", "--zero-stage", "3",
-                                              "--global-batch-size", "8"}});
+  out.push_back({"TP2 stage 3 accumulation",
+                 {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--global-batch-size", "8"}});
   out.push_back({"TP2 stage 1 bf16 C2 accumulation",
                  {"--tensor-model-parallel-size", "2", "--zero-config", "C2", "--bf16", "--global-batch-size", "8"}});
   out.push_back({"TP4 stage 0 fp16 recompute accumulation",
@@ -207,8 +215,8 @@ std::vector<Case> cases() {
                   "--partition-activations", "--cpu-checkpointing", "--contiguous-memory-optimization",
                   "--global-batch-size", "16"}});
   // The fused attention's block workspaces (fp32 scores, 16-bit operands, fp32 dk/dv).
-  out.push_back({"TP2 stage 2 fused attention", {"--tensor-model-parallel-size", "2", "--zero-stage", "2",
-                                                 "--attention-backend", "fused"}});
+  out.push_back({"TP2 stage 2 fused attention",
+                 {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--attention-backend", "fused"}});
   out.push_back({"TP1 stage 3 bf16 fused attention recompute",
                  {"--zero-stage", "3", "--bf16", "--attention-backend", "fused", "--recompute-activations"}});
   return out;
@@ -290,7 +298,8 @@ TEST(PlanVsRun, MetaDeviceStandingInForTheCpuAllocatesWhatCpuGemmAllocates) {
         SCOPED_TRACE(testing::Message() << dtype_name(in) << " -> " << dtype_name(out) << " A " << shape_str(g.a)
                                         << (g.strided_a ? " strided" : ""));
         auto gemm_on = [&](const std::shared_ptr<Device>& d) {
-          Tensor a_store = Tensor::empty(d, g.strided_a ? Shape{g.a[0], g.a[1], 2} : g.a, in, MemoryCategory::Activations);
+          Tensor a_store =
+              Tensor::empty(d, g.strided_a ? Shape{g.a[0], g.a[1], 2} : g.a, in, MemoryCategory::Activations);
           a_store.zero_();
           Tensor a = g.strided_a ? a_store.select(2, 0) : a_store;  // strides (2K, 2): BLAS needs a copy
           Tensor b = Tensor::empty(d, g.b, in, MemoryCategory::Parameters);

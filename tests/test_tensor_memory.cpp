@@ -18,9 +18,9 @@ TEST(MemoryTracker, ExactLiveAndPeakForAKnownSequence) {
   auto dev = make_device(DeviceKind::CPU);
   auto& m = dev->memory();
   {
-    Tensor p = Tensor::empty(dev, {1000}, DType::BF16, MC::Parameters, "params");         // 2000 B
-    Tensor g = Tensor::empty(dev, {1000}, DType::BF16, MC::Gradients, "grads");           // 2000 B
-    Tensor o = Tensor::empty(dev, {3, 250}, DType::F32, MC::OptimizerStates, "adam");     // 3000 B
+    Tensor p = Tensor::empty(dev, {1000}, DType::BF16, MC::Parameters, "params");      // 2000 B
+    Tensor g = Tensor::empty(dev, {1000}, DType::BF16, MC::Gradients, "grads");        // 2000 B
+    Tensor o = Tensor::empty(dev, {3, 250}, DType::F32, MC::OptimizerStates, "adam");  // 3000 B
     EXPECT_EQ(m.live(MC::Parameters), 2000);
     EXPECT_EQ(m.live(MC::Gradients), 2000);
     EXPECT_EQ(m.live(MC::OptimizerStates), 3000);
@@ -202,7 +202,8 @@ TEST(Tensor, StridedCopyWithDtypeConversionRoundsOnce) {
     for (int c = 0; c < 5; ++c) {
       const auto i = static_cast<std::size_t>(r * 10 + 2 * c);
       EXPECT_EQ(w[i], 0.0);
-      EXPECT_EQ(w[i + 1], static_cast<double>(half_to_float(float_to_half(static_cast<float>(v[static_cast<std::size_t>(r * 5 + c)])))));
+      EXPECT_EQ(w[i + 1], static_cast<double>(half_to_float(
+                              float_to_half(static_cast<float>(v[static_cast<std::size_t>(r * 5 + c)])))));
     }
 }
 

@@ -192,9 +192,7 @@ void expect_file_version(const tensorboard::Event& e, double t0, double t1) {
   EXPECT_LE(e.wall_time(), t1);
 }
 
-double now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double now() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 }  // namespace
 
@@ -215,8 +213,8 @@ TEST(TensorBoardCrc, LibraryAgreesWithTheDefinition) {
   std::string bytes;
   std::uint32_t x = 12345;
   for (int n = 0; n < 300; ++n) {
-    EXPECT_EQ(megazero::train::tfrecord::crc32c(bytes.data(), bytes.size()),
-              crc32c_bitwise(bytes.data(), bytes.size())) << n << " bytes";
+    EXPECT_EQ(megazero::train::tfrecord::crc32c(bytes.data(), bytes.size()), crc32c_bitwise(bytes.data(), bytes.size()))
+        << n << " bytes";
     EXPECT_EQ(megazero::train::tfrecord::masked_crc32c(bytes.data(), bytes.size()), masked(bytes.data(), bytes.size()));
     x = x * 1103515245u + 12345u;
     bytes.push_back(static_cast<char>(x >> 24));
@@ -350,7 +348,8 @@ TEST(TensorBoardWriter, WireBytesAsTensorBoardsSchema) {
   }
   ASSERT_EQ(data.size(), 3u);
   for (const auto& d : data) ASSERT_EQ(d[0], '\x09');  // then 8 bytes of wall_time
-  EXPECT_EQ(data[0].substr(9), std::string("\x1a\x0d" "brain.Event:2"));
+  EXPECT_EQ(data[0].substr(9), std::string("\x1a\x0d"
+                                           "brain.Event:2"));
   EXPECT_EQ(data[1].substr(9), std::string("\x10\x03\x2a\x0a\x0a\x08\x0a\x01x\x15\x00\x00\x00\x00", 14));
   // step 300 = varint ac 02; 1.0f = 0x3f800000.
   EXPECT_EQ(data[2].substr(9), std::string("\x10\xac\x02\x2a\x10\x0a\x0e\x0a\x07lm loss\x15\x00\x00\x80\x3f", 21));
@@ -447,7 +446,8 @@ TEST(TensorBoardWriter, DirectoryIsARegularFile) {
     FAIL() << "no error for a regular file";
   } catch (const ConfigError& e) {
     const std::string msg = e.what();
-    EXPECT_NE(msg.find("--tensorboard-dir '" + file.string() + "' is a file, not a directory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--tensorboard-dir '" + file.string() + "' is a file, not a directory"), std::string::npos)
+        << msg;
   }
   // ... and a directory under it cannot be created.
   try {

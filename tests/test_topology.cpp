@@ -25,9 +25,7 @@ namespace {
 using ::testing::HasSubstr;
 using Groups = std::vector<std::vector<int>>;
 
-Topology make(int world, int t, int rpn, bool allow = false) {
-  return Topology::create({world, t, rpn, allow});
-}
+Topology make(int world, int t, int rpn, bool allow = false) { return Topology::create({world, t, rpn, allow}); }
 
 // The message of the ConfigError that create() must throw.
 std::string config_error(int world, int t, int rpn, bool allow = false) {
@@ -36,8 +34,7 @@ std::string config_error(int world, int t, int rpn, bool allow = false) {
   } catch (const ConfigError& e) {
     return e.what();
   }
-  ADD_FAILURE() << "expected ConfigError for world " << world << " t " << t << " rpn " << rpn
-                << " allow " << allow;
+  ADD_FAILURE() << "expected ConfigError for world " << world << " t " << t << " rpn " << rpn << " allow " << allow;
   return {};
 }
 
@@ -58,8 +55,7 @@ int distinct_nodes(const std::vector<int>& ranks, int rpn) {
 // Every invariant of a valid topology, checked against plain arithmetic. Uses
 // ASSERT so the sweep stops at the first broken configuration.
 void check_invariants(const Topology& topo, int world, int t, int rpn, bool allow) {
-  SCOPED_TRACE(::testing::Message()
-               << "world " << world << " t " << t << " rpn " << rpn << " allow " << allow);
+  SCOPED_TRACE(::testing::Message() << "world " << world << " t " << t << " rpn " << rpn << " allow " << allow);
   const int dp = world / t;
   ASSERT_EQ(topo.world_size(), world);
   ASSERT_EQ(topo.tensor_model_parallel_size(), t);
@@ -155,20 +151,20 @@ TEST_P(TopologyCombo, InvariantsHold) {
   check_invariants(make(c.world, c.t, c.rpn, c.allow), c.world, c.t, c.rpn, c.allow);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Layouts, TopologyCombo,
-    ::testing::Values(Combo{400, 16, 16, false}, Combo{400, 4, 16, false}, Combo{400, 1, 16, false},
-                      Combo{400, 8, 16, false}, Combo{400, 2, 16, false}, Combo{1, 1, 1, false},
-                      Combo{8, 2, 4, false}, Combo{8, 8, 8, false}, Combo{6, 3, 6, false},
-                      Combo{6, 1, 6, false}, Combo{6, 6, 6, false}, Combo{6, 1, 1, false},
-                      Combo{16, 4, 8, false}, Combo{12, 2, 6, false}, Combo{64, 8, 8, false},
-                      Combo{1024, 8, 8, false}, Combo{2, 1, 2, false}, Combo{16, 8, 4, true},
-                      Combo{32, 32, 8, true}, Combo{12, 3, 4, true}, Combo{800, 32, 16, true}),
-    [](const ::testing::TestParamInfo<Combo>& param_info) {
-      const Combo& c = param_info.param;
-      return "w" + std::to_string(c.world) + "_t" + std::to_string(c.t) + "_rpn" +
-             std::to_string(c.rpn) + (c.allow ? "_allow" : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Layouts, TopologyCombo,
+                         ::testing::Values(Combo{400, 16, 16, false}, Combo{400, 4, 16, false},
+                                           Combo{400, 1, 16, false}, Combo{400, 8, 16, false}, Combo{400, 2, 16, false},
+                                           Combo{1, 1, 1, false}, Combo{8, 2, 4, false}, Combo{8, 8, 8, false},
+                                           Combo{6, 3, 6, false}, Combo{6, 1, 6, false}, Combo{6, 6, 6, false},
+                                           Combo{6, 1, 1, false}, Combo{16, 4, 8, false}, Combo{12, 2, 6, false},
+                                           Combo{64, 8, 8, false}, Combo{1024, 8, 8, false}, Combo{2, 1, 2, false},
+                                           Combo{16, 8, 4, true}, Combo{32, 32, 8, true}, Combo{12, 3, 4, true},
+                                           Combo{800, 32, 16, true}),
+                         [](const ::testing::TestParamInfo<Combo>& param_info) {
+                           const Combo& c = param_info.param;
+                           return "w" + std::to_string(c.world) + "_t" + std::to_string(c.t) + "_rpn" +
+                                  std::to_string(c.rpn) + (c.allow ? "_allow" : "");
+                         });
 
 // ------------------------------------------------------ paper layouts -----
 
@@ -246,8 +242,7 @@ TEST(Topology, TpLargerThanNodeAllowedWithWarning) {
   EXPECT_THAT(topo.warnings()[0], HasSubstr("--allow-tp-across-nodes"));
   EXPECT_THAT(topo.warnings()[0], HasSubstr("spans 2 nodes"));
   EXPECT_THAT(topo.warnings()[0], HasSubstr("inter-node"));
-  EXPECT_THAT(topo.warnings()[0],
-              HasSubstr("--tensor-model-parallel-size that divides --ranks-per-node 4 (1, 2, 4)"));
+  EXPECT_THAT(topo.warnings()[0], HasSubstr("--tensor-model-parallel-size that divides --ranks-per-node 4 (1, 2, 4)"));
   EXPECT_TRUE(topo.tp_group_crosses_nodes(0));
   EXPECT_EQ(topo.tp_group_num_nodes(1), 2);
   EXPECT_EQ(topo.dp_group_num_nodes(0), 2);
@@ -283,8 +278,7 @@ TEST(TopologyErrors, NonPositiveWorldSize) {
 TEST(TopologyErrors, NonPositiveTensorParallelSize) {
   for (int t : {0, -2}) {
     const std::string msg = config_error(8, t, 8);
-    EXPECT_THAT(msg, HasSubstr("--tensor-model-parallel-size must be at least 1, got " +
-                               std::to_string(t)));
+    EXPECT_THAT(msg, HasSubstr("--tensor-model-parallel-size must be at least 1, got " + std::to_string(t)));
     EXPECT_THAT(msg, HasSubstr("--tensor-model-parallel-size 1 to turn tensor parallelism off"));
   }
 }
@@ -303,8 +297,7 @@ TEST(TopologyErrors, TpDoesNotDivideWorld) {
   EXPECT_THAT(msg, HasSubstr("valid choices for a world of 6: 1, 2, 3, 6"));
   EXPECT_THAT(msg, HasSubstr("multiple of 4"));
   // Larger than the world is the same mistake.
-  EXPECT_THAT(config_error(4, 8, 4),
-              HasSubstr("--tensor-model-parallel-size 8 does not divide the world size 4"));
+  EXPECT_THAT(config_error(4, 8, 4), HasSubstr("--tensor-model-parallel-size 8 does not divide the world size 4"));
 }
 
 TEST(TopologyErrors, RanksPerNodeDoesNotDivideWorld) {
@@ -367,14 +360,14 @@ TEST(TopologySweep, SucceedsExactlyWhenValid) {
           const bool expect = expected_valid(world, t, rpn, allow);
           try {
             const Topology topo = make(world, t, rpn, allow);
-            ASSERT_TRUE(expect) << "accepted invalid world " << world << " t " << t << " rpn "
-                                << rpn << " allow " << allow;
+            ASSERT_TRUE(expect) << "accepted invalid world " << world << " t " << t << " rpn " << rpn << " allow "
+                                << allow;
             check_invariants(topo, world, t, rpn, allow);
             if (HasFatalFailure()) return;
             ++valid;
           } catch (const ConfigError& e) {
-            ASSERT_FALSE(expect) << "refused valid world " << world << " t " << t << " rpn " << rpn
-                                 << " allow " << allow << ": " << e.what();
+            ASSERT_FALSE(expect) << "refused valid world " << world << " t " << t << " rpn " << rpn << " allow "
+                                 << allow << ": " << e.what();
             const std::string msg = e.what();
             ASSERT_TRUE(msg.find("--tensor-model-parallel-size") != std::string::npos ||
                         msg.find("--ranks-per-node") != std::string::npos)
@@ -382,8 +375,7 @@ TEST(TopologySweep, SucceedsExactlyWhenValid) {
             ++invalid;
           }
         }
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   RecordProperty("valid", valid);
   RecordProperty("invalid", invalid);
   EXPECT_GT(valid, 1000);
@@ -497,8 +489,7 @@ class JsonChecker {
         const char e = s_[i_++];
         if (e == 'u') {
           for (int k = 0; k < 4; ++k)
-            if (i_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[i_++])))
-              return false;
+            if (i_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[i_++]))) return false;
         } else if (std::string("\"\\/bfnrt").find(e) == std::string::npos) {
           return false;
         }
@@ -539,13 +530,12 @@ TEST(TopologyFormat, JsonCheckerSelfTest) {
 TEST(TopologyFormat, JsonSmallWorld) {
   const std::string json = to_json(make(8, 2, 4));
   ASSERT_TRUE(is_json(json)) << json;
-  for (const char* want :
-       {"\"world_size\": 8,", "\"tensor_model_parallel_size\": 2,", "\"data_parallel_size\": 4,",
-        "\"ranks_per_node\": 4,", "\"num_nodes\": 2,", "\"warnings\": [],",
-        R"("grid": [{"name": "tp", "size": 2}, {"name": "dp", "size": 4}])",
-        R"({"rank": 5, "node": 1, "local_rank": 1, "tp_rank": 1, "dp_rank": 2})",
-        "\"tp_groups\": [\n    [0, 1],\n    [2, 3],\n    [4, 5],\n    [6, 7]\n  ]",
-        "\"dp_groups\": [\n    [0, 2, 4, 6],\n    [1, 3, 5, 7]\n  ]"})
+  for (const char* want : {"\"world_size\": 8,", "\"tensor_model_parallel_size\": 2,", "\"data_parallel_size\": 4,",
+                           "\"ranks_per_node\": 4,", "\"num_nodes\": 2,", "\"warnings\": [],",
+                           R"("grid": [{"name": "tp", "size": 2}, {"name": "dp", "size": 4}])",
+                           R"({"rank": 5, "node": 1, "local_rank": 1, "tp_rank": 1, "dp_rank": 2})",
+                           "\"tp_groups\": [\n    [0, 1],\n    [2, 3],\n    [4, 5],\n    [6, 7]\n  ]",
+                           "\"dp_groups\": [\n    [0, 2, 4, 6],\n    [1, 3, 5, 7]\n  ]"})
     EXPECT_THAT(json, HasSubstr(want));
 }
 
@@ -555,9 +545,7 @@ TEST(TopologyFormat, JsonWithWarningsAndLargeWorld) {
   EXPECT_THAT(warned, HasSubstr("\"warnings\": [\"--allow-tp-across-nodes: each TP group"));
   const std::string big = to_json(make(400, 16, 16));
   EXPECT_TRUE(is_json(big));
-  EXPECT_THAT(
-      big,
-      HasSubstr(R"({"rank": 399, "node": 24, "local_rank": 15, "tp_rank": 15, "dp_rank": 24})"));
+  EXPECT_THAT(big, HasSubstr(R"({"rank": 399, "node": 24, "local_rank": 15, "tp_rank": 15, "dp_rank": 24})"));
 }
 
 TEST(TopologyFormat, JsonQuoteEscapes) {

@@ -30,11 +30,18 @@ std::string shared_temp_dir() { return testing_util::shared_temp_dir("mz-trainer
 
 // pretrain_gpt's parsing and validation of these flags (a tiny GPT, mock data, TP 2 or DP 2).
 TrainArgs args_of(std::vector<std::string> flags) {
-  const std::vector<std::pair<std::string, std::string>> base = {
-      {"--num-layers", "2"},         {"--hidden-size", "64"},      {"--num-attention-heads", "4"},
-      {"--seq-length", "16"},        {"--max-position-embeddings", "16"}, {"--vocab-size", "128"},
-      {"--micro-batch-size", "2"},   {"--global-batch-size", "8"}, {"--log-interval", "1"},
-      {"--eval-iters", "1"},         {"--zero-stage", "2"},        {"--train-iters", "6"}};
+  const std::vector<std::pair<std::string, std::string>> base = {{"--num-layers", "2"},
+                                                                 {"--hidden-size", "64"},
+                                                                 {"--num-attention-heads", "4"},
+                                                                 {"--seq-length", "16"},
+                                                                 {"--max-position-embeddings", "16"},
+                                                                 {"--vocab-size", "128"},
+                                                                 {"--micro-batch-size", "2"},
+                                                                 {"--global-batch-size", "8"},
+                                                                 {"--log-interval", "1"},
+                                                                 {"--eval-iters", "1"},
+                                                                 {"--zero-stage", "2"},
+                                                                 {"--train-iters", "6"}};
   std::vector<std::string> all = {"pretrain_gpt", "--mock-data"};
   for (const auto& [flag, value] : base)  // a flag given by the test replaces the base one
     if (std::find(flags.begin(), flags.end(), flag) == flags.end()) all.insert(all.end(), {flag, value});

@@ -84,8 +84,9 @@ TEST(VectorMath, MaxMatchesTheScalarMax) {
 
 TEST(VectorMath, InPlaceAndEdgeValues) {
   const float inf = std::numeric_limits<float>::infinity();
-  std::vector<float> x = {0.f, -inf, -200.f, -87.f, -1e-8f, 3.f, std::nanf(""), 0.f, -0.5f, 2.f, 1.f, -3.f,
-                          -inf, 0.f, -104.f, -1.f, 0.f};  // 17: a vector body and a remainder
+  std::vector<float> x = {
+      0.f, -inf, -200.f, -87.f, -1e-8f, 3.f,    std::nanf(""), 0.f, -0.5f,
+      2.f, 1.f,  -3.f,   -inf,  0.f,    -104.f, -1.f,          0.f};  // 17: a vector body and a remainder
   std::vector<float> orig = x;
   exp_scaled_shifted(x.data(), 1.f, 0.f, x.data(), static_cast<std::int64_t>(x.size()));
   EXPECT_EQ(x[0], 1.f);

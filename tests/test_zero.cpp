@@ -148,7 +148,7 @@ TEST(Zero, CommunicationVolumeMatchesThePaper) {
       EXPECT_EQ(st[CollectiveType::AllGather].elements, 0);
     } else {
       EXPECT_EQ(st[CollectiveType::AllReduce].elements, scalars);
-      EXPECT_EQ(st[CollectiveType::ReduceScatter].elements, psi);                    // Psi
+      EXPECT_EQ(st[CollectiveType::ReduceScatter].elements, psi);                     // Psi
       EXPECT_EQ(st[CollectiveType::AllGather].elements, (stage == 3 ? 2 : 1) * psi);  // Psi, or 2 Psi (fwd + bwd)
     }
   }

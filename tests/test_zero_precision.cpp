@@ -25,27 +25,27 @@ TEST(ZeroPrecision, Bf16AndFp16OnEveryLayoutAndStageTrackTheOneRankRun) {
   const int n = world().size();
   auto self = world().split(world().rank(), 0, "self");
   for (DType dtype : {DType::BF16, DType::F16}) {
-  SCOPED_TRACE(dtype_name(dtype));
-  ZeroRunSpec ref_spec;
-  ref_spec.dtype = dtype;
-  ZeroRun ref(*self, ref_spec);
-  const auto ref_losses = ref.train();
-  for (int tp : {1, 2, 4})
-    for (int stage = 0; stage <= 3; ++stage) {
-      if (n % tp || tp > n) continue;
-      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << n / tp << " stage " << stage);
-      ZeroRunSpec s = ref_spec;
-      s.tp = tp;
-      s.dp = n / tp;
-      s.stage = stage;
-      ZeroRun run(world(), s);
-      const auto losses = run.train();
-      // bf16 keeps 8 significant bits; different reduction orders round
-      // differently, so allow a few bf16 ulps of the loss (~ln 97 = 4.6).
-      for (std::size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref_losses[i], 0.03) << "step " << i;
-      EXPECT_LT(losses.back(), losses.front()) << "training lowers the loss";
-      for (const auto& r : run.results) EXPECT_FALSE(r.stats.skipped) << "no overflow at loss scale 1024";
-    }
+    SCOPED_TRACE(dtype_name(dtype));
+    ZeroRunSpec ref_spec;
+    ref_spec.dtype = dtype;
+    ZeroRun ref(*self, ref_spec);
+    const auto ref_losses = ref.train();
+    for (int tp : {1, 2, 4})
+      for (int stage = 0; stage <= 3; ++stage) {
+        if (n % tp || tp > n) continue;
+        SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << n / tp << " stage " << stage);
+        ZeroRunSpec s = ref_spec;
+        s.tp = tp;
+        s.dp = n / tp;
+        s.stage = stage;
+        ZeroRun run(world(), s);
+        const auto losses = run.train();
+        // bf16 keeps 8 significant bits; different reduction orders round
+        // differently, so allow a few bf16 ulps of the loss (~ln 97 = 4.6).
+        for (std::size_t i = 0; i < losses.size(); ++i) EXPECT_NEAR(losses[i], ref_losses[i], 0.03) << "step " << i;
+        EXPECT_LT(losses.back(), losses.front()) << "training lowers the loss";
+        for (const auto& r : run.results) EXPECT_FALSE(r.stats.skipped) << "no overflow at loss scale 1024";
+      }
   }
 }
 
@@ -69,7 +69,7 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
       run.train();
       const auto& mem = run.device->memory();
       const double psi = static_cast<double>(run.engine->layout().numel());  // this TP rank's (padded) parameters
-      const double k = 12;  // fp32 master + Adam m + v
+      const double k = 12;                                                   // fp32 master + Adam m + v
       // Table 1: model-state bytes per device.
       const double params = stage == 3 ? 2 * psi / nd : 2 * psi;
       const double grads = stage >= 2 ? 2 * psi / nd : 2 * psi;
@@ -117,7 +117,8 @@ TEST(ZeroPrecision, Fp16OverflowOnOneRankSkipsEverywhereAndBacksOff) {
     run.model->set_param_hooks(run.engine.get());
     run.engine->zero_grad();
     const std::int64_t S = run.model->config().seq_length, b = s.micro_batch;
-    const Tensor ids = test_support::int64_tensor(run.device, b * S, [&](std::int64_t i) { return (i * 7 + world().rank()) % 97; });
+    const Tensor ids =
+        test_support::int64_tensor(run.device, b * S, [&](std::int64_t i) { return (i * 7 + world().rank()) % 97; });
     layers::StepInfo step;
     step.micro_batch = b;
     step.seq = S;

@@ -123,8 +123,7 @@ std::vector<double> ZeroRun::train(int first, int count) {
   return losses;
 }
 
-void ZeroRun::for_each_owned(
-    const std::function<void(const layers::Parameter&, std::int64_t, double)>& fn) const {
+void ZeroRun::for_each_owned(const std::function<void(const layers::Parameter&, std::int64_t, double)>& fn) const {
   const auto m = engine->master().to_double_vector();
   const auto owned = engine->owned();
   const auto all = params->all();

@@ -26,7 +26,8 @@ namespace {
 
 constexpr const char* kUsage =
     "usage: convert_checkpoint export --load DIR --output OUTDIR [--dtype fp32|fp16|bf16]\n"
-    "       convert_checkpoint import --input HF_DIR_OR_FILE --save DIR [--seq-length N] [--num-attention-heads N] [--device D]\n"
+    "       convert_checkpoint import --input HF_DIR_OR_FILE --save DIR [--seq-length N] [--num-attention-heads N] "
+    "[--device D]\n"
     "       convert_checkpoint logits --load DIR --tokens 1,2,3 --output FILE [--device D]\n"
     "       convert_checkpoint COMMAND --help\n";
 
@@ -48,41 +49,46 @@ int do_export(int argc, char** argv) {
   hf::ExportOptions o;
   std::string dtype = "fp32";
   po::options_description d("convert_checkpoint export options");
-  d.add_options()
-      ("load", po::value(&o.load), "a pretrain_gpt --save directory (its newest checkpoint) or one iter_NNNNNNN directory")
-      ("output", po::value(&o.output), "directory to write model.safetensors and config.json into")
-      ("dtype", po::value(&dtype)->default_value("fp32"), "fp32, fp16 or bf16 (rounded to nearest even)")
-      ("num-attention-heads", po::value(&o.num_attention_heads), "only for checkpoints whose configuration lacks it")
-      ("vocab-file", po::value(&o.vocab_file), "GPT-2 encoder.json: written as the export's vocab.json (with --merge-file)")
-      ("merge-file", po::value(&o.merge_file), "GPT-2 vocab.bpe: written as the export's merges.txt (with --vocab-file)");
+  d.add_options()("load", po::value(&o.load),
+                  "a pretrain_gpt --save directory (its newest checkpoint) or one iter_NNNNNNN directory")(
+      "output", po::value(&o.output), "directory to write model.safetensors and config.json into")(
+      "dtype", po::value(&dtype)->default_value("fp32"), "fp32, fp16 or bf16 (rounded to nearest even)")(
+      "num-attention-heads", po::value(&o.num_attention_heads), "only for checkpoints whose configuration lacks it")(
+      "vocab-file", po::value(&o.vocab_file),
+      "GPT-2 encoder.json: written as the export's vocab.json (with --merge-file)")(
+      "merge-file", po::value(&o.merge_file),
+      "GPT-2 vocab.bpe: written as the export's merges.txt (with --vocab-file)");
   if (!parse(argc, argv, d, "convert_checkpoint export")) return 0;
   MZ_REQUIRE(dtype == "fp32" || dtype == "fp16" || dtype == "bf16", "--dtype must be fp32, fp16 or bf16, got '", dtype,
              "'");
   o.dtype = parse_dtype(dtype, "--dtype");
   const auto r = hf::export_checkpoint(o);
-  std::printf("convert_checkpoint: exported %s (iteration %lld; %s) to %s: %lld tensors, %.1f MiB %s, and config.json%s, "
-              "in %.2f s\n",
-              r.checkpoint.c_str(), static_cast<long long>(r.iteration), describe(r.model).c_str(),
-              r.safetensors.c_str(), static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1048576.0,
-              std::string(dtype_name(o.dtype)).c_str(),
-              r.tokenizer ? ", vocab.json, merges.txt, tokenizer_config.json" : "", r.seconds);
+  std::printf(
+      "convert_checkpoint: exported %s (iteration %lld; %s) to %s: %lld tensors, %.1f MiB %s, and config.json%s, "
+      "in %.2f s\n",
+      r.checkpoint.c_str(), static_cast<long long>(r.iteration), describe(r.model).c_str(), r.safetensors.c_str(),
+      static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1048576.0,
+      std::string(dtype_name(o.dtype)).c_str(), r.tokenizer ? ", vocab.json, merges.txt, tokenizer_config.json" : "",
+      r.seconds);
   if (!r.tokenizer)
-    std::printf("convert_checkpoint: note: no tokenizer files written; pass --vocab-file and --merge-file (GPT-2's "
-                "encoder.json and vocab.bpe, as given to pretrain_gpt) to include them\n");
+    std::printf(
+        "convert_checkpoint: note: no tokenizer files written; pass --vocab-file and --merge-file (GPT-2's "
+        "encoder.json and vocab.bpe, as given to pretrain_gpt) to include them\n");
   return 0;
 }
 
 int do_import(int argc, char** argv, Communicator& self) {
   hf::ImportOptions o;
   po::options_description d("convert_checkpoint import options");
-  d.add_options()
-      ("input", po::value(&o.input), "a Hugging Face GPT-2 directory (model.safetensors + config.json) or a .safetensors file")
-      ("save", po::value(&o.save), "directory to write the megazero checkpoint into (must hold none yet)")
-      ("seq-length", po::value(&o.seq_length), "recorded in the checkpoint's configuration; default n_positions")
-      ("num-attention-heads", po::value(&o.num_attention_heads), "needed when there is no config.json")
-      ("make-vocab-size-divisible-by", po::value(&o.make_vocab_size_divisible_by), "vocab padding (default 128)")
-      ("seed", po::value(&o.seed)->default_value(1234), "recorded as the run's --seed")
-      ("device", po::value(&o.device)->default_value("cpu"), "where the model is built and saved from: cpu, cuda, cuda:N or cpu-isolated");
+  d.add_options()("input", po::value(&o.input),
+                  "a Hugging Face GPT-2 directory (model.safetensors + config.json) or a .safetensors file")(
+      "save", po::value(&o.save), "directory to write the megazero checkpoint into (must hold none yet)")(
+      "seq-length", po::value(&o.seq_length), "recorded in the checkpoint's configuration; default n_positions")(
+      "num-attention-heads", po::value(&o.num_attention_heads), "needed when there is no config.json")(
+      "make-vocab-size-divisible-by", po::value(&o.make_vocab_size_divisible_by), "vocab padding (default 128)")(
+      "seed", po::value(&o.seed)->default_value(1234), "recorded as the run's --seed")(
+      "device", po::value(&o.device)->default_value("cpu"),
+      "where the model is built and saved from: cpu, cuda, cuda:N or cpu-isolated");
   if (!parse(argc, argv, d, "convert_checkpoint import")) return 0;
   const auto r = hf::import_checkpoint(o, self);
   for (const auto& n : r.notes) std::printf("convert_checkpoint: note: %s\n", n.c_str());
@@ -101,12 +107,11 @@ int do_logits(int argc, char** argv, Communicator& self) {
   std::string load, tokens, output, device;
   std::int64_t heads = 0;
   po::options_description d("convert_checkpoint logits options");
-  d.add_options()
-      ("load", po::value(&load), "a checkpoint directory, as for export")
-      ("tokens", po::value(&tokens), "comma-separated token ids: one sequence")
-      ("output", po::value(&output), "text file: a line \"S V\", then S lines of V logits")
-      ("num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")
-      ("device", po::value(&device)->default_value("cpu"), "where the model runs: cpu, cuda, cuda:N or cpu-isolated");
+  d.add_options()("load", po::value(&load), "a checkpoint directory, as for export")(
+      "tokens", po::value(&tokens), "comma-separated token ids: one sequence")(
+      "output", po::value(&output), "text file: a line \"S V\", then S lines of V logits")(
+      "num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")(
+      "device", po::value(&device)->default_value("cpu"), "where the model runs: cpu, cuda, cuda:N or cpu-isolated");
   if (!parse(argc, argv, d, "convert_checkpoint logits")) return 0;
   MZ_REQUIRE(!tokens.empty(), "--tokens is required, e.g. --tokens 464,3290,318");
   MZ_REQUIRE(!output.empty(), "--output is required: the file to write the logits to");

@@ -73,7 +73,8 @@ struct Tp1Model {
   std::unique_ptr<layers::GPTModel> model;
   std::unique_ptr<zero::ZeroEngine> engine;  // declared last: destroyed first
 
-  Tp1Model(const GPTConfig& cfg, Communicator& self, const std::string& device_spec) : device(make_device(device_spec)) {
+  Tp1Model(const GPTConfig& cfg, Communicator& self, const std::string& device_spec)
+      : device(make_device(device_spec)) {
     MZ_CHECK(self.size() == 1, "the TP 1 model runs on one rank");
     MZ_REQUIRE(device->has_storage(), "--device ", device_spec, ": the meta device holds no weights; use cpu or cuda");
     tp = self.split(0, 0, "convert-tp");
@@ -100,7 +101,10 @@ std::vector<TensorMap> gpt2_tensor_map(const GPTConfig& c, I padded_vocab) {
   const I h = c.hidden_size, f = c.ffn(), V = c.vocab_size;
   std::vector<TensorMap> m;
   m.push_back({"embedding.word.weight", "wte.weight", Transform::VocabRows, {padded_vocab, h}, {V, h}});
-  m.push_back({"embedding.position.weight", "wpe.weight", Transform::Copy, {c.max_position_embeddings, h},
+  m.push_back({"embedding.position.weight",
+               "wpe.weight",
+               Transform::Copy,
+               {c.max_position_embeddings, h},
                {c.max_position_embeddings, h}});
   for (I l = 0; l < c.num_layers; ++l) {
     const std::string o = "layers." + std::to_string(l) + ".", x = "h." + std::to_string(l) + ".";
@@ -239,31 +243,34 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
 
 std::string gpt2_config_json(const GPTConfig& c, DType dtype) {
   const I eod = c.vocab_size - 1;  // GPT-2 BPE: 50256; ByteLevel: 256 (megazero/data/gpt2_tokenizer.h)
-  json j = {{"activation_function", "gelu_new"},  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as ours
-            {"architectures", {"GPT2LMHeadModel"}},
-            {"attn_pdrop", c.attention_dropout},
-            {"bos_token_id", eod},
-            {"embd_pdrop", c.hidden_dropout},  // one --hidden-dropout for embeddings and residuals
-            {"eos_token_id", eod},
-            {"initializer_range", c.init_method_std},
-            {"layer_norm_epsilon", c.layernorm_epsilon},
-            {"model_type", "gpt2"},
-            {"n_ctx", c.max_position_embeddings},
-            {"n_embd", c.hidden_size},
-            {"n_head", c.num_attention_heads},
-            {"n_inner", c.ffn()},
-            {"n_layer", c.num_layers},
-            {"n_positions", c.max_position_embeddings},
-            {"reorder_and_upcast_attn", false},
-            {"resid_pdrop", c.hidden_dropout},
-            {"scale_attn_by_inverse_layer_idx", false},
-            {"scale_attn_weights", true},
-            {"tie_word_embeddings", true},
-            {"torch_dtype", dtype == DType::F16 ? "float16" : dtype == DType::BF16 ? "bfloat16" : "float32"},
-            {"use_cache", true},
-            {"vocab_size", c.vocab_size},
-            // What HF has no field for, so that import restores the run's settings.
-            {"megazero", {{"seq_length", c.seq_length}, {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by}}}};
+  json j = {
+      {"activation_function", "gelu_new"},  // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as ours
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"attn_pdrop", c.attention_dropout},
+      {"bos_token_id", eod},
+      {"embd_pdrop", c.hidden_dropout},  // one --hidden-dropout for embeddings and residuals
+      {"eos_token_id", eod},
+      {"initializer_range", c.init_method_std},
+      {"layer_norm_epsilon", c.layernorm_epsilon},
+      {"model_type", "gpt2"},
+      {"n_ctx", c.max_position_embeddings},
+      {"n_embd", c.hidden_size},
+      {"n_head", c.num_attention_heads},
+      {"n_inner", c.ffn()},
+      {"n_layer", c.num_layers},
+      {"n_positions", c.max_position_embeddings},
+      {"reorder_and_upcast_attn", false},
+      {"resid_pdrop", c.hidden_dropout},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"scale_attn_weights", true},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", dtype == DType::F16    ? "float16"
+                      : dtype == DType::BF16 ? "bfloat16"
+                                             : "float32"},
+      {"use_cache", true},
+      {"vocab_size", c.vocab_size},
+      // What HF has no field for, so that import restores the run's settings.
+      {"megazero", {{"seq_length", c.seq_length}, {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by}}}};
   return j.dump(2) + "\n";
 }
 
@@ -271,7 +278,8 @@ std::unique_ptr<checkpoint::CheckpointReader> open_checkpoint(const std::string&
   MZ_REQUIRE(!load.empty(), "--load is required: a pretrain_gpt --save directory or one of its iter_* directories");
   std::vector<std::string> rejected;
   auto reader = checkpoint::open_newest_usable(load, &rejected);
-  for (const auto& r : rejected) std::fprintf(stderr, "convert_checkpoint: WARNING: skipped unusable checkpoint %s\n", r.c_str());
+  for (const auto& r : rejected)
+    std::fprintf(stderr, "convert_checkpoint: WARNING: skipped unusable checkpoint %s\n", r.c_str());
   return reader;
 }
 
@@ -281,7 +289,8 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   MZ_REQUIRE(!o.output.empty(), "--output is required: the directory to write model.safetensors and config.json");
   MZ_REQUIRE(o.dtype == DType::F32 || o.dtype == DType::F16 || o.dtype == DType::BF16,
              "--dtype must be fp32, fp16 or bf16, got ", dtype_name(o.dtype));
-  MZ_REQUIRE(o.vocab_file.empty() == o.merge_file.empty(), "--vocab-file and --merge-file go together (GPT-2's "
+  MZ_REQUIRE(o.vocab_file.empty() == o.merge_file.empty(),
+             "--vocab-file and --merge-file go together (GPT-2's "
              "encoder.json and vocab.bpe): pass both, or neither for an export without tokenizer files");
   std::string vocab, merges;
   if (!o.vocab_file.empty()) {
@@ -317,8 +326,8 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   for (const auto& t : maps) {
     const auto it = saved.find(t.ours);
     MZ_REQUIRE(it != saved.end(), "checkpoint '", r.checkpoint, "' has no parameter '", t.ours, "'");
-    MZ_REQUIRE(it->second->global_shape == t.our_shape, "checkpoint '", r.checkpoint, "': parameter '", t.ours,
-               "' is ", shape_str(it->second->global_shape), ", expected ", shape_str(t.our_shape));
+    MZ_REQUIRE(it->second->global_shape == t.our_shape, "checkpoint '", r.checkpoint, "': parameter '", t.ours, "' is ",
+               shape_str(it->second->global_shape), ", expected ", shape_str(t.our_shape));
     const auto ours = reader.global_tensor(t.ours, "master");
     std::vector<float> hf(static_cast<std::size_t>(numel(t.hf_shape)));
     to_hf(t, r.model, ours.data(), hf.data());
@@ -335,7 +344,8 @@ ExportResult export_checkpoint(const ExportOptions& o) {
   fs::create_directories(o.output, ec);
   MZ_REQUIRE(!ec, "--output ", o.output, ": cannot create the directory: ", ec.message());
   // Written under a temporary name and renamed: never a half-written model.safetensors.
-  const fs::path final_path = fs::path(o.output) / "model.safetensors", tmp = fs::path(o.output) / ".model.safetensors.tmp";
+  const fs::path final_path = fs::path(o.output) / "model.safetensors",
+                 tmp = fs::path(o.output) / ".model.safetensors.tmp";
   w.write(tmp.string());
   fs::rename(tmp, final_path, ec);
   MZ_REQUIRE(!ec, "--output ", o.output, ": cannot rename '", tmp.string(), "': ", ec.message());
@@ -396,7 +406,8 @@ bool read_hf_config(const std::string& path, GPTConfig& c, ImportResult& r) {
     return j[k].get<std::string>();
   };
   const std::string type = text("model_type", "gpt2");
-  MZ_REQUIRE(type == "gpt2", "'", path, "' describes a '", type, "' model; convert_checkpoint imports GPT-2 (model_type gpt2)");
+  MZ_REQUIRE(type == "gpt2", "'", path, "' describes a '", type,
+             "' model; convert_checkpoint imports GPT-2 (model_type gpt2)");
   const std::string act = text("activation_function", "gelu_new");
   MZ_REQUIRE(act == "gelu_new" || act == "gelu_pytorch_tanh", "'", path, "': activation_function '", act,
              "' is not supported: megazero's MLP computes the tanh GeLU (gelu_new)");
@@ -412,14 +423,16 @@ bool read_hf_config(const std::string& path, GPTConfig& c, ImportResult& r) {
   c.hidden_size = integer("n_embd", std::nullopt);
   c.num_attention_heads = integer("n_head", std::nullopt);
   c.vocab_size = integer("vocab_size", std::nullopt);
-  c.max_position_embeddings = integer("n_positions", has("n_ctx") ? std::optional<I>(integer("n_ctx", 0)) : std::nullopt);
+  c.max_position_embeddings =
+      integer("n_positions", has("n_ctx") ? std::optional<I>(integer("n_ctx", 0)) : std::nullopt);
   c.ffn_hidden_size = integer("n_inner", 0);
   c.hidden_dropout = number("resid_pdrop", 0.1);
   c.attention_dropout = number("attn_pdrop", 0.1);
   c.init_method_std = number("initializer_range", 0.02);
   const double embd = number("embd_pdrop", 0.1);
   if (embd != c.hidden_dropout)
-    r.notes.push_back("embd_pdrop " + std::to_string(embd) + " differs from resid_pdrop; megazero's one --hidden-dropout (" +
+    r.notes.push_back("embd_pdrop " + std::to_string(embd) +
+                      " differs from resid_pdrop; megazero's one --hidden-dropout (" +
                       std::to_string(c.hidden_dropout) + ") applies to both");
   c.seq_length = c.max_position_embeddings;
   if (has("megazero") && j["megazero"].is_object()) {  // written by our export
@@ -514,7 +527,8 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
   }
   if (o.num_attention_heads > 0) {
     MZ_REQUIRE(r.config.empty() || c.num_attention_heads == o.num_attention_heads, "--num-attention-heads ",
-               o.num_attention_heads, " contradicts '", r.config, "' (n_head ", c.num_attention_heads, "); drop the flag");
+               o.num_attention_heads, " contradicts '", r.config, "' (n_head ", c.num_attention_heads,
+               "); drop the flag");
     c.num_attention_heads = o.num_attention_heads;
   }
   if (o.seq_length > 0) c.seq_length = o.seq_length;
@@ -569,8 +583,8 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
   MZ_CHECK(params.size() == maps.size(), "tensor map and model disagree");
   for (std::size_t i = 0; i < params.size(); ++i) {
     const TensorMap& t = maps[i];  // both in declaration order
-    MZ_CHECK(params[i]->name == t.ours && params[i]->global_shape == t.our_shape, "tensor map out of date: ",
-             params[i]->name, " vs ", t.ours);
+    MZ_CHECK(params[i]->name == t.ours && params[i]->global_shape == t.our_shape,
+             "tensor map out of date: ", params[i]->name, " vs ", t.ours);
     const auto hf = read_floats(f, f.entry(prefix + t.hf));
     std::vector<float> ours(static_cast<std::size_t>(params[i]->local_numel()), 0.0f);  // padding rows stay 0
     from_hf(t, c, hf.data(), ours.data());
@@ -586,8 +600,8 @@ ImportResult import_checkpoint(const ImportOptions& o, Communicator& self) {
 }
 
 // ------------------------------------------------------------ logits
-std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self,
-                                     I heads, const std::string& device) {
+std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self, I heads,
+                                     const std::string& device) {
   const auto opened = open_checkpoint(load);
   checkpoint::CheckpointReader& reader = *opened;
   const std::string dir = reader.dir();

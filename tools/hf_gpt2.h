@@ -83,9 +83,9 @@ struct ExportResult {
 ExportResult export_checkpoint(const ExportOptions& o);
 
 struct ImportOptions {
-  std::string input, save;     // input: an HF model directory or its .safetensors file
-  std::int64_t seq_length = 0;  // 0: the config.json's megazero.seq_length, else n_positions
-  std::int64_t num_attention_heads = 0;  // needed without config.json
+  std::string input, save;                        // input: an HF model directory or its .safetensors file
+  std::int64_t seq_length = 0;                    // 0: the config.json's megazero.seq_length, else n_positions
+  std::int64_t num_attention_heads = 0;           // needed without config.json
   std::int64_t make_vocab_size_divisible_by = 0;  // 0: config.json's megazero value, else 128
   std::uint64_t seed = 1234;
   std::string device = "cpu";  // where the model is built: cpu, cpu-isolated, cuda[:N]

@@ -29,17 +29,16 @@ struct Args {
 
 po::options_description describe_options(Args& a) {
   po::options_description d("megazero-topology options");
-  d.add_options()
-      ("help,h", po::bool_switch(&a.help), "print this help")
-      ("world-size", po::value(&a.world_size),
-       "plan a virtual world of this many ranks instead of reading the live MPI job")
-      ("tensor-model-parallel-size", po::value(&a.parallel.tensor_model_parallel_size)->default_value(1),
-       "ranks per tensor-parallel group (contiguous ranks, inside a node)")
-      ("ranks-per-node", po::value(&a.parallel.ranks_per_node)->default_value(0),
-       "ranks per node; 0 = detect from MPI (live job) — required with --world-size")
-      ("allow-tp-across-nodes", po::bool_switch(&a.parallel.allow_tp_across_nodes),
-       "accept TP groups that span nodes (slow: TP all-reduces every layer)")
-      ("format", po::value(&a.format)->default_value("table"), "table or json");
+  d.add_options()("help,h", po::bool_switch(&a.help), "print this help")(
+      "world-size", po::value(&a.world_size),
+      "plan a virtual world of this many ranks instead of reading the live MPI job")(
+      "tensor-model-parallel-size", po::value(&a.parallel.tensor_model_parallel_size)->default_value(1),
+      "ranks per tensor-parallel group (contiguous ranks, inside a node)")(
+      "ranks-per-node", po::value(&a.parallel.ranks_per_node)->default_value(0),
+      "ranks per node; 0 = detect from MPI (live job) — required with --world-size")(
+      "allow-tp-across-nodes", po::bool_switch(&a.parallel.allow_tp_across_nodes),
+      "accept TP groups that span nodes (slow: TP all-reduces every layer)")(
+      "format", po::value(&a.format)->default_value("table"), "table or json");
   return d;
 }
 
@@ -69,10 +68,10 @@ int run(int argc, char** argv) {
     TopologyOptions t{args.world_size, args.parallel.tensor_model_parallel_size, args.parallel.ranks_per_node,
                       args.parallel.allow_tp_across_nodes};
     Topology topo = run_consistently(*world, [&] {
-      std::optional<Topology> made;
-      made.emplace(Topology::create(t));
-      return made;
-    }).value();
+                      std::optional<Topology> made;
+                      made.emplace(Topology::create(t));
+                      return made;
+                    }).value();
     if (world->rank() == 0) std::cout << (args.format == "json" ? to_json(topo) : to_table(topo)) << std::flush;
     return 0;
   }

@@ -33,16 +33,17 @@ struct Args {
 
 po::options_description describe_options(Args& a) {
   po::options_description d("preprocess_data options");
-  d.add_options()
-      ("help,h", po::bool_switch(&a.help), "print this help")
-      ("input", po::value(&a.input), "text corpus: documents separated by blank lines (or JSON lines, see --json-lines)")
-      ("json-lines", po::bool_switch(&a.json_lines), "--input holds one JSON object per line; its --json-key string is a document")
-      ("json-key", po::value(&a.json_key)->default_value("text"), "the field holding the text with --json-lines")
-      ("output-prefix", po::value(&a.output_prefix), "write PREFIX.bin and PREFIX.idx")
-      ("tokenizer-type", po::value(&a.tokenizer_type), "GPT2BPETokenizer or ByteLevel")
-      ("vocab-file", po::value(&a.vocab_file), "GPT-2's encoder.json (GPT2BPETokenizer)")
-      ("merge-file", po::value(&a.merge_file), "GPT-2's vocab.bpe (GPT2BPETokenizer)")
-      ("append-eod", po::bool_switch(&a.append_eod), "end every document with the end-of-text token");
+  d.add_options()("help,h", po::bool_switch(&a.help), "print this help")(
+      "input", po::value(&a.input),
+      "text corpus: documents separated by blank lines (or JSON lines, see --json-lines)")(
+      "json-lines", po::bool_switch(&a.json_lines),
+      "--input holds one JSON object per line; its --json-key string is a document")(
+      "json-key", po::value(&a.json_key)->default_value("text"), "the field holding the text with --json-lines")(
+      "output-prefix", po::value(&a.output_prefix), "write PREFIX.bin and PREFIX.idx")(
+      "tokenizer-type", po::value(&a.tokenizer_type), "GPT2BPETokenizer or ByteLevel")(
+      "vocab-file", po::value(&a.vocab_file), "GPT-2's encoder.json (GPT2BPETokenizer)")(
+      "merge-file", po::value(&a.merge_file), "GPT-2's vocab.bpe (GPT2BPETokenizer)")(
+      "append-eod", po::bool_switch(&a.append_eod), "end every document with the end-of-text token");
   return d;
 }
 
@@ -135,8 +136,7 @@ int run(int argc, char** argv) {
   // One process writes the output; any failure is this process's alone, so it
   // exits as an agreed error (clean message, exit 2) rather than an MPI abort.
   try {
-    MZ_REQUIRE(MpiCommunicator::world()->size() == 1,
-               "preprocess_data runs as one process; start it without mpiexec");
+    MZ_REQUIRE(MpiCommunicator::world()->size() == 1, "preprocess_data runs as one process; start it without mpiexec");
     Args a = parse(argc, argv);
     return a.help ? 0 : preprocess(a);
   } catch (const AgreedConfigError&) {

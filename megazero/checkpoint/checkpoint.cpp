@@ -87,8 +87,8 @@ class SavedShards {
   void copy(int tp, const std::string& state, const std::string& param, std::int64_t src, std::int64_t n,
             Device& device, float* dst) {
     const auto& pieces = index(tp)[{state, param}];
-    auto it = std::upper_bound(pieces.begin(), pieces.end(), src,
-                               [](std::int64_t v, const Piece& p) { return v < p.begin; });
+    auto it =
+        std::upper_bound(pieces.begin(), pieces.end(), src, [](std::int64_t v, const Piece& p) { return v < p.begin; });
     std::int64_t done = 0;
     if (it != pieces.begin()) --it;
     for (; done < n && it != pieces.end(); ++it) {
@@ -157,10 +157,10 @@ void validate(const Manifest& m, const std::string& path) {
   MZ_REQUIRE(st.consumed_samples >= 0 && st.consumed_samples / std::max<std::int64_t>(st.iteration, 1) <= kMaxBatch,
              "'", path, "': consumed samples ", st.consumed_samples, " cannot follow ", st.iteration, " iterations");
   const auto& ls = st.loss_scaler;
-  MZ_REQUIRE(std::isfinite(ls.scale) && ls.scale > 0 && ls.good_steps >= 0 && ls.skipped >= 0 &&
-                 ls.skipped <= st.iteration,
-             "'", path, "': invalid loss scaler state (scale ", ls.scale, ", good steps ", ls.good_steps, ", skipped ",
-             ls.skipped, ", hysteresis left ", ls.hysteresis_left, ")");
+  MZ_REQUIRE(
+      std::isfinite(ls.scale) && ls.scale > 0 && ls.good_steps >= 0 && ls.skipped >= 0 && ls.skipped <= st.iteration,
+      "'", path, "': invalid loss scaler state (scale ", ls.scale, ", good steps ", ls.good_steps, ", skipped ",
+      ls.skipped, ", hysteresis left ", ls.hysteresis_left, ")");
   MZ_REQUIRE(m.params_dtype == "fp32" || m.params_dtype == "fp16" || m.params_dtype == "bf16", "'", path,
              "': unknown params_dtype '", m.params_dtype, "'");
   std::set<std::pair<int, int>> seen;
@@ -209,7 +209,8 @@ std::string check_shard_header(const std::string& file_path, const Manifest& m, 
           std::find(std::begin(kStates), std::end(kStates), state) == std::end(kStates))
         return "'" + file_path + "' holds '" + name + "', which is not a piece of a checkpointed state";
       auto it = params.find(param);
-      if (it == params.end()) return "'" + file_path + "' holds '" + name + "' of a parameter the manifest does not list";
+      if (it == params.end())
+        return "'" + file_path + "' holds '" + name + "' of a parameter the manifest does not list";
       const std::int64_t numel = shard_numel(saved_layout(*it->second, m.tp));
       if (e.dtype != DType::F32 || e.shape.size() != 1 || begin < 0 || e.shape[0] > numel - begin)
         return "'" + file_path + "': piece '" + name + "' is not a 1-D fp32 run inside its " + std::to_string(numel) +
@@ -256,14 +257,17 @@ std::string Manifest::to_json() const {
   j["iteration"] = state.iteration;
   j["consumed_samples"] = state.consumed_samples;
   j["rng"] = {{"seed", state.seed},
-              {"generator", "philox4x32-10, counter-based: every stream is keyed on (seed, iteration, layer, "
-                            "purpose) and the sample index, so no generator state is stored"}};
+              {"generator",
+               "philox4x32-10, counter-based: every stream is keyed on (seed, iteration, layer, "
+               "purpose) and the sample index, so no generator state is stored"}};
   j["loss_scaler"] = {{"dynamic", state.loss_scaler.dynamic},
                       {"scale", state.loss_scaler.scale},
                       {"good_steps", state.loss_scaler.good_steps},
                       {"skipped_iterations", state.loss_scaler.skipped},
                       {"hysteresis_left", state.loss_scaler.hysteresis_left}};
-  j["layout"] = {{"tensor_model_parallel_size", tp}, {"data_parallel_size", dp}, {"zero_stage", stage},
+  j["layout"] = {{"tensor_model_parallel_size", tp},
+                 {"data_parallel_size", dp},
+                 {"zero_stage", stage},
                  {"params_dtype", params_dtype}};
   j["states"] = {"master", "exp_avg", "exp_avg_sq"};
   j["parameters"] = json::array();
@@ -274,8 +278,11 @@ std::string Manifest::to_json() const {
                                {"padding_from_row", p.padding_from_row}});
   j["files"] = json::array();
   for (const auto& f : files)
-    j["files"].push_back(
-        {{"name", f.name}, {"tp_rank", f.tp_rank}, {"dp_rank", f.dp_rank}, {"bytes", f.bytes}, {"xxh3_64", hex64(f.xxh3)}});
+    j["files"].push_back({{"name", f.name},
+                          {"tp_rank", f.tp_rank},
+                          {"dp_rank", f.dp_rank},
+                          {"bytes", f.bytes},
+                          {"xxh3_64", hex64(f.xxh3)}});
   j["config"] = state.config;
   // The manifest's own checksum, over its compact dump without this field: a
   // hand edit or a flipped bit in it is caught like one in a shard.
@@ -352,10 +359,12 @@ std::vector<std::string> checkpoint_candidates(const std::string& load, const st
   if (ec && ec != std::errc::no_such_file_or_directory)
     throw ConfigError(flag + " '" + load + "': cannot read it: " + ec.message());
   if (!fs::exists(st)) return {};
-  MZ_REQUIRE(fs::is_directory(st), flag, " '", load, "' is not a directory; pass the checkpoint directory (the --save "
+  MZ_REQUIRE(fs::is_directory(st), flag, " '", load,
+             "' is not a directory; pass the checkpoint directory (the --save "
              "DIR of a run, or one of its iter_NNNNNNN directories)");
   // One checkpoint named directly: that one, with no fallback (it was asked for).
-  if (fs::exists(fs::path(load) / kManifest, ec) || iteration_of(fs::path(load).filename().string()) >= 0) return {load};
+  if (fs::exists(fs::path(load) / kManifest, ec) || iteration_of(fs::path(load).filename().string()) >= 0)
+    return {load};
   std::vector<std::pair<std::int64_t, std::string>> found;
   fs::directory_iterator it(load, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
@@ -375,7 +384,8 @@ std::vector<std::string> checkpoint_candidates(const std::string& load, const st
     } catch (const ConfigError&) {
     }
     while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-    if (iteration_of(latest) >= 0 && latest.find('/') == std::string::npos) out.push_back((fs::path(load) / latest).string());
+    if (iteration_of(latest) >= 0 && latest.find('/') == std::string::npos)
+      out.push_back((fs::path(load) / latest).string());
   }
   for (auto& [iteration, path] : found)
     if (out.empty() || path != out.front()) out.push_back(path);
@@ -599,8 +609,8 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
       if (r.empty()) continue;
       const std::int64_t local0 = r.begin - layout.param(i).begin;
       const ShardLayout dst{p.global_shape, p.split_dim, where.tp_size};
-      const auto runs = map_shard_range(dst, where.tp_rank, saved_layout(*saved.at(p.name), m.tp), local0,
-                                        local0 + r.size());
+      const auto runs =
+          map_shard_range(dst, where.tp_rank, saved_layout(*saved.at(p.name), m.tp), local0, local0 + r.size());
       for (int s = 0; s < 3; ++s) {
         // A device address: written only through the device's copies.
         Device& device = states[s]->device();
@@ -668,7 +678,8 @@ std::vector<float> CheckpointReader::global_tensor(const std::string& param, con
 std::unique_ptr<CheckpointReader> open_newest_usable(const std::string& load, std::vector<std::string>* rejected,
                                                      const std::string& flag) {
   const auto cands = checkpoint_candidates(load, flag);
-  MZ_REQUIRE(!cands.empty(), flag, " ", load, ": no checkpoint there", fs::exists(load) ? "" : " (the path does not exist)",
+  MZ_REQUIRE(!cands.empty(), flag, " ", load, ": no checkpoint there",
+             fs::exists(load) ? "" : " (the path does not exist)",
              "; pass the --save directory of a pretrain_gpt run or one of its iter_NNNNNNN directories");
   std::vector<std::string> why;
   for (const auto& c : cands) {

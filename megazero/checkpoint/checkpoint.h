@@ -37,7 +37,7 @@ struct TrainState {
   std::int64_t consumed_samples = 0;  // the data position
   std::uint64_t seed = 0;
   optim::LossScaler::State loss_scaler;
-  std::string config;                 // the resolved configuration ("key = value" lines)
+  std::string config;  // the resolved configuration ("key = value" lines)
 };
 
 struct SaveOptions {
@@ -48,11 +48,11 @@ struct SaveOptions {
 };
 
 struct IoReport {
-  std::string path;                 // the checkpoint directory
-  double seconds = 0;               // this rank, wall
-  double max_seconds = 0;           // slowest rank
-  std::uint64_t rank_bytes = 0;     // this rank's shard (save) or bytes copied (load)
-  std::uint64_t total_bytes = 0;    // over all ranks
+  std::string path;               // the checkpoint directory
+  double seconds = 0;             // this rank, wall
+  double max_seconds = 0;         // slowest rank
+  std::uint64_t rank_bytes = 0;   // this rank's shard (save) or bytes copied (load)
+  std::uint64_t total_bytes = 0;  // over all ranks
 };
 
 // Directory name of an iteration's checkpoint: iter_0000100.
@@ -72,7 +72,7 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
                          const Placement& where, const SaveOptions& options = {});
 
 struct LoadResult {
-  bool loaded = false;          // false: no checkpoint in dir (a fresh start)
+  bool loaded = false;  // false: no checkpoint in dir (a fresh start)
   TrainState state;
   IoReport io;
   std::vector<std::string> rejected;  // "<dir>: <why>" for each unusable checkpoint skipped

@@ -22,9 +22,9 @@ struct ShardLayout {
 };
 
 struct CopyRun {
-  std::int64_t dst = 0;       // destination shard-local flat index
-  int src_part = -1;          // saved TP shard; -1 = padding, fill with zeros
-  std::int64_t src = 0;       // source shard-local flat index
+  std::int64_t dst = 0;  // destination shard-local flat index
+  int src_part = -1;     // saved TP shard; -1 = padding, fill with zeros
+  std::int64_t src = 0;  // source shard-local flat index
   std::int64_t length = 0;
 };
 

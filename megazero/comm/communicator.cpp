@@ -12,24 +12,36 @@ namespace megazero {
 
 std::string_view reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return "sum";
-    case ReduceOp::Avg: return "avg";
-    case ReduceOp::Max: return "max";
+    case ReduceOp::Sum:
+      return "sum";
+    case ReduceOp::Avg:
+      return "avg";
+    case ReduceOp::Max:
+      return "max";
   }
   return "?";
 }
 
 std::string_view collective_name(CollectiveType t) {
   switch (t) {
-    case CollectiveType::AllReduce: return "all_reduce";
-    case CollectiveType::ReduceScatter: return "reduce_scatter";
-    case CollectiveType::AllGather: return "all_gather";
-    case CollectiveType::Broadcast: return "broadcast";
-    case CollectiveType::Reduce: return "reduce";
-    case CollectiveType::Barrier: return "barrier";
-    case CollectiveType::Send: return "send";
-    case CollectiveType::Recv: return "recv";
-    case CollectiveType::kCount: break;
+    case CollectiveType::AllReduce:
+      return "all_reduce";
+    case CollectiveType::ReduceScatter:
+      return "reduce_scatter";
+    case CollectiveType::AllGather:
+      return "all_gather";
+    case CollectiveType::Broadcast:
+      return "broadcast";
+    case CollectiveType::Reduce:
+      return "reduce";
+    case CollectiveType::Barrier:
+      return "barrier";
+    case CollectiveType::Send:
+      return "send";
+    case CollectiveType::Recv:
+      return "recv";
+    case CollectiveType::kCount:
+      break;
   }
   return "?";
 }
@@ -50,7 +62,10 @@ bool CollectiveRecord::same_collective(const CollectiveRecord& o) const {
 }
 
 Communicator::Communicator(int rank, int size, std::string name)
-    : rank_(rank), size_(size), name_(std::move(name)), checking_(check_collectives_default()),
+    : rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      checking_(check_collectives_default()),
       watch_(detail::make_watch(name_)) {}
 
 Communicator::~Communicator() { detail::unregister_watch(watch_); }
@@ -162,10 +177,10 @@ void Communicator::check_peer(int peer, const char* what) const {
 }
 
 std::vector<std::int64_t> Communicator::resolve_counts(std::vector<std::int64_t> counts, std::int64_t chunk,
-                                                      const char* what) const {
+                                                       const char* what) const {
   if (counts.empty()) return std::vector<std::int64_t>(static_cast<std::size_t>(size_), chunk);
-  MZ_CHECK(static_cast<int>(counts.size()) == size_, name_, ": ", what, " got ", counts.size(),
-           " counts for ", size_, " ranks");
+  MZ_CHECK(static_cast<int>(counts.size()) == size_, name_, ": ", what, " got ", counts.size(), " counts for ", size_,
+           " ranks");
   for (auto c : counts) MZ_CHECK(c >= 0, name_, ": ", what, " negative count");
   MZ_CHECK(counts[static_cast<std::size_t>(rank_)] == chunk, name_, ": ", what, " this rank's count ",
            counts[static_cast<std::size_t>(rank_)], " differs from its tensor's ", chunk, " elements");
@@ -179,7 +194,8 @@ Work Communicator::all_reduce(const Tensor& t, ReduceOp op) {
   return launch(seq, [&] { return do_all_reduce(t, op); });
 }
 
-Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op, std::vector<std::int64_t> counts) {
+Work Communicator::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
+                                  std::vector<std::int64_t> counts) {
   check_tensor(input, "reduce_scatter input");
   check_tensor(output, "reduce_scatter output");
   MZ_CHECK(input.dtype() == output.dtype(), name_, ": reduce_scatter dtypes differ");
@@ -201,8 +217,8 @@ Work Communicator::all_gather(const Tensor& input, const Tensor& output, std::ve
   const auto total = std::accumulate(counts.begin(), counts.end(), std::int64_t{0});
   MZ_CHECK(total == output.numel(), name_, ": all_gather output has ", output.numel(), " elements, counts sum to ",
            total);
-  const auto seq = record(CollectiveType::AllGather, ReduceOp::Sum, input.dtype(), output.numel(), -1,
-                          detail::hash_counts(counts));
+  const auto seq =
+      record(CollectiveType::AllGather, ReduceOp::Sum, input.dtype(), output.numel(), -1, detail::hash_counts(counts));
   if (local_only(input)) return launch(seq, [&] { return local_copy(input, output); });
   return launch(seq, [&] { return do_all_gather(input, output, counts); });
 }

@@ -37,7 +37,15 @@ enum class ReduceOp : std::uint8_t { Sum, Avg, Max };
 std::string_view reduce_op_name(ReduceOp op);
 
 enum class CollectiveType : std::uint8_t {
-  AllReduce, ReduceScatter, AllGather, Broadcast, Reduce, Barrier, Send, Recv, kCount
+  AllReduce,
+  ReduceScatter,
+  AllGather,
+  Broadcast,
+  Reduce,
+  Barrier,
+  Send,
+  Recv,
+  kCount
 };
 inline constexpr std::size_t kNumCollectiveTypes = static_cast<std::size_t>(CollectiveType::kCount);
 std::string_view collective_name(CollectiveType t);
@@ -150,8 +158,9 @@ class Communicator {
   // nullptr means "already complete".
   virtual std::shared_ptr<WorkImpl> do_all_reduce(const Tensor& t, ReduceOp op) = 0;
   virtual std::shared_ptr<WorkImpl> do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
-                                 const std::vector<std::int64_t>& counts) = 0;
-  virtual std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, const Tensor& output, const std::vector<std::int64_t>& counts) = 0;
+                                                      const std::vector<std::int64_t>& counts) = 0;
+  virtual std::shared_ptr<WorkImpl> do_all_gather(const Tensor& input, const Tensor& output,
+                                                  const std::vector<std::int64_t>& counts) = 0;
   virtual std::shared_ptr<WorkImpl> do_broadcast(const Tensor& t, int root) = 0;
   virtual std::shared_ptr<WorkImpl> do_reduce(const Tensor& t, int root, ReduceOp op) = 0;
   virtual std::shared_ptr<WorkImpl> do_barrier() = 0;

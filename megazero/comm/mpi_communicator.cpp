@@ -212,7 +212,8 @@ void MpiCommunicator::worker_loop() {
       // A collective that failed on this rank leaves its peers waiting inside
       // it: nothing can recover the group, and waiting would hang the job.
       // End the whole job now, saying where and why (NCCL's watchdog does the same).
-      std::fprintf(stderr, "megazero: collective failed on rank %d (host %s), communicator '%s': %s; aborting the job\n",
+      std::fprintf(stderr,
+                   "megazero: collective failed on rank %d (host %s), communicator '%s': %s; aborting the job\n",
                    rank(), host_name().c_str(), name().c_str(), e.what());
       std::fflush(stderr);
       abort_world(kExitInternalError);
@@ -231,116 +232,127 @@ std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn, std
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
-  return enqueue([this, t, op] {
-    HostView h(t, true);
-    MPI_Request req;
-    mpi::check(MPI_Iallreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
-                                mpi::reduce_op(t.dtype(), op), comm_, &req),
-               "MPI_Iallreduce", name());
-    wait_for(req, "MPI_Iallreduce", name());
-    if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
-    h.copy_out();
-  }, watch_ticket());
+  return enqueue(
+      [this, t, op] {
+        HostView h(t, true);
+        MPI_Request req;
+        mpi::check(MPI_Iallreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
+                                    mpi::reduce_op(t.dtype(), op), comm_, &req),
+                   "MPI_Iallreduce", name());
+        wait_for(req, "MPI_Iallreduce", name());
+        if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
+        h.copy_out();
+      },
+      watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                                              const std::vector<std::int64_t>& counts) {
-  return enqueue([this, input, output, op, counts] {
-    HostView in(input, true);
-    // MPI cannot reduce-scatter into a part of its own input: use a temporary.
-    // An empty output counts too: its pointer may equal the input's, and MPI
-    // rejects aliased buffers even for zero elements.
-    const bool alias =
-        output.numel() == 0 || overlaps(input, output) || !output.device().host_accessible();
-    std::vector<char> tmp(alias ? std::max<std::size_t>(output.nbytes(), 8) : 0);
-    void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
-    const auto type = mpi::datatype(input.dtype());
-    const auto mop = mpi::reduce_op(input.dtype(), op);
-    MPI_Request req;
-    const bool even = all_equal(counts);
-    const auto c = even ? std::vector<MPI_Count>{} : to_mpi_counts(counts);  // outlives the request
-    const char* call = even ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce_scatter";
-    if (even) {
-      mpi::check(MPI_Ireduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_, &req), call, name());
-    } else {
-      mpi::check(MPI_Ireduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_, &req), call, name());
-    }
-    wait_for(req, call, name());
-    if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
-    if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
-  }, watch_ticket());
+  return enqueue(
+      [this, input, output, op, counts] {
+        HostView in(input, true);
+        // MPI cannot reduce-scatter into a part of its own input: use a temporary.
+        // An empty output counts too: its pointer may equal the input's, and MPI
+        // rejects aliased buffers even for zero elements.
+        const bool alias = output.numel() == 0 || overlaps(input, output) || !output.device().host_accessible();
+        std::vector<char> tmp(alias ? std::max<std::size_t>(output.nbytes(), 8) : 0);
+        void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
+        const auto type = mpi::datatype(input.dtype());
+        const auto mop = mpi::reduce_op(input.dtype(), op);
+        MPI_Request req;
+        const bool even = all_equal(counts);
+        const auto c = even ? std::vector<MPI_Count>{} : to_mpi_counts(counts);  // outlives the request
+        const char* call = even ? "MPI_Ireduce_scatter_block" : "MPI_Ireduce_scatter";
+        if (even) {
+          mpi::check(MPI_Ireduce_scatter_block_c(in.ptr(), out, counts.front(), type, mop, comm_, &req), call, name());
+        } else {
+          mpi::check(MPI_Ireduce_scatter_c(in.ptr(), out, c.data(), type, mop, comm_, &req), call, name());
+        }
+        wait_for(req, call, name());
+        if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
+        if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
+      },
+      watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
                                                          const std::vector<std::int64_t>& counts) {
-  return enqueue([this, input, output, counts] {
-    HostView out(output, false);
-    const auto displ = displacements(counts);
-    const auto esize = static_cast<std::ptrdiff_t>(dtype_size(output.dtype()));
-    const auto my_displ = displ[static_cast<std::size_t>(rank())] * esize;
-    // ZeRO gathers partitions that already sit at their place in the full
-    // buffer: that is MPI's in-place form.
-    const bool in_place = output.device().host_accessible() &&
-                          input.data() == static_cast<char*>(output.data()) + my_displ;
-    std::unique_ptr<HostView> in;
-    const void* send = MPI_IN_PLACE;
-    if (!in_place) {
-      if (!output.device().host_accessible()) {
-        in = std::make_unique<HostView>(input, true);
-        std::memcpy(static_cast<char*>(out.ptr()) + my_displ, in->ptr(), input.nbytes());
-      } else {
-        // MPI forbids overlapping send and receive buffers; copy into place.
-        std::memmove(static_cast<char*>(out.ptr()) + my_displ, input.data(), input.nbytes());
-      }
-    }
-    const auto type = mpi::datatype(output.dtype());
-    MPI_Request req;
-    const bool even = all_equal(counts);
-    const auto c = even ? std::vector<MPI_Count>{} : to_mpi_counts(counts);  // outlives the request
-    const char* call = even ? "MPI_Iallgather" : "MPI_Iallgatherv";
-    if (even) {
-      mpi::check(MPI_Iallgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_, &req), call, name());
-    } else {
-      mpi::check(MPI_Iallgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_, &req), call,
-                 name());
-    }
-    wait_for(req, call, name());
-    out.copy_out();
-  }, watch_ticket());
+  return enqueue(
+      [this, input, output, counts] {
+        HostView out(output, false);
+        const auto displ = displacements(counts);
+        const auto esize = static_cast<std::ptrdiff_t>(dtype_size(output.dtype()));
+        const auto my_displ = displ[static_cast<std::size_t>(rank())] * esize;
+        // ZeRO gathers partitions that already sit at their place in the full
+        // buffer: that is MPI's in-place form.
+        const bool in_place =
+            output.device().host_accessible() && input.data() == static_cast<char*>(output.data()) + my_displ;
+        std::unique_ptr<HostView> in;
+        const void* send = MPI_IN_PLACE;
+        if (!in_place) {
+          if (!output.device().host_accessible()) {
+            in = std::make_unique<HostView>(input, true);
+            std::memcpy(static_cast<char*>(out.ptr()) + my_displ, in->ptr(), input.nbytes());
+          } else {
+            // MPI forbids overlapping send and receive buffers; copy into place.
+            std::memmove(static_cast<char*>(out.ptr()) + my_displ, input.data(), input.nbytes());
+          }
+        }
+        const auto type = mpi::datatype(output.dtype());
+        MPI_Request req;
+        const bool even = all_equal(counts);
+        const auto c = even ? std::vector<MPI_Count>{} : to_mpi_counts(counts);  // outlives the request
+        const char* call = even ? "MPI_Iallgather" : "MPI_Iallgatherv";
+        if (even) {
+          mpi::check(MPI_Iallgather_c(send, 0, type, out.ptr(), counts.front(), type, comm_, &req), call, name());
+        } else {
+          mpi::check(MPI_Iallgatherv_c(send, 0, type, out.ptr(), c.data(), displ.data(), type, comm_, &req), call,
+                     name());
+        }
+        wait_for(req, call, name());
+        out.copy_out();
+      },
+      watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int root) {
-  return enqueue([this, t, root] {
-    HostView h(t, rank() == root);
-    MPI_Request req;
-    mpi::check(MPI_Ibcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_, &req), "MPI_Ibcast", name());
-    wait_for(req, "MPI_Ibcast", name());
-    h.copy_out();
-  }, watch_ticket());
+  return enqueue(
+      [this, t, root] {
+        HostView h(t, rank() == root);
+        MPI_Request req;
+        mpi::check(MPI_Ibcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_, &req), "MPI_Ibcast", name());
+        wait_for(req, "MPI_Ibcast", name());
+        h.copy_out();
+      },
+      watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
-  return enqueue([this, t, root, op] {
-    HostView h(t, true);
-    const bool is_root = rank() == root;
-    MPI_Request req;
-    mpi::check(MPI_Ireduce_c(is_root ? MPI_IN_PLACE : h.ptr(), is_root ? h.ptr() : nullptr, t.numel(),
-                             mpi::datatype(t.dtype()), mpi::reduce_op(t.dtype(), op), root, comm_, &req),
-               "MPI_Ireduce", name());
-    wait_for(req, "MPI_Ireduce", name());
-    if (is_root) {
-      if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
-      h.copy_out();
-    }
-  }, watch_ticket());
+  return enqueue(
+      [this, t, root, op] {
+        HostView h(t, true);
+        const bool is_root = rank() == root;
+        MPI_Request req;
+        mpi::check(MPI_Ireduce_c(is_root ? MPI_IN_PLACE : h.ptr(), is_root ? h.ptr() : nullptr, t.numel(),
+                                 mpi::datatype(t.dtype()), mpi::reduce_op(t.dtype(), op), root, comm_, &req),
+                   "MPI_Ireduce", name());
+        wait_for(req, "MPI_Ireduce", name());
+        if (is_root) {
+          if (op == ReduceOp::Avg) divide_in_place(h.ptr(), t.dtype(), t.numel(), size());
+          h.copy_out();
+        }
+      },
+      watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_barrier() {
-  return enqueue([this] {
-    MPI_Request req;
-    mpi::check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", name());
-    wait_for(req, "MPI_Ibarrier", name());
-  }, watch_ticket());
+  return enqueue(
+      [this] {
+        MPI_Request req;
+        mpi::check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", name());
+        wait_for(req, "MPI_Ibarrier", name());
+      },
+      watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_send(const Tensor& t, int peer, int tag) {
@@ -362,18 +374,20 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_recv(const Tensor& t, int peer, in
 std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, const std::string& name) {
   // On the worker, so it is ordered with this communicator's queued collectives.
   MPI_Comm out = MPI_COMM_NULL;
-  enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); },
-          watch_ticket())
+  enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); }, watch_ticket())
       ->wait();
   return std::make_unique<MpiCommunicator>(out, name);
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split_node_local(const std::string& name) {
   MPI_Comm out = MPI_COMM_NULL;
-  enqueue([&] {
-    mpi::check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &out), "MPI_Comm_split_type",
-               this->name());
-  }, watch_split())->wait();
+  enqueue(
+      [&] {
+        mpi::check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &out), "MPI_Comm_split_type",
+                   this->name());
+      },
+      watch_split())
+      ->wait();
   return std::make_unique<MpiCommunicator>(out, name);
 }
 

@@ -67,13 +67,20 @@ void init_types() {
 MPI_Datatype datatype(DType t) {
   init_types();
   switch (t) {
-    case DType::F32: return MPI_FLOAT;
-    case DType::F64: return MPI_DOUBLE;
-    case DType::F16: return g_types.f16;
-    case DType::BF16: return g_types.bf16;
-    case DType::I32: return MPI_INT32_T;
-    case DType::I64: return MPI_INT64_T;
-    case DType::U8: return MPI_UINT8_T;
+    case DType::F32:
+      return MPI_FLOAT;
+    case DType::F64:
+      return MPI_DOUBLE;
+    case DType::F16:
+      return g_types.f16;
+    case DType::BF16:
+      return g_types.bf16;
+    case DType::I32:
+      return MPI_INT32_T;
+    case DType::I64:
+      return MPI_INT64_T;
+    case DType::U8:
+      return MPI_UINT8_T;
   }
   throw InternalError("no MPI datatype for this dtype");
 }
@@ -91,7 +98,8 @@ void check(int rc, const char* call, const std::string& comm_name) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw InternalError(detail::concat(comm_name, ": ", call, " failed: ", std::string(msg, static_cast<std::size_t>(len))));
+  throw InternalError(
+      detail::concat(comm_name, ": ", call, " failed: ", std::string(msg, static_cast<std::size_t>(len))));
 }
 
 }  // namespace megazero::mpi

@@ -14,8 +14,8 @@ namespace {
 void check_nccl(ncclResult_t r, const char* call, const std::string& comm, const char* file, int line) {
   if (r == ncclSuccess) return;
   const char* last = ncclGetLastError(nullptr);  // NCCL's own explanation, when it has one
-  throw InternalError(detail::concat(file, ":", line, ": NCCL ", call, " failed on communicator '", comm, "': ",
-                                     ncclGetErrorString(r), (last && *last ? ": " : ""), (last ? last : ""),
+  throw InternalError(detail::concat(file, ":", line, ": NCCL ", call, " failed on communicator '", comm,
+                                     "': ", ncclGetErrorString(r), (last && *last ? ": " : ""), (last ? last : ""),
                                      " (rerun with NCCL_DEBUG=INFO for details)"));
 }
 
@@ -24,21 +24,30 @@ void check_nccl(ncclResult_t r, const char* call, const std::string& comm, const
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::F32: return ncclFloat32;
-    case DType::F16: return ncclFloat16;
-    case DType::BF16: return ncclBfloat16;
-    case DType::F64: return ncclFloat64;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    case DType::U8: return ncclUint8;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::U8:
+      return ncclUint8;
   }
   throw InternalError(detail::concat("nccl: no NCCL type for ", dtype_name(t)));
 }
 
 ncclRedOp_t nccl_op(DType t, ReduceOp op, const std::string& comm) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Max:
+      return ncclMax;
     case ReduceOp::Avg:
       // As in the MPI backend: an integer average would silently truncate.
       MZ_CHECK(is_floating(t), comm, ": avg of a ", dtype_name(t), " tensor; use sum");
@@ -65,7 +74,8 @@ bool all_equal(const std::vector<std::int64_t>& c) {
 // Byte offset of each rank's chunk.
 std::vector<std::size_t> byte_displacements(const std::vector<std::int64_t>& counts, DType t) {
   std::vector<std::size_t> d(counts.size(), 0);
-  for (std::size_t i = 1; i < counts.size(); ++i) d[i] = d[i - 1] + static_cast<std::size_t>(counts[i - 1]) * dtype_size(t);
+  for (std::size_t i = 1; i < counts.size(); ++i)
+    d[i] = d[i - 1] + static_cast<std::size_t>(counts[i - 1]) * dtype_size(t);
   return d;
 }
 
@@ -282,8 +292,9 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_all_reduce(const Tensor& t, R
   return end_op("all_reduce", {t.buffer()});
 }
 
-std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
-                                                              const std::vector<std::int64_t>& counts) {
+std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce_scatter(const Tensor& input, const Tensor& output,
+                                                                  ReduceOp op,
+                                                                  const std::vector<std::int64_t>& counts) {
   check_on_device(input, "reduce_scatter input");
   check_on_device(output, "reduce_scatter output");
   const ncclDataType_t type = nccl_type(input.dtype());
@@ -310,19 +321,18 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce_scatter(const Tensor& 
     NcclGroup group(name());
     for (int r = 0; r < size(); ++r) {
       const auto ri = static_cast<std::size_t>(r);
-      MZ_NCCL_CHECK(ncclReduce(in + displ[ri], r == rank() ? recv : nullptr, static_cast<std::size_t>(counts[ri]),
-                               type, rop, r, comm_, stream_),
+      MZ_NCCL_CHECK(ncclReduce(in + displ[ri], r == rank() ? recv : nullptr, static_cast<std::size_t>(counts[ri]), type,
+                               rop, r, comm_, stream_),
                     "ncclReduce (uneven reduce_scatter)");
     }
     group.end();
   }
-  if (staging)
-    MZ_CUDA_CHECK(cudaMemcpyAsync(output.data(), recv, output.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  if (staging) MZ_CUDA_CHECK(cudaMemcpyAsync(output.data(), recv, output.nbytes(), cudaMemcpyDeviceToDevice, stream_));
   return end_op("reduce_scatter", {std::move(staging), input.buffer(), output.buffer()});
 }
 
 std::shared_ptr<WorkImpl> NcclCommunicator::device_all_gather(const Tensor& input, const Tensor& output,
-                                                          const std::vector<std::int64_t>& counts) {
+                                                              const std::vector<std::int64_t>& counts) {
   check_on_device(input, "all_gather input");
   check_on_device(output, "all_gather output");
   const ncclDataType_t type = nccl_type(input.dtype());
@@ -351,9 +361,9 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_all_gather(const Tensor& inpu
     for (int r = 0; r < size(); ++r) {
       const auto ri = static_cast<std::size_t>(r);
       char* dst = out + displ[ri];
-      MZ_NCCL_CHECK(ncclBroadcast(r == rank() ? send : dst, dst, static_cast<std::size_t>(counts[ri]), type, r,
-                                  comm_, stream_),
-                    "ncclBroadcast (uneven all_gather)");
+      MZ_NCCL_CHECK(
+          ncclBroadcast(r == rank() ? send : dst, dst, static_cast<std::size_t>(counts[ri]), type, r, comm_, stream_),
+          "ncclBroadcast (uneven all_gather)");
     }
     group.end();
   }

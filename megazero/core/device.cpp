@@ -22,9 +22,12 @@ namespace megazero {
 
 std::string_view device_kind_name(DeviceKind k) {
   switch (k) {
-    case DeviceKind::CPU: return "cpu";
-    case DeviceKind::CUDA: return "cuda";
-    case DeviceKind::Meta: return "meta";
+    case DeviceKind::CPU:
+      return "cpu";
+    case DeviceKind::CUDA:
+      return "cuda";
+    case DeviceKind::Meta:
+      return "meta";
   }
   return "?";
 }
@@ -106,8 +109,8 @@ std::string mib(double bytes) {
 // Calls fn(dst_offset, src_offset, n) for each innermost run of elements, with
 // offsets in elements; runs are contiguous in both when both last strides are 1.
 template <typename Fn>
-void for_each_row(const std::int64_t* shape, int dims, const std::int64_t* dst_strides,
-                  const std::int64_t* src_strides, Fn fn) {
+void for_each_row(const std::int64_t* shape, int dims, const std::int64_t* dst_strides, const std::int64_t* src_strides,
+                  Fn fn) {
   if (dims == 0) {
     fn(0, 0, 1);
     return;
@@ -137,20 +140,23 @@ std::string Device::out_of_memory_message(std::size_t requested, std::optional<M
   // "host memory" for the CPU device, "device memory" otherwise: the sweep
   // report and users grep for these words.
   std::string s = detail::concat("out of ", host_accessible() ? "host" : "device", " memory on ", name(),
-                                 ": requested ", requested, " bytes (",
-                                 mib(static_cast<double>(requested)), ")");
-  if (info) s += detail::concat(" with ", mib(static_cast<double>(info->free)), " free of ", mib(static_cast<double>(info->total)));
+                                 ": requested ", requested, " bytes (", mib(static_cast<double>(requested)), ")");
+  if (info)
+    s += detail::concat(" with ", mib(static_cast<double>(info->free)), " free of ",
+                        mib(static_cast<double>(info->total)));
   s += detail::concat("; megazero holds ", mib(static_cast<double>(held_bytes())));
-  if (arena_capacity_ > 0) s += detail::concat(" (", mib(static_cast<double>(arena_capacity_)), " of them the device arena)");
+  if (arena_capacity_ > 0)
+    s += detail::concat(" (", mib(static_cast<double>(arena_capacity_)), " of them the device arena)");
   s += extra;
-  return s + "; lower --micro-batch-size, raise --zero-stage, or enable --recompute-activations "
-             "(pretrain_gpt --dry-run --world-size N plans the memory of any layout)";
+  return s +
+         "; lower --micro-batch-size, raise --zero-stage, or enable --recompute-activations "
+         "(pretrain_gpt --dry-run --world-size N plans the memory of any layout)";
 }
 
 // The CPU's strided copy, at the device's compute addresses: the CPU device's
 // own, or the isolated device's kernel view of its memory.
-void Device::copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_strides, const void* src,
-                          DType src_dtype, const std::int64_t* src_strides, const std::int64_t* shape, int dims) {
+void Device::copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_strides, const void* src, DType src_dtype,
+                          const std::int64_t* src_strides, const std::int64_t* shape, int dims) {
   if (!has_storage()) return;
   std::int64_t n = 1;
   for (int i = 0; i < dims; ++i) n *= shape[i];
@@ -189,8 +195,9 @@ void Device::copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_st
 std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
   void* p = std::aligned_alloc(4096, rounded);
-  if (!p) throw ConfigError(detail::concat("out of host memory allocating a ", mib(static_cast<double>(bytes)),
-                                           " staging buffer for ", name()));
+  if (!p)
+    throw ConfigError(detail::concat("out of host memory allocating a ", mib(static_cast<double>(bytes)),
+                                     " staging buffer for ", name()));
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
@@ -253,8 +260,8 @@ void ComputeLog::add_gemm(const GemmShape& g) {
   ++gemms_[g];
 }
 MetaDevice::MetaDevice(DeviceKind kernels) : kernels_(kernels) {
-  MZ_CHECK(kernels == DeviceKind::CPU || kernels == DeviceKind::CUDA, "a meta device stands in for CPU or CUDA kernels, not ",
-           device_kind_name(kernels));
+  MZ_CHECK(kernels == DeviceKind::CPU || kernels == DeviceKind::CUDA,
+           "a meta device stands in for CPU or CUDA kernels, not ", device_kind_name(kernels));
 }
 void MetaDevice::copy_to_host(void*, const void*, std::size_t) {
   throw InternalError("the meta device holds no data: a dry run tried to read a tensor's values");
@@ -267,7 +274,8 @@ GpuBackend& gpu_backend() {
   return backend;
 }
 std::shared_ptr<Device> make_cuda_device(int index) {
-  MZ_REQUIRE(gpu_backend().make, "--device cuda: this megazero was built without the CUDA backend; rebuild with "
+  MZ_REQUIRE(gpu_backend().make,
+             "--device cuda: this megazero was built without the CUDA backend; rebuild with "
              "-DMEGAZERO_CUDA=ON on a machine with the CUDA toolkit, cuDNN and NCCL, or use --device cpu");
   return gpu_backend().make(index);
 }
@@ -278,9 +286,12 @@ int cuda_visible_devices() { return gpu_backend().count ? gpu_backend().count() 
 
 std::shared_ptr<Device> make_device(DeviceKind kind, int index) {
   switch (kind) {
-    case DeviceKind::CPU: return std::make_shared<CpuDevice>();
-    case DeviceKind::Meta: return std::make_shared<MetaDevice>();
-    case DeviceKind::CUDA: return make_cuda_device(index);
+    case DeviceKind::CPU:
+      return std::make_shared<CpuDevice>();
+    case DeviceKind::Meta:
+      return std::make_shared<MetaDevice>();
+    case DeviceKind::CUDA:
+      return make_cuda_device(index);
   }
   return nullptr;
 }

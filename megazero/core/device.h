@@ -176,7 +176,9 @@ struct GemmShape {
   std::int64_t m = 0, n = 0, k = 0, batch = 1;
   DType dtype = DType::F32;
   auto operator<=>(const GemmShape&) const = default;
-  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch); }
+  double flops() const {
+    return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k) * static_cast<double>(batch);
+  }
 };
 class ComputeLog {
  public:

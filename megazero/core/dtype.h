@@ -99,11 +99,20 @@ inline float widen(BFloat16 v) { return bf16_to_float(v); }
 template <typename Fn>
 bool with_float_dtype(DType t, Fn&& fn) {
   switch (t) {
-    case DType::F32: fn(float{}); return true;
-    case DType::F64: fn(double{}); return true;
-    case DType::BF16: fn(BFloat16{}); return true;
-    case DType::F16: fn(Half{}); return true;
-    default: return false;
+    case DType::F32:
+      fn(float{});
+      return true;
+    case DType::F64:
+      fn(double{});
+      return true;
+    case DType::BF16:
+      fn(BFloat16{});
+      return true;
+    case DType::F16:
+      fn(Half{});
+      return true;
+    default:
+      return false;
   }
 }
 

@@ -45,15 +45,15 @@ std::string concat(const Args&... args) {
 }  // namespace megazero
 
 // MZ_REQUIRE: validation of user input; the message must say how to fix it.
-#define MZ_REQUIRE(cond, ...)                                                   \
-  do {                                                                          \
+#define MZ_REQUIRE(cond, ...)                                                            \
+  do {                                                                                   \
     if (!(cond)) throw ::megazero::ConfigError(::megazero::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // MZ_CHECK: internal invariant; failing it is a megazero bug.
-#define MZ_CHECK(cond, ...)                                                      \
-  do {                                                                           \
-    if (!(cond))                                                                 \
-      throw ::megazero::InternalError(::megazero::detail::concat(                \
+#define MZ_CHECK(cond, ...)                                                                    \
+  do {                                                                                         \
+    if (!(cond))                                                                               \
+      throw ::megazero::InternalError(::megazero::detail::concat(                              \
           __FILE__, ":", __LINE__, ": check failed: " #cond ": " __VA_OPT__(, ) __VA_ARGS__)); \
   } while (0)

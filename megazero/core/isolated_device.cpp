@@ -23,7 +23,7 @@ namespace {
 // the fault handler can tell a touched device address from any other fault.
 struct Region {
   char* alias;
-  std::size_t bytes;  // as requested
+  std::size_t bytes;   // as requested
   std::size_t mapped;  // rounded up to pages
 };
 std::shared_mutex g_mu;
@@ -149,7 +149,8 @@ IsolatedCpuDevice::~IsolatedCpuDevice() {
 void* IsolatedCpuDevice::raw_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
   if (capacity_ > 0 && held_bytes() + static_cast<std::int64_t>(bytes) > capacity_)
-    throw ConfigError(out_of_memory_message(bytes, memory_info(), " (the capacity MEGAZERO_ISOLATED_DEVICE_MIB gives it)"));
+    throw ConfigError(
+        out_of_memory_message(bytes, memory_info(), " (the capacity MEGAZERO_ISOLATED_DEVICE_MIB gives it)"));
   const std::size_t mapped = (bytes + page_size() - 1) / page_size() * page_size();
   {
     std::lock_guard<std::mutex> lock(cache_mu_);
@@ -219,7 +220,8 @@ void IsolatedCpuDevice::copy_from_host(void* dst, const void* host_src, std::siz
   if (bytes) std::memcpy(alias_of(dst, bytes, "copy_from_host"), host_src, bytes);
 }
 void IsolatedCpuDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
-  if (bytes && dst != src) std::memmove(alias_of(dst, bytes, "copy_within"), alias_of(src, bytes, "copy_within"), bytes);
+  if (bytes && dst != src)
+    std::memmove(alias_of(dst, bytes, "copy_within"), alias_of(src, bytes, "copy_within"), bytes);
 }
 void IsolatedCpuDevice::fill_zero(void* dst, std::size_t bytes) {
   if (bytes) std::memset(alias_of(dst, bytes, "fill_zero"), 0, bytes);

@@ -9,15 +9,24 @@ namespace megazero {
 
 std::string_view memory_category_name(MemoryCategory c) {
   switch (c) {
-    case MemoryCategory::Parameters: return "parameters";
-    case MemoryCategory::Gradients: return "gradients";
-    case MemoryCategory::OptimizerStates: return "optimizer_states";
-    case MemoryCategory::Activations: return "activations";
-    case MemoryCategory::ActivationCheckpoints: return "activation_checkpoints";
-    case MemoryCategory::CommBuffers: return "comm_buffers";
-    case MemoryCategory::Workspace: return "workspace";
-    case MemoryCategory::Other: return "other";
-    case MemoryCategory::kCount: break;
+    case MemoryCategory::Parameters:
+      return "parameters";
+    case MemoryCategory::Gradients:
+      return "gradients";
+    case MemoryCategory::OptimizerStates:
+      return "optimizer_states";
+    case MemoryCategory::Activations:
+      return "activations";
+    case MemoryCategory::ActivationCheckpoints:
+      return "activation_checkpoints";
+    case MemoryCategory::CommBuffers:
+      return "comm_buffers";
+    case MemoryCategory::Workspace:
+      return "workspace";
+    case MemoryCategory::Other:
+      return "other";
+    case MemoryCategory::kCount:
+      break;
   }
   return "?";
 }

@@ -17,13 +17,13 @@
 namespace megazero {
 
 enum class MemoryCategory : std::uint8_t {
-  Parameters,       // 16-bit (or fp32) model weights used by forward/backward
-  Gradients,        // gradients of those weights (full or a ZeRO partition)
-  OptimizerStates,  // fp32 master weights and Adam moments
-  Activations,      // activations
+  Parameters,             // 16-bit (or fp32) model weights used by forward/backward
+  Gradients,              // gradients of those weights (full or a ZeRO partition)
+  OptimizerStates,        // fp32 master weights and Adam moments
+  Activations,            // activations
   ActivationCheckpoints,  // layer inputs kept for recompute (whole, Pa slices, or in host memory with Pa+cpu)
-  CommBuffers,      // fused communication buckets, gather buffers
-  Workspace,        // scratch: GEMM workspace, temporary casts
+  CommBuffers,            // fused communication buckets, gather buffers
+  Workspace,              // scratch: GEMM workspace, temporary casts
   Other,
   kCount
 };
@@ -34,7 +34,7 @@ std::string_view memory_category_name(MemoryCategory c);
 struct MemoryCounters {
   std::int64_t live_bytes = 0;
   std::int64_t peak_bytes = 0;
-  std::int64_t allocations = 0;  // number of allocate() calls so far
+  std::int64_t allocations = 0;      // number of allocate() calls so far
   std::int64_t allocated_bytes = 0;  // sum of all allocate() sizes so far (traffic, not residency)
   std::int64_t live_allocations = 0;
 };
@@ -59,7 +59,9 @@ class FirstFitHeap {
  public:
   static constexpr std::int64_t kRound = 512;
   // The span an allocation of `bytes` takes (at least one block of kRound).
-  static std::int64_t rounded(std::int64_t bytes) { return (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound; }
+  static std::int64_t rounded(std::int64_t bytes) {
+    return (std::max<std::int64_t>(bytes, 1) + kRound - 1) / kRound * kRound;
+  }
   std::int64_t allocate(std::int64_t bytes);  // returns the offset
   void free(std::int64_t offset, std::int64_t bytes);
   std::int64_t span() const { return top_; }

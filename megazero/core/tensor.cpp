@@ -207,8 +207,8 @@ std::vector<double> Tensor::to_double_vector() const {
 }
 
 void Tensor::copy_from_doubles(const std::vector<double>& values) {
-  MZ_CHECK(static_cast<std::int64_t>(values.size()) == numel(), "copy_from_doubles: ", values.size(),
-           " values for ", to_string());
+  MZ_CHECK(static_cast<std::int64_t>(values.size()) == numel(), "copy_from_doubles: ", values.size(), " values for ",
+           to_string());
   Tensor c = empty(make_device(DeviceKind::CPU), shape_, dtype_, MemoryCategory::Workspace);
   void* base = c.host_bytes();
   for (std::size_t i = 0; i < values.size(); ++i) store_from_double(base, dtype_, i, values[i]);

@@ -20,24 +20,46 @@ using Shape = std::vector<std::int64_t>;
 std::string shape_str(const Shape& s);
 std::int64_t shape_numel(const Shape& s);
 
-template <typename T> struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::F64; };
-template <> struct DTypeOf<Half> { static constexpr DType value = DType::F16; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::BF16; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::I32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::I64; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::U8; };
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::F64;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::F16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::BF16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::I32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::I64;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::U8;
+};
 
 class Tensor {
  public:
   Tensor() = default;
 
   // New contiguous tensor with its own buffer (uninitialised / zero-filled).
-  static Tensor empty(const std::shared_ptr<Device>& device, const Shape& shape, DType dtype,
-                      MemoryCategory category, std::string label = {});
-  static Tensor zeros(const std::shared_ptr<Device>& device, const Shape& shape, DType dtype,
-                      MemoryCategory category, std::string label = {});
+  static Tensor empty(const std::shared_ptr<Device>& device, const Shape& shape, DType dtype, MemoryCategory category,
+                      std::string label = {});
+  static Tensor zeros(const std::shared_ptr<Device>& device, const Shape& shape, DType dtype, MemoryCategory category,
+                      std::string label = {});
   // Contiguous view of `shape` starting `offset` elements into `buffer`.
   static Tensor view_of(std::shared_ptr<Buffer> buffer, const Shape& shape, DType dtype, std::int64_t offset = 0);
 

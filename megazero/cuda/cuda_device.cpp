@@ -157,8 +157,8 @@ std::shared_ptr<void> CudaDevice::allocate_host_staging(std::size_t bytes) {
   const cudaError_t err = cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocDefault);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    throw ConfigError(detail::concat("cannot allocate ", mib(bytes), " of page-locked host memory for ", name(),
-                                     ": ", cudaGetErrorString(err), " (check the memlock limit, ulimit -l)"));
+    throw ConfigError(detail::concat("cannot allocate ", mib(bytes), " of page-locked host memory for ", name(), ": ",
+                                     cudaGetErrorString(err), " (check the memlock limit, ulimit -l)"));
   }
   return std::shared_ptr<void>(p, [](void* q) { (void)cudaFreeHost(q); });
 }
@@ -189,17 +189,17 @@ std::shared_ptr<Device> make_cuda_device(int index) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    throw ConfigError(detail::concat("--device cuda:", index, ": no CUDA GPU is visible (0 devices; the CUDA runtime says: ",
-                                     cudaGetErrorString(err),
-                                     "); check the driver and CUDA_VISIBLE_DEVICES, or use --device cpu"));
+    throw ConfigError(
+        detail::concat("--device cuda:", index, ": no CUDA GPU is visible (0 devices; the CUDA runtime says: ",
+                       cudaGetErrorString(err), "); check the driver and CUDA_VISIBLE_DEVICES, or use --device cpu"));
   }
   if (count == 0)
     throw ConfigError(detail::concat("--device cuda:", index,
                                      ": no CUDA GPU is visible (0 devices); check the driver and "
                                      "CUDA_VISIBLE_DEVICES, or use --device cpu"));
   if (index < 0 || index >= count)
-    throw ConfigError(detail::concat("--device cuda:", index, ": no such GPU, ", count,
-                                     " visible (indices 0..", count - 1, "); pick an index below ", count,
+    throw ConfigError(detail::concat("--device cuda:", index, ": no such GPU, ", count, " visible (indices 0..",
+                                     count - 1, "); pick an index below ", count,
                                      ", check CUDA_VISIBLE_DEVICES, or use --device cpu"));
   auto device = std::make_shared<CudaDevice>(index);
   // The rank's GPU becomes current, so libraries that use the current device

@@ -24,11 +24,10 @@ namespace cuda {
 }  // namespace cuda
 
 // Any CUDA runtime call whose failure is a megazero bug (or a dead GPU).
-#define MZ_CUDA_CHECK(expr)                                                          \
-  do {                                                                               \
-    const cudaError_t mz_cuda_err_ = (expr);                                         \
-    if (mz_cuda_err_ != cudaSuccess)                                                 \
-      ::megazero::cuda::throw_cuda_error(mz_cuda_err_, #expr, __FILE__, __LINE__);   \
+#define MZ_CUDA_CHECK(expr)                                                                                       \
+  do {                                                                                                            \
+    const cudaError_t mz_cuda_err_ = (expr);                                                                      \
+    if (mz_cuda_err_ != cudaSuccess) ::megazero::cuda::throw_cuda_error(mz_cuda_err_, #expr, __FILE__, __LINE__); \
   } while (0)
 
 // Makes `index` the calling thread's current GPU for the guard's lifetime and

@@ -37,13 +37,24 @@ __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_float(double x) { return __double2float_rn(x); }
 
-template <typename D> __device__ __forceinline__ D from_float(float x);
-template <> __device__ __forceinline__ float from_float<float>(float x) { return x; }
-template <> __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
-template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+template <typename D>
+__device__ __forceinline__ D from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
-template <> __device__ __forceinline__ double from_float<double>(float x) { return static_cast<double>(x); }
+template <>
+__device__ __forceinline__ double from_float<double>(float x) {
+  return static_cast<double>(x);
+}
 
 template <typename S, typename D>
 __device__ __forceinline__ D convert_one(S x) {
@@ -89,14 +100,23 @@ void launch_convert(const void* src, void* dst, std::size_t n, cudaStream_t s) {
 template <typename F>
 void with_float_type(DType t, const char* what, F&& f) {
   switch (t) {
-    case DType::F32: f(float{}); return;
-    case DType::F16: f(__half{}); return;
-    case DType::BF16: f(__nv_bfloat16{}); return;
-    case DType::F64: f(double{}); return;
-    default: break;
+    case DType::F32:
+      f(float{});
+      return;
+    case DType::F16:
+      f(__half{});
+      return;
+    case DType::BF16:
+      f(__nv_bfloat16{});
+      return;
+    case DType::F64:
+      f(double{});
+      return;
+    default:
+      break;
   }
-  throw InternalError(detail::concat("cuda::", what, ": floating dtypes only (fp32, fp16, bf16, fp64), got ",
-                                     dtype_name(t)));
+  throw InternalError(
+      detail::concat("cuda::", what, ": floating dtypes only (fp32, fp16, bf16, fp64), got ", dtype_name(t)));
 }
 
 }  // namespace
@@ -109,20 +129,19 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, std::si
     return;
   }
   with_float_type(src_type, "convert", [&](auto s_tag) {
-    with_float_type(dst_type, "convert", [&](auto d_tag) {
-      launch_convert<decltype(s_tag), decltype(d_tag)>(src, dst, n, s);
-    });
+    with_float_type(dst_type, "convert",
+                    [&](auto d_tag) { launch_convert<decltype(s_tag), decltype(d_tag)>(src, dst, n, s); });
   });
 }
 
-void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std::size_t cols,
-                  std::size_t batch_stride, std::size_t row_stride, float beta, cudaStream_t s) {
+void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std::size_t cols, std::size_t batch_stride,
+                  std::size_t row_stride, float beta, cudaStream_t s) {
   const std::size_t n = batch * rows * cols;
   if (n == 0) return;
   with_float_type(t, "scale_matrix", [&](auto tag) {
     using T = decltype(tag);
-    scale_matrix_kernel<T><<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(data), rows, cols, batch_stride,
-                                                             row_stride, n, beta);
+    scale_matrix_kernel<T>
+        <<<blocks_for(n), kThreads, 0, s>>>(static_cast<T*>(data), rows, cols, batch_stride, row_stride, n, beta);
     check_launch("scale_matrix");
   });
 }

@@ -24,7 +24,7 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, std::si
 // GEMM's beta on a strided (batch, rows, cols) matrix whose last dimension has
 // unit stride: x = beta * x, with BLAS semantics for beta == 0 (x becomes
 // exactly 0, even where it held NaN or garbage). F32, F16, BF16, F64.
-void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std::size_t cols,
-                  std::size_t batch_stride, std::size_t row_stride, float beta, cudaStream_t s);
+void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std::size_t cols, std::size_t batch_stride,
+                  std::size_t row_stride, float beta, cudaStream_t s);
 
 }  // namespace megazero::cuda

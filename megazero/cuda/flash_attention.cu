@@ -83,9 +83,9 @@ struct ForwardSmem {
 template <typename S, int DP>
 struct KeySmem {
   static constexpr std::size_t k = 0, v = k + head_tile<S, DP>(), q = v + head_tile<S, DP>(),
-                               dout = q + head_tile<S, DP>(), st = dout + head_tile<S, DP>(),
-                               dpt = st + score_tile(), pt = dpt + score_tile(), dst = pt + prob_tile<S>(),
-                               lse = dst + prob_tile<S>(), dot = lse + align128(sizeof(float) * kRows),
+                               dout = q + head_tile<S, DP>(), st = dout + head_tile<S, DP>(), dpt = st + score_tile(),
+                               pt = dpt + score_tile(), dst = pt + prob_tile<S>(), lse = dst + prob_tile<S>(),
+                               dot = lse + align128(sizeof(float) * kRows),
                                bytes = dot + align128(sizeof(float) * kRows);
   static_assert(sizeof(float) * kRows * Head<DP>::kLdO <= 2 * score_tile(), "staging fits in st + dpt");
 };
@@ -197,9 +197,8 @@ struct Dropout {
 
 template <typename S, int DP>
 __global__ void __launch_bounds__(kBlockThreads)
-    flash_forward_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v,
-                         S* __restrict__ out, float* __restrict__ lse, int s_len, int d, float scale_log2,
-                         Dropout drop) {
+    flash_forward_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v, S* __restrict__ out,
+                         float* __restrict__ lse, int s_len, int d, float scale_log2, Dropout drop) {
   using H = Head<DP>;
   using M = ForwardSmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -283,8 +282,8 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 // dot[row] = sum_c dout[row, c] * out[row, c]: one warp per row, fixed order.
 template <typename S>
-__global__ void row_dot_kernel(const S* __restrict__ out, const S* __restrict__ dout, float* __restrict__ dot,
-                               i64 rows, int d) {
+__global__ void row_dot_kernel(const S* __restrict__ out, const S* __restrict__ dout, float* __restrict__ dot, i64 rows,
+                               int d) {
   const i64 warps = static_cast<i64>(gridDim.x) * (blockDim.x >> 5);
   for (i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); row < rows; row += warps) {
     float acc = 0.f;
@@ -301,9 +300,9 @@ __global__ void row_dot_kernel(const S* __restrict__ out, const S* __restrict__ 
 template <typename S, int DP>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_dkdv_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v,
-                               const S* __restrict__ dout, const float* __restrict__ lse,
-                               const float* __restrict__ dot, S* __restrict__ dk, S* __restrict__ dv, int s_len, int d,
-                               float scale, float scale_log2, Dropout drop) {
+                               const S* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dot,
+                               S* __restrict__ dk, S* __restrict__ dv, int s_len, int d, float scale, float scale_log2,
+                               Dropout drop) {
   using H = Head<DP>;
   using M = KeySmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -521,9 +520,9 @@ void check_aligned(std::initializer_list<const void*> ptrs) {
 
 }  // namespace
 
-void flash_attention_forward(DType t, const void* q, const void* k, const void* v, i64 bh, i64 s, i64 d,
-                             double scale, double p, const RngKey& key, const kernels::DropoutLayout& layout,
-                             void* out, float* lse, cudaStream_t st) {
+void flash_attention_forward(DType t, const void* q, const void* k, const void* v, i64 bh, i64 s, i64 d, double scale,
+                             double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out, float* lse,
+                             cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
   check_aligned({q, k, v, out});
@@ -541,9 +540,9 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
   check_launch("flash_attention_forward");
 }
 
-void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out,
-                              const void* dout, const float* lse, i64 bh, i64 s, i64 d, double scale, double p,
-                              const RngKey& key, const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
+void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out, const void* dout,
+                              const float* lse, i64 bh, i64 s, i64 d, double scale, double p, const RngKey& key,
+                              const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
                               kernels::GpuScratch ws, cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
@@ -559,17 +558,17 @@ void flash_attention_backward(DType t, const void* q, const void* k, const void*
     const auto* ks = static_cast<const S*>(k);
     const auto* vs = static_cast<const S*>(v);
     const auto* dos = static_cast<const S*>(dout);
-    row_dot_kernel<S><<<blocks_for(bh * s * 32), kThreads, 0, st>>>(static_cast<const S*>(out), dos,
-                                                                    dot, bh * s, static_cast<int>(d));
+    row_dot_kernel<S><<<blocks_for(bh * s * 32), kThreads, 0, st>>>(static_cast<const S*>(out), dos, dot, bh * s,
+                                                                    static_cast<int>(d));
     constexpr std::size_t key_bytes = KeySmem<S, DP>::bytes, query_bytes = QuerySmem<S, DP>::bytes;
     allow_smem(flash_backward_dkdv_kernel<S, DP>, key_bytes, d);
-    flash_backward_dkdv_kernel<S, DP><<<grid, kBlockThreads, key_bytes, st>>>(
-        qs, ks, vs, dos, lse, dot, static_cast<S*>(dk), static_cast<S*>(dv), static_cast<int>(s),
-        static_cast<int>(d), fscale, scale_log2, drop);
+    flash_backward_dkdv_kernel<S, DP>
+        <<<grid, kBlockThreads, key_bytes, st>>>(qs, ks, vs, dos, lse, dot, static_cast<S*>(dk), static_cast<S*>(dv),
+                                                 static_cast<int>(s), static_cast<int>(d), fscale, scale_log2, drop);
     allow_smem(flash_backward_dq_kernel<S, DP>, query_bytes, d);
-    flash_backward_dq_kernel<S, DP><<<grid, kBlockThreads, query_bytes, st>>>(
-        qs, ks, vs, dos, lse, dot, static_cast<S*>(dq), static_cast<int>(s), static_cast<int>(d), fscale,
-        scale_log2, drop);
+    flash_backward_dq_kernel<S, DP>
+        <<<grid, kBlockThreads, query_bytes, st>>>(qs, ks, vs, dos, lse, dot, static_cast<S*>(dq), static_cast<int>(s),
+                                                   static_cast<int>(d), fscale, scale_log2, drop);
   });
   check_launch("flash_attention_backward");
 }

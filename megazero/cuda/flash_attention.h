@@ -26,10 +26,10 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
                              std::int64_t d, double scale, double p, const RngKey& key,
                              const kernels::DropoutLayout& layout, void* out, float* lse, cudaStream_t st);
 
-void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out,
-                              const void* dout, const float* lse, std::int64_t bh, std::int64_t s, std::int64_t d,
-                              double scale, double p, const RngKey& key, const kernels::DropoutLayout& layout,
-                              void* dq, void* dk, void* dv, kernels::GpuScratch ws,
+void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out, const void* dout,
+                              const float* lse, std::int64_t bh, std::int64_t s, std::int64_t d, double scale, double p,
+                              const RngKey& key, const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
+                              kernels::GpuScratch ws,
                               cudaStream_t st);  // ws: gpu_scratch::flash_backward_bytes(bh, s)
 
 }  // namespace megazero::cuda

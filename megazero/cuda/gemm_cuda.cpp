@@ -21,8 +21,8 @@ namespace {
 
 void check_cublas(cublasStatus_t st, const char* call) {
   if (st != CUBLAS_STATUS_SUCCESS)
-    throw InternalError(detail::concat("cuBLAS ", call, " failed: ", cublasGetStatusName(st), " (",
-                                       cublasGetStatusString(st), ")"));
+    throw InternalError(
+        detail::concat("cuBLAS ", call, " failed: ", cublasGetStatusName(st), " (", cublasGetStatusString(st), ")"));
 }
 
 // cuBLAS handles are not thread safe and belong to one device, so each thread
@@ -54,9 +54,8 @@ cublasHandle_t handle_for(const CudaDevice& dev, kernels::GpuScratch ws) {
   // the stream drops the workspace back to cuBLAS's own pool, so hand it ours
   // after: cuBLAS then allocates nothing.
   check_cublas(cublasSetStream(h, dev.stream()), "cublasSetStream");
-  MZ_CHECK(ws.data != nullptr && ws.bytes >= kernels::gpu_scratch::kCublasWorkspaceBytes,
-           "gemm (cuda): given ", ws.bytes, " bytes of cuBLAS workspace, needs ",
-           kernels::gpu_scratch::kCublasWorkspaceBytes);
+  MZ_CHECK(ws.data != nullptr && ws.bytes >= kernels::gpu_scratch::kCublasWorkspaceBytes, "gemm (cuda): given ",
+           ws.bytes, " bytes of cuBLAS workspace, needs ", kernels::gpu_scratch::kCublasWorkspaceBytes);
   check_cublas(cublasSetWorkspace(h, ws.data, ws.bytes), "cublasSetWorkspace");
   return h;
 }
@@ -88,11 +87,16 @@ Operand describe(const Tensor& x, const char* what) {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::F32: return CUDA_R_32F;
-    case DType::F16: return CUDA_R_16F;
-    case DType::BF16: return CUDA_R_16BF;
-    case DType::F64: return CUDA_R_64F;
-    default: break;
+    case DType::F32:
+      return CUDA_R_32F;
+    case DType::F16:
+      return CUDA_R_16F;
+    case DType::BF16:
+      return CUDA_R_16BF;
+    case DType::F64:
+      return CUDA_R_64F;
+    default:
+      break;
   }
   throw InternalError(detail::concat("gemm (cuda): no cuBLAS type for ", dtype_name(t)));
 }
@@ -133,11 +137,11 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 
   if (a.dtype() == DType::F64) {
     const double alpha64 = alpha, beta64 = beta;
-    check_cublas(cublasDgemmStridedBatched_64(h, op_b, op_a, n, m, k, &alpha64, static_cast<const double*>(ob.data),
-                                              ob.ld, ob.batch_stride, static_cast<const double*>(oa.data), oa.ld,
-                                              oa.batch_stride, &beta64, static_cast<double*>(c.data()), ldc,
-                                              stride_c, batch),
-                 "cublasDgemmStridedBatched_64");
+    check_cublas(
+        cublasDgemmStridedBatched_64(h, op_b, op_a, n, m, k, &alpha64, static_cast<const double*>(ob.data), ob.ld,
+                                     ob.batch_stride, static_cast<const double*>(oa.data), oa.ld, oa.batch_stride,
+                                     &beta64, static_cast<double*>(c.data()), ldc, stride_c, batch),
+        "cublasDgemmStridedBatched_64");
     return;
   }
   // alpha/beta are fp32 host scalars, as CUBLAS_COMPUTE_32F requires.

@@ -91,11 +91,20 @@ __device__ __forceinline__ S st(double v) {
 template <typename Fn>
 void with_storage(DType t, Fn&& fn) {
   switch (t) {
-    case DType::F64: fn(double{}); break;
-    case DType::BF16: fn(__nv_bfloat16{}); break;
-    case DType::F16: fn(__half{}); break;
-    case DType::F32: fn(float{}); break;
-    default: throw InternalError(::megazero::detail::concat("CUDA kernel: unsupported dtype ", dtype_name(t)));
+    case DType::F64:
+      fn(double{});
+      break;
+    case DType::BF16:
+      fn(__nv_bfloat16{});
+      break;
+    case DType::F16:
+      fn(__half{});
+      break;
+    case DType::F32:
+      fn(float{});
+      break;
+    default:
+      throw InternalError(::megazero::detail::concat("CUDA kernel: unsupported dtype ", dtype_name(t)));
   }
 }
 

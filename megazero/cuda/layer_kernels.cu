@@ -60,8 +60,8 @@ __global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial
 // dst[c] = round(dst[c] + the `chunks` partial sums of column c, in order).
 template <typename G>
 void finish_columns(G* dst, i64 cols, i64 chunks, const double* partial, cudaStream_t s, const char* what) {
-  column_finish_kernel<G><<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(cols, chunks,
-                                                                                                    partial, dst);
+  column_finish_kernel<G>
+      <<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(cols, chunks, partial, dst);
   check_launch(what);
 }
 
@@ -75,8 +75,9 @@ void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, c
     return;
   }
   double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), what);
-  column_partial_kernel<G><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
-      rows, cols, c.per_chunk, term, partial);
+  column_partial_kernel<G>
+      <<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
+          rows, cols, c.per_chunk, term, partial);
   check_launch(what);
   finish_columns(dst, cols, c.used, partial, s, what);
 }
@@ -198,8 +199,8 @@ void map(S* out, const S* a, const S* b, i64 n, F f, cudaStream_t s, const char*
 // ---------------------------------------------------------------- LayerNorm
 
 template <typename S, typename C>
-__global__ void layernorm_forward_kernel(const S* x, const S* gamma, const S* beta, double eps, S* y, C* mean,
-                                         C* rstd, i64 cols) {
+__global__ void layernorm_forward_kernel(const S* x, const S* gamma, const S* beta, double eps, S* y, C* mean, C* rstd,
+                                         i64 cols) {
   const i64 r = blockIdx.x;
   const S* xr = x + r * cols;
   S* yr = y + r * cols;
@@ -212,8 +213,7 @@ __global__ void layernorm_forward_kernel(const S* x, const S* gamma, const S* be
     sq += d * d;
   }
   const double rs = 1.0 / sqrt(block_sum(sq) / static_cast<double>(cols) + eps);
-  for (i64 c = threadIdx.x; c < cols; c += blockDim.x)
-    yr[c] = st<S>((ld(xr[c]) - m) * rs * ld(gamma[c]) + ld(beta[c]));
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = st<S>((ld(xr[c]) - m) * rs * ld(gamma[c]) + ld(beta[c]));
   if (threadIdx.x == 0) {
     mean[r] = static_cast<C>(m);
     rstd[r] = static_cast<C>(rs);
@@ -706,8 +706,8 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
     if (dgamma)
       column_partial_packed_kernel<S, true><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
     else
-      column_partial_packed_kernel<S, false><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb,
-                                                                       pg);
+      column_partial_packed_kernel<S, false>
+          <<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
     check_launch("column sums");
     finish_columns(dbeta, cols, used, pb, s, "column sums");
     if (dgamma) finish_columns(dgamma, cols, used, pg, s, "column sums");
@@ -720,19 +720,20 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
 // lambdas, so the dtype dispatch calls these templates.)
 
 template <typename S, typename G>
-void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, const void* rstd, void* dgamma,
-                             i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, const void* rstd, void* dgamma, i64 rows,
+                             i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
   using C = compute_t<S>;
   const S* dyp = static_cast<const S*>(dy);
   const S* xp = static_cast<const S*>(x);
   const C* mp = static_cast<const C*>(mean);
   const C* rp = static_cast<const C*>(rstd);
-  column_sum(static_cast<G*>(dgamma), rows, cols,
-             [=] __device__(i64 r, i64 c) {
-               return static_cast<double>(ld(dyp[r * cols + c])) *
-                      ((ld(xp[r * cols + c]) - static_cast<double>(mp[r])) * rp[r]);
-             },
-             ws, s, "layernorm_backward dgamma");
+  column_sum(
+      static_cast<G*>(dgamma), rows, cols,
+      [=] __device__(i64 r, i64 c) {
+        return static_cast<double>(ld(dyp[r * cols + c])) *
+               ((ld(xp[r * cols + c]) - static_cast<double>(mp[r])) * rp[r]);
+      },
+      ws, s, "layernorm_backward dgamma");
 }
 
 // dst[c] += sum_r src[r * cols + c] (bias gradients, LayerNorm's dbeta, position embeddings).
@@ -743,29 +744,33 @@ void sum_rows_t(const void* src, void* dst, i64 rows, i64 cols, kernels::GpuScra
   if (packed_column_sums<S, G, G>(g, nullptr, nullptr, nullptr, rows, cols, static_cast<G*>(dst),
                                   static_cast<G*>(nullptr), ws, s))
     return;
-  column_sum(static_cast<G*>(dst), rows, cols,
-             [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, ws, s, what);
+  column_sum(
+      static_cast<G*>(dst), rows, cols,
+      [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, ws, s, what);
 }
 
 template <typename S>
 void gelu_forward_t(const void* x, void* y, i64 n, cudaStream_t s) {
   using C = compute_t<S>;
-  map(static_cast<S*>(y), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
+  map(
+      static_cast<S*>(y), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
       [] __device__(C v, C, i64) { return gelu(v); }, s, "gelu_forward");
 }
 
 template <typename S>
 void gelu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
   using C = compute_t<S>;
-  map(static_cast<S*>(dx), static_cast<const S*>(dy), static_cast<const S*>(x), n,
+  map(
+      static_cast<S*>(dx), static_cast<const S*>(dy), static_cast<const S*>(x), n,
       [] __device__(C g, C v, i64) { return g * gelu_grad(v); }, s, "gelu_backward");
 }
 
 template <typename S>
 void bias_gelu_forward_t(const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {
   using C = compute_t<S>;
-  periodic_map(static_cast<S*>(out), static_cast<const S*>(y), static_cast<const S*>(bias), rows * cols, cols,
-               [] __device__(C v, C b) { return gelu(v + b); }, s, "bias_gelu_forward");
+  periodic_map(
+      static_cast<S*>(out), static_cast<const S*>(y), static_cast<const S*>(bias), rows * cols, cols,
+      [] __device__(C v, C b) { return gelu(v + b); }, s, "bias_gelu_forward");
 }
 
 // bias_gelu_backward with 16-byte packs: each thread owns kVec<S> columns over
@@ -811,36 +816,37 @@ void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void*
   if constexpr (!std::is_same_v<S, double>) {
     constexpr int V = kVec<S>;
     const auto c = kernels::gpu_scratch::packed_column_chunks(rows, cols, V);
-    if (rows > 0 && c.used > 1 && cols % V == 0 && aligned16(dy) && aligned16(y) && aligned16(bias) &&
-        aligned16(dx)) {
-      double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double),
-                                           "bias_gelu_backward");
-      bias_gelu_backward_packed_kernel<S><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)),
-                                            kThreads, 0, s>>>(dyp, yp, bp, dxp, rows, cols, c.per_chunk, partial);
+    if (rows > 0 && c.used > 1 && cols % V == 0 && aligned16(dy) && aligned16(y) && aligned16(bias) && aligned16(dx)) {
+      double* partial =
+          scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), "bias_gelu_backward");
+      bias_gelu_backward_packed_kernel<S>
+          <<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
+              dyp, yp, bp, dxp, rows, cols, c.per_chunk, partial);
       check_launch("bias_gelu_backward");
       finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "bias_gelu_backward");
       return;
     }
   }
-  column_sum(static_cast<G*>(dbias), rows, cols,
-             [=] __device__(i64 r, i64 c) {
-               const i64 i = r * cols + c;
-               const S v = st<S>(ld(dyp[i]) * gelu_grad(ld(yp[i]) + ld(bp[c])));
-               dxp[i] = v;
-               return static_cast<double>(ld(v));
-             },
-             ws, s, "bias_gelu_backward");
+  column_sum(
+      static_cast<G*>(dbias), rows, cols,
+      [=] __device__(i64 r, i64 c) {
+        const i64 i = r * cols + c;
+        const S v = st<S>(ld(dyp[i]) * gelu_grad(ld(yp[i]) + ld(bp[c])));
+        dxp[i] = v;
+        return static_cast<double>(ld(v));
+      },
+      ws, s, "bias_gelu_backward");
 }
 
 template <typename S, typename G>
 void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* dx,
                          void* dbias, i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
   const auto c = kernels::gpu_scratch::dropout_column_chunks(rows, cols);
-  double* partial = scratch_as<double>(ws, kernels::gpu_scratch::dropout_bias_grad_bytes(rows, cols),
-                                       "dropout_backward_bias_grad");
-  dropout_backward_partial_kernel<S><<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)),
-                                       kThreads, 0, s>>>(static_cast<const S*>(dy), p, philox_key(key), layout, rows,
-                                                         cols, c.per_chunk, static_cast<S*>(dx), partial);
+  double* partial =
+      scratch_as<double>(ws, kernels::gpu_scratch::dropout_bias_grad_bytes(rows, cols), "dropout_backward_bias_grad");
+  dropout_backward_partial_kernel<S>
+      <<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
+          static_cast<const S*>(dy), p, philox_key(key), layout, rows, cols, c.per_chunk, static_cast<S*>(dx), partial);
   check_launch("dropout_backward_bias_grad");
   finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "dropout_backward_bias_grad");
 }
@@ -849,14 +855,16 @@ void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kern
 template <typename S>
 void add_periodic_t(void* y, const void* b, i64 n, i64 period, cudaStream_t s, const char* what) {
   using C = compute_t<S>;
-  periodic_map(static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(b), n, period,
-               [] __device__(C v, C p) { return v + p; }, s, what);
+  periodic_map(
+      static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(b), n, period,
+      [] __device__(C v, C p) { return v + p; }, s, what);
 }
 
 template <typename S>
 void add_t(const void* a, const void* b, void* out, i64 n, cudaStream_t s) {
   using C = compute_t<S>;
-  map(static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b), n,
+  map(
+      static_cast<S*>(out), static_cast<const S*>(a), static_cast<const S*>(b), n,
       [] __device__(C u, C v, i64) { return u + v; }, s, "add");
 }
 
@@ -864,7 +872,8 @@ template <typename S>
 void axpy_t(double alpha, const void* x, void* y, i64 n, cudaStream_t s) {
   using C = compute_t<S>;
   const C a = static_cast<C>(alpha);
-  map(static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(x), n,
+  map(
+      static_cast<S*>(y), static_cast<const S*>(y), static_cast<const S*>(x), n,
       [=] __device__(C u, C v, i64) { return u + a * v; }, s, "axpy");
 }
 
@@ -872,7 +881,8 @@ template <typename S>
 void scale_t(void* x, i64 n, double alpha, cudaStream_t s) {
   using C = compute_t<S>;
   const C a = static_cast<C>(alpha);
-  map(static_cast<S*>(x), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
+  map(
+      static_cast<S*>(x), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
       [=] __device__(C v, C, i64) { return v * a; }, s, "scale");
 }
 
@@ -880,12 +890,13 @@ template <typename S>
 void embedding_forward_t(const std::int64_t* ids, const void* table, i64 vocab_start, i64 v, i64 h, void* out, i64 n,
                          cudaStream_t s) {
   const S* tab = static_cast<const S*>(table);
-  elementwise(static_cast<S*>(out), n * h,
-              [=] __device__(i64 i) {
-                const i64 row = local_column(ids[i / h], vocab_start, v);
-                return row >= 0 ? tab[row * h + i % h] : st<S>(compute_t<S>(0));
-              },
-              s, "embedding_forward");
+  elementwise(
+      static_cast<S*>(out), n * h,
+      [=] __device__(i64 i) {
+        const i64 row = local_column(ids[i / h], vocab_start, v);
+        return row >= 0 ? tab[row * h + i % h] : st<S>(compute_t<S>(0));
+      },
+      s, "embedding_forward");
 }
 
 // Rows of contiguous elements (the last dimension has unit stride on both
@@ -920,35 +931,55 @@ void launch_copy(const void* src, void* dst, const CopyGeometry& geo, i64 n, cud
     row_copy_kernel<A, B><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
         static_cast<const A*>(src), static_cast<B*>(dst), geo, rows, geo.shape[last]);
   } else {
-    strided_copy_kernel<A, B><<<blocks_for(n), kThreads, 0, s>>>(static_cast<const A*>(src), static_cast<B*>(dst), geo,
-                                                                  n);
+    strided_copy_kernel<A, B>
+        <<<blocks_for(n), kThreads, 0, s>>>(static_cast<const A*>(src), static_cast<B*>(dst), geo, n);
   }
 }
 
 }  // namespace
 
 // Calls FN<S>(args...) for the storage type of dtype T.
-#define MZ_BY_STORAGE(T, FN, ...)                                                           \
-  switch (T) {                                                                              \
-    case DType::F32: FN<float>(__VA_ARGS__); break;                                         \
-    case DType::F64: FN<double>(__VA_ARGS__); break;                                        \
-    case DType::BF16: FN<__nv_bfloat16>(__VA_ARGS__); break;                                \
-    case DType::F16: FN<__half>(__VA_ARGS__); break;                                        \
-    default: throw InternalError(::megazero::detail::concat(#FN ": dtype ", dtype_name(T))); \
+#define MZ_BY_STORAGE(T, FN, ...)                                                     \
+  switch (T) {                                                                        \
+    case DType::F32:                                                                  \
+      FN<float>(__VA_ARGS__);                                                         \
+      break;                                                                          \
+    case DType::F64:                                                                  \
+      FN<double>(__VA_ARGS__);                                                        \
+      break;                                                                          \
+    case DType::BF16:                                                                 \
+      FN<__nv_bfloat16>(__VA_ARGS__);                                                 \
+      break;                                                                          \
+    case DType::F16:                                                                  \
+      FN<__half>(__VA_ARGS__);                                                        \
+      break;                                                                          \
+    default:                                                                          \
+      throw InternalError(::megazero::detail::concat(#FN ": dtype ", dtype_name(T))); \
   }
 // Calls FN<S, G>(args...): S the storage type of T, G the accumulator type
 // (fp32 when ACC is F32 for 16-bit storage, else S).
-#define MZ_BY_STORAGE_AND_ACC(T, ACC, FN, ...)                                                             \
-  switch (T) {                                                                                             \
-    case DType::F32: FN<float, float>(__VA_ARGS__); break;                                                 \
-    case DType::F64: FN<double, double>(__VA_ARGS__); break;                                               \
-    case DType::BF16:                                                                                      \
-      if ((ACC) == DType::F32) FN<__nv_bfloat16, float>(__VA_ARGS__); else FN<__nv_bfloat16, __nv_bfloat16>(__VA_ARGS__); \
-      break;                                                                                               \
-    case DType::F16:                                                                                       \
-      if ((ACC) == DType::F32) FN<__half, float>(__VA_ARGS__); else FN<__half, __half>(__VA_ARGS__);         \
-      break;                                                                                               \
-    default: throw InternalError(::megazero::detail::concat(#FN ": dtype ", dtype_name(T)));                \
+#define MZ_BY_STORAGE_AND_ACC(T, ACC, FN, ...)                                        \
+  switch (T) {                                                                        \
+    case DType::F32:                                                                  \
+      FN<float, float>(__VA_ARGS__);                                                  \
+      break;                                                                          \
+    case DType::F64:                                                                  \
+      FN<double, double>(__VA_ARGS__);                                                \
+      break;                                                                          \
+    case DType::BF16:                                                                 \
+      if ((ACC) == DType::F32)                                                        \
+        FN<__nv_bfloat16, float>(__VA_ARGS__);                                        \
+      else                                                                            \
+        FN<__nv_bfloat16, __nv_bfloat16>(__VA_ARGS__);                                \
+      break;                                                                          \
+    case DType::F16:                                                                  \
+      if ((ACC) == DType::F32)                                                        \
+        FN<__half, float>(__VA_ARGS__);                                               \
+      else                                                                            \
+        FN<__half, __half>(__VA_ARGS__);                                              \
+      break;                                                                          \
+    default:                                                                          \
+      throw InternalError(::megazero::detail::concat(#FN ": dtype ", dtype_name(T))); \
   }
 
 // ======================================================================= entry points
@@ -965,9 +996,9 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
           static_cast<S*>(y), static_cast<float*>(mean), static_cast<float*>(rstd), cols);
     });
     if (!fast)
-    layernorm_forward_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
-        static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), eps, static_cast<S*>(y),
-        static_cast<C*>(mean), static_cast<C*>(rstd), cols);
+      layernorm_forward_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
+          static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), eps, static_cast<S*>(y),
+          static_cast<C*>(mean), static_cast<C*>(rstd), cols);
   });
   check_launch("layernorm_forward");
 }
@@ -1011,10 +1042,10 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
           static_cast<const S*>(add), cols);
     });
     if (!fast)
-    layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
-        static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
-        static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), static_cast<const S*>(add),
-        cols);
+      layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
+          static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+          static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), static_cast<const S*>(add),
+          cols);
   });
   check_launch("layernorm_backward");
 }
@@ -1141,8 +1172,8 @@ void bias_dropout_add(DType t, const void* y, const void* bias, const void* resi
     const auto* rp = static_cast<const S*>(residual);
     auto* op = static_cast<S*>(out);
     const auto launch = [&](auto vec) {
-      dropout_kernel<S, decltype(vec)::value, true><<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key), layout,
-                                                                              op, inner, cols, groups, rows * groups);
+      dropout_kernel<S, decltype(vec)::value, true>
+          <<<blocks, kThreads, 0, s>>>(yp, bp, rp, p, philox_key(key), layout, op, inner, cols, groups, rows * groups);
     };
     if (inner % G == 0 && aligned16(y) && aligned16(residual) && aligned16(out))
       launch(std::true_type{});
@@ -1223,13 +1254,14 @@ void rescale_sum_exp_t(const void* row_max, const void* global_max, i64 rows, vo
   const C* g = static_cast<const C*>(global_max);
   C* se = static_cast<C*>(sum_exp);
   // A slice of only padding (sum 0, max -inf) stays 0.
-  elementwise(se, rows,
-              [=] __device__(i64 r) {
-                return se[r] == C(0) ? C(0)
-                                     : static_cast<C>(static_cast<double>(se[r]) *
-                                                      exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
-              },
-              s, "rescale_sum_exp");
+  elementwise(
+      se, rows,
+      [=] __device__(i64 r) {
+        return se[r] == C(0) ? C(0)
+                             : static_cast<C>(static_cast<double>(se[r]) *
+                                              exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
+      },
+      s, "rescale_sum_exp");
 }
 
 template <typename C>
@@ -1238,12 +1270,12 @@ void cross_entropy_loss_t(const void* global_max, const void* sum_exp, const voi
   const C* m = static_cast<const C*>(global_max);
   const C* se = static_cast<const C*>(sum_exp);
   const C* tl = static_cast<const C*>(target_logit);
-  elementwise(static_cast<C*>(loss), rows,
-              [=] __device__(i64 r) {
-                return static_cast<C>(log(static_cast<double>(se[r])) + static_cast<double>(m[r]) -
-                                      static_cast<double>(tl[r]));
-              },
-              s, "cross_entropy_loss");
+  elementwise(
+      static_cast<C*>(loss), rows,
+      [=] __device__(i64 r) {
+        return static_cast<C>(log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]));
+      },
+      s, "cross_entropy_loss");
 }
 }  // namespace
 
@@ -1290,13 +1322,13 @@ void adamw(float* w, float* m, float* v, const void* g, DType grad_type, i64 beg
 void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
                     double* out, cudaStream_t s) {
   const i64 parts = static_cast<i64>(ranges.size()) * kNormBlocks;
-  double* p = scratch_as<double>(ws, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())),
-                                 "grad norm");
+  double* p =
+      scratch_as<double>(ws, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())), "grad norm");
   with_storage(t, [&](auto tag) {
     using G = decltype(tag);
     for (std::size_t k = 0; k < ranges.size(); ++k)
       sum_sq_kernel<G><<<kNormBlocks, kThreads, 0, s>>>(static_cast<const G*>(g), ranges[k].first, ranges[k].second,
-                                                         p + static_cast<i64>(k) * kNormBlocks);
+                                                        p + static_cast<i64>(k) * kNormBlocks);
   });
   check_launch("grad norm");
   sum_partials_kernel<<<1, 1024, 0, s>>>(p, parts, out);
@@ -1333,10 +1365,18 @@ void strided_copy(const void* src, DType src_type, const i64* src_strides, void*
       launch_copy<T, T>(src, dst, geo, n, s);
     };
     switch (dtype_size(src_type)) {
-      case 1: launch(std::uint8_t{}); break;
-      case 2: launch(std::uint16_t{}); break;
-      case 4: launch(std::uint32_t{}); break;
-      default: launch(std::uint64_t{}); break;
+      case 1:
+        launch(std::uint8_t{});
+        break;
+      case 2:
+        launch(std::uint16_t{});
+        break;
+      case 4:
+        launch(std::uint32_t{});
+        break;
+      default:
+        launch(std::uint64_t{});
+        break;
     }
     check_launch("strided copy");
     return;

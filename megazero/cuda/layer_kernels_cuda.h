@@ -29,7 +29,8 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
                        void* rstd, i64 rows, i64 cols, cudaStream_t s);
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
-                        i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s);  // ws: column_sums_bytes(t, rows, cols, 2)
+                        i64 rows, i64 cols, kernels::GpuScratch ws,
+                        cudaStream_t s);  // ws: column_sums_bytes(t, rows, cols, 2)
 
 void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);
@@ -72,7 +73,8 @@ void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 
                         void* dtable, DType dtable_type, kernels::GpuScratch ws, cudaStream_t s);
 void add_position_embedding(DType t, void* out, const void* pos, i64 numel, i64 per_sample, cudaStream_t s);
 void position_embedding_backward(DType t, const void* dout, i64 batch, i64 per_sample, void* dpos, DType dpos_type,
-                                 kernels::GpuScratch ws, cudaStream_t s);  // ws: column_sums_bytes(t, batch, per_sample, 1)
+                                 kernels::GpuScratch ws,
+                                 cudaStream_t s);  // ws: column_sums_bytes(t, batch, per_sample, 1)
 
 // Vocabulary-parallel cross-entropy: the CPU kernels' contracts
 // (megazero/kernels/layer_kernels.h); one block per row.

@@ -13,8 +13,8 @@
 namespace megazero::cuda::detail_k {
 
 struct PhiloxKey {
-  unsigned k0, k1;         // key words
-  unsigned layer, iter;    // counter words 2 and 3
+  unsigned k0, k1;       // key words
+  unsigned layer, iter;  // counter words 2 and 3
 };
 
 inline PhiloxKey philox_key(const RngKey& key) {

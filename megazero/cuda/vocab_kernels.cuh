@@ -19,7 +19,8 @@ __device__ __forceinline__ i64 local_column(std::int64_t target, i64 vocab_start
 // pairs are radix-sorted on the device (stable, so each row's tokens stay in
 // token order), and the first position of each row's run sums the run. The
 // CPU kernel's order, no atomics: runs repeat bit for bit.
-static __global__ void embedding_keys_kernel(const std::int64_t* ids, i64 vocab_start, i64 v, i64 n, int* keys, int* tokens) {
+static __global__ void embedding_keys_kernel(const std::int64_t* ids, i64 vocab_start, i64 v, i64 n, int* keys,
+                                             int* tokens) {
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const i64 c = local_column(ids[i], vocab_start, v);

@@ -43,8 +43,8 @@ BlendSchedule::Pick BlendSchedule::pick(std::int64_t i) const {
   return {d, b * per_block_[static_cast<std::size_t>(d)] + slot_rank_[static_cast<std::size_t>(s)]};
 }
 
-void parse_blend(const std::vector<std::string>& tokens, std::vector<double>& weights, std::vector<std::string>& prefixes,
-                 const std::string& flag) {
+void parse_blend(const std::vector<std::string>& tokens, std::vector<double>& weights,
+                 std::vector<std::string>& prefixes, const std::string& flag) {
   weights.clear();
   prefixes.clear();
   if (tokens.size() == 1) {

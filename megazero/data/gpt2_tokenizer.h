@@ -52,8 +52,8 @@ class Gpt2BpeTokenizer : public Tokenizer {
  private:
   void bpe(std::string_view piece, std::vector<std::int32_t>& out);
 
-  std::vector<std::string> id_to_bytes_;     // id -> raw bytes it stands for
-  std::int32_t byte_id_[256] = {};           // byte -> id of its one-byte token
+  std::vector<std::string> id_to_bytes_;  // id -> raw bytes it stands for
+  std::int32_t byte_id_[256] = {};        // byte -> id of its one-byte token
   // (left id, right id) -> (merge rank, merged id)
   std::unordered_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> merges_;
   std::int32_t eod_ = -1;

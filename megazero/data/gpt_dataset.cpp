@@ -28,9 +28,12 @@ void fisher_yates(std::vector<std::int64_t>& v, std::mt19937_64& g) {
 
 const char* split_name(Split s) {
   switch (s) {
-    case Split::Train: return "train";
-    case Split::Valid: return "valid";
-    case Split::Test: return "test";
+    case Split::Train:
+      return "train";
+    case Split::Valid:
+      return "valid";
+    case Split::Test:
+      return "test";
   }
   return "?";
 }
@@ -92,9 +95,9 @@ GptDataset::GptDataset(std::shared_ptr<const IndexedDataset> data, std::int64_t 
   // Samples overlap by the one token that is both the last target of one and
   // the first input of the next; the tail that fills no sample is dropped.
   samples_per_epoch_ = tokens_per_epoch_ > seq_length_ ? (tokens_per_epoch_ - 1) / seq_length_ : 0;
-  MZ_REQUIRE(samples_per_epoch_ > 0, "--split: the ", name_, " split of ", data_->prefix(), " (documents ",
-             docs_.begin, "..", docs_.end, ") holds ", tokens_per_epoch_, " tokens, fewer than --seq-length + 1 = ",
-             seq_length_ + 1, "; give it a larger share in --split, lower --seq-length, or use a larger corpus");
+  MZ_REQUIRE(samples_per_epoch_ > 0, "--split: the ", name_, " split of ", data_->prefix(), " (documents ", docs_.begin,
+             "..", docs_.end, ") holds ", tokens_per_epoch_, " tokens, fewer than --seq-length + 1 = ", seq_length_ + 1,
+             "; give it a larger share in --split, lower --seq-length, or use a larger corpus");
 }
 
 std::shared_ptr<const GptDataset::Epoch> GptDataset::build_epoch(std::int64_t e) const {

@@ -58,8 +58,8 @@ class GptDataset {
  private:
   struct Epoch {
     std::int64_t index = -1;
-    std::vector<std::int64_t> doc_order;   // document ids in stream order
-    std::vector<std::int64_t> doc_start;   // stream offset of each, plus the total
+    std::vector<std::int64_t> doc_order;  // document ids in stream order
+    std::vector<std::int64_t> doc_start;  // stream offset of each, plus the total
     std::vector<std::int64_t> sample_order;
   };
   std::shared_ptr<const Epoch> epoch(std::int64_t e) const;

@@ -42,8 +42,10 @@ struct Mapping {
     } else if (st.st_size > 0) {
       size = static_cast<std::size_t>(st.st_size);
       void* p = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (p == MAP_FAILED) err = std::strerror(errno);
-      else data = static_cast<const std::byte*>(p);
+      if (p == MAP_FAILED)
+        err = std::strerror(errno);
+      else
+        data = static_cast<const std::byte*>(p);
     }
     ::close(fd);
     return err;
@@ -64,31 +66,48 @@ T load(const std::byte* p) {
 
 template <typename T>
 void widen(const std::byte* src, std::int64_t n, std::int64_t* out) {
-  for (std::int64_t k = 0; k < n; ++k) out[k] = static_cast<std::int64_t>(load<T>(src + k * static_cast<std::int64_t>(sizeof(T))));
+  for (std::int64_t k = 0; k < n; ++k)
+    out[k] = static_cast<std::int64_t>(load<T>(src + k * static_cast<std::int64_t>(sizeof(T))));
 }
 
 }  // namespace
 
 std::size_t token_dtype_size(TokenDType t) {
   switch (t) {
-    case TokenDType::U8: case TokenDType::I8: return 1;
-    case TokenDType::I16: case TokenDType::U16: return 2;
-    case TokenDType::I32: case TokenDType::F32: return 4;
-    case TokenDType::I64: case TokenDType::F64: return 8;
+    case TokenDType::U8:
+    case TokenDType::I8:
+      return 1;
+    case TokenDType::I16:
+    case TokenDType::U16:
+      return 2;
+    case TokenDType::I32:
+    case TokenDType::F32:
+      return 4;
+    case TokenDType::I64:
+    case TokenDType::F64:
+      return 8;
   }
   return 0;
 }
 
 const char* token_dtype_name(TokenDType t) {
   switch (t) {
-    case TokenDType::U8: return "uint8";
-    case TokenDType::I8: return "int8";
-    case TokenDType::I16: return "int16";
-    case TokenDType::I32: return "int32";
-    case TokenDType::I64: return "int64";
-    case TokenDType::F64: return "float64";
-    case TokenDType::F32: return "float32";
-    case TokenDType::U16: return "uint16";
+    case TokenDType::U8:
+      return "uint8";
+    case TokenDType::I8:
+      return "int8";
+    case TokenDType::I16:
+      return "int16";
+    case TokenDType::I32:
+      return "int32";
+    case TokenDType::I64:
+      return "int64";
+    case TokenDType::F64:
+      return "float64";
+    case TokenDType::F32:
+      return "float32";
+    case TokenDType::U16:
+      return "uint16";
   }
   return "?";
 }
@@ -152,8 +171,8 @@ std::shared_ptr<const IndexedDataset> IndexedDataset::open(const std::string& pr
 
   Mapping bin;
   if (auto err = bin.map(bin_path); !err.empty())
-    throw ConfigError(detail::concat(flag, " ", prefix, ": cannot open ", bin_path, " (", err, ") although ",
-                                     idx_path, " exists; re-run tools/preprocess_data to rebuild both"));
+    throw ConfigError(detail::concat(flag, " ", prefix, ": cannot open ", bin_path, " (", err, ") although ", idx_path,
+                                     " exists; re-run tools/preprocess_data to rebuild both"));
   const auto item = static_cast<std::int64_t>(token_dtype_size(dtype));
   const auto bin_size = static_cast<std::int64_t>(bin.size);
   // Megatron's writer lays sequences end to end from byte 0; anything else is
@@ -163,12 +182,13 @@ std::shared_ptr<const IndexedDataset> IndexedDataset::open(const std::string& pr
     const std::int64_t len = ds->lengths_[i], ptr = ds->pointers_[i];
     if (len < 0) throw bad(idx_path, detail::concat("gives sequence ", i, " a negative length ", len));
     if (ptr < 0 || ptr > bin_size || len > (bin_size - ptr) / item)
-      throw bad(idx_path, detail::concat("places sequence ", i, " (", len, " tokens at byte ", ptr,
-                                         ") past the end of ", bin_path, " (", bin_size,
-                                         " bytes): the .bin is truncated or from another run"));
+      throw bad(idx_path,
+                detail::concat("places sequence ", i, " (", len, " tokens at byte ", ptr, ") past the end of ",
+                               bin_path, " (", bin_size, " bytes): the .bin is truncated or from another run"));
     if (ptr != expected)
-      throw bad(idx_path, detail::concat("places sequence ", i, " at byte ", ptr, " but the previous sequence ends at byte ",
-                                         expected, " (a corrupt length or pointer)"));
+      throw bad(idx_path,
+                detail::concat("places sequence ", i, " at byte ", ptr, " but the previous sequence ends at byte ",
+                               expected, " (a corrupt length or pointer)"));
     expected = ptr + len * item;
   }
   if (expected != bin_size)
@@ -204,13 +224,20 @@ void IndexedDataset::read(std::int64_t i, std::int64_t offset, std::int64_t coun
            "-token sequence");
   const std::byte* src = bin_ + pointer(i) + offset * static_cast<std::int64_t>(token_dtype_size(dtype_));
   switch (dtype_) {
-    case TokenDType::U8: return widen<std::uint8_t>(src, count, out);
-    case TokenDType::I8: return widen<std::int8_t>(src, count, out);
-    case TokenDType::I16: return widen<std::int16_t>(src, count, out);
-    case TokenDType::U16: return widen<std::uint16_t>(src, count, out);
-    case TokenDType::I32: return widen<std::int32_t>(src, count, out);
-    case TokenDType::I64: return widen<std::int64_t>(src, count, out);
-    default: MZ_CHECK(false, "float dataset passed validation");
+    case TokenDType::U8:
+      return widen<std::uint8_t>(src, count, out);
+    case TokenDType::I8:
+      return widen<std::int8_t>(src, count, out);
+    case TokenDType::I16:
+      return widen<std::int16_t>(src, count, out);
+    case TokenDType::U16:
+      return widen<std::uint16_t>(src, count, out);
+    case TokenDType::I32:
+      return widen<std::int32_t>(src, count, out);
+    case TokenDType::I64:
+      return widen<std::int64_t>(src, count, out);
+    default:
+      MZ_CHECK(false, "float dataset passed validation");
   }
 }
 
@@ -282,12 +309,27 @@ void IndexedDatasetBuilder::add_sequence_i64(const std::vector<std::int64_t>& to
   const std::size_t item = token_dtype_size(dtype_);
   std::int64_t lo = 0, hi = 0;
   switch (dtype_) {
-    case TokenDType::U8: hi = 255; break;
-    case TokenDType::I8: lo = -128; hi = 127; break;
-    case TokenDType::I16: lo = -32768; hi = 32767; break;
-    case TokenDType::U16: hi = 65535; break;
-    case TokenDType::I32: lo = std::numeric_limits<std::int32_t>::min(); hi = std::numeric_limits<std::int32_t>::max(); break;
-    default: lo = std::numeric_limits<std::int64_t>::min(); hi = std::numeric_limits<std::int64_t>::max();
+    case TokenDType::U8:
+      hi = 255;
+      break;
+    case TokenDType::I8:
+      lo = -128;
+      hi = 127;
+      break;
+    case TokenDType::I16:
+      lo = -32768;
+      hi = 32767;
+      break;
+    case TokenDType::U16:
+      hi = 65535;
+      break;
+    case TokenDType::I32:
+      lo = std::numeric_limits<std::int32_t>::min();
+      hi = std::numeric_limits<std::int32_t>::max();
+      break;
+    default:
+      lo = std::numeric_limits<std::int64_t>::min();
+      hi = std::numeric_limits<std::int64_t>::max();
   }
   for (const std::int64_t t : tokens) {
     MZ_REQUIRE(t >= lo && t <= hi, flag_, " ", prefix_, ": token id ", t, " does not fit ", token_dtype_name(dtype_),

@@ -24,21 +24,39 @@ const char* token_dtype_name(TokenDType t);
 // uint16 when every id fits (GPT-2: 50257), else int32 — as Megatron picks.
 TokenDType token_dtype_for_vocab(std::int64_t vocab_size);
 
-template <typename T> constexpr TokenDType token_dtype_of();
-template <> constexpr TokenDType token_dtype_of<std::uint8_t>() { return TokenDType::U8; }
-template <> constexpr TokenDType token_dtype_of<std::int8_t>() { return TokenDType::I8; }
-template <> constexpr TokenDType token_dtype_of<std::int16_t>() { return TokenDType::I16; }
-template <> constexpr TokenDType token_dtype_of<std::int32_t>() { return TokenDType::I32; }
-template <> constexpr TokenDType token_dtype_of<std::int64_t>() { return TokenDType::I64; }
-template <> constexpr TokenDType token_dtype_of<std::uint16_t>() { return TokenDType::U16; }
+template <typename T>
+constexpr TokenDType token_dtype_of();
+template <>
+constexpr TokenDType token_dtype_of<std::uint8_t>() {
+  return TokenDType::U8;
+}
+template <>
+constexpr TokenDType token_dtype_of<std::int8_t>() {
+  return TokenDType::I8;
+}
+template <>
+constexpr TokenDType token_dtype_of<std::int16_t>() {
+  return TokenDType::I16;
+}
+template <>
+constexpr TokenDType token_dtype_of<std::int32_t>() {
+  return TokenDType::I32;
+}
+template <>
+constexpr TokenDType token_dtype_of<std::int64_t>() {
+  return TokenDType::I64;
+}
+template <>
+constexpr TokenDType token_dtype_of<std::uint16_t>() {
+  return TokenDType::U16;
+}
 
 class IndexedDataset {
  public:
   // prefix is the path without .bin/.idx; flag names where it came from
   // ("--data-path") so errors point at the flag. Throws ConfigError naming the
   // file, what is wrong and the fix.
-  static std::shared_ptr<const IndexedDataset> open(const std::string& prefix,
-                                                    const std::string& flag = "--data-path");
+  static std::shared_ptr<const IndexedDataset> open(const std::string& prefix, const std::string& flag = "--data-path");
   ~IndexedDataset();
   IndexedDataset(const IndexedDataset&) = delete;
   IndexedDataset& operator=(const IndexedDataset&) = delete;

@@ -59,10 +59,14 @@ class Parser {
     for (int i = 0; i < 4; ++i) {
       const char c = s_[pos_++];
       v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<unsigned>(c - 'A' + 10);
-      else fail("bad hex digit in \\u escape");
+      if (c >= '0' && c <= '9')
+        v |= static_cast<unsigned>(c - '0');
+      else if (c >= 'a' && c <= 'f')
+        v |= static_cast<unsigned>(c - 'a' + 10);
+      else if (c >= 'A' && c <= 'F')
+        v |= static_cast<unsigned>(c - 'A' + 10);
+      else
+        fail("bad hex digit in \\u escape");
     }
     return v;
   }
@@ -81,14 +85,30 @@ class Parser {
       const char e = peek();
       ++pos_;
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           char32_t cp = hex4();
           // A high surrogate must pair with a low one; a lone one becomes U+FFFD
@@ -97,14 +117,17 @@ class Parser {
             const std::size_t save = pos_;
             pos_ += 2;
             const char32_t lo = hex4();
-            if (lo >= 0xDC00 && lo < 0xE000) cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            else pos_ = save;
+            if (lo >= 0xDC00 && lo < 0xE000)
+              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            else
+              pos_ = save;
           }
           if (cp >= 0xD800 && cp < 0xE000) cp = 0xFFFD;
           append_utf8(out, cp);
           break;
         }
-        default: fail(std::string("unknown escape '\\") + e + "'");
+        default:
+          fail(std::string("unknown escape '\\") + e + "'");
       }
     }
   }
@@ -115,7 +138,8 @@ class Parser {
     if (!at_end() && s_[pos_] == '-') ++pos_;
     while (!at_end() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
     if (pos_ == start || (pos_ == start + 1 && s_[start] == '-')) fail("expected an integer");
-    if (!at_end() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E')) fail("expected an integer, got a fraction");
+    if (!at_end() && (s_[pos_] == '.' || s_[pos_] == 'e' || s_[pos_] == 'E'))
+      fail("expected an integer, got a fraction");
     return std::stoll(std::string(s_.substr(start, pos_ - start)));
   }
 

@@ -77,7 +77,8 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& 
   const i64 br = std::min(kBlockRows, dm.s);
   const DType cdt = row_stat_dtype(q.dtype());
   Tensor scores_ws = Tensor::empty(q.device_ptr(), {dm.bh * br * dm.s}, cdt, MemoryCategory::Workspace, "attn-scores");
-  Tensor probs_ws = Tensor::empty(q.device_ptr(), {dm.bh * br * dm.s}, q.dtype(), MemoryCategory::Workspace, "attn-probs");
+  Tensor probs_ws =
+      Tensor::empty(q.device_ptr(), {dm.bh * br * dm.s}, q.dtype(), MemoryCategory::Workspace, "attn-probs");
   const double keep_scale = p > 0 ? 1.0 / (1.0 - p) : 1.0;
   for (i64 i0 = 0; i0 < dm.s; i0 += br) {
     const i64 rows = std::min(br, dm.s - i0), keys = i0 + rows;
@@ -230,8 +231,8 @@ std::string fused_attention_unsupported(DeviceKind device, DType dtype, std::int
   if (dtype != DType::BF16 && dtype != DType::F16)
     return "the CUDA fused attention kernel takes bf16 or fp16 activations (--bf16 or --fp16)";
   if (head_dim > 128 || head_dim % 8 != 0)
-    return ::megazero::detail::concat("the CUDA fused attention kernel takes head sizes that are multiples of 8 up to 128, not ",
-                          head_dim);
+    return ::megazero::detail::concat(
+        "the CUDA fused attention kernel takes head sizes that are multiples of 8 up to 128, not ", head_dim);
   return {};
 }
 
@@ -242,21 +243,20 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_operand(op, "out", out, q, q.dtype());
   check_shape(op, "out", out, q.shape());
 #ifdef MEGAZERO_WITH_CUDA
-  MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, scale, p,
-                                              key, layout, out.data(), ptr<float>(lse), stream_of(q)));
+  MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, scale, p, key,
+                                              layout, out.data(), ptr<float>(lse), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 2);
     return;
   }
-  with_storage_type(q.dtype(), [&](auto tag) {
-    forward_cpu<decltype(tag)>(q, k, v, dm, scale, p, key, layout, out, lse);
-  });
+  with_storage_type(q.dtype(),
+                    [&](auto tag) { forward_cpu<decltype(tag)>(q, k, v, dm, scale, p, key, layout, out, lse); });
 }
 
-void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& dout, const Tensor& lse, double scale, double p, const RngKey& key,
-                              const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
+                              Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "fused_attention_backward";
   const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operands(op, q, q.dtype(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
@@ -264,8 +264,8 @@ void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   const Tensor ws = allocate_gpu_scratch(q, gpu_scratch::flash_backward_bytes(dm.bh, dm.s), "flash backward row dots");
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
-                                               ptr<float>(lse), dm.bh, dm.s, dm.d, scale, p, key, layout,
-                                               dq.data(), dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
+                                               ptr<float>(lse), dm.bh, dm.s, dm.d, scale, p, key, layout, dq.data(),
+                                               dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 7);

@@ -32,9 +32,9 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 // dq, dk, dv (overwritten) from dout and what forward saved (q, k, v, out, lse)
 // with the same scale, p, key and layout.
-void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                              const Tensor& dout, const Tensor& lse, double scale, double p, const RngKey& key,
-                              const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv);
+void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
+                              Tensor& dq, Tensor& dk, Tensor& dv);
 
 // Empty when tensors of `dtype` on a `device` device with this head size have a
 // fused kernel; otherwise the reason, for an error message that names the flag.

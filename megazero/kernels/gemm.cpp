@@ -27,8 +27,8 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
            "gemm: A, B and C must be on one device");
   // cuBLAS's workspace, ours rather than its own cudaMalloc: counted, planned
   // (a meta device standing in for CUDA allocates it too) and in the arena.
-  const Tensor ws = c.numel() > 0 && k > 0 ? kernels::allocate_gpu_scratch(c, kernels::gpu_scratch::kCublasWorkspaceBytes,
-                                                                           "cuBLAS workspace")
+  const Tensor ws = c.numel() > 0 && k > 0 ? kernels::allocate_gpu_scratch(
+                                                 c, kernels::gpu_scratch::kCublasWorkspaceBytes, "cuBLAS workspace")
                                            : Tensor();
   switch (a.device().kind()) {
     case DeviceKind::Meta: {  // dry run: shapes checked, nothing computed, the work logged for the time model
@@ -39,7 +39,9 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
       if (meta.kernels() == DeviceKind::CPU) cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
       return;
     }
-    case DeviceKind::CPU: cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta); return;
+    case DeviceKind::CPU:
+      cpu::gemm(a, trans_a, b, trans_b, c, alpha, beta);
+      return;
     case DeviceKind::CUDA:
 #ifdef MEGAZERO_WITH_CUDA
       cuda::gemm(a, trans_a, b, trans_b, c, alpha, beta, kernels::scratch_of(ws));

@@ -35,7 +35,7 @@ namespace cuda {
 // ws: cuBLAS's workspace (gpu_scratch::kCublasWorkspaceBytes), allocated by gemm().
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
           kernels::GpuScratch ws);
-}
+}  // namespace cuda
 #endif
 
 }  // namespace megazero

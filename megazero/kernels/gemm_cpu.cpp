@@ -1,11 +1,9 @@
 // CPU GEMM: OpenBLAS for fp32 and fp64; oneDNN's matmul primitive for bf16 and
-// fp16 inputs (AMX / AVX512-BF16 where the CPU has them). oneDNN keeps its own primitive cache, so re-creating the descriptor per
-// call costs microseconds; its scratchpad is allocated through the device so
-// the memory counters see it (category Workspace).
-// The same code runs for a meta device standing in for the CPU (MetaDevice,
-// kernels CPU; the planner's dry run): without storage it makes the same
-// allocations (scratchpad, strided-operand copies, widened operands) and
-// skips the arithmetic, so a plan counts this backend's workspace exactly.
+// fp16 inputs (AMX / AVX512-BF16 where the CPU has them). oneDNN keeps its own primitive cache, so re-creating the
+// descriptor per call costs microseconds; its scratchpad is allocated through the device so the memory counters see it
+// (category Workspace). The same code runs for a meta device standing in for the CPU (MetaDevice, kernels CPU; the
+// planner's dry run): without storage it makes the same allocations (scratchpad, strided-operand copies, widened
+// operands) and skips the arithmetic, so a plan counts this backend's workspace exactly.
 #include <cblas.h>
 
 #include <map>
@@ -20,10 +18,14 @@ namespace {
 
 dnnl::memory::data_type to_dnnl(DType t) {
   switch (t) {
-    case DType::F32: return dnnl::memory::data_type::f32;
-    case DType::BF16: return dnnl::memory::data_type::bf16;
-    case DType::F16: return dnnl::memory::data_type::f16;
-    default: break;
+    case DType::F32:
+      return dnnl::memory::data_type::f32;
+    case DType::BF16:
+      return dnnl::memory::data_type::bf16;
+    case DType::F16:
+      return dnnl::memory::data_type::f16;
+    default:
+      break;
   }
   throw InternalError(detail::concat("gemm: oneDNN path does not take ", dtype_name(t)));
 }
@@ -83,8 +85,8 @@ bool try_native(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, f
   dnnl::memory a_mem(a_md, eng, dev.compute_address(a.data())), b_mem(b_md, eng, dev.compute_address(b.data())),
       c_mem(c_md, eng, dev.compute_address(c.data()));
   dnnl::memory s_mem(pd.scratchpad_desc(), eng, dev.compute_address(scratch->data()));
-  prim.execute(stream, {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem},
-                        {DNNL_ARG_SCRATCHPAD, s_mem}});
+  prim.execute(stream,
+               {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}, {DNNL_ARG_SCRATCHPAD, s_mem}});
   stream.wait();
   return true;
 }

@@ -28,9 +28,9 @@ namespace gpu_scratch {
 
 using i64 = std::int64_t;
 
-constexpr i64 kThreads = 256;            // threads per block of the column-sum kernels
-constexpr i64 kTargetBlocks = 4 * 132;   // enough blocks to fill an H100 (132 SMs) four deep
-constexpr i64 kNormBlocks = 264;         // blocks per range of the gradient-norm kernel
+constexpr i64 kThreads = 256;           // threads per block of the column-sum kernels
+constexpr i64 kTargetBlocks = 4 * 132;  // enough blocks to fill an H100 (132 SMs) four deep
+constexpr i64 kNormBlocks = 264;        // blocks per range of the gradient-norm kernel
 // cuBLAS's workspace, handed to it with cublasSetWorkspace (it would otherwise
 // cudaMalloc its own): NVIDIA's recommended size for Hopper, ample for older GPUs.
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
@@ -60,7 +60,8 @@ inline std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256
 inline Chunks split_rows(i64 rows, i64 col_blocks, i64 min_rows) {
   Chunks c;
   c.col_blocks = col_blocks;
-  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, min_rows), ceil_div(kTargetBlocks, col_blocks), 65535}));
+  const i64 chunks =
+      std::max<i64>(1, std::min<i64>({ceil_div(rows, min_rows), ceil_div(kTargetBlocks, col_blocks), 65535}));
   c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
   c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
   return c;
@@ -77,7 +78,8 @@ inline Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) {
 }
 
 inline Chunks dropout_column_chunks(i64 rows, i64 cols) {
-  return detail::split_rows(rows, detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads), 64);
+  return detail::split_rows(rows, detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads),
+                            64);
 }
 
 inline std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {
@@ -124,7 +126,8 @@ inline std::size_t embedding_sort_lists_offset(i64 tokens) {
   // assumes 256 per tile and 8-byte counters, so it holds with a wide margin
   // (the launcher checks it against CUB's own query).
   const std::size_t bins = detail::aligned(4 * 256 * 8);
-  const std::size_t lookback = detail::aligned(static_cast<std::size_t>(detail::ceil_div(std::max<i64>(tokens, 1), 256)) * 256 * 8);
+  const std::size_t lookback =
+      detail::aligned(static_cast<std::size_t>(detail::ceil_div(std::max<i64>(tokens, 1), 256)) * 256 * 8);
   const std::size_t counters = detail::aligned(4 * 8);
   return detail::aligned(bins + lookback + counters + 256);
 }
@@ -141,8 +144,6 @@ bool runs_cuda_kernels(const Device& d);
 // planned, in the arena); an undefined tensor elsewhere (CPU kernels keep their
 // scratch on the stack).
 Tensor allocate_gpu_scratch(const Tensor& like, std::size_t bytes, const char* label);
-inline GpuScratch scratch_of(const Tensor& t) {
-  return t.defined() ? GpuScratch{t.data(), t.nbytes()} : GpuScratch{};
-}
+inline GpuScratch scratch_of(const Tensor& t) { return t.defined() ? GpuScratch{t.data(), t.nbytes()} : GpuScratch{}; }
 
 }  // namespace megazero::kernels

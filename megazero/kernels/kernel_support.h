@@ -174,10 +174,10 @@ inline Rows rows_of(const char* op, const char* name, const Tensor& t) {
 // tensor's device stream) and returns from the entry point.
 #ifdef MEGAZERO_WITH_CUDA
 inline cudaStream_t stream_of(const Tensor& t) { return as_cuda_device(t.device()).stream(); }
-#define MZ_ON_CUDA(t, call)                    \
+#define MZ_ON_CUDA(t, call)                      \
   if ((t).device().kind() == DeviceKind::CUDA) { \
-    call;                                      \
-    return;                                    \
+    call;                                        \
+    return;                                      \
   }
 #else
 #define MZ_ON_CUDA(t, call)
@@ -188,9 +188,12 @@ inline cudaStream_t stream_of(const Tensor& t) { return as_cuda_device(t.device(
 // (MZ_ON_CUDA dispatched them), except in a build without the CUDA backend.
 inline bool on_host(const char* op, const Tensor& t) {
   switch (t.device().kind()) {
-    case DeviceKind::Meta: return false;
-    case DeviceKind::CPU: return true;
-    case DeviceKind::CUDA: break;
+    case DeviceKind::Meta:
+      return false;
+    case DeviceKind::CPU:
+      return true;
+    case DeviceKind::CUDA:
+      break;
   }
   throw InternalError(::megazero::detail::concat(op, " has no CUDA kernel yet (device ", t.device().name(), ")"));
 }
@@ -216,10 +219,18 @@ inline std::uint64_t dropout_row_base(const DropoutLayout& l, i64 row) {
 template <typename Fn>
 void with_storage_type(DType t, Fn&& fn) {
   switch (t) {
-    case DType::F64: fn(double{}); break;
-    case DType::BF16: fn(BFloat16{}); break;
-    case DType::F16: fn(Half{}); break;
-    default: fn(float{}); break;
+    case DType::F64:
+      fn(double{});
+      break;
+    case DType::BF16:
+      fn(BFloat16{});
+      break;
+    case DType::F16:
+      fn(Half{});
+      break;
+    default:
+      fn(float{});
+      break;
   }
 }
 

@@ -28,9 +28,7 @@
 
 namespace megazero::kernels {
 
-DType row_stat_dtype(DType storage) {
-  return storage == DType::BF16 || storage == DType::F16 ? DType::F32 : storage;
-}
+DType row_stat_dtype(DType storage) { return storage == DType::BF16 || storage == DType::F16 ? DType::F32 : storage; }
 
 bool is_grad_accumulator_dtype(DType storage, DType acc) {
   return acc == storage || (acc == DType::F32 && (storage == DType::BF16 || storage == DType::F16));
@@ -397,7 +395,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   check_shape(op, "y", y, x.shape());
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
-  MZ_ON_CUDA(x, cuda::layernorm_forward(dt, x.data(), gamma.data(), beta.data(), eps, y.data(), mean.data(), rstd.data(), s.rows, s.cols, stream_of(x)));
+  MZ_ON_CUDA(x, cuda::layernorm_forward(dt, x.data(), gamma.data(), beta.data(), eps, y.data(), mean.data(),
+                                        rstd.data(), s.rows, s.cols, stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -426,8 +425,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
-  const Tensor ws = allocate_gpu_scratch(x, gpu_scratch::column_sums_bytes(dt, s.rows, s.cols, 2), "layernorm_backward scratch");
-  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(), add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, scratch_of(ws), stream_of(x)));
+  const Tensor ws =
+      allocate_gpu_scratch(x, gpu_scratch::column_sums_bytes(dt, s.rows, s.cols, 2), "layernorm_backward scratch");
+  MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
+                                         dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(),
+                                         add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, scratch_of(ws),
+                                         stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);
@@ -455,8 +458,9 @@ void gelu_forward(const Tensor& x, Tensor& y) {
       elementwise(yp, x.numel(), [=](i64 i) { return st<S>(gelu_of(ld(xp[i]), std::tanh(gelu_arg(ld(xp[i]))))); });
     } else {
       const i64 n = x.numel();
-      gelu_chunks(flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
-                  [=](i64 r, i64 c, float v, float t) { yp[r * kGeluFlatRow + c] = st<S>(gelu_of(v, t)); });
+      gelu_chunks(
+          flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
+          [=](i64 r, i64 c, float v, float t) { yp[r * kGeluFlatRow + c] = st<S>(gelu_of(v, t)); });
     }
   });
 }
@@ -480,11 +484,12 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
       });
     } else {
       const i64 n = x.numel();
-      gelu_chunks(flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
-                  [=](i64 r, i64 c, float v, float t) {
-                    const i64 i = r * kGeluFlatRow + c;
-                    dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
-                  });
+      gelu_chunks(
+          flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
+          [=](i64 r, i64 c, float v, float t) {
+            const i64 i = r * kGeluFlatRow + c;
+            dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
+          });
     }
   });
 }
@@ -509,8 +514,9 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out) {
         return st<S>(gelu_of(v, std::tanh(gelu_arg(v))));
       });
     } else {
-      gelu_chunks(s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
-                  [=](i64 r, i64 c, float v, float t) { op_[r * s.cols + c] = st<S>(gelu_of(v, t)); });
+      gelu_chunks(
+          s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
+          [=](i64 r, i64 c, float v, float t) { op_[r * s.cols + c] = st<S>(gelu_of(v, t)); });
     }
   });
 }
@@ -524,8 +530,10 @@ void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, T
   check_shape(op, "bias", bias, {s.cols});
   check_accumulator(op, "dbias", dbias, y, y.dtype());
   check_shape(op, "dbias", dbias, {s.cols});
-  const Tensor ws = allocate_gpu_scratch(y, gpu_scratch::column_sums_bytes(y.dtype(), s.rows, s.cols, 1), "bias_gelu_backward scratch");
-  MZ_ON_CUDA(y, cuda::bias_gelu_backward(y.dtype(), dy.data(), y.data(), bias.data(), dx.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(y)));
+  const Tensor ws = allocate_gpu_scratch(y, gpu_scratch::column_sums_bytes(y.dtype(), s.rows, s.cols, 1),
+                                         "bias_gelu_backward scratch");
+  MZ_ON_CUDA(y, cuda::bias_gelu_backward(y.dtype(), dy.data(), y.data(), bias.data(), dx.data(), dbias.data(),
+                                         dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(y)));
   if (!on_host(op, y)) return;
   with_storage_type(y.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -540,11 +548,12 @@ void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, T
         return st<S>(ld(dyp[i]) * gelu_grad_of(v, std::tanh(gelu_arg(v))));
       });
     } else {
-      gelu_chunks(s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
-                  [=](i64 r, i64 c, float v, float t) {
-                    const i64 i = r * s.cols + c;
-                    dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
-                  });
+      gelu_chunks(
+          s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
+          [=](i64 r, i64 c, float v, float t) {
+            const i64 i = r * s.cols + c;
+            dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
+          });
     }
   });
   bias_grad(dx, dbias);  // the CPU gains nothing from fusing this pass
@@ -573,8 +582,10 @@ void bias_grad(const Tensor& dy, Tensor& dbias) {
   check_operand(op, "dy", dy, dy, dy.dtype());
   check_accumulator(op, "dbias", dbias, dy, dy.dtype());
   check_shape(op, "dbias", dbias, {s.cols});
-  const Tensor ws = allocate_gpu_scratch(dy, gpu_scratch::column_sums_bytes(dy.dtype(), s.rows, s.cols, 1), "bias_grad scratch");
-  MZ_ON_CUDA(dy, cuda::bias_grad(dy.dtype(), dy.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(dy)));
+  const Tensor ws =
+      allocate_gpu_scratch(dy, gpu_scratch::column_sums_bytes(dy.dtype(), s.rows, s.cols, 1), "bias_grad scratch");
+  MZ_ON_CUDA(dy, cuda::bias_grad(dy.dtype(), dy.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws),
+                                 stream_of(dy)));
   if (!on_host(op, dy)) return;
   with_storage_type(dy.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -649,7 +660,8 @@ void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
   const i64 mats = check_square(op, "scores", scores);
   check_operands(op, scores, scores.dtype(), {{"scores", &scores}, {"probs", &probs}});
   check_shape(op, "probs", probs, scores.shape());
-  MZ_ON_CUDA(scores, cuda::causal_softmax_forward(scores.dtype(), scores.data(), scale, probs.data(), mats, scores.size(-1), stream_of(scores)));
+  MZ_ON_CUDA(scores, cuda::causal_softmax_forward(scores.dtype(), scores.data(), scale, probs.data(), mats,
+                                                  scores.size(-1), stream_of(scores)));
   if (!on_host(op, scores)) return;
   with_storage_type(scores.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -663,7 +675,8 @@ void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double s
   const i64 mats = check_square(op, "probs", probs);
   check_operands(op, probs, probs.dtype(), {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
   check_shapes(op, probs.shape(), {{"dprobs", &dprobs}, {"dscores", &dscores}});
-  MZ_ON_CUDA(probs, cuda::causal_softmax_backward(probs.dtype(), dprobs.data(), probs.data(), scale, dscores.data(), mats, probs.size(-1), stream_of(probs)));
+  MZ_ON_CUDA(probs, cuda::causal_softmax_backward(probs.dtype(), dprobs.data(), probs.data(), scale, dscores.data(),
+                                                  mats, probs.size(-1), stream_of(probs)));
   if (!on_host(op, probs)) return;
   with_storage_type(probs.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -729,8 +742,10 @@ void dropout_backward_bias_grad(const Tensor& dy, double p, const RngKey& key, c
   check_shape(op, "dbias", dbias, {s.cols});
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
   check_layout(op, layout, dy.numel());
-  const Tensor ws = allocate_gpu_scratch(dy, gpu_scratch::dropout_bias_grad_bytes(s.rows, s.cols), "dropout_backward_bias_grad scratch");
-  MZ_ON_CUDA(dy, cuda::dropout_backward_bias_grad(dy.dtype(), dy.data(), p, key, layout, dx.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(dy)));
+  const Tensor ws = allocate_gpu_scratch(dy, gpu_scratch::dropout_bias_grad_bytes(s.rows, s.cols),
+                                         "dropout_backward_bias_grad scratch");
+  MZ_ON_CUDA(dy, cuda::dropout_backward_bias_grad(dy.dtype(), dy.data(), p, key, layout, dx.data(), dbias.data(),
+                                                  dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(dy)));
   if (!on_host(op, dy)) return;
   dropout(op, dy, p, key, layout, dx);
   bias_grad(dx, dbias);
@@ -747,7 +762,8 @@ void embedding_forward(const Tensor& ids, const Tensor& table, std::int64_t voca
   const i64 n = ids.size(0);
   check_operand(op, "out", out, table, table.dtype());
   check_shape(op, "out", out, {n, h});
-  MZ_ON_CUDA(table, cuda::embedding_forward(table.dtype(), ptr<const std::int64_t>(ids), table.data(), vocab_start, v, h, out.data(), n, stream_of(table)));
+  MZ_ON_CUDA(table, cuda::embedding_forward(table.dtype(), ptr<const std::int64_t>(ids), table.data(), vocab_start, v,
+                                            h, out.data(), n, stream_of(table)));
   if (!on_host(op, table)) return;
   with_storage_type(table.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -830,8 +846,10 @@ void embedding_backward(const Tensor& ids, const Tensor& dout, std::int64_t voca
   const i64 n = ids.size(0);
   check_operand(op, "dout", dout, dtable, dout.dtype());
   check_shape(op, "dout", dout, {n, h});
-  const Tensor ws = allocate_gpu_scratch(dtable, n > 0 && h > 0 ? gpu_scratch::embedding_sort_bytes(n) : 0, "embedding_backward sort");
-  MZ_ON_CUDA(dtable, cuda::embedding_backward(dout.dtype(), ptr<const std::int64_t>(ids), dout.data(), vocab_start, n, v, h, dtable.data(), dtable.dtype(), scratch_of(ws), stream_of(dtable)));
+  const Tensor ws = allocate_gpu_scratch(dtable, n > 0 && h > 0 ? gpu_scratch::embedding_sort_bytes(n) : 0,
+                                         "embedding_backward sort");
+  MZ_ON_CUDA(dtable, cuda::embedding_backward(dout.dtype(), ptr<const std::int64_t>(ids), dout.data(), vocab_start, n,
+                                              v, h, dtable.data(), dtable.dtype(), scratch_of(ws), stream_of(dtable)));
   if (!on_host(op, dtable)) return;
   with_storage_type(dout.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -866,7 +884,8 @@ Rows check_positions(const char* op, const Tensor& act, const Tensor& pos, std::
 void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t seq) {
   constexpr const char* op = "add_position_embedding";
   const Rows s = check_positions(op, out, pos_table, seq, false);
-  MZ_ON_CUDA(out, cuda::add_position_embedding(out.dtype(), out.data(), pos_table.data(), out.numel(), seq * s.cols, stream_of(out)));
+  MZ_ON_CUDA(out, cuda::add_position_embedding(out.dtype(), out.data(), pos_table.data(), out.numel(), seq * s.cols,
+                                               stream_of(out)));
   if (!on_host(op, out)) return;
   with_storage_type(out.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -880,8 +899,10 @@ void add_position_embedding(Tensor& out, const Tensor& pos_table, std::int64_t s
 void position_embedding_backward(const Tensor& dout, std::int64_t seq, Tensor& dpos) {
   constexpr const char* op = "position_embedding_backward";
   const Rows s = check_positions(op, dout, dpos, seq, true);
-  const Tensor ws = allocate_gpu_scratch(dout, gpu_scratch::column_sums_bytes(dout.dtype(), s.rows, seq * s.cols, 1), "position_embedding_backward scratch");
-  MZ_ON_CUDA(dout, cuda::position_embedding_backward(dout.dtype(), dout.data(), s.rows, seq * s.cols, dpos.data(), dpos.dtype(), scratch_of(ws), stream_of(dout)));
+  const Tensor ws = allocate_gpu_scratch(dout, gpu_scratch::column_sums_bytes(dout.dtype(), s.rows, seq * s.cols, 1),
+                                         "position_embedding_backward scratch");
+  MZ_ON_CUDA(dout, cuda::position_embedding_backward(dout.dtype(), dout.data(), s.rows, seq * s.cols, dpos.data(),
+                                                     dpos.dtype(), scratch_of(ws), stream_of(dout)));
   if (!on_host(op, dout)) return;
   with_storage_type(dout.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -907,7 +928,9 @@ void cross_entropy_forward(Tensor& logits, const Tensor& targets, std::int64_t v
     check_stat(op, name, *t, logits, logits.dtype());
     check_rows(op, name, *t, s.rows);
   }
-  MZ_ON_CUDA(logits, cuda::cross_entropy_forward(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, row_max.data(), sum_exp.data(), target_logit.data(), stream_of(logits)));
+  MZ_ON_CUDA(logits, cuda::cross_entropy_forward(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets),
+                                                 vocab_start, s.rows, s.cols, s.valid, row_max.data(), sum_exp.data(),
+                                                 target_logit.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -945,7 +968,8 @@ void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& su
   constexpr const char* op = "rescale_sum_exp";
   const i64 rows =
       check_stat_vectors(op, sum_exp, {{"row_max", &row_max}, {"global_max", &global_max}, {"sum_exp", &sum_exp}});
-  MZ_ON_CUDA(sum_exp, cuda::rescale_sum_exp(sum_exp.dtype(), row_max.data(), global_max.data(), rows, sum_exp.data(), stream_of(sum_exp)));
+  MZ_ON_CUDA(sum_exp, cuda::rescale_sum_exp(sum_exp.dtype(), row_max.data(), global_max.data(), rows, sum_exp.data(),
+                                            stream_of(sum_exp)));
   if (!on_host(op, sum_exp)) return;
   with_stat_type(sum_exp.dtype(), [&](auto tag) {
     using C = decltype(tag);
@@ -954,7 +978,9 @@ void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& su
     C* se = ptr<C>(sum_exp);
     // A slice of only padding (sum 0, max -inf) stays 0.
     elementwise(se, rows, [=](i64 r) {
-      return se[r] == C{0} ? C{0} : static_cast<C>(static_cast<double>(se[r]) * std::exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
+      return se[r] == C{0} ? C{0}
+                           : static_cast<C>(static_cast<double>(se[r]) *
+                                            std::exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
     });
   });
 }
@@ -963,7 +989,8 @@ void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const T
   constexpr const char* op = "cross_entropy_loss";
   const i64 rows = check_stat_vectors(
       op, loss, {{"global_max", &global_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"loss", &loss}});
-  MZ_ON_CUDA(loss, cuda::cross_entropy_loss(loss.dtype(), global_max.data(), sum_exp.data(), target_logit.data(), rows, loss.data(), stream_of(loss)));
+  MZ_ON_CUDA(loss, cuda::cross_entropy_loss(loss.dtype(), global_max.data(), sum_exp.data(), target_logit.data(), rows,
+                                            loss.data(), stream_of(loss)));
   if (!on_host(op, loss)) return;
   with_stat_type(loss.dtype(), [&](auto tag) {
     using C = decltype(tag);
@@ -971,14 +998,15 @@ void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const T
     const C* se = ptr<const C>(sum_exp);
     const C* tl = ptr<const C>(target_logit);
     elementwise(ptr<C>(loss), rows, [=](i64 r) {
-      return static_cast<C>(std::log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]));
+      return static_cast<C>(std::log(static_cast<double>(se[r])) + static_cast<double>(m[r]) -
+                            static_cast<double>(tl[r]));
     });
   });
 }
 
 void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, const Tensor& global_max,
-                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start,
-                            std::int64_t valid, double scale, Tensor& dlogits) {
+                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+                            double scale, Tensor& dlogits) {
   constexpr const char* op = "cross_entropy_backward";
   const VocabSlice s = check_logits(op, exp_logits, valid);
   for (const auto& [name, t] : {Named{"row_max", &row_max}, {"global_max", &global_max}, {"sum_exp", &sum_exp}}) {
@@ -989,7 +1017,10 @@ void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, con
   check_rows(op, "targets", targets, s.rows);
   check_operand(op, "dlogits", dlogits, exp_logits, exp_logits.dtype());
   check_shape(op, "dlogits", dlogits, exp_logits.shape());
-  MZ_ON_CUDA(exp_logits, cuda::cross_entropy_backward(exp_logits.dtype(), exp_logits.data(), row_max.data(), global_max.data(), sum_exp.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, scale, dlogits.data(), stream_of(exp_logits)));
+  MZ_ON_CUDA(exp_logits,
+             cuda::cross_entropy_backward(exp_logits.dtype(), exp_logits.data(), row_max.data(), global_max.data(),
+                                          sum_exp.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols,
+                                          s.valid, scale, dlogits.data(), stream_of(exp_logits)));
   if (!on_host(op, exp_logits)) return;
   with_storage_type(exp_logits.dtype(), [&](auto tag) {
     using S = decltype(tag);

@@ -51,18 +51,17 @@ bool is_grad_accumulator_dtype(DType storage, DType acc);
 // ---- LayerNorm over the last dimension ----
 // y = (x - mean) * rstd * gamma + beta; saves mean and rstd ([rows],
 // row_stat_dtype(x.dtype())). y may alias x.
-void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y,
-                       Tensor& mean, Tensor& rstd);
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& mean,
+                       Tensor& rstd);
 // dx = overwritten (may alias dy); dgamma, dbeta accumulated. With add_to_dx,
 // dx = (LayerNorm's input gradient) + *add_to_dx, rounded once: a pre-LN
 // block's residual gradient joins in the same pass (same shape and dtype as dx).
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
-                        const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta,
-                        const Tensor* add_to_dx = nullptr);
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx = nullptr);
 
 // ---- GeLU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) ----
-void gelu_forward(const Tensor& x, Tensor& y);                          // y may alias x
-void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);      // dx may alias dy
+void gelu_forward(const Tensor& x, Tensor& y);                      // y may alias x
+void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);  // dx may alias dy
 // Megatron's bias-GeLU fusion, the MLP's first linear without its own bias add:
 // out = gelu(y + bias) with y + bias kept in the compute type (fp32 for 16-bit
 // storage; for fp32 this is add_bias then gelu_forward bit for bit). bias is
@@ -74,11 +73,11 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out);
 void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, Tensor& dx, Tensor& dbias);
 
 // ---- bias and element-wise ----
-void add_bias(Tensor& y, const Tensor& bias);           // y[r, c] += bias[c]
-void bias_grad(const Tensor& dy, Tensor& dbias);        // dbias[c] += sum_r dy[r, c]
+void add_bias(Tensor& y, const Tensor& bias);             // y[r, c] += bias[c]
+void bias_grad(const Tensor& dy, Tensor& dbias);          // dbias[c] += sum_r dy[r, c]
 void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (out may alias a or b)
-void axpy(double alpha, const Tensor& x, Tensor& y);    // y += alpha * x
-void scale(Tensor& x, double alpha);                    // x *= alpha
+void axpy(double alpha, const Tensor& x, Tensor& y);      // y += alpha * x
+void scale(Tensor& x, double alpha);                      // x *= alpha
 
 // ---- causal softmax for attention scores [batch, sq, sk] (sq == sk) ----
 // probs[b, i, j] = softmax_j(scale * scores[b, i, j]) over j <= i; 0 for j > i.
@@ -155,7 +154,7 @@ void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const T
 // exponentials: softmax = exp_logits * exp(row_max - global_max) / sum_exp
 // (sum_exp completed over TP); padding columns get 0. dlogits may alias exp_logits.
 void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, const Tensor& global_max,
-                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start,
-                            std::int64_t valid, double scale, Tensor& dlogits);
+                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+                            double scale, Tensor& dlogits);
 
 }  // namespace megazero::kernels

@@ -71,11 +71,11 @@ void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq
   const i64 n = master.numel();
   MZ_CHECK(exp_avg.numel() == n && exp_avg_sq.numel() == n && grads.numel() == n, "adamw: sizes differ");
   MZ_CHECK(begin >= 0 && end <= n && begin <= end, "adamw: range [", begin, ", ", end, ") outside ", n, " elements");
-  MZ_ON_CUDA(master, cuda::adamw(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), grads.data(),
-                                 grads.dtype(), begin, end, decay,
-                                 cuda::AdamArgs{a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.bc1, a.bc2,
-                                                a.grad_scale},
-                                 stream_of(master)));
+  MZ_ON_CUDA(
+      master,
+      cuda::adamw(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), grads.data(), grads.dtype(), begin,
+                  end, decay, cuda::AdamArgs{a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.bc1, a.bc2, a.grad_scale},
+                  stream_of(master)));
   if (!on_host(op, master)) return;
   with_storage_type(grads.dtype(), [&](auto tag) {
     using G = decltype(tag);

@@ -10,11 +10,11 @@
 namespace megazero::optim {
 
 struct LossScalerConfig {
-  bool dynamic = false;          // on for fp16 only
+  bool dynamic = false;                 // on for fp16 only
   double initial_scale = 4294967296.0;  // --initial-loss-scale
-  std::int64_t window = 1000;    // --loss-scale-window
-  int hysteresis = 2;            // --hysteresis: overflows tolerated before backing off
-  double min_scale = 1.0;        // --min-loss-scale
+  std::int64_t window = 1000;           // --loss-scale-window
+  int hysteresis = 2;                   // --hysteresis: overflows tolerated before backing off
+  double min_scale = 1.0;               // --min-loss-scale
 };
 
 class LossScaler {

@@ -13,8 +13,8 @@ struct LrSchedule {
   double max_lr = 1e-4;
   double min_lr = 0.0;
   std::int64_t warmup_iters = 0;
-  std::int64_t decay_iters = 1;   // iteration at which min_lr is reached
-  std::string style = "cosine";   // cosine | linear | constant
+  std::int64_t decay_iters = 1;  // iteration at which min_lr is reached
+  std::string style = "cosine";  // cosine | linear | constant
 
   // Learning rate for 0-based iteration `it`.
   double at(std::int64_t it) const;

@@ -72,13 +72,14 @@ HardwareProfile parse(const std::string& text, const std::string& where) {
 double HardwareProfile::peak_flops(DType dtype) const {
   const std::string d(dtype_name(dtype));
   const auto it = peak_tflops.find(d);
-  MZ_REQUIRE(it != peak_tflops.end(), "--hardware ", name, " has no ", d, " peak (peak_tflops lists ",
-             [&] {
-               std::string s;
-               for (const auto& [k, v] : peak_tflops) s += (s.empty() ? "" : ", ") + k;
-               return s;
-             }(),
-             "): plan with a precision it has, or add peak_tflops.", d, " to the profile");
+  MZ_REQUIRE(
+      it != peak_tflops.end(), "--hardware ", name, " has no ", d, " peak (peak_tflops lists ",
+      [&] {
+        std::string s;
+        for (const auto& [k, v] : peak_tflops) s += (s.empty() ? "" : ", ") + k;
+        return s;
+      }(),
+      "): plan with a precision it has, or add peak_tflops.", d, " to the profile");
   return it->second * 1e12;
 }
 

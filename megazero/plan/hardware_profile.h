@@ -21,23 +21,23 @@ struct LinkProfile {
 
 struct HardwareProfile {
   std::string name, description, source;
-  DeviceKind kernels = DeviceKind::CUDA;      // "kernels": "cuda" (default) or "cpu"
+  DeviceKind kernels = DeviceKind::CUDA;  // "kernels": "cuda" (default) or "cpu"
   int devices_per_node = 1;
-  double memory_gib = 0;                     // device memory per device
+  double memory_gib = 0;                      // device memory per device
   std::map<std::string, double> peak_tflops;  // by dtype name ("fp16", "bf16", "fp32")
-  double gemm_efficiency = 1;      // fraction of the peak that large GEMMs reach
-  double kernel_overhead_us = 0;   // fixed cost per GEMM call (launch, tail effects)
-  double memory_bandwidth_gbps = 0;  // device memory, for memory-bound kernels
+  double gemm_efficiency = 1;                 // fraction of the peak that large GEMMs reach
+  double kernel_overhead_us = 0;              // fixed cost per GEMM call (launch, tail effects)
+  double memory_bandwidth_gbps = 0;           // device memory, for memory-bound kernels
   // Bytes moved by elementwise kernels per byte of activations written (an
   // unfused kernel reads its inputs and writes its output).
   double elementwise_traffic_factor = 3;
-  LinkProfile intra_node;           // within a node, per device
-  double inter_node_gbps = 0;       // per node, all NICs together
+  LinkProfile intra_node;      // within a node, per device
+  double inter_node_gbps = 0;  // per node, all NICs together
   double inter_node_latency_us = 0;
   // The most one collective's rings get across nodes, whatever the node has
   // (the NICs they can use); default: the node's bandwidth.
   double inter_node_group_gbps = 0;
-  double host_link_gbps = 0;        // device <-> host memory, per device (Pa+cpu)
+  double host_link_gbps = 0;  // device <-> host memory, per device (Pa+cpu)
 
   // Peak FLOP/s for GEMMs in `dtype`; ConfigError naming the profile when the
   // device has no such arithmetic.

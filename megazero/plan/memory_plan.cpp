@@ -17,10 +17,14 @@ namespace megazero::plan {
 double paper_model_state_bytes(int stage, double psi, double nd, int pb) {
   const double K = 12;
   switch (stage) {
-    case 0: return (2.0 * pb + K) * psi;
-    case 1: return 2.0 * pb * psi + K * psi / nd;
-    case 2: return pb * psi + (pb + K) * psi / nd;
-    case 3: return (2.0 * pb + K) * psi / nd;
+    case 0:
+      return (2.0 * pb + K) * psi;
+    case 1:
+      return 2.0 * pb * psi + K * psi / nd;
+    case 2:
+      return pb * psi + (pb + K) * psi / nd;
+    case 3:
+      return (2.0 * pb + K) * psi / nd;
   }
   throw InternalError("stage " + std::to_string(stage));
 }
@@ -111,8 +115,8 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   p.dtype = std::string(dtype_name(args.dtype()));
   auto at = [&](MemoryCategory c) { return p.bytes[static_cast<std::size_t>(c)]; };
   p.model_states = at(MemoryCategory::Parameters) + at(MemoryCategory::Gradients) + at(MemoryCategory::OptimizerStates);
-  p.paper_model_states = static_cast<std::int64_t>(paper_model_state_bytes(
-      p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype()))));
+  p.paper_model_states = static_cast<std::int64_t>(
+      paper_model_state_bytes(p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype()))));
   return p;
 }
 
@@ -167,20 +171,20 @@ std::string gib(std::int64_t b) {
 
 std::string RankMemoryPlan::to_table() const {
   std::ostringstream os;
-  os << "---- memory plan: rank " << rank << " of " << world << " (TP rank " << tp_rank << " of " << tp
-     << ", DP rank " << dp_rank << " of " << dp << "), ZeRO stage " << stage << ", " << dtype << " ----\n"
+  os << "---- memory plan: rank " << rank << " of " << world << " (TP rank " << tp_rank << " of " << tp << ", DP rank "
+     << dp_rank << " of " << dp << "), ZeRO stage " << stage << ", " << dtype << " ----\n"
      << "  model parameters: " << total_params << "; of this TP shard (Psi): " << psi << " (" << psi_padded
      << " padded for DP)\n";
   for (std::size_t c = 0; c < kNumMemoryCategories; ++c)
     if (bytes[c] > 0)
       os << "  " << memory_category_name(static_cast<MemoryCategory>(c)) << ": " << gib(bytes[c]) << "\n";
-  const double rel = paper_model_states > 0
-                         ? static_cast<double>(model_states - paper_model_states) / static_cast<double>(paper_model_states)
-                         : 0.0;
+  const double rel = paper_model_states > 0 ? static_cast<double>(model_states - paper_model_states) /
+                                                  static_cast<double>(paper_model_states)
+                                            : 0.0;
   char d[32];
   std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
-  os << "  model states (parameters + gradients + optimizer): " << gib(model_states) << "; the paper's formula: "
-     << gib(paper_model_states) << " (" << d << ")\n"
+  os << "  model states (parameters + gradients + optimizer): " << gib(model_states)
+     << "; the paper's formula: " << gib(paper_model_states) << " (" << d << ")\n"
      << "  two iterations (each " << micro_batches
      << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device; the second is "
         "every later one): peak activations "
@@ -191,8 +195,8 @@ std::string RankMemoryPlan::to_table() const {
   for (auto [group, st] : {std::pair{"tp", &tp_comm}, std::pair{"dp", &dp_comm}})
     for (std::size_t t = 0; t < kNumCollectiveTypes; ++t)
       if ((*st).by_type[t].calls > 0)
-        os << " " << group << " " << collective_name(static_cast<CollectiveType>(t)) << " "
-           << (*st).by_type[t].elements << " (" << (*st).by_type[t].calls << " calls);";
+        os << " " << group << " " << collective_name(static_cast<CollectiveType>(t)) << " " << (*st).by_type[t].elements
+           << " (" << (*st).by_type[t].calls << " calls);";
   os << "\n";
   return os.str();
 }

@@ -29,11 +29,11 @@ namespace megazero::plan {
 struct RankMemoryPlan {
   int rank = 0, world = 1, tp = 1, dp = 1, tp_rank = 0, dp_rank = 0, stage = 0;
   std::string dtype;
-  std::int64_t psi = 0;         // parameters of this rank's TP shard (the paper's Psi with MP)
-  std::int64_t psi_padded = 0;  // after padding to DP x 64 elements
+  std::int64_t psi = 0;           // parameters of this rank's TP shard (the paper's Psi with MP)
+  std::int64_t psi_padded = 0;    // after padding to DP x 64 elements
   std::int64_t total_params = 0;  // the whole model (global shapes, vocabulary padding included)
   std::array<std::int64_t, kNumMemoryCategories> bytes{};  // live after set-up, by category
-  std::int64_t owned_elements = 0;  // this rank's optimizer partition (master + Adam)
+  std::int64_t owned_elements = 0;                         // this rank's optimizer partition (master + Adam)
   // One whole iteration (train_step: every micro-batch's forward and backward,
   // then the optimizer step) run on the meta device: the peak of each category
   // and of the total (model states included), and the first-fit heap peak
@@ -50,14 +50,14 @@ struct RankMemoryPlan {
     std::int64_t calls = 0;
   };
   std::vector<GemmCalls> gemms;
-  double gemm_flops() const;         // sum over gemms
-  double model_flops_per_step = 0;   // this rank's share of the model's analytic FLOPs (Narayanan et al. eq. 3), as run
+  double gemm_flops() const;        // sum over gemms
+  double model_flops_per_step = 0;  // this rank's share of the model's analytic FLOPs (Narayanan et al. eq. 3), as run
   double model_flops_no_recompute = 0;  // the same without recompute (for MFU)
   std::int64_t activation_traffic_bytes = 0;
   std::int64_t host_copy_bytes = 0, host_checkpoint_peak = 0;
   CommStats tp_comm, dp_comm;
-  std::int64_t model_states = 0;          // parameters + gradients + optimizer states
-  std::int64_t paper_model_states = 0;    // the paper's formula for this stage, Psi and Nd
+  std::int64_t model_states = 0;        // parameters + gradients + optimizer states
+  std::int64_t paper_model_states = 0;  // the paper's formula for this stage, Psi and Nd
   std::string to_table() const;
   std::string to_json() const;
 };

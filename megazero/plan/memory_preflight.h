@@ -28,6 +28,7 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
                                   const RankMemoryPlan& plan, std::int64_t free_bytes);
 
 // The error text for a verdict that does not fit (names the device and rank).
-std::string preflight_error(const PreflightVerdict& v, const std::string& device_name, int rank, std::int64_t total_bytes);
+std::string preflight_error(const PreflightVerdict& v, const std::string& device_name, int rank,
+                            std::int64_t total_bytes);
 
 }  // namespace megazero::plan

@@ -39,22 +39,39 @@ double collective_seconds(CollectiveType t, const CollectiveCounter& c, const Gr
   const double p = g.size;
   double factor = 0, steps = 0;
   switch (t) {
-    case CollectiveType::AllReduce: factor = 2 * (p - 1) / p; steps = 2 * (p - 1); break;
+    case CollectiveType::AllReduce:
+      factor = 2 * (p - 1) / p;
+      steps = 2 * (p - 1);
+      break;
     case CollectiveType::ReduceScatter:
-    case CollectiveType::AllGather: factor = (p - 1) / p; steps = p - 1; break;
+    case CollectiveType::AllGather:
+      factor = (p - 1) / p;
+      steps = p - 1;
+      break;
     case CollectiveType::Broadcast:
-    case CollectiveType::Reduce: factor = 1; steps = p - 1; break;
-    case CollectiveType::Barrier: factor = 0; steps = 2 * (p - 1); break;
+    case CollectiveType::Reduce:
+      factor = 1;
+      steps = p - 1;
+      break;
+    case CollectiveType::Barrier:
+      factor = 0;
+      steps = 2 * (p - 1);
+      break;
     case CollectiveType::Send:
-    case CollectiveType::Recv: factor = 1; steps = 1; break;
-    case CollectiveType::kCount: break;
+    case CollectiveType::Recv:
+      factor = 1;
+      steps = 1;
+      break;
+    case CollectiveType::kCount:
+      break;
   }
   return factor * static_cast<double>(c.bytes) / g.bandwidth + static_cast<double>(c.calls) * steps * g.latency;
 }
 
 double all_seconds(const CommStats& s, const GroupPlacement& g) {
   double t = 0;
-  for (std::size_t i = 0; i < kNumCollectiveTypes; ++i) t += collective_seconds(static_cast<CollectiveType>(i), s.by_type[i], g);
+  for (std::size_t i = 0; i < kNumCollectiveTypes; ++i)
+    t += collective_seconds(static_cast<CollectiveType>(i), s.by_type[i], g);
   return t;
 }
 
@@ -92,17 +109,28 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
   const double mb = static_cast<double>(plan.micro_batches);
   double hideable = 0, window = 0;
   switch (plan.stage) {
-    case 0: hideable = dp_type(CollectiveType::AllReduce); window = e.compute_s * backward_share / mb; break;
-    case 1: hideable = dp_type(CollectiveType::ReduceScatter); window = e.compute_s * backward_share / mb; break;
-    case 2: hideable = dp_type(CollectiveType::ReduceScatter); window = e.compute_s * backward_share; break;
+    case 0:
+      hideable = dp_type(CollectiveType::AllReduce);
+      window = e.compute_s * backward_share / mb;
+      break;
+    case 1:
+      hideable = dp_type(CollectiveType::ReduceScatter);
+      window = e.compute_s * backward_share / mb;
+      break;
+    case 2:
+      hideable = dp_type(CollectiveType::ReduceScatter);
+      window = e.compute_s * backward_share;
+      break;
     default:
       hideable = dp_type(CollectiveType::ReduceScatter) + dp_type(CollectiveType::AllGather);
       window = e.compute_s;
   }
   if (!args.zero.overlap_comm) window = 0;
   // The last bucket is reduced after the backward pass has ended.
-  const double dp_bytes = static_cast<double>(std::max<std::int64_t>(1, plan.dp_comm[plan.stage == 0 ? CollectiveType::AllReduce : CollectiveType::ReduceScatter].bytes));
-  const double bucket_bytes = static_cast<double>(args.zero.reduce_bucket_size) * static_cast<double>(dtype_size(args.dtype()));
+  const double dp_bytes = static_cast<double>(std::max<std::int64_t>(
+      1, plan.dp_comm[plan.stage == 0 ? CollectiveType::AllReduce : CollectiveType::ReduceScatter].bytes));
+  const double bucket_bytes =
+      static_cast<double>(args.zero.reduce_bucket_size) * static_cast<double>(dtype_size(args.dtype()));
   const double tail = hideable * std::min(1.0, bucket_bytes / dp_bytes);
   // Either compute hides all but the last bucket, or the excess shows.
   const double hidden_part_exposed = window > 0 ? std::max(hideable - window, tail) : hideable;
@@ -124,18 +152,17 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
 
 std::string StepTimeEstimate::to_table() const {
   char b[1600];
-  std::snprintf(
-      b, sizeof b,
-      "---- time estimate on %s (one iteration of the planned rank) ----\n"
-      "  compute %.3f s (GEMMs %.3f s, elementwise %.3f s)\n"
-      "  TP communication %.3f s (group spans %d node(s); exposed)\n"
-      "  DP communication %.3f s, %.3f s of it exposed (group spans %d node(s))\n"
-      "  Pa+cpu host copies %.3f s, optimizer %.3f s\n"
-      "  step %.3f s: %.1f TFLOP/s per GPU (model FLOPs with recompute), MFU %.1f%%, %.1f samples/s\n"
-      "  memory %.2f GiB of %.0f GiB: %s\n",
-      hardware.c_str(), compute_s, gemm_s, elementwise_s, tp_comm_s, tp_nodes, dp_comm_s, dp_exposed_s, dp_nodes,
-      host_copy_s, optimizer_s, step_s, tflops_per_gpu, 100.0 * mfu, samples_per_s, memory_gib, device_memory_gib,
-      fits ? "fits" : "DOES NOT FIT");
+  std::snprintf(b, sizeof b,
+                "---- time estimate on %s (one iteration of the planned rank) ----\n"
+                "  compute %.3f s (GEMMs %.3f s, elementwise %.3f s)\n"
+                "  TP communication %.3f s (group spans %d node(s); exposed)\n"
+                "  DP communication %.3f s, %.3f s of it exposed (group spans %d node(s))\n"
+                "  Pa+cpu host copies %.3f s, optimizer %.3f s\n"
+                "  step %.3f s: %.1f TFLOP/s per GPU (model FLOPs with recompute), MFU %.1f%%, %.1f samples/s\n"
+                "  memory %.2f GiB of %.0f GiB: %s\n",
+                hardware.c_str(), compute_s, gemm_s, elementwise_s, tp_comm_s, tp_nodes, dp_comm_s, dp_exposed_s,
+                dp_nodes, host_copy_s, optimizer_s, step_s, tflops_per_gpu, 100.0 * mfu, samples_per_s, memory_gib,
+                device_memory_gib, fits ? "fits" : "DOES NOT FIT");
   return b;
 }
 

@@ -35,20 +35,20 @@ struct StepTimeEstimate {
   std::string hardware;
   // Seconds per iteration on the planned rank, by part.
   double gemm_s = 0, elementwise_s = 0, compute_s = 0;
-  double tp_comm_s = 0;       // TP group: Megatron all-reduces, Pa all-gathers (exposed)
-  double host_copy_s = 0;     // Pa+cpu: checkpoints to host memory and back (exposed)
-  double dp_comm_s = 0;       // DP group, all of it
-  double dp_exposed_s = 0;    // the part that compute did not hide
+  double tp_comm_s = 0;     // TP group: Megatron all-reduces, Pa all-gathers (exposed)
+  double host_copy_s = 0;   // Pa+cpu: checkpoints to host memory and back (exposed)
+  double dp_comm_s = 0;     // DP group, all of it
+  double dp_exposed_s = 0;  // the part that compute did not hide
   double optimizer_s = 0;
   double step_s = 0;
   // Throughput: the paper's metric is model FLOPs with recompute per GPU
   // (Narayanan et al. eq. 3, 96 B s l h^2 (...)); MFU uses the FLOPs without
   // recompute (factor 72) over the profile's peak.
   double tflops_per_gpu = 0, mfu = 0;
-  double samples_per_s = 0;   // the whole world
+  double samples_per_s = 0;        // the whole world
   int tp_nodes = 1, dp_nodes = 1;  // nodes each group spans
   double memory_gib = 0, device_memory_gib = 0;
-  bool fits = true;           // step peak within the device memory
+  bool fits = true;  // step peak within the device memory
   std::string to_table() const;
   std::string to_json() const;
 };

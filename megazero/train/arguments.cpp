@@ -52,7 +52,8 @@ class OptionTable {
         for (std::string w; is >> w;) split.push_back(w);
       }
       *field = split;
-    }), help);
+    }),
+                           help);
     printers_.emplace_back(name, [field] {
       std::string out;
       for (const auto& v : *field) out += (out.empty() ? "" : " ") + v;
@@ -90,7 +91,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "ffn-hidden-size", &a.model.ffn_hidden_size, "MLP width; 0 = 4 x hidden");
   t.add(M, "seq-length", &a.model.seq_length, "sequence length");
   t.add(M, "max-position-embeddings", &a.model.max_position_embeddings, "position table size (>= seq length)");
-  t.add(M, "vocab-size", &a.model.vocab_size, "vocabulary size: the data's tokenizer's (GPT-2 BPE: 50257); a token id at or past it is an error");
+  t.add(M, "vocab-size", &a.model.vocab_size,
+        "vocabulary size: the data's tokenizer's (GPT-2 BPE: 50257); a token id at or past it is an error");
   t.add(M, "make-vocab-size-divisible-by", &a.model.make_vocab_size_divisible_by, "vocab padded to this x TP");
   t.add(M, "hidden-dropout", &a.model.hidden_dropout, "dropout after attention and MLP");
   t.add(M, "attention-dropout", &a.model.attention_dropout, "dropout on attention probabilities");
@@ -98,7 +100,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "attention-backend", &a.model.attention_backend,
         "unfused (scores and probabilities in memory, as Megatron's classic path) or fused (flash-style: neither "
         "is kept; backward recomputes them)");
-  t.flag(M, "recompute-activations", &a.model.recompute_activations, "keep only each layer's input; recompute in backward");
+  t.flag(M, "recompute-activations", &a.model.recompute_activations,
+         "keep only each layer's input; recompute in backward");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
   t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
@@ -176,12 +179,15 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "tensorboard-dir", &a.tensorboard_dir,
         "write TensorBoard event files here (the logged scalars: loss, learning rate, grad norm, loss scale, "
         "throughput, memory, timers, validation)");
-  t.group(O).add_options()("config", po::value(&a.config_file), "read options from FILE (key = value); the command line wins")(
+  t.group(O).add_options()("config", po::value(&a.config_file),
+                           "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
-      "world-size", po::value(&a.world_size), "with --dry-run: validate and plan memory for a virtual world of N ranks")(
-      "plan-rank", po::value(&a.plan_rank), "with --dry-run --world-size: the rank to plan (default 0; -1: every rank, showing the one with the largest peak)")(
-      "plan-fit-gib", po::value(&a.plan_fit_gib),
-      "with --dry-run --world-size: the largest --num-layers whose planned peak fits this many GiB per rank")(
+      "world-size", po::value(&a.world_size),
+      "with --dry-run: validate and plan memory for a virtual world of N ranks")(
+      "plan-rank", po::value(&a.plan_rank),
+      "with --dry-run --world-size: the rank to plan (default 0; -1: every rank, showing the one with the largest "
+      "peak)")("plan-fit-gib", po::value(&a.plan_fit_gib),
+               "with --dry-run --world-size: the largest --num-layers whose planned peak fits this many GiB per rank")(
       "hardware", po::value(&a.hardware),
       "with --dry-run --world-size: estimate the step time on a hardware profile: dgx2-v100, h100-node, "
       "this-machine, or a JSON file like configs/hardware/dgx2-v100.json")(
@@ -202,8 +208,11 @@ void expand_zero_config(TrainArgs& a, const po::variables_map& vm, const std::se
     int stage;
     bool pa, cpu;
   };
-  const C table[] = {{"C1", 1, false, false}, {"C2", 1, true, false}, {"C3", 2, false, false},
-                     {"C4", 2, true, false},  {"C5", 2, true, true}};
+  const C table[] = {{"C1", 1, false, false},
+                     {"C2", 1, true, false},
+                     {"C3", 2, false, false},
+                     {"C4", 2, true, false},
+                     {"C5", 2, true, true}};
   const C* c = nullptr;
   for (const auto& row : table)
     if (a.zero_config == row.name) c = &row;
@@ -240,15 +249,18 @@ std::string read_config_file(const std::string& file) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(file, ec);
-  MZ_REQUIRE(!ec && fs::exists(status), "--config: cannot read '", file, "': no such file; pass a config file (see configs/)");
-  MZ_REQUIRE(!fs::is_directory(status), "--config: '", file, "' is a directory; pass a config file in it (see configs/)");
+  MZ_REQUIRE(!ec && fs::exists(status), "--config: cannot read '", file,
+             "': no such file; pass a config file (see configs/)");
+  MZ_REQUIRE(!fs::is_directory(status), "--config: '", file,
+             "' is a directory; pass a config file in it (see configs/)");
   std::ifstream in(file, std::ios::binary);
   MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; check its permissions");
   constexpr std::size_t kMaxConfigBytes = 1 << 20;
   std::string text(kMaxConfigBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
-  MZ_REQUIRE(text.size() <= kMaxConfigBytes, "--config: '", file, "' is longer than 1 MiB; a config file is key = value "
+  MZ_REQUIRE(text.size() <= kMaxConfigBytes, "--config: '", file,
+             "' is longer than 1 MiB; a config file is key = value "
              "lines (see configs/)");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
   MZ_REQUIRE(text.find('\0') == std::string::npos, "--config: '", file, "' is not a text file (it holds NUL bytes)");
@@ -297,11 +309,12 @@ void require_model_fits_in_counters(const TrainArgs& a) {
   const I activation = mbs * S * std::max({V, f, 3 * h, heads * S});
   const I kMaxElements = std::ldexp(1.0L, 50);  // a PiB of bf16: beyond any memory
   MZ_REQUIRE(params <= kMaxElements, "the model would have about ", static_cast<double>(params),
-             " parameters (--num-layers ", m.num_layers, ", --hidden-size ", m.hidden_size, ", --ffn-hidden-size ", m.ffn(),
-             ", vocabulary ", m.vocab_size, "), more than any memory holds; check these flags");
+             " parameters (--num-layers ", m.num_layers, ", --hidden-size ", m.hidden_size, ", --ffn-hidden-size ",
+             m.ffn(), ", vocabulary ", m.vocab_size, "), more than any memory holds; check these flags");
   MZ_REQUIRE(activation <= kMaxElements, "one micro-batch's largest activation would have about ",
              static_cast<double>(activation), " elements (--micro-batch-size ", a.micro_batch_size, " x --seq-length ",
-             m.seq_length, " x the widest of vocabulary, MLP width, 3 x hidden and heads x seq), more than any memory "
+             m.seq_length,
+             " x the widest of vocabulary, MLP width, 3 x hidden and heads x seq), more than any memory "
              "holds; check these flags");
 }
 }  // namespace
@@ -322,8 +335,10 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
       std::string name = tok;
       for (std::string d; !(d = dash_lookalike(name)).empty();) name.erase(0, d.size());
       while (!name.empty() && name[0] == '-') name.erase(0, 1);
-      throw ConfigError("'" + tok + "' starts with a dash look-alike (an en dash or similar, as word processors and web "
-                        "pages replace '--'), not with '--': type --" + name.substr(0, name.find('=')));
+      throw ConfigError("'" + tok +
+                        "' starts with a dash look-alike (an en dash or similar, as word processors and web "
+                        "pages replace '--'), not with '--': type --" +
+                        name.substr(0, name.find('=')));
     }
   }
   try {
@@ -392,7 +407,8 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
     *help_text = os.str();
   }
   // Checked before the default replaces it (0 or 1: decay over --train-iters).
-  MZ_REQUIRE(a.lr.decay_iters >= 0, "--lr-decay-iters must be non-negative (0 = --train-iters), got ", a.lr.decay_iters);
+  MZ_REQUIRE(a.lr.decay_iters >= 0, "--lr-decay-iters must be non-negative (0 = --train-iters), got ",
+             a.lr.decay_iters);
   if (a.lr.decay_iters <= 1 && a.train_iters > 0) a.lr.decay_iters = a.train_iters;
   return a;
 }
@@ -424,7 +440,8 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(std::isfinite(adam.weight_decay) && adam.weight_decay >= 0,
              "--weight-decay must be a finite non-negative number, got ", adam.weight_decay);
   MZ_REQUIRE(std::isfinite(loss_scale.initial_scale) && loss_scale.initial_scale > 0,
-             "--initial-loss-scale must be a positive number (Megatron's default 2^32), got ", loss_scale.initial_scale);
+             "--initial-loss-scale must be a positive number (Megatron's default 2^32), got ",
+             loss_scale.initial_scale);
   MZ_REQUIRE(std::isfinite(loss_scale.min_scale) && loss_scale.min_scale > 0,
              "--min-loss-scale must be a positive number, got ", loss_scale.min_scale);
   MZ_REQUIRE(loss_scale.min_scale <= loss_scale.initial_scale, "--min-loss-scale ", loss_scale.min_scale,
@@ -442,49 +459,53 @@ void TrainArgs::validate() const {
              use_checkpoint_lr_schedule ? "--use-checkpoint-opt-param-scheduler" : "--override-opt-param-scheduler",
              " only means something with --load DIR");
   if (world_size == 0)
-    for (const auto& [flag, set] : {std::pair{"--plan-rank", plan_rank != 0}, std::pair{"--plan-fit-gib", plan_fit_gib != 0},
-                                    std::pair{"--hardware", !hardware.empty()}, std::pair{"--plan-json", !plan_json.empty()}})
+    for (const auto& [flag, set] :
+         {std::pair{"--plan-rank", plan_rank != 0}, std::pair{"--plan-fit-gib", plan_fit_gib != 0},
+          std::pair{"--hardware", !hardware.empty()}, std::pair{"--plan-json", !plan_json.empty()}})
       MZ_REQUIRE(!set, flag, " plans a virtual world: add --dry-run --world-size N (N ranks, e.g. 400)");
   MZ_REQUIRE(plan_fit_gib >= 0, "--plan-fit-gib must not be negative");
-  MZ_REQUIRE(std::isfinite(clip_grad) && clip_grad >= 0, "--clip-grad must be a finite non-negative number (0 = off), got ",
-             clip_grad);
+  MZ_REQUIRE(std::isfinite(clip_grad) && clip_grad >= 0,
+             "--clip-grad must be a finite non-negative number (0 = off), got ", clip_grad);
   MZ_REQUIRE(log_interval > 0, "--log-interval must be positive");
   MZ_REQUIRE(eval_iters >= 0 && eval_interval >= 0, "--eval-interval and --eval-iters must not be negative");
   MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
-                                                         : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
-                                                           "tools/preprocess_data) or --mock-data");
+                                                        : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
+                                                          "tools/preprocess_data) or --mock-data");
   MZ_REQUIRE(save_interval >= 0, "--save-interval must not be negative, got ", save_interval);
   MZ_REQUIRE(save_interval == 0 || !save.empty(), "--save-interval ", save_interval,
              " needs --save DIR (where to write the checkpoints)");
   MZ_REQUIRE(keep_checkpoints >= 0, "--keep-checkpoints must not be negative, got ", keep_checkpoints);
   MZ_REQUIRE(collective_timeout >= 0, "--collective-timeout must not be negative (0 turns the watchdog off), got ",
              collective_timeout);
-  MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '",
-             on_nan_loss, "'");
+  MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '", on_nan_loss,
+             "'");
   zero_r.validate(model.recompute_activations);
   MZ_REQUIRE(distributed_backend == "auto" || distributed_backend == "mpi" || distributed_backend == "nccl",
              "--distributed-backend must be auto, mpi or nccl, got '", distributed_backend, "'");
   MZ_REQUIRE(device == "cpu" || device == "cuda" || device == "cpu-isolated",
              "--device must be cpu, cuda or cpu-isolated (a test device: the CPU kernels over memory host code cannot "
-             "touch), got '", device, "'");
+             "touch), got '",
+             device, "'");
   MZ_REQUIRE(distributed_backend != "nccl" || device == "cuda",
              "--distributed-backend nccl needs --device cuda (NCCL moves GPU tensors); use mpi on CPUs");
   if (device == "cuda" && model.fused_attention()) {
     const std::string why = kernels::fused_attention_unsupported(DeviceKind::CUDA, dtype(), model.head_dim());
-    MZ_REQUIRE(why.empty(), "--attention-backend fused with --device cuda: ", why, "; or use --attention-backend unfused");
+    MZ_REQUIRE(why.empty(), "--attention-backend fused with --device cuda: ", why,
+               "; or use --attention-backend unfused");
   }
 }
 
 void TrainArgs::validate_layout(int world) const {
   const int tp = parallel.tensor_model_parallel_size;
-  MZ_REQUIRE(tp > 0 && world % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the world size ",
-             world);
+  MZ_REQUIRE(tp > 0 && world % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the world size ", world);
   const std::int64_t dp = world / tp;
   const std::int64_t global = global_batch_size > 0 ? global_batch_size : micro_batch_size * dp;
   MZ_REQUIRE(global % (micro_batch_size * dp) == 0, "--global-batch-size ", global,
-             " is not a multiple of --micro-batch-size ", micro_batch_size, " x data-parallel size ", dp,
-             " (= world ", world, " / TP ", tp, "): global batch = micro batch x accumulation steps x DP; use "
-             "a global batch of ", micro_batch_size * dp, " x k, or change --micro-batch-size");
+             " is not a multiple of --micro-batch-size ", micro_batch_size, " x data-parallel size ", dp, " (= world ",
+             world, " / TP ", tp,
+             "): global batch = micro batch x accumulation steps x DP; use "
+             "a global batch of ",
+             micro_batch_size * dp, " x k, or change --micro-batch-size");
 }
 
 std::string TrainArgs::to_config() const {
@@ -556,8 +577,9 @@ std::string config_difference(const std::string& reference, const std::string& m
     const auto it = ref.find(key);
     const std::string other = it == ref.end() ? "(none)" : it->second;
     if (other == value) continue;
-    if (shown++ < 8) diff += std::string(diff.empty() ? "" : ", ") + key + " (rank 0: '" + other + "', rank " +
-                             std::to_string(rank) + ": '" + value + "')";
+    if (shown++ < 8)
+      diff += std::string(diff.empty() ? "" : ", ") + key + " (rank 0: '" + other + "', rank " + std::to_string(rank) +
+              ": '" + value + "')";
   }
   if (shown > 8) diff += " and " + std::to_string(shown - 8) + " more";
   return "ranks were started with different configurations: rank " + std::to_string(rank) + " differs from rank 0 in " +

@@ -41,8 +41,8 @@ struct TrainArgs {
   std::string vocab_file, merge_file;
   // logging and evaluation
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
-  std::string metrics_file;  // JSON lines, one record per logged iteration
-  double peak_tflops = 0;    // for MFU; 0 = the device default (docs/PERFORMANCE.md)
+  std::string metrics_file;    // JSON lines, one record per logged iteration
+  double peak_tflops = 0;      // for MFU; 0 = the device default (docs/PERFORMANCE.md)
   std::string device = "cpu";  // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
   // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
   // GPU per rank), or auto (nccl when --device cuda gives every rank its own GPU).
@@ -81,8 +81,8 @@ struct TrainArgs {
   std::string config_file;
   bool help = false;
   bool dry_run = false;
-  int world_size = 0;  // with --dry-run: validate for this many ranks instead of the launched job
-  int plan_rank = 0;   // with --dry-run --world-size: the rank whose memory is planned
+  int world_size = 0;       // with --dry-run: validate for this many ranks instead of the launched job
+  int plan_rank = 0;        // with --dry-run --world-size: the rank whose memory is planned
   std::string hardware;     // with --dry-run --world-size: a hardware profile for the time estimate
   std::string plan_json;    // with --dry-run --world-size: write the plan (and estimate) as JSON here
   double plan_fit_gib = 0;  // with --dry-run --world-size: find the most layers whose plan fits this many GiB

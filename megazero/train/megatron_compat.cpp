@@ -26,7 +26,8 @@ struct CompatFlag {
   const char* note;  // NoEffect: why nothing changes; Refused: what to do instead
 };
 
-const char* const kPlannedModels = "not implemented yet (modern decoder options are planned: GPT-2 architecture only today)";
+const char* const kPlannedModels =
+    "not implemented yet (modern decoder options are planned: GPT-2 architecture only today)";
 
 // Megatron-LM's spellings (megatron/training/arguments.py) that a typical GPT
 // script passes, beyond the flags arguments.cpp defines under the same name.
@@ -65,8 +66,7 @@ const CompatFlag kFlags[] = {
     {"overlap-param-gather", Kind::Switch, Meaning::NoEffect,
      "ZeRO stage 3 always prefetches the next group's parameters"},
     {"log-throughput", Kind::Switch, Meaning::NoEffect, "tokens/s, TFLOP/s and MFU are always logged"},
-    {"log-timers-to-tensorboard", Kind::Switch, Meaning::NoEffect,
-     "--tensorboard-dir always receives the step timers"},
+    {"log-timers-to-tensorboard", Kind::Switch, Meaning::NoEffect, "--tensorboard-dir always receives the step timers"},
     {"log-validation-ppl-to-tensorboard", Kind::Switch, Meaning::NoEffect,
      "--tensorboard-dir always receives validation loss and perplexity"},
     {"log-memory-to-tensorboard", Kind::Switch, Meaning::NoEffect, "--tensorboard-dir always receives peak memory"},
@@ -83,7 +83,8 @@ const CompatFlag kFlags[] = {
      "the allocator keeps freed memory for reuse (--device-arena places it by plan)"},
     {"loss-scale", Kind::Value, Meaning::Refused,
      "static loss scaling is not implemented: --fp16 uses dynamic scaling from --initial-loss-scale"},
-    {"rampup-batch-size", Kind::Value, Meaning::Refused, "batch-size ramp-up is not implemented: the global batch is fixed"},
+    {"rampup-batch-size", Kind::Value, Meaning::Refused,
+     "batch-size ramp-up is not implemented: the global batch is fixed"},
     {"DDP-impl", Kind::Value, Meaning::NoEffect, "data parallelism is the ZeRO engine's"},
     {"num-workers", Kind::Value, Meaning::NoEffect, "samples are read from the memory-mapped dataset in the step"},
     {"transformer-impl", Kind::Value, Meaning::NoEffect, "megazero's own layers"},
@@ -125,7 +126,8 @@ std::size_t distance(const std::string& a, const std::string& b) {
     for (std::size_t j = 1; j <= m; ++j) {
       const std::size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
       d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
     }
   return d[n][m];
 }
@@ -162,22 +164,23 @@ void define_megatron_flags(po::options_description& group, std::map<std::string,
                        : f.meaning == Meaning::NoEffect ? std::string("accepted, no effect: ") + f.note
                                                         : std::string("refused: ") + f.note;
     if (f.kind == Kind::Switch)
-      group.add_options()(f.name, po::value<bool>()->zero_tokens()->implicit_value(true)->notifier(
-                                      [&given, name](bool on) {
-                                        if (on) given[name] = "true";  // "name = false" in a file: not given
-                                      }),
+      group.add_options()(f.name,
+                          po::value<bool>()->zero_tokens()->implicit_value(true)->notifier([&given, name](bool on) {
+                            if (on) given[name] = "true";  // "name = false" in a file: not given
+                          }),
                           help.c_str());
     else
-      group.add_options()(f.name, po::value<std::string>()->notifier([&given, name](const std::string& v) {
-        given[name] = v;
-      }),
+      group.add_options()(f.name,
+                          po::value<std::string>()->notifier([&given, name](const std::string& v) { given[name] = v; }),
                           help.c_str());
   }
 }
 
 void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>& given,
                           const std::vector<std::string>& explicitly) {
-  auto was_given = [&](const char* flag) { return std::find(explicitly.begin(), explicitly.end(), flag) != explicitly.end(); };
+  auto was_given = [&](const char* flag) {
+    return std::find(explicitly.begin(), explicitly.end(), flag) != explicitly.end();
+  };
   std::vector<std::string> refused;
   auto value = [&](const char* flag) -> const std::string* {
     auto it = given.find(flag);
@@ -215,13 +218,15 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel"},
        "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
   if (!refused.empty()) {
-    std::string msg = refused.size() == 1 ? "" : std::to_string(refused.size()) + " Megatron flags cannot be honoured: ";
+    std::string msg =
+        refused.size() == 1 ? "" : std::to_string(refused.size()) + " Megatron flags cannot be honoured: ";
     for (std::size_t i = 0; i < refused.size(); ++i) msg += (i ? "; " : "") + refused[i];
     throw ConfigError(msg);
   }
 
   if (value("use-distributed-optimizer")) {
-    MZ_REQUIRE(!was_given("zero-stage") || a.zero.stage >= 1, "--use-distributed-optimizer partitions the optimizer "
+    MZ_REQUIRE(!was_given("zero-stage") || a.zero.stage >= 1,
+               "--use-distributed-optimizer partitions the optimizer "
                "states (ZeRO stage 1) but --zero-stage 0 was given; drop one of them");
     if (!was_given("zero-stage") && a.zero_config.empty()) a.zero.stage = 1;
   }
@@ -249,10 +254,11 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
     conflict(flag, ours);
     const std::int64_t samples = parse_int(flag, *v);
     MZ_REQUIRE(samples >= 0, "--", flag, " must not be negative, got ", samples);
-    MZ_REQUIRE(a.global_batch_size > 0, "--", flag, " counts samples: it needs --global-batch-size to turn them into "
+    MZ_REQUIRE(a.global_batch_size > 0, "--", flag,
+               " counts samples: it needs --global-batch-size to turn them into "
                "iterations");
-    MZ_REQUIRE(samples % a.global_batch_size == 0, "--", flag, " ", samples, " is not a multiple of --global-batch-size ",
-               a.global_batch_size, "; use a multiple (or --", ours, ")");
+    MZ_REQUIRE(samples % a.global_batch_size == 0, "--", flag, " ", samples,
+               " is not a multiple of --global-batch-size ", a.global_batch_size, "; use a multiple (or --", ours, ")");
     *field = samples / a.global_batch_size;
   };
   samples_to_iters("train-samples", "train-iters", &a.train_iters);
@@ -260,7 +266,8 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   samples_to_iters("lr-warmup-samples", "lr-warmup-iters", &a.lr.warmup_iters);
   if (const auto* v = value("lr-warmup-fraction")) {
     conflict("lr-warmup-fraction", "lr-warmup-iters");
-    MZ_REQUIRE(!value("lr-warmup-samples"), "--lr-warmup-fraction and --lr-warmup-samples both set the warmup; keep one");
+    MZ_REQUIRE(!value("lr-warmup-samples"),
+               "--lr-warmup-fraction and --lr-warmup-samples both set the warmup; keep one");
     const double f = parse_real("lr-warmup-fraction", *v);
     MZ_REQUIRE(f >= 0 && f <= 1, "--lr-warmup-fraction must be in [0, 1], got ", *v);
     const std::int64_t decay = a.lr.decay_iters > 1 ? a.lr.decay_iters : a.train_iters;

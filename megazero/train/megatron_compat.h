@@ -23,7 +23,8 @@ struct TrainArgs;
 
 // The Megatron spellings pretrain_gpt accepts (switches and valued flags);
 // their values land in `given` (a switch as "true").
-void define_megatron_flags(boost::program_options::options_description& group, std::map<std::string, std::string>& given);
+void define_megatron_flags(boost::program_options::options_description& group,
+                           std::map<std::string, std::string>& given);
 
 // Applies what the accepted Megatron flags mean to `a`, after parsing (so they
 // can refer to the global batch and train iterations). `explicitly` are the

@@ -15,14 +15,17 @@ class MockSource final : public SampleSource {
  public:
   explicit MockSource(std::int64_t vocab) : vocab_(vocab) {}
   std::int64_t vocab_size() const override { return vocab_; }
-  std::string describe() const override { return "mock data (synthetic tokens, vocabulary " + std::to_string(vocab_) + ")"; }
+  std::string describe() const override {
+    return "mock data (synthetic tokens, vocabulary " + std::to_string(vocab_) + ")";
+  }
   void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
             Tensor& ids, Tensor& targets) override {
     ids = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
     targets = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t t = 0; t <= S; ++t) {
-        const std::int64_t tok = token(static_cast<std::uint64_t>(split), static_cast<std::uint64_t>(first + b), static_cast<std::uint64_t>(t));
+        const std::int64_t tok = token(static_cast<std::uint64_t>(split), static_cast<std::uint64_t>(first + b),
+                                       static_cast<std::uint64_t>(t));
         if (t < S) ids.host_data<std::int64_t>()[b * S + t] = tok;
         if (t > 0) targets.host_data<std::int64_t>()[b * S + t - 1] = tok;
       }
@@ -30,7 +33,8 @@ class MockSource final : public SampleSource {
 
  private:
   std::int64_t token(std::uint64_t split, std::uint64_t sample, std::uint64_t pos) const {
-    std::uint64_t z = (split * 0x9E3779B97F4A7C15ull) ^ (sample * 0xBF58476D1CE4E5B9ull) ^ (pos * 0x94D049BB133111EBull);
+    std::uint64_t z =
+        (split * 0x9E3779B97F4A7C15ull) ^ (sample * 0xBF58476D1CE4E5B9ull) ^ (pos * 0x94D049BB133111EBull);
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     return static_cast<std::int64_t>((z ^ (z >> 31)) % static_cast<std::uint64_t>(vocab_));
@@ -54,10 +58,11 @@ class DatasetSource final : public SampleSource {
                ": the training split holds too few tokens for one sample of --seq-length ", args.model.seq_length,
                " + 1; use more data, a shorter --seq-length, or a larger training --split weight");
     // Validation on the training split would report a training loss as a validation one.
-    MZ_REQUIRE(args.eval_iters == 0 || (splits_[1] && splits_[1]->samples_per_epoch() > 0), "--split ", args.split,
-               " leaves --data-path ", prefix, " no validation samples (of ", data_->num_documents(),
-               " documents) but --eval-iters ", args.eval_iters,
-               " asks for validation; give the validation split a weight (e.g. --split 969,30,1) or pass --eval-iters 0");
+    MZ_REQUIRE(
+        args.eval_iters == 0 || (splits_[1] && splits_[1]->samples_per_epoch() > 0), "--split ", args.split,
+        " leaves --data-path ", prefix, " no validation samples (of ", data_->num_documents(),
+        " documents) but --eval-iters ", args.eval_iters,
+        " asks for validation; give the validation split a weight (e.g. --split 969,30,1) or pass --eval-iters 0");
   }
   std::int64_t vocab_size() const override { return vocab_; }
   std::string describe() const override {
@@ -109,9 +114,8 @@ class BlendedSource final : public SampleSource {
     for (double w : weights_) total += w;
     std::string s = "blend of " + std::to_string(sources_.size()) + " datasets:";
     for (std::size_t d = 0; d < sources_.size(); ++d)
-      s += "\n     " + std::to_string(weights_[d] / total) + " (" +
-           std::to_string(schedule_.slots_per_block(d)) + "/" + std::to_string(schedule_.block_size()) +
-           " of each block) " + sources_[d]->describe();
+      s += "\n     " + std::to_string(weights_[d] / total) + " (" + std::to_string(schedule_.slots_per_block(d)) + "/" +
+           std::to_string(schedule_.block_size()) + " of each block) " + sources_[d]->describe();
     return s;
   }
   void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,

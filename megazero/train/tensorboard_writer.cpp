@@ -78,8 +78,8 @@ float to_float(double v) {
   constexpr double kMax = std::numeric_limits<float>::max();
   if (std::isfinite(v) && std::fabs(v) > kMax) {
     const double overflow = std::ldexp(1.0, 128) - std::ldexp(1.0, 103);  // FLT_MAX + half an ulp
-    const float magnitude = std::fabs(v) >= overflow ? std::numeric_limits<float>::infinity()
-                                                     : std::numeric_limits<float>::max();
+    const float magnitude =
+        std::fabs(v) >= overflow ? std::numeric_limits<float>::infinity() : std::numeric_limits<float>::max();
     return std::copysign(magnitude, static_cast<float>(v > 0 ? 1 : -1));
   }
   return static_cast<float>(v);
@@ -103,8 +103,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
              "; pass a directory this process can create and write");
 
   const long long seconds = static_cast<long long>(std::time(nullptr));
-  const std::string stem = detail::concat((fs::path(dir) / "events.out.tfevents.").string(), seconds, ".",
-                                          hostname(), ".", static_cast<long long>(getpid()), ".");
+  const std::string stem = detail::concat((fs::path(dir) / "events.out.tfevents.").string(), seconds, ".", hostname(),
+                                          ".", static_cast<long long>(getpid()), ".");
   // Claim a name no other writer has (O_EXCL), then write it through a stream.
   for (;;) {
     path_ = stem + std::to_string(g_writers.fetch_add(1));
@@ -114,8 +114,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir) : dir_(dir) {
       ::close(fd);
       break;
     }
-    MZ_REQUIRE(err == EEXIST, "--tensorboard-dir '", dir, "': cannot create '", path_, "': ",
-               std::strerror(err), "; pass a directory this process can write");
+    MZ_REQUIRE(err == EEXIST, "--tensorboard-dir '", dir, "': cannot create '", path_, "': ", std::strerror(err),
+               "; pass a directory this process can write");
   }
   errno = 0;
   out_.open(path_, std::ios::binary | std::ios::out | std::ios::trunc);

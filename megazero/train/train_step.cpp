@@ -31,7 +31,8 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
     auto t = Clock::now();
     set_activity("forward");
     const Tensor losses = model.forward_losses(mb.ids, mb.targets, mb.step);
-    if (!loss_sum.defined()) loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
+    if (!loss_sum.defined())
+      loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
     kernels::bias_grad(losses.view({losses.numel(), 1}), loss_sum);  // a column sum: loss_sum += sum of losses
     tokens += losses.numel();
     r.forward_s += since(t);
@@ -51,7 +52,8 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   // The logged loss: mean over every token of every micro-batch of every DP
   // rank (all micro-batches hold the same number of tokens).
   double local = 0;
-  if (loss_sum.device().has_storage() && tokens > 0) local = loss_sum.to_double_vector()[0] / static_cast<double>(tokens);
+  if (loss_sum.device().has_storage() && tokens > 0)
+    local = loss_sum.to_double_vector()[0] / static_cast<double>(tokens);
   r.loss = all_reduce_value(dp, local, ReduceOp::Avg);
   return r;
 }

@@ -17,12 +17,12 @@
 namespace megazero::train {
 
 struct MicroBatch {
-  Tensor ids, targets;      // int64 [B*S]
-  layers::StepInfo step;    // iteration, global sample offset, B, S
+  Tensor ids, targets;    // int64 [B*S]
+  layers::StepInfo step;  // iteration, global sample offset, B, S
 };
 
 struct StepResult {
-  double loss = 0;          // mean over the global batch (all DP ranks)
+  double loss = 0;  // mean over the global batch (all DP ranks)
   double lr = 0;
   double loss_scale = 1;
   zero::StepStats stats;
@@ -34,7 +34,7 @@ struct StepResult {
 struct OptimizerSettings {
   optim::AdamConfig adam;
   optim::LrSchedule lr;
-  double clip_grad = 1.0;   // --clip-grad; 0 = off
+  double clip_grad = 1.0;  // --clip-grad; 0 = off
 };
 
 StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communicator& dp,

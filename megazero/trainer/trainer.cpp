@@ -140,14 +140,16 @@ void Trainer::Impl::setup(std::unique_ptr<Communicator> world_comm) {
   std::string threads_from = cpu_math_threads_variable();
   if (threads_from.empty()) {
     set_cpu_math_threads(std::max(1, cpu_cores() / local_ranks));
-    threads_from = std::to_string(cpu_cores()) + " cores shared by " + std::to_string(local_ranks) + " ranks on this host";
+    threads_from =
+        std::to_string(cpu_cores()) + " cores shared by " + std::to_string(local_ranks) + " ranks on this host";
   }
   if (root) {
     std::cout << "math threads per rank: " << cpu_math_threads() << " (" << threads_from
               << "; set MEGAZERO_NUM_THREADS to override)\n";
     for (const auto& note : args.notes) std::cout << "note: " << note << "\n";
-    std::cout << groups->describe() << "---- resolved configuration ----\n" << args.to_config()
-              << "---- data: " << source->describe() << "\n" << std::flush;
+    std::cout << groups->describe() << "---- resolved configuration ----\n"
+              << args.to_config() << "---- data: " << source->describe() << "\n"
+              << std::flush;
   }
 }
 
@@ -185,19 +187,20 @@ void Trainer::Impl::build() {
                   : device->name();
   if (device_memory) {
     const auto verdict = run_consistently(world, [&] {
-      const auto v = plan::memory_preflight(args, world.size(), world.rank(), device->kind(), my_plan(),
-                                            device_memory->free);
+      const auto v =
+          plan::memory_preflight(args, world.size(), world.rank(), device->kind(), my_plan(), device_memory->free);
       MZ_REQUIRE(v.fits, plan::preflight_error(v, memory_name, world.rank(), device_memory->total));
       return v;
     });
     const double most = max_over(world, static_cast<double>(verdict.needed));
     const double least_free = -max_over(world, -static_cast<double>(verdict.available));
     if (root)
-      std::printf("memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free %s "
-                  "(the least over ranks%s)\n",
-                  most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0,
-                  shared_host ? "per rank in host memory" : "on the device",
-                  shared_host ? "" : "; the CUDA context and NCCL's buffers come out of it");
+      std::printf(
+          "memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free %s "
+          "(the least over ranks%s)\n",
+          most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0,
+          shared_host ? "per rank in host memory" : "on the device",
+          shared_host ? "" : "; the CUDA context and NCCL's buffers come out of it");
   }
   if (args.device_arena) {
     // The arena's size: the plan's first-fit heap peak, which the tracker's model of this device reproduces.
@@ -215,8 +218,8 @@ void Trainer::Impl::build() {
   const bool shares_gpu = on_gpu && local_ranks > gpus;
   const bool any_shares = max_over(world, shares_gpu ? 1.0 : 0.0) > 0;
   run_consistently(world, [&] {
-    MZ_REQUIRE(args.distributed_backend != "nccl" || !any_shares, "--distributed-backend nccl: ranks share a GPU ",
-               "(", local_ranks, " ranks on ", host_name, " for ", gpus,
+    MZ_REQUIRE(args.distributed_backend != "nccl" || !any_shares, "--distributed-backend nccl: ranks share a GPU ", "(",
+               local_ranks, " ranks on ", host_name, " for ", gpus,
                " visible GPUs) and NCCL takes one GPU per rank; start fewer ranks per node or use "
                "--distributed-backend mpi");
   });
@@ -234,7 +237,8 @@ void Trainer::Impl::build() {
     std::printf("collectives: tp %s, dp %s, world %s%s\n", std::string(groups->tp().backend()).c_str(),
                 std::string(groups->dp().backend()).c_str(), std::string(world.backend()).c_str(),
                 on_gpu && !use_nccl ? " (GPU tensors staged through host memory)" : "");
-  model_ = std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
+  model_ =
+      std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   auto& model = *model_;
   const zero::ZeroConfig zc = args.engine_config();
   engine_ = std::make_unique<zero::ZeroEngine>(params, groups->dp(), groups->tp(), device, zc);
@@ -254,20 +258,22 @@ void Trainer::Impl::build() {
     std::int64_t total = 0;
     for (const auto* p : params.all()) total += shape_numel(p->global_shape);
     const auto& m = args.model;
-    std::printf("model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
-                "%lld): %.2fM parameters, %.2fM held by each TP rank; attention %s, bias-GeLU fusion %s, "
-                "recompute %s\n",
-                static_cast<long long>(m.num_layers), static_cast<long long>(m.hidden_size),
-                static_cast<long long>(m.num_attention_heads), static_cast<long long>(m.ffn()),
-                static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
-                static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
-                static_cast<double>(params.local_numel()) / 1e6, m.attention_backend.c_str(),
-                m.bias_gelu_fusion ? "on" : "off", m.recompute_activations ? "on" : "off");
+    std::printf(
+        "model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
+        "%lld): %.2fM parameters, %.2fM held by each TP rank; attention %s, bias-GeLU fusion %s, "
+        "recompute %s\n",
+        static_cast<long long>(m.num_layers), static_cast<long long>(m.hidden_size),
+        static_cast<long long>(m.num_attention_heads), static_cast<long long>(m.ffn()),
+        static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
+        static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
+        static_cast<double>(params.local_numel()) / 1e6, m.attention_backend.c_str(), m.bias_gelu_fusion ? "on" : "off",
+        m.recompute_activations ? "on" : "off");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
     std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",
                 !args.model.recompute_activations ? "off (no --recompute-activations)"
-                : args.zero_r.partition_activations ? ("partitioned 1/" + std::to_string(groups->tp_size()) + " per TP rank (Pa)").c_str()
-                                                    : "whole on every TP rank",
+                : args.zero_r.partition_activations
+                    ? ("partitioned 1/" + std::to_string(groups->tp_size()) + " per TP rank (Pa)").c_str()
+                    : "whole on every TP rank",
                 args.zero_r.cpu_checkpointing ? ", in host memory (Pa+cpu)" : "",
                 args.zero_r.contiguous_memory ? ", in one pre-allocated arena (MD)" : "",
                 engine.constant_buffers().c_str());
@@ -291,16 +297,18 @@ void Trainer::Impl::build() {
       consumed_at_start = res.state.consumed_samples;
       scaler.restore(res.state.loss_scaler);
       if (root) {
-        std::printf(" loaded checkpoint %s: iteration %lld, consumed samples %lld (saved at TP %d x DP %d, ZeRO stage "
-                    "%d) in %.2f s: %s per rank, %s total\n",
-                    res.io.path.c_str(), static_cast<long long>(start_iter), static_cast<long long>(consumed_at_start),
-                    res.saved_tp, res.saved_dp, res.saved_stage, res.io.max_seconds,
-                    mib_per_s(static_cast<double>(res.io.rank_bytes), res.io.seconds).c_str(),
-                    mib_per_s(static_cast<double>(res.io.total_bytes), res.io.max_seconds).c_str());
+        std::printf(
+            " loaded checkpoint %s: iteration %lld, consumed samples %lld (saved at TP %d x DP %d, ZeRO stage "
+            "%d) in %.2f s: %s per rank, %s total\n",
+            res.io.path.c_str(), static_cast<long long>(start_iter), static_cast<long long>(consumed_at_start),
+            res.saved_tp, res.saved_dp, res.saved_stage, res.io.max_seconds,
+            mib_per_s(static_cast<double>(res.io.rank_bytes), res.io.seconds).c_str(),
+            mib_per_s(static_cast<double>(res.io.total_bytes), res.io.max_seconds).c_str());
         if (res.state.seed != args.seed)
-          std::printf(" WARNING: the checkpoint was trained with --seed %llu, this run uses %llu: data order and "
-                      "dropout change from here on\n",
-                      static_cast<unsigned long long>(res.state.seed), static_cast<unsigned long long>(args.seed));
+          std::printf(
+              " WARNING: the checkpoint was trained with --seed %llu, this run uses %llu: data order and "
+              "dropout change from here on\n",
+              static_cast<unsigned long long>(res.state.seed), static_cast<unsigned long long>(args.seed));
       }
     } else if (root) {
       std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
@@ -341,66 +349,67 @@ void Trainer::Impl::build() {
 void Trainer::Impl::save(std::int64_t iteration) {
   auto& engine = *engine_;
   auto& scaler = *scaler_;
-    Activity activity("saving a checkpoint");
-    checkpoint::TrainState st;
-    st.iteration = iteration;
-    st.consumed_samples = consumed_at_start + (iteration - start_iter) * global;
-    st.seed = args.seed;
-    st.loss_scaler = scaler.state();
-    st.config = args.to_config();
-    checkpoint::SaveOptions so;
-    so.keep = args.keep_checkpoints;
-    so.kill_rank_midway = kill_in_save_rank(iteration);
-    const auto io = checkpoint::save_checkpoint(args.save, st, engine, placement, so);
-    if (root)
-      std::printf(" saved checkpoint %s in %.2f s: %.1f MiB, %s per rank, %s total\n", io.path.c_str(),
-                  io.max_seconds, static_cast<double>(io.total_bytes) / 1048576.0,
-                  mib_per_s(static_cast<double>(io.rank_bytes), io.seconds).c_str(),
-                  mib_per_s(static_cast<double>(io.total_bytes), io.max_seconds).c_str());
-    std::fflush(stdout);
+  Activity activity("saving a checkpoint");
+  checkpoint::TrainState st;
+  st.iteration = iteration;
+  st.consumed_samples = consumed_at_start + (iteration - start_iter) * global;
+  st.seed = args.seed;
+  st.loss_scaler = scaler.state();
+  st.config = args.to_config();
+  checkpoint::SaveOptions so;
+  so.keep = args.keep_checkpoints;
+  so.kill_rank_midway = kill_in_save_rank(iteration);
+  const auto io = checkpoint::save_checkpoint(args.save, st, engine, placement, so);
+  if (root)
+    std::printf(" saved checkpoint %s in %.2f s: %.1f MiB, %s per rank, %s total\n", io.path.c_str(), io.max_seconds,
+                static_cast<double>(io.total_bytes) / 1048576.0,
+                mib_per_s(static_cast<double>(io.rank_bytes), io.seconds).c_str(),
+                mib_per_s(static_cast<double>(io.total_bytes), io.max_seconds).c_str());
+  std::fflush(stdout);
 }
 
 std::vector<MicroBatch> Trainer::Impl::micro_batches(std::int64_t it, Split split) {
-    std::vector<MicroBatch> mbs;
-    for (std::int64_t m = 0; m < accum; ++m) {
-      MicroBatch mb;
-      mb.step.seed = args.seed;
-      mb.step.iteration = static_cast<std::uint64_t>(it);
-      mb.step.micro_batch = args.micro_batch_size;
-      mb.step.seq = S;
-      mb.step.training = split == Split::Train;
-      mb.step.sample_offset = groups->dp_rank() * (global / dp) + m * args.micro_batch_size;
-      // Training reads from the data position (consumed samples), so a resumed
-      // run continues where the checkpoint left off.
-      const std::int64_t base =
-          split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
-      source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, host, mb.ids, mb.targets);
-      if (!device->host_accessible()) {  // tokens are made on the host; one copy each to the device
-        for (Tensor* t : {&mb.ids, &mb.targets}) {
-          Tensor d = Tensor::empty(device, t->shape(), DType::I64, MemoryCategory::Activations);
-          d.copy_from(*t);
-          *t = d;
-        }
+  std::vector<MicroBatch> mbs;
+  for (std::int64_t m = 0; m < accum; ++m) {
+    MicroBatch mb;
+    mb.step.seed = args.seed;
+    mb.step.iteration = static_cast<std::uint64_t>(it);
+    mb.step.micro_batch = args.micro_batch_size;
+    mb.step.seq = S;
+    mb.step.training = split == Split::Train;
+    mb.step.sample_offset = groups->dp_rank() * (global / dp) + m * args.micro_batch_size;
+    // Training reads from the data position (consumed samples), so a resumed
+    // run continues where the checkpoint left off.
+    const std::int64_t base = split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
+    source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, host, mb.ids, mb.targets);
+    if (!device->host_accessible()) {  // tokens are made on the host; one copy each to the device
+      for (Tensor* t : {&mb.ids, &mb.targets}) {
+        Tensor d = Tensor::empty(device, t->shape(), DType::I64, MemoryCategory::Activations);
+        d.copy_from(*t);
+        *t = d;
       }
-      mbs.push_back(std::move(mb));
     }
-    return mbs;
+    mbs.push_back(std::move(mb));
+  }
+  return mbs;
 }
 
 double Trainer::Impl::evaluate(std::int64_t at) {
   Communicator& world = groups->world();
   auto& model = *model_;
-    double sum = 0;
-    for (std::int64_t e = 0; e < args.eval_iters; ++e)
-      for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, Split::Valid); }))
-        sum += model.forward(mb.ids, mb.targets, mb.step);
-    const double loss = all_reduce_value(
-        groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
-    if (root) std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss, std::exp(loss));
-    scalar("lm loss validation", at, loss);
-    scalar("lm loss validation ppl", at, std::exp(loss));
-    if (tensorboard) tensorboard->flush();
-    return loss;
+  double sum = 0;
+  for (std::int64_t e = 0; e < args.eval_iters; ++e)
+    for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, Split::Valid); }))
+      sum += model.forward(mb.ids, mb.targets, mb.step);
+  const double loss = all_reduce_value(
+      groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
+  if (root)
+    std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss,
+                std::exp(loss));
+  scalar("lm loss validation", at, loss);
+  scalar("lm loss validation ppl", at, std::exp(loss));
+  if (tensorboard) tensorboard->flush();
+  return loss;
 }
 
 TrainResult Trainer::Impl::train() {
@@ -467,14 +476,18 @@ TrainResult Trainer::Impl::train() {
       const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
       const auto mem = device->memory().snapshot();
       const double ckpt_peak = max_over(
-          world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
+          world, static_cast<double>(
+                     mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
       const double heap_peak = max_over(world, static_cast<double>(mem.heap_peak_bytes));
       const double arena_misses = max_over(world, static_cast<double>(device->arena_stats().misses));
       const double act_peak = max_over(
-          world, static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
+          world,
+          static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
       const double host_ckpt_peak = max_over(
-          world, static_cast<double>(host->memory().snapshot().by_category[static_cast<std::size_t>(
-                                         MemoryCategory::ActivationCheckpoints)].peak_bytes));
+          world, static_cast<double>(host->memory()
+                                         .snapshot()
+                                         .by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
+                                         .peak_bytes));
       const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
       if (root) {
@@ -488,28 +501,30 @@ TrainResult Trainer::Impl::train() {
             r.loss_scale, r.stats.grad_norm, static_cast<long long>(scaler.skipped_steps()),
             static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops,
             100.0 * tflops / peak, peak_mib,
-            args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str() : "",
+            args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str()
+                              : "",
             eta);
-        std::printf("   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
-                    "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)\n",
-                    data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3,
-                    bwd.max * 1e3, optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3,
-                    step_spread.min * 1e3, step_spread.max * 1e3, step_spread.slowest);
+        std::printf(
+            "   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
+            "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)\n",
+            data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3, bwd.max * 1e3,
+            optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3, step_spread.min * 1e3,
+            step_spread.max * 1e3, step_spread.slowest);
         std::fflush(stdout);
         if (metrics.is_open())
           metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
                   << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
                   << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << scaler.skipped_steps()
-                  << ", \"nan_iterations\": " << nan_total
-                  << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": "
-                  << static_cast<double>(global * S) / per_iter << ", \"tflops_per_rank\": " << tflops
-                  << ", \"mfu\": " << tflops / peak << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0
-                  << ", \"forward_ms\": " << fwd.max * 1e3 << ", \"backward_ms\": " << bwd.max * 1e3
-                  << ", \"optimizer_ms\": " << optim_t.max * 1e3 << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3
-                  << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
-                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak << ", \"first_fit_heap_peak_bytes\": " << heap_peak
-                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak
-                  << ", \"arena_misses\": " << arena_misses << "}\n"
+                  << ", \"nan_iterations\": " << nan_total << ", \"ms_per_iteration\": " << per_iter * 1e3
+                  << ", \"tokens_per_s\": " << static_cast<double>(global * S) / per_iter
+                  << ", \"tflops_per_rank\": " << tflops << ", \"mfu\": " << tflops / peak
+                  << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0 << ", \"forward_ms\": " << fwd.max * 1e3
+                  << ", \"backward_ms\": " << bwd.max * 1e3 << ", \"optimizer_ms\": " << optim_t.max * 1e3
+                  << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3 << ", \"slowest_rank\": " << step_spread.slowest
+                  << ", \"activations_peak_bytes\": " << act_peak << ", \"checkpoints_peak_bytes\": " << ckpt_peak
+                  << ", \"first_fit_heap_peak_bytes\": " << heap_peak
+                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak << ", \"arena_misses\": " << arena_misses
+                  << "}\n"
                   << std::flush;
       }
       if (tensorboard) {  // Megatron's tags where it has them
@@ -536,7 +551,8 @@ TrainResult Trainer::Impl::train() {
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = 0;
       window_iters = 0;
     }
-    if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 && it + 1 < args.train_iters) {
+    if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 &&
+        it + 1 < args.train_iters) {
       Activity activity("evaluation");
       evaluate(it + 1);
     }
@@ -564,7 +580,8 @@ TrainResult Trainer::Impl::train() {
       if (root)
         std::printf("stopping after iteration %lld on a stop signal (SIGTERM/SIGUSR1)%s; exit code %d\n",
                     static_cast<long long>(it + 1),
-                    args.save.empty() ? " without a checkpoint (no --save)" : ", checkpoint saved", kExitStoppedBySignal);
+                    args.save.empty() ? " without a checkpoint (no --save)" : ", checkpoint saved",
+                    kExitStoppedBySignal);
       std::fflush(stdout);
       result.exit_code = kExitStoppedBySignal;
       return result;
@@ -579,11 +596,12 @@ TrainResult Trainer::Impl::train() {
     // MD: what the arenas replaced — allocations that would have been made
     // (and freed) among short-lived activations every iteration.
     const double iters = static_cast<double>(args.train_iters - start_iter);
-    std::printf("MD: per iteration, %.0f activation checkpoints placed in a %.2f MiB arena and %.0f group gradients "
-                "in reserved buffers, instead of as many allocations interleaved with transient activations\n",
-                static_cast<double>(checkpoints->stats().arena_fills) / iters,
-                static_cast<double>(checkpoints->stats().arena_bytes) / 1048576.0,
-                static_cast<double>(engine.gradient_arena_fills()) / iters);
+    std::printf(
+        "MD: per iteration, %.0f activation checkpoints placed in a %.2f MiB arena and %.0f group gradients "
+        "in reserved buffers, instead of as many allocations interleaved with transient activations\n",
+        static_cast<double>(checkpoints->stats().arena_fills) / iters,
+        static_cast<double>(checkpoints->stats().arena_bytes) / 1048576.0,
+        static_cast<double>(engine.gradient_arena_fills()) / iters);
   }
   if (root) {
     char vtext[64];

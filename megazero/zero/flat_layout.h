@@ -17,7 +17,9 @@ struct Range {
   std::int64_t begin = 0, end = 0;
   std::int64_t size() const { return end > begin ? end - begin : 0; }
   bool empty() const { return size() == 0; }
-  Range intersect(const Range& o) const { return {std::max(begin, o.begin), std::max(std::max(begin, o.begin), std::min(end, o.end))}; }
+  Range intersect(const Range& o) const {
+    return {std::max(begin, o.begin), std::max(std::max(begin, o.begin), std::min(end, o.end))};
+  }
   bool operator==(const Range&) const = default;
 };
 
@@ -29,7 +31,7 @@ class FlatLayout {
   // (groups non-decreasing).
   FlatLayout(const std::vector<std::int64_t>& param_numels, const std::vector<int>& param_groups, int dp_size);
 
-  std::int64_t numel() const { return padded_; }            // Psi (padded), per TP rank
+  std::int64_t numel() const { return padded_; }  // Psi (padded), per TP rank
   std::int64_t unpadded_numel() const { return unpadded_; }
   int dp_size() const { return dp_; }
   std::int64_t partition_size() const { return padded_ / dp_; }

@@ -15,9 +15,8 @@ void ZeroRConfig::validate(bool recompute) const {
              "--cpu-checkpointing moves the partitioned checkpoints to host memory; add --partition-activations");
 }
 
-PartitionedCheckpoints::PartitionedCheckpoints(const ZeroRConfig& cfg, Communicator& tp,
-                                               std::shared_ptr<Device> device, std::shared_ptr<Device> host,
-                                               int num_layers)
+PartitionedCheckpoints::PartitionedCheckpoints(const ZeroRConfig& cfg, Communicator& tp, std::shared_ptr<Device> device,
+                                               std::shared_ptr<Device> host, int num_layers)
     : cfg_(cfg), tp_(tp), device_(std::move(device)), host_(std::move(host)), num_layers_(num_layers) {
   MZ_CHECK(!cfg_.cpu_checkpointing || host_, "Pa+cpu needs a host device");
   saved_.resize(static_cast<std::size_t>(num_layers));

@@ -56,7 +56,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
  private:
   struct Saved {
     Shape shape;
-    Tensor slice;  // this rank's part (all of it without Pa)
+    Tensor slice;                      // this rank's part (all of it without Pa)
     std::vector<std::int64_t> counts;  // Pa: every rank's slice length
     bool present = false;
   };

@@ -39,8 +39,8 @@ Tensor flat_slice(const Tensor& flat, Range r, std::int64_t base = 0) {
 
 }  // namespace
 
-ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp,
-                       std::shared_ptr<Device> device, const ZeroConfig& cfg)
+ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp, std::shared_ptr<Device> device,
+                       const ZeroConfig& cfg)
     : params_(params.all()),
       dp_(dp),
       tp_(tp),
@@ -58,7 +58,8 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
     if (!o.empty()) owned_segments_.push_back({o.begin - owned_.begin, o.end - owned_.begin, params_[i]->weight_decay});
     const Range n = r.intersect(part_);
     if (!n.empty())
-      norm_segments_.push_back({{n.begin - part_.begin, n.end - part_.begin}, !params_[i]->tp_replicated() || tp.rank() == 0});
+      norm_segments_.push_back(
+          {{n.begin - part_.begin, n.end - part_.begin}, !params_[i]->tp_replicated() || tp.rank() == 0});
   }
   const auto P = layout_.partition_size(), N = layout_.numel();
   master_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "fp32-master");
@@ -80,8 +81,8 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
       for (int g = 1; g < layout_.num_groups(); ++g) largest_other = std::max(largest_other, layout_.group(g).size());
       grad_arena_[0] = Tensor::empty(device_, {layout_.group(0).size()}, cfg_.param_dtype, MemoryCategory::Gradients,
                                      "group-grad-arena");
-      grad_arena_[1] = Tensor::empty(device_, {largest_other}, cfg_.param_dtype, MemoryCategory::Gradients,
-                                     "group-grad-arena");
+      grad_arena_[1] =
+          Tensor::empty(device_, {largest_other}, cfg_.param_dtype, MemoryCategory::Gradients, "group-grad-arena");
     }
     // Two constant-size staging buffers (the paper's CB): one filling while
     // the other's reduce-scatter is in flight.
@@ -327,9 +328,8 @@ std::string ZeroEngine::constant_buffers() const {
            std::to_string(cfg_.stage) + ")";
   char mib[32];
   std::snprintf(mib, sizeof mib, "%.2f", static_cast<double>(bytes) / 1048576.0);
-  return std::to_string(slots_.size()) + " gradient staging buffers of " +
-         std::to_string(slots_.front().numel()) + " elements (" + mib + " MiB in all; " + bucket +
-         ", capped at the model)";
+  return std::to_string(slots_.size()) + " gradient staging buffers of " + std::to_string(slots_.front().numel()) +
+         " elements (" + mib + " MiB in all; " + bucket + ", capped at the model)";
 }
 
 // ---------------------------------------------------------------- step

@@ -41,14 +41,14 @@ struct ZeroConfig {
   // groups in backward live in two buffers reserved once (the embedding
   // group's, which stays in backward the whole pass, and one sized for the
   // largest other group) instead of one allocation per group per micro-batch.
-  bool contiguous_gradients = false;           // --contiguous-memory-optimization
+  bool contiguous_gradients = false;  // --contiguous-memory-optimization
 
   void validate() const;  // ConfigError naming the flag
 };
 
 struct StepStats {
-  bool skipped = false;    // an overflow (inf/NaN gradient) on some rank: nobody updated
-  double grad_norm = 0;    // global norm over all DP partitions and TP shards (unscaled)
+  bool skipped = false;  // an overflow (inf/NaN gradient) on some rank: nobody updated
+  double grad_norm = 0;  // global norm over all DP partitions and TP shards (unscaled)
   double clip_coef = 1;
 };
 
@@ -76,8 +76,8 @@ class ZeroEngine final : public layers::ParamHooks {
 
   const ZeroConfig& config() const { return cfg_; }
   const FlatLayout& layout() const { return layout_; }
-  Range owned() const { return owned_; }        // where this rank keeps master + Adam
-  Range partition() const { return part_; }      // this rank's DP partition
+  Range owned() const { return owned_; }     // where this rank keeps master + Adam
+  Range partition() const { return part_; }  // this rank's DP partition
   int dp_rank() const { return dp_.rank(); }
   const Tensor& master() const { return master_; }  // fp32, owned().size() elements
   // The fp32 optimizer state of owned(): checkpoints read it to save and

@@ -64,7 +64,8 @@ void dropout_bias_grad(std::mt19937& rng, const Case& c) {
   for (i64 col = 0; col < c.cols; ++col) {
     double acc = 0;
     for (i64 k = 0; k < ch.used; ++k) acc += partial[static_cast<std::size_t>(k * c.cols + col)];
-    dbg[static_cast<std::size_t>(col)] = static_cast<float>(static_cast<double>(static_cast<float>(bv[static_cast<std::size_t>(col)])) + acc);
+    dbg[static_cast<std::size_t>(col)] =
+        static_cast<float>(static_cast<double>(static_cast<float>(bv[static_cast<std::size_t>(col)])) + acc);
   }
   expect_close(values(g), values(dxc), 0, 0, "dx (the CPU's mask and rounding: bit for bit)");
   expect_close(dbg, values(dbc), 0x1p-23, 1e-30, "dbias (double sums, one fp32 rounding)");
@@ -75,13 +76,13 @@ void dropout_bias_grad(std::mt19937& rng, const Case& c) {
 int main() {
   std::mt19937 rng(2026);
   const std::vector<Case> cases = {
-      {{3, 1, 5, 6, 0, 0, 1}, 6, 0.1},       // hidden dropout: [micro-batch, 1, seq, hidden]
-      {{3, 1, 5, 7, 2, 0, 1}, 7, 0.3},       // rows of 35: Philox blocks straddle rows and threads
-      {{2, 3, 2, 5, 1, 2, 7}, 10, 0.5},      // offsets of a split (a0, b0 of GB)
-      {{4, 1, 64, 33, 0, 0, 1}, 33, 0.1},    // 256 rows: several row chunks
-      {{2, 1, 8, 40, 0, 0, 1}, 40, 0.0},     // p = 0: a copy and the sum
-      {{1, 1, 3, 300, 0, 0, 1}, 300, 0.2},   // several column blocks
-      {{6, 2, 1, 5, 1, 3, 9}, 10, 0.4},      // layout rows of 5 inside tensor rows of 10: a thread's columns cross one
+      {{3, 1, 5, 6, 0, 0, 1}, 6, 0.1},      // hidden dropout: [micro-batch, 1, seq, hidden]
+      {{3, 1, 5, 7, 2, 0, 1}, 7, 0.3},      // rows of 35: Philox blocks straddle rows and threads
+      {{2, 3, 2, 5, 1, 2, 7}, 10, 0.5},     // offsets of a split (a0, b0 of GB)
+      {{4, 1, 64, 33, 0, 0, 1}, 33, 0.1},   // 256 rows: several row chunks
+      {{2, 1, 8, 40, 0, 0, 1}, 40, 0.0},    // p = 0: a copy and the sum
+      {{1, 1, 3, 300, 0, 0, 1}, 300, 0.2},  // several column blocks
+      {{6, 2, 1, 5, 1, 3, 9}, 10, 0.4},     // layout rows of 5 inside tensor rows of 10: a thread's columns cross one
   };
   for (const Case& c : cases) {
     dropout_bias_grad<DType::F32>(rng, c);
@@ -92,7 +93,9 @@ int main() {
     std::printf("dropout_kernels_emulated: %d checks failed\n", failures);
     return 1;
   }
-  std::printf("dropout_kernels_emulated: the fused dropout backward and bias gradient match the CPU (%zu layouts, "
-              "fp32, bf16, fp16)\n", cases.size());
+  std::printf(
+      "dropout_kernels_emulated: the fused dropout backward and bias gradient match the CPU (%zu layouts, "
+      "fp32, bf16, fp16)\n",
+      cases.size());
   return 0;
 }

@@ -27,8 +27,8 @@ inline void check(bool ok, const char* what, double got, double want, std::size_
 inline void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rtol, double atol,
                          const char* what) {
   for (std::size_t i = 0; i < a.size(); ++i)
-    check(a[i] == b[i] || (std::isfinite(a[i]) && std::fabs(a[i] - b[i]) <= rtol * std::fabs(b[i]) + atol), what,
-          a[i], b[i], i);  // equal: also the -inf max of an all-padding slice
+    check(a[i] == b[i] || (std::isfinite(a[i]) && std::fabs(a[i] - b[i]) <= rtol * std::fabs(b[i]) + atol), what, a[i],
+          b[i], i);  // equal: also the -inf max of an all-padding slice
 }
 
 inline std::shared_ptr<Device> cpu() {

@@ -71,7 +71,9 @@ Reference reference(const std::vector<double>& q, const std::vector<double>& k, 
         M[e] = p == 0 || uniform_at(key, idx) >= p ? keep : 0.0;
       }
       for (int c = 0; c < d; ++c)
-        for (int j = 0; j <= i; ++j) r.out[at(i, c)] += P[static_cast<std::size_t>(i * s + j)] * M[static_cast<std::size_t>(i * s + j)] * v[at(j, c)];
+        for (int j = 0; j <= i; ++j)
+          r.out[at(i, c)] +=
+              P[static_cast<std::size_t>(i * s + j)] * M[static_cast<std::size_t>(i * s + j)] * v[at(j, c)];
     }
     for (int i = 0; i < s; ++i) {
       double D = 0;

@@ -28,7 +28,6 @@ namespace {
 
 using namespace emu_checks;
 
-
 // valid < cols: padding columns; valid == 0: a rank whose slice is all padding.
 template <DType T>
 void cross_entropy(std::mt19937& rng, i64 valid = 41) {
@@ -50,8 +49,8 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   kernels::cross_entropy_forward(lc, targets, start, valid, mc, sc, tc);
   Tensor lg = tensor_of({n, cols}, lv, T), mg = stats(), sg = stats(), tg = stats();
   emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
-    dk::cross_entropy_forward_kernel<S>(raw<S>(lg), tp, start, cols, valid, mg.host_data<float>(), sg.host_data<float>(),
-                                        tg.host_data<float>());
+    dk::cross_entropy_forward_kernel<S>(raw<S>(lg), tp, start, cols, valid, mg.host_data<float>(),
+                                        sg.host_data<float>(), tg.host_data<float>());
   });
   expect_close(values(mg), values(mc), 0, 0, "row max (exact)");
   expect_close(values(tg), values(tc), 0, 0, "target logit (exact; 0 off the slice)");
@@ -65,8 +64,8 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   Tensor sg2 = sc.clone(MemoryCategory::Other);
   kernels::cross_entropy_backward(lc, mc, gmax, sc, targets, start, valid, 0.25, lc);
   emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
-    dk::cross_entropy_backward_kernel<S>(raw<S>(lg), mg.host_data<float>(), gmax.host_data<float>(), sg2.host_data<float>(),
-                                         tp, start, cols, valid, 0.25, raw<S>(lg));
+    dk::cross_entropy_backward_kernel<S>(raw<S>(lg), mg.host_data<float>(), gmax.host_data<float>(),
+                                         sg2.host_data<float>(), tp, start, cols, valid, 0.25, raw<S>(lg));
   });
   const auto want = values(lc);
   expect_close(values(lg), want, 2 * ulp_of(T), 1e-7, "dlogits in place");

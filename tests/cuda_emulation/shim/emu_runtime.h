@@ -26,9 +26,15 @@
 // Blocks run one after another, so a function-level static is exactly one
 // copy per running block, shared by its threads: a __shared__ variable.
 #define __shared__ static
-struct uint3 { unsigned x = 0, y = 0, z = 0; };
-struct dim3 { unsigned x = 1, y = 1, z = 1; };
-struct uint4 { unsigned x, y, z, w; };
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+};
+struct uint4 {
+  unsigned x, y, z, w;
+};
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 
@@ -47,33 +53,53 @@ inline void __syncthreads() { emu_blk->block_bar->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_blk->warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  emu_blk->xch[w][l] = v; __syncwarp();
-  float r = emu_blk->xch[w][l ^ m]; __syncwarp(); return r;
+  emu_blk->xch[w][l] = v;
+  __syncwarp();
+  float r = emu_blk->xch[w][l ^ m];
+  __syncwarp();
+  return r;
 }
 inline float __shfl_down_sync(unsigned, float v, int m) {
   const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  emu_blk->xch[w][l] = v; __syncwarp();
-  float r = l + m < 32 ? emu_blk->xch[w][l + m] : v; __syncwarp(); return r;
+  emu_blk->xch[w][l] = v;
+  __syncwarp();
+  float r = l + m < 32 ? emu_blk->xch[w][l + m] : v;
+  __syncwarp();
+  return r;
 }
 inline double __shfl_down_sync(unsigned, double v, int m) {
   const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
-  emu_blk->xchd[w][l] = v; __syncwarp();
-  double r = l + m < 32 ? emu_blk->xchd[w][l + m] : v; __syncwarp(); return r;
+  emu_blk->xchd[w][l] = v;
+  __syncwarp();
+  double r = l + m < 32 ? emu_blk->xchd[w][l + m] : v;
+  __syncwarp();
+  return r;
 }
 // CUDA's device max() overloads.
 inline float max(float a, float b) { return std::fmax(a, b); }
 inline double max(double a, double b) { return std::fmax(a, b); }
 inline std::int64_t min(std::int64_t a, std::int64_t b) { return a < b ? a : b; }
 // 16-bit types
-struct __nv_bfloat16 { uint16_t x = 0; };
-struct __half { _Float16 h = 0; };
+struct __nv_bfloat16 {
+  uint16_t x = 0;
+};
+struct __half {
+  _Float16 h = 0;
+};
 inline float ld(float v) { return v; }
-inline float ld(__nv_bfloat16 v) { uint32_t u = (uint32_t)v.x << 16; float f; std::memcpy(&f, &u, 4); return f; }
+inline float ld(__nv_bfloat16 v) {
+  uint32_t u = (uint32_t)v.x << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
 inline float ld(__half v) { return (float)v.h; }
 inline __nv_bfloat16 to_bf16(float f) {
-  uint32_t u; std::memcpy(&u, &f, 4);
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
   if (std::isnan(f)) return {0x7fc0};
-  u += 0x7fff + ((u >> 16) & 1); return {(uint16_t)(u >> 16)};
+  u += 0x7fff + ((u >> 16) & 1);
+  return {(uint16_t)(u >> 16)};
 }
 inline thread_local std::size_t emu_smem_bytes = 0;
 inline thread_local unsigned char* emu_smem_base;
@@ -90,13 +116,22 @@ void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel)
       EmuBlock blk;
       std::barrier<> bb(threads);
       std::vector<std::unique_ptr<std::barrier<>>> wb;
-      for (unsigned w = 0; w < threads / 32; ++w) { wb.emplace_back(new std::barrier<>(32)); blk.warp_bar[w] = wb.back().get(); }
+      for (unsigned w = 0; w < threads / 32; ++w) {
+        wb.emplace_back(new std::barrier<>(32));
+        blk.warp_bar[w] = wb.back().get();
+      }
       blk.block_bar = &bb;
       std::vector<std::thread> ts;
       for (unsigned t = 0; t < threads; ++t)
         ts.emplace_back([&, t] {
-          threadIdx = {t, 0, 0}; blockIdx = {bx, by, 0}; gridDim = grid; blockDim = {threads, 1, 1};
-          emu_smem = base; emu_smem_base = base; emu_smem_bytes = smem_bytes; emu_blk = &blk;
+          threadIdx = {t, 0, 0};
+          blockIdx = {bx, by, 0};
+          gridDim = grid;
+          blockDim = {threads, 1, 1};
+          emu_smem = base;
+          emu_smem_base = base;
+          emu_smem_bytes = smem_bytes;
+          emu_blk = &blk;
           kernel();
         });
       for (auto& t : ts) t.join();

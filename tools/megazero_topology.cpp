@@ -8,6 +8,7 @@
 #include <iostream>
 #include <optional>
 
+#include "megazero/core/limits.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
@@ -52,8 +53,8 @@ Args parse(int argc, char** argv) {
   }
   MZ_REQUIRE(a.format == "table" || a.format == "json", "--format: '", a.format, "' is not table or json");
   // The largest GPU clusters hold ~10^5 GPUs; a table of more than 2^20 ranks is a typo, not a plan.
-  MZ_REQUIRE(a.world_size == -1 || (a.world_size > 0 && a.world_size <= (1 << 20)),
-             "--world-size must be a number of ranks from 1 to 1048576, got ", a.world_size);
+  MZ_REQUIRE(a.world_size == -1 || (a.world_size > 0 && a.world_size <= limits::kMaxRanks),
+             "--world-size must be a number of ranks from 1 to ", limits::kMaxRanks, ", got ", a.world_size);
   MZ_REQUIRE(a.world_size == -1 || a.parallel.ranks_per_node > 0,
              "--world-size needs --ranks-per-node (a virtual world has no MPI to detect nodes from)");
   return a;

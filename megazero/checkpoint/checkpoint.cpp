@@ -19,6 +19,7 @@
 #include "megazero/checkpoint/safetensors.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
+#include "megazero/core/limits.h"
 
 namespace megazero::checkpoint {
 
@@ -33,8 +34,9 @@ constexpr const char* kManifest = "manifest.json";
 constexpr const char* kLatest = "latest";
 const char* const kStates[] = {"master", "exp_avg", "exp_avg_sq"};
 // Bounds of what a manifest may claim (pretrain_gpt's own flag bounds).
-constexpr std::int64_t kMaxIterations = 1'000'000'000'000, kMaxBatch = std::int64_t{1} << 40;
-constexpr int kMaxRanks = 1 << 24;
+using limits::kMaxBatch;
+using limits::kMaxIterations;
+using limits::kMaxRanks;
 
 std::string shard_file_name(int tp, int dp) {
   char s[64];

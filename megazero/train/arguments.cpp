@@ -15,6 +15,7 @@
 #include <boost/program_options.hpp>
 
 #include "megazero/core/error.h"
+#include "megazero/core/limits.h"
 #include "megazero/train/megatron_compat.h"
 
 namespace po = boost::program_options;
@@ -294,7 +295,8 @@ std::vector<std::string> known_flags(const po::options_description& desc) {
 }  // namespace
 
 namespace {
-constexpr std::int64_t kMaxIterations = 1'000'000'000'000, kMaxBatch = std::int64_t{1} << 40;
+using limits::kMaxBatch;
+using limits::kMaxIterations;
 
 // Every size the run computes from the flags (parameters, the largest
 // activation) in floating point, where no product overflows: one that would
@@ -390,8 +392,8 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
     }
     po::notify(vm);
     // An explicit --world-size 0 is not "no virtual world".
-    MZ_REQUIRE(!vm.count("world-size") || (a.world_size > 0 && a.world_size <= (1 << 20)),
-               "--world-size must be a number of ranks from 1 to 1048576, got ", a.world_size);
+    MZ_REQUIRE(!vm.count("world-size") || (a.world_size > 0 && a.world_size <= limits::kMaxRanks),
+               "--world-size must be a number of ranks from 1 to ", limits::kMaxRanks, ", got ", a.world_size);
   } catch (const po::error& e) {
     throw ConfigError(std::string(e.what()) + "; run pretrain_gpt --help for the options");
   }

@@ -8,7 +8,7 @@
 
 namespace megazero::limits {
 
-inline constexpr int kMaxRanks = 1 << 20;                           // --world-size, a manifest's TP and DP
+inline constexpr int kMaxRanks = 1 << 20;                          // --world-size, a manifest's TP and DP
 inline constexpr std::int64_t kMaxIterations = 1'000'000'000'000;  // --train-iters, a manifest's iteration
 inline constexpr std::int64_t kMaxBatch = std::int64_t{1} << 40;   // samples per (micro-)batch
 

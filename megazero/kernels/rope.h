@@ -1,0 +1,23 @@
+// Rotary position embedding (Su et al. 2021) in the rotate-half form used by
+// Megatron-LM and Hugging Face's Llama: dimension i pairs with i + D/2.
+// x: [N, S, D] contiguous (N = batch x heads, S = sequence, D = head size,
+// even); row s is position s. For i < D/2, with
+//   theta(s, i) = s * base^(-2i / D)   (inverse frequency and angle in double)
+//   y[i]       = x[i] cos(theta) - x[i + D/2] sin(theta)
+//   y[i + D/2] = x[i + D/2] cos(theta) + x[i] sin(theta)
+// cos and sin are taken in double and rounded to the compute type (fp32 for
+// fp32 and 16-bit storage, fp64 for fp64); the products are in the compute
+// type, each result rounded once to storage.
+#pragma once
+
+#include "megazero/core/tensor.h"
+
+namespace megazero::kernels {
+
+// y may alias x.
+void rope_forward(const Tensor& x, double base, Tensor& y);
+// The adjoint (rotation by -theta): dx[i] = dy[i] cos + dy[i + D/2] sin,
+// dx[i + D/2] = dy[i + D/2] cos - dy[i] sin. dx may alias dy.
+void rope_backward(const Tensor& dy, double base, Tensor& dx);
+
+}  // namespace megazero::kernels

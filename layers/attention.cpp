@@ -6,6 +6,7 @@
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/rope.h"
 
 namespace megazero::layers {
 
@@ -15,16 +16,48 @@ ParallelSelfAttention::ParallelSelfAttention(ParameterSet& params, const std::st
       layer_(layer),
       ctx_(ctx),
       local_heads_(cfg.num_attention_heads / ctx.size()),
+      local_groups_(cfg.query_groups() / ctx.size()),
+      per_group_(cfg.num_attention_heads / cfg.query_groups()),
       head_dim_(cfg.head_dim()),
-      qkv_(params, name + ".qkv", cfg.hidden_size, 3 * cfg.hidden_size, true, false, ctx, cfg.init_method_std),
-      dense_(params, name + ".dense", cfg.hidden_size, cfg.hidden_size, true, ctx,
+      qkv_(params, name + ".qkv", cfg.hidden_size, (cfg.num_attention_heads + 2 * cfg.query_groups()) * cfg.head_dim(),
+           cfg.add_bias_linear, false, ctx, cfg.init_method_std),
+      dense_(params, name + ".dense", cfg.hidden_size, cfg.hidden_size, cfg.add_bias_linear, ctx,
              cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
 
 Tensor ParallelSelfAttention::split_heads(const Tensor& qkv, int which) const {
-  const std::int64_t B = step_.micro_batch, S = step_.seq;
-  Tensor out = ctx_.activation({B, local_heads_, S, head_dim_});
-  out.copy_from(qkv.view({B, S, local_heads_, 3, head_dim_}).select(3, which).transpose(1, 2));
-  return out.view({B * local_heads_, S, head_dim_});
+  const std::int64_t B = step_.micro_batch, S = step_.seq, G = local_groups_, P = per_group_;
+  const Tensor five = qkv.view({B, S, G, P + 2, head_dim_});
+  if (which == 0) {  // [B, S, G, P, hn] -> [B, G, P, S, hn]
+    Tensor out = ctx_.activation({B, G, P, S, head_dim_});
+    out.copy_from(five.narrow(3, 0, P).transpose(1, 2).transpose(2, 3));
+    return out.view({B * G * P, S, head_dim_});
+  }
+  Tensor out = ctx_.activation({B, G, S, head_dim_});
+  out.copy_from(five.select(3, P - 1 + which).transpose(1, 2));
+  return out.view({B * G, S, head_dim_});
+}
+
+Tensor ParallelSelfAttention::repeat_groups(const Tensor& kv) const {
+  if (per_group_ == 1) return kv;
+  const std::int64_t B = step_.micro_batch, S = step_.seq, G = local_groups_, P = per_group_;
+  Tensor out = ctx_.activation({B, G, P, S, head_dim_});
+  const Tensor src = kv.view({B, G, S, head_dim_});
+  for (std::int64_t j = 0; j < P; ++j) out.select(2, j).copy_from(src);
+  return out.view({B * G * P, S, head_dim_});
+}
+
+Tensor ParallelSelfAttention::sum_groups(const Tensor& dkv) const {
+  if (per_group_ == 1) return dkv;
+  const std::int64_t B = step_.micro_batch, S = step_.seq, G = local_groups_, P = per_group_;
+  const Tensor five = dkv.view({B, G, P, S, head_dim_});
+  Tensor out = ctx_.activation({B, G, S, head_dim_});
+  Tensor term = ctx_.activation({B, G, S, head_dim_});
+  out.copy_from(five.select(2, 0));
+  for (std::int64_t j = 1; j < P; ++j) {  // in head order: the same sum on every device and layout
+    term.copy_from(five.select(2, j));
+    kernels::add(out, term, out);
+  }
+  return out.view({B * G, S, head_dim_});
 }
 
 kernels::DropoutLayout ParallelSelfAttention::probs_layout() const {
@@ -54,6 +87,10 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
   k_ = split_heads(qkv, 1);
   v_ = split_heads(qkv, 2);
   qkv = Tensor();
+  if (cfg_.rope()) {
+    kernels::rope_forward(q_, cfg_.rotary_base, q_);
+    kernels::rope_forward(k_, cfg_.rotary_base, k_);
+  }
   const double p = step.training ? cfg_.attention_dropout : 0.0;
   const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, dropout_key()) : attend_unfused(p, dropout_key());
   Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
@@ -64,7 +101,8 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
 Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   Tensor scores = ctx_.activation({BH, S, S});
-  gemm(q_, false, k_, true, scores);
+  const Tensor k = repeat_groups(k_);
+  gemm(q_, false, k, true, scores);
   probs_ = scores;  // softmax in place
   kernels::causal_softmax_forward(scores, scale(), probs_);
   if (p > 0) {
@@ -74,7 +112,7 @@ Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
     probs_dropped_ = probs_;
   }
   Tensor ctx = ctx_.activation({BH, S, head_dim_});
-  gemm(probs_dropped_, false, v_, false, ctx);
+  gemm(probs_dropped_, false, repeat_groups(v_), false, ctx);
   return ctx;
 }
 
@@ -82,7 +120,8 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   context_ = ctx_.activation({BH, S, head_dim_});
   lse_ = ctx_.row_stats({BH, S});
-  kernels::fused_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
+  kernels::fused_attention_forward(q_, repeat_groups(k_), repeat_groups(v_), scale(), p, key, probs_layout(), context_,
+                                   lse_);
   return context_;
 }
 
@@ -102,11 +141,18 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_d
     attend_backward_fused(dctx, p, key, dq, dk, dv);
   else
     attend_backward_unfused(dctx, p, key, dq, dk, dv);
-  Tensor dqkv = ctx_.activation({B * S, local_heads_ * 3 * head_dim_});
-  auto five = dqkv.view({B, S, local_heads_, 3, head_dim_});
-  const Tensor* parts[] = {&dq, &dk, &dv};
-  for (int i = 0; i < 3; ++i)
-    five.select(3, i).copy_from(parts[i]->view({B, local_heads_, S, head_dim_}).transpose(1, 2));
+  dk = sum_groups(dk);
+  dv = sum_groups(dv);
+  if (cfg_.rope()) {  // the rotation's adjoint, back to the projections' outputs
+    kernels::rope_backward(dq, cfg_.rotary_base, dq);
+    kernels::rope_backward(dk, cfg_.rotary_base, dk);
+  }
+  const std::int64_t G = local_groups_, P = per_group_;
+  Tensor dqkv = ctx_.activation({B * S, G * (P + 2) * head_dim_});
+  auto five = dqkv.view({B, S, G, P + 2, head_dim_});
+  five.narrow(3, 0, P).copy_from(dq.view({B, G, P, S, head_dim_}).transpose(2, 3).transpose(1, 2));
+  five.select(3, P).copy_from(dk.view({B, G, S, head_dim_}).transpose(1, 2));
+  five.select(3, P + 1).copy_from(dv.view({B, G, S, head_dim_}).transpose(1, 2));
   Tensor dx = qkv_.backward(dqkv);
   release();
   return dx;
@@ -116,17 +162,19 @@ void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p
                                                     Tensor& dk, Tensor& dv) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   Tensor dprobs = ctx_.activation({BH, S, S});
-  gemm(dctx, false, v_, true, dprobs);          // dP = dctx V^T
+  const Tensor k = repeat_groups(k_), v = repeat_groups(v_);
+  gemm(dctx, false, v, true, dprobs);           // dP = dctx V^T
   gemm(probs_dropped_, true, dctx, false, dv);  // dV = P^T dctx
   if (p > 0) kernels::dropout_backward(dprobs, p, key, probs_layout(), dprobs);
   kernels::causal_softmax_backward(dprobs, probs_, scale(), dprobs);
-  gemm(dprobs, false, k_, false, dq);  // dQ = dS K
+  gemm(dprobs, false, k, false, dq);   // dQ = dS K
   gemm(dprobs, true, q_, false, dk);   // dK = dS^T Q
 }
 
 void ParallelSelfAttention::attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,
                                                   Tensor& dk, Tensor& dv) {
-  kernels::fused_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
+  kernels::fused_attention_backward(q_, repeat_groups(k_), repeat_groups(v_), context_, dctx, lse_, scale(), p, key,
+                                    probs_layout(), dq, dk, dv);
 }
 
 void ParallelSelfAttention::release() {

@@ -8,8 +8,16 @@
 // only the attention output and a log-sum-exp per row and recomputes the rest
 // (kernels/fused_attention.h). Both draw the same dropout mask.
 //
-// QKV weight layout: global rows ordered [head][q|k|v][head_dim], so a
-// contiguous TP split of the rows gives each rank whole heads (as Megatron).
+// QKV weight layout: global rows ordered [group][q heads of the group..., k,
+// v][head_dim] (Megatron's), so a contiguous TP split of the rows gives each
+// rank whole groups. Without grouped-query attention every head is its own
+// group: [head][q|k|v][head_dim].
+//
+// Options: rotary position embedding (--position-embedding-type rope) rotates
+// q and k of each head by position before the scores; grouped-query attention
+// (--num-query-groups G) shares one k/v head among the heads/G query heads of
+// a group — k and v are kept per group (the memory GQA saves) and repeated for
+// the attention kernels, their gradients summed back over the group.
 #pragma once
 
 #include "layers/gpt_config.h"
@@ -32,8 +40,13 @@ class ParallelSelfAttention {
   void release();
 
  private:
-  // [B*S, local_heads*3*hn] -> contiguous [B*local_heads, S, hn] for q (0), k (1) or v (2).
+  // [B*S, local_groups*(per_group+2)*hn] -> contiguous q [B*local_heads, S, hn]
+  // (which = 0), k or v [B*local_groups, S, hn] (which = 1, 2).
   Tensor split_heads(const Tensor& qkv, int which) const;
+  // k or v per group [B*local_groups, S, hn] -> per query head [B*local_heads, S, hn].
+  Tensor repeat_groups(const Tensor& kv) const;
+  // The adjoint: per-head gradients summed over each group.
+  Tensor sum_groups(const Tensor& dkv) const;
   // q, k, v (saved) -> the attention output [B*local_heads, S, hn], per backend.
   Tensor attend_unfused(double p, const RngKey& key);
   Tensor attend_fused(double p, const RngKey& key);
@@ -47,11 +60,11 @@ class ParallelSelfAttention {
   GPTConfig cfg_;
   int layer_;
   TpContext ctx_;
-  std::int64_t local_heads_, head_dim_;
+  std::int64_t local_heads_, local_groups_, per_group_, head_dim_;
   ColumnParallelLinear qkv_;
   RowParallelLinear dense_;
   StepInfo step_;
-  Tensor q_, k_, v_;
+  Tensor q_, k_, v_;  // k_, v_: per group (after the rotary embedding)
   Tensor probs_, probs_dropped_;  // unfused
   Tensor context_, lse_;          // fused: the attention output [B*heads, S, hn] and its row log-sum-exp
 };

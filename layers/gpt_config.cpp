@@ -1,10 +1,28 @@
 #include "layers/gpt_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megazero/core/error.h"
 
 namespace megazero::layers {
+
+std::int64_t GPTConfig::ffn() const {
+  if (ffn_hidden_size > 0) return ffn_hidden_size;
+  if (swiglu) return std::max<std::int64_t>(64, (4 * hidden_size * 2 / 3) / 64 * 64);
+  return 4 * hidden_size;
+}
+
+std::int64_t GPTConfig::parameter_count() const {
+  const std::int64_t h = hidden_size, hn = head_dim(), f = ffn(), b = add_bias_linear ? 1 : 0;
+  const std::int64_t qkv_out = (num_attention_heads + 2 * query_groups()) * hn;
+  const std::int64_t norm = rmsnorm() ? h : 2 * h;
+  const std::int64_t mlp_in = (swiglu ? 2 : 1) * f;
+  const std::int64_t layer = norm + qkv_out * (h + b) + h * (h + b) + norm + mlp_in * (h + b) + h * (f + b);
+  const std::int64_t embeddings =
+      vocab_size * h * (untie_embeddings ? 2 : 1) + (rope() ? 0 : max_position_embeddings * h);
+  return num_layers * layer + embeddings + norm;
+}
 
 std::int64_t GPTConfig::padded_vocab(int tp) const {
   const std::int64_t multiple = make_vocab_size_divisible_by * tp;
@@ -45,6 +63,24 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(num_attention_heads % tp == 0, "--num-attention-heads ", num_attention_heads,
              " is not divisible by --tensor-model-parallel-size ", tp,
              "; each TP rank holds whole heads: choose a TP size that divides the head count");
+  MZ_REQUIRE(position_embedding_type == "learned_absolute" || position_embedding_type == "rope",
+             "--position-embedding-type must be learned_absolute or rope, got '", position_embedding_type, "'");
+  MZ_REQUIRE(normalization == "LayerNorm" || normalization == "RMSNorm",
+             "--normalization must be LayerNorm or RMSNorm, got '", normalization, "'");
+  if (rope()) {
+    MZ_REQUIRE(std::isfinite(rotary_base) && rotary_base > 1, "--rotary-base must be a number above 1, got ",
+               rotary_base);
+    MZ_REQUIRE(head_dim() % 2 == 0, "--position-embedding-type rope needs an even head size; --hidden-size ",
+               hidden_size, " / --num-attention-heads ", num_attention_heads, " = ", head_dim());
+  }
+  MZ_REQUIRE(num_query_groups >= 0, "--num-query-groups must be positive, got ", num_query_groups);
+  MZ_REQUIRE(num_attention_heads % query_groups() == 0, "--num-attention-heads ", num_attention_heads,
+             " is not divisible by --num-query-groups ", query_groups(),
+             "; each key/value head serves an equal number of query heads");
+  MZ_REQUIRE(query_groups() % tp == 0, "--num-query-groups ", query_groups(),
+             " is not divisible by --tensor-model-parallel-size ", tp,
+             "; each TP rank holds whole query groups (their query, key and value heads): choose a TP size that "
+             "divides the group count");
   MZ_REQUIRE(ffn() % tp == 0, "the MLP width ", ffn(), " is not divisible by --tensor-model-parallel-size ", tp);
   MZ_REQUIRE(vocab_size > 0, "the vocabulary size must be positive, got ", vocab_size);
   MZ_REQUIRE(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be positive");

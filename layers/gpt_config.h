@@ -31,8 +31,27 @@ struct GPTConfig {
   bool bias_gelu_fusion = true;
   std::int64_t make_vocab_size_divisible_by = 128;  // padded to a multiple of this x TP
 
-  std::int64_t ffn() const { return ffn_hidden_size > 0 ? ffn_hidden_size : 4 * hidden_size; }
+  // Modern decoder options (Megatron's flag names; all off = GPT-2).
+  std::string position_embedding_type = "learned_absolute";  // --position-embedding-type: or "rope"
+  double rotary_base = 10000;                                // --rotary-base (rope only)
+  std::string normalization = "LayerNorm";                   // --normalization: or "RMSNorm"
+  bool swiglu = false;                                       // --swiglu: MLP = fc2(silu(x Wg) * (x Wu))
+  // --num-query-groups with --group-query-attention: K/V heads shared by
+  // groups of query heads (GQA); 0 = one K/V head per query head (MHA).
+  std::int64_t num_query_groups = 0;
+  bool add_bias_linear = true;     // --disable-bias-linear clears it: no bias in any linear layer
+  bool untie_embeddings = false;   // --untie-embeddings-and-output-weights: own output-layer weight
+
+  // The MLP width: --ffn-hidden-size, else 4 x hidden, or with SwiGLU
+  // Megatron's 2/3 of that rounded down to a multiple of 64 (two input
+  // projections keep the parameter count near the 4h MLP's).
+  std::int64_t ffn() const;
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  std::int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
+  bool rope() const { return position_embedding_type == "rope"; }
+  bool rmsnorm() const { return normalization == "RMSNorm"; }
+  // Parameters of the whole model (global, unpadded vocabulary): the paper's Psi.
+  std::int64_t parameter_count() const;
   bool fused_attention() const { return attention_backend == "fused"; }
   // Padded vocabulary for a TP degree (Megatron's rule); padding is masked out
   // of the softmax, so results do not depend on it.

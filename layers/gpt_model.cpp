@@ -19,8 +19,10 @@ GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& par
       embedding_group_(params.begin_group("embedding")),
       embedding_(params, "embedding.word", cfg.vocab_size, cfg.padded_vocab(ctx.size()), cfg.hidden_size, ctx,
                  cfg.init_method_std),
-      position_(params, "embedding.position", cfg.max_position_embeddings, cfg.hidden_size, ctx, cfg.init_method_std),
       loss_(ctx) {
+  if (!cfg.rope())
+    position_ = std::make_unique<PositionEmbedding>(params, "embedding.position", cfg.max_position_embeddings,
+                                                    cfg.hidden_size, ctx, cfg.init_method_std);
   // Declared in forward order, which is also the parameters' order; one
   // parameter group per block (param_hooks.h).
   for (int l = 0; l < cfg.num_layers; ++l) {
@@ -29,7 +31,14 @@ GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& par
     layers_.push_back(std::make_unique<TransformerLayer>(params, cfg, l, ctx));
   }
   final_group_ = params.begin_group("final_ln");
-  final_ln_ = std::make_unique<LayerNorm>(params, "final_ln", cfg.hidden_size, cfg.layernorm_epsilon, ctx);
+  final_ln_ = make_normalization(params, "final_ln", cfg, ctx);
+  if (cfg.untie_embeddings) {
+    output_group_ = params.begin_group("output_layer");
+    const Parameter& word = embedding_.weight();
+    output_ = &params.add("output_layer.weight", word.global_shape, 0, ctx.rank(), ctx.size(), Init::Normal,
+                          cfg.init_method_std);
+    output_->padding_from_row = cfg.vocab_size;
+  }
 }
 
 void GPTModel::set_checkpoint_store(ActivationCheckpointStore* store) {
@@ -67,7 +76,8 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   // use until the end of forward (so ZeRO-3 gathers it once per pass).
   hooks_->pre_forward(embedding_group_);
   Tensor h = embedding_.forward(ids);
-  position_.forward(h, step.seq);
+  if (position_) position_->forward(h, step.seq);
+  if (output_) hooks_->post_forward(embedding_group_);
   if (step.training && cfg_.hidden_dropout > 0) {
     kernels::DropoutLayout l{step.micro_batch, 1, step.seq, cfg_.hidden_size, step.sample_offset, 0, 1};
     kernels::dropout_forward(h, cfg_.hidden_dropout, RngKey{step.seed, step.iteration, 0, kRngEmbeddingDropout}, l, h);
@@ -82,9 +92,11 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   final_hidden_ = final_ln_->forward(h);
   hooks_->post_forward(final_group_);
   CopyToTpRegion::forward(*ctx_.tp, final_hidden_);
+  const int logits_group = output_ ? output_group_ : embedding_group_;
+  if (output_) hooks_->pre_forward(output_group_);
   Tensor logits = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
-  gemm(final_hidden_, false, embedding_.weight().value, true, logits);
-  hooks_->post_forward(embedding_group_);
+  gemm(final_hidden_, false, output_weight().value, true, logits);
+  hooks_->post_forward(logits_group);
   kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
   Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows());
   if (!step.training) {  // evaluation: nothing kept for a backward (see TransformerLayer::forward)
@@ -98,14 +110,15 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
 void GPTModel::backward(double loss_scale) {
   MZ_CHECK(final_hidden_.defined(), "GPTModel::backward before forward");
   Tensor dlogits = loss_.backward(loss_scale);
-  // The embedding group's gradients collect from the logits (now) and the
-  // lookup (last): it stays in backward for the whole pass.
-  hooks_->pre_backward(embedding_group_);
-  auto& w = embedding_.weight();
+  // Tied: the embedding group's gradients collect from the logits (now) and
+  // the lookup (last): it stays in backward for the whole pass.
+  hooks_->pre_backward(output_ ? output_group_ : embedding_group_);
+  auto& w = output_weight();
   gemm(dlogits, true, final_hidden_, false, w.grad, 1.0f, 1.0f);  // tied weight: logits part
   Tensor dh = ctx_.activation(final_hidden_.shape());
   gemm(dlogits, false, w.value, false, dh);
   dlogits = Tensor();  // the largest activation: not held through the layers' backward
+  if (output_) hooks_->post_backward(output_group_);
   CopyToTpRegion::backward(*ctx_.tp, dh);
   final_hidden_ = Tensor();
   hooks_->pre_backward(final_group_);
@@ -122,20 +135,25 @@ void GPTModel::backward(double loss_scale) {
     kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout}, l,
                               dh);
   }
-  position_.backward(dh, step_.seq);
+  if (output_) hooks_->pre_backward(embedding_group_);
+  if (position_) position_->backward(dh, step_.seq);
   embedding_.backward(dh);
   hooks_->post_backward(embedding_group_);
 }
 
 double GPTModel::flops_per_token(bool with_recompute) const {
-  // Narayanan et al. (2021) eq. 3 divided by B s: 96 l h^2 (1 + s/(6h) +
-  // V/(16 l h)) with recompute. Without it the layers' factor is 72, but the
-  // logits stay 6 h V (forward 2, backward 4: they are never recomputed);
-  // scaling the whole of eq. 3 by 3/4 would undercount them.
+  // Narayanan et al. (2021) eq. 3 divided by B s, generalised to the model's
+  // matrix shapes: a layer's forward is 2 x its GEMM weights per token plus
+  // 4 s h for the attention scores and context (for GPT-2 24 h^2 (1 + s/(6h))),
+  // x3 for forward and backward, x4 with recompute; the logits stay 6 h V
+  // (never recomputed); scaling the whole of eq. 3 would count them wrong.
   const double l = static_cast<double>(cfg_.num_layers), h = static_cast<double>(cfg_.hidden_size);
   const double s = static_cast<double>(step_.seq > 1 ? step_.seq : cfg_.seq_length);
-  const double v = static_cast<double>(cfg_.vocab_size);
-  return (with_recompute ? 96.0 : 72.0) * l * h * h * (1.0 + s / (6.0 * h)) + 6.0 * h * v;
+  const double v = static_cast<double>(cfg_.vocab_size), f = static_cast<double>(cfg_.ffn());
+  const double kv = 2.0 * static_cast<double>(cfg_.query_groups() * cfg_.head_dim());
+  const double weights = h * (h + kv) + h * h + (cfg_.swiglu ? 3.0 : 2.0) * h * f;
+  const double layer_forward = 2.0 * weights + 4.0 * s * h;
+  return (with_recompute ? 4.0 : 3.0) * l * layer_forward + 6.0 * h * v;
 }
 
 }  // namespace megazero::layers

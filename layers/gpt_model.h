@@ -1,6 +1,11 @@
 // GPT: word (vocab-parallel) + position embeddings -> dropout -> N transformer
 // layers -> final LayerNorm -> logits through the tied word-embedding weight
 // (vocab-parallel, never gathered) -> vocab-parallel cross-entropy.
+//
+// The same model covers Llama-style decoders (gpt_config.h): no position
+// table with rotary embeddings (applied inside attention), RMSNorm, SwiGLU,
+// grouped-query attention, no linear biases, and an output layer of its own
+// (vocab-parallel like the embedding) with untied embeddings.
 #pragma once
 
 #include <memory>
@@ -34,7 +39,8 @@ class GPTModel {
   // Where recomputing layers keep their inputs (ZeRO-R's Pa, Pa+cpu, MD); the
   // whole tensor by default.
   void set_checkpoint_store(ActivationCheckpointStore* store);
-  // Parameter groups: embeddings (word + position), one per layer, final LN.
+  // Parameter groups: embeddings (word + position), one per layer, final
+  // norm, and the output layer when untied.
   int embedding_group() const { return embedding_group_; }
 
   const GPTConfig& config() const { return cfg_; }
@@ -53,13 +59,19 @@ class GPTModel {
  private:
   void check_ids(const Tensor& ids, const char* what) const;
 
+  // The [V_local, H] weight the logits are computed with: the word embedding's
+  // (tied) or the output layer's.
+  Parameter& output_weight() { return output_ ? *output_ : embedding_.weight(); }
+
   GPTConfig cfg_;
   TpContext ctx_;
   int embedding_group_ = 0, first_layer_group_ = 0, final_group_ = 0;  // before the layers: init order
+  int output_group_ = -1;                                             // untied only
   VocabParallelEmbedding embedding_;
-  PositionEmbedding position_;
+  std::unique_ptr<PositionEmbedding> position_;  // learned absolute positions only
   std::vector<std::unique_ptr<TransformerLayer>> layers_;
-  std::unique_ptr<LayerNorm> final_ln_;
+  std::unique_ptr<Normalization> final_ln_;
+  Parameter* output_ = nullptr;  // untied output-layer weight [padded vocab, H], split like the embedding
   VocabParallelCrossEntropy loss_;
   StepInfo step_;
   Tensor final_hidden_, kept_logits_;

@@ -2,18 +2,17 @@
 // (every TP rank holds the full vector and computes the same result).
 #pragma once
 
-#include "layers/parameter.h"
-#include "layers/tp_context.h"
+#include "layers/normalization.h"
 
 namespace megazero::layers {
 
-class LayerNorm {
+class LayerNorm final : public Normalization {
  public:
   LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
-  Tensor forward(const Tensor& x);  // [N, hidden]
+  Tensor forward(const Tensor& x) override;  // [N, hidden]
   // dx (+ *residual_grad, in the same pass, when given); accumulates dgamma, dbeta.
-  Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr);
-  void release();
+  Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) override;
+  void release() override;
 
  private:
   TpContext ctx_;

@@ -11,10 +11,15 @@ namespace megazero::layers {
 
 // Y = X A^T with A split by rows of the weight (output features): each rank
 // computes its slice of the outputs. Input X replicated across TP.
+//
+// stacked > 1 holds `stacked` projections of the same input side by side
+// (SwiGLU's gate and up): the weight is [stacked, out, in] split along `out`,
+// so each rank's output is [N, stacked * out / tp] = its slice of each
+// projection in turn, and the global tensor does not depend on the TP size.
 class ColumnParallelLinear {
  public:
   ColumnParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out, bool bias,
-                       bool gather_output, const TpContext& ctx, double init_std);
+                       bool gather_output, const TpContext& ctx, double init_std, std::int64_t stacked = 1);
   // x: [N, in] -> [N, out / tp] (or [N, out] with gather_output). add_bias
   // false leaves the bias to the caller (the MLP's bias-GeLU fusion).
   Tensor forward(const Tensor& x, bool add_bias = true);
@@ -28,6 +33,9 @@ class ColumnParallelLinear {
   Parameter* bias() const { return bias_; }
 
  private:
+  Tensor weight() const;  // this rank's weight as [local_out, in]
+  Tensor bias_value() const;
+
   TpContext ctx_;
   Parameter* weight_;
   Parameter* bias_ = nullptr;

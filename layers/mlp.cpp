@@ -4,19 +4,27 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/swiglu.h"
 
 namespace megazero::layers {
 
 ParallelMLP::ParallelMLP(ParameterSet& params, const std::string& name, const GPTConfig& cfg, const TpContext& ctx)
     : ctx_(ctx),
       bias_gelu_fusion_(cfg.bias_gelu_fusion),
-      fc1_(params, name + ".fc1", cfg.hidden_size, cfg.ffn(), true, false, ctx, cfg.init_method_std),
-      fc2_(params, name + ".fc2", cfg.ffn(), cfg.hidden_size, true, ctx,
+      swiglu_(cfg.swiglu),
+      fc1_(params, name + ".fc1", cfg.hidden_size, cfg.ffn(), cfg.add_bias_linear, false, ctx, cfg.init_method_std,
+           cfg.swiglu ? 2 : 1),
+      fc2_(params, name + ".fc2", cfg.ffn(), cfg.hidden_size, cfg.add_bias_linear, ctx,
            cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
 
 Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
   const bool fused = fused_bias_gelu();
   pre_gelu_ = fc1_.forward(x, !fused);
+  if (swiglu_) {
+    Tensor act = ctx_.activation({pre_gelu_.size(0), pre_gelu_.size(1) / 2});
+    kernels::swiglu_forward(pre_gelu_, act);
+    return fc2_.forward(act, add_output_bias);
+  }
   Tensor act = ctx_.activation(pre_gelu_.shape());
   if (fused) {
     kernels::bias_gelu_forward(pre_gelu_, fc1_.bias()->value, act);
@@ -30,7 +38,11 @@ Tensor ParallelMLP::backward(const Tensor& dy, bool output_bias_grad_done) {
   MZ_CHECK(pre_gelu_.defined(), "MLP backward before forward");
   Tensor dact = fc2_.backward(dy, output_bias_grad_done);
   const bool fused = fused_bias_gelu();
-  if (fused) {
+  if (swiglu_) {
+    Tensor dpre = ctx_.activation(pre_gelu_.shape());
+    kernels::swiglu_backward(dact, pre_gelu_, dpre);
+    dact = dpre;
+  } else if (fused) {
     Parameter& bias = *fc1_.bias();
     kernels::bias_gelu_backward(dact, pre_gelu_, bias.value, dact, bias.grad);
   } else {

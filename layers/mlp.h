@@ -21,13 +21,14 @@ class ParallelMLP {
   // Megatron's bias-GeLU fusion (--no-bias-gelu-fusion turns it off): fc1's
   // bias is added inside the GeLU kernel, and its gradient summed in the GeLU
   // backward's pass, instead of in passes of their own.
-  bool fused_bias_gelu() const { return bias_gelu_fusion_ && fc1_.bias() != nullptr; }
+  bool fused_bias_gelu() const { return !swiglu_ && bias_gelu_fusion_ && fc1_.bias() != nullptr; }
 
   TpContext ctx_;
   bool bias_gelu_fusion_;
+  bool swiglu_;  // fc1 = [gate | up] (stacked), activation silu(gate) * up
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
-  Tensor pre_gelu_;  // fc1's output: with its bias, or without it when fused
+  Tensor pre_gelu_;  // fc1's output: with its bias, or without it when fused (SwiGLU: [gate | up])
 };
 
 }  // namespace megazero::layers

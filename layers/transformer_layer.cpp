@@ -9,9 +9,9 @@ TransformerLayer::TransformerLayer(ParameterSet& params, const GPTConfig& cfg, i
     : cfg_(cfg),
       layer_(layer),
       ctx_(ctx),
-      ln1_(params, "layers." + std::to_string(layer) + ".ln1", cfg.hidden_size, cfg.layernorm_epsilon, ctx),
+      ln1_(make_normalization(params, "layers." + std::to_string(layer) + ".ln1", cfg, ctx)),
       attention_(params, "layers." + std::to_string(layer) + ".attention", cfg, layer, ctx),
-      ln2_(params, "layers." + std::to_string(layer) + ".ln2", cfg.hidden_size, cfg.layernorm_epsilon, ctx),
+      ln2_(make_normalization(params, "layers." + std::to_string(layer) + ".ln2", cfg, ctx)),
       mlp_(params, "layers." + std::to_string(layer) + ".mlp", cfg, ctx) {}
 
 Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
@@ -57,9 +57,9 @@ Tensor TransformerLayer::bias_dropout_add(const Tensor& y, const Parameter* bias
 }
 
 Tensor TransformerLayer::forward_impl(const Tensor& x) {
-  Tensor a = attention_.forward(ln1_.forward(x), step_, false);
+  Tensor a = attention_.forward(ln1_->forward(x), step_, false);
   Tensor x1 = bias_dropout_add(a, attention_.output_bias(), x, kRngAttentionOutputDropout);
-  Tensor m = mlp_.forward(ln2_.forward(x1), false);
+  Tensor m = mlp_.forward(ln2_->forward(x1), false);
   return bias_dropout_add(m, mlp_.output_bias(), x1, kRngMlpOutputDropout);
 }
 
@@ -85,16 +85,16 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
   Parameter* mlp_bias = mlp_.output_bias();
   Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout, mlp_bias);
   Tensor dx1 =
-      ln2_.backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
+      ln2_->backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
   Parameter* attention_bias = attention_.output_bias();
   Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout, attention_bias);
-  return ln1_.backward(attention_.backward(da, attention_bias != nullptr), &dx1);
+  return ln1_->backward(attention_.backward(da, attention_bias != nullptr), &dx1);
 }
 
 void TransformerLayer::release() {
-  ln1_.release();
+  ln1_->release();
   attention_.release();
-  ln2_.release();
+  ln2_->release();
   mlp_.release();
 }
 

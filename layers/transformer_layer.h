@@ -8,7 +8,7 @@
 
 #include "layers/attention.h"
 #include "layers/checkpoint_store.h"
-#include "layers/layernorm.h"
+#include "layers/normalization.h"
 #include "layers/mlp.h"
 #include "megazero/kernels/rng.h"
 
@@ -37,9 +37,9 @@ class TransformerLayer {
   GPTConfig cfg_;
   int layer_;
   TpContext ctx_;
-  LayerNorm ln1_;
+  std::unique_ptr<Normalization> ln1_;
   ParallelSelfAttention attention_;
-  LayerNorm ln2_;
+  std::unique_ptr<Normalization> ln2_;
   ParallelMLP mlp_;
   StepInfo step_;
   KeepWholeCheckpoints own_store_;

@@ -17,6 +17,10 @@ using namespace megazero::layers;
 
 namespace {
 
+// llama: rotary embeddings, RMSNorm, SwiGLU, 16 heads in 8 query groups (one
+// group per rank at TP 8), no linear biases, untied output layer.
+bool g_llama = false;
+
 GPTConfig small_config(bool recompute, const std::string& attention) {
   GPTConfig c;
   c.attention_backend = attention;
@@ -30,6 +34,18 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
   c.attention_dropout = 0.1;
   c.make_vocab_size_divisible_by = 4;
   c.recompute_activations = recompute;
+  if (g_llama) {
+    c.hidden_size = 64;
+    c.num_attention_heads = 16;
+    c.num_query_groups = 8;
+    c.position_embedding_type = "rope";
+    c.rotary_base = 1000;
+    c.normalization = "RMSNorm";
+    c.swiglu = true;
+    c.ffn_hidden_size = 48;
+    c.add_bias_linear = false;
+    c.untie_embeddings = true;
+  }
   return c;
 }
 
@@ -131,6 +147,18 @@ TEST(GptTensorParallel, MatchesTpOneInFp32) {
 }
 
 TEST(GptTensorParallel, MatchesTpOneInFp64) { compare(world_size(), DType::F64, false, 1e-12); }
+
+// Every Llama-style option at once (test_layer_gradients checks each against
+// finite differences at TP 1): TP splits query groups, the stacked SwiGLU
+// projections and the untied output layer and still computes TP 1's numbers.
+TEST(GptTensorParallel, LlamaStyleModelMatchesTpOne) {
+  g_llama = true;
+  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5);
+  compare(world_size(), DType::F64, false, 1e-12);
+  if (test_support::test_device()->kind() != DeviceKind::CUDA)
+    compare(world_size(), DType::F32, false, 1e-5, "fused");
+  g_llama = false;
+}
 
 TEST(GptTensorParallel, FusedAttentionMatchesUnfusedTpOne) {
   // Same dropout masks, so the same model to rounding, on every TP layout.

@@ -6,6 +6,7 @@
 
 #include "gradcheck.h"
 #include "layers/gpt_model.h"
+#include "layers/layernorm.h"
 #include "layers/mappings.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
@@ -197,6 +198,116 @@ TEST_F(LayerGrad, WholeModelIncludingEmbeddingsTiedLogitsAndCrossEntropy) {
   }
 }
 
+// ---- Llama-style options (gpt_config.h): each layer, then the whole model.
+namespace {
+void make_llama(GPTConfig& c) {
+  c.position_embedding_type = "rope";
+  c.rotary_base = 500;  // small: the angles of a 6-token sequence vary a lot across dimensions
+  c.normalization = "RMSNorm";
+  c.swiglu = true;
+  c.ffn_hidden_size = 24;
+  c.num_query_groups = 2;  // 4 heads: 2 query heads per key/value head
+  c.add_bias_linear = false;
+  c.untie_embeddings = true;
+}
+}  // namespace
+
+TEST_F(LayerGrad, RMSNormLayer) {
+  cfg.normalization = "RMSNorm";
+  ParameterSet ps;
+  auto norm = make_normalization(ps, "ln", cfg, ctx);
+  ASSERT_EQ(ps.all().size(), 1u) << "RMSNorm has a weight and no bias";
+  check_layer(
+      ps, input(5, cfg.hidden_size, 3), [&](const Tensor& x) { return norm->forward(x); },
+      [&](const Tensor& dy) { return norm->backward(dy); });
+}
+
+TEST_F(LayerGrad, SwigluMLPWithAndWithoutBiases) {
+  cfg.swiglu = true;
+  cfg.ffn_hidden_size = 12;
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "biases" : "no biases");
+    cfg.add_bias_linear = bias;
+    ParameterSet ps;
+    ParallelMLP mlp(ps, "mlp", cfg, ctx);
+    EXPECT_EQ(ps.get("mlp.fc1.weight").global_shape, (Shape{2, 12, cfg.hidden_size})) << "[gate; up] stacked";
+    EXPECT_EQ(ps.all().size(), bias ? 4u : 2u);
+    check_layer(
+        ps, input(4, cfg.hidden_size, 4), [&](const Tensor& x) { return mlp.forward(x); },
+        [&](const Tensor& dy) { return mlp.backward(dy); });
+  }
+}
+
+TEST_F(LayerGrad, AttentionWithRotaryEmbeddingsAndQueryGroups) {
+  for (const std::int64_t groups : {4, 2, 1}) {  // MHA, GQA, MQA
+    for (const char* backend : {"unfused", "fused"}) {
+      SCOPED_TRACE(testing::Message() << groups << " query groups, " << backend);
+      cfg.position_embedding_type = "rope";
+      cfg.rotary_base = 500;
+      cfg.num_query_groups = groups;
+      cfg.add_bias_linear = groups != 2;
+      cfg.attention_backend = backend;
+      ParameterSet ps;
+      ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+      EXPECT_EQ(ps.get("attn.qkv.weight").global_shape[0], (4 + 2 * groups) * cfg.head_dim());
+      check_layer(
+          ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
+          [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
+    }
+  }
+}
+
+TEST_F(LayerGrad, LlamaStyleModelWithAndWithoutRecompute) {
+  make_llama(cfg);
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    cfg.recompute_activations = recompute;
+    ParameterSet ps;
+    GPTModel model(cfg, ctx, ps);
+    for (const char* absent : {"embedding.position.weight", "layers.0.ln1.bias", "layers.0.mlp.fc1.bias",
+                               "layers.0.attention.qkv.bias", "layers.0.attention.dense.bias"})
+      EXPECT_THROW(ps.get(absent), InternalError) << absent << " should not exist";
+    std::int64_t total = 0;
+    for (auto* p : ps.all()) total += shape_numel(p->global_shape);
+    const std::int64_t padding = (cfg.padded_vocab(1) - cfg.vocab_size) * cfg.hidden_size * 2;
+    EXPECT_EQ(total - padding, cfg.parameter_count()) << "GPTConfig::parameter_count agrees with the model";
+    ps.allocate(ctx.device, DType::F64);
+    ps.initialize(21);
+    for (auto* p : ps.all())
+      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 8, 0.5));
+    const std::int64_t n = step.micro_batch * step.seq;
+    Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+    Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ids.host_data<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
+      targets.host_data<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
+    }
+    model.forward(ids, targets, step);
+    ps.zero_grad();
+    model.backward(1.0);
+    std::vector<GradTarget> t;
+    for (auto* p : ps.all()) t.push_back({p->name, p->value, p->grad});
+    expect_gradients_match_fd([&] { return model.forward(ids, targets, step); }, t, 4);
+    // The output layer's padding rows are masked from the softmax; the word
+    // embedding's are never looked up: both get zero gradients.
+    for (const char* name : {"embedding.word.weight", "output_layer.weight"}) {
+      const auto& w = ps.get(name);
+      const auto g = w.grad.to_double_vector();
+      for (std::int64_t r = cfg.vocab_size; r < w.local_shape[0]; ++r)
+        for (std::int64_t c = 0; c < cfg.hidden_size; ++c)
+          ASSERT_EQ(g[static_cast<std::size_t>(r * cfg.hidden_size + c)], 0.0) << name << " padding row " << r;
+    }
+  }
+}
+
+TEST_F(LayerGrad, GPT2ParameterCountIsTheModels) {
+  ParameterSet ps;
+  GPTModel model(cfg, ctx, ps);
+  std::int64_t total = 0;
+  for (auto* p : ps.all()) total += shape_numel(p->global_shape);
+  EXPECT_EQ(total - (cfg.padded_vocab(1) - cfg.vocab_size) * cfg.hidden_size, cfg.parameter_count());
+}
+
 TEST_F(LayerGrad, ModelRejectsBadShapesAndIds) {
   auto expect_error = [&](GPTConfig c, const std::string& needle, int tp = 1) {
     try {
@@ -216,6 +327,19 @@ TEST_F(LayerGrad, ModelRejectsBadShapesAndIds) {
   c = cfg;
   c.hidden_dropout = 1.0;
   expect_error(c, "--hidden-dropout");
+  c = cfg;
+  c.num_query_groups = 3;
+  expect_error(c, "--num-attention-heads 4 is not divisible by --num-query-groups 3");
+  c.num_query_groups = 2;
+  expect_error(c, "--num-query-groups 2 is not divisible by --tensor-model-parallel-size 4", 4);
+  c = cfg;
+  c.hidden_size = 12;
+  c.num_attention_heads = 4;  // head size 3
+  c.position_embedding_type = "rope";
+  expect_error(c, "rope needs an even head size");
+  c = cfg;
+  c.normalization = "rmsnorm";
+  expect_error(c, "--normalization must be LayerNorm or RMSNorm");
 
   ParameterSet ps;
   GPTModel model(cfg, ctx, ps);

@@ -219,6 +219,35 @@ std::vector<Case> cases() {
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--attention-backend", "fused"}});
   out.push_back({"TP1 stage 3 bf16 fused attention recompute",
                  {"--zero-stage", "3", "--bf16", "--attention-backend", "fused", "--recompute-activations"}});
+  // Llama-style models: rotary embeddings, RMSNorm, SwiGLU, grouped-query
+  // attention (its repeated keys/values and summed gradients), no biases, an
+  // untied output layer (one more parameter group).
+  const std::vector<std::string> llama = {"--position-embedding-type",
+                                          "rope",
+                                          "--normalization",
+                                          "RMSNorm",
+                                          "--swiglu",
+                                          "--group-query-attention",
+                                          "--num-query-groups",
+                                          "2",
+                                          "--disable-bias-linear",
+                                          "--untie-embeddings-and-output-weights"};
+  for (int stage = 0; stage <= 3; ++stage) {
+    auto f = llama;
+    f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--zero-stage", std::to_string(stage)});
+    out.push_back({"llama TP2 stage " + std::to_string(stage), f});
+  }
+  {
+    auto f = llama;
+    f.insert(f.end(), {"--zero-config", "C5", "--bf16"});
+    out.push_back({"llama TP1 C5 bf16", f});
+  }
+  {
+    auto f = llama;
+    f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--attention-backend", "fused",
+                       "--recompute-activations"});
+    out.push_back({"llama TP2 stage 3 fused attention recompute", f});
+  }
   return out;
 }
 

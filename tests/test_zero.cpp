@@ -87,6 +87,23 @@ TEST(Zero, EveryStageOnEveryLayoutTrainsLikeOneRank) {
     }
 }
 
+// The Llama-style model (its own output layer: one more parameter group, used
+// in forward after the final norm and first in backward) on every stage and
+// layout, with and without contiguous gradients (MD) and recompute.
+TEST(Zero, LlamaStyleModelOnEveryStageAndLayoutTrainsLikeOneRank) {
+  for (auto [tp, dp] : layouts_for(world().size()))
+    for (int stage = 0; stage <= 3; ++stage) {
+      ZeroRunSpec s;
+      s.tp = tp;
+      s.dp = dp;
+      s.stage = stage;
+      s.llama = true;
+      s.recompute = stage >= 2;
+      s.zero_r.contiguous_memory = stage == 3;
+      expect_same_training(s);
+    }
+}
+
 TEST(Zero, AccumulationRecomputeAndNoOverlap) {
   for (auto [tp, dp] : layouts_for(world().size()))
     for (int stage : {1, 2, 3}) {

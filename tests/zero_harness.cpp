@@ -35,7 +35,7 @@ std::string shared_temp_dir(const std::string& prefix) {
   return broadcast_string(test_world(), d);
 }
 
-layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden) {
+layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden, bool llama) {
   layers::GPTConfig c;
   c.num_layers = 2;
   c.hidden_size = hidden;
@@ -47,6 +47,16 @@ layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden) {
   c.attention_dropout = 0.1;
   c.make_vocab_size_divisible_by = 4;
   c.recompute_activations = recompute;
+  if (llama) {
+    c.num_attention_heads = 8;
+    c.num_query_groups = 4;
+    c.position_embedding_type = "rope";
+    c.normalization = "RMSNorm";
+    c.swiglu = true;
+    c.ffn_hidden_size = 32;
+    c.add_bias_linear = false;
+    c.untie_embeddings = true;
+  }
   return c;
 }
 
@@ -57,7 +67,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   device = test_support::test_device();
   params = std::make_unique<layers::ParameterSet>();
   layers::TpContext ctx{tp.get(), device, s.dtype};
-  model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute, s.hidden), ctx, *params);
+  model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute, s.hidden, s.llama), ctx, *params);
   zero::ZeroConfig zc;
   zc.stage = s.stage;
   zc.param_dtype = s.dtype;

@@ -24,9 +24,10 @@ struct ZeroRunSpec {
   int steps = 3;
   std::int64_t hidden = 32;  // model width (the memory test uses a wider one: padding < 1%)
   zero::ZeroRConfig zero_r;  // Pa / Pa+cpu / MD (needs recompute)
+  bool llama = false;        // rope, RMSNorm, SwiGLU, 8 heads in 4 query groups, no biases, untied output layer
 };
 
-layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32);
+layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32, bool llama = false);
 
 // The world communicator of a test binary: created on first use (tests may
 // run filtered), destroyed before MPI_Finalize by a GoogleTest environment.

@@ -105,6 +105,19 @@ void define(OptionTable& t, TrainArgs& a) {
          "keep only each layer's input; recompute in backward");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
+  t.add(M, "position-embedding-type", &a.model.position_embedding_type,
+        "learned_absolute (a trained position table, GPT-2) or rope (rotary embeddings of q and k, Llama)");
+  t.add(M, "rotary-base", &a.model.rotary_base, "rope's base period: theta = position x base^(-2i/head size)");
+  t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
+  t.flag(M, "swiglu", &a.model.swiglu,
+         "SwiGLU MLP: fc2(silu(x W_gate) * (x W_up)); --ffn-hidden-size defaults to 2/3 x 4h, a multiple of 64");
+  t.flag(M, "group-query-attention", &a.group_query_attention,
+         "grouped-query attention: --num-query-groups key/value heads, each shared by a group of query heads");
+  t.add(M, "num-query-groups", &a.num_query_groups,
+        "key/value heads with --group-query-attention (divides the head count; divisible by TP)");
+  t.flag(M, "disable-bias-linear", &a.disable_bias_linear, "no bias in any linear layer (Llama)");
+  t.flag(M, "untie-embeddings-and-output-weights", &a.model.untie_embeddings,
+         "the logits get an output-layer weight of their own instead of the word embedding's");
   t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
   t.add(P, "ranks-per-node", &a.parallel.ranks_per_node, "0 = detect from MPI");
   t.flag(P, "allow-tp-across-nodes", &a.parallel.allow_tp_across_nodes, "accept TP groups spanning nodes (slow)");
@@ -403,6 +416,11 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   expand_zero_config(a, vm, on_command_line);
   apply_megatron_flags(a, megatron, given);
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
+  a.model.add_bias_linear = !a.disable_bias_linear;
+  MZ_REQUIRE(a.group_query_attention || !vm.count("num-query-groups") || vm["num-query-groups"].defaulted(),
+             "--num-query-groups is used only with --group-query-attention; add that switch (or drop the count)");
+  MZ_REQUIRE(a.num_query_groups > 0, "--num-query-groups must be positive, got ", a.num_query_groups);
+  a.model.num_query_groups = a.group_query_attention ? a.num_query_groups : 0;
   if (a.help && help_text) {
     std::ostringstream os;
     os << desc;

@@ -52,6 +52,11 @@ struct TrainArgs {
   bool device_arena = false;
   // --no-bias-gelu-fusion (Megatron's flag): sets model.bias_gelu_fusion = false.
   bool no_bias_gelu_fusion = false;
+  // Megatron's spellings of the model's query groups and linear biases,
+  // resolved into model.num_query_groups / model.add_bias_linear.
+  bool group_query_attention = false;
+  std::int64_t num_query_groups = 1;
+  bool disable_bias_linear = false;
   // checkpoints (megazero/checkpoint/)
   std::string save, load;
   std::int64_t save_interval = 0;

@@ -26,9 +26,6 @@ struct CompatFlag {
   const char* note;  // NoEffect: why nothing changes; Refused: what to do instead
 };
 
-const char* const kPlannedModels =
-    "not implemented yet (modern decoder options are planned: GPT-2 architecture only today)";
-
 // Megatron-LM's spellings (megatron/training/arguments.py) that a typical GPT
 // script passes, beyond the flags arguments.cpp defines under the same name.
 const CompatFlag kFlags[] = {
@@ -48,8 +45,6 @@ const CompatFlag kFlags[] = {
     {"recompute-granularity", Kind::Value, Meaning::Translated, "full = --recompute-activations"},
     {"recompute-method", Kind::Value, Meaning::Translated, "uniform only"},
     {"recompute-num-layers", Kind::Value, Meaning::Translated, "1 only"},
-    {"normalization", Kind::Value, Meaning::Translated, "LayerNorm only"},
-    {"position-embedding-type", Kind::Value, Meaning::Translated, "learned_absolute only"},
     {"data-impl", Kind::Value, Meaning::Translated, "mmap only"},
     {"no-masked-softmax-fusion", Kind::Switch, Meaning::NoEffect, "the causal softmax is always one kernel"},
     {"no-bias-dropout-fusion", Kind::Switch, Meaning::NoEffect,
@@ -91,13 +86,8 @@ const CompatFlag kFlags[] = {
     {"timing-log-level", Kind::Value, Meaning::NoEffect, "per-step timers (min/max over ranks) are always logged"},
     {"sequence-parallel", Kind::Switch, Meaning::Refused,
      "not implemented yet (planned); leave it out: activations are replicated across the TP group"},
-    {"swiglu", Kind::Switch, Meaning::Refused, kPlannedModels},
-    {"group-query-attention", Kind::Switch, Meaning::Refused, kPlannedModels},
-    {"num-query-groups", Kind::Value, Meaning::Refused, kPlannedModels},
-    {"untie-embeddings-and-output-weights", Kind::Switch, Meaning::Refused, kPlannedModels},
-    {"disable-bias-linear", Kind::Switch, Meaning::Refused, kPlannedModels},
-    {"use-rotary-position-embeddings", Kind::Switch, Meaning::Refused, kPlannedModels},
-    {"rotary-percent", Kind::Value, Meaning::Refused, kPlannedModels},
+    {"use-rotary-position-embeddings", Kind::Switch, Meaning::Translated, "--position-embedding-type rope"},
+    {"rotary-percent", Kind::Value, Meaning::Translated, "1.0 only (every dimension of a head rotates)"},
     {"finetune", Kind::Switch, Meaning::Refused,
      "not supported: --load always restores the optimizer state and the iteration"},
     {"no-load-optim", Kind::Switch, Meaning::Refused,
@@ -212,8 +202,8 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
        "only full recompute exists (every layer keeps its input and recomputes the rest): use full");
   only("recompute-method", {"uniform"}, "only uniform exists (every layer is its own recompute block)");
   only("recompute-num-layers", {"1"}, "every layer is its own recompute block: use 1");
-  only("normalization", {"LayerNorm"}, kPlannedModels);
-  only("position-embedding-type", {"learned_absolute"}, kPlannedModels);
+  only("rotary-percent", {"1", "1.0"},
+       "partial rotary embeddings are not implemented: every dimension of a head rotates (use 1.0)");
   only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
   only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel"},
        "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
@@ -238,6 +228,12 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   }
   if (value("checkpoint-activations") || value("recompute-granularity")) a.model.recompute_activations = true;
   if (value("overlap-grad-reduce")) a.zero.overlap_comm = true;
+  if (value("use-rotary-position-embeddings")) {
+    MZ_REQUIRE(!was_given("position-embedding-type") || a.model.position_embedding_type == "rope",
+               "--use-rotary-position-embeddings means --position-embedding-type rope, but --position-embedding-type ",
+               a.model.position_embedding_type, " was given; drop one of them");
+    a.model.position_embedding_type = "rope";
+  }
   if (value("use-checkpoint-opt_param-scheduler")) a.use_checkpoint_lr_schedule = true;
   if (value("override-opt_param-scheduler")) a.override_lr_schedule = true;
   if (const auto* v = value("distributed-timeout-minutes")) {

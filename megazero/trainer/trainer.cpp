@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 
 #include "layers/gpt_model.h"
 #include "megazero/checkpoint/checkpoint.h"
@@ -258,16 +259,25 @@ void Trainer::Impl::build() {
     std::int64_t total = 0;
     for (const auto* p : params.all()) total += shape_numel(p->global_shape);
     const auto& m = args.model;
+    std::ostringstream base;
+    base << m.rotary_base;
+    const std::string architecture =
+        m.position_embedding_type + " positions" + (m.rope() ? " (base " + base.str() + ")" : "") +
+        ", " + m.normalization + ", " + (m.swiglu ? "SwiGLU" : "GeLU") + " MLP, " +
+        (m.query_groups() == m.num_attention_heads ? std::string("one key/value head per head")
+                                                   : std::to_string(m.query_groups()) + " query groups") +
+        (m.add_bias_linear ? "" : ", no linear biases") +
+        (m.untie_embeddings ? ", untied output layer" : ", output tied to the word embedding");
     std::printf(
         "model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
-        "%lld): %.2fM parameters, %.2fM held by each TP rank; attention %s, bias-GeLU fusion %s, "
+        "%lld): %.2fM parameters, %.2fM held by each TP rank; %s; attention %s, bias-GeLU fusion %s, "
         "recompute %s\n",
         static_cast<long long>(m.num_layers), static_cast<long long>(m.hidden_size),
         static_cast<long long>(m.num_attention_heads), static_cast<long long>(m.ffn()),
         static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
         static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
-        static_cast<double>(params.local_numel()) / 1e6, m.attention_backend.c_str(), m.bias_gelu_fusion ? "on" : "off",
-        m.recompute_activations ? "on" : "off");
+        static_cast<double>(params.local_numel()) / 1e6, architecture.c_str(), m.attention_backend.c_str(),
+        m.bias_gelu_fusion && !m.swiglu && m.add_bias_linear ? "on" : "off", m.recompute_activations ? "on" : "off");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
     std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",
                 !args.model.recompute_activations ? "off (no --recompute-activations)"

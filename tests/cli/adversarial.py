@@ -227,8 +227,14 @@ def cases():
         ("distributed-timeout-minutes", "2 --train-iters 1", "collective-timeout = 120"),
         ("pipeline-model-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("tokenizer-type", "GPT2BPETokenizer --train-iters 1", "resolved configuration"),
-        ("normalization", "LayerNorm --train-iters 1", "resolved configuration"),
-        ("position-embedding-type", "learned_absolute --train-iters 1", "resolved configuration"),
+        ("normalization", "RMSNorm --train-iters 1", "normalization = RMSNorm"),
+        ("position-embedding-type", "rope --train-iters 1", "position-embedding-type = rope"),
+        ("use-rotary-position-embeddings", "--train-iters 1", "position-embedding-type = rope"),
+        ("rotary-percent", "1.0 --train-iters 1", "resolved configuration"),
+        ("swiglu", "--train-iters 1", "swiglu = true"),
+        ("group-query-attention", "--num-query-groups 2 --train-iters 1", "num-query-groups = 2"),
+        ("disable-bias-linear", "--train-iters 1", "disable-bias-linear = true"),
+        ("untie-embeddings-and-output-weights", "--train-iters 1", "untie-embeddings-and-output-weights = true"),
         ("data-impl", "mmap --train-iters 1", "resolved configuration"),
         ("overlap-grad-reduce", "--train-iters 1", "overlap-comm = 1"),
         ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),
@@ -251,13 +257,12 @@ def cases():
             f"{minimal} --train-iters 1 --{flag} {value}")
     refused = [
         ("sequence-parallel", "", "--sequence-parallel: not implemented yet"),
-        ("swiglu", "", "--swiglu: not implemented yet"),
-        ("group-query-attention", "", "--group-query-attention: not implemented yet"),
-        ("num-query-groups", "4", "--num-query-groups: not implemented yet"),
-        ("untie-embeddings-and-output-weights", "", "--untie-embeddings-and-output-weights: not implemented"),
-        ("disable-bias-linear", "", "--disable-bias-linear: not implemented yet"),
-        ("use-rotary-position-embeddings", "", "--use-rotary-position-embeddings: not implemented"),
-        ("rotary-percent", "0.5", "--rotary-percent: not implemented"),
+        ("rotary-percent", "0.5", "--rotary-percent 0.5: partial rotary embeddings are not implemented"),
+        ("num-query-groups", "2", "--num-query-groups is used only with --group-query-attention"),
+        ("group-query-attention", "--num-query-groups 3", "--num-attention-heads 4 is not divisible by --num-query-groups 3"),
+        ("normalization", "RMSnorm", "--normalization must be LayerNorm or RMSNorm, got 'RMSnorm'"),
+        ("position-embedding-type", "alibi", "--position-embedding-type must be learned_absolute or rope"),
+        ("rotary-base", "0.5 --position-embedding-type rope", "--rotary-base must be a number above 1"),
         ("finetune", "", "--finetune: not supported"),
         ("no-load-optim", "", "--no-load-optim: not supported"),
         ("num-experts", "8", "--num-experts: megazero has no mixture-of-experts"),
@@ -267,8 +272,6 @@ def cases():
         ("recompute-granularity", "selective", "--recompute-granularity selective: only full recompute exists"),
         ("recompute-method", "block", "--recompute-method block: only uniform exists"),
         ("recompute-num-layers", "2", "--recompute-num-layers 2: every layer is its own recompute block"),
-        ("normalization", "RMSNorm", "--normalization RMSNorm: not implemented yet"),
-        ("position-embedding-type", "rope", "--position-embedding-type rope: not implemented yet"),
         ("data-impl", "lazy", "--data-impl lazy: datasets are always memory-mapped"),
         ("tokenizer-type", "SentencePieceTokenizer", "--tokenizer-type SentencePieceTokenizer: the data is tokenized"),
         ("loss-scale", "1024", "--loss-scale: static loss scaling is not implemented"),
@@ -276,8 +279,8 @@ def cases():
     ]
     for flag, value, regex in refused:
         add(f"megatron.refused.{flag}={value or 'on'}", E2, regex, f"{minimal} --train-iters 1 --{flag} {value}".rstrip())
-    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --sequence-parallel.*--swiglu",
-        f"{minimal} --train-iters 1 --sequence-parallel --swiglu")
+    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --sequence-parallel.*--finetune",
+        f"{minimal} --train-iters 1 --sequence-parallel --finetune")
 
     # ---- config files.
     files = [

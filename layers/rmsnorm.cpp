@@ -1,0 +1,34 @@
+#include "layers/rmsnorm.h"
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/rmsnorm.h"
+
+namespace megazero::layers {
+
+RMSNorm::RMSNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx)
+    : ctx_(ctx), eps_(eps) {
+  gamma_ = &params.add(name + ".weight", {hidden}, -1, 0, 1, Init::Ones, 0, false);
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  input_ = x;
+  rstd_ = ctx_.row_stats({x.size(0)});
+  Tensor y = ctx_.activation(x.shape());
+  kernels::rmsnorm_forward(x, gamma_->value, eps_, y, rstd_);
+  return y;
+}
+
+Tensor RMSNorm::backward(const Tensor& dy, const Tensor* residual_grad) {
+  MZ_CHECK(input_.defined(), "RMSNorm::backward before forward");
+  Tensor dx = ctx_.activation(input_.shape());
+  kernels::rmsnorm_backward(dy, input_, gamma_->value, rstd_, dx, gamma_->grad, residual_grad);
+  release();
+  return dx;
+}
+
+void RMSNorm::release() {
+  input_ = Tensor();
+  rstd_ = Tensor();
+}
+
+}  // namespace megazero::layers

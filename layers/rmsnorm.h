@@ -1,0 +1,23 @@
+// RMSNorm (--normalization RMSNorm): y = x / rms(x) * weight, no bias
+// (kernels/rmsnorm.h). Replicated across TP.
+#pragma once
+
+#include "layers/normalization.h"
+
+namespace megazero::layers {
+
+class RMSNorm final : public Normalization {
+ public:
+  RMSNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
+  Tensor forward(const Tensor& x) override;
+  Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) override;
+  void release() override;
+
+ private:
+  TpContext ctx_;
+  Parameter* gamma_;
+  double eps_;
+  Tensor input_, rstd_;
+};
+
+}  // namespace megazero::layers

@@ -1,0 +1,203 @@
+#!/usr/bin/python3
+"""An independent Llama forward pass over an exported Hugging Face model.
+
+Reads OUTDIR/model.safetensors (with its own parser, as gpt2_reference.py) and
+OUTDIR/config.json, checks them the way transformers' LlamaForCausalLM would
+need them (format metadata "pt", exactly the expected tensor names and shapes),
+and computes the logits as Hugging Face's modeling_llama does, in float64:
+
+  h = embed_tokens[ids]
+  per layer:  a = RMSNorm(h) * input_layernorm.weight
+              q = a @ q_proj.W^T (+ b), k, v likewise (nn.Linear: W is [out, in]),
+              split into heads [head][head_dim]; num_key_value_heads k/v heads;
+              rotary: inv_freq = 1 / rope_theta^(arange(0, d, 2) / d),
+              cos/sin of position x inv_freq concatenated twice,
+              x * cos + rotate_half(x) * sin, rotate_half(x) = [-x2, x1];
+              k, v repeated num_heads / num_key_value_heads times (repeat_kv);
+              scores = q k^T / sqrt(head_dim), causal mask, softmax;
+              h += context @ o_proj.W^T (+ b)
+              m = RMSNorm(h) * post_attention_layernorm.weight
+              h += (silu(m @ gate_proj.W^T) * (m @ up_proj.W^T)) @ down_proj.W^T
+  logits = RMSNorm(h) * norm.weight @ lm_head.W^T (embed_tokens when tied)
+
+RMSNorm(x) = x / sqrt(mean(x^2) + rms_norm_eps).
+
+Compares with logits written by `convert_checkpoint logits` (our model, fp32).
+Exit 0: match; 1: mismatch or a malformed export; 77: numpy is missing (skip).
+
+  llama_reference.py --model OUTDIR --tokens 1,2,3 --compare logits.txt [--tol 1e-4]
+"""
+import argparse
+import json
+import os
+import struct
+import sys
+
+try:
+    import numpy as np
+except ImportError:
+    print("SKIP: numpy is not installed (apt-get install python3-numpy; tools/install_deps.sh does)")
+    sys.exit(77)
+
+
+def fail(msg):
+    print("llama_reference: FAIL: " + msg)
+    sys.exit(1)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        fail(f"{path}: shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if 8 + n > len(blob):
+        fail(f"{path}: header length {n} beyond the file")
+    header = json.loads(blob[8:8 + n].decode("utf-8"))
+    data = blob[8 + n:]
+    meta = header.pop("__metadata__", {})
+    if meta.get("format") != "pt":
+        fail(f"{path}: __metadata__ lacks format 'pt' (transformers refuses such files): {meta}")
+    kinds = {"F32": ("<f4", 4), "F64": ("<f8", 8), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+    tensors, spans = {}, []
+    for name, e in header.items():
+        if e["dtype"] not in kinds:
+            fail(f"{path}: tensor {name} has dtype {e['dtype']}")
+        fmt, size = kinds[e["dtype"]]
+        begin, end = e["data_offsets"]
+        count = int(np.prod(e["shape"], dtype=np.int64))
+        if end - begin != count * size or end > len(data):
+            fail(f"{path}: tensor {name}: offsets {begin}..{end} do not hold shape {e['shape']} x {size} bytes")
+        raw = np.frombuffer(data[begin:end], dtype=fmt)
+        if e["dtype"] == "BF16":  # the top half of an fp32
+            raw = (raw.astype(np.uint32) << 16).view(np.float32)
+        tensors[name] = raw.astype(np.float64).reshape(e["shape"])
+        spans.append((begin, end))
+    spans.sort()
+    for (_, e0), (b1, _) in zip(spans, spans[1:]):
+        if b1 < e0:
+            fail(f"{path}: overlapping tensors")
+    return tensors
+
+
+def expected_shapes(cfg):
+    E, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
+    H, KV, F = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["intermediate_size"]
+    D = cfg.get("head_dim") or E // H
+    shapes = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = [V, E]
+    for i in range(L):
+        p = f"model.layers.{i}."
+        shapes.update({p + "input_layernorm.weight": [E], p + "post_attention_layernorm.weight": [E],
+                       p + "self_attn.q_proj.weight": [H * D, E], p + "self_attn.k_proj.weight": [KV * D, E],
+                       p + "self_attn.v_proj.weight": [KV * D, E], p + "self_attn.o_proj.weight": [E, H * D],
+                       p + "mlp.gate_proj.weight": [F, E], p + "mlp.up_proj.weight": [F, E],
+                       p + "mlp.down_proj.weight": [E, F]})
+        if cfg.get("attention_bias", False):
+            shapes.update({p + "self_attn.q_proj.bias": [H * D], p + "self_attn.k_proj.bias": [KV * D],
+                           p + "self_attn.v_proj.bias": [KV * D], p + "self_attn.o_proj.bias": [E]})
+        if cfg.get("mlp_bias", False):
+            shapes.update({p + "mlp.gate_proj.bias": [F], p + "mlp.up_proj.bias": [F], p + "mlp.down_proj.bias": [E]})
+    return shapes
+
+
+def check_config(cfg):
+    if cfg.get("model_type") != "llama":
+        fail(f"config.json: model_type is {cfg.get('model_type')!r}, expected 'llama'")
+    if "LlamaForCausalLM" not in cfg.get("architectures", []):
+        fail("config.json: architectures lacks LlamaForCausalLM")
+    if cfg.get("hidden_act") != "silu":
+        fail(f"config.json: hidden_act {cfg.get('hidden_act')!r}, expected 'silu'")
+    if cfg.get("rope_scaling") not in (None, {}):
+        fail(f"config.json: rope_scaling {cfg.get('rope_scaling')!r}: the reference knows plain RoPE only")
+    if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
+        fail("config.json: num_attention_heads is not a multiple of num_key_value_heads")
+    for k in ("tie_word_embeddings", "rms_norm_eps", "rope_theta", "max_position_embeddings"):
+        if k not in cfg:
+            fail(f"config.json: no {k}")
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def linear(x, t, name):
+    y = x @ t[name + ".weight"].T
+    return y + t[name + ".bias"] if name + ".bias" in t else y
+
+
+def rotary(x, theta):  # x: [heads, S, D]
+    D, S = x.shape[-1], x.shape[-2]
+    inv_freq = 1.0 / (theta ** (np.arange(0, D, 2, dtype=np.float64) / D))
+    freqs = np.outer(np.arange(S, dtype=np.float64), inv_freq)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    half = D // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * np.cos(emb) + rotated * np.sin(emb)
+
+
+def llama_logits(t, cfg, ids):
+    E, H, KV, eps = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["rms_norm_eps"]
+    D, S = cfg.get("head_dim") or E // H, len(ids)
+    h = t["model.embed_tokens.weight"][ids]
+    causal = np.tril(np.ones((S, S), dtype=bool))
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        a = rms_norm(h, t[p + "input_layernorm.weight"], eps)
+        q = linear(a, t, p + "self_attn.q_proj").reshape(S, H, D).transpose(1, 0, 2)
+        k = linear(a, t, p + "self_attn.k_proj").reshape(S, KV, D).transpose(1, 0, 2)
+        v = linear(a, t, p + "self_attn.v_proj").reshape(S, KV, D).transpose(1, 0, 2)
+        q, k = rotary(q, cfg["rope_theta"]), rotary(k, cfg["rope_theta"])
+        k, v = np.repeat(k, H // KV, axis=0), np.repeat(v, H // KV, axis=0)
+        w = q @ k.transpose(0, 2, 1) / np.sqrt(float(D))
+        w = np.where(causal, w, np.finfo(np.float64).min)
+        w = np.exp(w - w.max(axis=-1, keepdims=True))
+        w = w / w.sum(axis=-1, keepdims=True)
+        ctx = (w @ v).transpose(1, 0, 2).reshape(S, H * D)
+        h = h + linear(ctx, t, p + "self_attn.o_proj")
+        m = rms_norm(h, t[p + "post_attention_layernorm.weight"], eps)
+        g = linear(m, t, p + "mlp.gate_proj")
+        h = h + linear(g / (1.0 + np.exp(-g)) * linear(m, t, p + "mlp.up_proj"), t, p + "mlp.down_proj")
+    h = rms_norm(h, t["model.norm.weight"], eps)
+    out = t["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else t["lm_head.weight"]
+    return h @ out.T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
+    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
+    ap.add_argument("--compare", required=True, help="logits from `convert_checkpoint logits`")
+    ap.add_argument("--tol", type=float, default=1e-4, help="max |diff| / max |logit|")
+    a = ap.parse_args()
+    with open(os.path.join(a.model, "config.json")) as f:
+        cfg = json.load(f)
+    check_config(cfg)
+    t = read_safetensors(os.path.join(a.model, "model.safetensors"))
+    shapes = expected_shapes(cfg)
+    if set(t) != set(shapes):
+        fail(f"tensor names differ from Llama's: missing {sorted(set(shapes) - set(t))}, "
+             f"unexpected {sorted(set(t) - set(shapes))}")
+    for name, shape in shapes.items():
+        if list(t[name].shape) != shape:
+            fail(f"{name} is {list(t[name].shape)}, a Llama of this config needs {shape}")
+    ids = [int(x) for x in a.tokens.split(",")]
+    ref = llama_logits(t, cfg, ids)
+    with open(a.compare) as f:
+        S, V = (int(x) for x in f.readline().split())
+        ours = np.loadtxt(f, dtype=np.float64, ndmin=2)
+    if (S, V) != ref.shape or ours.shape != ref.shape:
+        fail(f"logits shapes differ: ours {ours.shape} (header {S}x{V}), reference {ref.shape}")
+    scale = np.abs(ref).max()
+    diff = np.abs(ours - ref).max()
+    rel = diff / max(scale, 1e-30)
+    verdict = "match" if rel <= a.tol else "DIFFER"
+    print(f"llama_reference: logits [{S}, {V}] {verdict}: max |ours - reference| = {diff:.3e}, "
+          f"{rel:.3e} of max |logit| {scale:.4f} (tolerance {a.tol:g}); "
+          f"argmax agrees on {int((ours.argmax(1) == ref.argmax(1)).sum())}/{S} positions")
+    sys.exit(0 if rel <= a.tol else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -94,7 +94,8 @@ void GPTConfig::validate(int tp) const {
              attention_dropout);
   MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused",
              "--attention-backend must be unfused or fused, got '", attention_backend, "'");
-  MZ_REQUIRE(layernorm_epsilon > 0, "the LayerNorm epsilon must be positive");
+  MZ_REQUIRE(std::isfinite(layernorm_epsilon) && layernorm_epsilon > 0 && layernorm_epsilon < 1,
+             "--norm-epsilon must be a small positive number (GPT-2, Llama 2: 1e-5), got ", layernorm_epsilon);
 }
 
 }  // namespace megazero::layers

@@ -229,7 +229,7 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
   num("hidden-dropout", c.hidden_dropout);
   num("attention-dropout", c.attention_dropout);
   num("init-method-std", c.init_method_std);
-  num("layernorm-epsilon", c.layernorm_epsilon);
+  num("norm-epsilon", c.layernorm_epsilon);
   integer("make-vocab-size-divisible-by", c.make_vocab_size_divisible_by);
   integer("seq-length", c.seq_length);
   c.seq_length = std::min(c.seq_length, c.max_position_embeddings);

@@ -107,6 +107,8 @@ void define(OptionTable& t, TrainArgs& a) {
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
   t.add(M, "position-embedding-type", &a.model.position_embedding_type,
         "learned_absolute (a trained position table, GPT-2) or rope (rotary embeddings of q and k, Llama)");
+  t.add(M, "norm-epsilon", &a.model.layernorm_epsilon,
+        "epsilon of every LayerNorm / RMSNorm (GPT-2 and Llama 2: 1e-5; Llama 1: 1e-6)");
   t.add(M, "rotary-base", &a.model.rotary_base, "rope's base period: theta = position x base^(-2i/head size)");
   t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
   t.flag(M, "swiglu", &a.model.swiglu,

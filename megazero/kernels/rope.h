@@ -14,7 +14,7 @@
 
 namespace megazero::kernels {
 
-// y may alias x.
+// base must be finite and positive. y may alias x.
 void rope_forward(const Tensor& x, double base, Tensor& y);
 // The adjoint (rotation by -theta): dx[i] = dy[i] cos + dy[i + D/2] sin,
 // dx[i + D/2] = dy[i + D/2] cos - dy[i] sin. dx may alias dy.

@@ -11,9 +11,11 @@
 
 namespace megazero::kernels {
 
+// y must not overlap x (refused: it is half x's size, so no in-place form exists).
 void swiglu_forward(const Tensor& x, Tensor& y);
 // dx: [rows, 2F], overwritten: d gate = dy * up * silu'(gate), d up = dy * silu(gate),
-// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))). dx must not alias x.
+// silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))). dx must not alias x
+// (nor overlap dy; both refused).
 void swiglu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);
 
 }  // namespace megazero::kernels

@@ -1,0 +1,23 @@
+// The CUDA rotary position embedding (contract: megazero/kernels/rope.h, which
+// validates the arguments and calls this with raw device pointers; kernels:
+// rope_kernels.cuh). cos and sin are taken in double per (position, pair) and
+// rounded to the compute type, the products are rounded separately (no fused
+// multiply-add), so results are the CPU kernel's up to the last bit of the
+// device's double cos/sin/pow.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "megazero/core/dtype.h"
+
+namespace megazero::cuda {
+
+using i64 = std::int64_t;
+
+// in, out: [n, seq, d] contiguous, d even; out may alias in. backward: the
+// rotation by -theta (rope_backward), else by theta (rope_forward).
+void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s);
+
+}  // namespace megazero::cuda

@@ -1,0 +1,97 @@
+// Rotary position embedding (rope.h): argument checks, the CUDA dispatch
+// (cuda/rope.cu) and the CPU kernels. Positions are split over threads; each
+// thread takes the cos/sin of its position's D/2 angles once (in double,
+// rounded to the compute type) and rotates that position's row in all N
+// blocks. Element-wise, so nothing depends on the thread count.
+#include "megazero/kernels/rope.h"
+
+#include <cmath>
+#include <vector>
+
+#include "megazero/core/error.h"
+#include "megazero/kernels/kernel_support.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/rope_cuda.h"
+#endif
+
+namespace megazero::kernels {
+
+namespace {
+
+using namespace detail;  // kernel_support.h
+
+struct RopeShape {
+  i64 n, seq, d;
+};
+
+// A per-thread row of at least n compute-type values (the cos and sin of one
+// position: D values), outside the memory tracker like a library's thread buffer.
+template <typename C>
+C* trig_scratch(i64 n) {
+  thread_local std::vector<C> scratch;
+  if (static_cast<i64>(scratch.size()) < n) scratch.resize(static_cast<std::size_t>(n));
+  return scratch.data();
+}
+
+// out = rotation of in by theta (BACKWARD: by -theta), pairs (i, i + D/2).
+// Each pair is read before either half is written, so out may alias in.
+template <typename S, bool BACKWARD>
+void rope_cpu(const S* in, double base, S* out, RopeShape s) {
+  using C = compute_t<S>;
+  const i64 half = s.d / 2;
+  const double d = static_cast<double>(s.d);
+#pragma omp parallel for num_threads(threads()) schedule(static) if (s.n * s.seq * s.d > kParallelMin)
+  for (i64 pos = 0; pos < s.seq; ++pos) {
+    C* cs = trig_scratch<C>(2 * half);
+    C* sn = cs + half;
+    for (i64 i = 0; i < half; ++i) {
+      const double theta = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / d);
+      cs[i] = static_cast<C>(std::cos(theta));
+      sn[i] = static_cast<C>(std::sin(theta));
+    }
+    for (i64 b = 0; b < s.n; ++b) {
+      const S* xr = in + (b * s.seq + pos) * s.d;
+      S* yr = out + (b * s.seq + pos) * s.d;
+      for (i64 i = 0; i < half; ++i) {
+        const C x0 = ld(xr[i]), x1 = ld(xr[i + half]);
+        if constexpr (BACKWARD) {
+          yr[i] = st<S>(x0 * cs[i] + x1 * sn[i]);
+          yr[i + half] = st<S>(x1 * cs[i] - x0 * sn[i]);
+        } else {
+          yr[i] = st<S>(x0 * cs[i] - x1 * sn[i]);
+          yr[i + half] = st<S>(x1 * cs[i] + x0 * sn[i]);
+        }
+      }
+    }
+  }
+}
+
+void rope(const char* op, const char* in_name, const Tensor& in, double base, const char* out_name, Tensor& out,
+          bool backward) {
+  check_float(op, in_name, in);
+  check_operands(op, in, in.dtype(), {{in_name, &in}, {out_name, &out}});
+  MZ_CHECK(in.dim() == 3, op, ": ", in_name,
+           " must be [N, S, D] (N = batch x heads, S = sequence, D = head size), got ", in.to_string());
+  const RopeShape s{in.size(0), in.size(1), in.size(2)};
+  MZ_CHECK(s.d > 0 && s.d % 2 == 0, op, ": the head size D = ", s.d,
+           " must be even and positive (dimension i pairs with i + D/2), got ", in.to_string());
+  MZ_CHECK(std::isfinite(base) && base > 0, op, ": base must be finite and positive, got ", base);
+  check_shape(op, out_name, out, in.shape());
+  MZ_ON_CUDA(in, cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in)));
+  if (!on_host(op, in)) return;
+  with_storage_type(in.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    if (backward)
+      rope_cpu<S, true>(ptr<const S>(in), base, ptr<S>(out), s);
+    else
+      rope_cpu<S, false>(ptr<const S>(in), base, ptr<S>(out), s);
+  });
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& x, double base, Tensor& y) { rope("rope_forward", "x", x, base, "y", y, false); }
+
+void rope_backward(const Tensor& dy, double base, Tensor& dx) { rope("rope_backward", "dy", dy, base, "dx", dx, true); }
+
+}  // namespace megazero::kernels

@@ -1,0 +1,374 @@
+// The rotary position embedding kernels (megazero/kernels/rope.h) on the test
+// device (tests/test_device.h: the CPU here, CUDA on a GPU machine): the fp64
+// forward against a naive reference written here (Hugging Face's form, the
+// inverse frequency as 1 / base^(2i/D)) to 1e-12; fp32/bf16/fp16 against the
+// contract's arithmetic spelled out here in fp32 (cos/sin in double rounded
+// to fp32, the products and sums in fp32, one rounding to storage); the
+// backward as the exact adjoint (<rope(x), y> == <x, rope_backward(y)>) and
+// against central finite differences in fp64; rope(rope_backward(y)) == y;
+// positions (row s of each of the N blocks turns by s, position 0 not at
+// all); head sizes of several shared-memory tiles on a GPU; aliasing; the
+// same bits for any thread count; bad operands (odd D among them) refused.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "megazero/core/error.h"
+#include "megazero/core/tensor.h"
+#include "megazero/kernels/rope.h"
+#include "test_device.h"
+
+using namespace megazero;
+using namespace megazero::kernels;
+using MC = MemoryCategory;
+using Vec = std::vector<double>;
+using i64 = std::int64_t;
+
+namespace {
+
+const std::shared_ptr<Device>& dev() {
+  static const auto device = test_support::test_device();
+  return device;
+}
+
+Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
+  Tensor out = Tensor::empty(dev(), shape, t, MC::Other);
+  out.copy_from_doubles(values);
+  return out;
+}
+Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(dev(), shape, t, MC::Other); }
+Vec vals(const Tensor& t) { return t.to_double_vector(); }
+std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
+
+Vec randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
+  std::normal_distribution<double> d(0.0, sd);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+void expect_close(const Vec& got, const Vec& want, double rtol, double atol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+}
+
+void expect_same(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+}
+
+// An output operand made on the spot (it lives to the end of the call's full expression).
+Tensor& out(Tensor&& t) { return t; }
+
+void expect_rejected(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no InternalError; expected one containing '" << needle << "'";
+}
+
+constexpr double kBase = 10000.0;
+constexpr DType kAllDtypes[] = {DType::F64, DType::F32, DType::BF16, DType::F16};
+
+struct Dims {
+  i64 n, s, d;
+  Shape shape() const { return {n, s, d}; }
+  std::size_t numel() const { return usize(n * s * d); }
+};
+
+// In double, Hugging Face's way: inv_freq[i] = 1 / base^(2i/D), angle s * inv_freq[i];
+// sign -1: the rotation by -theta.
+Vec rope_ref(const Vec& x, Dims m, double base, int sign = 1) {
+  Vec y(x.size());
+  const i64 h = m.d / 2;
+  for (i64 b = 0; b < m.n; ++b)
+    for (i64 s = 0; s < m.s; ++s)
+      for (i64 i = 0; i < h; ++i) {
+        const double inv_freq = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(m.d));
+        const double th = static_cast<double>(s) * inv_freq, c = std::cos(th), sn = sign * std::sin(th);
+        const std::size_t k = usize((b * m.s + s) * m.d + i), k2 = k + usize(h);
+        y[k] = x[k] * c - x[k2] * sn;
+        y[k2] = x[k2] * c + x[k] * sn;
+      }
+  return y;
+}
+
+// The contract's arithmetic for fp32 compute: theta = s * base^(-2i/D) in
+// double, cos and sin rounded to fp32, each product and the sum in fp32.
+// (The 16-bit kernels round these fp32 values once more, to storage.)
+Vec rope_f32_ref(const Vec& x, Dims m, double base, bool backward) {
+  Vec y(x.size());
+  const i64 h = m.d / 2;
+  for (i64 b = 0; b < m.n; ++b)
+    for (i64 s = 0; s < m.s; ++s)
+      for (i64 i = 0; i < h; ++i) {
+        const double th =
+            static_cast<double>(s) * std::pow(base, -2.0 * static_cast<double>(i) / static_cast<double>(m.d));
+        const float c = static_cast<float>(std::cos(th)), sn = static_cast<float>(std::sin(th));
+        const std::size_t k = usize((b * m.s + s) * m.d + i), k2 = k + usize(h);
+        const float x0 = static_cast<float>(x[k]), x1 = static_cast<float>(x[k2]);
+        const float p00 = x0 * c, p11 = x1 * sn, p10 = x1 * c, p01 = x0 * sn;
+        y[k] = backward ? p00 + p11 : p00 - p11;
+        y[k2] = backward ? p10 - p01 : p10 + p01;
+      }
+  return y;
+}
+
+Vec run(const Vec& x, Dims m, DType t, bool backward = false, double base = kBase) {
+  Tensor y = empty(m.shape(), t);
+  if (backward)
+    rope_backward(tensor(m.shape(), x, t), base, y);
+  else
+    rope_forward(tensor(m.shape(), x, t), base, y);
+  return vals(y);
+}
+
+// ------------------------------------------------------------ tests
+
+TEST(Rope, Fp64MatchesTheReference) {
+  for (Dims m : {Dims{3, 17, 64}, Dims{2, 5, 2}, Dims{1, 300, 8}}) {
+    SCOPED_TRACE(std::to_string(m.s) + " positions, D = " + std::to_string(m.d));
+    std::mt19937 rng(static_cast<unsigned>(m.s));
+    const Vec x = randn(m.numel(), rng);
+    expect_close(run(x, m, DType::F64), rope_ref(x, m, kBase), 1e-12, 1e-12, "forward");
+    expect_close(run(x, m, DType::F64, true), rope_ref(x, m, kBase, -1), 1e-12, 1e-12, "backward");
+    expect_close(run(x, m, DType::F64, false, 500.0), rope_ref(x, m, 500.0), 1e-12, 1e-12, "base 500");
+  }
+}
+
+// How far an fp32 or 16-bit result may be from the double reference `ref`:
+// a few fp32 roundings of the terms (|x0| + |x1| bounds each: cos, sin and
+// the two products and their sum are rounded), then one rounding to storage.
+Vec rope_tolerance(const Vec& x, Dims m, const Vec& ref, DType t) {
+  const double store_u = t == DType::F32 ? 0.0 : t == DType::BF16 ? 0x1p-8 : 0x1p-11;
+  const i64 h = m.d / 2;
+  Vec tol(x.size());
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    const i64 row = static_cast<i64>(k) / m.d, i = static_cast<i64>(k) % m.d % h;
+    const double terms = std::fabs(x[usize(row * m.d + i)]) + std::fabs(x[usize(row * m.d + i + h)]);
+    tol[k] = 4 * 0x1p-24 * terms + 1.01 * store_u * std::fabs(ref[k]) + (t == DType::F16 ? 0x1p-25 : 0.0);
+  }
+  return tol;
+}
+
+void expect_within(const Vec& got, const Vec& want, const Vec& tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= tol[i]) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (tolerance " << tol[i]
+                    << ")";
+}
+
+// fp32 and 16-bit storage: exactly the contract's fp32 arithmetic (on the CPU
+// bit for bit; elsewhere the device's double cos/sin/pow may move a value by
+// an fp32 rounding), then one rounding to storage; and within a few fp32
+// roundings of the double reference.
+TEST(Rope, LowerPrecisionsFollowTheContractsArithmetic) {
+  const Dims m{4, 33, 40};
+  std::mt19937 rng(10);
+  const Vec x = randn(m.numel(), rng);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec xt = rounded(x, t);
+    for (bool backward : {false, true}) {
+      const std::string what = backward ? "backward" : "forward";
+      const Vec got = run(xt, m, t, backward);
+      if (dev()->kind() == DeviceKind::CPU) expect_same(got, rounded(rope_f32_ref(xt, m, kBase, backward), t), what);
+      const Vec ref = rope_ref(xt, m, kBase, backward ? -1 : 1);
+      expect_within(got, ref, rope_tolerance(xt, m, ref, t), what + " against the double reference");
+    }
+  }
+}
+
+TEST(Rope, BackwardIsTheExactAdjointAndMatchesFiniteDifferences) {
+  const Dims m{3, 11, 16};
+  std::mt19937 rng(20);
+  const Vec x = randn(m.numel(), rng), w = randn(m.numel(), rng);
+  const Vec fx = run(x, m, DType::F64), bw = run(w, m, DType::F64, true);
+  double scale = 0;
+  for (std::size_t k = 0; k < x.size(); ++k) scale += std::fabs(fx[k] * w[k]) + std::fabs(x[k] * bw[k]);
+  EXPECT_NEAR(dot(fx, w), dot(x, bw), 1e-14 * scale) << "<rope(x), w> == <x, rope_backward(w)>";
+  // Central differences of L = sum(w * rope(x)); rope is linear, so they are
+  // exact up to rounding.
+  constexpr double h = 1e-6;
+  for (std::size_t k = 0; k < x.size(); ++k) {
+    Vec xp = x, xm = x;
+    xp[k] += h;
+    xm[k] -= h;
+    const double fd = (dot(w, run(xp, m, DType::F64)) - dot(w, run(xm, m, DType::F64))) / (2 * h);
+    EXPECT_NEAR(bw[k], fd, 1e-6 * (std::fabs(fd) + 0.01)) << k;
+  }
+}
+
+TEST(Rope, ForwardUndoesBackward) {
+  const Dims m{2, 50, 32};
+  std::mt19937 rng(30);
+  const Vec y = randn(m.numel(), rng);
+  expect_close(run(run(y, m, DType::F64, true), m, DType::F64), y, 1e-13, 1e-13, "rope(rope_backward(y))");
+  expect_close(run(run(y, m, DType::F64), m, DType::F64, true), y, 1e-13, 1e-13, "rope_backward(rope(y))");
+  const Vec y32 = rounded(y, DType::F32);
+  expect_close(run(run(y32, m, DType::F32, true), m, DType::F32), y32, 0, 1e-5, "fp32");
+}
+
+// Row s of every one of the N blocks turns by s * inv_freq: the same row in
+// every block gives the same result; position 0 is the identity, bit for bit;
+// and swapping the first two positions' rows is not the same as rotating them.
+TEST(Rope, EachBlockRowIsItsPosition) {
+  const Dims m{5, 7, 12};
+  std::mt19937 rng(40);
+  const Vec row_block = randn(usize(m.s * m.d), rng);
+  Vec x;
+  for (i64 b = 0; b < m.n; ++b) x.insert(x.end(), row_block.begin(), row_block.end());
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec xt = rounded(x, t);
+    for (bool backward : {false, true}) {
+      const Vec y = run(xt, m, t, backward);
+      const std::size_t block = usize(m.s * m.d);
+      for (i64 b = 1; b < m.n; ++b)
+        expect_same(Vec(y.begin() + static_cast<long>(b * block), y.begin() + static_cast<long>((b + 1) * block)),
+                    Vec(y.begin(), y.begin() + static_cast<long>(block)), "block " + std::to_string(b));
+      for (i64 b = 0; b < m.n; ++b)
+        for (i64 i = 0; i < m.d; ++i) {
+          const std::size_t k = usize(b * m.s * m.d + i);  // position 0
+          EXPECT_EQ(y[k], xt[k]) << "position 0 turns by 0, block " << b << " element " << i;
+        }
+      if (t == DType::F64) {  // position s by s * inv_freq, in every block
+        const Vec ref = rope_ref(xt, m, kBase, backward ? -1 : 1);
+        expect_close(y, ref, 1e-12, 1e-12, "angles");
+      }
+    }
+  }
+  // One block of seq 7 is not seven blocks of seq 1: the position is the row
+  // within its block.
+  const Vec one = run(rounded(x, DType::F64), {m.n * m.s, 1, m.d}, DType::F64);
+  EXPECT_NE(one, run(x, m, DType::F64));
+  EXPECT_EQ(one, x) << "every row at position 0";
+}
+
+// Head sizes over several of the CUDA kernel's 256-pair tiles, and few
+// positions with many blocks (the launcher splits the blocks).
+TEST(Rope, WideHeadsAndManyBlocks) {
+  for (Dims m : {Dims{2, 3, 1030}, Dims{700, 2, 6}}) {
+    SCOPED_TRACE("D = " + std::to_string(m.d));
+    std::mt19937 rng(static_cast<unsigned>(m.d));
+    const Vec x = randn(m.numel(), rng);
+    expect_close(run(x, m, DType::F64), rope_ref(x, m, kBase), 1e-12, 1e-12, "fp64");
+    const Vec x32 = rounded(x, DType::F32);
+    const Vec got = run(x32, m, DType::F32, true), ref = rope_ref(x32, m, kBase, -1);
+    if (dev()->kind() == DeviceKind::CPU) expect_same(got, rope_f32_ref(x32, m, kBase, true), "fp32 backward");
+    expect_within(got, ref, rope_tolerance(x32, m, ref, DType::F32), "fp32 backward against the double reference");
+  }
+}
+
+TEST(Rope, OutputMayAliasTheInput) {
+  const Dims m{3, 9, 20};
+  std::mt19937 rng(50);
+  const Vec x = randn(m.numel(), rng);
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    for (bool backward : {false, true}) {
+      Tensor a = tensor(m.shape(), x, t);
+      if (backward)
+        rope_backward(a, kBase, a);
+      else
+        rope_forward(a, kBase, a);
+      expect_same(vals(a), run(x, m, t, backward), backward ? "dx aliasing dy" : "y aliasing x");
+    }
+  }
+}
+
+TEST(Rope, SameBitsForAnyThreadCount) {
+  if (dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
+  const Dims m{16, 128, 64};
+  std::mt19937 rng(60);
+  const Vec x = randn(m.numel(), rng);
+  const int before = cpu_math_threads();
+  for (DType t : kAllDtypes) {
+    set_cpu_math_threads(1);
+    const Vec f1 = run(x, m, t), b1 = run(x, m, t, true);
+    set_cpu_math_threads(4);
+    EXPECT_EQ(run(x, m, t), f1) << dtype_name(t);
+    EXPECT_EQ(run(x, m, t, true), b1) << dtype_name(t);
+  }
+  set_cpu_math_threads(before);
+}
+
+TEST(Rope, MetaDeviceChecksShapesOnly) {
+  const auto meta = make_device(DeviceKind::Meta);
+  Tensor x = Tensor::empty(meta, {4, 8, 16}, DType::BF16, MC::Other);
+  rope_forward(x, kBase, x);
+  rope_backward(x, kBase, x);
+  Tensor odd = Tensor::empty(meta, {4, 8, 15}, DType::BF16, MC::Other);
+  expect_rejected([&] { rope_forward(odd, kBase, odd); }, "rope_forward: the head size D = 15 must be even");
+}
+
+TEST(Rope, RefusesBadOperands) {
+  const auto z = [](const Shape& s, DType t) { return Tensor::zeros(dev(), s, t, MC::Other); };
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const DType other = t == DType::F32 ? DType::F64 : DType::F32;
+    const std::string name(dtype_name(t));
+    Tensor x = z({2, 3, 8}, t), y = z({2, 3, 8}, t);
+    rope_forward(x, kBase, y);
+    rope_backward(x, kBase, y);
+    expect_rejected(
+        [&] {
+          rope_forward(z({2, 3, 7}, t), kBase, out(z({2, 3, 7}, t)));
+        },
+        "rope_forward: the head size D = 7 must be even");
+    expect_rejected(
+        [&] {
+          rope_backward(z({2, 3, 5}, t), kBase, out(z({2, 3, 5}, t)));
+        },
+        "rope_backward: the head size D = 5 must be even");
+    expect_rejected([&] { rope_forward(z({2, 3, 0}, t), kBase, out(z({2, 3, 0}, t))); }, "the head size D = 0");
+    expect_rejected([&] { rope_forward(z({6, 8}, t), kBase, out(z({6, 8}, t))); }, "rope_forward: x must be [N, S, D]");
+    expect_rejected(
+        [&] {
+          rope_forward(z({1, 2, 3, 8}, t), kBase, out(z({1, 2, 3, 8}, t)));
+        },
+        "rope_forward: x must be [N, S, D]");
+    expect_rejected([&] { rope_forward(x, kBase, out(z({2, 4, 8}, t))); }, "rope_forward: y has shape (2, 4, 8)");
+    expect_rejected([&] { rope_forward(x, kBase, out(z({2, 3, 8}, other))); }, "rope_forward: y must be " + name);
+    expect_rejected([&] { rope_backward(x, kBase, out(z({3, 2, 8}, t))); }, "rope_backward: dx has shape (3, 2, 8)");
+    expect_rejected([&] { rope_forward(x, 0.0, y); }, "rope_forward: base must be finite and positive");
+    expect_rejected([&] { rope_forward(x, -2.0, y); }, "base must be finite and positive");
+    expect_rejected([&] { rope_forward(x, std::nan(""), y); }, "base must be finite and positive");
+    expect_rejected(
+        [&] {
+          rope_forward(z({2, 8, 3}, t).transpose(1, 2), kBase, y);
+        },
+        "rope_forward: x must be contiguous");
+  }
+  expect_rejected(
+      [&] {
+        rope_forward(z({2, 3, 8}, DType::I32), kBase, out(z({2, 3, 8}, DType::I32)));
+      },
+      "rope_forward: x must be fp32, fp64, bf16 or fp16");
+}
+
+}  // namespace

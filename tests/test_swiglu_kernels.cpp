@@ -1,0 +1,377 @@
+// The SwiGLU kernels (megazero/kernels/swiglu.h) on the test device
+// (tests/test_device.h: the CPU here, CUDA on a GPU machine), against a naive
+// reference written here in double: the forward in fp64 to 1e-12, fp32 within
+// a few fp32 roundings (the math is fp32), bf16/fp16 the fp32 result rounded
+// once; the backward against central finite differences in fp64 of
+// L = sum(w * y) and against the reference in every dtype; saturated gates
+// (exp overflowing); higher-rank inputs; the aliasing the contract forbids
+// refused (and adjacent, non-overlapping views accepted); the same bits for
+// any thread count; and bad operands refused with a message.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "megazero/core/error.h"
+#include "megazero/core/tensor.h"
+#include "megazero/kernels/swiglu.h"
+#include "test_device.h"
+
+using namespace megazero;
+using namespace megazero::kernels;
+using MC = MemoryCategory;
+using Vec = std::vector<double>;
+using i64 = std::int64_t;
+
+namespace {
+
+const std::shared_ptr<Device>& dev() {
+  static const auto device = test_support::test_device();
+  return device;
+}
+
+Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
+  Tensor out = Tensor::empty(dev(), shape, t, MC::Other);
+  out.copy_from_doubles(values);
+  return out;
+}
+Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(dev(), shape, t, MC::Other); }
+Vec vals(const Tensor& t) { return t.to_double_vector(); }
+std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
+
+Vec randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
+  std::normal_distribution<double> d(0.0, sd);
+  Vec v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
+
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::F64:
+      return 0x1p-53;
+    case DType::F32:
+      return 0x1p-24;
+    case DType::BF16:
+      return 0x1p-8;
+    default:
+      return 0x1p-11;
+  }
+}
+
+// Half the spacing of subnormals (the rounding error below the normal range).
+double subnormal_error(DType t) {
+  return t == DType::F16 ? 0x1p-25 : t == DType::BF16 ? 0x1p-134 : t == DType::F32 ? 0x1p-150 : 0.0;
+}
+
+// |got - want| <= tol[i], element-wise.
+void expect_within(const Vec& got, const Vec& want, const Vec& tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= tol[i]) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (tolerance " << tol[i]
+                    << ")";
+}
+
+void expect_same(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+}
+
+void expect_fd_gradient(const std::string& what, const Vec& v, const std::function<Vec(const Vec&)>& f, const Vec& w,
+                        const Vec& grad) {
+  ASSERT_EQ(v.size(), grad.size()) << what;
+  constexpr double h = 1e-6;
+  double gmax = 0;
+  for (double g : grad) gmax = std::max(gmax, std::fabs(g));
+  int reported = 0;
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    Vec vp = v, vm = v;
+    vp[i] += h;
+    vm[i] -= h;
+    const double fd = (dot(w, f(vp)) - dot(w, f(vm))) / (2 * h);
+    if (std::fabs(grad[i] - fd) > 1e-6 * (std::fabs(fd) + 0.01 * gmax) + 1e-12 && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: analytic " << grad[i] << ", finite differences " << fd;
+  }
+}
+
+// An output operand made on the spot (it lives to the end of the call's full expression).
+Tensor& out(Tensor&& t) { return t; }
+
+void expect_rejected(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    return;
+  }
+  ADD_FAILURE() << "no InternalError; expected one containing '" << needle << "'";
+}
+
+// ------------------------------------------------------------ reference
+
+double sigmoid(double g) { return 1.0 / (1.0 + std::exp(-g)); }
+
+// Values and the size of the terms they are made of (no cancellation), which
+// bounds the error of computing them in a lower precision.
+struct Ref {
+  Vec v, scale;
+};
+
+// x: [rows, 2f] = [gate | up]; y = g sigmoid(g) up.
+Ref swiglu_ref(const Vec& x, i64 rows, i64 f) {
+  Ref o{Vec(usize(rows * f)), Vec(usize(rows * f))};
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < f; ++c) {
+      const double g = x[usize(r * 2 * f + c)], u = x[usize(r * 2 * f + f + c)];
+      o.v[usize(r * f + c)] = g * sigmoid(g) * u;
+      o.scale[usize(r * f + c)] = std::fabs(o.v[usize(r * f + c)]);
+    }
+  return o;
+}
+
+// d gate = dy up (sigmoid + g sigmoid (1 - sigmoid)), d up = dy g sigmoid.
+Ref swiglu_backward_ref(const Vec& dy, const Vec& x, i64 rows, i64 f) {
+  Ref o{Vec(x.size()), Vec(x.size())};
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < f; ++c) {
+      const double g = x[usize(r * 2 * f + c)], u = x[usize(r * 2 * f + f + c)], d = dy[usize(r * f + c)];
+      const double s = sigmoid(g);
+      const std::size_t kg = usize(r * 2 * f + c), ku = kg + usize(f);
+      o.v[kg] = d * u * (s + g * s * (1 - s));
+      o.scale[kg] = std::fabs(d * u) * (s + std::fabs(g) * s * (1 - s));
+      o.v[ku] = d * g * s;
+      o.scale[ku] = std::fabs(o.v[ku]);
+    }
+  return o;
+}
+
+// How far a kernel result in dtype t may be from the double reference: the
+// compute type's arithmetic (fp32: exp, a few operations; `ops` roundings of
+// the terms' size) and one rounding to storage.
+Vec tolerance(const Ref& r, DType t, double ops) {
+  const double compute_u = t == DType::F64 ? 0x1p-53 : 0x1p-24;
+  const double store_u = t == DType::F64 || t == DType::F32 ? 0.0 : unit_roundoff(t);
+  Vec tol(r.v.size());
+  for (std::size_t i = 0; i < tol.size(); ++i)
+    tol[i] = ops * compute_u * r.scale[i] + 1.01 * store_u * std::fabs(r.v[i]) + subnormal_error(t);
+  return tol;
+}
+
+Vec forward(const Vec& x, const Shape& shape, DType t) {
+  Shape half = shape;
+  half.back() /= 2;
+  Tensor y = empty(half, t);
+  swiglu_forward(tensor(shape, x, t), y);
+  return vals(y);
+}
+
+Vec backward(const Vec& dy, const Vec& x, const Shape& shape, DType t) {
+  Shape half = shape;
+  half.back() /= 2;
+  Tensor dx = tensor(shape, Vec(x.size(), 1e4), t);  // overwritten
+  swiglu_backward(tensor(half, dy, t), tensor(shape, x, t), dx);
+  return vals(dx);
+}
+
+// Gates over the range a trained MLP sees, and saturated ones: exp(-g)
+// overflows for g < -89 in fp32 (silu -0) and -710 in fp64.
+Vec gates_and_ups(i64 rows, i64 f, unsigned seed) {
+  std::mt19937 rng(seed);
+  Vec x = randn(usize(rows * 2 * f), rng, 2.0);
+  const double extreme[] = {-1000.0, -120.0, -30.0, 30.0, 120.0, 1000.0, 0.0, -1.2785};
+  for (std::size_t k = 0; k < std::size(extreme) && static_cast<i64>(k) < f; ++k) x[k] = extreme[k];  // row 0's gates
+  return x;
+}
+
+constexpr DType kAllDtypes[] = {DType::F64, DType::F32, DType::BF16, DType::F16};
+
+// ------------------------------------------------------------ tests
+
+TEST(SwiGlu, ForwardMatchesTheReferenceInEveryDtype) {
+  const i64 rows = 9, f = 37;
+  const Shape shape{rows, 2 * f};
+  const Vec x = gates_and_ups(rows, f, 1);
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec xt = rounded(x, t);
+    const Ref want = swiglu_ref(xt, rows, f);
+    const Vec got = forward(xt, shape, t);
+    if (t == DType::F64)
+      expect_within(got, want.v, tolerance(want, t, 1e-12 / 0x1p-53), "y (fp64: 1e-12)");
+    else
+      expect_within(got, want.v, tolerance(want, t, 8), "y");
+    for (double v : got) EXPECT_TRUE(std::isfinite(v));
+    if (t == DType::BF16 || t == DType::F16)  // computed in fp32, rounded once
+      expect_same(got, rounded(forward(xt, shape, DType::F32), t), "y == the fp32 kernel's y rounded once");
+  }
+}
+
+TEST(SwiGlu, LeadingDimensionsAreRows) {
+  const Shape shape{2, 3, 10};
+  const Vec x = gates_and_ups(6, 5, 2);
+  const Vec flat = forward(x, {6, 10}, DType::F64);
+  Tensor y = empty({2, 3, 5});
+  swiglu_forward(tensor(shape, x), y);
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 5}));
+  expect_same(vals(y), flat, "[2, 3, 2F] as [6, 2F]");
+  Tensor dx = empty(shape);
+  const Vec dy(30, 0.5);
+  swiglu_backward(tensor({2, 3, 5}, dy), tensor(shape, x), dx);
+  expect_same(vals(dx), backward(dy, x, {6, 10}, DType::F64), "backward");
+}
+
+TEST(SwiGlu, Fp64BackwardMatchesFiniteDifferences) {
+  const i64 rows = 4, f = 6;
+  std::mt19937 rng(30);
+  const Vec x = randn(usize(rows * 2 * f), rng, 2.0), w = randn(usize(rows * f), rng);
+  const Vec dx = backward(w, x, {rows, 2 * f}, DType::F64);
+  expect_fd_gradient(
+      "dx", x,
+      [&](const Vec& v) {
+        return forward(v, {rows, 2 * f}, DType::F64);
+      },
+      w, dx);
+  const Ref want = swiglu_backward_ref(w, x, rows, f);
+  expect_within(dx, want.v, tolerance(want, DType::F64, 1e-12 / 0x1p-53), "dx against the formula (1e-12)");
+}
+
+TEST(SwiGlu, BackwardMatchesTheReferenceInEveryDtype) {
+  const i64 rows = 9, f = 37;
+  const Shape shape{rows, 2 * f};
+  const Vec x = gates_and_ups(rows, f, 3);
+  std::mt19937 rng(31);
+  const Vec dy = randn(usize(rows * f), rng);
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec xt = rounded(x, t), dyt = rounded(dy, t);
+    const Ref want = swiglu_backward_ref(dyt, xt, rows, f);
+    const Vec got = backward(dyt, xt, shape, t);
+    if (t == DType::F64)
+      expect_within(got, want.v, tolerance(want, t, 1e-12 / 0x1p-53), "dx (fp64: 1e-12)");
+    else
+      expect_within(got, want.v, tolerance(want, t, 12), "dx");
+    for (double v : got) EXPECT_TRUE(std::isfinite(v));
+    if (t == DType::BF16 || t == DType::F16)
+      expect_same(got, rounded(backward(dyt, xt, shape, DType::F32), t), "dx == the fp32 kernel's dx rounded once");
+  }
+}
+
+// The contract forbids dx over x (and y over x, dx over dy: the halves have
+// other sizes): refused, not silently wrong. Views of one buffer that only
+// touch are accepted.
+TEST(SwiGlu, OverlappingOperandsAreRefusedAdjacentViewsAccepted) {
+  const i64 rows = 3, f = 4;
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec x = gates_and_ups(rows, f, 4), dy(usize(rows * f), 0.25);
+    Tensor xt = tensor({rows, 2 * f}, x, t), dyt = tensor({rows, f}, dy, t);
+    expect_rejected([&] { swiglu_backward(dyt, xt, xt); }, "swiglu_backward: dx must not alias x");
+    Tensor buf = Tensor::zeros(dev(), {rows * 3 * f}, t, MC::Other);
+    Tensor lo = Tensor::view_of(buf.buffer(), {rows, 2 * f}, t, 0);
+    Tensor hi = Tensor::view_of(buf.buffer(), {rows, f}, t, rows * 2 * f);       // right after lo
+    Tensor mid = Tensor::view_of(buf.buffer(), {rows, f}, t, rows * 2 * f - 1);  // one element into lo
+    expect_rejected([&] { swiglu_backward(mid, xt, lo); }, "swiglu_backward: dx must not alias dy");
+    expect_rejected([&] { swiglu_forward(lo, mid); }, "swiglu_forward: y overlaps x");
+    hi.copy_from(dyt);
+    swiglu_backward(hi, xt, lo);
+    expect_same(vals(lo), backward(dy, x, {rows, 2 * f}, t), "dx next to dy in one buffer");
+    lo.copy_from(xt);
+    swiglu_forward(lo, hi);
+    expect_same(vals(hi), forward(x, {rows, 2 * f}, t), "y next to x in one buffer");
+  }
+}
+
+TEST(SwiGlu, SameBitsForAnyThreadCount) {
+  if (dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
+  const i64 rows = 300, f = 200;
+  const Vec x = gates_and_ups(rows, f, 5);
+  std::mt19937 rng(50);
+  const Vec dy = randn(usize(rows * f), rng);
+  const int before = cpu_math_threads();
+  for (DType t : kAllDtypes) {
+    set_cpu_math_threads(1);
+    const Vec y1 = forward(x, {rows, 2 * f}, t), dx1 = backward(dy, x, {rows, 2 * f}, t);
+    set_cpu_math_threads(4);
+    EXPECT_EQ(forward(x, {rows, 2 * f}, t), y1) << dtype_name(t);
+    EXPECT_EQ(backward(dy, x, {rows, 2 * f}, t), dx1) << dtype_name(t);
+  }
+  set_cpu_math_threads(before);
+}
+
+TEST(SwiGlu, MetaDeviceChecksShapesOnly) {
+  const auto meta = make_device(DeviceKind::Meta);
+  const auto t = [&](const Shape& s, DType dt) { return Tensor::empty(meta, s, dt, MC::Other); };
+  Tensor x = t({4, 16}, DType::BF16), y = t({4, 8}, DType::BF16), dx = t({4, 16}, DType::BF16);
+  swiglu_forward(x, y);
+  swiglu_backward(y, x, dx);
+  Tensor bad = t({4, 9}, DType::BF16);
+  expect_rejected([&] { swiglu_forward(x, bad); }, "swiglu_forward: y has shape (4, 9), expected (4, 8)");
+}
+
+TEST(SwiGlu, RefusesBadOperands) {
+  const auto z = [](const Shape& s, DType t) { return Tensor::zeros(dev(), s, t, MC::Other); };
+  for (DType t : kAllDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    const DType other = t == DType::F32 ? DType::F64 : DType::F32;
+    const std::string name(dtype_name(t));
+    Tensor x = z({4, 16}, t), y = z({4, 8}, t), dx = z({4, 16}, t);
+    swiglu_forward(x, y);
+    swiglu_backward(y, x, dx);
+    expect_rejected(
+        [&] {
+          swiglu_forward(z({4, 15}, t), out(z({4, 7}, t)));
+        },
+        "swiglu_forward: x's last dimension 15 must be even");
+    expect_rejected(
+        [&] {
+          swiglu_forward(x, out(z({4, 16}, t)));
+        },
+        "swiglu_forward: y has shape (4, 16), expected (4, 8)");
+    expect_rejected([&] { swiglu_forward(x, out(z({2, 2, 8}, t))); }, "swiglu_forward: y has shape");
+    expect_rejected([&] { swiglu_forward(x, out(z({4, 8}, other))); }, "swiglu_forward: y must be " + name);
+    expect_rejected([&] { swiglu_forward(z({16, 4}, t).transpose(0, 1), y); }, "swiglu_forward: x must be contiguous");
+    expect_rejected(
+        [&] {
+          swiglu_backward(z({4, 16}, t), x, dx);
+        },
+        "swiglu_backward: dy has shape (4, 16), expected (4, 8)");
+    expect_rejected(
+        [&] {
+          swiglu_backward(y, x, out(z({4, 8}, t)));
+        },
+        "swiglu_backward: dx has shape (4, 8), expected (4, 16)");
+    expect_rejected([&] { swiglu_backward(z({4, 8}, other), x, dx); }, "swiglu_backward: dy must be " + name);
+    expect_rejected([&] { swiglu_backward(y, x, out(z({4, 16}, other))); }, "swiglu_backward: dx must be " + name);
+    expect_rejected(
+        [&] {
+          swiglu_backward(y, z({4, 15}, t), dx);
+        },
+        "swiglu_backward: x's last dimension 15 must be even");
+  }
+  expect_rejected(
+      [&] {
+        swiglu_forward(z({4, 16}, DType::I64), out(z({4, 8}, DType::I64)));
+      },
+      "swiglu_forward: x must be fp32, fp64, bf16 or fp16");
+  expect_rejected([&] { swiglu_forward(z({}, DType::F32), out(z({}, DType::F32))); },
+                  "swiglu_forward: x needs at least one dimension");
+}
+
+}  // namespace

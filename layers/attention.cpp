@@ -81,7 +81,8 @@ double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
   const std::int64_t B = step.micro_batch, S = step.seq;
-  MZ_CHECK(x.size(0) == B * S, "attention input has ", x.size(0), " rows for B*S = ", B * S);
+  MZ_CHECK(x.size(0) == ctx_.local_rows(B * S), "attention input has ", x.size(0), " rows for B*S = ", B * S,
+           ctx_.sequence_parallel ? " split over the TP group" : "");
   Tensor qkv = qkv_.forward(x);
   q_ = split_heads(qkv, 0);
   k_ = split_heads(qkv, 1);

@@ -18,19 +18,29 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParameterSet& params, const std::
   valid_ = std::clamp<std::int64_t>(vocab - vocab_start_, 0, weight_->local_shape[0]);
 }
 
-Tensor VocabParallelEmbedding::forward(const Tensor& ids) {
+Tensor VocabParallelEmbedding::forward(const Tensor& ids, const std::function<void(Tensor&)>& add_once) {
   ids_ = ids;
   Tensor out = ctx_.activation({ids.size(0), weight_->local_shape[1]});
   kernels::embedding_forward(ids, weight_->value, vocab_start_, out);
+  if (ctx_.sequence_parallel) {
+    if (add_once && ctx_.rank() == 0) add_once(out);
+    return ReduceScatterToSequenceParallelRegion::forward(*ctx_.tp, out, MemoryCategory::Activations);
+  }
   ReduceFromTpRegion::forward(*ctx_.tp, out);
+  if (add_once) add_once(out);
   return out;
 }
 
-void VocabParallelEmbedding::backward(const Tensor& dout) {
+Tensor VocabParallelEmbedding::backward(const Tensor& dout) {
   MZ_CHECK(ids_.defined(), "VocabParallelEmbedding::backward before forward");
-  ReduceFromTpRegion::backward(*ctx_.tp, dout);
-  kernels::embedding_backward(ids_, dout, vocab_start_, weight_->grad);
+  Tensor full = dout;
+  if (ctx_.sequence_parallel)
+    full = ReduceScatterToSequenceParallelRegion::backward(*ctx_.tp, dout, MemoryCategory::Activations);
+  else
+    ReduceFromTpRegion::backward(*ctx_.tp, dout);
+  kernels::embedding_backward(ids_, full, vocab_start_, weight_->grad);
   ids_ = Tensor();
+  return full;
 }
 
 PositionEmbedding::PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions,

@@ -1,7 +1,10 @@
 // Word embeddings split by vocabulary rows across TP (each rank looks up the
 // ids in its slice; others contribute zero rows; a TP all-reduce completes the
-// lookup), plus learned position embeddings (replicated).
+// lookup — under sequence parallelism a reduce-scatter, leaving each rank its
+// token rows), plus learned position embeddings (replicated).
 #pragma once
+
+#include <functional>
 
 #include "layers/parameter.h"
 #include "layers/tp_context.h"
@@ -14,8 +17,14 @@ class VocabParallelEmbedding {
   // TP size); padding rows stay zero and are never looked up.
   VocabParallelEmbedding(ParameterSet& params, const std::string& name, std::int64_t vocab, std::int64_t padded_vocab,
                          std::int64_t hidden, const TpContext& ctx, double init_std);
-  Tensor forward(const Tensor& ids);  // int64 [N] -> [N, hidden], identical on every TP rank
-  void backward(const Tensor& dout);  // accumulates into the weight gradient
+  // int64 [N] -> [N, hidden], identical on every TP rank (under sequence
+  // parallelism [N / TP, hidden], this rank's token rows). `add_once` (the
+  // position embeddings) is added to the sum exactly once: after the
+  // all-reduce, or by TP rank 0 to its partial sum before the reduce-scatter.
+  Tensor forward(const Tensor& ids, const std::function<void(Tensor&)>& add_once = nullptr);
+  // dout like forward's output. Accumulates into the weight gradient and
+  // returns the gradient of the whole [N, hidden] sum (for add_once's owner).
+  Tensor backward(const Tensor& dout);
   Parameter& weight() { return *weight_; }
   std::int64_t vocab_start() const { return vocab_start_; }
   std::int64_t local_rows() const { return weight_->local_shape[0]; }

@@ -81,6 +81,9 @@ void GPTConfig::validate(int tp) const {
              " is not divisible by --tensor-model-parallel-size ", tp,
              "; each TP rank holds whole query groups (their query, key and value heads): choose a TP size that "
              "divides the group count");
+  MZ_REQUIRE(!sequence_parallel || tp == 1 || seq_length % tp == 0, "--sequence-parallel splits the sequence over ",
+             "the TP group, but --seq-length ", seq_length, " is not divisible by --tensor-model-parallel-size ", tp,
+             "; choose a sequence length that is");
   MZ_REQUIRE(ffn() % tp == 0, "the MLP width ", ffn(), " is not divisible by --tensor-model-parallel-size ", tp);
   MZ_REQUIRE(vocab_size > 0, "the vocabulary size must be positive, got ", vocab_size);
   MZ_REQUIRE(make_vocab_size_divisible_by > 0, "--make-vocab-size-divisible-by must be positive");

@@ -41,6 +41,9 @@ struct GPTConfig {
   std::int64_t num_query_groups = 0;
   bool add_bias_linear = true;     // --disable-bias-linear clears it: no bias in any linear layer
   bool untie_embeddings = false;   // --untie-embeddings-and-output-weights: own output-layer weight
+  // --sequence-parallel (Megatron's; Korthikanti et al. 2022): at TP > 1 the
+  // norms, dropouts and residual stream hold 1/TP of the tokens per rank.
+  bool sequence_parallel = false;
 
   // The MLP width: --ffn-hidden-size, else 4 x hidden, or with SwiGLU
   // Megatron's 2/3 of that rounded down to a multiple of 64 (two input

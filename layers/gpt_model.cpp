@@ -11,34 +11,44 @@ const GPTConfig& validated(const GPTConfig& cfg, int tp) {
   cfg.validate(tp);
   return cfg;
 }
+
+TpContext model_context(TpContext ctx, const GPTConfig& cfg) {
+  ctx.sequence_parallel = cfg.sequence_parallel && ctx.size() > 1;
+  return ctx;
+}
 }  // namespace
 
 GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& params)
     : cfg_(validated(cfg, ctx.size())),
-      ctx_(ctx),
+      ctx_(model_context(ctx, cfg)),
       embedding_group_(params.begin_group("embedding")),
-      embedding_(params, "embedding.word", cfg.vocab_size, cfg.padded_vocab(ctx.size()), cfg.hidden_size, ctx,
+      embedding_(params, "embedding.word", cfg.vocab_size, cfg.padded_vocab(ctx.size()), cfg.hidden_size, ctx_,
                  cfg.init_method_std),
-      loss_(ctx) {
+      loss_(ctx_) {
   if (!cfg.rope())
     position_ = std::make_unique<PositionEmbedding>(params, "embedding.position", cfg.max_position_embeddings,
-                                                    cfg.hidden_size, ctx, cfg.init_method_std);
+                                                    cfg.hidden_size, ctx_, cfg.init_method_std);
   // Declared in forward order, which is also the parameters' order; one
   // parameter group per block (param_hooks.h).
   for (int l = 0; l < cfg.num_layers; ++l) {
     const int g = params.begin_group("layers." + std::to_string(l));
     if (l == 0) first_layer_group_ = g;
-    layers_.push_back(std::make_unique<TransformerLayer>(params, cfg, l, ctx));
+    layers_.push_back(std::make_unique<TransformerLayer>(params, cfg, l, ctx_));
   }
   final_group_ = params.begin_group("final_ln");
-  final_ln_ = make_normalization(params, "final_ln", cfg, ctx);
+  final_ln_ = make_normalization(params, "final_ln", cfg, ctx_);
   if (cfg.untie_embeddings) {
     output_group_ = params.begin_group("output_layer");
     const Parameter& word = embedding_.weight();
-    output_ = &params.add("output_layer.weight", word.global_shape, 0, ctx.rank(), ctx.size(), Init::Normal,
+    output_ = &params.add("output_layer.weight", word.global_shape, 0, ctx_.rank(), ctx_.size(), Init::Normal,
                           cfg.init_method_std);
     output_->padding_from_row = cfg.vocab_size;
   }
+}
+
+kernels::DropoutLayout GPTModel::hidden_layout(const Tensor& hidden) const {
+  const std::int64_t rows = step_.micro_batch * step_.seq;
+  return hidden_dropout_layout(step_, ctx_.first_row(rows), hidden.size(0), cfg_.hidden_size);
 }
 
 void GPTModel::set_checkpoint_store(ActivationCheckpointStore* store) {
@@ -71,16 +81,20 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
            " tokens for B*S = ", step.micro_batch * step.seq);
   check_ids(ids, "the input");
   check_ids(targets, "the targets");
+  MZ_REQUIRE(!ctx_.sequence_parallel || (step.micro_batch * step.seq) % ctx_.size() == 0,
+             "--sequence-parallel splits the ", step.micro_batch * step.seq,
+             " tokens of a micro-batch over the TP group of ", ctx_.size(),
+             "; use a --seq-length divisible by --tensor-model-parallel-size");
   step_ = step;
   // The word embedding is used again for the tied logits: its group stays in
   // use until the end of forward (so ZeRO-3 gathers it once per pass).
   hooks_->pre_forward(embedding_group_);
-  Tensor h = embedding_.forward(ids);
-  if (position_) position_->forward(h, step.seq);
+  Tensor h = position_ ? embedding_.forward(ids, [&](Tensor& x) { position_->forward(x, step.seq); })
+                       : embedding_.forward(ids);
   if (output_) hooks_->post_forward(embedding_group_);
   if (step.training && cfg_.hidden_dropout > 0) {
-    kernels::DropoutLayout l{step.micro_batch, 1, step.seq, cfg_.hidden_size, step.sample_offset, 0, 1};
-    kernels::dropout_forward(h, cfg_.hidden_dropout, RngKey{step.seed, step.iteration, 0, kRngEmbeddingDropout}, l, h);
+    kernels::dropout_forward(h, cfg_.hidden_dropout, RngKey{step.seed, step.iteration, 0, kRngEmbeddingDropout},
+                             hidden_layout(h), h);
   }
   for (std::size_t l = 0; l < layers_.size(); ++l) {
     const int g = first_layer_group_ + static_cast<int>(l);
@@ -91,7 +105,11 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   hooks_->pre_forward(final_group_);
   final_hidden_ = final_ln_->forward(h);
   hooks_->post_forward(final_group_);
-  CopyToTpRegion::forward(*ctx_.tp, final_hidden_);
+  // The logits GEMM is vocab-parallel: every rank needs every token row.
+  if (ctx_.sequence_parallel)
+    final_hidden_ = GatherFromSequenceParallelRegion::forward(*ctx_.tp, final_hidden_, MemoryCategory::Activations);
+  else
+    CopyToTpRegion::forward(*ctx_.tp, final_hidden_);
   const int logits_group = output_ ? output_group_ : embedding_group_;
   if (output_) hooks_->pre_forward(output_group_);
   Tensor logits = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
@@ -119,7 +137,10 @@ void GPTModel::backward(double loss_scale) {
   gemm(dlogits, false, w.value, false, dh);
   dlogits = Tensor();  // the largest activation: not held through the layers' backward
   if (output_) hooks_->post_backward(output_group_);
-  CopyToTpRegion::backward(*ctx_.tp, dh);
+  if (ctx_.sequence_parallel)
+    dh = GatherFromSequenceParallelRegion::backward(*ctx_.tp, dh, MemoryCategory::Activations);
+  else
+    CopyToTpRegion::backward(*ctx_.tp, dh);
   final_hidden_ = Tensor();
   hooks_->pre_backward(final_group_);
   dh = final_ln_->backward(dh);
@@ -131,13 +152,12 @@ void GPTModel::backward(double loss_scale) {
     hooks_->post_backward(g);
   }
   if (step_.training && cfg_.hidden_dropout > 0) {
-    kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
-    kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout}, l,
-                              dh);
+    kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout},
+                              hidden_layout(dh), dh);
   }
   if (output_) hooks_->pre_backward(embedding_group_);
-  if (position_) position_->backward(dh, step_.seq);
-  embedding_.backward(dh);
+  const Tensor dsum = embedding_.backward(dh);  // under sequence parallelism: every row, gathered
+  if (position_) position_->backward(dsum, step_.seq);
   hooks_->post_backward(embedding_group_);
 }
 

@@ -6,6 +6,10 @@
 // table with rotary embeddings (applied inside attention), RMSNorm, SwiGLU,
 // grouped-query attention, no linear biases, and an output layer of its own
 // (vocab-parallel like the embedding) with untied embeddings.
+//
+// With --sequence-parallel (TP > 1) the residual stream from the embedding to
+// the final norm holds 1/TP of the token rows per rank (layers/mappings.h);
+// the logits gather them again.
 #pragma once
 
 #include <memory>
@@ -58,6 +62,7 @@ class GPTModel {
 
  private:
   void check_ids(const Tensor& ids, const char* what) const;
+  kernels::DropoutLayout hidden_layout(const Tensor& hidden) const;  // of this rank's residual-stream rows
 
   // The [V_local, H] weight the logits are computed with: the word embedding's
   // (tied) or the output layer's.

@@ -24,7 +24,9 @@ Tensor LayerNorm::forward(const Tensor& x) {
 Tensor LayerNorm::backward(const Tensor& dy, const Tensor* residual_grad) {
   MZ_CHECK(input_.defined(), "LayerNorm::backward before forward");
   Tensor dx = ctx_.activation(input_.shape());
-  kernels::layernorm_backward(dy, input_, gamma_->value, mean_, rstd_, dx, gamma_->grad, beta_->grad, residual_grad);
+  NormGradients grads(ctx_, {&gamma_->grad, &beta_->grad});
+  kernels::layernorm_backward(dy, input_, gamma_->value, mean_, rstd_, dx, grads.grad(0), grads.grad(1), residual_grad);
+  grads.finish();
   release();
   return dx;
 }

@@ -31,10 +31,14 @@ Tensor ColumnParallelLinear::bias_value() const { return bias_->value.view({loca
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, bool add_bias) {
   MZ_CHECK(add_bias || !gather_output_, "ColumnParallelLinear: a gathered output cannot leave its bias to the caller");
-  CopyToTpRegion::forward(*ctx_.tp, x);
-  input_ = x;
-  Tensor y = ctx_.activation({x.size(0), local_out_});
-  gemm(x, false, weight(), true, y);
+  input_ = x;  // under sequence parallelism only this rank's rows: backward gathers them again
+  Tensor full = x;
+  if (ctx_.sequence_parallel)
+    full = GatherFromSequenceParallelRegion::forward(*ctx_.tp, x, MemoryCategory::Activations);
+  else
+    CopyToTpRegion::forward(*ctx_.tp, x);
+  Tensor y = ctx_.activation({full.size(0), local_out_});
+  gemm(full, false, weight(), true, y);
   if (bias_ && add_bias) kernels::add_bias(y, bias_value());
   if (!gather_output_) return y;
   return GatherFromTpRegion::forward(*ctx_.tp, y, MemoryCategory::Activations);
@@ -43,16 +47,22 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, bool add_bias) {
 Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) {
   MZ_CHECK(input_.defined(), "ColumnParallelLinear::backward before forward");
   Tensor dy = gather_output_ ? GatherFromTpRegion::backward(*ctx_.tp, dy_in, MemoryCategory::Activations) : dy_in;
-  Tensor dweight = weight_->grad.view({local_out_, input_.size(1)});
-  gemm(dy, true, input_, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
+  // Sequence parallelism keeps 1/TP of the input and all-gathers it again
+  // here (Megatron does the same): memory for one more collective.
+  const Tensor full = ctx_.sequence_parallel
+                          ? GatherFromSequenceParallelRegion::forward(*ctx_.tp, input_, MemoryCategory::Activations)
+                          : input_;
+  Tensor dweight = weight_->grad.view({local_out_, full.size(1)});
+  gemm(dy, true, full, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
   if (bias_ && !bias_grad_done) {
     Tensor dbias = bias_->grad.view({local_out_});
     kernels::bias_grad(dy, dbias);
   }
-  Tensor dx = ctx_.activation(input_.shape());
+  Tensor dx = ctx_.activation(full.shape());
   gemm(dy, false, weight(), false, dx);  // partial: this rank's outputs only
-  CopyToTpRegion::backward(*ctx_.tp, dx);
   release();
+  if (ctx_.sequence_parallel) return GatherFromSequenceParallelRegion::backward(*ctx_.tp, dx, MemoryCategory::Activations);
+  CopyToTpRegion::backward(*ctx_.tp, dx);
   return dx;
 }
 
@@ -67,14 +77,23 @@ Tensor RowParallelLinear::forward(const Tensor& x, bool add_bias) {
   input_ = x;
   Tensor y = ctx_.activation({x.size(0), weight_->local_shape[0]});
   gemm(x, false, weight_->value, true, y);
-  ReduceFromTpRegion::forward(*ctx_.tp, y);
+  if (ctx_.sequence_parallel)
+    y = ReduceScatterToSequenceParallelRegion::forward(*ctx_.tp, y, MemoryCategory::Activations);
+  else
+    ReduceFromTpRegion::forward(*ctx_.tp, y);
   if (bias_ && add_bias) kernels::add_bias(y, bias_->value);  // after the reduction: added once
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy, bool bias_grad_done) {
+Tensor RowParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) {
   MZ_CHECK(input_.defined(), "RowParallelLinear::backward before forward");
-  ReduceFromTpRegion::backward(*ctx_.tp, dy);
+  Tensor dy = dy_in;
+  if (ctx_.sequence_parallel)
+    dy = ReduceScatterToSequenceParallelRegion::backward(*ctx_.tp, dy_in, MemoryCategory::Activations);
+  else
+    ReduceFromTpRegion::backward(*ctx_.tp, dy);
+  // Under sequence parallelism the bias's gradient is summed here, over the
+  // gathered rows (the whole batch), so it needs no reduction of its own.
   if (bias_ && !bias_grad_done) kernels::bias_grad(dy, bias_->grad);
   gemm(dy, true, input_, false, weight_->grad, 1.0f, 1.0f);
   Tensor dx = ctx_.activation(input_.shape());

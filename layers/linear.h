@@ -10,7 +10,8 @@
 namespace megazero::layers {
 
 // Y = X A^T with A split by rows of the weight (output features): each rank
-// computes its slice of the outputs. Input X replicated across TP.
+// computes its slice of the outputs. Input X replicated across TP, or under
+// sequence parallelism this rank's rows of it (all-gathered here).
 //
 // stacked > 1 holds `stacked` projections of the same input side by side
 // (SwiGLU's gate and up): the weight is [stacked, out, in] split along `out`,
@@ -46,7 +47,8 @@ class ColumnParallelLinear {
 
 // Y = X A^T with A split by columns (input features): input already split
 // across TP (the output of a ColumnParallelLinear); partial products summed by
-// an all-reduce, then the (replicated) bias added.
+// an all-reduce (under sequence parallelism a reduce-scatter: each rank gets
+// its rows of the sum), then the (replicated) bias added.
 class RowParallelLinear {
  public:
   RowParallelLinear(ParameterSet& params, const std::string& name, std::int64_t in, std::int64_t out, bool bias,

@@ -27,6 +27,35 @@ Tensor gather_last_dim(Communicator& tp, const Tensor& x, MemoryCategory categor
   return out;
 }
 
+// [n, ...] on each rank -> [n tp, ...], rank r's rows at [r n, (r+1) n).
+Tensor gather_rows(Communicator& tp, const Tensor& x, MemoryCategory category) {
+  Shape shape = x.shape();
+  shape[0] *= tp.size();
+  Tensor out = Tensor::empty(x.device_ptr(), shape, x.dtype(), category);
+  if (tp.size() == 1) {
+    out.copy_from(x);
+    return out;
+  }
+  MZ_CHECK(x.is_contiguous(), "gather_rows of a non-contiguous ", x.to_string());
+  tp.all_gather(x.flatten(), out.flatten()).wait();
+  return out;
+}
+
+// [N, ...] partial sums on each rank -> this rank's rows [N/tp, ...] of their sum.
+Tensor reduce_scatter_rows(Communicator& tp, const Tensor& x, MemoryCategory category) {
+  MZ_CHECK(x.size(0) % tp.size() == 0, x.size(0), " rows do not split over ", tp.size(), " TP ranks");
+  Shape shape = x.shape();
+  shape[0] /= tp.size();
+  Tensor out = Tensor::empty(x.device_ptr(), shape, x.dtype(), category);
+  if (tp.size() == 1) {
+    out.copy_from(x);
+    return out;
+  }
+  MZ_CHECK(x.is_contiguous(), "reduce_scatter_rows of a non-contiguous ", x.to_string());
+  tp.reduce_scatter(x.flatten(), out.flatten(), ReduceOp::Sum).wait();
+  return out;
+}
+
 }  // namespace
 
 void CopyToTpRegion::backward(Communicator& tp, const Tensor& grad) {
@@ -46,6 +75,19 @@ Tensor GatherFromTpRegion::backward(Communicator& tp, const Tensor& grad, Memory
 Tensor ScatterToTpRegion::forward(Communicator& tp, const Tensor& x, MemoryCategory c) { return take_slice(tp, x, c); }
 Tensor ScatterToTpRegion::backward(Communicator& tp, const Tensor& grad, MemoryCategory c) {
   return gather_last_dim(tp, grad, c);
+}
+
+Tensor GatherFromSequenceParallelRegion::forward(Communicator& tp, const Tensor& x, MemoryCategory c) {
+  return gather_rows(tp, x, c);
+}
+Tensor GatherFromSequenceParallelRegion::backward(Communicator& tp, const Tensor& grad, MemoryCategory c) {
+  return reduce_scatter_rows(tp, grad, c);
+}
+Tensor ReduceScatterToSequenceParallelRegion::forward(Communicator& tp, const Tensor& x, MemoryCategory c) {
+  return reduce_scatter_rows(tp, x, c);
+}
+Tensor ReduceScatterToSequenceParallelRegion::backward(Communicator& tp, const Tensor& grad, MemoryCategory c) {
+  return gather_rows(tp, grad, c);
 }
 
 }  // namespace megazero::layers

@@ -2,8 +2,33 @@
 
 #include "layers/layernorm.h"
 #include "layers/rmsnorm.h"
+#include "megazero/core/error.h"
+#include "megazero/kernels/layer_kernels.h"
 
 namespace megazero::layers {
+
+NormGradients::NormGradients(const TpContext& ctx, std::vector<Tensor*> accumulators)
+    : ctx_(ctx), accumulators_(std::move(accumulators)) {
+  if (!ctx_.sequence_parallel) return;
+  std::int64_t total = 0;
+  for (const Tensor* a : accumulators_) total += a->numel();
+  const DType t = accumulators_.front()->dtype();
+  stacked_ = Tensor::zeros(ctx_.device, {total}, t, MemoryCategory::Activations);
+  std::int64_t at = 0;
+  for (const Tensor* a : accumulators_) {
+    MZ_CHECK(a->dtype() == t, "norm gradients of mixed dtypes");
+    parts_.push_back(stacked_.narrow(0, at, a->numel()).view(a->shape()));
+    at += a->numel();
+  }
+}
+
+void NormGradients::finish() {
+  if (!ctx_.sequence_parallel) return;
+  ctx_.tp->all_reduce(stacked_, ReduceOp::Sum).wait();
+  for (std::size_t i = 0; i < accumulators_.size(); ++i) kernels::add(*accumulators_[i], parts_[i], *accumulators_[i]);
+  stacked_ = Tensor();
+  parts_.clear();
+}
 
 std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
                                                   const TpContext& ctx) {

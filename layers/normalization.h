@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "layers/gpt_config.h"
 #include "layers/parameter.h"
@@ -21,6 +22,26 @@ class Normalization {
   // parameters' gradients.
   virtual Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) = 0;
   virtual void release() = 0;
+};
+
+// Under sequence parallelism a norm sees 1/TP of the token rows, so the
+// gradients of its (replicated) parameters are partial sums over the TP group.
+// grad(i) is what the kernels accumulate this micro-batch's share into: the
+// accumulator itself without sequence parallelism, else a zeroed stand-in
+// that finish() sums over the TP group (one all-reduce for all of them) and
+// adds to the accumulator. Summing the accumulators themselves would count
+// earlier micro-batches TP times.
+class NormGradients {
+ public:
+  NormGradients(const TpContext& ctx, std::vector<Tensor*> accumulators);
+  Tensor& grad(std::size_t i) { return ctx_.sequence_parallel ? parts_[i] : *accumulators_[i]; }
+  void finish();
+
+ private:
+  TpContext ctx_;
+  std::vector<Tensor*> accumulators_;
+  Tensor stacked_;  // the stand-ins, back to back: one collective
+  std::vector<Tensor> parts_;
 };
 
 // The normalisation cfg.normalization names, with parameters NAME.weight (and

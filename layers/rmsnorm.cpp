@@ -21,7 +21,9 @@ Tensor RMSNorm::forward(const Tensor& x) {
 Tensor RMSNorm::backward(const Tensor& dy, const Tensor* residual_grad) {
   MZ_CHECK(input_.defined(), "RMSNorm::backward before forward");
   Tensor dx = ctx_.activation(input_.shape());
-  kernels::rmsnorm_backward(dy, input_, gamma_->value, rstd_, dx, gamma_->grad, residual_grad);
+  NormGradients grads(ctx_, {&gamma_->grad});
+  kernels::rmsnorm_backward(dy, input_, gamma_->value, rstd_, dx, grads.grad(0), residual_grad);
+  grads.finish();
   release();
   return dx;
 }

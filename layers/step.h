@@ -3,6 +3,8 @@
 // sample gets the same mask whatever the DP size or micro-batch split.
 #pragma once
 
+#include "megazero/kernels/layer_kernels.h"
+
 #include <cstdint>
 
 namespace megazero::layers {
@@ -16,5 +18,15 @@ struct StepInfo {
   std::int64_t seq = 1;          // sequence length (S)
   bool training = true;          // false: evaluation (no dropout, nothing kept for a backward)
 };
+
+// Dropout coordinates of residual-stream activations [rows, hidden] whose
+// first row is token row `first_row` of the micro-batch: element (r, c) is
+// global token row sample_offset * S + first_row + r, column c. The mask is
+// thus the same whether a rank holds every row (replicated across TP: each
+// TP rank draws the same mask) or, under sequence parallelism, its share.
+inline kernels::DropoutLayout hidden_dropout_layout(const StepInfo& step, std::int64_t first_row, std::int64_t rows,
+                                                    std::int64_t hidden) {
+  return {rows, 1, 1, hidden, step.sample_offset * step.seq + first_row, 0, 1};
+}
 
 }  // namespace megazero::layers

@@ -12,9 +12,18 @@ struct TpContext {
   Communicator* tp = nullptr;
   std::shared_ptr<Device> device;
   DType dtype = DType::F32;  // parameters and activations (fp32, or fp64 for reference runs)
+  // Sequence parallelism (--sequence-parallel; GPTModel sets it for TP > 1):
+  // outside the TP-split GEMMs (norms, dropout, the residual stream) each rank
+  // holds only its share of the token rows (layers/mappings.h).
+  bool sequence_parallel = false;
 
   int rank() const { return tp->rank(); }
   int size() const { return tp->size(); }
+  // Rows of a [rows, H] tensor of the residual stream on this rank, and the
+  // global token row of its first: all of them, or this rank's 1/TP under
+  // sequence parallelism.
+  std::int64_t local_rows(std::int64_t rows) const { return sequence_parallel ? rows / size() : rows; }
+  std::int64_t first_row(std::int64_t rows) const { return sequence_parallel ? rank() * (rows / size()) : 0; }
   Tensor activation(const Shape& shape) const {
     return Tensor::empty(device, shape, dtype, MemoryCategory::Activations);
   }

@@ -14,11 +14,17 @@ TransformerLayer::TransformerLayer(ParameterSet& params, const GPTConfig& cfg, i
       ln2_(make_normalization(params, "layers." + std::to_string(layer) + ".ln2", cfg, ctx)),
       mlp_(params, "layers." + std::to_string(layer) + ".mlp", cfg, ctx) {}
 
+kernels::DropoutLayout TransformerLayer::layout_of(const Tensor& hidden) const {
+  const std::int64_t rows = step_.micro_batch * step_.seq;
+  MZ_CHECK(hidden.size(0) == ctx_.local_rows(rows), "residual stream of ", hidden.size(0), " rows for ",
+           ctx_.local_rows(rows));
+  return hidden_dropout_layout(step_, ctx_.first_row(rows), hidden.size(0), cfg_.hidden_size);
+}
+
 Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
   if (p == 0) return x;
-  // Hidden states are replicated across TP: every TP rank draws the same mask.
-  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  const kernels::DropoutLayout l = layout_of(x);
   Tensor y = ctx_.activation(x.shape());
   kernels::dropout_forward(x, p, RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, l, y);
   return y;
@@ -27,7 +33,7 @@ Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
 Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site, Parameter* bias) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
   Tensor dx = ctx_.activation(dy.shape());  // not in place: dy is also the residual's gradient
-  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  const kernels::DropoutLayout l = layout_of(dy);
   const RngKey key{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site};
   if (bias) {
     kernels::dropout_backward_bias_grad(dy, p, key, l, dx, bias->grad);
@@ -43,8 +49,7 @@ Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site,
 Tensor TransformerLayer::bias_dropout_add(const Tensor& y, const Parameter* bias, const Tensor& residual,
                                           RngSite site) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
-  // Hidden states are replicated across TP: every TP rank draws the same mask.
-  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  const kernels::DropoutLayout l = layout_of(y);
   Tensor out = y;
   if (bias) {
     kernels::bias_dropout_add(y, bias->value, residual, p,
@@ -81,12 +86,13 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
   if (cfg_.recompute_activations) forward_impl(store_->restore(layer_));  // same step_, same masks
   // Each output bias's gradient is summed in its dropout backward's pass, so
   // the linear that owns it skips its own sum (the bias was added there too,
-  // in bias-dropout-add).
-  Parameter* mlp_bias = mlp_.output_bias();
+  // in bias-dropout-add). Not under sequence parallelism: that pass sees this
+  // rank's rows only; the linear sums the gathered rows instead.
+  Parameter* mlp_bias = ctx_.sequence_parallel ? nullptr : mlp_.output_bias();
   Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout, mlp_bias);
   Tensor dx1 =
       ln2_->backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
-  Parameter* attention_bias = attention_.output_bias();
+  Parameter* attention_bias = ctx_.sequence_parallel ? nullptr : attention_.output_bias();
   Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout, attention_bias);
   return ln1_->backward(attention_.backward(da, attention_bias != nullptr), &dx1);
 }

@@ -27,6 +27,7 @@ class TransformerLayer {
 
  private:
   Tensor forward_impl(const Tensor& x);
+  kernels::DropoutLayout layout_of(const Tensor& hidden) const;  // of this rank's residual-stream rows
   Tensor hidden_dropout(const Tensor& x, RngSite site) const;
   Tensor bias_dropout_add(const Tensor& y, const Parameter* bias, const Tensor& residual, RngSite site) const;
   // With `bias` (the sub-block's output bias, added before the dropout), its

@@ -20,6 +20,8 @@ namespace {
 // llama: rotary embeddings, RMSNorm, SwiGLU, 16 heads in 8 query groups (one
 // group per rank at TP 8), no linear biases, untied output layer.
 bool g_llama = false;
+// Sequence parallelism (layers/mappings.h); 16 tokens per sample split over up to 8 ranks.
+bool g_sp = false;
 
 GPTConfig small_config(bool recompute, const std::string& attention) {
   GPTConfig c;
@@ -34,6 +36,10 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
   c.attention_dropout = 0.1;
   c.make_vocab_size_divisible_by = 4;
   c.recompute_activations = recompute;
+  if (g_sp) {
+    c.sequence_parallel = true;
+    c.seq_length = 16;
+  }
   if (g_llama) {
     c.hidden_size = 64;
     c.num_attention_heads = 16;
@@ -59,13 +65,14 @@ Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& 
   TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();
-  r.model = std::make_unique<GPTModel>(small_config(recompute, attention), ctx, *r.params);
+  const GPTConfig cfg = small_config(recompute, attention);
+  r.model = std::make_unique<GPTModel>(cfg, ctx, *r.params);
   r.model->keep_logits(true);  // the loss consumes the logits in place
   r.params->allocate(ctx.device, dtype);
   r.params->initialize(2024);
   StepInfo step;
   step.micro_batch = 2;
-  step.seq = 12;
+  step.seq = cfg.seq_length;
   step.iteration = 7;
   step.sample_offset = 4;
   const std::int64_t n = step.micro_batch * step.seq;
@@ -158,6 +165,21 @@ TEST(GptTensorParallel, LlamaStyleModelMatchesTpOne) {
   if (test_support::test_device()->kind() != DeviceKind::CUDA)
     compare(world_size(), DType::F32, false, 1e-5, "fused");
   g_llama = false;
+}
+
+// Sequence parallelism: the same numbers as TP 1 (which splits nothing), with
+// dropout and recompute, both attention backends, GPT-2 and Llama-style.
+TEST(GptTensorParallel, SequenceParallelMatchesTpOne) {
+  g_sp = true;
+  for (bool llama : {false, true}) {
+    g_llama = llama;
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5);
+    compare(world_size(), DType::F64, false, 1e-12);
+    if (test_support::test_device()->kind() != DeviceKind::CUDA)
+      compare(world_size(), DType::F32, true, 1e-5, "fused");
+  }
+  g_llama = g_sp = false;
 }
 
 TEST(GptTensorParallel, FusedAttentionMatchesUnfusedTpOne) {

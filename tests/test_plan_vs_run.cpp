@@ -248,6 +248,24 @@ std::vector<Case> cases() {
                        "--recompute-activations"});
     out.push_back({"llama TP2 stage 3 fused attention recompute", f});
   }
+  // Sequence parallelism: the residual stream, norms and dropout masks at
+  // 1/TP; with recompute the checkpoints are 1/TP already (Pa keeps them
+  // whole, Pa+cpu moves them, MD places them); with the paper's presets.
+  for (int stage = 0; stage <= 3; ++stage)
+    out.push_back({"SP TP2 stage " + std::to_string(stage),
+                   {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", std::to_string(stage)}});
+  out.push_back({"SP TP4 stage 1", {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--zero-stage", "1"}});
+  for (const char* c : {"C1", "C2", "C4", "C5"})
+    out.push_back({std::string("SP TP4 ") + c, {"--tensor-model-parallel-size", "4", "--sequence-parallel",
+                                                "--zero-config", c}});
+  {
+    auto f = llama;
+    f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-config", "C4", "--bf16"});
+    out.push_back({"llama SP TP2 C4 bf16", f});
+  }
+  out.push_back({"SP TP2 stage 2 fused attention accumulation",
+                 {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "2",
+                  "--attention-backend", "fused", "--global-batch-size", "8"}});
   return out;
 }
 

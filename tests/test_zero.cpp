@@ -104,6 +104,26 @@ TEST(Zero, LlamaStyleModelOnEveryStageAndLayoutTrainsLikeOneRank) {
     }
 }
 
+// Sequence parallelism on every stage and layout, with recompute and the
+// ZeRO-R store: Pa keeps each rank's own rows (nothing left to partition),
+// Pa+cpu moves them to host memory, MD places them in the arena.
+TEST(Zero, SequenceParallelOnEveryStageAndLayoutTrainsLikeOneRank) {
+  for (auto [tp, dp] : layouts_for(world().size()))
+    for (int stage = 0; stage <= 3; ++stage) {
+      ZeroRunSpec s;
+      s.tp = tp;
+      s.dp = dp;
+      s.stage = stage;
+      s.sequence_parallel = true;
+      s.llama = stage % 2 == 1;
+      s.recompute = stage >= 1;
+      s.zero_r.partition_activations = stage >= 2;
+      s.zero_r.cpu_checkpointing = stage == 3;
+      s.zero_r.contiguous_memory = stage >= 1;
+      expect_same_training(s);
+    }
+}
+
 TEST(Zero, AccumulationRecomputeAndNoOverlap) {
   for (auto [tp, dp] : layouts_for(world().size()))
     for (int stage : {1, 2, 3}) {

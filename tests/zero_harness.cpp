@@ -67,7 +67,9 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   device = test_support::test_device();
   params = std::make_unique<layers::ParameterSet>();
   layers::TpContext ctx{tp.get(), device, s.dtype};
-  model = std::make_unique<layers::GPTModel>(zero_test_model(s.recompute, s.hidden, s.llama), ctx, *params);
+  layers::GPTConfig cfg = zero_test_model(s.recompute, s.hidden, s.llama);
+  cfg.sequence_parallel = s.sequence_parallel;
+  model = std::make_unique<layers::GPTModel>(cfg, ctx, *params);
   zero::ZeroConfig zc;
   zc.stage = s.stage;
   zc.param_dtype = s.dtype;
@@ -78,10 +80,14 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   engine->initialize(77);
   host = make_device(DeviceKind::CPU);
   if (s.zero_r.any()) {
-    checkpoints = std::make_unique<zero::PartitionedCheckpoints>(s.zero_r, *tp, device, host,
+    zero::ZeroRConfig zr = s.zero_r;
+    zr.inputs_split_across_tp = s.sequence_parallel && s.tp > 1;
+    checkpoints = std::make_unique<zero::PartitionedCheckpoints>(zr, *tp, device, host,
                                                                  static_cast<int>(model->config().num_layers));
     model->set_checkpoint_store(checkpoints.get());
-    checkpoints->reserve(s.micro_batch * model->config().seq_length * model->config().hidden_size, s.dtype);
+    checkpoints->reserve(s.micro_batch * model->config().seq_length * model->config().hidden_size /
+                             (zr.inputs_split_across_tp ? s.tp : 1),
+                         s.dtype);
   }
   optim::LossScalerConfig scaler_cfg;
   scaler_cfg.dynamic = s.dtype == DType::F16;  // fp16 needs loss scaling; bf16/fp32 do not

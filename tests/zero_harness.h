@@ -25,6 +25,7 @@ struct ZeroRunSpec {
   std::int64_t hidden = 32;  // model width (the memory test uses a wider one: padding < 1%)
   zero::ZeroRConfig zero_r;  // Pa / Pa+cpu / MD (needs recompute)
   bool llama = false;        // rope, RMSNorm, SwiGLU, 8 heads in 4 query groups, no biases, untied output layer
+  bool sequence_parallel = false;
 };
 
 layers::GPTConfig zero_test_model(bool recompute, std::int64_t hidden = 32, bool llama = false);

@@ -121,6 +121,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.flag(M, "untie-embeddings-and-output-weights", &a.model.untie_embeddings,
          "the logits get an output-layer weight of their own instead of the word embedding's");
   t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
+  t.flag(P, "sequence-parallel", &a.model.sequence_parallel,
+         "split norms, dropout and the residual stream along the tokens across the TP group (Megatron's sequence "
+         "parallelism): their activations fall by the TP degree; TP all-reduces become reduce-scatter/all-gather");
   t.add(P, "ranks-per-node", &a.parallel.ranks_per_node, "0 = detect from MPI");
   t.flag(P, "allow-tp-across-nodes", &a.parallel.allow_tp_across_nodes, "accept TP groups spanning nodes (slow)");
   t.add(Z, "zero-stage", &a.zero.stage, "0 plain DP, 1 Pos, 2 Pos+g, 3 Pos+g+p");
@@ -419,6 +422,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   apply_megatron_flags(a, megatron, given);
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   a.model.add_bias_linear = !a.disable_bias_linear;
+  a.zero_r.inputs_split_across_tp = a.model.sequence_parallel && a.parallel.tensor_model_parallel_size > 1;
   MZ_REQUIRE(a.group_query_attention || !vm.count("num-query-groups") || vm["num-query-groups"].defaulted(),
              "--num-query-groups is used only with --group-query-attention; add that switch (or drop the count)");
   MZ_REQUIRE(a.num_query_groups > 0, "--num-query-groups must be positive, got ", a.num_query_groups);

@@ -103,7 +103,13 @@ struct TrainArgs {
     return z;
   }
   // Elements of one layer's checkpointed input (micro-batch x seq x hidden).
-  std::int64_t checkpoint_elements() const { return micro_batch_size * model.seq_length * model.hidden_size; }
+  // A recomputing layer's input: micro-batch x seq x hidden, of which each
+  // rank holds 1/TP under sequence parallelism.
+  std::int64_t checkpoint_elements() const {
+    const std::int64_t all = micro_batch_size * model.seq_length * model.hidden_size;
+    const int tp = parallel.tensor_model_parallel_size;
+    return model.sequence_parallel && tp > 1 ? all / tp : all;
+  }
   // Checks everything that needs no knowledge of the world; dp/tp checks in validate_layout.
   void validate() const;
   void validate_layout(int world_size) const;

@@ -84,8 +84,6 @@ const CompatFlag kFlags[] = {
     {"num-workers", Kind::Value, Meaning::NoEffect, "samples are read from the memory-mapped dataset in the step"},
     {"transformer-impl", Kind::Value, Meaning::NoEffect, "megazero's own layers"},
     {"timing-log-level", Kind::Value, Meaning::NoEffect, "per-step timers (min/max over ranks) are always logged"},
-    {"sequence-parallel", Kind::Switch, Meaning::Refused,
-     "not implemented yet (planned); leave it out: activations are replicated across the TP group"},
     {"use-rotary-position-embeddings", Kind::Switch, Meaning::Translated, "--position-embedding-type rope"},
     {"rotary-percent", Kind::Value, Meaning::Translated, "1.0 only (every dimension of a head rotates)"},
     {"finetune", Kind::Switch, Meaning::Refused,

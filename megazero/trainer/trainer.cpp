@@ -271,16 +271,22 @@ void Trainer::Impl::build() {
     std::printf(
         "model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
         "%lld): %.2fM parameters, %.2fM held by each TP rank; %s; attention %s, bias-GeLU fusion %s, "
-        "recompute %s\n",
+        "recompute %s, sequence parallel %s\n",
         static_cast<long long>(m.num_layers), static_cast<long long>(m.hidden_size),
         static_cast<long long>(m.num_attention_heads), static_cast<long long>(m.ffn()),
         static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
         static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
         static_cast<double>(params.local_numel()) / 1e6, architecture.c_str(), m.attention_backend.c_str(),
-        m.bias_gelu_fusion && !m.swiglu && m.add_bias_linear ? "on" : "off", m.recompute_activations ? "on" : "off");
+        m.bias_gelu_fusion && !m.swiglu && m.add_bias_linear ? "on" : "off", m.recompute_activations ? "on" : "off",
+        !m.sequence_parallel ? "off" : groups->tp_size() > 1 ? "on" : "off (nothing to split at TP 1)");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
+    const std::string tp_split = "1/" + std::to_string(groups->tp_size()) + " per TP rank";
     std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",
                 !args.model.recompute_activations ? "off (no --recompute-activations)"
+                : args.zero_r.inputs_split_across_tp
+                    ? ("already " + tp_split + " by --sequence-parallel" +
+                       (args.zero_r.partition_activations ? " (Pa has nothing left to partition)" : ""))
+                          .c_str()
                 : args.zero_r.partition_activations
                     ? ("partitioned 1/" + std::to_string(groups->tp_size()) + " per TP rank (Pa)").c_str()
                     : "whole on every TP rank",

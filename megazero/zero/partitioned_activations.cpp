@@ -35,7 +35,7 @@ void PartitionedCheckpoints::ensure_arena(std::int64_t chunk, DType dtype) {
 
 void PartitionedCheckpoints::reserve(std::int64_t elements, DType dtype) {
   if (!cfg_.contiguous_memory) return;
-  const int parts = cfg_.partition_activations ? tp_.size() : 1;
+  const int parts = cfg_.partitions(tp_.size());
   ensure_arena((elements + parts - 1) / parts, dtype);
 }
 
@@ -43,12 +43,12 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
   MZ_CHECK(layer >= 0 && layer < num_layers_, "checkpoint of layer ", layer);
   Saved& s = saved_[static_cast<std::size_t>(layer)];
   const std::int64_t n = x.numel();
-  const int parts = cfg_.partition_activations ? tp_.size() : 1;
+  const int parts = cfg_.partitions(tp_.size());
   const std::int64_t chunk = (n + parts - 1) / parts;
   s.counts.assign(static_cast<std::size_t>(parts), 0);
   for (int r = 0; r < parts; ++r)
     s.counts[static_cast<std::size_t>(r)] = std::max<std::int64_t>(0, std::min(n, (r + 1) * chunk) - r * chunk);
-  const int me = cfg_.partition_activations ? tp_.rank() : 0;
+  const int me = parts > 1 ? tp_.rank() : 0;
   const std::int64_t begin = std::min(n, me * chunk), len = s.counts[static_cast<std::size_t>(me)];
   Tensor dst;
   if (cfg_.contiguous_memory) {
@@ -76,7 +76,7 @@ Tensor PartitionedCheckpoints::restore(int layer) {
     part.copy_from(s.slice);
     stats_.host_copies_bytes += static_cast<std::int64_t>(part.nbytes());
   }
-  if (cfg_.partition_activations) {
+  if (s.counts.size() > 1) {
     tp_.all_gather(part, full.flatten(), s.counts).wait();
     stats_.gathered_elements += full.numel();
   } else {

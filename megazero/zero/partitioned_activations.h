@@ -27,6 +27,13 @@ struct ZeroRConfig {
   bool partition_activations = false;  // Pa
   bool cpu_checkpointing = false;      // Pa+cpu
   bool contiguous_memory = false;      // MD
+  // Sequence parallelism already leaves each TP rank 1/TP of every layer
+  // input (its own token rows, not a slice of a replicated tensor): Pa has
+  // nothing left to partition and keeps the rank's rows whole; Pa+cpu and MD
+  // still apply to them.
+  bool inputs_split_across_tp = false;
+  // The TP ranks a checkpoint is partitioned over.
+  int partitions(int tp_size) const { return partition_activations && !inputs_split_across_tp ? tp_size : 1; }
   bool any() const { return partition_activations || cpu_checkpointing || contiguous_memory; }
   // ConfigError naming the flag: each needs --recompute-activations; Pa+cpu needs Pa.
   void validate(bool recompute_activations) const;

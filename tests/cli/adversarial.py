@@ -235,6 +235,7 @@ def cases():
         ("group-query-attention", "--num-query-groups 2 --train-iters 1", "num-query-groups = 2"),
         ("disable-bias-linear", "--train-iters 1", "disable-bias-linear = true"),
         ("untie-embeddings-and-output-weights", "--train-iters 1", "untie-embeddings-and-output-weights = true"),
+        ("sequence-parallel", "--tensor-model-parallel-size 2 --train-iters 1", "sequence-parallel = true"),
         ("data-impl", "mmap --train-iters 1", "resolved configuration"),
         ("overlap-grad-reduce", "--train-iters 1", "overlap-comm = 1"),
         ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),
@@ -256,13 +257,13 @@ def cases():
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ",
             f"{minimal} --train-iters 1 --{flag} {value}")
     refused = [
-        ("sequence-parallel", "", "--sequence-parallel: not implemented yet"),
         ("rotary-percent", "0.5", "--rotary-percent 0.5: partial rotary embeddings are not implemented"),
         ("num-query-groups", "2", "--num-query-groups is used only with --group-query-attention"),
         ("group-query-attention", "--num-query-groups 3", "--num-attention-heads 4 is not divisible by --num-query-groups 3"),
         ("normalization", "RMSnorm", "--normalization must be LayerNorm or RMSNorm, got 'RMSnorm'"),
         ("position-embedding-type", "alibi", "--position-embedding-type must be learned_absolute or rope"),
         ("rotary-base", "0.5 --position-embedding-type rope", "--rotary-base must be a number above 1"),
+        ("norm-epsilon", "0", "--norm-epsilon must be a small positive number"),
         ("finetune", "", "--finetune: not supported"),
         ("no-load-optim", "", "--no-load-optim: not supported"),
         ("num-experts", "8", "--num-experts: megazero has no mixture-of-experts"),
@@ -279,8 +280,11 @@ def cases():
     ]
     for flag, value, regex in refused:
         add(f"megatron.refused.{flag}={value or 'on'}", E2, regex, f"{minimal} --train-iters 1 --{flag} {value}".rstrip())
-    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --sequence-parallel.*--finetune",
-        f"{minimal} --train-iters 1 --sequence-parallel --finetune")
+    add("model.sequence-parallel.odd-seq", E2, "--seq-length 31 is not divisible by --tensor-model-parallel-size 2",
+        minimal.replace("--seq-length 32", "--seq-length 31") + " --train-iters 1 --tensor-model-parallel-size 2 "
+        "--sequence-parallel")
+    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --finetune.*--no-load-optim",
+        f"{minimal} --train-iters 1 --finetune --no-load-optim")
 
     # ---- config files.
     files = [

@@ -255,6 +255,10 @@ void expand_zero_config(TrainArgs& a, const po::variables_map& vm, const std::se
                             " --recompute-activations --contiguous-memory-optimization" +
                             (c->pa ? " --partition-activations" : "") + (c->cpu ? " --cpu-checkpointing" : "") +
                             " (CB: constant --reduce-bucket-size " + std::to_string(a.zero.reduce_bucket_size) + ")";
+  if (c->pa && a.model.sequence_parallel && a.parallel.tensor_model_parallel_size > 1)
+    a.zero_config_expansion +=
+        "; with --sequence-parallel each rank's checkpoints are its own 1/TP of the tokens already, so Pa keeps "
+        "them whole (what Pa saves, SP saved)";
 }
 
 }  // namespace

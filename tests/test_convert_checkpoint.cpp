@@ -1,14 +1,17 @@
-// Hugging Face GPT-2 export/import (tools/hf_gpt2.h, docs/HF_EXPORT.md):
-//  - a model trained at TP 2 x DP 2 (ZeRO-2) exports to HF names whose every
-//    element is the checkpoint's global master value under the expected
-//    transpose / QKV reorder (checked here with index arithmetic of its own);
+// Hugging Face GPT-2 and Llama export/import (tools/hf_gpt2.h, docs/HF_EXPORT.md):
+//  - a model trained at TP 2 x DP 2 (ZeRO-2), GPT-2 or Llama-style, exports to
+//    HF names whose every element is the checkpoint's global master value under
+//    the expected transpose / QKV reorder / q, k, v and gate, up carving
+//    (checked here with index arithmetic of its own; for Llama also on
+//    checkpoints whose every element is distinct, with GQA, MQA and MHA, tied
+//    and untied, with and without biases);
 //  - importing that export gives a checkpoint that loads at TP 2 x DP 2 with
 //    logits identical bit for bit to the original's, and at TP 1 x DP 4 ZeRO-3
 //    equal up to reduction order; exporting the import gives the same bytes;
 //  - fp16/bf16 exports are the fp32 values rounded to nearest even;
 //  - broken inputs fail with ConfigErrors naming the file, the tensor and the fix.
-// The numerical check against an independent GPT-2 forward (numpy, HF's
-// formulas) is tests/cli/hf_export_e2e.sh.
+// The numerical checks against independent GPT-2 and Llama forwards (numpy,
+// HF's formulas) are tests/cli/hf_export_e2e.sh and hf_llama_e2e.sh.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -18,6 +21,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/checkpoint/safetensors.h"
@@ -25,6 +29,7 @@
 #include "megazero/core/error.h"
 #include "test_device.h"
 #include "megazero/train/arguments.h"
+#include "megazero/zero/zero_engine.h"
 #include "tools/hf_gpt2.h"
 #include "zero_harness.h"
 
@@ -45,12 +50,13 @@ std::string local_temp_dir() {
   return ::mkdtemp(tmpl);
 }
 
-ZeroRunSpec spec_of(int tp, int dp, int stage) {
+ZeroRunSpec spec_of(int tp, int dp, int stage, bool llama = false) {
   ZeroRunSpec s;
   s.tp = tp;
   s.dp = dp;
   s.stage = stage;
   s.steps = 2;
+  s.llama = llama;  // rope, RMSNorm, SwiGLU, 8 heads in 4 query groups, no biases, untied output layer
   return s;
 }
 
@@ -178,12 +184,115 @@ void check_export_layout(const std::string& ckpt, const std::string& hf_dir) {
   EXPECT_EQ(j.at("tie_word_embeddings"), true);
 }
 
+// The same for a Llama-style checkpoint of model `c`: HF's names and layout
+// spelled out independently of hf::to_hf. Our QKV rows are walked in their
+// order, [group][q heads of the group, k, v][head_dim], each compared with the
+// HF row it must land on (q_proj rows [head][d], head = group x heads per
+// group + slot; k_proj and v_proj rows [group][d]).
+void check_llama_layout(const std::string& ckpt, const std::string& hf_dir, const layers::GPTConfig& c) {
+  checkpoint::CheckpointReader reader(checkpoint::find_latest(ckpt));
+  checkpoint::SafetensorsFile f(hf_dir + "/model.safetensors");
+  EXPECT_EQ(f.metadata().at("format"), "pt");
+  const I h = c.hidden_size, H = c.num_attention_heads, G = c.num_query_groups > 0 ? c.num_query_groups : H;
+  const I hd = h / H, P = H / G, V = c.vocab_size, F = c.ffn_hidden_size, L = c.num_layers;
+  const bool bias = c.add_bias_linear;
+  std::set<std::string> expected = {"model.embed_tokens.weight", "model.norm.weight"}, got;
+  if (c.untie_embeddings) expected.insert("lm_head.weight");
+  for (I l = 0; l < L; ++l) {
+    const std::string x = "model.layers." + std::to_string(l) + ".";
+    for (const char* n : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.weight",
+                          "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+      expected.insert(x + n);
+    if (bias)
+      for (const char* n : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+                            "self_attn.o_proj.bias", "mlp.gate_proj.bias", "mlp.up_proj.bias", "mlp.down_proj.bias"})
+        expected.insert(x + n);
+  }
+  for (const auto& [name, e] : f.tensors()) got.insert(name);
+  EXPECT_EQ(got, expected);
+  auto ours = [&](const std::string& n) { return reader.global_tensor(n, "master"); };
+  auto slice = [](const std::vector<float>& v, I begin, I count) {
+    return std::vector<float>(v.begin() + begin, v.begin() + begin + count);
+  };
+  EXPECT_EQ(tensor_of(f, "model.embed_tokens.weight", {V, h}), slice(ours("embedding.word.weight"), 0, V * h));
+  for (I l = 0; l < L; ++l) {
+    const std::string o = "layers." + std::to_string(l) + ".", x = "model.layers." + std::to_string(l) + ".";
+    EXPECT_EQ(tensor_of(f, x + "input_layernorm.weight", {h}), ours(o + "ln1.weight"));
+    EXPECT_EQ(tensor_of(f, x + "post_attention_layernorm.weight", {h}), ours(o + "ln2.weight"));
+    for (const bool w : {true, false}) {  // weights [rows, h], then biases [rows]
+      if (!w && !bias) continue;
+      const std::string suffix = w ? ".weight" : ".bias";
+      const I cols = w ? h : 1;
+      auto shape = [&](I rows) { return w ? std::vector<I>{rows, h} : std::vector<I>{rows}; };
+      const auto qkv = ours(o + "attention.qkv" + suffix);
+      const auto q = tensor_of(f, x + "self_attn.q_proj" + suffix, shape(H * hd)),
+                 k = tensor_of(f, x + "self_attn.k_proj" + suffix, shape(G * hd)),
+                 v = tensor_of(f, x + "self_attn.v_proj" + suffix, shape(G * hd));
+      I bad = 0, row = 0;
+      for (I g = 0; g < G; ++g)
+        for (I slot = 0; slot < P + 2; ++slot)
+          for (I d = 0; d < hd; ++d, ++row) {
+            const std::vector<float>& dst = slot < P ? q : slot == P ? k : v;
+            const I hf_row = slot < P ? (g * P + slot) * hd + d : g * hd + d;
+            for (I i = 0; i < cols; ++i)
+              bad += dst[static_cast<std::size_t>(hf_row * cols + i)] != qkv[static_cast<std::size_t>(row * cols + i)];
+          }
+      EXPECT_EQ(row * cols, static_cast<I>(qkv.size())) << "every QKV row walked";
+      EXPECT_EQ(bad, 0) << x << "self_attn q/k/v" << suffix;
+      // SwiGLU's fc1 is [gate; up]: the first F rows gate, the next F up.
+      const auto fc1 = ours(o + "mlp.fc1" + suffix);
+      EXPECT_EQ(tensor_of(f, x + "mlp.gate_proj" + suffix, shape(F)), slice(fc1, 0, F * cols)) << x;
+      EXPECT_EQ(tensor_of(f, x + "mlp.up_proj" + suffix, shape(F)), slice(fc1, F * cols, F * cols)) << x;
+    }
+    // nn.Linear is [out, in], as ours: no transpose.
+    EXPECT_EQ(tensor_of(f, x + "self_attn.o_proj.weight", {h, h}), ours(o + "attention.dense.weight"));
+    EXPECT_EQ(tensor_of(f, x + "mlp.down_proj.weight", {h, F}), ours(o + "mlp.fc2.weight"));
+    if (bias) {
+      EXPECT_EQ(tensor_of(f, x + "self_attn.o_proj.bias", {h}), ours(o + "attention.dense.bias"));
+      EXPECT_EQ(tensor_of(f, x + "mlp.down_proj.bias", {h}), ours(o + "mlp.fc2.bias"));
+    }
+  }
+  EXPECT_EQ(tensor_of(f, "model.norm.weight", {h}), ours("final_ln.weight"));
+  if (c.untie_embeddings) {
+    EXPECT_EQ(tensor_of(f, "lm_head.weight", {V, h}), slice(ours("output_layer.weight"), 0, V * h));
+  }
+
+  const auto j = nlohmann::json::parse(slurp(hf_dir + "/config.json"));
+  EXPECT_EQ(j.at("model_type"), "llama");
+  EXPECT_EQ(j.at("architectures"), nlohmann::json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(j.at("vocab_size"), V);
+  EXPECT_EQ(j.at("hidden_size"), h);
+  EXPECT_EQ(j.at("intermediate_size"), F);
+  EXPECT_EQ(j.at("num_hidden_layers"), L);
+  EXPECT_EQ(j.at("num_attention_heads"), H);
+  EXPECT_EQ(j.at("num_key_value_heads"), G);
+  EXPECT_EQ(j.at("head_dim"), hd);
+  EXPECT_EQ(j.at("hidden_act"), "silu");
+  EXPECT_EQ(j.at("rms_norm_eps"), c.layernorm_epsilon);
+  EXPECT_EQ(j.at("rope_theta"), c.rotary_base);
+  EXPECT_TRUE(j.at("rope_scaling").is_null());
+  EXPECT_EQ(j.at("max_position_embeddings"), c.max_position_embeddings);
+  EXPECT_EQ(j.at("tie_word_embeddings"), !c.untie_embeddings);
+  EXPECT_EQ(j.at("attention_bias"), bias);
+  EXPECT_EQ(j.at("mlp_bias"), bias);
+  EXPECT_EQ(j.at("attention_dropout"), c.attention_dropout);
+  EXPECT_EQ(j.at("bos_token_id"), V - 1);
+  EXPECT_EQ(j.at("megazero").at("seq_length"), c.seq_length);
+  EXPECT_EQ(j.at("megazero").at("make_vocab_size_divisible_by"), c.make_vocab_size_divisible_by);
+  EXPECT_EQ(j.at("megazero").at("hidden_dropout"), c.hidden_dropout);
+}
+
 // Rank 0 alone: export, check, import, export again.
-void convert_on_one_rank(const std::string& dir, Communicator& self) {
+void convert_on_one_rank(const std::string& dir, Communicator& self, bool llama) {
   const auto ex = hf::export_checkpoint({dir + "/orig", dir + "/hf"});
   EXPECT_EQ(ex.iteration, 2);
-  EXPECT_EQ(ex.tensors, 28);
-  check_export_layout(dir + "/orig", dir + "/hf");
+  EXPECT_EQ(ex.format, llama ? hf::HfFormat::Llama : hf::HfFormat::Gpt2);
+  EXPECT_EQ(ex.tensors, llama ? 21 : 28);  // Llama: embed, 9 per layer, norm, lm_head
+  if (llama)
+    check_llama_layout(dir + "/orig", dir + "/hf", zero_test_model(false, 32, true));
+  else
+    check_export_layout(dir + "/orig", dir + "/hf");
 
   hf::ImportOptions io;
   io.input = dir + "/hf";
@@ -195,7 +304,7 @@ void convert_on_one_rank(const std::string& dir, Communicator& self) {
   checkpoint::CheckpointReader a(checkpoint::find_latest(dir + "/orig")), b(im.checkpoint);
   EXPECT_EQ(b.manifest().state.iteration, 0);
   EXPECT_EQ(b.manifest().tp, 1);
-  EXPECT_EQ(train::config_values(b.manifest().state.config).at("num-attention-heads"), "4");
+  EXPECT_EQ(train::config_values(b.manifest().state.config).at("num-attention-heads"), llama ? "8" : "4");
   for (const auto& p : a.manifest().parameters) {
     const auto va = a.global_tensor(p.name, "master"), vb = b.global_tensor(p.name, "master");
     // The padded vocabulary differs (TP 2 vs TP 1): the rows both have must be equal, padding zero.
@@ -215,19 +324,19 @@ void convert_on_one_rank(const std::string& dir, Communicator& self) {
 
 }  // namespace
 
-TEST(ConvertCheckpoint, Tp2Dp2ExportImportKeepsTheModel) {
-  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+namespace {
+void export_import_keeps_the_model(bool llama) {
   const std::string dir = shared_temp_dir();
   {
-    ZeroRun a(world(), spec_of(2, 2, 2));
+    ZeroRun a(world(), spec_of(2, 2, 2, llama));
     a.train(0, 2);
     save(a, dir + "/orig", 2);
   }
   auto self = world().split(world().rank(), 0, "self");
-  if (world().rank() == 0) convert_on_one_rank(dir, *self);
+  if (world().rank() == 0) convert_on_one_rank(dir, *self, llama);
   barrier();
   // Both checkpoints into the same layout (another ZeRO stage): the same logits, bit for bit.
-  ZeroRun orig(world(), spec_of(2, 2, 1)), imported(world(), spec_of(2, 2, 1));
+  ZeroRun orig(world(), spec_of(2, 2, 1, llama)), imported(world(), spec_of(2, 2, 1, llama));
   const auto lo = checkpoint::load_checkpoint(dir + "/orig", *orig.engine, place(orig));
   const auto li = checkpoint::load_checkpoint(dir + "/imported", *imported.engine, place(imported));
   EXPECT_TRUE(lo.loaded && li.loaded);
@@ -237,7 +346,7 @@ TEST(ConvertCheckpoint, Tp2Dp2ExportImportKeepsTheModel) {
   ASSERT_EQ(x.size(), y.size());
   EXPECT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << "logits differ";
   // At TP 1 x DP 4, ZeRO-3 (another TP, another vocab padding): equal up to reduction order.
-  ZeroRun tp1(world(), spec_of(1, 4, 3));
+  ZeroRun tp1(world(), spec_of(1, 4, 3, llama));
   EXPECT_TRUE(checkpoint::load_checkpoint(dir + "/imported", *tp1.engine, place(tp1)).loaded);
   const auto z = eval_logits(tp1);
   const I V = orig.model->config().vocab_size, rows = 2 * orig.model->config().seq_length;
@@ -252,6 +361,17 @@ TEST(ConvertCheckpoint, Tp2Dp2ExportImportKeepsTheModel) {
   barrier();
   if (world().rank() == 0) fs::remove_all(dir);
 }
+}  // namespace
+
+TEST(ConvertCheckpoint, Tp2Dp2ExportImportKeepsTheModel) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  export_import_keeps_the_model(false);
+}
+
+TEST(ConvertCheckpoint, Tp2Dp2LlamaExportImportKeepsTheModel) {
+  if (world().size() != 4) GTEST_SKIP() << "needs 4 ranks";
+  export_import_keeps_the_model(true);
+}
 
 // ---------------------------------------------------------------- one rank
 namespace {
@@ -260,8 +380,8 @@ namespace {
 struct Exported {
   std::string dir;
   std::unique_ptr<ZeroRun> run;
-  Exported() : dir(local_temp_dir()) {
-    run = std::make_unique<ZeroRun>(world(), spec_of(1, 1, 0));
+  explicit Exported(bool llama = false) : dir(local_temp_dir()) {
+    run = std::make_unique<ZeroRun>(world(), spec_of(1, 1, 0, llama));
     run->train(0, 1);
     save(*run, dir + "/ckpt", 1);
     hf::export_checkpoint({dir + "/ckpt", dir + "/hf"});
@@ -333,9 +453,9 @@ TEST(ConvertCheckpoint, SixteenBitExportsRoundToNearestEven) {
   }
 }
 
-TEST(ConvertCheckpoint, LogitsToolMatchesTheTrainingModel) {
-  if (world().size() != 1) GTEST_SKIP() << "one rank";
-  Exported e;
+namespace {
+void logits_tool_matches_the_training_model(bool llama) {
+  Exported e(llama);
   const auto ours = eval_logits(*e.run);  // [2 S, V_padded], first sample's rows first
   const auto& c = e.run->model->config();
   std::vector<I> tokens;
@@ -349,6 +469,17 @@ TEST(ConvertCheckpoint, LogitsToolMatchesTheTrainingModel) {
       worst = std::max(worst, std::abs(double(tool[static_cast<std::size_t>(s * c.vocab_size + v)]) -
                                        ours[static_cast<std::size_t>(s * padded + v)]));
   EXPECT_LT(worst, 1e-5);
+}
+}  // namespace
+
+TEST(ConvertCheckpoint, LogitsToolMatchesTheTrainingModel) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  logits_tool_matches_the_training_model(false);
+}
+
+TEST(ConvertCheckpoint, LogitsToolMatchesTheTrainingLlama) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  logits_tool_matches_the_training_model(true);
 }
 
 TEST(ConvertCheckpoint, ImportRefusesBrokenInputsNamingTheProblem) {
@@ -446,4 +577,311 @@ TEST(ConvertCheckpoint, ExportRefusesWhatIsNotACheckpoint) {
   hf::ExportOptions o{d + "/ckpt/" + checkpoint::iteration_dir_name(0), d + "/out", DType::F32, 4};
   EXPECT_EQ(hf::export_checkpoint(o).model.num_attention_heads, 4);  // an iter_* directory works too
   fs::remove_all(d);
+}
+
+// ---------------------------------------------------------------- Llama, one rank
+namespace {
+
+// A Llama-style model of the test's size (vocab 97, hidden 32, 2 layers, ffn 32).
+layers::GPTConfig llama_model(I heads, I groups, bool bias, bool untied) {
+  auto c = zero_test_model(false, 32, true);  // rope, RMSNorm, SwiGLU
+  c.num_attention_heads = heads;
+  c.num_query_groups = groups == heads ? 0 : groups;
+  c.add_bias_linear = bias;
+  c.untie_embeddings = untied;
+  c.rotary_base = 500000;
+  c.layernorm_epsilon = 1e-6;
+  return c;
+}
+
+// A TP 1 checkpoint of model `c` whose every master element is distinct: its
+// 1-based position in the parameters' concatenation (exact in fp32), vocab
+// padding rows zero. `config`: the stored configuration ("" = the model's).
+void save_numbered(const layers::GPTConfig& c, const std::string& dir, const std::string& config = "") {
+  auto tp = world().split(0, 0, "numbered-tp");
+  auto dp = world().split(0, 0, "numbered-dp");
+  const auto device = test_support::test_device();
+  layers::ParameterSet params;
+  layers::GPTModel model(c, layers::TpContext{tp.get(), device, DType::F32}, params);
+  zero::ZeroEngine engine(params, *dp, *tp, device, zero::ZeroConfig{});
+  float next = 1;
+  for (std::size_t i = 0; i < engine.parameters().size(); ++i) {
+    const auto& p = *engine.parameters()[i];
+    const I n = p.local_numel(), row = n / p.global_shape[0];
+    Tensor host = Tensor::zeros(make_device(DeviceKind::CPU), {n}, DType::F32, MemoryCategory::Workspace);
+    for (I k = 0; k < n; ++k)
+      host.host_data<float>()[k] = p.padding_from_row >= 0 && k / row >= p.padding_from_row ? 0.0f : next++;
+    engine.owned_state().master.narrow(0, engine.layout().param(i).begin - engine.owned().begin, n).copy_from(host);
+  }
+  engine.load_finished();
+  checkpoint::TrainState s;
+  s.iteration = 3;
+  s.seed = 77;
+  s.config = config.empty() ? hf::resolved_config(c, 77) : config;
+  checkpoint::save_checkpoint(dir, s, engine, {&world(), 0, 1});
+}
+
+// Copies an HF export to `to` with its config.json changed by `edit`.
+void edit_config(const std::string& from, const std::string& to, const std::function<void(nlohmann::json&)>& edit) {
+  rewrite(from, to, [](const std::string&, DType&, std::vector<I>&) { return true; });
+  auto j = nlohmann::json::parse(slurp(to + "/config.json"));
+  edit(j);
+  std::ofstream(to + "/config.json") << j.dump(2) << "\n";  // as the export writes it
+}
+
+// Adds to dir/model.safetensors copies of its tensors under new names: {new name, copied tensor}.
+void add_copies(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& copies) {
+  const std::string path = dir + "/model.safetensors";
+  {
+    checkpoint::SafetensorsFile f(path);
+    checkpoint::SafetensorsWriter w;
+    w.set_metadata("format", "pt");
+    for (const auto& [name, e] : f.tensors()) w.add(name, e.dtype, e.shape, f.data(e));
+    for (const auto& [name, from] : copies) w.add(name, f.entry(from).dtype, f.entry(from).shape, f.data(from));
+    w.write(path + ".new");
+  }
+  fs::rename(path + ".new", path);
+}
+
+hf::ImportResult import_to(const std::string& input, const std::string& save, I heads = 0) {
+  hf::ImportOptions o;
+  o.input = input;
+  o.save = save;
+  o.seed = 77;
+  o.num_attention_heads = heads;
+  return hf::import_checkpoint(o, world());
+}
+
+// The imported checkpoint holds the original's master values (rows both
+// have; padding zero) and nothing else.
+void expect_same_masters(const std::string& original, const std::string& imported) {
+  checkpoint::CheckpointReader a(checkpoint::find_latest(original)), b(checkpoint::find_latest(imported));
+  ASSERT_EQ(a.manifest().parameters.size(), b.manifest().parameters.size());
+  for (const auto& p : a.manifest().parameters) {
+    const auto va = a.global_tensor(p.name, "master"), vb = b.global_tensor(p.name, "master");
+    const auto n = static_cast<std::ptrdiff_t>(std::min(va.size(), vb.size()));
+    EXPECT_TRUE(std::equal(va.begin(), va.begin() + n, vb.begin())) << p.name;
+    EXPECT_TRUE(std::all_of(va.begin() + n, va.end(), [](float v) { return v == 0; })) << p.name;
+    EXPECT_TRUE(std::all_of(vb.begin() + n, vb.end(), [](float v) { return v == 0; })) << p.name;
+  }
+}
+
+// Two exports hold the same model.safetensors and config.json, byte for byte.
+::testing::AssertionResult same_files(const std::string& a, const std::string& b) {
+  if (slurp(a + "/model.safetensors") != slurp(b + "/model.safetensors"))
+    return ::testing::AssertionFailure() << a << "/model.safetensors differs from " << b << "'s";
+  const std::string ca = slurp(a + "/config.json"), cb = slurp(b + "/config.json");
+  if (ca != cb) return ::testing::AssertionFailure() << "config.json differs:\n" << ca << "\n" << cb;
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace
+
+TEST(ConvertCheckpoint, LlamaEveryTensorPlacedAndRoundTrips) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  struct Variant {
+    I heads, groups;
+    bool bias, untied;
+  };
+  // GQA untied without biases (Llama 2 70B's shape), MHA tied with biases, MQA, MHA untied with biases.
+  for (const Variant v : {Variant{8, 2, false, true}, Variant{8, 8, true, false}, Variant{4, 1, false, false},
+                          Variant{4, 4, true, true}}) {
+    SCOPED_TRACE(testing::Message() << v.heads << " heads, " << v.groups << " groups, bias " << v.bias << ", untied "
+                                    << v.untied);
+    const auto c = llama_model(v.heads, v.groups, v.bias, v.untied);
+    const std::string d = local_temp_dir();
+    save_numbered(c, d + "/ckpt");
+    const auto ex = hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+    EXPECT_EQ(ex.format, hf::HfFormat::Llama);
+    check_llama_layout(d + "/ckpt", d + "/hf", c);
+    const auto im = import_to(d + "/hf", d + "/imported");
+    EXPECT_EQ(im.format, hf::HfFormat::Llama);
+    EXPECT_EQ(im.model.num_query_groups, c.num_query_groups);
+    EXPECT_EQ(im.model.add_bias_linear, v.bias);
+    EXPECT_EQ(im.model.untie_embeddings, v.untied);
+    EXPECT_EQ(im.model.rotary_base, 500000);
+    EXPECT_EQ(im.model.layernorm_epsilon, 1e-6);
+    EXPECT_EQ(im.model.hidden_dropout, c.hidden_dropout) << "restored from the megazero block";
+    EXPECT_EQ(im.model.attention_dropout, c.attention_dropout);
+    const auto kv = train::config_values(checkpoint::CheckpointReader(im.checkpoint).manifest().state.config);
+    EXPECT_EQ(kv.at("position-embedding-type"), "rope");
+    EXPECT_EQ(kv.at("normalization"), "RMSNorm");
+    EXPECT_EQ(kv.at("swiglu"), "true");
+    EXPECT_EQ(kv.at("group-query-attention"), v.groups != v.heads ? "true" : "false");
+    EXPECT_EQ(kv.at("disable-bias-linear"), v.bias ? "false" : "true");
+    EXPECT_EQ(kv.at("untie-embeddings-and-output-weights"), v.untied ? "true" : "false");
+    EXPECT_EQ(kv.at("rotary-base"), "500000");
+    EXPECT_EQ(kv.at("norm-epsilon"), "1e-06");
+    expect_same_masters(d + "/ckpt", d + "/imported");
+    hf::export_checkpoint({d + "/imported", d + "/hf2"});
+    EXPECT_TRUE(same_files(d + "/hf", d + "/hf2")) << "export(import(x)) differs from x";
+    fs::remove_all(d);
+  }
+}
+
+TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  const std::string d = local_temp_dir();
+  auto export_error = [&](const layers::GPTConfig& c, const std::string& name) {
+    save_numbered(c, d + "/" + name);
+    const auto msg = error_of([&] { hf::export_checkpoint({d + "/" + name, d + "/out"}); });
+    EXPECT_NE(msg.find("is neither a GPT-2 nor a Llama"), std::string::npos) << msg;
+    return msg;
+  };
+  auto rope_ln = llama_model(4, 4, true, false);
+  rope_ln.normalization = "LayerNorm";
+  auto msg = export_error(rope_ln, "rope_ln");
+  EXPECT_NE(msg.find("LlamaForCausalLM would need --normalization RMSNorm ("), std::string::npos) << msg;
+  EXPECT_NE(msg.find("GPT2LMHeadModel would need learned positions (not --position-embedding-type rope), a GeLU "
+                     "MLP (not --swiglu);"),
+            std::string::npos)
+      << msg;
+  auto learned_swiglu = llama_model(4, 4, true, false);
+  learned_swiglu.position_embedding_type = "learned_absolute";
+  msg = export_error(learned_swiglu, "learned_swiglu");
+  EXPECT_NE(msg.find("LlamaForCausalLM would need --position-embedding-type rope ("), std::string::npos) << msg;
+  auto gpt2_gqa = zero_test_model(false);
+  gpt2_gqa.num_query_groups = 2;
+  msg = export_error(gpt2_gqa, "gpt2_gqa");
+  EXPECT_NE(msg.find("GPT2LMHeadModel would need one key/value head per query head (not --group-query-attention)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("LlamaForCausalLM would need --position-embedding-type rope, --normalization RMSNorm, --swiglu"),
+            std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
+  // A configuration that contradicts the parameters.
+  const auto c = llama_model(8, 2, false, true);
+  std::string config = hf::resolved_config(c, 77);
+  config.replace(config.find("swiglu = true"), 13, "swiglu = false");
+  save_numbered(c, d + "/liar", config);
+  msg = error_of([&] { hf::export_checkpoint({d + "/liar", d + "/out"}); });
+  EXPECT_NE(msg.find("its configuration says swiglu = false but its parameters say swiglu = true"), std::string::npos)
+      << msg;
+  config = hf::resolved_config(c, 77);
+  config.replace(config.find("num-query-groups = 2"), 20, "num-query-groups = 4");
+  save_numbered(c, d + "/liar2", config);
+  msg = error_of([&] { hf::export_checkpoint({d + "/liar2", d + "/out"}); });
+  EXPECT_NE(msg.find("says 4 query groups (group-query-attention, num-query-groups) but "
+                     "layers.0.attention.qkv.weight's rows say 2"),
+            std::string::npos)
+      << msg;
+  fs::remove_all(d);
+}
+
+TEST(ConvertCheckpoint, LlamaImportRefusesWhatMegazeroCannotCompute) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  const std::string d = local_temp_dir();
+  save_numbered(llama_model(8, 2, false, true), d + "/ckpt");
+  hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+  int n = 0;
+  auto refused = [&](const std::function<void(nlohmann::json&)>& edit) {
+    const std::string dir = d + "/edit" + std::to_string(++n);
+    edit_config(d + "/hf", dir, edit);
+    return import_error(dir, dir + "/out");
+  };
+  auto msg = refused([](nlohmann::json& j) { j["attention_bias"] = true; });
+  EXPECT_NE(msg.find("attention_bias true with mlp_bias false cannot be imported: megazero has one switch"),
+            std::string::npos)
+      << msg;
+  msg = refused([](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; });
+  EXPECT_NE(msg.find("rope_scaling {\"factor\":2.0,\"rope_type\":\"linear\"} is not supported"), std::string::npos)
+      << msg;
+  msg = refused([](nlohmann::json& j) { j["hidden_act"] = "gelu"; });
+  EXPECT_NE(msg.find("hidden_act 'gelu' is not supported"), std::string::npos) << msg;
+  msg = refused([](nlohmann::json& j) { j["head_dim"] = 8; });
+  EXPECT_NE(msg.find("head_dim 8 is not hidden_size / num_attention_heads (32 / 8)"), std::string::npos) << msg;
+  msg = refused([](nlohmann::json& j) { j["model_type"] = "mistral"; });
+  EXPECT_NE(msg.find("describes a 'mistral' model; convert_checkpoint imports GPT-2 (model_type gpt2) and Llama "
+                     "(model_type llama)"),
+            std::string::npos)
+      << msg;
+  msg = refused([](nlohmann::json& j) { j["num_key_value_heads"] = 3; });
+  EXPECT_NE(msg.find("is not divisible by --num-query-groups 3"), std::string::npos) << msg;
+  // Tied by the config, but the file's lm_head is a weight of its own.
+  msg = refused([](nlohmann::json& j) { j["tie_word_embeddings"] = true; });
+  EXPECT_NE(msg.find("lm_head.weight differs from model.embed_tokens.weight but"), std::string::npos) << msg;
+  // Untied by the config, and no lm_head.
+  rewrite(d + "/hf", d + "/no_head",
+          [](const std::string& name, DType&, std::vector<I>&) { return name != "lm_head.weight"; });
+  msg = import_error(d + "/no_head", d + "/no_head/out");
+  EXPECT_NE(msg.find("has no tensor 'lm_head.weight', which a Llama of num_hidden_layers 2 (attention_bias false, "
+                     "mlp_bias false, tie_word_embeddings false) needs"),
+            std::string::npos)
+      << msg;
+  // A tensor the config does not account for.
+  rewrite(d + "/hf", d + "/extra", [](const std::string&, DType&, std::vector<I>&) { return true; });
+  add_copies(d + "/extra", {{"model.layers.1.self_attn.o_proj.bias", "model.norm.weight"}});
+  msg = import_error(d + "/extra", d + "/extra/out");
+  EXPECT_NE(msg.find("tensor 'model.layers.1.self_attn.o_proj.bias' is not part of a Llama megazero knows "
+                     "(attention_bias false, mlp_bias false)"),
+            std::string::npos)
+      << msg;
+  fs::remove_all(d);
+}
+
+TEST(ConvertCheckpoint, LlamaImportsWithoutConfigAndFromSavePretrained) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  const std::string d = local_temp_dir();
+  save_numbered(llama_model(8, 2, true, false), d + "/ckpt");  // tied, with biases
+  hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+  // No config.json: the shapes and --num-attention-heads give the model; LlamaConfig's defaults the rest.
+  rewrite(
+      d + "/hf", d + "/bare", [](const std::string&, DType&, std::vector<I>&) { return true; }, false);
+  auto msg = import_error(d + "/bare/model.safetensors", d + "/bare/out");
+  EXPECT_NE(msg.find("--num-attention-heads N"), std::string::npos) << msg;
+  const auto bare = import_to(d + "/bare/model.safetensors", d + "/bare/out", 8);
+  EXPECT_EQ(bare.format, hf::HfFormat::Llama);
+  EXPECT_EQ(bare.model.num_query_groups, 2);
+  EXPECT_TRUE(bare.model.add_bias_linear);
+  EXPECT_FALSE(bare.model.untie_embeddings);
+  ASSERT_EQ(bare.notes.size(), 1u);
+  EXPECT_NE(bare.notes[0].find("LlamaConfig's defaults assumed: rms_norm_eps 1e-06, rope_theta 10000"),
+            std::string::npos);
+  hf::export_checkpoint({d + "/bare/out", d + "/bare/hf"});
+  EXPECT_TRUE(slurp(d + "/hf/model.safetensors") == slurp(d + "/bare/hf/model.safetensors"));
+  // save_pretrained of a tied model may keep lm_head (equal to the embedding); older transformers kept the
+  // rotary inv_freq buffers. Both are skipped and listed.
+  rewrite(d + "/hf", d + "/saved", [](const std::string&, DType&, std::vector<I>&) { return true; });
+  add_copies(d + "/saved", {{"lm_head.weight", "model.embed_tokens.weight"},
+                            {"model.layers.0.self_attn.rotary_emb.inv_freq", "model.norm.weight"}});
+  const auto saved = import_to(d + "/saved", d + "/saved/out");
+  EXPECT_EQ(saved.ignored,
+            (std::vector<std::string>{"lm_head.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"}));
+  hf::export_checkpoint({d + "/saved/out", d + "/saved/hf"});
+  EXPECT_TRUE(same_files(d + "/hf", d + "/saved/hf"));
+  fs::remove_all(d);
+}
+
+TEST(ConvertCheckpoint, Gpt2KeepsWorkingWithTheNewOptions) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  Exported e;
+  const std::string d = e.dir;
+  // layer_norm_epsilon other than 1e-5 is --norm-epsilon now.
+  edit_config(d + "/hf", d + "/eps", [](nlohmann::json& j) { j["layer_norm_epsilon"] = 1e-6; });
+  const auto im = import_to(d + "/eps", d + "/eps/out");
+  EXPECT_EQ(im.format, hf::HfFormat::Gpt2);
+  EXPECT_EQ(im.model.layernorm_epsilon, 1e-6);
+  EXPECT_EQ(
+      train::config_values(checkpoint::CheckpointReader(im.checkpoint).manifest().state.config).at("norm-epsilon"),
+      "1e-06");
+  hf::export_checkpoint({d + "/eps/out", d + "/eps/hf"});
+  EXPECT_TRUE(slurp(d + "/hf/model.safetensors") == slurp(d + "/eps/hf/model.safetensors"));
+  EXPECT_EQ(slurp(d + "/eps/config.json"), slurp(d + "/eps/hf/config.json"));  // layer_norm_epsilon 1e-06 kept
+  // A checkpoint from before the options (its configuration lacks their keys) is the GPT-2 it always was.
+  std::string config;
+  for (const auto& [k, v] : train::config_values(hf::resolved_config(e.run->model->config(), 77)))
+    if (!std::set<std::string>{"position-embedding-type", "rotary-base", "normalization", "swiglu",
+                               "group-query-attention", "num-query-groups", "disable-bias-linear",
+                               "untie-embeddings-and-output-weights", "norm-epsilon"}
+             .count(k))
+      config += k + " = " + v + "\n";
+  checkpoint::TrainState s;
+  s.iteration = 1;
+  s.seed = 77;
+  s.config = config;
+  checkpoint::save_checkpoint(d + "/old", s, *e.run->engine, place(*e.run));
+  const auto ex = hf::export_checkpoint({d + "/old", d + "/old_hf"});
+  EXPECT_EQ(ex.format, hf::HfFormat::Gpt2);
+  EXPECT_TRUE(same_files(d + "/hf", d + "/old_hf"));
 }

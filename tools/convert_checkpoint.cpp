@@ -1,9 +1,10 @@
-// convert_checkpoint: megazero checkpoints <-> Hugging Face GPT-2 (docs/HF_EXPORT.md).
+// convert_checkpoint: megazero checkpoints <-> Hugging Face GPT-2 or Llama (docs/HF_EXPORT.md).
 //   convert_checkpoint export --load runs/ckpt --output hf/ [--dtype bf16]
 //       the newest checkpoint (or one iter_* directory) as hf/model.safetensors + hf/config.json,
-//       loadable by transformers' GPT2LMHeadModel.from_pretrained("hf/")
+//       loadable by transformers' GPT2LMHeadModel (a GPT-2-shaped model) or LlamaForCausalLM (rope,
+//       RMSNorm, SwiGLU) .from_pretrained("hf/")
 //   convert_checkpoint import --input hf/ --save runs/from_hf
-//       an HF GPT-2 as an iteration-0 checkpoint: pretrain_gpt --load runs/from_hf fine-tunes it
+//       an HF GPT-2 or Llama as an iteration-0 checkpoint: pretrain_gpt --load runs/from_hf fine-tunes it
 //       at any TP / DP / ZeRO stage
 //   convert_checkpoint logits --load runs/ckpt --tokens 1,2,3 --output logits.txt
 //       (debugging) our model's logits for one sequence, one row per token
@@ -31,9 +32,14 @@ constexpr const char* kUsage =
     "       convert_checkpoint logits --load DIR --tokens 1,2,3 --output FILE [--device D]\n"
     "       convert_checkpoint COMMAND --help\n";
 
-std::string describe(const layers::GPTConfig& c) {
-  return detail::concat(c.num_layers, " layers, hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads, ffn ",
-                        c.ffn(), ", vocab ", c.vocab_size, ", positions ", c.max_position_embeddings);
+std::string describe(const layers::GPTConfig& c, hf::HfFormat format) {
+  std::string s =
+      detail::concat(c.num_layers, " layers, hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads, ffn ",
+                     c.ffn(), ", vocab ", c.vocab_size, ", positions ", c.max_position_embeddings);
+  if (format == hf::HfFormat::Gpt2) return s + "; GPT-2";
+  return s + detail::concat("; Llama: ", c.query_groups(), " key/value heads, rope base ", c.rotary_base,
+                            ", RMSNorm eps ", c.layernorm_epsilon, c.add_bias_linear ? ", biases" : ", no biases",
+                            c.untie_embeddings ? ", untied output layer" : ", tied output layer");
 }
 
 // Parses the flags of one subcommand (argv[0] is the subcommand). Returns false after --help.
@@ -51,8 +57,10 @@ int do_export(int argc, char** argv) {
   po::options_description d("convert_checkpoint export options");
   d.add_options()("load", po::value(&o.load),
                   "a pretrain_gpt --save directory (its newest checkpoint) or one iter_NNNNNNN directory")(
-      "output", po::value(&o.output), "directory to write model.safetensors and config.json into")(
-      "dtype", po::value(&dtype)->default_value("fp32"), "fp32, fp16 or bf16 (rounded to nearest even)")(
+      "output", po::value(&o.output),
+      "directory to write model.safetensors and config.json into (GPT2LMHeadModel or LlamaForCausalLM, as the "
+      "checkpoint's model is)")("dtype", po::value(&dtype)->default_value("fp32"),
+                                "fp32, fp16 or bf16 (rounded to nearest even)")(
       "num-attention-heads", po::value(&o.num_attention_heads), "only for checkpoints whose configuration lacks it")(
       "vocab-file", po::value(&o.vocab_file),
       "GPT-2 encoder.json: written as the export's vocab.json (with --merge-file)")(
@@ -66,8 +74,8 @@ int do_export(int argc, char** argv) {
   std::printf(
       "convert_checkpoint: exported %s (iteration %lld; %s) to %s: %lld tensors, %.1f MiB %s, and config.json%s, "
       "in %.2f s\n",
-      r.checkpoint.c_str(), static_cast<long long>(r.iteration), describe(r.model).c_str(), r.safetensors.c_str(),
-      static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1048576.0,
+      r.checkpoint.c_str(), static_cast<long long>(r.iteration), describe(r.model, r.format).c_str(),
+      r.safetensors.c_str(), static_cast<long long>(r.tensors), static_cast<double>(r.bytes) / 1048576.0,
       std::string(dtype_name(o.dtype)).c_str(), r.tokenizer ? ", vocab.json, merges.txt, tokenizer_config.json" : "",
       r.seconds);
   if (!r.tokenizer)
@@ -81,9 +89,10 @@ int do_import(int argc, char** argv, Communicator& self) {
   hf::ImportOptions o;
   po::options_description d("convert_checkpoint import options");
   d.add_options()("input", po::value(&o.input),
-                  "a Hugging Face GPT-2 directory (model.safetensors + config.json) or a .safetensors file")(
+                  "a Hugging Face GPT-2 or Llama directory (model.safetensors + config.json) or a .safetensors file")(
       "save", po::value(&o.save), "directory to write the megazero checkpoint into (must hold none yet)")(
-      "seq-length", po::value(&o.seq_length), "recorded in the checkpoint's configuration; default n_positions")(
+      "seq-length", po::value(&o.seq_length),
+      "recorded in the checkpoint's configuration; default n_positions / max_position_embeddings")(
       "num-attention-heads", po::value(&o.num_attention_heads), "needed when there is no config.json")(
       "make-vocab-size-divisible-by", po::value(&o.make_vocab_size_divisible_by), "vocab padding (default 128)")(
       "seed", po::value(&o.seed)->default_value(1234), "recorded as the run's --seed")(
@@ -98,8 +107,8 @@ int do_import(int argc, char** argv, Communicator& self) {
     std::printf("convert_checkpoint: not imported (buffers or tied copies): %s\n", list.c_str());
   }
   std::printf("convert_checkpoint: imported %s%s (%s) as %s (iteration 0, Adam moments zero) in %.2f s\n",
-              r.safetensors.c_str(), r.config.empty() ? " without config.json" : "", describe(r.model).c_str(),
-              r.checkpoint.c_str(), r.seconds);
+              r.safetensors.c_str(), r.config.empty() ? " without config.json" : "",
+              describe(r.model, r.format).c_str(), r.checkpoint.c_str(), r.seconds);
   return 0;
 }
 

@@ -7,7 +7,9 @@
 #            save -> resume bit-exact in fp32/bf16/fp16, ZeRO 0-3 with
 #            checkpoints, GPU <-> CPU and relayout resume, SIGTERM/SIGUSR1
 #            saves, kill -9 mid-save, NaN stop, --device-arena with saves, HF
-#            export -> import -> identical logits, the memory pre-flight; and
+#            export -> import -> identical logits, the memory pre-flight, the
+#            Llama-style model with --sequence-parallel (exact resume, the
+#            CPU's losses); and
 #            test_zero_precision / test_zero_r on cuda. Run it first.
 #   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
 #            test_layer_kernels, and the TP-equivalence and ZeRO suites with
@@ -66,6 +68,10 @@ for phase in "$@"; do
         echo "== test_nccl (one rank per GPU)"; mpi "$(nvidia-smi -L | wc -l)" $B/test_nccl
         echo "== test_gemm"; mpi 1 $B/test_gemm
         echo "== test_layer_kernels"; mpi 1 $B/test_layer_kernels
+        for t in test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels test_activation_memory; do
+          echo "== $t on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/$t
+        done
+        echo "== test_activation_memory on cuda, 2 ranks"; MEGAZERO_TEST_DEVICE=cuda mpi 2 $B/test_activation_memory
         for n in 1 2; do
           echo "== test_gpt_tp on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_gpt_tp
           echo "== test_zero on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_zero

@@ -17,7 +17,9 @@
 #     and DEVICE's logits match the CPU's (1e-4 of the largest);
 #  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
 #     every rank alike, printed once, planned vs free bytes and the flags that
-#     fit) and reports the plan when it fits.
+#     fit) and reports the plan when it fits;
+#  8. (before 7) the Llama-style model with sequence parallelism at TP 2 saves
+#     and resumes exactly on DEVICE, with the CPU's losses without SP.
 set -u
 train=$1 convert=$2 cfg=$3 device=$4
 work=$(mktemp -d /tmp/mz-device-paths-XXXXXX)
@@ -177,6 +179,30 @@ paste -d' ' <(tail -n +2 "$work/logits.txt" | tr ' ' '\n') <(tail -n +2 "$work/l
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; a = $2 < 0 ? -$2 : $2; if (a > big) big = a }
        END { exit !(m <= 1e-4 * big) }' || fail "$device's logits differ from the CPU's"
 echo "device_paths_e2e ($device): export -> import -> export identical, logits identical, and the CPU's"
+
+# 8. The Llama-style model (rope, RMSNorm, SwiGLU, grouped-query attention,
+#    no biases, untied output layer) with sequence parallelism at TP 2 on
+#    DEVICE: saved and resumed exactly, and the CPU's losses without sequence
+#    parallelism (to 1e-4: SP sums the same numbers in another order).
+llama=(--config "$(dirname "$cfg")/llama_tiny.cfg" --mock-data --vocab-size 256 --log-interval 1 --eval-iters 1
+       --tensor-model-parallel-size 2 --train-iters 6)
+run_llama() {  # run_llama NAME ARGS...
+  local name=$1; shift
+  timeout 300 mpiexec -n 2 "$train" "${llama[@]}" "$@" >"$work/$name.log" 2>&1
+  echo $? >"$work/$name.rc"
+}
+run_llama llama_sp --device "$device" --sequence-parallel --save "$work/llama_ckpt" --save-interval 3
+ok llama_sp
+grep -q "rope positions (base 10000), RMSNorm, SwiGLU MLP, 2 query groups, no linear biases, untied output layer.*sequence parallel on" \
+  "$work/llama_sp.log" || fail "llama_sp did not run the Llama-style model with sequence parallelism"
+only "$work/llama_ckpt" 3 "$work/llama_from3"
+run_llama llama_sp_resumed --device "$device" --sequence-parallel --load "$work/llama_from3"
+ok llama_sp_resumed
+same_tail llama_sp llama_sp_resumed
+run_llama llama_cpu --device cpu
+ok llama_cpu
+close_tail llama_cpu llama_sp 1e-4
+echo "device_paths_e2e ($device): Llama-style model with sequence parallelism: exact resume, the CPU's losses without SP"
 
 # 7. The memory pre-flight (a device with a capacity: a GPU, or the isolated
 # device given one; host memory has none to check against).

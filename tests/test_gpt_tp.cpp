@@ -22,6 +22,8 @@ namespace {
 bool g_llama = false;
 // Sequence parallelism (layers/mappings.h); 16 tokens per sample split over up to 8 ranks.
 bool g_sp = false;
+// One Llama-style option alone (on the llama test's sizes), or none: -1.
+int g_only_option = -1;
 
 GPTConfig small_config(bool recompute, const std::string& attention) {
   GPTConfig c;
@@ -39,6 +41,18 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
   if (g_sp) {
     c.sequence_parallel = true;
     c.seq_length = 16;
+  }
+  if (g_only_option >= 0) {
+    c.hidden_size = 64;
+    c.num_attention_heads = 16;
+    switch (g_only_option) {
+      case 0: c.position_embedding_type = "rope"; break;
+      case 1: c.normalization = "RMSNorm"; break;
+      case 2: c.swiglu = true, c.ffn_hidden_size = 48; break;
+      case 3: c.num_query_groups = 8; break;
+      case 4: c.add_bias_linear = false; break;
+      case 5: c.untie_embeddings = true; break;
+    }
   }
   if (g_llama) {
     c.hidden_size = 64;
@@ -165,6 +179,17 @@ TEST(GptTensorParallel, LlamaStyleModelMatchesTpOne) {
   if (test_support::test_device()->kind() != DeviceKind::CUDA)
     compare(world_size(), DType::F32, false, 1e-5, "fused");
   g_llama = false;
+}
+
+// Each option on its own (the test above has them all at once).
+TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
+  const char* names[] = {"rope", "RMSNorm", "SwiGLU", "8 query groups", "no linear biases", "untied output layer"};
+  for (int o = 0; o < 6; ++o) {
+    SCOPED_TRACE(names[o]);
+    g_only_option = o;
+    compare(world_size(), DType::F64, o % 2 == 1, 1e-12);
+  }
+  g_only_option = -1;
 }
 
 // Sequence parallelism: the same numbers as TP 1 (which splits nothing), with

@@ -5,7 +5,8 @@
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/fused_attention.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
+#include "megazero/kernels/softmax.h"
 
 namespace megazero::layers {
 

@@ -17,8 +17,10 @@
 
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/dropout.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/softmax.h"
 
 using namespace megazero;
 using namespace megazero::kernels;

@@ -9,7 +9,7 @@
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/philox.cuh"
 #include "megazero/kernels/gpu_scratch.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::cuda::detail_k {
 

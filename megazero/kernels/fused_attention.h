@@ -1,10 +1,10 @@
 // Fused causal attention (flash-style): softmax, attention dropout and both
 // attention GEMMs in one call, without the [S, S] probability matrices that the
-// unfused path (layer_kernels.h: causal_softmax_*, dropout_*, plus gemm) writes
+// unfused path (softmax.h: causal_softmax_*, dropout.h: dropout_*, plus gemm) writes
 // to memory. What is saved for backward is q, k, v, the output and one
 // log-sum-exp per row; backward recomputes the probabilities from them.
 //
-// Same contracts as layer_kernels.h (dtypes, rounding, devices). Shapes: q, k,
+// Same contracts as the layer kernels (conventions.h: dtypes, rounding, devices). Shapes: q, k,
 // v, out, dout, dq, dk, dv are [BH, S, D] (BH = samples x local heads),
 // contiguous, of one storage dtype; lse is [BH, S] of row_stat_dtype.
 //
@@ -21,7 +21,7 @@
 
 #include <string>
 
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::kernels {
 

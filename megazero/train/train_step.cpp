@@ -5,7 +5,7 @@
 #include "megazero/comm/activity.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/gelu_bias.h"
 
 namespace megazero::train {
 

@@ -17,7 +17,8 @@
 #include "emu_runtime.h"
 #include "megazero/cuda/dropout_kernels.cuh"
 #include "megazero/kernels/gpu_scratch.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
+#include "megazero/kernels/gelu_bias.h"
 
 using namespace megazero;
 namespace dk = megazero::cuda::detail_k;

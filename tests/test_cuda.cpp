@@ -14,7 +14,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/cuda/cuda_device.h"
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/optimizer.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/gpu_scratch.h"

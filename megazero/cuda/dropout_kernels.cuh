@@ -1,5 +1,5 @@
 // The dropout backward with the bias gradient summed in the same pass (the
-// launcher: layer_kernels.cu; the contract: kernels::dropout_backward_bias_grad).
+// launcher: dropout.cu; the contract: kernels::dropout_backward_bias_grad).
 // Kept apart, kernels only, so that tests/cuda_emulation runs it on the CPU as
 // it is.
 #pragma once

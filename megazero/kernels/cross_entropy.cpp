@@ -17,7 +17,7 @@
 #include "megazero/kernels/kernel_support.h"
 #include "megazero/kernels/vector_math.h"
 #ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/cross_entropy.h"
 #endif
 
 namespace megazero::kernels {

@@ -16,7 +16,7 @@
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/kernel_support.h"
 #ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/dropout.h"
 #endif
 
 namespace megazero::kernels {

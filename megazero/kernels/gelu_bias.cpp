@@ -20,7 +20,7 @@
 #include "megazero/kernels/kernel_support.h"
 #include "megazero/kernels/vector_math.h"
 #ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/gelu_bias.h"
 #endif
 
 namespace megazero::kernels {

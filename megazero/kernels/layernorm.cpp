@@ -15,7 +15,7 @@
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/kernel_support.h"
 #ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/layernorm.h"
 #endif
 
 namespace megazero::kernels {

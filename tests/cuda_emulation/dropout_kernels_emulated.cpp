@@ -6,7 +6,7 @@
 // shorter than a tensor row (a thread's four columns cross a layout row), with
 // offsets (a0, b0, GB) as a TP or DP split has them; p = 0; several row
 // chunks; dx written over dy. The finish pass (column_finish_kernel in
-// layer_kernels.cu: the chunks added in order, in double, rounded once) is
+// column_sums.cuh: the chunks added in order, in double, rounded once) is
 // done here the same way. dx must be the CPU's bit for bit, dbias within one
 // fp32 rounding. Exit code 1 on any difference beyond that.
 #include <cstdio>

@@ -10,7 +10,8 @@
 #            export -> import -> identical logits, the memory pre-flight; and
 #            test_zero_precision / test_zero_r on cuda. Run it first.
 #   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
-#            test_layer_kernels, and the TP-equivalence and ZeRO suites with
+#            the layer kernel suites (test_*_kernels, test_kernel_conventions),
+#            and the TP-equivalence and ZeRO suites with
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
 #   quick  - test_cuda and our layer benchmark only
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) with
@@ -65,7 +66,10 @@ for phase in "$@"; do
         echo "== test_cuda"; mpi 1 $B/test_cuda
         echo "== test_nccl (one rank per GPU)"; mpi "$(nvidia-smi -L | wc -l)" $B/test_nccl
         echo "== test_gemm"; mpi 1 $B/test_gemm
-        echo "== test_layer_kernels"; mpi 1 $B/test_layer_kernels
+        for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
+                 test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
+          echo "== $t"; mpi 1 "$B/$t"
+        done
         for n in 1 2; do
           echo "== test_gpt_tp on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_gpt_tp
           echo "== test_zero on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_zero

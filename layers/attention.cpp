@@ -30,13 +30,13 @@ Tensor ParallelSelfAttention::split_heads(const Tensor& qkv, int which) const {
 
 kernels::DropoutLayout ParallelSelfAttention::probs_layout() const {
   kernels::DropoutLayout l;
-  l.A = step_.micro_batch;
-  l.a0 = step_.sample_offset;
-  l.B = local_heads_;
-  l.b0 = ctx_.rank() * local_heads_;
-  l.GB = cfg_.num_attention_heads;
-  l.C = step_.seq;
-  l.D = step_.seq;
+  l.samples = step_.micro_batch;
+  l.sample_offset = step_.sample_offset;
+  l.groups = local_heads_;
+  l.group_offset = ctx_.rank() * local_heads_;
+  l.global_groups = cfg_.num_attention_heads;
+  l.matrix_rows = step_.seq;
+  l.matrix_cols = step_.seq;
   return l;
 }
 

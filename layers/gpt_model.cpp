@@ -69,7 +69,10 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   Tensor h = embedding_.forward(ids);
   position_.forward(h, step.seq);
   if (step.training && cfg_.hidden_dropout > 0) {
-    kernels::DropoutLayout l{step.micro_batch, 1, step.seq, cfg_.hidden_size, step.sample_offset, 0, 1};
+    kernels::DropoutLayout l{.samples = step.micro_batch,
+                             .matrix_rows = step.seq,
+                             .matrix_cols = cfg_.hidden_size,
+                             .sample_offset = step.sample_offset};
     kernels::dropout_forward(h, cfg_.hidden_dropout, RngKey{step.seed, step.iteration, 0, kRngEmbeddingDropout}, l, h);
   }
   for (std::size_t l = 0; l < layers_.size(); ++l) {
@@ -118,7 +121,10 @@ void GPTModel::backward(double loss_scale) {
     hooks_->post_backward(g);
   }
   if (step_.training && cfg_.hidden_dropout > 0) {
-    kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+    kernels::DropoutLayout l{.samples = step_.micro_batch,
+                             .matrix_rows = step_.seq,
+                             .matrix_cols = cfg_.hidden_size,
+                             .sample_offset = step_.sample_offset};
     kernels::dropout_backward(dh, cfg_.hidden_dropout, RngKey{step_.seed, step_.iteration, 0, kRngEmbeddingDropout}, l,
                               dh);
   }

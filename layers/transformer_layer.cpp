@@ -19,7 +19,10 @@ Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
   if (p == 0) return x;
   // Hidden states are replicated across TP: every TP rank draws the same mask.
-  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  kernels::DropoutLayout l{.samples = step_.micro_batch,
+                           .matrix_rows = step_.seq,
+                           .matrix_cols = cfg_.hidden_size,
+                           .sample_offset = step_.sample_offset};
   Tensor y = ctx_.activation(x.shape());
   kernels::dropout_forward(x, p, RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, l, y);
   return y;
@@ -28,7 +31,10 @@ Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
 Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site, Parameter* bias) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
   Tensor dx = ctx_.activation(dy.shape());  // not in place: dy is also the residual's gradient
-  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  kernels::DropoutLayout l{.samples = step_.micro_batch,
+                           .matrix_rows = step_.seq,
+                           .matrix_cols = cfg_.hidden_size,
+                           .sample_offset = step_.sample_offset};
   const RngKey key{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site};
   if (bias) {
     kernels::dropout_backward_bias_grad(dy, p, key, l, dx, bias->grad);
@@ -45,7 +51,10 @@ Tensor TransformerLayer::bias_dropout_add(const Tensor& y, const Parameter* bias
                                           RngSite site) const {
   const double p = step_.training ? cfg_.hidden_dropout : 0.0;
   // Hidden states are replicated across TP: every TP rank draws the same mask.
-  kernels::DropoutLayout l{step_.micro_batch, 1, step_.seq, cfg_.hidden_size, step_.sample_offset, 0, 1};
+  kernels::DropoutLayout l{.samples = step_.micro_batch,
+                           .matrix_rows = step_.seq,
+                           .matrix_cols = cfg_.hidden_size,
+                           .sample_offset = step_.sample_offset};
   Tensor out = y;
   if (bias) {
     kernels::bias_dropout_add(y, bias->value, residual, p,

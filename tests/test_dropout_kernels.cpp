@@ -24,19 +24,23 @@ using namespace kernel_test;
 namespace {
 
 std::uint64_t global_index(const DropoutLayout& l, i64 a, i64 b, i64 c, i64 d) {
-  return static_cast<std::uint64_t>(((l.a0 + a) * l.GB + (l.b0 + b)) * l.C * l.D + c * l.D + d);
+  return static_cast<std::uint64_t>(((l.sample_offset + a) * l.global_groups + (l.group_offset + b)) * l.matrix_rows *
+                                        l.matrix_cols +
+                                    c * l.matrix_cols + d);
 }
 
 Vec dropout_run(const Vec& x, double p, const RngKey& key, const DropoutLayout& l, DType t = DType::F64) {
-  const Shape shape{l.A, l.B, l.C, l.D};
+  const Shape shape{l.samples, l.groups, l.matrix_rows, l.matrix_cols};
   Tensor y = empty(shape, t);
   dropout_forward(tensor(shape, x, t), p, key, l, y);
   return vals(y);
 }
 
+// DropoutLayouts below are written {samples, groups, matrix_rows, matrix_cols,
+// sample_offset, group_offset, global_groups}.
 TEST(Dropout, MaskIsUniformAtOfTheGlobalIndex) {
   std::mt19937 rng(11);
-  const DropoutLayout l{3, 2, 5, 7, 2, 1, 4};  // A B C D, a0 b0 GB: odd sizes, blocks of 4 straddle rows
+  const DropoutLayout l{3, 2, 5, 7, 2, 1, 4};  // odd sizes: blocks of 4 straddle rows
   // Every key word non-trivial, high halves included: the kernel's block-wise
   // generator must map keys exactly as uniform_at does.
   const RngKey key{(3ull << 40) | 2024, (5ull << 32) | 17, 3, kRngAttentionDropout};
@@ -45,10 +49,10 @@ TEST(Dropout, MaskIsUniformAtOfTheGlobalIndex) {
   for (DType t : {DType::F64, DType::F32}) {
     const Vec y = dropout_run(x, p, key, l, t);
     std::size_t i = 0;
-    for (i64 a = 0; a < l.A; ++a)
-      for (i64 b = 0; b < l.B; ++b)
-        for (i64 c = 0; c < l.C; ++c)
-          for (i64 d = 0; d < l.D; ++d, ++i) {
+    for (i64 a = 0; a < l.samples; ++a)
+      for (i64 b = 0; b < l.groups; ++b)
+        for (i64 c = 0; c < l.matrix_rows; ++c)
+          for (i64 d = 0; d < l.matrix_cols; ++d, ++i) {
             const bool keep = uniform_at(key, global_index(l, a, b, c, d)) >= p;
             const double want = t == DType::F64 ? x[i] * (1.0 / (1.0 - p))
                                                 : static_cast<float>(x[i]) * static_cast<float>(1.0 / (1.0 - p));
@@ -59,10 +63,10 @@ TEST(Dropout, MaskIsUniformAtOfTheGlobalIndex) {
 
 TEST(Dropout, DropsAFractionPAndBackwardReusesTheMask) {
   std::mt19937 rng(12);
-  const DropoutLayout l{2, 1, 1000, 500, 0, 0, 1};  // hidden states: B = 1
+  const DropoutLayout l{2, 1, 1000, 500, 0, 0, 1};  // hidden states: groups = 1
   const RngKey key{7, 3, 1, kRngMlpOutputDropout};
   for (double p : {0.1, 0.5}) {
-    const Vec x(usize(l.A * l.C * l.D), 1.0);
+    const Vec x(usize(l.samples * l.matrix_rows * l.matrix_cols), 1.0);
     const Vec y = dropout_run(x, p, key, l, DType::F32);
     const double dropped = static_cast<double>(std::count(y.begin(), y.end(), 0.0)) / static_cast<double>(y.size());
     EXPECT_NEAR(dropped, p, 0.003) << "p " << p;  // standard error <= 5e-4
@@ -82,12 +86,13 @@ TEST(Dropout, DropsAFractionPAndBackwardReusesTheMask) {
 }
 
 // The mask of a whole tensor equals the masks of its pieces computed with
-// offsets: TP ranks (split along heads, B) and DP ranks (split along samples,
-// A) draw exactly the values a single rank would.
+// offsets: TP ranks (split along heads: groups, group_offset) and DP ranks
+// (split along samples: samples, sample_offset) draw exactly the values a
+// single rank would.
 TEST(Dropout, MaskDoesNotDependOnTheSplitAcrossRanks) {
   const RngKey key{99, 5, 2, kRngAttentionDropout};
   const double p = 0.5;
-  const DropoutLayout whole{4, 8, 5, 7, 0, 0, 8};  // C * D = 35: pieces start inside a 4-value Philox block
+  const DropoutLayout whole{4, 8, 5, 7, 0, 0, 8};  // 5 x 7 = 35: pieces start inside a 4-value Philox block
   const Shape shape{4, 8, 5, 7};
   const Vec ones(usize(numel(shape)), 1.0);
   const Tensor y = tensor(shape, dropout_run(ones, p, key, whole));
@@ -95,17 +100,17 @@ TEST(Dropout, MaskDoesNotDependOnTheSplitAcrossRanks) {
     for (i64 half = 0; half < 2; ++half) {
       DropoutLayout part = whole;
       if (dim == 0) {
-        part.A = 2;
-        part.a0 = 2 * half;
+        part.samples = 2;
+        part.sample_offset = 2 * half;
       } else {
-        part.B = 4;
-        part.b0 = 4 * half;
+        part.groups = 4;
+        part.group_offset = 4 * half;
       }
-      const Vec piece(usize(part.A * part.B * part.C * part.D), 1.0);
+      const Vec piece(usize(part.samples * part.groups * part.matrix_rows * part.matrix_cols), 1.0);
       const Vec got = dropout_run(piece, p, key, part);
-      const i64 len = dim == 0 ? part.A : part.B;
+      const i64 len = dim == 0 ? part.samples : part.groups;
       const Vec want = vals(y.narrow(dim, half * len, len).clone(MC::Other));
-      EXPECT_EQ(got, want) << "split along " << (dim == 0 ? "A (DP)" : "B (TP)") << ", half " << half;
+      EXPECT_EQ(got, want) << "split along " << (dim == 0 ? "samples (DP)" : "groups (TP)") << ", half " << half;
     }
   }
   // A different iteration draws a different mask.
@@ -127,10 +132,10 @@ TEST(Dropout, ZeroProbabilityCopiesAndInvalidProbabilityIsRejected) {
   expect_rejected([&] { dropout_forward(t, -0.1, RngKey{}, l, y); }, "dropout_forward: dropout probability -0.1");
   expect_rejected([&] { dropout_backward(t, 1.5, RngKey{}, l, y); }, "dropout_backward: dropout probability 1.5");
   DropoutLayout bad = l;
-  bad.D = 4;  // does not cover the tensor
+  bad.matrix_cols = 4;  // does not cover the tensor
   expect_rejected([&] { dropout_forward(t, 0.1, RngKey{}, bad, y); }, "does not cover");
-  bad = l, bad.b0 = 1;  // b0 + B > GB
-  expect_rejected([&] { dropout_forward(t, 0.1, RngKey{}, bad, y); }, "b0 + B <= GB");
+  bad = l, bad.group_offset = 1;  // group_offset + groups > global_groups
+  expect_rejected([&] { dropout_forward(t, 0.1, RngKey{}, bad, y); }, "group_offset + groups <= global_groups");
 }
 
 TEST(Dropout, BiasDropoutAddIsTheUnfusedSequenceBitForBit) {
@@ -206,7 +211,7 @@ TEST(HalfStorage, DropoutMaskEqualsTheFp32Mask) {
   const DropoutLayout l{3, 2, 5, 7, 2, 1, 4};
   const RngKey key{(3ull << 40) | 2024, (5ull << 32) | 17, 3, kRngAttentionDropout};
   const double p = 0.3;
-  const Shape shape{l.A, l.B, l.C, l.D};
+  const Shape shape{l.samples, l.groups, l.matrix_rows, l.matrix_cols};
   for (DType t : kHalfDtypes) {
     SCOPED_TRACE(dtype_name(t));
     std::mt19937 rng(59);
@@ -226,10 +231,10 @@ TEST(HalfStorage, DropoutMaskEqualsTheFp32Mask) {
     for (std::size_t i = 0; i < dy.size(); ++i) ASSERT_EQ(vals(d)[i] != 0, mask32[i]) << "backward mask " << i;
     EXPECT_EQ(dropout_run(x, 0.0, key, l, t), x) << "p = 0 copies";
   }
-  // The parallel path (hidden states, B = 1), a million elements.
+  // The parallel path (hidden states, groups = 1), a million elements.
   const DropoutLayout big{2, 1, 1000, 500, 0, 0, 1};
   const RngKey k2{7, 3, 1, kRngMlpOutputDropout};
-  const Vec ones(usize(big.A * big.C * big.D), 1.0);
+  const Vec ones(usize(big.samples * big.matrix_rows * big.matrix_cols), 1.0);
   const Vec y32 = dropout_run(ones, 0.1, k2, big, DType::F32);
   for (DType t : kHalfDtypes) {
     const Vec y = dropout_run(ones, 0.1, k2, big, t);

@@ -147,6 +147,13 @@ TEST(Elementwise, AddBiasMatchesReferenceAndBiasGradIsItsBackward) {
   bias_grad(tensor(shape, w), dbias);
   expect_fd_gradient(
       "dbias", bias, [&](const Vec& b) { return run(b, DType::F64); }, w, minus(vals(dbias), dbias0));
+  // column_sums, the same sums under their own name: a [60, 1] view sums 60
+  // values into one (the training step's loss sum), in row order, in double.
+  Tensor total = tensor({1}, {0.5});
+  column_sums(tensor({60, 1}, w), total);
+  double sum = 0;
+  for (double v : w) sum += v;
+  EXPECT_EQ(vals(total)[0], 0.5 + sum);
 }
 
 TEST(Elementwise, AddAxpyScale) {
@@ -290,6 +297,11 @@ TEST(HalfStorage, BiasAndElementwise) {
     expect_one_rounding(vals(dbias), dwant, t, "bias_grad");
     expect_same(vals(dbias), round_once(dwant, t), "bias_grad rounded once");
     expect_same(vals(dbias32), to_f32(dwant), "bias_grad into fp32");
+    Tensor csums = tensor({70}, dbias0, t), csums32 = tensor({70}, dbias0, DType::F32);
+    column_sums(tensor(shape, b, t), csums);
+    column_sums(tensor(shape, b, t), csums32);
+    expect_same(vals(csums), vals(dbias), "column_sums == bias_grad");
+    expect_same(vals(csums32), vals(dbias32), "column_sums == bias_grad into fp32");
 
     Vec sum(n), ax(n), sc(n);
     for (std::size_t i = 0; i < n; ++i) sum[i] = a[i] + b[i], ax[i] = b[i] + 0.75 * a[i], sc[i] = a[i] * -1.5;

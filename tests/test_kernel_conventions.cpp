@@ -274,6 +274,7 @@ TEST(HalfStorage, StatisticsMustBeFp32AndAccumulatorsStorageOrFp32) {
                     std::string("layernorm_backward: dgamma must be ") + std::string(dtype_name(t)) + " or fp32");
     expect_rejected([&] { layernorm_backward(x, x, g, m, m, y, dg, g_other); }, "layernorm_backward: dbeta must be");
     expect_rejected([&] { bias_grad(x, g_other); }, "bias_grad: dbias must be");
+    expect_rejected([&] { column_sums(x, g_other); }, "column_sums: sums must be");
     expect_rejected(
         [&] {
           add(x, empty({4, 8}, other), y);

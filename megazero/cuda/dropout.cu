@@ -21,7 +21,7 @@ namespace {
 
 // out = dropout(y) (FUSED false), or out = residual + dropout(y + bias)
 // (FUSED: bias-dropout-add). Each thread handles G consecutive elements of one
-// [C*D] row (G = a 16-byte pack; a Philox block gives 4 values, so G/4 blocks,
+// [matrix_rows * matrix_cols] row (G = a 16-byte pack; a Philox block gives 4 values, so G/4 blocks,
 // or one more when the row's global start is not a multiple of 4). VEC: packs
 // are aligned and the row length is a multiple of G, so loads and stores are
 // 16 bytes wide. The keep test compares the float uniform with the double p,
@@ -36,7 +36,7 @@ __global__ void dropout_kernel(const S* y, const S* bias, const S* res, double p
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < total_groups; g += stride) {
     const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * G;
-    const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
+    const i64 global_row = (l.sample_offset + row / l.groups) * l.global_groups + l.group_offset + row % l.groups;
     const std::uint64_t base = static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
     const i64 e0 = row * inner + k0;
     S yv[G], rv[G];
@@ -119,7 +119,7 @@ void dropout_backward_bias_grad(DType t, const void* dy, double p, const RngKey&
 
 void dropout(DType t, const void* in, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out,
              cudaStream_t s) {
-  const i64 inner = layout.C * layout.D, rows = layout.A * layout.B;
+  const i64 inner = layout.matrix_rows * layout.matrix_cols, rows = layout.samples * layout.groups;
   if (inner * rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
@@ -148,7 +148,7 @@ void dropout(DType t, const void* in, double p, const RngKey& key, const kernels
 
 void bias_dropout_add(DType t, const void* y, const void* bias, const void* residual, double p, const RngKey& key,
                       const kernels::DropoutLayout& layout, void* out, i64 cols, cudaStream_t s) {
-  const i64 inner = layout.C * layout.D, rows = layout.A * layout.B;
+  const i64 inner = layout.matrix_rows * layout.matrix_cols, rows = layout.samples * layout.groups;
   if (inner * rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);

@@ -176,9 +176,9 @@ void add_bias(DType t, void* y, const void* bias, i64 rows, i64 cols, cudaStream
   MZ_BY_STORAGE(t, add_periodic_t, y, bias, rows * cols, cols, s, "add_bias");
 }
 
-void bias_grad(DType t, const void* dy, void* dbias, DType dbias_type, i64 rows, i64 cols, kernels::GpuScratch ws,
-               cudaStream_t s) {
-  MZ_BY_STORAGE_AND_ACC(t, dbias_type, sum_rows_t, dy, dbias, rows, cols, ws, s, "bias_grad");
+void column_sums(DType t, const void* x, void* sums, DType sums_type, i64 rows, i64 cols, kernels::GpuScratch ws,
+                 cudaStream_t s, const char* what) {
+  MZ_BY_STORAGE_AND_ACC(t, sums_type, sum_rows_t, x, sums, rows, cols, ws, s, what);
 }
 
 void add(DType t, const void* a, const void* b, void* out, i64 n, cudaStream_t s) {

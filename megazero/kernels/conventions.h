@@ -32,11 +32,12 @@
 //    fp32 for 16-bit storage, else the storage dtype. 16-bit statistics are
 //    rejected. (Max and target logit of 16-bit logits are exact in fp32.)
 //  - Parameter-gradient accumulators (layernorm dgamma/dbeta, bias_grad's dbias,
-//    embedding_backward's dtable, position_embedding_backward's dpos) may have
-//    the storage dtype or, for 16-bit storage, fp32 (Megatron-style fp32 main
-//    grads); each independently (is_grad_accumulator_dtype). The column sums
-//    are taken in double (embedding rows: in fp32, from the row's old value),
-//    added to the accumulator's value and rounded once per call on store.
+//    embedding_backward's dtable, position_embedding_backward's dpos; also
+//    column_sums' sums) may have the storage dtype or, for 16-bit storage,
+//    fp32 (Megatron-style fp32 main grads); each independently
+//    (is_grad_accumulator_dtype). The column sums are taken in double
+//    (embedding rows: in fp32, from the row's old value), added to the
+//    accumulator's value and rounded once per call on store.
 //  - ids/targets are int64. Dropout's keep mask does not depend on the dtype.
 #pragma once
 

@@ -27,17 +27,17 @@ using namespace detail;  // kernel_support.h
 
 // out = in * keep / (1 - p), keep = uniform_at(key, global index) >= p (the
 // keep decision never looks at the data or its dtype). Work is split into
-// chunks of a [C, D] block so that every thread has some even when A * B is
-// small (hidden states have B = 1).
+// chunks of a [matrix_rows, matrix_cols] block so that every thread has some
+// even when samples * groups is small (hidden states have groups = 1).
 template <typename S>
 void dropout_cpu(const S* in, double p, const RngKey& key, const DropoutLayout& l, S* out) {
   using C = compute_t<S>;
   constexpr i64 kChunk = 4096;
-  const i64 inner = l.C * l.D;
+  const i64 inner = l.matrix_rows * l.matrix_cols;
   const i64 chunks = (inner + kChunk - 1) / kChunk;
   const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
-#pragma omp parallel for num_threads(threads()) schedule(static) if (l.A * l.B * inner > kParallelMin / 8)
-  for (i64 item = 0; item < l.A * l.B * chunks; ++item) {
+#pragma omp parallel for num_threads(threads()) schedule(static) if (l.samples * l.groups * inner > kParallelMin / 8)
+  for (i64 item = 0; item < l.samples * l.groups * chunks; ++item) {
     const i64 row = item / chunks, k0 = (item % chunks) * kChunk, k1 = std::min(inner, k0 + kChunk);
     const std::uint64_t base = dropout_row_base(l, row);
     UniformStream uniform(key);
@@ -90,9 +90,9 @@ void bias_dropout_add(const Tensor& y, const Tensor& bias, const Tensor& residua
     const S* rp = ptr<const S>(residual);
     S* op_ = ptr<S>(out);
     const C keep_scale = static_cast<C>(p > 0 ? 1.0 / (1.0 - p) : 1.0);
-    const i64 inner = layout.C * layout.D, cols = s.cols;
+    const i64 inner = layout.matrix_rows * layout.matrix_cols, cols = s.cols;
 #pragma omp parallel for num_threads(threads()) schedule(static) if (y.numel() > kParallelMin)
-    for (i64 row = 0; row < layout.A * layout.B; ++row) {
+    for (i64 row = 0; row < layout.samples * layout.groups; ++row) {
       const std::uint64_t base = dropout_row_base(layout, row);
       UniformStream uniform(key);
       for (i64 k = 0; k < inner; ++k) {

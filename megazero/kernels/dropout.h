@@ -10,16 +10,22 @@
 
 namespace megazero::kernels {
 
-// ---- dropout keyed by global coordinates ----
-// A tensor is seen as [A, B, C, D] locally (rows-major, contiguous); element
-// (a, b, c, d) has global index ((a0 + a) * GB + (b0 + b)) * C * D + c * D + d,
-// where a0/b0 are this rank's offsets in dims A/B and GB the global size of B.
-// For attention probabilities: A = samples (a0 = global sample offset),
-// B = heads (b0 = first head of this TP rank, GB = all heads), C = D = seq.
-// For hidden states: A = samples, B = 1, C = seq, D = hidden.
+// How a tensor's elements map to the global indices its dropout mask is drawn
+// at, so that every TP/DP layout (and recompute) draws the same mask.
+// Locally the tensor is [samples, groups, matrix_rows, matrix_cols]
+// (row-major, contiguous): one [matrix_rows, matrix_cols] matrix per
+// (sample, group). Element (a, b, c, d) has the global index
+//   ((sample_offset + a) * global_groups + (group_offset + b)) * matrix_rows * matrix_cols
+//     + c * matrix_cols + d,
+// where sample_offset and group_offset are this rank's offsets in the samples
+// and groups dimensions and global_groups is the number of groups of all ranks.
+// Attention probabilities: samples (sample_offset = the global index of this
+// rank's first sample), groups = this TP rank's heads (group_offset = its first
+// head, global_groups = all heads), matrix_rows = matrix_cols = seq.
+// Hidden states: samples, groups = 1, matrix_rows = seq, matrix_cols = hidden.
 struct DropoutLayout {
-  std::int64_t A = 1, B = 1, C = 1, D = 1;
-  std::int64_t a0 = 0, b0 = 0, GB = 1;
+  std::int64_t samples = 1, groups = 1, matrix_rows = 1, matrix_cols = 1;
+  std::int64_t sample_offset = 0, group_offset = 0, global_groups = 1;
 };
 
 // y = x * keep / (1 - p) with keep = uniform_at(key, global index) >= p,

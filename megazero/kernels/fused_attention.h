@@ -8,8 +8,8 @@
 // v, out, dout, dq, dk, dv are [BH, S, D] (BH = samples x local heads),
 // contiguous, of one storage dtype; lse is [BH, S] of row_stat_dtype.
 //
-// The dropout mask is dropout_forward's for `layout` (A = samples, B = local
-// heads, C = D = S; see layers/attention.cpp): the fused and the unfused
+// The dropout mask is dropout_forward's for `layout` (samples, groups = local
+// heads, matrix_rows = matrix_cols = S; see layers/attention.cpp): the fused and the unfused
 // attention drop the same elements, so they agree to rounding on any TP layout.
 //
 // CPU: blocks of query rows; each block is two library GEMMs around a softmax

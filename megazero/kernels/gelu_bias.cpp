@@ -215,27 +215,40 @@ void add_bias(Tensor& y, const Tensor& bias) {
   });
 }
 
-void bias_grad(const Tensor& dy, Tensor& dbias) {
-  constexpr const char* op = "bias_grad";
-  check_float(op, "dy", dy);
-  const Rows s = rows_of(op, "dy", dy);
-  check_operand(op, "dy", dy, dy, dy.dtype());
-  check_accumulator(op, "dbias", dbias, dy, dy.dtype());
-  check_shape(op, "dbias", dbias, {s.cols});
+namespace {
+// sums[c] += sum_r x[r, c], each column in double and in row order, rounded
+// once into the accumulator: column_sums, and bias_grad under its own name
+// (op, operand names and scratch label are the caller's, for its messages).
+void sum_columns_into(const char* op, const char* x_name, const char* sums_name, const char* scratch_label,
+                      const Tensor& x, Tensor& sums) {
+  check_float(op, x_name, x);
+  const Rows s = rows_of(op, x_name, x);
+  check_operand(op, x_name, x, x, x.dtype());
+  check_accumulator(op, sums_name, sums, x, x.dtype());
+  check_shape(op, sums_name, sums, {s.cols});
   const Tensor ws =
-      allocate_gpu_scratch(dy, gpu_scratch::column_sums_bytes(dy.dtype(), s.rows, s.cols, 1), "bias_grad scratch");
-  MZ_ON_CUDA(dy, cuda::bias_grad(dy.dtype(), dy.data(), dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws),
-                                 stream_of(dy)));
-  if (!on_host(op, dy)) return;
-  with_storage_type(dy.dtype(), [&](auto tag) {
+      allocate_gpu_scratch(x, gpu_scratch::column_sums_bytes(x.dtype(), s.rows, s.cols, 1), scratch_label);
+  MZ_ON_CUDA(x, cuda::column_sums(x.dtype(), x.data(), sums.data(), sums.dtype(), s.rows, s.cols, scratch_of(ws),
+                                  stream_of(x), op));
+  if (!on_host(op, x)) return;
+  with_storage_type(x.dtype(), [&](auto tag) {
     using S = decltype(tag);
-    const S* g = ptr<const S>(dy);
-    with_accumulator_type<S>(dbias, [&](auto acc_tag) {
+    const S* g = ptr<const S>(x);
+    with_accumulator_type<S>(sums, [&](auto acc_tag) {
       using G = decltype(acc_tag);
-      accumulate_columns(ptr<G>(dbias), s.rows, s.cols,
+      accumulate_columns(ptr<G>(sums), s.rows, s.cols,
                          [=](i64 r, i64 c) { return static_cast<double>(ld(g[r * s.cols + c])); });
     });
   });
+}
+}  // namespace
+
+void column_sums(const Tensor& x, Tensor& sums) {
+  sum_columns_into("column_sums", "x", "sums", "column_sums scratch", x, sums);
+}
+
+void bias_grad(const Tensor& dy, Tensor& dbias) {
+  sum_columns_into("bias_grad", "dy", "dbias", "bias_grad scratch", dy, dbias);
 }
 
 void add(const Tensor& a, const Tensor& b, Tensor& out) {

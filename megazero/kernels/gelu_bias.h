@@ -21,9 +21,14 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out);
 // bias_grad, in one pass over dy on a GPU.
 void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, Tensor& dx, Tensor& dbias);
 
-// ---- bias and element-wise ----
+// ---- column sums, bias and element-wise ----
+// sums[c] += sum_r x[r, c]: x taken as [rows, cols] by its last dimension,
+// sums [cols] an accumulator (storage dtype, or fp32 for 16-bit x); each column
+// summed in double in row order and rounded once. A [N, 1] view sums N values
+// into one (the training step's loss sum).
+void column_sums(const Tensor& x, Tensor& sums);
 void add_bias(Tensor& y, const Tensor& bias);             // y[r, c] += bias[c]
-void bias_grad(const Tensor& dy, Tensor& dbias);          // dbias[c] += sum_r dy[r, c]
+void bias_grad(const Tensor& dy, Tensor& dbias);          // add_bias's backward: column_sums of dy into dbias
 void add(const Tensor& a, const Tensor& b, Tensor& out);  // out = a + b (out may alias a or b)
 void axpy(double alpha, const Tensor& x, Tensor& y);      // y += alpha * x
 void scale(Tensor& x, double alpha);                      // x *= alpha

@@ -204,18 +204,22 @@ inline bool on_host(const char* op, const Tensor& t) {
 // ---- dropout layouts (dropout.h: DropoutLayout) ----
 
 inline void check_layout(const char* op, const DropoutLayout& l, i64 numel) {
-  MZ_CHECK(l.A >= 0 && l.B >= 0 && l.C >= 0 && l.D >= 0, op, ": negative dropout layout size");
-  MZ_CHECK(l.A * l.B * l.C * l.D == numel, op, ": layout [", l.A, ", ", l.B, ", ", l.C, ", ", l.D,
-           "] does not cover the tensor's ", numel, " elements");
-  MZ_CHECK(l.a0 >= 0 && l.b0 >= 0 && l.b0 + l.B <= l.GB, op, ": offsets a0 ", l.a0, ", b0 ", l.b0, " with B ", l.B,
-           " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
+  MZ_CHECK(l.samples >= 0 && l.groups >= 0 && l.matrix_rows >= 0 && l.matrix_cols >= 0, op,
+           ": negative dropout layout size");
+  MZ_CHECK(l.samples * l.groups * l.matrix_rows * l.matrix_cols == numel, op,
+           ": layout [samples, groups, matrix_rows, matrix_cols] = [", l.samples, ", ", l.groups, ", ", l.matrix_rows,
+           ", ", l.matrix_cols, "] does not cover the tensor's ", numel, " elements");
+  MZ_CHECK(l.sample_offset >= 0 && l.group_offset >= 0 && l.group_offset + l.groups <= l.global_groups, op,
+           ": sample_offset ", l.sample_offset, " and group_offset ", l.group_offset, " with groups ", l.groups,
+           " must satisfy sample_offset >= 0, 0 <= group_offset, group_offset + groups <= global_groups = ",
+           l.global_groups);
 }
 
-// Global index of element (row, 0, 0) of a layout, row in [0, A * B): the
-// first of its C * D elements.
+// Global index of element (row, 0, 0) of a layout, row in [0, samples * groups):
+// the first of its matrix_rows * matrix_cols elements.
 inline std::uint64_t dropout_row_base(const DropoutLayout& l, i64 row) {
-  const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
-  return static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(l.C * l.D);
+  const i64 global_row = (l.sample_offset + row / l.groups) * l.global_groups + l.group_offset + row % l.groups;
+  return static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(l.matrix_rows * l.matrix_cols);
 }
 
 // ---- vocabulary slices (embedding.h, cross_entropy.h) ----

@@ -13,7 +13,8 @@
 #include <functional>
 
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/cross_entropy.h"
+#include "megazero/kernels/gelu_bias.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 

@@ -5,8 +5,10 @@
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/fused_attention.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
+#include "megazero/kernels/gelu_bias.h"
 #include "megazero/kernels/rope.h"
+#include "megazero/kernels/softmax.h"
 
 namespace megazero::layers {
 
@@ -62,13 +64,13 @@ Tensor ParallelSelfAttention::sum_groups(const Tensor& dkv) const {
 
 kernels::DropoutLayout ParallelSelfAttention::probs_layout() const {
   kernels::DropoutLayout l;
-  l.A = step_.micro_batch;
-  l.a0 = step_.sample_offset;
-  l.B = local_heads_;
-  l.b0 = ctx_.rank() * local_heads_;
-  l.GB = cfg_.num_attention_heads;
-  l.C = step_.seq;
-  l.D = step_.seq;
+  l.samples = step_.micro_batch;
+  l.sample_offset = step_.sample_offset;
+  l.groups = local_heads_;
+  l.group_offset = ctx_.rank() * local_heads_;
+  l.global_groups = cfg_.num_attention_heads;
+  l.matrix_rows = step_.seq;
+  l.matrix_cols = step_.seq;
   return l;
 }
 

@@ -23,7 +23,7 @@
 #include "layers/gpt_config.h"
 #include "layers/linear.h"
 #include "layers/step.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::layers {
 

@@ -2,7 +2,7 @@
 
 #include "layers/mappings.h"
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/cross_entropy.h"
 
 namespace megazero::layers {
 

@@ -4,7 +4,7 @@
 
 #include "layers/mappings.h"
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/embedding.h"
 
 namespace megazero::layers {
 

@@ -1,7 +1,7 @@
 #include "layers/layernorm.h"
 
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/layernorm.h"
 
 namespace megazero::layers {
 

@@ -3,7 +3,7 @@
 #include "layers/mappings.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/gelu_bias.h"
 
 namespace megazero::layers {
 

@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/gelu_bias.h"
 #include "megazero/kernels/swiglu.h"
 
 namespace megazero::layers {

@@ -3,7 +3,7 @@
 // sample gets the same mask whatever the DP size or micro-batch split.
 #pragma once
 
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 #include <cstdint>
 

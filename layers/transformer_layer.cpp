@@ -1,7 +1,8 @@
 #include "layers/transformer_layer.h"
 
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
+#include "megazero/kernels/gelu_bias.h"
 
 namespace megazero::layers {
 

@@ -14,7 +14,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/cuda/cuda_device.h"
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/optimizer.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/gpu_scratch.h"
@@ -186,9 +186,10 @@ TEST_F(Cuda, CausalSoftmaxInPlaceAndBackward) {
 TEST_F(Cuda, DropoutMaskIsTheCpuMaskBitForBit) {
   for (DType dt : kTypes) {
     k::DropoutLayout l;
-    l.A = 3, l.B = 2, l.C = 9, l.D = 11;  // C * D odd: Philox blocks straddle rows
-    l.a0 = 5, l.b0 = 1, l.GB = 4;
-    auto x = random({l.A * l.B * l.C * l.D}, dt, 0.5, 1.5);  // never 0: a 0 output means dropped
+    l.samples = 3, l.groups = 2, l.matrix_rows = 9, l.matrix_cols = 11;  // 9 x 11 odd: Philox blocks straddle rows
+    l.sample_offset = 5, l.group_offset = 1, l.global_groups = 4;
+    auto x = random({l.samples * l.groups * l.matrix_rows * l.matrix_cols}, dt, 0.5,
+                    1.5);  // never 0: a 0 output means dropped
     auto y = poisoned(x.c.shape(), dt);
     const RngKey key{1234, 77, 3, kRngAttentionDropout};
     k::dropout_forward(x.c, 0.3, key, l, y.c);
@@ -207,7 +208,7 @@ TEST_F(Cuda, DropoutMaskIsTheCpuMaskBitForBit) {
 TEST_F(Cuda, BiasDropoutAddMatchesCpu) {
   for (DType dt : kTypes) {
     k::DropoutLayout l{3, 1, 17, 96, 2, 0, 1};
-    const std::int64_t rows = l.A * l.C, cols = l.D;
+    const std::int64_t rows = l.samples * l.matrix_rows, cols = l.matrix_cols;
     auto y = random({rows, cols}, dt), bias = random({cols}, dt), res = random({rows, cols}, dt);
     const RngKey key{5, 6, 7, kRngAttentionOutputDropout};
     k::bias_dropout_add(y.c, bias.c, res.c, 0.2, key, l, y.c);  // in place, as the layer does
@@ -230,7 +231,8 @@ TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
         const std::int64_t bh = c.samples * c.heads;
         const Shape shape{bh, c.s, c.d};
         k::DropoutLayout l;
-        l.A = c.samples, l.B = c.heads, l.C = l.D = c.s, l.a0 = 3, l.b0 = 1, l.GB = c.heads + 2;
+        l.samples = c.samples, l.groups = c.heads, l.matrix_rows = l.matrix_cols = c.s, l.sample_offset = 3,
+        l.group_offset = 1, l.global_groups = c.heads + 2;
         const RngKey key{11, 5, 2, kRngAttentionDropout};
         const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
         auto q = random(shape, dt), kk = random(shape, dt), v = random(shape, dt), dout = random(shape, dt);
@@ -281,7 +283,7 @@ TEST_F(Cuda, DropoutBackwardWithBiasGradientMatchesCpu) {
   for (DType dt : kTypes)
     for (const k::DropoutLayout& l :
          {k::DropoutLayout{4, 1, 64, 96, 0, 0, 1}, k::DropoutLayout{8, 2, 1, 48, 1, 3, 9}}) {
-      const std::int64_t cols = 96, rows = l.A * l.B * l.C * l.D / cols;
+      const std::int64_t cols = 96, rows = l.samples * l.groups * l.matrix_rows * l.matrix_cols / cols;
       const RngKey key{5, 9, 1, 2};
       for (double p : {0.0, 0.1}) {
         auto dy = random({rows, cols}, dt), dx = poisoned({rows, cols}, dt), db = random({cols}, acc_of(dt));

@@ -17,8 +17,10 @@
 
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/dropout.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/softmax.h"
 
 using namespace megazero;
 using namespace megazero::kernels;
@@ -66,17 +68,17 @@ struct Problem {
   i64 samples = 2, heads = 3, s = 9, d = 8;
   double scale = 0.35, p = 0.0;
   RngKey key{7, 3, 1, kRngAttentionDropout};
-  i64 a0 = 0, b0 = 0, global_heads = 3;
+  i64 sample_offset = 0, head_offset = 0, global_heads = 3;
   i64 bh() const { return samples * heads; }
   Shape shape() const { return {bh(), s, d}; }
   DropoutLayout layout() const {
     DropoutLayout l;
-    l.A = samples;
-    l.a0 = a0;
-    l.B = heads;
-    l.b0 = b0;
-    l.GB = global_heads;
-    l.C = l.D = s;
+    l.samples = samples;
+    l.sample_offset = sample_offset;
+    l.groups = heads;
+    l.group_offset = head_offset;
+    l.global_groups = global_heads;
+    l.matrix_rows = l.matrix_cols = s;
     return l;
   }
 };
@@ -97,7 +99,7 @@ void reference(const Problem& pr, const Inputs& in, Vec& out, Vec& lse) {
   out.assign(static_cast<std::size_t>(pr.bh() * pr.s * pr.d), 0.0);
   lse.assign(static_cast<std::size_t>(pr.bh() * pr.s), 0.0);
   for (i64 b = 0; b < pr.bh(); ++b) {
-    const i64 global = (l.a0 + b / l.B) * l.GB + l.b0 + b % l.B;
+    const i64 global = (l.sample_offset + b / l.groups) * l.global_groups + l.group_offset + b % l.groups;
     for (i64 i = 0; i < pr.s; ++i) {
       Vec sc(static_cast<std::size_t>(i + 1));
       double mx = -INFINITY;
@@ -288,9 +290,9 @@ TEST(FusedAttention, ATensorParallelSliceOfHeadsIsTheSliceOfTheWhole) {
   const Result all = run_fused(whole, in, DType::F64);
   Problem slice = whole;
   slice.samples = 1;
-  slice.a0 = 1;
+  slice.sample_offset = 1;
   slice.heads = 2;
-  slice.b0 = 2;
+  slice.head_offset = 2;
   const i64 per = whole.s * whole.d;
   auto cut = [&](const Vec& v) {  // sample 1, heads 2..3 of a [2, 4, S, D] tensor
     const auto first = static_cast<std::ptrdiff_t>((1 * 4 + 2) * per);
@@ -328,7 +330,7 @@ TEST(FusedAttention, RejectsBadArgumentsNamingThem) {
             }).find("lse must be fp32"),
             std::string::npos);
   DropoutLayout wrong = pr.layout();
-  wrong.C = pr.s + 1;
+  wrong.matrix_rows = pr.s + 1;
   EXPECT_NE(message([&] { fused_attention_forward(q, k, q, 1, 0.1, pr.key, wrong, out, lse); }).find("dropout layout"),
             std::string::npos);
   EXPECT_NE(message([&] { fused_attention_forward(q, k, q, 1, 1.0, pr.key, pr.layout(), out, lse); }).find("[0, 1)"),

@@ -23,7 +23,8 @@
 #include "megazero/core/isolated_device.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/gemm.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/gelu_bias.h"
+#include "megazero/kernels/layernorm.h"
 #include "megazero/kernels/optimizer_kernels.h"
 
 namespace megazero {

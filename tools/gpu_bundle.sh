@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-gpu}
-targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero_r test_gemm test_layer_kernels
+targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero_r test_gemm
+         test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels
+         test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions
          test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels test_activation_memory
          test_collectives bench_layer bench_kernels bench_gpt pretrain_gpt convert_checkpoint)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"

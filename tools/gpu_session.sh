@@ -12,7 +12,8 @@
 #            CPU's losses); and
 #            test_zero_precision / test_zero_r on cuda. Run it first.
 #   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
-#            test_layer_kernels, and the TP-equivalence and ZeRO suites with
+#            the layer kernel suites (test_*_kernels, test_kernel_conventions),
+#            and the TP-equivalence and ZeRO suites with
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
 #   quick  - test_cuda and our layer benchmark only
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) with
@@ -67,7 +68,10 @@ for phase in "$@"; do
         echo "== test_cuda"; mpi 1 $B/test_cuda
         echo "== test_nccl (one rank per GPU)"; mpi "$(nvidia-smi -L | wc -l)" $B/test_nccl
         echo "== test_gemm"; mpi 1 $B/test_gemm
-        echo "== test_layer_kernels"; mpi 1 $B/test_layer_kernels
+        for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
+                 test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
+          echo "== $t"; mpi 1 "$B/$t"
+        done
         for t in test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels test_activation_memory; do
           echo "== $t on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/$t
         done

@@ -1,6 +1,6 @@
 #include "megazero/cuda/cuda_device.h"
 
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/strided_copy.h"
 
 #include <algorithm>
 #include <cstdint>

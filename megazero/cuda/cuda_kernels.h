@@ -1,7 +1,7 @@
 // Elementwise GPU kernels the rest of the CUDA backend needs: dtype conversion
 // (master weights <-> 16-bit copies, gradient casts; Tensor::copy_from of flat
 // tensors) and GEMM's beta scaling. (The layer kernels' own scale is
-// megazero::cuda::scale_elements, layer_kernels_cuda.h.) Launched asynchronously on `s`; pointers
+// megazero::cuda::scale_elements, gelu_bias.h.) Launched asynchronously on `s`; pointers
 // are device pointers; launch errors throw InternalError.
 #pragma once
 

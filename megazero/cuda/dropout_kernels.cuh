@@ -1,5 +1,5 @@
 // The dropout backward with the bias gradient summed in the same pass (the
-// launcher: layer_kernels.cu; the contract: kernels::dropout_backward_bias_grad).
+// launcher: dropout.cu; the contract: kernels::dropout_backward_bias_grad).
 // Kept apart, kernels only, so that tests/cuda_emulation runs it on the CPU as
 // it is.
 #pragma once
@@ -9,7 +9,7 @@
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/philox.cuh"
 #include "megazero/kernels/gpu_scratch.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::cuda::detail_k {
 
@@ -30,12 +30,12 @@ __global__ void dropout_backward_partial_kernel(const S* dy, double p, PhiloxKey
   if (c0 >= cols) return;
   const int n = static_cast<int>(min(static_cast<i64>(Q), cols - c0));
   const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  const i64 inner = l.C * l.D;
+  const i64 inner = l.matrix_rows * l.matrix_cols;
   const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
   // Global index of element (layout row lrow, offset k): divisions once per
   // row and per layout-row crossing, not per element.
   auto row_base = [&](i64 lrow) {
-    const i64 global_row = (l.a0 + lrow / l.B) * l.GB + l.b0 + lrow % l.B;
+    const i64 global_row = (l.sample_offset + lrow / l.groups) * l.global_groups + l.group_offset + lrow % l.groups;
     return static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(inner);
   };
   double acc[Q] = {};

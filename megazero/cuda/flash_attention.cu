@@ -164,7 +164,7 @@ __device__ __forceinline__ void store_rows(const float* stage, S* dst, int row0,
 }
 
 __device__ __forceinline__ std::uint64_t matrix_base(const kernels::DropoutLayout& l, i64 bh, i64 s_len) {
-  const i64 global = (l.a0 + bh / l.B) * l.GB + l.b0 + bh % l.B;
+  const i64 global = (l.sample_offset + bh / l.groups) * l.global_groups + l.group_offset + bh % l.groups;
   return static_cast<std::uint64_t>(global) * static_cast<std::uint64_t>(s_len * s_len);
 }
 

@@ -18,7 +18,7 @@
 
 #include "megazero/core/dtype.h"
 #include "megazero/kernels/gpu_scratch.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::cuda {
 

@@ -1,6 +1,6 @@
 // Launchers of the CUDA RMSNorm (rmsnorm_cuda.h; kernels: rmsnorm_kernels.cuh).
 // Rows run one block each; dgamma's column sum is gpu_scratch::column_chunks'
-// split (as layer_kernels.cu's column_sum): one pass straight into dgamma when
+// split (as column_sums.cuh does for LayerNorm): one pass straight into dgamma when
 // one chunk holds every row, else partial sums per chunk in the caller's
 // scratch and a finish pass adding them in order.
 #include <cuda_runtime.h>

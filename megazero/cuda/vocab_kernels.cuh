@@ -1,6 +1,6 @@
 // The device kernels of the vocabulary-parallel embedding gradient and
-// cross-entropy (their launchers: layer_kernels.cu; contracts:
-// megazero/kernels/layer_kernels.h). Kept apart, kernels only, so that
+// cross-entropy (their launchers: embedding.cu and cross_entropy.cu; contracts:
+// megazero/kernels/embedding.h and cross_entropy.h). Kept apart, kernels only, so that
 // tests/cuda_emulation can run them on the CPU as they are.
 #pragma once
 

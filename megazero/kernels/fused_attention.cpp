@@ -47,8 +47,9 @@ Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v
 
 void check_attention_dropout(const char* op, double p, const DropoutLayout& l, const Dims& d) {
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability ", p, " must be in [0, 1)");
-  MZ_CHECK(l.A * l.B == d.bh && l.C == d.s && l.D == d.s, op, ": dropout layout [", l.A, ", ", l.B, ", ", l.C, ", ",
-           l.D, "] must be [samples, local heads, seq, seq] for ", d.bh, " matrices of ", d.s, " x ", d.s);
+  MZ_CHECK(l.samples * l.groups == d.bh && l.matrix_rows == d.s && l.matrix_cols == d.s, op, ": dropout layout [",
+           l.samples, ", ", l.groups, ", ", l.matrix_rows, ", ", l.matrix_cols,
+           "] must be [samples, local heads, seq, seq] for ", d.bh, " matrices of ", d.s, " x ", d.s);
   check_layout(op, l, d.bh * d.s * d.s);
 }
 

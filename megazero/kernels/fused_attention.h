@@ -1,15 +1,15 @@
 // Fused causal attention (flash-style): softmax, attention dropout and both
 // attention GEMMs in one call, without the [S, S] probability matrices that the
-// unfused path (layer_kernels.h: causal_softmax_*, dropout_*, plus gemm) writes
+// unfused path (softmax.h: causal_softmax_*, dropout.h: dropout_*, plus gemm) writes
 // to memory. What is saved for backward is q, k, v, the output and one
 // log-sum-exp per row; backward recomputes the probabilities from them.
 //
-// Same contracts as layer_kernels.h (dtypes, rounding, devices). Shapes: q, k,
+// Same contracts as the layer kernels (conventions.h: dtypes, rounding, devices). Shapes: q, k,
 // v, out, dout, dq, dk, dv are [BH, S, D] (BH = samples x local heads),
 // contiguous, of one storage dtype; lse is [BH, S] of row_stat_dtype.
 //
-// The dropout mask is dropout_forward's for `layout` (A = samples, B = local
-// heads, C = D = S; see layers/attention.cpp): the fused and the unfused
+// The dropout mask is dropout_forward's for `layout` (samples, groups = local
+// heads, matrix_rows = matrix_cols = S; see layers/attention.cpp): the fused and the unfused
 // attention drop the same elements, so they agree to rounding on any TP layout.
 //
 // CPU: blocks of query rows; each block is two library GEMMs around a softmax
@@ -21,7 +21,7 @@
 
 #include <string>
 
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::kernels {
 

@@ -1,7 +1,9 @@
-// Internal to the kernel sources: what the CPU kernels of layer_kernels.cpp
-// and fused_attention.cpp share: element types and their load/store rounding
-// rules, argument validation with messages naming the operand, and the device
-// dispatch (MZ_ON_CUDA, on_host). Not part of the public kernel API.
+// Internal to the kernel sources: what the CPU kernels of the layer kernel
+// families (layernorm.cpp, gelu_bias.cpp, softmax.cpp, dropout.cpp,
+// embedding.cpp, cross_entropy.cpp) and fused_attention.cpp share: element
+// types and their load/store rounding rules, argument validation with messages
+// naming the operand, and the device dispatch (MZ_ON_CUDA, on_host). Their
+// loop shapes are cpu_loops.h. Not part of the public kernel API.
 #pragma once
 
 #include <algorithm>
@@ -11,8 +13,9 @@
 #include <utility>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/conventions.h"
+#include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gpu_scratch.h"
-#include "megazero/kernels/layer_kernels.h"
 #include "megazero/kernels/vector_math.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/cuda_device.h"
@@ -198,21 +201,33 @@ inline bool on_host(const char* op, const Tensor& t) {
   throw InternalError(::megazero::detail::concat(op, " has no CUDA kernel yet (device ", t.device().name(), ")"));
 }
 
-// ---- dropout layouts (layer_kernels.h: DropoutLayout) ----
+// ---- dropout layouts (dropout.h: DropoutLayout) ----
 
 inline void check_layout(const char* op, const DropoutLayout& l, i64 numel) {
-  MZ_CHECK(l.A >= 0 && l.B >= 0 && l.C >= 0 && l.D >= 0, op, ": negative dropout layout size");
-  MZ_CHECK(l.A * l.B * l.C * l.D == numel, op, ": layout [", l.A, ", ", l.B, ", ", l.C, ", ", l.D,
-           "] does not cover the tensor's ", numel, " elements");
-  MZ_CHECK(l.a0 >= 0 && l.b0 >= 0 && l.b0 + l.B <= l.GB, op, ": offsets a0 ", l.a0, ", b0 ", l.b0, " with B ", l.B,
-           " must satisfy a0 >= 0, 0 <= b0, b0 + B <= GB = ", l.GB);
+  MZ_CHECK(l.samples >= 0 && l.groups >= 0 && l.matrix_rows >= 0 && l.matrix_cols >= 0, op,
+           ": negative dropout layout size");
+  MZ_CHECK(l.samples * l.groups * l.matrix_rows * l.matrix_cols == numel, op,
+           ": layout [samples, groups, matrix_rows, matrix_cols] = [", l.samples, ", ", l.groups, ", ", l.matrix_rows,
+           ", ", l.matrix_cols, "] does not cover the tensor's ", numel, " elements");
+  MZ_CHECK(l.sample_offset >= 0 && l.group_offset >= 0 && l.group_offset + l.groups <= l.global_groups, op,
+           ": sample_offset ", l.sample_offset, " and group_offset ", l.group_offset, " with groups ", l.groups,
+           " must satisfy sample_offset >= 0, 0 <= group_offset, group_offset + groups <= global_groups = ",
+           l.global_groups);
 }
 
-// Global index of element (row, 0, 0) of a layout, row in [0, A * B): the
-// first of its C * D elements.
+// Global index of element (row, 0, 0) of a layout, row in [0, samples * groups):
+// the first of its matrix_rows * matrix_cols elements.
 inline std::uint64_t dropout_row_base(const DropoutLayout& l, i64 row) {
-  const i64 global_row = (l.a0 + row / l.B) * l.GB + l.b0 + row % l.B;
-  return static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(l.C * l.D);
+  const i64 global_row = (l.sample_offset + row / l.groups) * l.global_groups + l.group_offset + row % l.groups;
+  return static_cast<std::uint64_t>(global_row) * static_cast<std::uint64_t>(l.matrix_rows * l.matrix_cols);
+}
+
+// ---- vocabulary slices (embedding.h, cross_entropy.h) ----
+
+// Local column of a global target, or -1 when another rank holds it.
+inline i64 local_column(std::int64_t target, i64 vocab_start, i64 valid) {
+  const i64 c = target - vocab_start;
+  return c >= 0 && c < valid ? c : -1;
 }
 
 // Calls fn(S{}) with the storage type S of the dtype (already validated).

@@ -4,7 +4,7 @@
 
 #include "megazero/kernels/kernel_support.h"
 #ifdef MEGAZERO_WITH_CUDA
-#include "megazero/cuda/layer_kernels_cuda.h"
+#include "megazero/cuda/optimizer.h"
 #endif
 
 namespace megazero::kernels {

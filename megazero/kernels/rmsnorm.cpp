@@ -1,5 +1,5 @@
 // RMSNorm (rmsnorm.h): argument checks, the CUDA dispatch (cuda/rmsnorm.cu) and
-// the CPU kernels. The CPU follows layer_kernels.cpp's LayerNorm: per-row sums
+// the CPU kernels. The CPU follows layernorm.cpp: per-row sums
 // in double, each result computed in double from the exactly loaded inputs and
 // rounded once into the storage type; rows are split over threads, and
 // dgamma's column sums are taken column block by column block in row order, so
@@ -42,7 +42,7 @@ void rmsnorm_forward_cpu(const S* x, const S* gamma, double eps, S* y, C* rstd, 
 }
 
 // dgamma[c] += sum_r dy[r, c] * x[r, c] * rstd[r]: each column's sum in double,
-// in row order, by one thread (as layer_kernels.cpp's accumulate_columns), and
+// in row order, by one thread (as layernorm.cpp and cpu_loops.h do), and
 // rounded once into the accumulator type G.
 template <typename S, typename G, typename C = compute_t<S>>
 void rmsnorm_dgamma_cpu(const S* dy, const S* x, const C* rstd, G* dgamma, Rows s) {

@@ -1,7 +1,7 @@
 // RMSNorm over the last dimension (Zhang & Sennrich 2019; Llama, Megatron's
 // --normalization RMSNorm): no mean subtraction and no bias.
 //   rstd = 1 / sqrt(mean_c(x^2) + eps),  y = x * rstd * gamma
-// Dtype rules are layer_kernels.h's: 16-bit storage computes in fp32 (sums in
+// Dtype rules are conventions.h's: 16-bit storage computes in fp32 (sums in
 // double), rounds each result once; rstd is [rows] of row_stat_dtype(x).
 #pragma once
 

@@ -5,7 +5,7 @@
 #include "megazero/comm/activity.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/gelu_bias.h"
 
 namespace megazero::train {
 
@@ -33,7 +33,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
     const Tensor losses = model.forward_losses(mb.ids, mb.targets, mb.step);
     if (!loss_sum.defined())
       loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
-    kernels::bias_grad(losses.view({losses.numel(), 1}), loss_sum);  // a column sum: loss_sum += sum of losses
+    kernels::column_sums(losses.view({losses.numel(), 1}), loss_sum);  // one column: loss_sum += the sum of the losses
     tokens += losses.numel();
     r.forward_s += since(t);
     t = Clock::now();

@@ -4,9 +4,9 @@
 // bf16 and fp16 with fp32 bias accumulators; layouts whose rows are not a
 // multiple of 4 long (a Philox block split between threads and rows) or
 // shorter than a tensor row (a thread's four columns cross a layout row), with
-// offsets (a0, b0, GB) as a TP or DP split has them; p = 0; several row
+// offsets (sample_offset, group_offset of global_groups) as a TP or DP split has them; p = 0; several row
 // chunks; dx written over dy. The finish pass (column_finish_kernel in
-// layer_kernels.cu: the chunks added in order, in double, rounded once) is
+// column_sums.cuh: the chunks added in order, in double, rounded once) is
 // done here the same way. dx must be the CPU's bit for bit, dbias within one
 // fp32 rounding. Exit code 1 on any difference beyond that.
 #include <cstdio>
@@ -17,7 +17,8 @@
 #include "emu_runtime.h"
 #include "megazero/cuda/dropout_kernels.cuh"
 #include "megazero/kernels/gpu_scratch.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
+#include "megazero/kernels/gelu_bias.h"
 
 using namespace megazero;
 namespace dk = megazero::cuda::detail_k;
@@ -36,7 +37,7 @@ struct Case {
 template <DType T>
 void dropout_bias_grad(std::mt19937& rng, const Case& c) {
   using S = typename Storage<T>::type;
-  const i64 numel = c.l.A * c.l.B * c.l.C * c.l.D, rows = numel / c.cols;
+  const i64 numel = c.l.samples * c.l.groups * c.l.matrix_rows * c.l.matrix_cols, rows = numel / c.cols;
   std::uniform_real_distribution<double> u(-2, 2);
   std::vector<double> dv(static_cast<std::size_t>(numel)), bv(static_cast<std::size_t>(c.cols));
   for (auto& x : dv) x = u(rng);
@@ -78,7 +79,7 @@ int main() {
   const std::vector<Case> cases = {
       {{3, 1, 5, 6, 0, 0, 1}, 6, 0.1},      // hidden dropout: [micro-batch, 1, seq, hidden]
       {{3, 1, 5, 7, 2, 0, 1}, 7, 0.3},      // rows of 35: Philox blocks straddle rows and threads
-      {{2, 3, 2, 5, 1, 2, 7}, 10, 0.5},     // offsets of a split (a0, b0 of GB)
+      {{2, 3, 2, 5, 1, 2, 7}, 10, 0.5},     // offsets of a split (sample and group offsets)
       {{4, 1, 64, 33, 0, 0, 1}, 33, 0.1},   // 256 rows: several row chunks
       {{2, 1, 8, 40, 0, 0, 1}, 40, 0.0},    // p = 0: a copy and the sum
       {{1, 1, 3, 300, 0, 0, 1}, 300, 0.2},  // several column blocks

@@ -50,7 +50,7 @@ Reference reference(const std::vector<double>& q, const std::vector<double>& k, 
   Reference r{std::vector<double>(n), std::vector<double>(static_cast<std::size_t>(bh * s)), std::vector<double>(n),
               std::vector<double>(n), std::vector<double>(n)};
   for (i64 b = 0; b < bh; ++b) {
-    const i64 global = (l.a0 + b / l.B) * l.GB + l.b0 + b % l.B;
+    const i64 global = (l.sample_offset + b / l.groups) * l.global_groups + l.group_offset + b % l.groups;
     const auto at = [&](i64 i, int c) { return static_cast<std::size_t>((b * s + i) * d + c); };
     std::vector<double> P(static_cast<std::size_t>(s * s)), M(P.size()), dS(P.size());
     for (int i = 0; i < s; ++i) {
@@ -112,7 +112,8 @@ bool check(const char* dtype, int samples, int heads, int s, int d, double p) {
     qd[i] = ld(q[i]), kd[i] = ld(k[i]), vd[i] = ld(v[i]), gd[i] = ld(g[i]);
   }
   kernels::DropoutLayout l;
-  l.A = samples, l.B = heads, l.C = l.D = s, l.a0 = 3, l.b0 = 1, l.GB = heads + 2;
+  l.samples = samples, l.groups = heads, l.matrix_rows = l.matrix_cols = s, l.sample_offset = 3, l.group_offset = 1,
+  l.global_groups = heads + 2;
   const RngKey key{11, 5, 2, kRngAttentionDropout};
   const float scale = 1.0f / std::sqrt(static_cast<float>(d)), log2e = 1.4426950408889634f;
   const Dropout drop{philox_key(key), keep_threshold(p), p > 0, static_cast<float>(p > 0 ? 1.0 / (1.0 - p) : 1.0), l};

@@ -1,6 +1,7 @@
 // megazero/cuda/vocab_kernels.cuh's kernels (the vocabulary-parallel
 // cross-entropy and the embedding gradient), run on the CPU through the
-// emulation in shim/ against the CPU kernels of megazero/kernels/layer_kernels.h
+// emulation in shim/ against the CPU kernels of megazero/kernels/cross_entropy.h
+// and embedding.h
 // on the same inputs: fp32, bf16 and fp16; padding columns; a rank whose slice
 // is all padding; targets on and off this rank's slice; a TP rescale (global
 // max above the local one); the backward in place; embedding ids repeated,
@@ -18,7 +19,8 @@
 #include "emu_checks.h"
 #include "emu_runtime.h"
 #include "megazero/cuda/vocab_kernels.cuh"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/cross_entropy.h"
+#include "megazero/kernels/embedding.h"
 
 using namespace megazero;
 using megazero::cuda::detail_k::i64;

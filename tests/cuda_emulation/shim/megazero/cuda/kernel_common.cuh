@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "emu_runtime.h"
-#include "megazero/kernels/layer_kernels.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::cuda::detail_k {
 using i64 = std::int64_t;

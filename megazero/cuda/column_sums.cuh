@@ -1,0 +1,153 @@
+// Sums over rows on the GPU, shared by the layer kernel files (layernorm.cu,
+// gelu_bias.cu, dropout.cu, embedding.cu): dst[c] += sum_r term(r, c) in
+// double, in a fixed order (no atomics), so a run repeats bit for bit; the
+// partials live in the caller's scratch (megazero/kernels/gpu_scratch.h sizes
+// it). Included only by .cu files.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/layer_helpers.cuh"
+#include "megazero/kernels/gpu_scratch.h"
+
+namespace megazero::cuda::detail_k {
+
+// dst[c] = round(dst[c] + sum_r term(r, c)) for c < cols, the sum in double:
+// pass 1 sums row chunks per column (coalesced along c), pass 2 adds the
+// chunks in chunk order. Fixed order, no atomics.
+template <typename G, typename Term>
+__global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Term term, double* partial) {
+  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  double acc = 0;
+  for (i64 r = r0; r < r1; ++r) acc += term(r, c);
+  partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
+}
+
+// One chunk holds every row: dst[c] = round(dst[c] + sum_r term(r, c)) with
+// no partials (the same sums, in the same order, as partial + finish: the
+// same bits up to the sign of a zero sum).
+template <typename G, typename Term>
+__global__ void column_direct_kernel(i64 rows, i64 cols, Term term, G* dst) {
+  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0;
+  for (i64 r = 0; r < rows; ++r) acc += term(r, c);
+  dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
+}
+
+template <typename G>
+__global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
+  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  double acc = 0;
+  for (i64 k = 0; k < chunks; ++k) acc += partial[k * cols + c];
+  dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
+}
+
+// dst[c] = round(dst[c] + the `chunks` partial sums of column c, in order).
+template <typename G>
+void finish_columns(G* dst, i64 cols, i64 chunks, const double* partial, cudaStream_t s, const char* what) {
+  column_finish_kernel<G>
+      <<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(cols, chunks, partial, dst);
+  check_launch(what);
+}
+
+template <typename G, typename Term>
+void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, cudaStream_t s, const char* what) {
+  if (cols == 0) return;
+  const auto c = kernels::gpu_scratch::column_chunks(rows, cols);
+  if (c.used == 1) {
+    column_direct_kernel<G><<<static_cast<unsigned>(c.col_blocks), kThreads, 0, s>>>(rows, cols, term, dst);
+    check_launch(what);
+    return;
+  }
+  double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), what);
+  column_partial_kernel<G>
+      <<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
+          rows, cols, c.per_chunk, term, partial);
+  check_launch(what);
+  finish_columns(dst, cols, c.used, partial, s, what);
+}
+
+// Column sums over rows with 16-byte loads: each thread owns one pack of
+// columns over a chunk of rows (double accumulators), then column_finish_kernel
+// adds the chunks in order. With LN, it also forms dy * xhat for dgamma in the
+// same pass over dy.
+template <typename S, bool LN>
+__global__ void column_partial_packed_kernel(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows,
+                                             i64 cols, i64 rows_per_chunk, double* partial_b, double* partial_g) {
+  constexpr int V = kVec<S>;
+  const i64 q = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (q * V >= cols) return;
+  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+  double ab[V] = {}, ag[V] = {};
+  for (i64 r = r0; r < r1; ++r) {
+    const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
+    if constexpr (LN) {
+      const Pack<S> xv = reinterpret_cast<const Pack<S>*>(x + r * cols)[q];
+      const double m = mean[r], rs = rstd[r];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        ab[j] += ld(d.v[j]);
+        ag[j] += static_cast<double>(ld(d.v[j])) * ((ld(xv.v[j]) - m) * rs);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) ab[j] += ld(d.v[j]);
+    }
+  }
+  const i64 base = static_cast<i64>(blockIdx.y) * cols + q * V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    partial_b[base + j] = ab[j];
+    if constexpr (LN) partial_g[base + j] = ag[j];
+  }
+}
+
+// dbeta (+= sum_r dy) and, with LN, dgamma (+= sum_r dy * xhat), packed; false
+// when the fast path does not apply.
+template <typename S, typename GB, typename GG>
+bool packed_column_sums(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows, i64 cols, GB* dbeta,
+                        GG* dgamma, kernels::GpuScratch ws, cudaStream_t s) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    constexpr int V = kVec<S>;
+    if (cols == 0 || cols % V != 0 || !aligned16(dy) || (x && !aligned16(x)) || rows == 0) return false;
+    const auto c = kernels::gpu_scratch::packed_column_chunks(rows, cols, V);
+    if (c.used == 1) return false;  // one chunk: the plain path adds straight into the sums
+    const i64 used = c.used, per_chunk = c.per_chunk;
+    double* pb = scratch_as<double>(ws, static_cast<std::size_t>(used * cols * (dgamma ? 2 : 1)) * sizeof(double),
+                                    "column sums");
+    double* pg = dgamma ? pb + used * cols : nullptr;
+    const dim3 grid(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(used));
+    if (dgamma)
+      column_partial_packed_kernel<S, true><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
+    else
+      column_partial_packed_kernel<S, false>
+          <<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
+    check_launch("column sums");
+    finish_columns(dbeta, cols, used, pb, s, "column sums");
+    if (dgamma) finish_columns(dgamma, cols, used, pg, s, "column sums");
+    return true;
+  }
+}
+
+// dst[c] += sum_r src[r * cols + c] (bias gradients, LayerNorm's dbeta, position embeddings).
+template <typename S, typename G>
+void sum_rows_t(const void* src, void* dst, i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s,
+                const char* what) {
+  const S* g = static_cast<const S*>(src);
+  if (packed_column_sums<S, G, G>(g, nullptr, nullptr, nullptr, rows, cols, static_cast<G*>(dst),
+                                  static_cast<G*>(nullptr), ws, s))
+    return;
+  column_sum(
+      static_cast<G*>(dst), rows, cols,
+      [=] __device__(i64 r, i64 c) { return static_cast<double>(ld(g[r * cols + c])); }, ws, s, what);
+}
+
+}  // namespace megazero::cuda::detail_k

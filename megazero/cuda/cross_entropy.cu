@@ -1,0 +1,91 @@
+// The vocabulary-parallel cross-entropy's pieces on the GPU: the launchers of
+// megazero/cuda/cross_entropy.h (contracts: megazero/kernels/cross_entropy.h;
+// the row kernels: vocab_kernels.cuh, one block per row).
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "megazero/cuda/cross_entropy.h"
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/layer_helpers.cuh"
+#include "megazero/cuda/vocab_kernels.cuh"
+
+namespace megazero::cuda {
+using namespace detail_k;
+
+void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                           i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    cross_entropy_forward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
+        static_cast<S*>(logits), targets, vocab_start, cols, valid, static_cast<C*>(row_max), static_cast<C*>(sum_exp),
+        static_cast<C*>(target_logit));
+  });
+  check_launch("cross_entropy_forward");
+}
+
+namespace {
+// (Typed bodies, not generic lambdas: nvcc allows no __device__ lambda there.)
+template <typename C>
+void rescale_sum_exp_t(const void* row_max, const void* global_max, i64 rows, void* sum_exp, cudaStream_t s) {
+  const C* m = static_cast<const C*>(row_max);
+  const C* g = static_cast<const C*>(global_max);
+  C* se = static_cast<C*>(sum_exp);
+  // A slice of only padding (sum 0, max -inf) stays 0.
+  elementwise(
+      se, rows,
+      [=] __device__(i64 r) {
+        return se[r] == C(0) ? C(0)
+                             : static_cast<C>(static_cast<double>(se[r]) *
+                                              exp(static_cast<double>(m[r]) - static_cast<double>(g[r])));
+      },
+      s, "rescale_sum_exp");
+}
+
+template <typename C>
+void cross_entropy_loss_t(const void* global_max, const void* sum_exp, const void* target_logit, i64 rows, void* loss,
+                          cudaStream_t s) {
+  const C* m = static_cast<const C*>(global_max);
+  const C* se = static_cast<const C*>(sum_exp);
+  const C* tl = static_cast<const C*>(target_logit);
+  elementwise(
+      static_cast<C*>(loss), rows,
+      [=] __device__(i64 r) {
+        return static_cast<C>(log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]));
+      },
+      s, "cross_entropy_loss");
+}
+}  // namespace
+
+void rescale_sum_exp(DType stat, const void* row_max, const void* global_max, i64 rows, void* sum_exp, cudaStream_t s) {
+  if (stat == DType::F64)
+    rescale_sum_exp_t<double>(row_max, global_max, rows, sum_exp, s);
+  else
+    rescale_sum_exp_t<float>(row_max, global_max, rows, sum_exp, s);
+}
+
+void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp, const void* target_logit, i64 rows,
+                        void* loss, cudaStream_t s) {
+  if (stat == DType::F64)
+    cross_entropy_loss_t<double>(global_max, sum_exp, target_logit, rows, loss, s);
+  else
+    cross_entropy_loss_t<float>(global_max, sum_exp, target_logit, rows, loss, s);
+}
+
+void cross_entropy_backward(DType t, const void* exp_logits, const void* row_max, const void* global_max,
+                            const void* sum_exp, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
+                            i64 valid, double scale, void* dlogits, cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    cross_entropy_backward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
+        static_cast<const S*>(exp_logits), static_cast<const C*>(row_max), static_cast<const C*>(global_max),
+        static_cast<const C*>(sum_exp), targets, vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+  });
+  check_launch("cross_entropy_backward");
+}
+
+}  // namespace megazero::cuda

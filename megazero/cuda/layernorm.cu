@@ -1,0 +1,274 @@
+// LayerNorm on the GPU: the launchers of megazero/cuda/layernorm.h (contracts:
+// megazero/kernels/layernorm.h). One block per row; 16-bit and fp32 rows that
+// fit in registers take the fast kernels (read once, written once, fp32
+// statistics), others the general ones (statistics in double). dgamma and
+// dbeta are column sums (column_sums.cuh), one packed pass for both when it
+// applies.
+#include <cuda_runtime.h>
+
+#include <initializer_list>
+
+#include "megazero/cuda/column_sums.cuh"
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/layer_helpers.cuh"
+#include "megazero/cuda/layernorm.h"
+
+namespace megazero::cuda {
+using namespace detail_k;
+
+namespace {
+
+template <typename S, typename C>
+__global__ void layernorm_forward_kernel(const S* x, const S* gamma, const S* beta, double eps, S* y, C* mean, C* rstd,
+                                         i64 cols) {
+  const i64 r = blockIdx.x;
+  const S* xr = x + r * cols;
+  S* yr = y + r * cols;
+  double sum = 0;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) sum += ld(xr[c]);
+  const double m = block_sum(sum) / static_cast<double>(cols);
+  double sq = 0;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double d = ld(xr[c]) - m;
+    sq += d * d;
+  }
+  const double rs = 1.0 / sqrt(block_sum(sq) / static_cast<double>(cols) + eps);
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) yr[c] = st<S>((ld(xr[c]) - m) * rs * ld(gamma[c]) + ld(beta[c]));
+  if (threadIdx.x == 0) {
+    mean[r] = static_cast<C>(m);
+    rstd[r] = static_cast<C>(rs);
+  }
+}
+
+template <typename S, typename C>
+__global__ void layernorm_backward_dx_kernel(const S* dy, const S* x, const S* gamma, const C* mean, const C* rstd,
+                                             S* dx, const S* add, i64 cols) {
+  const i64 r = blockIdx.x;
+  const S* dyr = dy + r * cols;
+  const S* xr = x + r * cols;
+  S* dxr = dx + r * cols;
+  const double m = mean[r], rs = rstd[r];
+  double sg = 0, sgx = 0;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
+    sg += g;
+    sgx += g * (ld(xr[c]) - m) * rs;
+  }
+  const double inv = 1.0 / static_cast<double>(cols);
+  const double mean_g = block_sum(sg) * inv, mean_gx = block_sum(sgx) * inv;
+  for (i64 c = threadIdx.x; c < cols; c += blockDim.x) {
+    const double g = static_cast<double>(ld(dyr[c])) * ld(gamma[c]);
+    const double v = rs * (g - mean_g - (ld(xr[c]) - m) * rs * mean_gx);
+    dxr[c] = st<S>(add ? v + static_cast<double>(ld(add[r * cols + c])) : v);
+  }
+}
+
+// ---------------------------------------------------------------- fast paths for 16-bit and fp32 rows
+// LayerNorm with the row held in registers: read once, written once, fp32
+// statistics (the CPU takes them in double; the difference is rounding).
+// P packs of kVec<S> values per thread; blockDim.x * P * kVec<S> >= cols.
+
+template <typename S, int P>
+__device__ __forceinline__ void load_row(const S* row, i64 cols, float (&v)[P * kVec<S>]) {
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * kVec<S>;
+    if (c0 < cols) {
+      const Pack<S> pk = *reinterpret_cast<const Pack<S>*>(row + c0);
+#pragma unroll
+      for (int j = 0; j < kVec<S>; ++j) v[q * kVec<S> + j] = static_cast<float>(ld(pk.v[j]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < kVec<S>; ++j) v[q * kVec<S> + j] = 0.f;
+    }
+  }
+}
+
+template <typename S, int P>
+__global__ void layernorm_forward_fast_kernel(const S* x, const S* gamma, const S* beta, float eps, S* y, float* mean,
+                                              float* rstd, i64 cols) {
+  constexpr int V = kVec<S>;
+  const i64 r = blockIdx.x;
+  float v[P * V];
+  load_row<S, P>(x + r * cols, cols, v);
+  float sum = 0;
+#pragma unroll
+  for (int k = 0; k < P * V; ++k) sum += v[k];
+  const float m = block_sum(sum) / static_cast<float>(cols);
+  float sq = 0;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 < cols)
+#pragma unroll
+      for (int j = 0; j < V; ++j) sq += (v[q * V + j] - m) * (v[q * V + j] - m);
+  }
+  const float rs = 1.f / sqrtf(block_sum(sq) / static_cast<float>(cols) + eps);
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 >= cols) continue;
+    const Pack<S> g = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+    const Pack<S> b = *reinterpret_cast<const Pack<S>*>(beta + c0);
+    Pack<S> o;
+#pragma unroll
+    for (int j = 0; j < V; ++j) o.v[j] = st<S>((v[q * V + j] - m) * rs * ld(g.v[j]) + ld(b.v[j]));
+    *reinterpret_cast<Pack<S>*>(y + r * cols + c0) = o;
+  }
+  if (threadIdx.x == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+template <typename S, int P>
+__global__ void layernorm_backward_dx_fast_kernel(const S* dy, const S* x, const S* gamma, const float* mean,
+                                                  const float* rstd, S* dx, const S* add, i64 cols) {
+  constexpr int V = kVec<S>;
+  const i64 r = blockIdx.x;
+  float g[P * V], xh[P * V];
+  load_row<S, P>(dy + r * cols, cols, g);
+  load_row<S, P>(x + r * cols, cols, xh);
+  const float m = mean[r], rs = rstd[r];
+  float sg = 0, sgx = 0;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 >= cols) continue;
+    const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int k = q * V + j;
+      g[k] *= ld(gm.v[j]);
+      xh[k] = (xh[k] - m) * rs;
+      sg += g[k];
+      sgx += g[k] * xh[k];
+    }
+  }
+  const float inv = 1.f / static_cast<float>(cols);
+  const float mean_g = block_sum(sg) * inv, mean_gx = block_sum(sgx) * inv;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
+    if (c0 >= cols) continue;
+    Pack<S> o, a{};
+    if (add) a = *reinterpret_cast<const Pack<S>*>(add + r * cols + c0);
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      o.v[j] = st<S>(rs * (g[q * V + j] - mean_g - xh[q * V + j] * mean_gx) + (add ? ld(a.v[j]) : 0.f));
+    *reinterpret_cast<Pack<S>*>(dx + r * cols + c0) = o;
+  }
+}
+
+// Picks P (packs per thread) for a row and launches with 128..512 threads;
+// false when the fast path does not apply (fp64, unaligned, odd widths, huge rows).
+template <typename S, typename Launch>
+bool with_row_packs(i64 cols, std::initializer_list<const void*> ptrs, Launch&& launch) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    constexpr int V = kVec<S>;
+    if (cols % V != 0) return false;
+    for (const void* p : ptrs)
+      if (!aligned16(p)) return false;
+    const i64 packs = cols / V;
+    const unsigned threads = packs >= 2048 ? 512 : packs >= 512 ? 256 : 128;
+    const i64 per = (packs + threads - 1) / threads;
+    if (per <= 1) return launch(std::integral_constant<int, 1>{}, threads), true;
+    if (per <= 2) return launch(std::integral_constant<int, 2>{}, threads), true;
+    if (per <= 4) return launch(std::integral_constant<int, 4>{}, threads), true;
+    if (per <= 8) return launch(std::integral_constant<int, 8>{}, threads), true;
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------- typed bodies
+// (nvcc allows __device__ lambdas in function templates but not in generic
+// lambdas, so the dtype dispatch calls these templates.)
+
+template <typename S, typename G>
+void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, const void* rstd, void* dgamma, i64 rows,
+                             i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+  using C = compute_t<S>;
+  const S* dyp = static_cast<const S*>(dy);
+  const S* xp = static_cast<const S*>(x);
+  const C* mp = static_cast<const C*>(mean);
+  const C* rp = static_cast<const C*>(rstd);
+  column_sum(
+      static_cast<G*>(dgamma), rows, cols,
+      [=] __device__(i64 r, i64 c) {
+        return static_cast<double>(ld(dyp[r * cols + c])) *
+               ((ld(xp[r * cols + c]) - static_cast<double>(mp[r])) * rp[r]);
+      },
+      ws, s, "layernorm_backward dgamma");
+}
+
+}  // namespace
+
+void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, double eps, void* y, void* mean,
+                       void* rstd, i64 rows, i64 cols, cudaStream_t s) {
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    const bool fast = with_row_packs<S>(cols, {x, gamma, beta, y}, [&](auto per, unsigned threads) {
+      layernorm_forward_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+          static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), static_cast<float>(eps),
+          static_cast<S*>(y), static_cast<float*>(mean), static_cast<float*>(rstd), cols);
+    });
+    if (!fast)
+      layernorm_forward_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
+          static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), eps, static_cast<S*>(y),
+          static_cast<C*>(mean), static_cast<C*>(rstd), cols);
+  });
+  check_launch("layernorm_forward");
+}
+
+void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
+                        void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
+                        i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+  // Parameter gradients first: dx may overwrite dy. One packed pass over dy
+  // and x for both when the accumulators are fp32 (Megatron's main grads).
+  bool fused = false;
+  if (dgamma_type == dbeta_type && t != DType::F64) {
+    with_storage(t, [&](auto tag) {
+      using S = decltype(tag);
+      if constexpr (!std::is_same_v<S, double>) {
+        const auto run = [&](auto acc) {
+          using G = decltype(acc);
+          fused = packed_column_sums<S, G, G>(static_cast<const S*>(dy), static_cast<const S*>(x),
+                                              static_cast<const float*>(mean), static_cast<const float*>(rstd), rows,
+                                              cols, static_cast<G*>(dbeta), static_cast<G*>(dgamma), ws, s);
+        };
+        if (dgamma_type == DType::F32)
+          run(float{});
+        else
+          run(S{});
+      }
+    });
+  }
+  if (!fused) {
+    // One after the other on the stream, so they share the scratch.
+    MZ_BY_STORAGE_AND_ACC(t, dgamma_type, layernorm_param_grads_t, dy, x, mean, rstd, dgamma, rows, cols, ws, s);
+    MZ_BY_STORAGE_AND_ACC(t, dbeta_type, sum_rows_t, dy, dbeta, rows, cols, ws, s, "layernorm_backward dbeta");
+  }
+  if (rows == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    const bool fast = with_row_packs<S>(cols, {dy, x, gamma, dx, add ? add : dx}, [&](auto per, unsigned threads) {
+      layernorm_backward_dx_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+          static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+          static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx),
+          static_cast<const S*>(add), cols);
+    });
+    if (!fast)
+      layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
+          static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+          static_cast<const C*>(mean), static_cast<const C*>(rstd), static_cast<S*>(dx), static_cast<const S*>(add),
+          cols);
+  });
+  check_launch("layernorm_backward");
+}
+
+}  // namespace megazero::cuda

@@ -1,0 +1,168 @@
+// The causal softmax on the GPU: the launchers of megazero/cuda/softmax.h
+// (contracts: megazero/kernels/softmax.h). Rows of up to 1024 columns take one
+// warp each (held in registers, fp32 sums); longer rows and fp64 one block
+// each (sums in double).
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <type_traits>
+
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/layer_helpers.cuh"
+#include "megazero/cuda/softmax.h"
+
+namespace megazero::cuda {
+using namespace detail_k;
+
+namespace {
+
+// ---------------------------------------------------------------- causal softmax
+
+template <typename S>
+__global__ void causal_softmax_forward_kernel(const S* scores, double scale, S* probs, i64 n) {
+  using C = compute_t<S>;
+  const i64 row = blockIdx.x, i = row % n;
+  const S* sr = scores + row * n;
+  S* pr = probs + row * n;
+  const C sc = static_cast<C>(scale);
+  C mx = -INFINITY;
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) mx = max(mx, sc * ld(sr[j]));
+  mx = block_max(mx);
+  double sum = 0;
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) sum += exp(sc * ld(sr[j]) - mx);
+  const double inv = 1.0 / block_sum(sum);  // all reads of the row are done before any write (probs may alias)
+  for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+    pr[j] = j <= i ? st<S>(static_cast<C>(exp(sc * ld(sr[j]) - mx)) * inv) : st<S>(C(0));
+}
+
+template <typename S>
+__global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, double scale, S* dscores, i64 n) {
+  const i64 row = blockIdx.x, i = row % n;
+  const S* dp = dprobs + row * n;
+  const S* p = probs + row * n;
+  S* ds = dscores + row * n;
+  double dot = 0;
+  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
+  dot = block_sum(dot);
+  for (i64 j = threadIdx.x; j < n; j += blockDim.x)
+    ds[j] = j <= i ? st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot)) : st<S>(compute_t<S>(0));
+}
+
+// ---------------------------------------------------------------- causal softmax, one warp per row
+// For rows of at most 32 * N elements (attention up to N = 32: 1024 tokens):
+// the row is read once into registers and written once; sums in fp32.
+
+template <typename S, int N>
+__global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* probs, i64 rows, i64 n) {
+  const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const i64 i = row % n;
+  const S* sr = scores + row * n;
+  S* pr = probs + row * n;
+  float v[N];
+  float mx = -INFINITY;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    v[t] = j <= i ? scale * ld(sr[j]) : -INFINITY;
+    mx = fmaxf(mx, v[t]);
+  }
+  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+  float sum = 0;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    v[t] = j <= i ? expf(v[t] - mx) : 0.f;
+    sum += v[t];
+  }
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  const float inv = 1.f / sum;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    if (j < n) pr[j] = st<S>(v[t] * inv);
+  }
+}
+
+template <typename S, int N>
+__global__ void softmax_warp_backward_kernel(const S* dprobs, const S* probs, float scale, S* dscores, i64 rows,
+                                             i64 n) {
+  const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows) return;
+  const int lane = threadIdx.x & 31;
+  const i64 i = row % n;
+  const S* dp = dprobs + row * n;
+  const S* p = probs + row * n;
+  S* ds = dscores + row * n;
+  float g[N], q[N];
+  float dot = 0;
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    g[t] = j <= i ? ld(dp[j]) : 0.f;
+    q[t] = j <= i ? ld(p[j]) : 0.f;
+    dot += g[t] * q[t];
+  }
+  for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+#pragma unroll
+  for (int t = 0; t < N; ++t) {
+    const i64 j = lane + 32 * t;
+    if (j < n) ds[j] = st<S>(j <= i ? scale * q[t] * (g[t] - dot) : 0.f);
+  }
+}
+
+// Launches the warp kernel with the smallest N that covers n; false when n is
+// too long (or the dtype is fp64: its reference path keeps double sums).
+template <typename S, typename Launch>
+bool with_warp_width(i64 n, Launch&& launch) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    if (n <= 32) return launch(std::integral_constant<int, 1>{}), true;
+    if (n <= 64) return launch(std::integral_constant<int, 2>{}), true;
+    if (n <= 128) return launch(std::integral_constant<int, 4>{}), true;
+    if (n <= 256) return launch(std::integral_constant<int, 8>{}), true;
+    if (n <= 512) return launch(std::integral_constant<int, 16>{}), true;
+    if (n <= 1024) return launch(std::integral_constant<int, 32>{}), true;
+    return false;
+  }
+}
+
+}  // namespace
+
+void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 n, cudaStream_t s) {
+  if (mats * n == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    const i64 rows = mats * n;
+    const bool warp = with_warp_width<S>(n, [&](auto width) {
+      softmax_warp_forward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
+          static_cast<const S*>(scores), static_cast<float>(scale), static_cast<S*>(probs), rows, n);
+    });
+    if (!warp)
+      causal_softmax_forward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
+          static_cast<const S*>(scores), scale, static_cast<S*>(probs), n);
+  });
+  check_launch("causal_softmax_forward");
+}
+
+void causal_softmax_backward(DType t, const void* dprobs, const void* probs, double scale, void* dscores, i64 mats,
+                             i64 n, cudaStream_t s) {
+  if (mats * n == 0) return;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    const i64 rows = mats * n;
+    const bool warp = with_warp_width<S>(n, [&](auto width) {
+      softmax_warp_backward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
+          static_cast<const S*>(dprobs), static_cast<const S*>(probs), static_cast<float>(scale),
+          static_cast<S*>(dscores), rows, n);
+    });
+    if (!warp)
+      causal_softmax_backward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
+          static_cast<const S*>(dprobs), static_cast<const S*>(probs), scale, static_cast<S*>(dscores), n);
+  });
+  check_launch("causal_softmax_backward");
+}
+
+}  // namespace megazero::cuda

@@ -1,0 +1,13 @@
+// The causal softmax's CUDA launchers (megazero/kernels/softmax.h has the
+// contracts; conventions: launchers.h).
+#pragma once
+
+#include "megazero/cuda/launchers.h"
+
+namespace megazero::cuda {
+
+void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 n, cudaStream_t s);
+void causal_softmax_backward(DType t, const void* dprobs, const void* probs, double scale, void* dscores, i64 mats,
+                             i64 n, cudaStream_t s);
+
+}  // namespace megazero::cuda

@@ -1,0 +1,344 @@
+// The vocabulary-parallel cross-entropy's pieces
+// (megazero/kernels/cross_entropy.h): split over vocabulary slices with
+// padding and combined as the TP all-reduces do, they give the unsplit loss
+// and gradient (against references written here in double, and finite
+// differences of the kernels' own loss); the forward keeps the exponentials in
+// place and the backward overwrites them; then bf16 and fp16 storage
+// (HalfStorage): fp32 statistics, long rows through the vector exponentials,
+// and a gradient rounded once next to 16-bit midpoints.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernel_test_util.h"
+#include "megazero/kernels/cross_entropy.h"
+#include "megazero/kernels/softmax.h"
+
+using namespace megazero;
+using namespace megazero::kernels;
+using namespace kernel_test;
+
+namespace {
+
+struct CeProblem {
+  i64 n, vocab;
+  Vec logits;  // [n, vocab]
+  std::vector<i64> targets;
+};
+
+CeProblem ce_problem(unsigned seed) {
+  std::mt19937 rng(seed);
+  CeProblem p{6, 11, {}, {}};
+  p.logits = to_f32(randn(usize(p.n * p.vocab), rng, 3.0));
+  std::uniform_int_distribution<i64> pick(0, p.vocab - 1);
+  for (i64 i = 0; i < p.n; ++i) p.targets.push_back(pick(rng));
+  return p;
+}
+
+// Mean over rows of -log softmax(logits)[target], and its gradient.
+double ce_loss_ref(const CeProblem& p, const Vec& logits) {
+  double loss = 0;
+  for (i64 r = 0; r < p.n; ++r) {
+    double mx = -1e300, sum = 0;
+    for (i64 c = 0; c < p.vocab; ++c) mx = std::max(mx, logits[usize(r * p.vocab + c)]);
+    for (i64 c = 0; c < p.vocab; ++c) sum += std::exp(logits[usize(r * p.vocab + c)] - mx);
+    loss += std::log(sum) + mx - logits[usize(r * p.vocab + p.targets[usize(r)])];
+  }
+  return loss / static_cast<double>(p.n);
+}
+
+Vec ce_grad_ref(const CeProblem& p) {
+  Vec g(p.logits.size());
+  for (i64 r = 0; r < p.n; ++r) {
+    double mx = -1e300, sum = 0;
+    for (i64 c = 0; c < p.vocab; ++c) mx = std::max(mx, p.logits[usize(r * p.vocab + c)]);
+    for (i64 c = 0; c < p.vocab; ++c) sum += std::exp(p.logits[usize(r * p.vocab + c)] - mx);
+    for (i64 c = 0; c < p.vocab; ++c)
+      g[usize(r * p.vocab + c)] = (std::exp(p.logits[usize(r * p.vocab + c)] - mx) / sum - (c == p.targets[usize(r)])) /
+                                  static_cast<double>(p.n);
+  }
+  return g;
+}
+
+// One rank's slice: global columns [start, start + valid), stored in
+// `local` >= valid columns whose tail is padding (filled with huge values, which
+// must not leak into max, sum or gradient).
+struct Slice {
+  i64 start, valid, local;
+};
+
+struct CeResult {
+  double loss;
+  Vec grad;  // [n, vocab], the valid columns of every slice put back together
+};
+
+// Runs the kernels per slice and combines the statistics as the TP
+// all-reduces do (max; then the rescaled sums and the target logits).
+// Statistics are kept in row_stat_dtype(t): fp32 for 16-bit logits.
+CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t) {
+  const DType stat = row_stat_dtype(t);
+  const Tensor targets = ids_tensor(p.targets);
+  const auto rows = usize(p.n);
+  std::vector<Tensor> logits, maxes, sums;
+  Vec gmax(rows, -std::numeric_limits<double>::infinity()), gsum(rows, 0.0), target(rows, 0.0);
+  for (const auto& s : slices) {
+    Vec local(rows * usize(s.local), 1e4);
+    for (i64 r = 0; r < p.n; ++r)
+      for (i64 c = 0; c < s.valid; ++c) local[usize(r * s.local + c)] = p.logits[usize(r * p.vocab + s.start + c)];
+    logits.push_back(tensor({p.n, s.local}, local, t));
+    Tensor mx = empty({p.n}, stat), se = empty({p.n}, stat), tl = empty({p.n}, stat);
+    cross_entropy_forward(logits.back(), targets, s.start, s.valid, mx, se, tl);  // local max; logits -> exp
+    const Vec mv = vals(mx), tv = vals(tl), ev = vals(logits.back());
+    for (i64 r = 0; r < p.n; ++r)
+      for (i64 c = s.valid; c < s.local; ++c) EXPECT_EQ(ev[usize(r * s.local + c)], 0.0) << "padding exponential";
+    for (std::size_t r = 0; r < rows; ++r) gmax[r] = std::max(gmax[r], mv[r]), target[r] += tv[r];
+    maxes.push_back(mx), sums.push_back(se);
+  }
+  const Tensor global_max = tensor({p.n}, gmax, stat);
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    rescale_sum_exp(maxes[k], global_max, sums[k]);  // a slice of padding only stays 0
+    const Vec sv = vals(sums[k]);
+    for (std::size_t r = 0; r < rows; ++r) gsum[r] += sv[r];
+  }
+  const Tensor global_sum = tensor({p.n}, gsum, stat);
+  Tensor loss = empty({p.n}, stat);
+  cross_entropy_loss(global_max, global_sum, tensor({p.n}, target, stat), loss);
+  CeResult out{0.0, Vec(p.logits.size(), 0.0)};
+  for (double l : vals(loss)) out.loss += l / static_cast<double>(p.n);
+  for (std::size_t k = 0; k < slices.size(); ++k) {
+    const auto& s = slices[k];
+    Tensor d = tensor({p.n, s.local}, Vec(rows * usize(s.local), 1e30), t);
+    cross_entropy_backward(logits[k], maxes[k], global_max, global_sum, targets, s.start, s.valid,
+                           1.0 / static_cast<double>(p.n), d);
+    const Vec dv = vals(d);
+    for (i64 r = 0; r < p.n; ++r) {
+      for (i64 c = 0; c < s.valid; ++c) out.grad[usize(r * p.vocab + s.start + c)] = dv[usize(r * s.local + c)];
+      for (i64 c = s.valid; c < s.local; ++c) EXPECT_EQ(dv[usize(r * s.local + c)], 0.0) << "padding column";
+    }
+  }
+  return out;
+}
+
+// `per` columns per rank, each slice padded with 2 extra columns.
+std::vector<Slice> slices_of(i64 vocab, i64 per, i64 ranks) {
+  std::vector<Slice> out;
+  for (i64 r = 0; r < ranks; ++r) out.push_back({r * per, std::clamp(vocab - r * per, i64{0}, per), per + 2});
+  return out;
+}
+
+TEST(CrossEntropy, VocabSlicesCombineToTheUnsplitLossAndGradient) {
+  const CeProblem p = ce_problem(18);
+  const double loss = ce_loss_ref(p, p.logits);
+  const Vec grad = ce_grad_ref(p);
+  // {ranks, columns per rank}: 11 = 11, 6 + 5, 3 + 3 + 3 + 2, and 6 + 5 + 0 (a rank of padding only).
+  for (auto [ranks, per] : {std::pair<i64, i64>{1, 11}, {2, 6}, {4, 3}, {3, 6}}) {
+    SCOPED_TRACE(testing::Message() << ranks << " slices of " << per);
+    const CeResult r64 = ce_split(p, slices_of(p.vocab, per, ranks), DType::F64);
+    EXPECT_NEAR(r64.loss, loss, 1e-13);
+    expect_close(r64.grad, grad, 1e-13, 1e-15, "fp64 gradient");
+    const CeResult r32 = ce_split(p, slices_of(p.vocab, per, ranks), DType::F32);
+    EXPECT_NEAR(r32.loss, loss, 1e-5);
+    expect_close(r32.grad, grad, 1e-5, 1e-7, "fp32 gradient");
+  }
+}
+
+TEST(CrossEntropy, BackwardMatchesFiniteDifferencesOfTheKernelLoss) {
+  const CeProblem p = ce_problem(19);
+  const auto slices = slices_of(p.vocab, 3, 4);
+  const Vec grad = ce_split(p, slices, DType::F64).grad;
+  const Vec one = {1.0};
+  expect_fd_gradient(
+      "dlogits", p.logits,
+      [&](const Vec& l) {
+        CeProblem q = p;
+        q.logits = l;
+        return Vec{ce_split(q, slices, DType::F64).loss};
+      },
+      one, grad);
+}
+
+// The forward leaves exp(logit - row max) in the logits tensor, and the
+// backward may write the gradient over it (what the GPT head does).
+TEST(CrossEntropy, ForwardKeepsExponentialsInPlaceAndBackwardOverwritesThem) {
+  const CeProblem p = ce_problem(20);
+  const Tensor targets = ids_tensor(p.targets);
+  Tensor d = tensor({p.n, p.vocab}, p.logits);
+  Tensor mx = empty({p.n}), se = empty({p.n}), tl = empty({p.n}), loss = empty({p.n});
+  cross_entropy_forward(d, targets, 0, p.vocab, mx, se, tl);
+  const Vec ev = vals(d), mv = vals(mx), sv = vals(se), tv = vals(tl);
+  for (i64 r = 0; r < p.n; ++r) {
+    double mref = -1e300, sref = 0;
+    for (i64 c = 0; c < p.vocab; ++c) mref = std::max(mref, p.logits[usize(r * p.vocab + c)]);
+    EXPECT_EQ(mv[usize(r)], mref) << "row max is exact";
+    EXPECT_EQ(tv[usize(r)], p.logits[usize(r * p.vocab + p.targets[usize(r)])]) << "target logit is exact";
+    for (i64 c = 0; c < p.vocab; ++c) {
+      const double e = std::exp(p.logits[usize(r * p.vocab + c)] - mref);
+      EXPECT_NEAR(ev[usize(r * p.vocab + c)], e, 1e-15 * e + 1e-300);
+      sref += e;
+    }
+    EXPECT_NEAR(sv[usize(r)], sref, 1e-14 * sref);
+  }
+  cross_entropy_loss(mx, se, tl, loss);
+  double mean_loss = 0;
+  for (double l : vals(loss)) mean_loss += l / static_cast<double>(p.n);
+  EXPECT_NEAR(mean_loss, ce_loss_ref(p, p.logits), 1e-13);
+  cross_entropy_backward(d, mx, mx, se, targets, 0, p.vocab, 1.0 / static_cast<double>(p.n), d);  // in place
+  expect_close(vals(d), ce_grad_ref(p), 1e-13, 1e-15, "in place");
+}
+
+// =========================== 16-bit storage ===========================
+// (kernel_test_util.h: inputs rounded to the dtype first, the fp64 reference on
+// the same values, each output within one rounding or bit for bit.)
+
+TEST(HalfStorage, CrossEntropyPiecesWithFp32Statistics) {
+  for (DType t : kHalfDtypes) {
+    SCOPED_TRACE(dtype_name(t));
+    CeProblem p = ce_problem(61);
+    p.logits = rounded(p.logits, t);
+    const double loss = ce_loss_ref(p, p.logits);
+    const Vec grad = ce_grad_ref(p);
+    for (auto [ranks, per] : {std::pair<i64, i64>{1, 11}, {2, 6}, {3, 6}}) {
+      SCOPED_TRACE(testing::Message() << ranks << " slices of " << per);
+      const CeResult r = ce_split(p, slices_of(p.vocab, per, ranks), t);
+      // Max and target logit are exact, sum_exp and the combination fp32.
+      EXPECT_NEAR(r.loss, loss, 1e-6 * std::fabs(loss));
+      // The exponentials are kept in the logits tensor, so in 16 bits
+      // (relative error <= 2^-9 bf16 / 2^-12 fp16, Megatron's in-place
+      // softmax); dlogits is rounded once more: two 16-bit roundings.
+      const double eps = t == DType::BF16 ? 0x1p-8 : 0x1p-11;
+      expect_close(r.grad, grad, eps, eps / static_cast<double>(p.n), "dlogits");
+    }
+    // The pieces one by one, against double on the same values.
+    const Tensor targets = ids_tensor(p.targets);
+    Tensor logits = tensor({p.n, p.vocab}, p.logits, t);
+    const i64 valid = p.vocab - 2;  // the last two columns act as padding
+    Tensor mx = empty({p.n}, DType::F32), se = empty({p.n}, DType::F32), tl = empty({p.n}, DType::F32);
+    cross_entropy_forward(logits, targets, 0, valid, mx, se, tl);
+    Vec want_mx(usize(p.n), -1e300), want_se(usize(p.n), 0.0), want_tl(usize(p.n), 0.0), want_e(p.logits.size(), 0.0);
+    for (i64 r = 0; r < p.n; ++r) {
+      for (i64 c = 0; c < valid; ++c) want_mx[usize(r)] = std::max(want_mx[usize(r)], p.logits[usize(r * p.vocab + c)]);
+      for (i64 c = 0; c < valid; ++c) {
+        // fp32 exp of an exact difference, rounded once to 16 bits for storage.
+        const float e = std::exp(static_cast<float>(p.logits[usize(r * p.vocab + c)] - want_mx[usize(r)]));
+        want_e[usize(r * p.vocab + c)] = static_cast<double>(e);
+        want_se[usize(r)] += e;
+      }
+      if (p.targets[usize(r)] < valid) want_tl[usize(r)] = p.logits[usize(r * p.vocab + p.targets[usize(r)])];
+    }
+    expect_same(vals(mx), want_mx, "row max is exact");
+    expect_same(vals(tl), want_tl, "target logit is exact");
+    expect_close(vals(se), want_se, 1e-7, 0, "sum_exp (fp32 exp per term, double sum)");
+    expect_same(vals(logits), round_once(want_e, t), "exponentials rounded once; padding 0");
+    Tensor d = empty({p.n, p.vocab}, t), inplace = tensor({p.n, p.vocab}, vals(logits), t);
+    cross_entropy_backward(logits, mx, mx, se, targets, 0, valid, 0.5, d);
+    cross_entropy_backward(inplace, mx, mx, se, targets, 0, valid, 0.5, inplace);
+    expect_same(vals(inplace), vals(d), "cross_entropy_backward in place");
+    for (i64 r = 0; r < p.n; ++r)
+      for (i64 c = valid; c < p.vocab; ++c) EXPECT_EQ(vals(d)[usize(r * p.vocab + c)], 0.0) << "padding";
+  }
+}
+
+// Rows long enough for the vector exponentials' body and remainder (16 lanes
+// with AVX-512; the tests above use rows of at most 11): the vocab-parallel
+// cross-entropy on 1037-column slices (1030 valid) and the causal softmax on
+// 40-column rows, in fp32 and 16 bits (whose rows go through a per-thread fp32
+// copy). Each exponential is libmvec's, within 4 fp32 ulp of exp of the fp32
+// argument: for 16-bit storage, well within the 1% slack of one rounding.
+TEST(HalfStorage, LongRowsTakeTheVectorExponentialsWithinTheirBound) {
+  const i64 n = 3, vocab = 1037, valid = 1030;
+  std::mt19937 rng(77);
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Vec x = rounded(to_f32(randn(usize(n * vocab), rng, 4.0)), t);
+    const std::vector<i64> targets = {5, 1029, 1033};  // the last is another rank's (>= valid)
+    Tensor logits = tensor({n, vocab}, x, t);
+    Tensor mx = empty({n}, DType::F32), se = empty({n}, DType::F32), tl = empty({n}, DType::F32);
+    cross_entropy_forward(logits, ids_tensor(targets), 0, valid, mx, se, tl);
+    const Vec e = vals(logits), m = vals(mx), sum = vals(se), target = vals(tl);
+    Vec want_e(e.size(), 0.0), unrounded(e.size(), 0.0);
+    for (i64 r = 0; r < n; ++r) {
+      double want_m = -1e300, want_sum = 0;
+      for (i64 c = 0; c < valid; ++c) want_m = std::max(want_m, x[usize(r * vocab + c)]);
+      EXPECT_EQ(m[usize(r)], want_m) << "row max is exact";
+      for (i64 c = 0; c < valid; ++c) {
+        // The fp32 argument the kernel exponentiates, then exp in double.
+        const float arg = static_cast<float>(x[usize(r * vocab + c)]) - static_cast<float>(want_m);
+        const double w = std::exp(static_cast<double>(arg));
+        unrounded[usize(r * vocab + c)] = w;
+        want_sum += w;
+      }
+      EXPECT_NEAR(sum[usize(r)], want_sum, 1e-6 * want_sum) << "sum_exp, row " << r;
+      EXPECT_EQ(target[usize(r)], targets[usize(r)] < valid ? x[usize(r * vocab + targets[usize(r)])] : 0.0);
+    }
+    // The backward over the same rows (the cloned, vectorised store): each
+    // gradient is the double product rounded once, bit for bit.
+    Tensor d = empty({n, vocab}, t);
+    cross_entropy_backward(logits, mx, mx, se, ids_tensor(targets), 0, valid, 0.5, d);
+    Vec want_d(e.size(), 0.0);
+    for (i64 r = 0; r < n; ++r) {
+      const double f = 0.5 * (std::exp(0.0) / sum[usize(r)]);  // scale * softmax_factor, as the kernel has it
+      for (i64 c = 0; c < valid; ++c) {
+        const double g = e[usize(r * vocab + c)] * f;
+        want_d[usize(r * vocab + c)] = c == targets[usize(r)] ? e[usize(r * vocab + c)] * f - 0.5 : g;
+      }
+    }
+    expect_same(vals(d), t == DType::F32 ? to_f32(want_d) : round_once(want_d, t), "dlogits rounded once");
+    if (t == DType::F32) {
+      for (std::size_t i = 0; i < e.size(); ++i) {
+        if (static_cast<i64>(i) % vocab >= valid) {
+          ASSERT_EQ(e[i], 0.0) << "padding " << i;
+          continue;
+        }
+        const double tol = 4 * 0x1p-23 * unrounded[i] + 0x1p-149;  // 4 ulp: an ulp is at most 2^-23 relative
+        ASSERT_NEAR(e[i], unrounded[i], tol) << "exponential " << i;
+      }
+    } else {
+      expect_one_rounding(e, unrounded, t, "exponentials");  // padding: both 0
+    }
+
+    const i64 sn = 40;
+    const Shape shape{1, 2, sn, sn};
+    const Vec scores = rounded(to_f32(randn(usize(numel(shape)), rng, 4.0)), t);
+    const Vec want = causal_softmax_ref(scores, 2, sn, 0.3);
+    const Vec p = softmax_run(shape, scores, 0.3, t);
+    if (t == DType::F32)
+      expect_close(p, want, 2e-6, 1e-8, "causal softmax");
+    else
+      expect_one_rounding(p, want, t, "causal softmax");
+  }
+}
+
+// The cross-entropy backward's 16-bit store in its vector loop, next to
+// 16-bit midpoints (times powers of two of both signs). Just above the
+// midpoint between 1 and the next value (1 + half an ulp + 2^-30) must round
+// up; just below the midpoint between that value and the one after
+// (1 + 3 half ulps - 2^-30) must round down. Rounded to fp32 first, both would
+// land on the midpoint and round to even: the wrong way in both cases. The
+// kernel rounds to odd in fp32 first.
+TEST(HalfStorage, CrossEntropyBackwardRoundsLongRowsOnceNextToMidpoints) {
+  for (auto [t, half_ulp] : {std::pair{DType::BF16, 0x1p-8}, std::pair{DType::F16, 0x1p-11}}) {
+    SCOPED_TRACE(dtype_name(t));
+    const i64 vocab = 1037;
+    Vec e(usize(vocab));
+    for (i64 c = 0; c < vocab; ++c) e[usize(c)] = std::ldexp(c % 2 ? 1.0 : -1.0, -static_cast<int>(c % 13));
+    Tensor zero_max = tensor({1}, {0.0}, DType::F32), one_sum = tensor({1}, {1.0}, DType::F32);
+    // {the product's factor (exp(0) / 1 * scale), what it rounds to}
+    for (auto [scale, rounded] : {std::pair{1.0 + half_ulp + 0x1p-30, 1.0 + 2 * half_ulp},
+                                  std::pair{1.0 + 3 * half_ulp - 0x1p-30, 1.0 + 2 * half_ulp}}) {
+      Tensor d = empty({1, vocab}, t);
+      cross_entropy_backward(tensor({1, vocab}, e, t), zero_max, zero_max, one_sum, ids_tensor({vocab}), 0, vocab,
+                             scale, d);
+      Vec want(e.size());
+      for (std::size_t c = 0; c < e.size(); ++c) want[c] = e[c] * rounded;
+      expect_same(vals(d), want, scale < 1.0 + 2 * half_ulp ? "just above a midpoint" : "just below a midpoint");
+    }
+  }
+}
+
+}  // namespace

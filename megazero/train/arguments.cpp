@@ -3,6 +3,8 @@
 #include "megazero/kernels/fused_attention.h"
 
 #include <algorithm>
+#include <charconv>
+#include <type_traits>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -39,9 +41,21 @@ class OptionTable {
   void add(const std::string& g, const char* name, T* field, const char* help) {
     group(g).add_options()(name, po::value<T>(field)->default_value(*field), help);
     printers_.emplace_back(name, [field] {
-      std::ostringstream os;
-      os << *field;
-      return os.str();
+      if constexpr (std::is_floating_point_v<T>) {
+        // As ostream prints it (6 significant digits) when that reads back as
+        // the same double, else the shortest text that does: a stored
+        // configuration (checkpoints, HF export) keeps every digit given.
+        std::ostringstream os;
+        os << *field;
+        if (std::strtod(os.str().c_str(), nullptr) == static_cast<double>(*field)) return os.str();
+        char buf[64];
+        const auto r = std::to_chars(buf, buf + sizeof buf, *field);
+        return std::string(buf, r.ptr);
+      } else {
+        std::ostringstream os;
+        os << *field;
+        return os.str();
+      }
     });
   }
   // Several values: `--flag a b c` on the command line, `flag = a b c` in a file.

@@ -236,6 +236,8 @@ def cases():
         ("disable-bias-linear", "--train-iters 1", "disable-bias-linear = true"),
         ("untie-embeddings-and-output-weights", "--train-iters 1", "untie-embeddings-and-output-weights = true"),
         ("sequence-parallel", "--tensor-model-parallel-size 2 --train-iters 1", "sequence-parallel = true"),
+        # A stored configuration keeps every digit of a number (6 significant digits would round this one).
+        ("norm-epsilon", "1.0000001e-5 --train-iters 1", "norm-epsilon = 1.0000001e-05"),
         ("data-impl", "mmap --train-iters 1", "resolved configuration"),
         ("overlap-grad-reduce", "--train-iters 1", "overlap-comm = 1"),
         ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),

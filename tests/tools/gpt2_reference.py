@@ -26,54 +26,11 @@ Exit 0: match; 1: mismatch or a malformed export; 77: numpy is missing (skip).
 import argparse
 import json
 import os
-import struct
-import sys
 
-try:
-    import numpy as np
-except ImportError:
-    print("SKIP: numpy is not installed (apt-get install python3-numpy; tools/install_deps.sh does)")
-    sys.exit(77)
+import hf_reference_common as common
+from hf_reference_common import fail, np, read_safetensors
 
-
-def fail(msg):
-    print("gpt2_reference: FAIL: " + msg)
-    sys.exit(1)
-
-
-def read_safetensors(path):
-    with open(path, "rb") as f:
-        blob = f.read()
-    if len(blob) < 8:
-        fail(f"{path}: shorter than a safetensors header")
-    (n,) = struct.unpack("<Q", blob[:8])
-    if 8 + n > len(blob):
-        fail(f"{path}: header length {n} beyond the file")
-    header = json.loads(blob[8:8 + n].decode("utf-8"))
-    data = blob[8 + n:]
-    meta = header.pop("__metadata__", {})
-    if meta.get("format") != "pt":
-        fail(f"{path}: __metadata__ lacks format 'pt' (transformers refuses such files): {meta}")
-    kinds = {"F32": ("<f4", 4), "F64": ("<f8", 8), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
-    tensors, spans = {}, []
-    for name, e in header.items():
-        if e["dtype"] not in kinds:
-            fail(f"{path}: tensor {name} has dtype {e['dtype']}")
-        fmt, size = kinds[e["dtype"]]
-        begin, end = e["data_offsets"]
-        count = int(np.prod(e["shape"], dtype=np.int64))
-        if end - begin != count * size or end > len(data):
-            fail(f"{path}: tensor {name}: offsets {begin}..{end} do not hold shape {e['shape']} x {size} bytes")
-        raw = np.frombuffer(data[begin:end], dtype=fmt)
-        if e["dtype"] == "BF16":  # the top half of an fp32
-            raw = (raw.astype(np.uint32) << 16).view(np.float32)
-        tensors[name] = raw.astype(np.float64).reshape(e["shape"])
-        spans.append((begin, end))
-    spans.sort()
-    for (_, e0), (b1, _) in zip(spans, spans[1:]):
-        if b1 < e0:
-            fail(f"{path}: overlapping tensors")
-    return tensors
+common.NAME = "gpt2_reference"
 
 
 def expected_shapes(cfg):
@@ -88,6 +45,10 @@ def expected_shapes(cfg):
                        p + "mlp.c_fc.weight": [E, F], p + "mlp.c_fc.bias": [F],
                        p + "mlp.c_proj.weight": [F, E], p + "mlp.c_proj.bias": [E]})
     return shapes
+
+
+def check_tensors_of(t, cfg):
+    common.check_tensors(t, expected_shapes(cfg), "GPT-2")
 
 
 def check_config(cfg):
@@ -148,28 +109,9 @@ def main():
         cfg = json.load(f)
     check_config(cfg)
     t = read_safetensors(os.path.join(a.model, "model.safetensors"))
-    shapes = expected_shapes(cfg)
-    if set(t) != set(shapes):
-        fail(f"tensor names differ from GPT-2's: missing {sorted(set(shapes) - set(t))}, "
-             f"unexpected {sorted(set(t) - set(shapes))}")
-    for name, shape in shapes.items():
-        if list(t[name].shape) != shape:
-            fail(f"{name} is {list(t[name].shape)}, GPT-2 of this config needs {shape}")
+    check_tensors_of(t, cfg)
     ids = [int(x) for x in a.tokens.split(",")]
-    ref = gpt2_logits(t, cfg, ids)
-    with open(a.compare) as f:
-        S, V = (int(x) for x in f.readline().split())
-        ours = np.loadtxt(f, dtype=np.float64, ndmin=2)
-    if (S, V) != ref.shape or ours.shape != ref.shape:
-        fail(f"logits shapes differ: ours {ours.shape} (header {S}x{V}), reference {ref.shape}")
-    scale = np.abs(ref).max()
-    diff = np.abs(ours - ref).max()
-    rel = diff / max(scale, 1e-30)
-    verdict = "match" if rel <= a.tol else "DIFFER"
-    print(f"gpt2_reference: logits [{S}, {V}] {verdict}: max |ours - reference| = {diff:.3e}, "
-          f"{rel:.3e} of max |logit| {scale:.4f} (tolerance {a.tol:g}); "
-          f"argmax agrees on {int((ours.argmax(1) == ref.argmax(1)).sum())}/{S} positions")
-    sys.exit(0 if rel <= a.tol else 1)
+    common.compare_logits(gpt2_logits(t, cfg, ids), a.compare, a.tol)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,37 @@ class LayerGrad : public testing::Test {
     expect_gradients_match_fd([&] { return dot(fwd(x), w); }, targets);
   }
 
+  // The whole model (cfg) against finite differences, then: the padding rows
+  // of `padded` (never looked up / masked from the softmax) have zero gradients.
+  void check_whole_model(const std::vector<const char*>& padded) {
+    ParameterSet ps;
+    GPTModel model(cfg, ctx, ps);
+    ps.allocate(ctx.device, DType::F64);
+    ps.initialize(21);
+    for (auto* p : ps.all())
+      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 8, 0.5));
+    const std::int64_t n = step.micro_batch * step.seq;
+    Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+    Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
+    for (std::int64_t i = 0; i < n; ++i) {
+      ids.host_data<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
+      targets.host_data<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
+    }
+    model.forward(ids, targets, step);
+    ps.zero_grad();
+    model.backward(1.0);
+    std::vector<GradTarget> t;
+    for (auto* p : ps.all()) t.push_back({p->name, p->value, p->grad});
+    expect_gradients_match_fd([&] { return model.forward(ids, targets, step); }, t, 4);
+    for (const char* name : padded) {
+      const auto& w = ps.get(name);
+      const auto g = w.grad.to_double_vector();
+      for (std::int64_t r = cfg.vocab_size; r < w.local_shape[0]; ++r)
+        for (std::int64_t c = 0; c < cfg.hidden_size; ++c)
+          ASSERT_EQ(g[static_cast<std::size_t>(r * cfg.hidden_size + c)], 0.0) << name << " padding row " << r;
+    }
+  }
+
   std::unique_ptr<MpiCommunicator> world;
   std::unique_ptr<Communicator> self;
   TpContext ctx;
@@ -169,32 +200,8 @@ TEST_F(LayerGrad, WholeModelIncludingEmbeddingsTiedLogitsAndCrossEntropy) {
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recompute" : "no recompute");
     cfg.recompute_activations = recompute;
-    ParameterSet ps;
-    GPTModel model(cfg, ctx, ps);
-    ps.allocate(ctx.device, DType::F64);
-    ps.initialize(21);
-    for (auto* p : ps.all())
-      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 8, 0.5));
-    const std::int64_t n = step.micro_batch * step.seq;
-    Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-    Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-    for (std::int64_t i = 0; i < n; ++i) {
-      ids.host_data<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
-      targets.host_data<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
-    }
-    model.forward(ids, targets, step);
-    ps.zero_grad();
-    model.backward(1.0);
-    std::vector<GradTarget> t;
-    for (auto* p : ps.all()) t.push_back({p->name, p->value, p->grad});
-    expect_gradients_match_fd([&] { return model.forward(ids, targets, step); }, t, 4);
-    // Padding rows of the word embedding: never looked up, masked from the
-    // softmax: zero gradient.
-    auto& w = ps.get("embedding.word.weight");
-    const auto g = w.grad.to_double_vector();
-    for (std::int64_t r = cfg.vocab_size; r < w.local_shape[0]; ++r)
-      for (std::int64_t c = 0; c < cfg.hidden_size; ++c)
-        ASSERT_EQ(g[static_cast<std::size_t>(r * cfg.hidden_size + c)], 0.0) << "padding row " << r;
+    // Padding rows of the word embedding: never looked up, masked from the softmax.
+    check_whole_model({"embedding.word.weight"});
   }
 }
 
@@ -271,32 +278,9 @@ TEST_F(LayerGrad, LlamaStyleModelWithAndWithoutRecompute) {
     for (auto* p : ps.all()) total += shape_numel(p->global_shape);
     const std::int64_t padding = (cfg.padded_vocab(1) - cfg.vocab_size) * cfg.hidden_size * 2;
     EXPECT_EQ(total - padding, cfg.parameter_count()) << "GPTConfig::parameter_count agrees with the model";
-    ps.allocate(ctx.device, DType::F64);
-    ps.initialize(21);
-    for (auto* p : ps.all())
-      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 8, 0.5));
-    const std::int64_t n = step.micro_batch * step.seq;
-    Tensor ids = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-    Tensor targets = Tensor::empty(ctx.device, {n}, DType::I64, MemoryCategory::Activations);
-    for (std::int64_t i = 0; i < n; ++i) {
-      ids.host_data<std::int64_t>()[i] = (i * 7 + 3) % cfg.vocab_size;
-      targets.host_data<std::int64_t>()[i] = (i * 5 + 1) % cfg.vocab_size;
-    }
-    model.forward(ids, targets, step);
-    ps.zero_grad();
-    model.backward(1.0);
-    std::vector<GradTarget> t;
-    for (auto* p : ps.all()) t.push_back({p->name, p->value, p->grad});
-    expect_gradients_match_fd([&] { return model.forward(ids, targets, step); }, t, 4);
     // The output layer's padding rows are masked from the softmax; the word
     // embedding's are never looked up: both get zero gradients.
-    for (const char* name : {"embedding.word.weight", "output_layer.weight"}) {
-      const auto& w = ps.get(name);
-      const auto g = w.grad.to_double_vector();
-      for (std::int64_t r = cfg.vocab_size; r < w.local_shape[0]; ++r)
-        for (std::int64_t c = 0; c < cfg.hidden_size; ++c)
-          ASSERT_EQ(g[static_cast<std::size_t>(r * cfg.hidden_size + c)], 0.0) << name << " padding row " << r;
-    }
+    check_whole_model({"embedding.word.weight", "output_layer.weight"});
   }
 }
 

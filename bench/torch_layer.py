@@ -5,10 +5,13 @@ dtype, dropout and FLOP count, timed the same way (forward + backward, median
 over steps after warm-up, synchronised). Two attention variants:
   sdpa    - torch.nn.functional.scaled_dot_product_attention (flash/cuDNN kernels)
   unfused - matmul + masked softmax + dropout + matmul (what megazero runs today)
+--compile runs each variant under torch.compile (impl "torch-sdpa-compile" etc.; compilation
+happens in the warm-up steps).
 Prints a line per variant and a JSON line each, like bench_layer.
 
   python3 bench/torch_layer.py --hidden-size 8192 --num-attention-heads 64 \
       --tensor-model-parallel-size 16 --seq-length 1024 --micro-batch-size 32 --dtype bf16
+  python3 bench/torch_layer.py --attention sdpa --compile
 """
 import argparse
 import json
@@ -61,6 +64,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--peak-tflops", type=float, default=989.0)
     ap.add_argument("--attention", default="sdpa,unfused")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the layer")
+    ap.add_argument("--compile-mode", default="default",
+                    help="torch.compile mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs")
     a = ap.parse_args()
     dt = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
     h, tp, S, B = a.hidden_size, a.tensor_model_parallel_size, a.seq_length, a.micro_batch_size
@@ -70,6 +76,10 @@ def main():
     torch.manual_seed(0)
     for attention in a.attention.split(","):
         layer = Layer(h, heads_local, d, ffn_local, a.dropout, attention).cuda().to(dt)
+        step, variant = layer, attention
+        if a.compile:
+            step = torch.compile(layer, mode=None if a.compile_mode == "default" else a.compile_mode)
+            variant += "-compile" if a.compile_mode == "default" else f"-compile-{a.compile_mode}"
         x = torch.randn(B, S, h, device="cuda", dtype=dt, requires_grad=True)
         dy = torch.randn(B, S, h, device="cuda", dtype=dt) * 1e-3
         times = []
@@ -77,7 +87,7 @@ def main():
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()
-            layer(x).backward(dy)
+            step(x).backward(dy)
             end.record()
             torch.cuda.synchronize()
             if i >= a.warmup:
@@ -86,12 +96,14 @@ def main():
             x.grad = None
         med = statistics.median(times)
         tflops = flops / (med * 1e-3) / 1e12
-        print(f"torch {torch.__version__} {attention}: median {med:.3f} ms (min {min(times):.3f}, max {max(times):.3f}), "
+        peak_mib = torch.cuda.max_memory_allocated() / 2**20
+        print(f"torch {torch.__version__} {variant}: median {med:.3f} ms (min {min(times):.3f}, max {max(times):.3f}), "
               f"{tflops:.1f} TFLOP/s, MFU {100 * tflops / a.peak_tflops:.1f}% of {a.peak_tflops:.0f}, "
-              f"peak memory {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB")
-        print(json.dumps({"bench": "layer", "impl": f"torch-{attention}", "dtype": a.dtype, "ms": round(med, 4),
-                          "tflops": round(tflops, 2), "mfu": round(tflops / a.peak_tflops, 4)}))
-        del layer, x, dy
+              f"peak memory {peak_mib:.0f} MiB")
+        print(json.dumps({"bench": "layer", "impl": f"torch-{variant}", "dtype": a.dtype, "ms": round(med, 4),
+                          "tflops": round(tflops, 2), "mfu": round(tflops / a.peak_tflops, 4),
+                          "peak_mib": round(peak_mib, 1)}))
+        del layer, step, x, dy
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 

@@ -21,6 +21,13 @@
 #            (bench/torch_layer.py), bf16 and fp16
 #   profile- per-kernel times of one layer step (Nsight Compute)
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
+#   peers  - ours and the PyTorch peers back to back on this GPU (issue #21): pretrain_gpt on
+#            GPT-2 medium 355M (bf16, B 8, seq 1024, 30 iterations, unfused and fused attention)
+#            against bench/torch_gpt.py eager and --compile (the last 10 of 30 iterations each);
+#            bench_layer (the 100B layer as one TP-16 rank holds it, bf16, unfused and fused)
+#            against bench/torch_layer.py SDPA eager and --compile. Log in peers.txt, the ratio
+#            table (tools/peer_ratios.py: speed ours/theirs, MFU, peak memory, the #21 goals) in
+#            peers-ratios.txt. peers-gpt / peers-layer run one half each (peers-gpt.txt, ...).
 #   tools/gpu_session.sh paths tests layer train
 set -uo pipefail
 out=${OUT:-gpu-out}
@@ -130,6 +137,49 @@ for phase in "$@"; do
         done
       } > "$out/train.txt" 2>&1
       grep -E "^==|iteration +(10|20|30)/|error" "$out/train.txt" | tail -20
+      ;;
+    peers|peers-gpt|peers-layer)
+      # Each run bounded by MZ_PEER_TIMEOUT (ours under mpi by MZ_RUN_TIMEOUT); a failed or
+      # timed-out run leaves no JSON line and shows as n/a in the table.
+      pt=${MZ_PEER_TIMEOUT:-420}
+      gpt=(--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
+           --micro-batch-size 8 --vocab-size 50257)
+      {
+        echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+        if [ "$phase" != peers-layer ]; then
+          for a in unfused fused; do
+            m="$out/$phase-metrics-$a.jsonl"
+            rm -f "$m"
+            echo "== ours: pretrain_gpt 355M bf16, attention $a"
+            mpi 1 $B/pretrain_gpt --device cuda "${gpt[@]}" --max-position-embeddings 1024 --global-batch-size 8 \
+              --bf16 --mock-data --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $a --metrics-file "$m"
+            echo "== exit $?"
+            python3 tools/peer_ratios.py --from-metrics "$m" --impl "megazero-$a"
+          done
+          for c in "" --compile; do
+            echo "== theirs: bench/torch_gpt.py 355M bf16 $c"
+            timeout "$pt" python3 bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 $c
+            echo "== exit $?"
+          done
+        fi
+        if [ "$phase" != peers-gpt ]; then
+          for a in unfused fused; do
+            echo "== ours: bench_layer 100B layer (TP-16 rank) bf16, attention $a"
+            timeout "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
+            echo "== exit $?"
+          done
+          for c in "" --compile; do
+            echo "== theirs: bench/torch_layer.py sdpa bf16 $c"
+            timeout "$pt" python3 bench/torch_layer.py --dtype bf16 --steps 10 --attention sdpa $c
+            echo "== exit $?"
+          done
+        fi
+      } > "$out/$phase.txt" 2>&1
+      grep -E "^== |median|iteration +30/|^peer_ratios|Error|error" "$out/$phase.txt" | tail -40
+      tables=gpt,layer
+      [ "$phase" = peers-gpt ] && tables=gpt
+      [ "$phase" = peers-layer ] && tables=layer
+      python3 tools/peer_ratios.py --bench $tables "$out/$phase.txt" | tee "$out/$phase-ratios.txt"
       ;;
     *) echo "unknown phase $phase" ;;
   esac

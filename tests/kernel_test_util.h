@@ -1,9 +1,11 @@
 // What the layer kernel test files (test_<family>_kernels.cpp,
 // test_kernel_conventions.cpp) share: CPU tensors from and to vectors of
-// doubles, random inputs, tolerance and finite-difference checks, the check
-// that a call is rejected with a given message, and the rounding helpers of
-// the 16-bit storage tests; plus the causal softmax's reference, which the
-// softmax and cross-entropy files both use.
+// doubles (and, for the files whose kernels run on the test device, tensors
+// there: on_test_device), random inputs, tolerance and finite-difference
+// checks, the check that a call is rejected with a given message, the
+// rounding helpers of the 16-bit storage tests, and the same-bits check over
+// CPU thread counts; plus the causal softmax's reference, which the softmax and
+// cross-entropy files both use.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -20,6 +22,7 @@
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/softmax.h"
+#include "test_device.h"
 
 namespace kernel_test {
 
@@ -34,13 +37,39 @@ inline const std::shared_ptr<Device>& cpu() {
   return device;
 }
 
-inline Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
-  Tensor out = Tensor::empty(cpu(), shape, t, MC::Other);
+// The test device (tests/test_device.h: $MEGAZERO_TEST_DEVICE, the CPU by
+// default; cuda on a GPU machine, cpu-isolated to catch host access).
+inline const std::shared_ptr<Device>& test_dev() {
+  static const auto device = test_support::test_device();
+  return device;
+}
+
+inline Tensor tensor_on(const std::shared_ptr<Device>& device, const Shape& shape, const Vec& values, DType t) {
+  Tensor out = Tensor::empty(device, shape, t, MC::Other);
   out.copy_from_doubles(values);
   return out;
 }
 
+inline Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
+  return tensor_on(cpu(), shape, values, t);
+}
+
 inline Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(cpu(), shape, t, MC::Other); }
+
+// tensor() and empty() on the test device (and zeros()), for the files whose
+// kernels run there: they name these with a using-declaration in their own
+// namespace, which hides the CPU ones above.
+namespace on_test_device {
+inline Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
+  return tensor_on(test_dev(), shape, values, t);
+}
+inline Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(test_dev(), shape, t, MC::Other); }
+inline Tensor zeros(const Shape& shape, DType t) { return Tensor::zeros(test_dev(), shape, t, MC::Other); }
+}  // namespace on_test_device
+
+// An output operand made on the spot (it lives to the end of the call's full
+// expression), for a call that takes a Tensor&.
+inline Tensor& out(Tensor&& t) { return t; }
 
 inline Tensor ids_tensor(const std::vector<i64>& ids) {
   Tensor out = Tensor::empty(cpu(), {static_cast<i64>(ids.size())}, DType::I64, MC::Other);
@@ -82,6 +111,16 @@ inline void expect_close(const Vec& got, const Vec& want, double rtol, double at
     const bool ok = std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i]);
     if (!ok && reported++ < 5) ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
   }
+}
+
+// |got - want| <= tol[i], element-wise.
+inline void expect_within(const Vec& got, const Vec& want, const Vec& tol, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  int reported = 0;
+  for (std::size_t i = 0; i < got.size(); ++i)
+    if (!(std::fabs(got[i] - want[i]) <= tol[i]) && reported++ < 5)
+      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (tolerance " << tol[i]
+                    << ")";
 }
 
 // Central differences of L(x) = sum(w * f(x)) at every element of x, against
@@ -152,11 +191,25 @@ inline Vec softmax_run(const Shape& shape, const Vec& s, double scale, DType t) 
 // once to nearest even.
 
 inline constexpr DType kHalfDtypes[] = {DType::BF16, DType::F16};
+inline constexpr DType kAllDtypes[] = {DType::F64, DType::F32, DType::BF16, DType::F16};
 
 // Unit roundoff: rounding to nearest errs by at most u |value| ...
-inline double unit_roundoff(DType t) { return t == DType::BF16 ? 0x1p-8 : 0x1p-11; }
+inline double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::F64:
+      return 0x1p-53;
+    case DType::F32:
+      return 0x1p-24;
+    case DType::BF16:
+      return 0x1p-8;
+    default:
+      return 0x1p-11;
+  }
+}
 // ... or, below the normal range, by half the (fixed) subnormal spacing.
-inline double subnormal_error(DType t) { return t == DType::BF16 ? 0x1p-134 : 0x1p-25; }
+inline double subnormal_error(DType t) {
+  return t == DType::F16 ? 0x1p-25 : t == DType::BF16 ? 0x1p-134 : t == DType::F32 ? 0x1p-150 : 0.0;
+}
 
 // The values a tensor of dtype t holds for `v` (the test inputs).
 inline Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
@@ -164,7 +217,9 @@ inline Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>
 // The 16-bit value nearest to each (finite, in-range) v, ties to even, chosen
 // among the neighbours of the double -> fp32 -> 16-bit conversion (which may be
 // one off after its double rounding). Written independently of the kernels.
+// For t fp32, v rounded to fp32.
 inline Vec round_once(const Vec& v, DType t) {
+  if (t == DType::F32) return to_f32(v);
   const auto decode = [t](std::uint16_t b) {
     return t == DType::BF16 ? static_cast<double>(bf16_to_float(BFloat16{b})) : half_to_float(Half{b});
   };
@@ -209,6 +264,36 @@ inline void expect_same(const Vec& got, const Vec& want, const std::string& what
   for (std::size_t i = 0; i < got.size(); ++i)
     if (got[i] != want[i] && reported++ < 5)
       ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
+}
+
+// ======================= CPU thread counts =======================
+
+// Puts the CPU math thread count back as it was when this goes out of scope
+// (also when a kernel throws or an ASSERT returns early).
+class CpuMathThreadsRestorer {
+ public:
+  CpuMathThreadsRestorer() = default;
+  CpuMathThreadsRestorer(const CpuMathThreadsRestorer&) = delete;
+  CpuMathThreadsRestorer& operator=(const CpuMathThreadsRestorer&) = delete;
+  ~CpuMathThreadsRestorer() { set_cpu_math_threads(before_); }
+
+ private:
+  int before_ = cpu_math_threads();
+};
+
+// outputs(t), for each dtype t, run with 1 and with 4 CPU math threads: the
+// same bits, output by output.
+template <typename DTypes>
+void expect_same_bits_with_1_and_4_threads(const DTypes& dtypes,
+                                           const std::function<std::vector<Vec>(DType)>& outputs) {
+  const CpuMathThreadsRestorer restore;
+  for (DType t : dtypes) {
+    set_cpu_math_threads(1);
+    const std::vector<Vec> one = outputs(t);
+    set_cpu_math_threads(4);
+    const std::vector<Vec> four = outputs(t);
+    for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], four[k]) << dtype_name(t) << " output " << k;
+  }
 }
 
 }  // namespace kernel_test

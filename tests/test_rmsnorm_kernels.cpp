@@ -11,155 +11,24 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "megazero/core/error.h"
+#include "kernel_test_util.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
 #include "megazero/kernels/rmsnorm.h"
-#include "test_device.h"
 
 using namespace megazero;
 using namespace megazero::kernels;
-using MC = MemoryCategory;
-using Vec = std::vector<double>;
-using i64 = std::int64_t;
+using namespace kernel_test;
 
 namespace {
 
-const std::shared_ptr<Device>& dev() {
-  static const auto device = test_support::test_device();
-  return device;
-}
-
-Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
-  Tensor out = Tensor::empty(dev(), shape, t, MC::Other);
-  out.copy_from_doubles(values);
-  return out;
-}
-Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(dev(), shape, t, MC::Other); }
-Vec vals(const Tensor& t) { return t.to_double_vector(); }
-std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
-
-Vec randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
-  std::normal_distribution<double> d(0.0, sd);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-// The values a tensor of dtype t holds for v.
-Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
-
-// Each v rounded once, to nearest even, into t (fp32, bf16 or fp16): for the
-// 16-bit dtypes the nearest of the double -> fp32 -> 16-bit conversion's
-// result and its two neighbours (that conversion rounds twice and may be one
-// off). Written here, independently of the kernels' rounding.
-Vec round_once(const Vec& v, DType t) {
-  Vec out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    const float f = static_cast<float>(v[i]);
-    if (t == DType::F32) {
-      out[i] = f;
-      continue;
-    }
-    const auto decode = [t](std::uint16_t b) {
-      return t == DType::BF16 ? static_cast<double>(bf16_to_float(BFloat16{b})) : half_to_float(Half{b});
-    };
-    std::uint16_t best = t == DType::BF16 ? float_to_bf16(f).bits : float_to_half(f).bits;
-    for (int d : {-1, 1}) {
-      const auto nb = static_cast<std::uint16_t>(best + d);
-      const double e = std::fabs(decode(nb) - v[i]), eb = std::fabs(decode(best) - v[i]);
-      if (e < eb || (e == eb && (nb & 1u) == 0)) best = nb;  // NaN neighbours compare false
-    }
-    out[i] = decode(best);
-  }
-  return out;
-}
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-// Unit roundoff of a storage dtype (rounding to nearest errs by at most u |v|),
-// and half the subnormal spacing (the error below the normal range).
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::F64:
-      return 0x1p-53;
-    case DType::F32:
-      return 0x1p-24;
-    case DType::BF16:
-      return 0x1p-8;
-    default:
-      return 0x1p-11;
-  }
-}
-double subnormal_error(DType t) {
-  return t == DType::F16 ? 0x1p-25 : t == DType::BF16 ? 0x1p-134 : t == DType::F32 ? 0x1p-150 : 0.0;
-}
-
-void expect_close(const Vec& got, const Vec& want, double rtol, double atol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])) && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-}
-
-// Within one rounding to t of `want` (a value computed in double): u |want|,
-// 1% more for the double arithmetic before it, plus the subnormal error.
-void expect_one_rounding(const Vec& got, const Vec& want, DType t, const std::string& what) {
-  expect_close(got, want, 1.01 * unit_roundoff(t), subnormal_error(t) + 1e-300,
-               what + " (" + std::string(dtype_name(t)) + ")");
-}
-
-void expect_same(const Vec& got, const Vec& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && !(std::isnan(got[i]) && std::isnan(want[i])) && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-}
-
-// Central differences of L(v) = sum(w * f(v)) at every element of v against
-// the analytic gradient (h = 1e-6 in fp64: ~1e-9 absolute for O(1) values).
-void expect_fd_gradient(const std::string& what, const Vec& v, const std::function<Vec(const Vec&)>& f, const Vec& w,
-                        const Vec& grad) {
-  ASSERT_EQ(v.size(), grad.size()) << what;
-  constexpr double h = 1e-6;
-  double gmax = 0;
-  for (double g : grad) gmax = std::max(gmax, std::fabs(g));
-  int reported = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    Vec vp = v, vm = v;
-    vp[i] += h;
-    vm[i] -= h;
-    const double fd = (dot(w, f(vp)) - dot(w, f(vm))) / (2 * h);
-    if (std::fabs(grad[i] - fd) > 1e-6 * (std::fabs(fd) + 0.01 * gmax) + 1e-12 && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: analytic " << grad[i] << ", finite differences " << fd;
-  }
-}
-
-// An output operand made on the spot (it lives to the end of the call's full expression).
-Tensor& out(Tensor&& t) { return t; }
-
-// f must throw megazero's InternalError with `needle` in its message.
-void expect_rejected(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no InternalError; expected one containing '" << needle << "'";
-}
+// This file's tensors live on the test device.
+using on_test_device::empty, on_test_device::tensor, on_test_device::zeros;
 
 // ------------------------------------------------------------ reference
 
@@ -236,8 +105,6 @@ Forward run_forward(const Case& c, DType t) {
   rmsnorm_forward(tensor(c.shape, c.x, t), tensor({c.cols()}, c.gamma, t), c.eps, y, rstd);
   return {vals(y), vals(rstd)};
 }
-
-constexpr DType kAllDtypes[] = {DType::F64, DType::F32, DType::BF16, DType::F16};
 
 // ------------------------------------------------------------ forward
 
@@ -407,7 +274,7 @@ TEST(RmsNorm, Fp64BackwardMayWriteOverDy) {
 // The CPU kernels split rows over threads and sum dgamma's columns in row
 // order: the same bits for 1 and 4 threads.
 TEST(RmsNorm, SameBitsForAnyThreadCount) {
-  if (dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
+  if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   std::mt19937 rng(80);
   const i64 rows = 600, cols = 130;
   const Vec xv = randn(usize(rows * cols), rng), wv = randn(usize(rows * cols), rng), gv = randn(usize(cols), rng);
@@ -424,15 +291,7 @@ TEST(RmsNorm, SameBitsForAnyThreadCount) {
     }
     return out;
   };
-  const int before = cpu_math_threads();
-  for (DType t : kAllDtypes) {
-    set_cpu_math_threads(1);
-    const auto one = run_all(t);
-    set_cpu_math_threads(4);
-    const auto four = run_all(t);
-    for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], four[k]) << dtype_name(t) << " output " << k;
-  }
-  set_cpu_math_threads(before);
+  expect_same_bits_with_1_and_4_threads(kAllDtypes, run_all);
 }
 
 // ------------------------------------------------------------ meta device, scratch, refusals
@@ -463,75 +322,78 @@ TEST(RmsNorm, MetaDeviceChecksShapesAndPlansTheCudaScratch) {
 }
 
 TEST(RmsNorm, RefusesBadOperands) {
-  const auto z = [](const Shape& s, DType t) { return Tensor::zeros(dev(), s, t, MC::Other); };
   for (DType t : kAllDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const DType st = row_stat_dtype(t);
     const DType other = t == DType::F32 ? DType::F64 : DType::F32;
     const std::string name(dtype_name(t));
-    Tensor x = z({4, 8}, t), y = z({4, 8}, t), g = z({8}, t), rstd = z({4}, st), dg = z({8}, t);
+    Tensor x = zeros({4, 8}, t), y = zeros({4, 8}, t), g = zeros({8}, t), rstd = zeros({4}, st), dg = zeros({8}, t);
     rmsnorm_forward(x, g, 1e-5, y, rstd);  // accepted
     rmsnorm_backward(x, x, g, rstd, y, dg, &x);
-    expect_rejected([&] { rmsnorm_forward(x, z({7}, t), 1e-5, y, rstd); }, "rmsnorm_forward: gamma has shape (7)");
-    expect_rejected([&] { rmsnorm_forward(x, z({8}, other), 1e-5, y, rstd); },
+    expect_rejected([&] { rmsnorm_forward(x, zeros({7}, t), 1e-5, y, rstd); }, "rmsnorm_forward: gamma has shape (7)");
+    expect_rejected([&] { rmsnorm_forward(x, zeros({8}, other), 1e-5, y, rstd); },
                     "rmsnorm_forward: gamma must be " + name);
-    expect_rejected([&] { rmsnorm_forward(x, g, 1e-5, out(z({4, 9}, t)), rstd); }, "rmsnorm_forward: y has shape");
+    expect_rejected([&] { rmsnorm_forward(x, g, 1e-5, out(zeros({4, 9}, t)), rstd); }, "rmsnorm_forward: y has shape");
     expect_rejected(
         [&] {
-          rmsnorm_forward(x, g, 1e-5, out(z({4, 8}, other)), rstd);
+          rmsnorm_forward(x, g, 1e-5, out(zeros({4, 8}, other)), rstd);
         },
         "rmsnorm_forward: y must be " + name);
-    expect_rejected([&] { rmsnorm_forward(x, g, 1e-5, y, out(z({5}, st))); },
+    expect_rejected([&] { rmsnorm_forward(x, g, 1e-5, y, out(zeros({5}, st))); },
                     "rmsnorm_forward: rstd must have shape (4)");
     expect_rejected([&] { rmsnorm_forward(x, g, -1.0, y, rstd); }, "eps must be finite and non-negative");
     expect_rejected(
         [&] {
-          rmsnorm_forward(z({4, 0}, t), z({0}, t), 1e-5, out(z({4, 0}, t)), rstd);
+          rmsnorm_forward(zeros({4, 0}, t), zeros({0}, t), 1e-5, out(zeros({4, 0}, t)), rstd);
         },
         "x has no columns");
     expect_rejected(
         [&] {
-          rmsnorm_forward(z({8, 4}, t).transpose(0, 1), g, 1e-5, y, rstd);
+          rmsnorm_forward(zeros({8, 4}, t).transpose(0, 1), g, 1e-5, y, rstd);
         },
         "rmsnorm_forward: x must be contiguous");
-    expect_rejected([&] { rmsnorm_backward(x, x, g, rstd, out(z({4, 7}, t)), dg); }, "rmsnorm_backward: dx has shape");
     expect_rejected(
         [&] {
-          rmsnorm_backward(z({4, 8}, other), x, g, rstd, y, dg);
+          rmsnorm_backward(x, x, g, rstd, out(zeros({4, 7}, t)), dg);
+        },
+        "rmsnorm_backward: dx has shape");
+    expect_rejected(
+        [&] {
+          rmsnorm_backward(zeros({4, 8}, other), x, g, rstd, y, dg);
         },
         "rmsnorm_backward: dy must be " + name);
-    expect_rejected([&] { rmsnorm_backward(x, x, g, rstd, y, out(z({9}, dg.dtype()))); },
+    expect_rejected([&] { rmsnorm_backward(x, x, g, rstd, y, out(zeros({9}, dg.dtype()))); },
                     "rmsnorm_backward: dgamma has shape");
-    const Tensor add_bad = z({4, 7}, t), add_other = z({4, 8}, other);
+    const Tensor add_bad = zeros({4, 7}, t), add_other = zeros({4, 8}, other);
     expect_rejected([&] { rmsnorm_backward(x, x, g, rstd, y, dg, &add_bad); }, "rmsnorm_backward: add_to_dx has shape");
     expect_rejected([&] { rmsnorm_backward(x, x, g, rstd, y, dg, &add_other); },
                     "rmsnorm_backward: add_to_dx must be " + name);
-    expect_rejected([&] { rmsnorm_backward(x, x, g, z({3}, st), y, dg); },
+    expect_rejected([&] { rmsnorm_backward(x, x, g, zeros({3}, st), y, dg); },
                     "rmsnorm_backward: rstd must have shape (4)");
   }
   // Statistics: fp32 for 16-bit activations, else the storage dtype.
   for (DType t : {DType::BF16, DType::F16}) {
-    Tensor x = z({4, 8}, t), g = z({8}, t), r32 = z({4}, DType::F32);
-    expect_rejected([&] { rmsnorm_forward(x, g, 1e-5, x, out(z({4}, t))); },
+    Tensor x = zeros({4, 8}, t), g = zeros({8}, t), r32 = zeros({4}, DType::F32);
+    expect_rejected([&] { rmsnorm_forward(x, g, 1e-5, x, out(zeros({4}, t))); },
                     "rmsnorm_forward: rstd must be fp32 (per-row statistics of 16-bit activations are kept in fp32)");
     // dgamma: the storage dtype or fp32, never fp64 or the other 16-bit dtype.
     const DType other16 = t == DType::BF16 ? DType::F16 : DType::BF16;
-    rmsnorm_backward(x, x, g, r32, x, out(z({8}, DType::F32)));
-    expect_rejected([&] { rmsnorm_backward(x, x, g, r32, x, out(z({8}, DType::F64))); },
+    rmsnorm_backward(x, x, g, r32, x, out(zeros({8}, DType::F32)));
+    expect_rejected([&] { rmsnorm_backward(x, x, g, r32, x, out(zeros({8}, DType::F64))); },
                     "rmsnorm_backward: dgamma must be " + std::string(dtype_name(t)) + " or fp32");
-    expect_rejected([&] { rmsnorm_backward(x, x, g, r32, x, out(z({8}, other16))); },
+    expect_rejected([&] { rmsnorm_backward(x, x, g, r32, x, out(zeros({8}, other16))); },
                     "rmsnorm_backward: dgamma must be");
   }
-  Tensor x32 = z({4, 8}, DType::F32), g32 = z({8}, DType::F32);
-  expect_rejected([&] { rmsnorm_forward(x32, g32, 1e-5, x32, out(z({4}, DType::F64))); },
+  Tensor x32 = zeros({4, 8}, DType::F32), g32 = zeros({8}, DType::F32);
+  expect_rejected([&] { rmsnorm_forward(x32, g32, 1e-5, x32, out(zeros({4}, DType::F64))); },
                   "rmsnorm_forward: rstd must be fp32");
-  expect_rejected([&] { rmsnorm_backward(x32, x32, g32, z({4}, DType::F32), x32, out(z({8}, DType::BF16))); },
+  expect_rejected([&] { rmsnorm_backward(x32, x32, g32, zeros({4}, DType::F32), x32, out(zeros({8}, DType::BF16))); },
                   "rmsnorm_backward: dgamma must be fp32 (a gradient accumulator for fp32 activations)");
-  Tensor x64 = z({4, 8}, DType::F64);
-  expect_rejected([&] { rmsnorm_forward(x64, z({8}, DType::F64), 1e-5, x64, out(z({4}, DType::F32))); },
+  Tensor x64 = zeros({4, 8}, DType::F64);
+  expect_rejected([&] { rmsnorm_forward(x64, zeros({8}, DType::F64), 1e-5, x64, out(zeros({4}, DType::F32))); },
                   "rmsnorm_forward: rstd must be fp64");
-  Tensor xi = z({4, 8}, DType::I32);
-  expect_rejected([&] { rmsnorm_forward(xi, g32, 1e-5, x32, out(z({4}, DType::F32))); },
+  Tensor xi = zeros({4, 8}, DType::I32);
+  expect_rejected([&] { rmsnorm_forward(xi, g32, 1e-5, x32, out(zeros({4}, DType::F32))); },
                   "rmsnorm_forward: x must be fp32, fp64, bf16 or fp16");
 }
 

@@ -11,86 +11,25 @@
 // same bits for any thread count; bad operands (odd D among them) refused.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "megazero/core/error.h"
+#include "kernel_test_util.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/rope.h"
-#include "test_device.h"
 
 using namespace megazero;
 using namespace megazero::kernels;
-using MC = MemoryCategory;
-using Vec = std::vector<double>;
-using i64 = std::int64_t;
+using namespace kernel_test;
 
 namespace {
 
-const std::shared_ptr<Device>& dev() {
-  static const auto device = test_support::test_device();
-  return device;
-}
-
-Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
-  Tensor out = Tensor::empty(dev(), shape, t, MC::Other);
-  out.copy_from_doubles(values);
-  return out;
-}
-Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(dev(), shape, t, MC::Other); }
-Vec vals(const Tensor& t) { return t.to_double_vector(); }
-std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
-
-Vec randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
-  std::normal_distribution<double> d(0.0, sd);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-void expect_close(const Vec& got, const Vec& want, double rtol, double atol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= atol + rtol * std::fabs(want[i])) && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-}
-
-void expect_same(const Vec& got, const Vec& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-}
-
-// An output operand made on the spot (it lives to the end of the call's full expression).
-Tensor& out(Tensor&& t) { return t; }
-
-void expect_rejected(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no InternalError; expected one containing '" << needle << "'";
-}
+// This file's tensors live on the test device.
+using on_test_device::empty, on_test_device::tensor, on_test_device::zeros;
 
 constexpr double kBase = 10000.0;
-constexpr DType kAllDtypes[] = {DType::F64, DType::F32, DType::BF16, DType::F16};
 
 struct Dims {
   i64 n, s, d;
@@ -173,15 +112,6 @@ Vec rope_tolerance(const Vec& x, Dims m, const Vec& ref, DType t) {
   return tol;
 }
 
-void expect_within(const Vec& got, const Vec& want, const Vec& tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= tol[i]) && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (tolerance " << tol[i]
-                    << ")";
-}
-
 // fp32 and 16-bit storage: exactly the contract's fp32 arithmetic (on the CPU
 // bit for bit; elsewhere the device's double cos/sin/pow may move a value by
 // an fp32 rounding), then one rounding to storage; and within a few fp32
@@ -196,7 +126,8 @@ TEST(Rope, LowerPrecisionsFollowTheContractsArithmetic) {
     for (bool backward : {false, true}) {
       const std::string what = backward ? "backward" : "forward";
       const Vec got = run(xt, m, t, backward);
-      if (dev()->kind() == DeviceKind::CPU) expect_same(got, rounded(rope_f32_ref(xt, m, kBase, backward), t), what);
+      if (test_dev()->kind() == DeviceKind::CPU)
+        expect_same(got, rounded(rope_f32_ref(xt, m, kBase, backward), t), what);
       const Vec ref = rope_ref(xt, m, kBase, backward ? -1 : 1);
       expect_within(got, ref, rope_tolerance(xt, m, ref, t), what + " against the double reference");
     }
@@ -279,7 +210,7 @@ TEST(Rope, WideHeadsAndManyBlocks) {
     expect_close(run(x, m, DType::F64), rope_ref(x, m, kBase), 1e-12, 1e-12, "fp64");
     const Vec x32 = rounded(x, DType::F32);
     const Vec got = run(x32, m, DType::F32, true), ref = rope_ref(x32, m, kBase, -1);
-    if (dev()->kind() == DeviceKind::CPU) expect_same(got, rope_f32_ref(x32, m, kBase, true), "fp32 backward");
+    if (test_dev()->kind() == DeviceKind::CPU) expect_same(got, rope_f32_ref(x32, m, kBase, true), "fp32 backward");
     expect_within(got, ref, rope_tolerance(x32, m, ref, DType::F32), "fp32 backward against the double reference");
   }
 }
@@ -302,19 +233,13 @@ TEST(Rope, OutputMayAliasTheInput) {
 }
 
 TEST(Rope, SameBitsForAnyThreadCount) {
-  if (dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
+  if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   const Dims m{16, 128, 64};
   std::mt19937 rng(60);
   const Vec x = randn(m.numel(), rng);
-  const int before = cpu_math_threads();
-  for (DType t : kAllDtypes) {
-    set_cpu_math_threads(1);
-    const Vec f1 = run(x, m, t), b1 = run(x, m, t, true);
-    set_cpu_math_threads(4);
-    EXPECT_EQ(run(x, m, t), f1) << dtype_name(t);
-    EXPECT_EQ(run(x, m, t, true), b1) << dtype_name(t);
-  }
-  set_cpu_math_threads(before);
+  expect_same_bits_with_1_and_4_threads(kAllDtypes, [&](DType t) {
+    return std::vector<Vec>{run(x, m, t), run(x, m, t, true)};
+  });
 }
 
 TEST(Rope, MetaDeviceChecksShapesOnly) {
@@ -327,46 +252,53 @@ TEST(Rope, MetaDeviceChecksShapesOnly) {
 }
 
 TEST(Rope, RefusesBadOperands) {
-  const auto z = [](const Shape& s, DType t) { return Tensor::zeros(dev(), s, t, MC::Other); };
   for (DType t : kAllDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const DType other = t == DType::F32 ? DType::F64 : DType::F32;
     const std::string name(dtype_name(t));
-    Tensor x = z({2, 3, 8}, t), y = z({2, 3, 8}, t);
+    Tensor x = zeros({2, 3, 8}, t), y = zeros({2, 3, 8}, t);
     rope_forward(x, kBase, y);
     rope_backward(x, kBase, y);
     expect_rejected(
         [&] {
-          rope_forward(z({2, 3, 7}, t), kBase, out(z({2, 3, 7}, t)));
+          rope_forward(zeros({2, 3, 7}, t), kBase, out(zeros({2, 3, 7}, t)));
         },
         "rope_forward: the head size D = 7 must be even");
     expect_rejected(
         [&] {
-          rope_backward(z({2, 3, 5}, t), kBase, out(z({2, 3, 5}, t)));
+          rope_backward(zeros({2, 3, 5}, t), kBase, out(zeros({2, 3, 5}, t)));
         },
         "rope_backward: the head size D = 5 must be even");
-    expect_rejected([&] { rope_forward(z({2, 3, 0}, t), kBase, out(z({2, 3, 0}, t))); }, "the head size D = 0");
-    expect_rejected([&] { rope_forward(z({6, 8}, t), kBase, out(z({6, 8}, t))); }, "rope_forward: x must be [N, S, D]");
+    expect_rejected([&] { rope_forward(zeros({2, 3, 0}, t), kBase, out(zeros({2, 3, 0}, t))); }, "the head size D = 0");
     expect_rejected(
         [&] {
-          rope_forward(z({1, 2, 3, 8}, t), kBase, out(z({1, 2, 3, 8}, t)));
+          rope_forward(zeros({6, 8}, t), kBase, out(zeros({6, 8}, t)));
         },
         "rope_forward: x must be [N, S, D]");
-    expect_rejected([&] { rope_forward(x, kBase, out(z({2, 4, 8}, t))); }, "rope_forward: y has shape (2, 4, 8)");
-    expect_rejected([&] { rope_forward(x, kBase, out(z({2, 3, 8}, other))); }, "rope_forward: y must be " + name);
-    expect_rejected([&] { rope_backward(x, kBase, out(z({3, 2, 8}, t))); }, "rope_backward: dx has shape (3, 2, 8)");
+    expect_rejected(
+        [&] {
+          rope_forward(zeros({1, 2, 3, 8}, t), kBase, out(zeros({1, 2, 3, 8}, t)));
+        },
+        "rope_forward: x must be [N, S, D]");
+    expect_rejected([&] { rope_forward(x, kBase, out(zeros({2, 4, 8}, t))); }, "rope_forward: y has shape (2, 4, 8)");
+    expect_rejected([&] { rope_forward(x, kBase, out(zeros({2, 3, 8}, other))); }, "rope_forward: y must be " + name);
+    expect_rejected(
+        [&] {
+          rope_backward(x, kBase, out(zeros({3, 2, 8}, t)));
+        },
+        "rope_backward: dx has shape (3, 2, 8)");
     expect_rejected([&] { rope_forward(x, 0.0, y); }, "rope_forward: base must be finite and positive");
     expect_rejected([&] { rope_forward(x, -2.0, y); }, "base must be finite and positive");
     expect_rejected([&] { rope_forward(x, std::nan(""), y); }, "base must be finite and positive");
     expect_rejected(
         [&] {
-          rope_forward(z({2, 8, 3}, t).transpose(1, 2), kBase, y);
+          rope_forward(zeros({2, 8, 3}, t).transpose(1, 2), kBase, y);
         },
         "rope_forward: x must be contiguous");
   }
   expect_rejected(
       [&] {
-        rope_forward(z({2, 3, 8}, DType::I32), kBase, out(z({2, 3, 8}, DType::I32)));
+        rope_forward(zeros({2, 3, 8}, DType::I32), kBase, out(zeros({2, 3, 8}, DType::I32)));
       },
       "rope_forward: x must be fp32, fp64, bf16 or fp16");
 }

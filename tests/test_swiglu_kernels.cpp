@@ -9,120 +9,24 @@
 // any thread count; and bad operands refused with a message.
 #include <gtest/gtest.h>
 
-#include <algorithm>
 #include <cmath>
-#include <functional>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "megazero/core/error.h"
+#include "kernel_test_util.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/swiglu.h"
-#include "test_device.h"
 
 using namespace megazero;
 using namespace megazero::kernels;
-using MC = MemoryCategory;
-using Vec = std::vector<double>;
-using i64 = std::int64_t;
+using namespace kernel_test;
 
 namespace {
 
-const std::shared_ptr<Device>& dev() {
-  static const auto device = test_support::test_device();
-  return device;
-}
-
-Tensor tensor(const Shape& shape, const Vec& values, DType t = DType::F64) {
-  Tensor out = Tensor::empty(dev(), shape, t, MC::Other);
-  out.copy_from_doubles(values);
-  return out;
-}
-Tensor empty(const Shape& shape, DType t = DType::F64) { return Tensor::empty(dev(), shape, t, MC::Other); }
-Vec vals(const Tensor& t) { return t.to_double_vector(); }
-std::size_t usize(i64 n) { return static_cast<std::size_t>(n); }
-
-Vec randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
-  std::normal_distribution<double> d(0.0, sd);
-  Vec v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
-Vec rounded(const Vec& v, DType t) { return vals(tensor({static_cast<i64>(v.size())}, v, t)); }
-
-double dot(const Vec& a, const Vec& b) {
-  double s = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
-  return s;
-}
-
-double unit_roundoff(DType t) {
-  switch (t) {
-    case DType::F64:
-      return 0x1p-53;
-    case DType::F32:
-      return 0x1p-24;
-    case DType::BF16:
-      return 0x1p-8;
-    default:
-      return 0x1p-11;
-  }
-}
-
-// Half the spacing of subnormals (the rounding error below the normal range).
-double subnormal_error(DType t) {
-  return t == DType::F16 ? 0x1p-25 : t == DType::BF16 ? 0x1p-134 : t == DType::F32 ? 0x1p-150 : 0.0;
-}
-
-// |got - want| <= tol[i], element-wise.
-void expect_within(const Vec& got, const Vec& want, const Vec& tol, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (!(std::fabs(got[i] - want[i]) <= tol[i]) && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i] << " (tolerance " << tol[i]
-                    << ")";
-}
-
-void expect_same(const Vec& got, const Vec& want, const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  int reported = 0;
-  for (std::size_t i = 0; i < got.size(); ++i)
-    if (got[i] != want[i] && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: got " << got[i] << ", want " << want[i];
-}
-
-void expect_fd_gradient(const std::string& what, const Vec& v, const std::function<Vec(const Vec&)>& f, const Vec& w,
-                        const Vec& grad) {
-  ASSERT_EQ(v.size(), grad.size()) << what;
-  constexpr double h = 1e-6;
-  double gmax = 0;
-  for (double g : grad) gmax = std::max(gmax, std::fabs(g));
-  int reported = 0;
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    Vec vp = v, vm = v;
-    vp[i] += h;
-    vm[i] -= h;
-    const double fd = (dot(w, f(vp)) - dot(w, f(vm))) / (2 * h);
-    if (std::fabs(grad[i] - fd) > 1e-6 * (std::fabs(fd) + 0.01 * gmax) + 1e-12 && reported++ < 5)
-      ADD_FAILURE() << what << "[" << i << "]: analytic " << grad[i] << ", finite differences " << fd;
-  }
-}
-
-// An output operand made on the spot (it lives to the end of the call's full expression).
-Tensor& out(Tensor&& t) { return t; }
-
-void expect_rejected(const std::function<void()>& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const InternalError& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no InternalError; expected one containing '" << needle << "'";
-}
+// This file's tensors live on the test device.
+using on_test_device::empty, on_test_device::tensor, on_test_device::zeros;
 
 // ------------------------------------------------------------ reference
 
@@ -199,8 +103,6 @@ Vec gates_and_ups(i64 rows, i64 f, unsigned seed) {
   for (std::size_t k = 0; k < std::size(extreme) && static_cast<i64>(k) < f; ++k) x[k] = extreme[k];  // row 0's gates
   return x;
 }
-
-constexpr DType kAllDtypes[] = {DType::F64, DType::F32, DType::BF16, DType::F16};
 
 // ------------------------------------------------------------ tests
 
@@ -283,7 +185,7 @@ TEST(SwiGlu, OverlappingOperandsAreRefusedAdjacentViewsAccepted) {
     const Vec x = gates_and_ups(rows, f, 4), dy(usize(rows * f), 0.25);
     Tensor xt = tensor({rows, 2 * f}, x, t), dyt = tensor({rows, f}, dy, t);
     expect_rejected([&] { swiglu_backward(dyt, xt, xt); }, "swiglu_backward: dx must not alias x");
-    Tensor buf = Tensor::zeros(dev(), {rows * 3 * f}, t, MC::Other);
+    Tensor buf = zeros({rows * 3 * f}, t);
     Tensor lo = Tensor::view_of(buf.buffer(), {rows, 2 * f}, t, 0);
     Tensor hi = Tensor::view_of(buf.buffer(), {rows, f}, t, rows * 2 * f);       // right after lo
     Tensor mid = Tensor::view_of(buf.buffer(), {rows, f}, t, rows * 2 * f - 1);  // one element into lo
@@ -299,20 +201,14 @@ TEST(SwiGlu, OverlappingOperandsAreRefusedAdjacentViewsAccepted) {
 }
 
 TEST(SwiGlu, SameBitsForAnyThreadCount) {
-  if (dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
+  if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   const i64 rows = 300, f = 200;
   const Vec x = gates_and_ups(rows, f, 5);
   std::mt19937 rng(50);
   const Vec dy = randn(usize(rows * f), rng);
-  const int before = cpu_math_threads();
-  for (DType t : kAllDtypes) {
-    set_cpu_math_threads(1);
-    const Vec y1 = forward(x, {rows, 2 * f}, t), dx1 = backward(dy, x, {rows, 2 * f}, t);
-    set_cpu_math_threads(4);
-    EXPECT_EQ(forward(x, {rows, 2 * f}, t), y1) << dtype_name(t);
-    EXPECT_EQ(backward(dy, x, {rows, 2 * f}, t), dx1) << dtype_name(t);
-  }
-  set_cpu_math_threads(before);
+  expect_same_bits_with_1_and_4_threads(kAllDtypes, [&](DType t) {
+    return std::vector<Vec>{forward(x, {rows, 2 * f}, t), backward(dy, x, {rows, 2 * f}, t)};
+  });
 }
 
 TEST(SwiGlu, MetaDeviceChecksShapesOnly) {
@@ -326,51 +222,54 @@ TEST(SwiGlu, MetaDeviceChecksShapesOnly) {
 }
 
 TEST(SwiGlu, RefusesBadOperands) {
-  const auto z = [](const Shape& s, DType t) { return Tensor::zeros(dev(), s, t, MC::Other); };
   for (DType t : kAllDtypes) {
     SCOPED_TRACE(dtype_name(t));
     const DType other = t == DType::F32 ? DType::F64 : DType::F32;
     const std::string name(dtype_name(t));
-    Tensor x = z({4, 16}, t), y = z({4, 8}, t), dx = z({4, 16}, t);
+    Tensor x = zeros({4, 16}, t), y = zeros({4, 8}, t), dx = zeros({4, 16}, t);
     swiglu_forward(x, y);
     swiglu_backward(y, x, dx);
     expect_rejected(
         [&] {
-          swiglu_forward(z({4, 15}, t), out(z({4, 7}, t)));
+          swiglu_forward(zeros({4, 15}, t), out(zeros({4, 7}, t)));
         },
         "swiglu_forward: x's last dimension 15 must be even");
     expect_rejected(
         [&] {
-          swiglu_forward(x, out(z({4, 16}, t)));
+          swiglu_forward(x, out(zeros({4, 16}, t)));
         },
         "swiglu_forward: y has shape (4, 16), expected (4, 8)");
-    expect_rejected([&] { swiglu_forward(x, out(z({2, 2, 8}, t))); }, "swiglu_forward: y has shape");
-    expect_rejected([&] { swiglu_forward(x, out(z({4, 8}, other))); }, "swiglu_forward: y must be " + name);
-    expect_rejected([&] { swiglu_forward(z({16, 4}, t).transpose(0, 1), y); }, "swiglu_forward: x must be contiguous");
+    expect_rejected([&] { swiglu_forward(x, out(zeros({2, 2, 8}, t))); }, "swiglu_forward: y has shape");
+    expect_rejected([&] { swiglu_forward(x, out(zeros({4, 8}, other))); }, "swiglu_forward: y must be " + name);
     expect_rejected(
         [&] {
-          swiglu_backward(z({4, 16}, t), x, dx);
+          swiglu_forward(zeros({16, 4}, t).transpose(0, 1), y);
+        },
+        "swiglu_forward: x must be contiguous");
+    expect_rejected(
+        [&] {
+          swiglu_backward(zeros({4, 16}, t), x, dx);
         },
         "swiglu_backward: dy has shape (4, 16), expected (4, 8)");
     expect_rejected(
         [&] {
-          swiglu_backward(y, x, out(z({4, 8}, t)));
+          swiglu_backward(y, x, out(zeros({4, 8}, t)));
         },
         "swiglu_backward: dx has shape (4, 8), expected (4, 16)");
-    expect_rejected([&] { swiglu_backward(z({4, 8}, other), x, dx); }, "swiglu_backward: dy must be " + name);
-    expect_rejected([&] { swiglu_backward(y, x, out(z({4, 16}, other))); }, "swiglu_backward: dx must be " + name);
+    expect_rejected([&] { swiglu_backward(zeros({4, 8}, other), x, dx); }, "swiglu_backward: dy must be " + name);
+    expect_rejected([&] { swiglu_backward(y, x, out(zeros({4, 16}, other))); }, "swiglu_backward: dx must be " + name);
     expect_rejected(
         [&] {
-          swiglu_backward(y, z({4, 15}, t), dx);
+          swiglu_backward(y, zeros({4, 15}, t), dx);
         },
         "swiglu_backward: x's last dimension 15 must be even");
   }
   expect_rejected(
       [&] {
-        swiglu_forward(z({4, 16}, DType::I64), out(z({4, 8}, DType::I64)));
+        swiglu_forward(zeros({4, 16}, DType::I64), out(zeros({4, 8}, DType::I64)));
       },
       "swiglu_forward: x must be fp32, fp64, bf16 or fp16");
-  expect_rejected([&] { swiglu_forward(z({}, DType::F32), out(z({}, DType::F32))); },
+  expect_rejected([&] { swiglu_forward(zeros({}, DType::F32), out(zeros({}, DType::F32))); },
                   "swiglu_forward: x needs at least one dimension");
 }
 

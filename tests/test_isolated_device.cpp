@@ -150,7 +150,7 @@ TEST(IsolatedDevice, KernelsGiveTheCpusBits) {
     Tensor w = values(dev, {300}, DType::F32, 5.0), m = values(dev, {300}, DType::F32, 6.0);
     Tensor v = Tensor::zeros(dev, {300}, DType::F32, MC::OptimizerStates);
     Tensor grad = values(dev, {300}, DType::BF16, 7.0);
-    kernels::adamw(w, m, v, grad, 10, 290, true, step);
+    kernels::adamw(w, m, v, grad, {{10, 290, true}}, step);
     Tensor sumsq = Tensor::zeros(dev, {1}, DType::F64, MC::Workspace);
     kernels::sum_of_squares(grad, {{0, 100}, {150, 300}}, sumsq);
     auto out = w.to_double_vector();

@@ -2,11 +2,14 @@
 // written out independently here.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <numbers>
+#include <random>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/optimizer_kernels.h"
 #include "megazero/optim/adamw.h"
 #include "megazero/optim/lr_schedule.h"
 
@@ -114,6 +117,184 @@ TEST(AdamW, LongPartitionsAreTheScalarUpdateBitForBitOnAnyThreadCount) {
     EXPECT_EQ(std::memcmp(results[0].data(), results[1].data(), results[0].size() * sizeof(float)), 0)
         << "1 and 4 threads differ";
   }
+}
+
+namespace {
+
+std::uint32_t float_bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+std::uint64_t double_bits(double d) {
+  std::uint64_t u;
+  std::memcpy(&u, &d, 8);
+  return u;
+}
+
+// A ZeRO-like segment list over n elements, shuffled: runs of 0 to 400
+// elements and two of 70000 (long enough for the threaded loop), gaps left
+// between some, decay at random, and empty segments.
+std::vector<DecaySegment> scattered_segments(std::int64_t n, std::mt19937& rng) {
+  std::vector<DecaySegment> segs;
+  std::uniform_int_distribution<int> len(0, 400), coin(0, 9);
+  std::int64_t at = 0;
+  while (at < n) {
+    const bool long_one = segs.size() == 100 || segs.size() == 300;
+    const std::int64_t l = std::min<std::int64_t>(n - at, long_one ? 70000 : len(rng));
+    segs.push_back({at, at + l, coin(rng) < 6});
+    at += l + (coin(rng) < 2 ? 3 : 0);  // a gap: elements no segment covers
+  }
+  segs.push_back({n, n, true});   // empty, at the end of the buffers
+  segs.push_back({5, 5, false});  // empty, inside another segment
+  std::shuffle(segs.begin(), segs.end(), rng);
+  return segs;
+}
+
+}  // namespace
+
+// The one call over all segments (what a GPU runs as one launch) is the scalar
+// formula of each element bit for bit, equal to one call per segment (the
+// pre-#21 step), in any order of the segments; elements outside every segment
+// keep their values.
+TEST(AdamW, OneCallOverManySegmentsIsThePerSegmentFormulaBitForBit) {
+  auto dev = make_device(DeviceKind::CPU);
+  const std::int64_t n = 250003;
+  std::mt19937 rng(21);
+  const auto segs = scattered_segments(n, rng);
+  ASSERT_GT(segs.size(), 400u);
+  kernels::AdamStep a{0.9, 0.95, 1e-8, 0.1, 3e-4, 0, 0, 0.125};
+  for (DType gt : {DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(gt));
+    std::vector<double> w0(static_cast<std::size_t>(n)), m0(w0.size()), v0(w0.size()), g0(w0.size());
+    std::normal_distribution<double> normal;
+    for (std::size_t i = 0; i < w0.size(); ++i) {
+      w0[i] = normal(rng);
+      m0[i] = 0.01 * normal(rng);
+      v0[i] = 1e-4 * std::fabs(normal(rng));
+      g0[i] = normal(rng) * (i % 7 == 0 ? 0.0 : 3.0);
+    }
+    auto make = [&](const std::vector<double>& x, DType t) {
+      Tensor y = Tensor::empty(dev, {n}, t, MemoryCategory::OptimizerStates);
+      y.copy_from_doubles(x);
+      return y;
+    };
+    Tensor w = make(w0, DType::F32), m = make(m0, DType::F32), v = make(v0, DType::F32), g = make(g0, gt);
+    Tensor pw = make(w0, DType::F32), pm = make(m0, DType::F32), pv = make(v0, DType::F32);
+    const auto grads = g.to_double_vector();  // rounded to the gradient dtype
+    std::vector<float> rw(w.host_data<float>(), w.host_data<float>() + n),
+        rm(m.host_data<float>(), m.host_data<float>() + n), rv(v.host_data<float>(), v.host_data<float>() + n);
+    for (int step = 1; step <= 2; ++step) {
+      a.bc1 = 1 - std::pow(a.beta1, step);
+      a.bc2 = 1 - std::pow(a.beta2, step);
+      kernels::adamw(w, m, v, g, segs, a);
+      for (const auto& sg : segs) kernels::adamw(pw, pm, pv, g, {sg}, a);  // one call per segment
+      for (const auto& sg : segs)  // the scalar update, in the kernel's order of operations
+        for (std::int64_t i = sg.begin; i < sg.end; ++i) {
+          const auto k = static_cast<std::size_t>(i);
+          const double gi = grads[k] * a.grad_scale, wd = sg.decay ? a.weight_decay : 0.0;
+          const double mi = a.beta1 * rm[k] + (1 - a.beta1) * gi;
+          const double vi = a.beta2 * rv[k] + (1 - a.beta2) * gi * gi;
+          rm[k] = static_cast<float>(mi);
+          rv[k] = static_cast<float>(vi);
+          const double u = (mi / a.bc1) / (std::sqrt(vi / a.bc2) + a.eps);
+          rw[k] = static_cast<float>(rw[k] - a.lr * (u + wd * rw[k]));
+        }
+    }
+    std::vector<bool> covered(static_cast<std::size_t>(n), false);
+    for (const auto& sg : segs)
+      for (std::int64_t i = sg.begin; i < sg.end; ++i) covered[static_cast<std::size_t>(i)] = true;
+    const float *W = w.host_data<float>(), *M = m.host_data<float>(), *V = v.host_data<float>();
+    const float *PW = pw.host_data<float>(), *PM = pm.host_data<float>(), *PV = pv.host_data<float>();
+    std::int64_t untouched = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const auto k = static_cast<std::size_t>(i);
+      ASSERT_EQ(float_bits(W[k]), float_bits(rw[k])) << "w[" << i << "]";
+      ASSERT_EQ(float_bits(M[k]), float_bits(rm[k])) << "m[" << i << "]";
+      ASSERT_EQ(float_bits(V[k]), float_bits(rv[k])) << "v[" << i << "]";
+      ASSERT_EQ(float_bits(W[k]), float_bits(PW[k])) << "w[" << i << "] vs one call per segment";
+      ASSERT_EQ(float_bits(M[k]), float_bits(PM[k])) << "m[" << i << "] vs one call per segment";
+      ASSERT_EQ(float_bits(V[k]), float_bits(PV[k])) << "v[" << i << "] vs one call per segment";
+      if (!covered[k]) {
+        ++untouched;
+        ASSERT_EQ(float_bits(W[k]), float_bits(static_cast<float>(w0[k]))) << "w[" << i << "] is in no segment";
+      }
+    }
+    EXPECT_GT(untouched, 100) << "the list leaves gaps";
+  }
+}
+
+// The contract's edges: no segments is a no-op, overlapping segments (in any
+// order) and segments outside the buffers are refused before anything runs.
+TEST(AdamW, OverlappingOrOutOfRangeSegmentsAreRefused) {
+  auto dev = make_device(DeviceKind::CPU);
+  Tensor w = Tensor::zeros(dev, {100}, DType::F32, MemoryCategory::OptimizerStates);
+  w.copy_from_doubles(std::vector<double>(100, 1.0));
+  Tensor m = Tensor::zeros(dev, {100}, DType::F32, MemoryCategory::OptimizerStates);
+  Tensor v = Tensor::zeros(dev, {100}, DType::F32, MemoryCategory::OptimizerStates);
+  Tensor g = Tensor::zeros(dev, {100}, DType::BF16, MemoryCategory::Gradients);
+  const kernels::AdamStep a{0.9, 0.999, 1e-8, 0.5, 0.1, 0.1, 0.001, 1.0};
+  kernels::adamw(w, m, v, g, {}, a);
+  EXPECT_EQ(w.to_double_vector(), std::vector<double>(100, 1.0));
+  EXPECT_THROW(kernels::adamw(w, m, v, g, {{50, 60, true}, {0, 10, true}, {55, 70, false}}, a), InternalError);
+  EXPECT_THROW(kernels::adamw(w, m, v, g, {{0, 10, true}, {9, 20, true}}, a), InternalError);
+  EXPECT_THROW(kernels::adamw(w, m, v, g, {{90, 101, true}}, a), InternalError);
+  EXPECT_THROW(kernels::adamw(w, m, v, g, {{10, 5, true}}, a), InternalError);
+  EXPECT_EQ(w.to_double_vector(), std::vector<double>(100, 1.0)) << "a refused call changes nothing";
+  kernels::adamw(w, m, v, g, {{20, 30, true}, {0, 20, false}, {30, 30, true}}, a);  // touching, out of order
+  const auto got = w.to_double_vector();
+  EXPECT_EQ(got[0], 1.0) << "zero gradient, no decay";
+  EXPECT_LT(got[25], 1.0) << "decay";
+  EXPECT_EQ(got[30], 1.0) << "in no segment";
+}
+
+// Many ranges (ZeRO's counted parameters; here unordered, overlapping, some
+// empty) against a double reference, for each gradient dtype; and the same
+// bits wherever the buffer sits (a view at an odd element offset).
+TEST(SumOfSquares, ManyRangesMatchADoubleReferenceWhereverTheBufferSits) {
+  auto dev = make_device(DeviceKind::CPU);
+  const std::int64_t n = 200003;
+  std::mt19937 rng(7);
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
+  std::uniform_int_distribution<std::int64_t> at(0, n);
+  for (int k = 0; k < 600; ++k) {
+    std::int64_t b = at(rng), e = std::min<std::int64_t>(n, b + at(rng) % (k % 50 == 0 ? 60000 : 700));
+    if (k % 37 == 0) e = b;  // empty
+    ranges.emplace_back(b, e);
+  }
+  std::vector<double> g0(static_cast<std::size_t>(n));
+  std::normal_distribution<double> normal;
+  for (auto& x : g0) x = normal(rng) * 4;
+  for (DType gt : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+    SCOPED_TRACE(dtype_name(gt));
+    Tensor g = Tensor::empty(dev, {n}, gt, MemoryCategory::Gradients);
+    g.copy_from_doubles(g0);
+    const auto gv = g.to_double_vector();
+    double ref = 0;
+    std::int64_t terms = 0;
+    for (const auto& [b, e] : ranges)
+      for (std::int64_t i = b; i < e; ++i) {
+        ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];
+        ++terms;
+      }
+    Tensor out = Tensor::zeros(dev, {1}, DType::F64, MemoryCategory::Workspace);
+    kernels::sum_of_squares(g, ranges, out);
+    const double got = out.to_double_vector()[0];
+    // Positive terms: each order's error is below terms x 2^-53 of the sum.
+    EXPECT_NEAR(got, ref, 2.0 * static_cast<double>(terms) * 0x1p-53 * ref);
+    Tensor big = Tensor::zeros(dev, {n + 3}, gt, MemoryCategory::Gradients);
+    Tensor shifted = big.narrow(0, 3, n);
+    shifted.copy_from(g);
+    Tensor out2 = Tensor::zeros(dev, {1}, DType::F64, MemoryCategory::Workspace);
+    kernels::sum_of_squares(shifted, ranges, out2);
+    EXPECT_EQ(double_bits(out2.to_double_vector()[0]), double_bits(got)) << "the buffer at another address";
+  }
+  Tensor g = Tensor::zeros(dev, {10}, DType::F32, MemoryCategory::Gradients);
+  Tensor out = Tensor::empty(dev, {1}, DType::F64, MemoryCategory::Workspace);
+  out.copy_from_doubles({5.0});
+  kernels::sum_of_squares(g, {}, out);
+  EXPECT_EQ(out.to_double_vector()[0], 0.0) << "no ranges: zero";
 }
 
 TEST(LrSchedule, WarmupThenCosineLinearConstant) {

@@ -30,7 +30,14 @@ using i64 = std::int64_t;
 
 constexpr i64 kThreads = 256;           // threads per block of the column-sum kernels
 constexpr i64 kTargetBlocks = 4 * 132;  // enough blocks to fill an H100 (132 SMs) four deep
-constexpr i64 kNormBlocks = 264;        // blocks per range of the gradient-norm kernel
+constexpr i64 kNormBlocks = 264;        // blocks per launch of the gradient-norm kernel
+// Segments (after merging adjacent ones) per launch of the multi-segment
+// optimizer kernels (megazero/cuda/optimizer_kernels.cuh): their table travels
+// by value in the kernel's parameters, whose space is 4 KB on every toolkit
+// (32 KB only from CUDA 12.1 with a matching driver); 240 entries of 16 bytes
+// plus the decay bits and the other arguments fit in 4 KB. A GPT-2 355M
+// partition has at most 194 after merging, so its step is one launch.
+constexpr i64 kSegmentTableCapacity = 240;
 // cuBLAS's workspace, handed to it with cublasSetWorkspace (it would otherwise
 // cudaMalloc its own): NVIDIA's recommended size for Hopper, ample for older GPUs.
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
@@ -110,8 +117,15 @@ inline std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums
   return bytes;
 }
 
+// Launches of a multi-segment optimizer kernel over `segments` ranges: a
+// bound (the launcher merges adjacent ranges and drops empty ones first).
+inline i64 segment_table_chunks(i64 segments) {
+  return detail::ceil_div(std::max<i64>(segments, 0), kSegmentTableCapacity);
+}
+
+// kNormBlocks partial sums per launch of the gradient-norm kernel.
 inline std::size_t sum_of_squares_bytes(i64 ranges) {
-  return static_cast<std::size_t>(ranges * kNormBlocks) * sizeof(double);
+  return static_cast<std::size_t>(segment_table_chunks(ranges) * kNormBlocks) * sizeof(double);
 }
 
 inline std::size_t flash_backward_bytes(i64 bh, i64 seq) { return static_cast<std::size_t>(bh * seq) * sizeof(float); }

@@ -1,5 +1,6 @@
 #include "megazero/kernels/optimizer_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megazero/kernels/kernel_support.h"
@@ -62,25 +63,43 @@ double sum_of_squares_cpu(const G* g, const std::vector<std::pair<i64, i64>>& ra
 
 }  // namespace
 
-void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads, i64 begin,
-           i64 end, bool decay, const AdamStep& a) {
+void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
+           const std::vector<AdamSegment>& segments, const AdamStep& a) {
   constexpr const char* op = "adamw";
   check_operands(op, master, DType::F32, {{"master", &master}, {"exp_avg", &exp_avg}, {"exp_avg_sq", &exp_avg_sq}});
   check_float(op, "grads", grads);
   check_operand(op, "grads", grads, master, grads.dtype());
   const i64 n = master.numel();
   MZ_CHECK(exp_avg.numel() == n && exp_avg_sq.numel() == n && grads.numel() == n, "adamw: sizes differ");
-  MZ_CHECK(begin >= 0 && end <= n && begin <= end, "adamw: range [", begin, ", ", end, ") outside ", n, " elements");
-  MZ_ON_CUDA(
-      master,
-      cuda::adamw(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), grads.data(), grads.dtype(), begin,
-                  end, decay, cuda::AdamArgs{a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.bc1, a.bc2, a.grad_scale},
-                  stream_of(master)));
+  // Disjoint: one pass when the segments come in order (ZeRO's do), a sorted
+  // copy otherwise. Empty segments may lie anywhere inside the buffers.
+  bool in_order = true;
+  i64 last_end = 0;
+  for (const auto& s : segments) {
+    MZ_CHECK(s.begin >= 0 && s.end <= n && s.begin <= s.end, "adamw: segment [", s.begin, ", ", s.end, ") outside ", n,
+             " elements");
+    if (s.begin == s.end) continue;
+    in_order = in_order && s.begin >= last_end;
+    last_end = s.end;
+  }
+  if (!in_order) {
+    std::vector<std::pair<i64, i64>> sorted;
+    for (const auto& s : segments)
+      if (s.begin < s.end) sorted.emplace_back(s.begin, s.end);
+    std::sort(sorted.begin(), sorted.end());
+    for (std::size_t k = 1; k < sorted.size(); ++k)
+      MZ_CHECK(sorted[k].first >= sorted[k - 1].second, "adamw: segments [", sorted[k - 1].first, ", ",
+               sorted[k - 1].second, ") and [", sorted[k].first, ", ", sorted[k].second, ") overlap");
+  }
+  MZ_ON_CUDA(master, cuda::adamw(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), grads.data(),
+                                 grads.dtype(), segments, a, stream_of(master)));
   if (!on_host(op, master)) return;
   with_storage_type(grads.dtype(), [&](auto tag) {
     using G = decltype(tag);
-    adamw_cpu(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), ptr<const G>(grads), begin, end, decay,
-              a);
+    for (const auto& s : segments)
+      if (s.begin < s.end)
+        adamw_cpu(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), ptr<const G>(grads), s.begin, s.end,
+                  s.decay, a);
   });
 }
 

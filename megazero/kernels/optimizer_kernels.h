@@ -18,17 +18,32 @@ struct AdamStep {
   double beta1, beta2, eps, weight_decay, lr, bc1, bc2, grad_scale;
 };
 
-// Elements [begin, end) of master, exp_avg, exp_avg_sq (fp32, one device,
+// A run of elements [begin, end) of the optimizer's buffers sharing the weight-decay choice.
+struct AdamSegment {
+  std::int64_t begin = 0, end = 0;
+  bool decay = true;
+};
+
+// The elements of `segments` of master, exp_avg, exp_avg_sq (fp32, one device,
 // contiguous) updated in place from grads (any floating dtype, as many
-// elements); weight decay applied when `decay`. The same bits for any thread
-// count: each element is the scalar formula, nothing summed.
+// elements); weight decay applied on a segment with `decay`. Segments may come
+// in any order and be empty; they must not overlap (checked: an element would
+// be updated twice, and on a GPU by two threads at once). Elements outside
+// every segment are untouched. The same bits for any thread count, order or
+// split of the segments: each element is the scalar formula, nothing summed.
+// A GPU runs all of them in one launch (one per 240 after merging adjacent
+// segments of the same decay: gpu_scratch::kSegmentTableCapacity).
 void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
-           std::int64_t begin, std::int64_t end, bool decay, const AdamStep& a);
+           const std::vector<AdamSegment>& segments, const AdamStep& a);
 
 // out (fp64, one element, on grads' device; it stays there for the
 // all-reduces) = the sum of squares of grads over the [begin, end) ranges, in
-// double and in an order that does not depend on where the buffer sits. A GPU
-// takes its partial sums from a scratch allocation made here (planned too).
+// double and in an order that does not depend on where the buffer sits.
+// Ranges may come in any order, be empty or overlap (an element in two ranges
+// counts twice). A GPU sums all ranges in one launch (one per 240 after
+// merging adjacent ranges) and adds the launches' block sums in a second, in
+// a fixed order, with its partial sums in a scratch allocation made here
+// (planned too); its order is not the CPU's, so the two agree to rounding.
 void sum_of_squares(const Tensor& grads, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges,
                     const Tensor& out);
 

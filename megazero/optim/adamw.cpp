@@ -19,7 +19,7 @@ void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_a
                             1 - std::pow(cfg.beta1, static_cast<double>(step)),
                             1 - std::pow(cfg.beta2, static_cast<double>(step)),
                             grad_scale};
-  for (const auto& s : segments) kernels::adamw(master, exp_avg, exp_avg_sq, grads, s.begin, s.end, s.decay, a);
+  kernels::adamw(master, exp_avg, exp_avg_sq, grads, segments, a);
 }
 
 }  // namespace megazero::optim

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/optimizer_kernels.h"
 
 namespace megazero::optim {
 
@@ -16,16 +17,16 @@ struct AdamConfig {
   double weight_decay = 0.01;  // --weight-decay (not applied to biases and LayerNorm)
 };
 
-// A run of elements [begin, end) (relative to the buffers) sharing weight decay.
-struct DecaySegment {
-  std::int64_t begin = 0, end = 0;
-  bool decay = true;
-};
+// A run of elements [begin, end) (relative to the buffers) sharing weight
+// decay: the kernel's segment, so a step hands its list over as it is.
+using DecaySegment = kernels::AdamSegment;
 
-// One AdamW step over n elements. grads (any floating dtype, n elements) are
+// One AdamW step over the segments of n elements (any order, disjoint; the
+// contract of kernels::adamw). grads (any floating dtype, n elements) are
 // multiplied by grad_scale first (1 / loss scale x clip coefficient).
 // master, exp_avg, exp_avg_sq: fp32, n elements, updated in place. `step` is
-// the 1-based step count for bias correction.
+// the 1-based step count for bias correction. One kernel call for all
+// segments (on a GPU one launch per 240 merged segments).
 void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
                 const std::vector<DecaySegment>& segments, const AdamConfig& cfg, double lr, std::int64_t step,
                 double grad_scale);

@@ -131,7 +131,9 @@ class ZeroEngine final : public layers::ParamHooks {
   FlatLayout layout_;
   Range part_, owned_;
   std::vector<optim::DecaySegment> owned_segments_;
-  std::vector<std::pair<Range, bool>> norm_segments_;  // partition-relative; false = counted on another TP rank
+  // Partition-relative ranges the grad norm counts (a TP-replicated parameter
+  // only on TP rank 0), non-empty, in order.
+  std::vector<std::pair<std::int64_t, std::int64_t>> norm_ranges_;
 
   Tensor master_, exp_avg_, exp_avg_sq_;  // fp32, owned
   Tensor params_full_, params_part_;      // param dtype

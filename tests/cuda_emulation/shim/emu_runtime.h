@@ -87,6 +87,7 @@ struct __half {
   _Float16 h = 0;
 };
 inline float ld(float v) { return v; }
+inline double ld(double v) { return v; }
 inline float ld(__nv_bfloat16 v) {
   uint32_t u = (uint32_t)v.x << 16;
   float f;

@@ -1,0 +1,136 @@
+// The optimizer's device kernels over many segments of ZeRO's flat buffers at
+// once (contracts: megazero/kernels/optimizer_kernels.h; launchers:
+// optimizer.cu), and the host code that builds their segment tables. Kept
+// apart, kernels and tables only, so that tests/cuda_emulation runs them on
+// the CPU as they are.
+//
+// One launch covers a table of up to kSegmentTableCapacity segments, passed by
+// value in the kernel's parameters (as PyTorch's and Apex's multi_tensor_apply
+// pass theirs): the table reaches the GPU with the launch itself, so there is
+// no upload to order, no host staging buffer whose lifetime must outlast an
+// asynchronous copy, and no device scratch for it. Parameter space is 4 KB
+// on every toolkit (the 32 KB of CUDA 12.1 needs a 12.1 driver too, which a
+// binary built with 12.1 cannot count on), so a table holds 240 segments and
+// longer lists take one launch per 240. Adjacent segments of the same kind are
+// merged first: ZeRO's parameters lie without gaps, so a GPT-2 355M partition
+// (292 parameters) needs one table.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/kernels/gpu_scratch.h"
+#include "megazero/kernels/optimizer_kernels.h"
+
+namespace megazero::cuda::detail_k {
+
+constexpr int kTableCapacity = static_cast<int>(kernels::gpu_scratch::kSegmentTableCapacity);
+
+// Segments concatenated into one flat index space: segment k holds flat
+// indices [end[k-1], end[k]) (end[-1] = 0), flat index j is buffer element
+// j + offset[k]. No entry is empty.
+struct SegmentTable {
+  i64 count = 0;
+  i64 end[kTableCapacity];
+  i64 offset[kTableCapacity];
+  std::uint32_t decay[(kTableCapacity + 31) / 32];  // bit k: weight decay on segment k (AdamW)
+};
+// Kernel parameters: the table, four pointers and AdamW's scalars within 4 KB.
+static_assert(sizeof(SegmentTable) + 4 * sizeof(void*) + sizeof(kernels::AdamStep) <= 4096,
+              "the segment table must fit the 4 KB of kernel parameters");
+
+// The tables of a segment list: empty segments dropped, a segment that starts
+// where the previous one ends (with the same decay) merged into it, then cut
+// into tables of kTableCapacity. The flat order is the list's, so the result
+// depends on the list only (not on where the buffers sit).
+inline std::vector<SegmentTable> segment_tables(const std::vector<kernels::AdamSegment>& segments) {
+  std::vector<kernels::AdamSegment> merged;
+  for (const auto& s : segments) {
+    if (s.begin >= s.end) continue;
+    if (!merged.empty() && merged.back().end == s.begin && merged.back().decay == s.decay)
+      merged.back().end = s.end;
+    else
+      merged.push_back(s);
+  }
+  std::vector<SegmentTable> tables;
+  for (std::size_t first = 0; first < merged.size(); first += kTableCapacity) {
+    SegmentTable& t = tables.emplace_back();
+    std::fill(std::begin(t.decay), std::end(t.decay), 0u);
+    i64 flat = 0;
+    for (std::size_t k = first; k < std::min(merged.size(), first + kTableCapacity); ++k) {
+      const auto e = static_cast<int>(t.count++);
+      t.offset[e] = merged[k].begin - flat;
+      flat += merged[k].end - merged[k].begin;
+      t.end[e] = flat;
+      if (merged[k].decay) t.decay[e >> 5] |= 1u << (e & 31);
+    }
+  }
+  return tables;
+}
+
+inline std::vector<SegmentTable> range_tables(const std::vector<std::pair<i64, i64>>& ranges) {
+  std::vector<kernels::AdamSegment> segments;
+  segments.reserve(ranges.size());
+  for (const auto& [b, e] : ranges) segments.push_back({b, e, false});
+  return segment_tables(segments);
+}
+
+// Every flat index of the table is one thread's element of a grid-stride
+// loop (a warp's lanes take adjacent indices, so loads stay coalesced inside a
+// segment). A thread's indices only grow, so its segment cursor only moves
+// forward: at most count steps per thread in all, each a uniform read of the
+// parameter bank for most warps.
+
+// AdamW, element by element, the CPU kernel's formula (kernels/optimizer_kernels.cpp).
+template <typename G>
+__global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, const SegmentTable t,
+                                      const kernels::AdamStep a) {
+  const i64 total = t.end[t.count - 1];
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  int k = 0;
+  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
+    while (j >= t.end[k]) ++k;
+    const i64 i = j + t.offset[k];
+    const double wd = (t.decay[k >> 5] >> (k & 31)) & 1u ? a.weight_decay : 0.0;
+    const double grad = static_cast<double>(ld(g[i])) * a.grad_scale;
+    const double mi = a.beta1 * m[i] + (1 - a.beta1) * grad;
+    const double vi = a.beta2 * v[i] + (1 - a.beta2) * grad * grad;
+    m[i] = static_cast<float>(mi);
+    v[i] = static_cast<float>(vi);
+    const double update = (mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps);
+    w[i] = static_cast<float>(w[i] - a.lr * (update + wd * w[i]));  // decoupled decay
+  }
+}
+
+// partial[blockIdx.x] = the block's sum of squares over the table, in double.
+// A thread's running sum, then block_sum: a fixed order for a given table and
+// grid (the launcher always runs kNormBlocks x kThreads).
+template <typename G>
+__global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double* partial) {
+  const i64 total = t.end[t.count - 1];
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  double acc = 0;
+  int k = 0;
+  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
+    while (j >= t.end[k]) ++k;
+    const double x = ld(g[j + t.offset[k]]);
+    acc += x * x;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+// *out = the sum of the n partials (one block; a thread's strided sum, then
+// block_sum): the launches' block sums added in a fixed order. n = 0: *out = 0.
+template <typename T>
+__global__ void sum_partials_kernel(const T* partial, i64 n, T* out) {
+  T acc = 0;
+  for (i64 i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+
+}  // namespace megazero::cuda::detail_k

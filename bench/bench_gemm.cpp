@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <sstream>
 
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/gemm.h"
 
 namespace po = boost::program_options;

@@ -9,6 +9,7 @@
 #include <cstdio>
 
 #include "layers/gpt_model.h"
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
 #include "megazero/runtime/cli.h"

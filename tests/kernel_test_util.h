@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/softmax.h"

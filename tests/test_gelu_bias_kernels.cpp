@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/gelu_bias.h"
 
 using namespace megazero;

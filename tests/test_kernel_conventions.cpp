@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernel_test_util.h"
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"

@@ -8,6 +8,7 @@
 #include <numbers>
 #include <random>
 
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/optimizer_kernels.h"
 #include "megazero/optim/adamw.h"

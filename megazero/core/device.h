@@ -238,14 +238,5 @@ struct GpuBackend {
 };
 void register_gpu_backend(const GpuBackend& backend);
 
-// Number of math threads used by CPU kernels (oneDNN via OpenMP, OpenBLAS).
-// Default: $MEGAZERO_NUM_THREADS, else $OMP_NUM_THREADS, else all cores.
-void set_cpu_math_threads(int n);
-int cpu_math_threads();
-// The variable that sets the math threads ("MEGAZERO_NUM_THREADS" or
-// "OMP_NUM_THREADS"), or "" when neither holds a positive count.
-std::string cpu_math_threads_variable();
-// Cores this process may use (OpenMP's count).
-int cpu_cores();
 
 }  // namespace megazero

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/conventions.h"
 #include "megazero/kernels/dropout.h"

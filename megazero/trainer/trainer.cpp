@@ -1,3 +1,4 @@
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/trainer/trainer.h"
 
 #include <algorithm>

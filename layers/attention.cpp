@@ -101,11 +101,16 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
   return dense_.forward(merged, add_output_bias);
 }
 
+// A group's query heads are adjacent (q_ is [B, G, P, S, hn]): viewed as
+// [B*G, P*S, hn] they meet their group's one k/v head in one batched GEMM, so
+// the unfused path never repeats k and v, and the backward's dk and dv come
+// out summed over the group by the GEMMs themselves. (P = 1: plain MHA.)
 Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
+  const std::int64_t BG = step_.micro_batch * local_groups_, PS = per_group_ * S;
   Tensor scores = ctx_.activation({BH, S, S});
-  const Tensor k = repeat_groups(k_);
-  gemm(q_, false, k, true, scores);
+  Tensor grouped_scores = scores.view({BG, PS, S});
+  gemm(q_.view({BG, PS, head_dim_}), false, k_, true, grouped_scores);
   probs_ = scores;  // softmax in place
   kernels::causal_softmax_forward(scores, scale(), probs_);
   if (p > 0) {
@@ -115,7 +120,8 @@ Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
     probs_dropped_ = probs_;
   }
   Tensor ctx = ctx_.activation({BH, S, head_dim_});
-  gemm(probs_dropped_, false, repeat_groups(v_), false, ctx);
+  Tensor grouped_ctx = ctx.view({BG, PS, head_dim_});
+  gemm(probs_dropped_.view({BG, PS, S}), false, v_, false, grouped_ctx);
   return ctx;
 }
 
@@ -138,14 +144,18 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_d
   const double p = step_.training ? cfg_.attention_dropout : 0.0;
   const RngKey key = dropout_key();
   Tensor dq = ctx_.activation({BH, S, head_dim_});
-  Tensor dk = ctx_.activation({BH, S, head_dim_});
-  Tensor dv = ctx_.activation({BH, S, head_dim_});
-  if (cfg_.fused_attention())
+  Tensor dk, dv;
+  if (cfg_.fused_attention()) {  // per query head, then summed over each group
+    dk = ctx_.activation({BH, S, head_dim_});
+    dv = ctx_.activation({BH, S, head_dim_});
     attend_backward_fused(dctx, p, key, dq, dk, dv);
-  else
+    dk = sum_groups(dk);
+    dv = sum_groups(dv);
+  } else {  // per group already
+    dk = ctx_.activation({B * local_groups_, S, head_dim_});
+    dv = ctx_.activation({B * local_groups_, S, head_dim_});
     attend_backward_unfused(dctx, p, key, dq, dk, dv);
-  dk = sum_groups(dk);
-  dv = sum_groups(dv);
+  }
   if (cfg_.rope()) {  // the rotation's adjoint, back to the projections' outputs
     kernels::rope_backward(dq, cfg_.rotary_base, dq);
     kernels::rope_backward(dk, cfg_.rotary_base, dk);
@@ -164,14 +174,16 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_d
 void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,
                                                     Tensor& dk, Tensor& dv) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
+  const std::int64_t BG = step_.micro_batch * local_groups_, PS = per_group_ * S;
   Tensor dprobs = ctx_.activation({BH, S, S});
-  const Tensor k = repeat_groups(k_), v = repeat_groups(v_);
-  gemm(dctx, false, v, true, dprobs);           // dP = dctx V^T
-  gemm(probs_dropped_, true, dctx, false, dv);  // dV = P^T dctx
+  Tensor grouped_dprobs = dprobs.view({BG, PS, S}), grouped_dq = dq.view({BG, PS, head_dim_});
+  const Tensor grouped_dctx = dctx.view({BG, PS, head_dim_});
+  gemm(grouped_dctx, false, v_, true, grouped_dprobs);                       // dP = dctx V^T
+  gemm(probs_dropped_.view({BG, PS, S}), true, grouped_dctx, false, dv);     // dV = P^T dctx
   if (p > 0) kernels::dropout_backward(dprobs, p, key, probs_layout(), dprobs);
   kernels::causal_softmax_backward(dprobs, probs_, scale(), dprobs);
-  gemm(dprobs, false, k, false, dq);   // dQ = dS K
-  gemm(dprobs, true, q_, false, dk);   // dK = dS^T Q
+  gemm(grouped_dprobs, false, k_, false, grouped_dq);                        // dQ = dS K
+  gemm(grouped_dprobs, true, q_.view({BG, PS, head_dim_}), false, dk);       // dK = dS^T Q
 }
 
 void ParallelSelfAttention::attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,

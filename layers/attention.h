@@ -16,8 +16,10 @@
 // Options: rotary position embedding (--position-embedding-type rope) rotates
 // q and k of each head by position before the scores; grouped-query attention
 // (--num-query-groups G) shares one k/v head among the heads/G query heads of
-// a group — k and v are kept per group (the memory GQA saves) and repeated for
-// the attention kernels, their gradients summed back over the group.
+// a group — k and v are kept per group (the memory GQA saves); the unfused
+// path's batched GEMMs take a group's query heads at once against its k/v head
+// (no copies), the fused kernels get k and v repeated per query head and their
+// gradients summed back over the group.
 #pragma once
 
 #include "layers/gpt_config.h"

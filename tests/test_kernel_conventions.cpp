@@ -352,15 +352,7 @@ TEST(HalfStorage, SameBitsForAnyThreadCount) {
     }
     return out;
   };
-  const int before = cpu_math_threads();
-  for (DType t : kHalfDtypes) {
-    set_cpu_math_threads(1);
-    const auto one = run_all(t);
-    set_cpu_math_threads(4);
-    const auto four = run_all(t);
-    for (std::size_t k = 0; k < one.size(); ++k) EXPECT_EQ(one[k], four[k]) << dtype_name(t) << " output " << k;
-  }
-  set_cpu_math_threads(before);
+  expect_same_bits_with_1_and_4_threads(kHalfDtypes, run_all);
 }
 
 }  // namespace

@@ -39,15 +39,6 @@ Tensor ParallelSelfAttention::split_heads(const Tensor& qkv, int which) const {
   return out.view({B * G, S, head_dim_});
 }
 
-Tensor ParallelSelfAttention::repeat_groups(const Tensor& kv) const {
-  if (per_group_ == 1) return kv;
-  const std::int64_t B = step_.micro_batch, S = step_.seq, G = local_groups_, P = per_group_;
-  Tensor out = ctx_.activation({B, G, P, S, head_dim_});
-  const Tensor src = kv.view({B, G, S, head_dim_});
-  for (std::int64_t j = 0; j < P; ++j) out.select(2, j).copy_from(src);
-  return out.view({B * G * P, S, head_dim_});
-}
-
 Tensor ParallelSelfAttention::sum_groups(const Tensor& dkv) const {
   if (per_group_ == 1) return dkv;
   const std::int64_t B = step_.micro_batch, S = step_.seq, G = local_groups_, P = per_group_;
@@ -129,8 +120,7 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   context_ = ctx_.activation({BH, S, head_dim_});
   lse_ = ctx_.row_stats({BH, S});
-  kernels::fused_attention_forward(q_, repeat_groups(k_), repeat_groups(v_), scale(), p, key, probs_layout(), context_,
-                                   lse_);
+  kernels::fused_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
   return context_;
 }
 
@@ -178,18 +168,17 @@ void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p
   Tensor dprobs = ctx_.activation({BH, S, S});
   Tensor grouped_dprobs = dprobs.view({BG, PS, S}), grouped_dq = dq.view({BG, PS, head_dim_});
   const Tensor grouped_dctx = dctx.view({BG, PS, head_dim_});
-  gemm(grouped_dctx, false, v_, true, grouped_dprobs);                       // dP = dctx V^T
-  gemm(probs_dropped_.view({BG, PS, S}), true, grouped_dctx, false, dv);     // dV = P^T dctx
+  gemm(grouped_dctx, false, v_, true, grouped_dprobs);                    // dP = dctx V^T
+  gemm(probs_dropped_.view({BG, PS, S}), true, grouped_dctx, false, dv);  // dV = P^T dctx
   if (p > 0) kernels::dropout_backward(dprobs, p, key, probs_layout(), dprobs);
   kernels::causal_softmax_backward(dprobs, probs_, scale(), dprobs);
-  gemm(grouped_dprobs, false, k_, false, grouped_dq);                        // dQ = dS K
-  gemm(grouped_dprobs, true, q_.view({BG, PS, head_dim_}), false, dk);       // dK = dS^T Q
+  gemm(grouped_dprobs, false, k_, false, grouped_dq);                   // dQ = dS K
+  gemm(grouped_dprobs, true, q_.view({BG, PS, head_dim_}), false, dk);  // dK = dS^T Q
 }
 
 void ParallelSelfAttention::attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,
                                                   Tensor& dk, Tensor& dv) {
-  kernels::fused_attention_backward(q_, repeat_groups(k_), repeat_groups(v_), context_, dctx, lse_, scale(), p, key,
-                                    probs_layout(), dq, dk, dv);
+  kernels::fused_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
 }
 
 void ParallelSelfAttention::release() {

@@ -18,8 +18,8 @@
 // (--num-query-groups G) shares one k/v head among the heads/G query heads of
 // a group — k and v are kept per group (the memory GQA saves); the unfused
 // path's batched GEMMs take a group's query heads at once against its k/v head
-// (no copies), the fused kernels get k and v repeated per query head and their
-// gradients summed back over the group.
+// (no copies); the fused kernels read each group's k/v head in place and give
+// dk/dv per query head, summed here over the group.
 #pragma once
 
 #include "layers/gpt_config.h"
@@ -45,9 +45,8 @@ class ParallelSelfAttention {
   // [B*S, local_groups*(per_group+2)*hn] -> contiguous q [B*local_heads, S, hn]
   // (which = 0), k or v [B*local_groups, S, hn] (which = 1, 2).
   Tensor split_heads(const Tensor& qkv, int which) const;
-  // k or v per group [B*local_groups, S, hn] -> per query head [B*local_heads, S, hn].
-  Tensor repeat_groups(const Tensor& kv) const;
-  // The adjoint: per-head gradients summed over each group.
+  // The fused kernels' dk or dv per query head [B*local_heads, S, hn] summed
+  // over each group -> [B*local_groups, S, hn].
   Tensor sum_groups(const Tensor& dkv) const;
   // q, k, v (saved) -> the attention output [B*local_heads, S, hn], per backend.
   Tensor attend_unfused(double p, const RngKey& key);
@@ -66,7 +65,7 @@ class ParallelSelfAttention {
   ColumnParallelLinear qkv_;
   RowParallelLinear dense_;
   StepInfo step_;
-  Tensor q_, k_, v_;  // k_, v_: per group (after the rotary embedding)
+  Tensor q_, k_, v_;              // k_, v_: per group (after the rotary embedding)
   Tensor probs_, probs_dropped_;  // unfused
   Tensor context_, lse_;          // fused: the attention output [B*heads, S, hn] and its row log-sum-exp
 };

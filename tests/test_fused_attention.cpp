@@ -306,6 +306,49 @@ TEST(FusedAttention, ATensorParallelSliceOfHeadsIsTheSliceOfTheWhole) {
   expect_close(r.dv, cut(all.dv), 1e-13, 1e-14, "dv");
 }
 
+// Grouped-query attention: k and v with one head per `group` query heads
+// compute what the same k and v repeated per query head compute (dk, dv per
+// query head), and a k that does not divide the heads is refused.
+TEST(FusedAttention, GroupedKeysAndValuesAreTheRepeatedOnes) {
+  Problem pr;
+  pr.samples = 2, pr.heads = 4, pr.global_heads = 4, pr.s = 11, pr.p = 0.2;
+  std::mt19937 rng(5);
+  for (const i64 group : {2, 4}) {
+    SCOPED_TRACE(testing::Message() << "group " << group);
+    const i64 per_head = pr.s * pr.d, kv_heads = pr.bh() / group;
+    Inputs in = make_inputs(pr, 17);
+    const Vec kg = randn(kv_heads * per_head, rng), vg = randn(kv_heads * per_head, rng);
+    for (i64 h = 0; h < pr.bh(); ++h)
+      for (i64 e = 0; e < per_head; ++e) {
+        const auto at = static_cast<std::size_t>(h * per_head + e),
+                   from = static_cast<std::size_t>(h / group * per_head + e);
+        in.k[at] = kg[from], in.v[at] = vg[from];
+      }
+    const Result repeated = run_fused(pr, in, DType::F32);
+    const Shape kv_shape{kv_heads, pr.s, pr.d};
+    const Tensor q = tensor(pr.shape(), in.q, DType::F32), k = tensor(kv_shape, kg, DType::F32),
+                 v = tensor(kv_shape, vg, DType::F32);
+    Tensor out = Tensor::empty(cpu(), pr.shape(), DType::F32, MC::Other);
+    Tensor lse = Tensor::empty(cpu(), {pr.bh(), pr.s}, DType::F32, MC::Other);
+    fused_attention_forward(q, k, v, pr.scale, pr.p, pr.key, pr.layout(), out, lse);
+    EXPECT_EQ(out.to_double_vector(), repeated.out);
+    EXPECT_EQ(lse.to_double_vector(), repeated.lse);
+    Tensor dq = Tensor::empty(cpu(), pr.shape(), DType::F32, MC::Other),
+           dk = Tensor::empty(cpu(), pr.shape(), DType::F32, MC::Other),
+           dv = Tensor::empty(cpu(), pr.shape(), DType::F32, MC::Other);
+    fused_attention_backward(q, k, v, out, tensor(pr.shape(), in.w, DType::F32), lse, pr.scale, pr.p, pr.key,
+                             pr.layout(), dq, dk, dv);
+    EXPECT_EQ(dq.to_double_vector(), repeated.dq);
+    EXPECT_EQ(dk.to_double_vector(), repeated.dk) << "dk per query head";
+    EXPECT_EQ(dv.to_double_vector(), repeated.dv) << "dv per query head";
+  }
+  const Tensor q = tensor(pr.shape(), Vec(static_cast<std::size_t>(pr.bh() * pr.s * pr.d), 0.0), DType::F32);
+  const Tensor k3 = Tensor::zeros(cpu(), {3, pr.s, pr.d}, DType::F32, MC::Other);
+  Tensor out = Tensor::empty(cpu(), pr.shape(), DType::F32, MC::Other);
+  Tensor lse = Tensor::empty(cpu(), {pr.bh(), pr.s}, DType::F32, MC::Other);
+  EXPECT_THROW(fused_attention_forward(q, k3, k3, pr.scale, 0.0, pr.key, pr.layout(), out, lse), InternalError);
+}
+
 TEST(FusedAttention, RejectsBadArgumentsNamingThem) {
   Problem pr;
   const Inputs in = make_inputs(pr, 1);

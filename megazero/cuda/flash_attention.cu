@@ -198,7 +198,7 @@ struct Dropout {
 template <typename S, int DP>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_forward_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v, S* __restrict__ out,
-                         float* __restrict__ lse, int s_len, int d, float scale_log2, Dropout drop) {
+                         float* __restrict__ lse, int s_len, int d, int kv_group, float scale_log2, Dropout drop) {
   using H = Head<DP>;
   using M = ForwardSmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -213,6 +213,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int tiles = static_cast<int>(gridDim.y), qt = tiles - 1 - static_cast<int>(blockIdx.y);  // longest first
   const int q0 = qt * kRows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64 head = bh * s_len * d;
+  const i64 kv_head = bh / kv_group * s_len * d;  // grouped-query attention: the group's k/v head
   load_tile<S, DP>(sq, q + head, q0, s_len, d);
   for (int i = threadIdx.x; i < kRows * H::kLdO; i += kBlockThreads) so[i] = 0.f;
 
@@ -223,8 +224,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // every warp is done with the previous K/V tile
-    load_tile<S, DP>(sk, k + head, k0, s_len, d);
-    load_tile<S, DP>(sv, v + head, k0, s_len, d);
+    load_tile<S, DP>(sk, k + kv_head, k0, s_len, d);
+    load_tile<S, DP>(sv, v + kv_head, k0, s_len, d);
     __syncthreads();
     rows_times_transpose<S, DP>(sq + warp * 16 * H::kLdH, sk, ss + warp * 16 * kLdS);
     __syncwarp();
@@ -301,8 +302,8 @@ template <typename S, int DP>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_dkdv_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v,
                                const S* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dot,
-                               S* __restrict__ dk, S* __restrict__ dv, int s_len, int d, float scale, float scale_log2,
-                               Dropout drop) {
+                               S* __restrict__ dk, S* __restrict__ dv, int s_len, int d, int kv_group, float scale,
+                               float scale_log2, Dropout drop) {
   using H = Head<DP>;
   using M = KeySmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -321,9 +322,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int tiles = static_cast<int>(gridDim.y), kt = static_cast<int>(blockIdx.y);  // key tile 0 is the longest
   const int k0 = kt * kRows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64 head = bh * s_len * d;
+  const i64 kv_head = bh / kv_group * s_len * d;  // grouped-query attention: the group's k/v head
   const std::uint64_t base = matrix_base(drop.layout, bh, s_len);
-  load_tile<S, DP>(sk, k + head, k0, s_len, d);
-  load_tile<S, DP>(sv, v + head, k0, s_len, d);
+  load_tile<S, DP>(sk, k + kv_head, k0, s_len, d);
+  load_tile<S, DP>(sv, v + kv_head, k0, s_len, d);
   FragAcc dk_acc[H::kFrags], dv_acc[H::kFrags];
 #pragma unroll
   for (int n = 0; n < H::kFrags; ++n) {
@@ -394,7 +396,8 @@ template <typename S, int DP>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_dq_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v,
                              const S* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dot,
-                             S* __restrict__ dq, int s_len, int d, float scale, float scale_log2, Dropout drop) {
+                             S* __restrict__ dq, int s_len, int d, int kv_group, float scale, float scale_log2,
+                             Dropout drop) {
   using H = Head<DP>;
   using M = QuerySmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -410,6 +413,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int tiles = static_cast<int>(gridDim.y), qt = tiles - 1 - static_cast<int>(blockIdx.y);
   const int q0 = qt * kRows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const i64 head = bh * s_len * d;
+  const i64 kv_head = bh / kv_group * s_len * d;  // grouped-query attention: the group's k/v head
   load_tile<S, DP>(sq, q + head, q0, s_len, d);
   load_tile<S, DP>(sdo, dout + head, q0, s_len, d);
   const int r = warp * 16 + (lane >> 1), half = lane & 1, qi = q0 + r;
@@ -422,8 +426,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int kt = 0; kt <= qt; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();
-    load_tile<S, DP>(sk, k + head, k0, s_len, d);
-    load_tile<S, DP>(sv, v + head, k0, s_len, d);
+    load_tile<S, DP>(sk, k + kv_head, k0, s_len, d);
+    load_tile<S, DP>(sv, v + kv_head, k0, s_len, d);
     __syncthreads();
     rows_times_transpose<S, DP>(sq + warp * 16 * H::kLdH, sk, ss + warp * 16 * kLdS);    // S
     rows_times_transpose<S, DP>(sdo + warp * 16 * H::kLdH, sv, sdp + warp * 16 * kLdS);  // dP (before dropout')
@@ -520,11 +524,12 @@ void check_aligned(std::initializer_list<const void*> ptrs) {
 
 }  // namespace
 
-void flash_attention_forward(DType t, const void* q, const void* k, const void* v, i64 bh, i64 s, i64 d, double scale,
-                             double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out, float* lse,
-                             cudaStream_t st) {
+void flash_attention_forward(DType t, const void* q, const void* k, const void* v, i64 bh, i64 s, i64 d, i64 kv_group,
+                             double scale, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out,
+                             float* lse, cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
+  MZ_CHECK(kv_group >= 1 && bh % kv_group == 0, "flash attention: ", bh, " query heads in groups of ", kv_group);
   check_aligned({q, k, v, out});
   const Dropout drop = make_dropout(p, key, layout);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
@@ -535,17 +540,18 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
     allow_smem(flash_forward_kernel<S, DP>, bytes, d);
     flash_forward_kernel<S, DP><<<grid, kBlockThreads, bytes, st>>>(
         static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v), static_cast<S*>(out), lse,
-        static_cast<int>(s), static_cast<int>(d), static_cast<float>(scale) * kLog2e, drop);
+        static_cast<int>(s), static_cast<int>(d), static_cast<int>(kv_group), static_cast<float>(scale) * kLog2e, drop);
   });
   check_launch("flash_attention_forward");
 }
 
 void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out, const void* dout,
-                              const float* lse, i64 bh, i64 s, i64 d, double scale, double p, const RngKey& key,
-                              const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
+                              const float* lse, i64 bh, i64 s, i64 d, i64 kv_group, double scale, double p,
+                              const RngKey& key, const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
                               kernels::GpuScratch ws, cudaStream_t st) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
+  MZ_CHECK(kv_group >= 1 && bh % kv_group == 0, "flash attention: ", bh, " query heads in groups of ", kv_group);
   check_aligned({q, k, v, out, dout, dq, dk, dv});
   const Dropout drop = make_dropout(p, key, layout);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
@@ -562,13 +568,13 @@ void flash_attention_backward(DType t, const void* q, const void* k, const void*
                                                                     static_cast<int>(d));
     constexpr std::size_t key_bytes = KeySmem<S, DP>::bytes, query_bytes = QuerySmem<S, DP>::bytes;
     allow_smem(flash_backward_dkdv_kernel<S, DP>, key_bytes, d);
-    flash_backward_dkdv_kernel<S, DP>
-        <<<grid, kBlockThreads, key_bytes, st>>>(qs, ks, vs, dos, lse, dot, static_cast<S*>(dk), static_cast<S*>(dv),
-                                                 static_cast<int>(s), static_cast<int>(d), fscale, scale_log2, drop);
+    flash_backward_dkdv_kernel<S, DP><<<grid, kBlockThreads, key_bytes, st>>>(
+        qs, ks, vs, dos, lse, dot, static_cast<S*>(dk), static_cast<S*>(dv), static_cast<int>(s), static_cast<int>(d),
+        static_cast<int>(kv_group), fscale, scale_log2, drop);
     allow_smem(flash_backward_dq_kernel<S, DP>, query_bytes, d);
-    flash_backward_dq_kernel<S, DP>
-        <<<grid, kBlockThreads, query_bytes, st>>>(qs, ks, vs, dos, lse, dot, static_cast<S*>(dq), static_cast<int>(s),
-                                                   static_cast<int>(d), fscale, scale_log2, drop);
+    flash_backward_dq_kernel<S, DP><<<grid, kBlockThreads, query_bytes, st>>>(
+        qs, ks, vs, dos, lse, dot, static_cast<S*>(dq), static_cast<int>(s), static_cast<int>(d),
+        static_cast<int>(kv_group), fscale, scale_log2, drop);
   });
   check_launch("flash_attention_backward");
 }

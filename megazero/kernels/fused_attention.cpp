@@ -35,14 +35,29 @@ constexpr i64 kBlockRows = 128;
 
 struct Dims {
   i64 bh, s, d;
+  i64 kv_group;  // query heads per k/v head
 };
 
 Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_float(op, "q", q);
   MZ_CHECK(q.dim() == 3, op, ": q must be [batch*heads, seq, head_dim], got ", q.to_string());
   check_operands(op, q, q.dtype(), {{"q", &q}, {"k", &k}, {"v", &v}});
-  check_shapes(op, q.shape(), {{"k", &k}, {"v", &v}});
-  return {q.size(0), q.size(1), q.size(2)};
+  MZ_CHECK(
+      k.dim() == 3 && k.size(0) > 0 && q.size(0) % k.size(0) == 0 && k.size(1) == q.size(1) && k.size(2) == q.size(2),
+      op, ": k must be [batch*heads / group, seq, head_dim] for q ", q.to_string(), ", got ", k.to_string());
+  check_shapes(op, k.shape(), {{"v", &v}});
+  return {q.size(0), q.size(1), q.size(2), q.size(0) / k.size(0)};
+}
+
+// The CPU kernels take one k/v head per query head: a grouped k or v
+// ([BH / group, S, D]) repeated into workspace (head h reads head h / group).
+Tensor per_query_head(const Tensor& kv, const Dims& dm) {
+  if (dm.kv_group == 1) return kv;
+  Tensor out = Tensor::empty(kv.device_ptr(), {dm.bh, dm.s, dm.d}, kv.dtype(), MemoryCategory::Workspace, "attn-kv");
+  const Tensor src = kv.view({dm.bh / dm.kv_group, 1, dm.s, dm.d});
+  const Tensor dst = out.view({dm.bh / dm.kv_group, dm.kv_group, dm.s, dm.d});
+  for (i64 j = 0; j < dm.kv_group; ++j) dst.narrow(1, j, 1).copy_from(src);
+  return out;
 }
 
 void check_attention_dropout(const char* op, double p, const DropoutLayout& l, const Dims& d) {
@@ -244,15 +259,16 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   check_operand(op, "out", out, q, q.dtype());
   check_shape(op, "out", out, q.shape());
 #ifdef MEGAZERO_WITH_CUDA
-  MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, scale, p, key,
-                                              layout, out.data(), ptr<float>(lse), stream_of(q)));
+  MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, dm.kv_group,
+                                              scale, p, key, layout, out.data(), ptr<float>(lse), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 2);
     return;
   }
+  const Tensor kh = per_query_head(k, dm), vh = per_query_head(v, dm);
   with_storage_type(q.dtype(),
-                    [&](auto tag) { forward_cpu<decltype(tag)>(q, k, v, dm, scale, p, key, layout, out, lse); });
+                    [&](auto tag) { forward_cpu<decltype(tag)>(q, kh, vh, dm, scale, p, key, layout, out, lse); });
 }
 
 void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
@@ -261,19 +277,21 @@ void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   const char* op = "fused_attention_backward";
   const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operands(op, q, q.dtype(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
-  check_shapes(op, q.shape(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
+  check_shapes(op, q.shape(),
+               {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});  // dk, dv per query head
   const Tensor ws = allocate_gpu_scratch(q, gpu_scratch::flash_backward_bytes(dm.bh, dm.s), "flash backward row dots");
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
-                                               ptr<float>(lse), dm.bh, dm.s, dm.d, scale, p, key, layout, dq.data(),
-                                               dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
+                                               ptr<float>(lse), dm.bh, dm.s, dm.d, dm.kv_group, scale, p, key, layout,
+                                               dq.data(), dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 7);
     return;
   }
+  const Tensor kh = per_query_head(k, dm), vh = per_query_head(v, dm);
   with_storage_type(q.dtype(), [&](auto tag) {
-    backward_cpu<decltype(tag)>(q, k, v, out, dout, lse, dm, scale, p, key, layout, dq, dk, dv);
+    backward_cpu<decltype(tag)>(q, kh, vh, out, dout, lse, dm, scale, p, key, layout, dq, dk, dv);
   });
 }
 

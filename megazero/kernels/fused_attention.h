@@ -7,6 +7,10 @@
 // Same contracts as the layer kernels (conventions.h: dtypes, rounding, devices). Shapes: q, k,
 // v, out, dout, dq, dk, dv are [BH, S, D] (BH = samples x local heads),
 // contiguous, of one storage dtype; lse is [BH, S] of row_stat_dtype.
+// Grouped-query attention: k and v may hold BH / G heads (G query heads per
+// k/v head; query head h reads k/v head h / G); dk and dv stay per query head
+// ([BH, S, D]) and the caller sums each group's. The GPU kernels read the
+// grouped k/v in place; the CPU repeats them into workspace.
 //
 // The dropout mask is dropout_forward's for `layout` (samples, groups = local
 // heads, matrix_rows = matrix_cols = S; see layers/attention.cpp): the fused and the unfused

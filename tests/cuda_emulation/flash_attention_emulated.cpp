@@ -97,20 +97,30 @@ Reference reference(const std::vector<double>& q, const std::vector<double>& k, 
   return r;
 }
 
+// group > 1: grouped-query attention, k and v hold bh / group heads (query
+// head h reads head h / group); the reference gets them repeated per head.
 template <typename S, int DP>
-bool check(const char* dtype, int samples, int heads, int s, int d, double p) {
-  const i64 bh = static_cast<i64>(samples) * heads, n = bh * s * d;
+bool check(const char* dtype, int samples, int heads, int s, int d, double p, int group = 1) {
+  const i64 bh = static_cast<i64>(samples) * heads, n = bh * s * d, head = static_cast<i64>(s) * d;
   std::mt19937 rng(1234 + static_cast<unsigned>(s + d));
   std::normal_distribution<float> normal;
-  std::vector<S> q(static_cast<std::size_t>(n)), k(q.size()), v(q.size()), g(q.size());
+  std::vector<S> q(static_cast<std::size_t>(n)), k(q.size() / static_cast<std::size_t>(group)), v(k.size()),
+      g(q.size());
   std::vector<double> qd(q.size()), kd(q.size()), vd(q.size()), gd(q.size());
   for (std::size_t i = 0; i < q.size(); ++i) {
     q[i] = detail_k::st<S>(normal(rng));
+    g[i] = detail_k::st<S>(normal(rng));
+    qd[i] = ld(q[i]), gd[i] = ld(g[i]);
+  }
+  for (std::size_t i = 0; i < k.size(); ++i) {
     k[i] = detail_k::st<S>(normal(rng));
     v[i] = detail_k::st<S>(normal(rng));
-    g[i] = detail_k::st<S>(normal(rng));
-    qd[i] = ld(q[i]), kd[i] = ld(k[i]), vd[i] = ld(v[i]), gd[i] = ld(g[i]);
   }
+  for (i64 h = 0; h < bh; ++h)
+    for (i64 e = 0; e < head; ++e) {
+      const auto at = static_cast<std::size_t>(h * head + e), from = static_cast<std::size_t>(h / group * head + e);
+      kd[at] = ld(k[from]), vd[at] = ld(v[from]);
+    }
   kernels::DropoutLayout l;
   l.samples = samples, l.groups = heads, l.matrix_rows = l.matrix_cols = s, l.sample_offset = 3, l.group_offset = 1,
   l.global_groups = heads + 2;
@@ -118,20 +128,20 @@ bool check(const char* dtype, int samples, int heads, int s, int d, double p) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(d)), log2e = 1.4426950408889634f;
   const Dropout drop{philox_key(key), keep_threshold(p), p > 0, static_cast<float>(p > 0 ? 1.0 / (1.0 - p) : 1.0), l};
   const S nan = detail_k::st<S>(NAN);  // outputs start as NaN: an element a kernel forgets shows up
-  std::vector<S> out(q.size(), nan), dq(q.size(), nan), dk(q.size(), nan), dv(q.size(), nan);
+  std::vector<S> out(q.size(), nan), dq(q.size(), nan), dk(q.size(), nan), dv(q.size(), nan);  // dk, dv per query head
   std::vector<float> lse(static_cast<std::size_t>(bh * s), NAN), dot(lse.size(), NAN);
   const dim3 grid{static_cast<unsigned>(bh), static_cast<unsigned>((s + 63) / 64), 1};
   emu_launch(grid, 128, ForwardSmem<S, DP>::bytes, [&] {
-    flash_forward_kernel<S, DP>(q.data(), k.data(), v.data(), out.data(), lse.data(), s, d, scale * log2e, drop);
+    flash_forward_kernel<S, DP>(q.data(), k.data(), v.data(), out.data(), lse.data(), s, d, group, scale * log2e, drop);
   });
   emu_launch(dim3{1, 1, 1}, 256, 0, [&] { row_dot_kernel<S>(out.data(), g.data(), dot.data(), bh * s, d); });
   emu_launch(grid, 128, KeySmem<S, DP>::bytes, [&] {
     flash_backward_dkdv_kernel<S, DP>(q.data(), k.data(), v.data(), g.data(), lse.data(), dot.data(), dk.data(),
-                                      dv.data(), s, d, scale, scale * log2e, drop);
+                                      dv.data(), s, d, group, scale, scale * log2e, drop);
   });
   emu_launch(grid, 128, QuerySmem<S, DP>::bytes, [&] {
     flash_backward_dq_kernel<S, DP>(q.data(), k.data(), v.data(), g.data(), lse.data(), dot.data(), dq.data(), s, d,
-                                    scale, scale * log2e, drop);
+                                    group, scale, scale * log2e, drop);
   });
   const Reference ref = reference(qd, kd, vd, gd, bh, s, d, p, key, l);
   auto doubles = [](const auto& x) {
@@ -147,8 +157,10 @@ bool check(const char* dtype, int samples, int heads, int s, int d, double p) {
   // bf16 keeps 8 bits, fp16 11: a few roundings of P, dS and the outputs.
   const double tol = std::is_same_v<S, __nv_bfloat16> ? 1e-2 : 2e-3;
   const bool ok = e_out <= tol && e_lse <= 1e-6 && e_dq <= 2 * tol && e_dk <= 2 * tol && e_dv <= 2 * tol;
-  std::printf("%s %s samples %d heads %d s %4d d %3d (DP %3d) p %.1f: out %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
-              ok ? "ok  " : "FAIL", dtype, samples, heads, s, d, DP, p, e_out, e_lse, e_dq, e_dk, e_dv);
+  std::printf(
+      "%s %s samples %d heads %d (kv group %d) s %4d d %3d (DP %3d) p %.1f: out %.1e lse %.1e dq %.1e dk %.1e dv "
+      "%.1e\n",
+      ok ? "ok  " : "FAIL", dtype, samples, heads, group, s, d, DP, p, e_out, e_lse, e_dq, e_dk, e_dv);
   return ok;
 }
 
@@ -163,6 +175,9 @@ int main() {
     ok &= check<__half, 64>("fp16", 2, 1, 130, 40, p);
     ok &= check<__nv_bfloat16, 16>("bf16", 1, 2, 67, 8, p);
     ok &= check<__half, 32>("fp16", 1, 1, 129, 24, p);
+    // Grouped-query attention: 4 heads reading 2 (and 1) k/v heads in place.
+    ok &= check<__nv_bfloat16, 64>("bf16", 2, 4, 100, 64, p, 2);
+    ok &= check<__half, 32>("fp16", 1, 4, 70, 32, p, 4);
   }
   std::printf("%s\n", ok ? "all cases within tolerance" : "some cases FAILED");
   return ok ? 0 : 1;

@@ -23,12 +23,8 @@ Exit 0: match; 1: mismatch or a malformed export; 77: numpy is missing (skip).
 
   gpt2_reference.py --model OUTDIR --tokens 1,2,3 --compare logits.txt [--tol 1e-4]
 """
-import argparse
-import json
-import os
-
 import hf_reference_common as common
-from hf_reference_common import fail, np, read_safetensors
+from hf_reference_common import fail, np
 
 common.NAME = "gpt2_reference"
 
@@ -45,10 +41,6 @@ def expected_shapes(cfg):
                        p + "mlp.c_fc.weight": [E, F], p + "mlp.c_fc.bias": [F],
                        p + "mlp.c_proj.weight": [F, E], p + "mlp.c_proj.bias": [E]})
     return shapes
-
-
-def check_tensors_of(t, cfg):
-    common.check_tensors(t, expected_shapes(cfg), "GPT-2")
 
 
 def check_config(cfg):
@@ -98,21 +90,5 @@ def gpt2_logits(t, cfg, ids):
     return h @ t["wte.weight"].T
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
-    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
-    ap.add_argument("--compare", required=True, help="logits from `convert_checkpoint logits`")
-    ap.add_argument("--tol", type=float, default=1e-4, help="max |diff| / max |logit|")
-    a = ap.parse_args()
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
-    check_config(cfg)
-    t = read_safetensors(os.path.join(a.model, "model.safetensors"))
-    check_tensors_of(t, cfg)
-    ids = [int(x) for x in a.tokens.split(",")]
-    common.compare_logits(gpt2_logits(t, cfg, ids), a.compare, a.tol)
-
-
 if __name__ == "__main__":
-    main()
+    common.main("GPT-2", check_config, expected_shapes, gpt2_logits)

@@ -6,7 +6,9 @@ comparison with the logits `convert_checkpoint logits` wrote.
 Exit codes of the scripts: 0 match; 1 mismatch or a malformed export; 77
 numpy missing (skip).
 """
+import argparse
 import json
+import os
 import struct
 import sys
 
@@ -83,3 +85,22 @@ def compare_logits(ref, path, tol):
           f"{rel:.3e} of max |logit| {scale:.4f} (tolerance {tol:g}); "
           f"argmax agrees on {int((ours.argmax(1) == ref.argmax(1)).sum())}/{S} positions")
     sys.exit(0 if rel <= tol else 1)
+
+
+def main(family, check_config, expected_shapes, logits):
+    """The command line both references share: read OUTDIR's config.json and
+    model.safetensors, check them as `family` needs, compute the logits of
+    --tokens with logits(tensors, config, ids) and compare with --compare."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
+    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
+    ap.add_argument("--compare", required=True, help="logits from `convert_checkpoint logits`")
+    ap.add_argument("--tol", type=float, default=1e-4, help="max |diff| / max |logit|")
+    a = ap.parse_args()
+    with open(os.path.join(a.model, "config.json")) as f:
+        cfg = json.load(f)
+    check_config(cfg)
+    t = read_safetensors(os.path.join(a.model, "model.safetensors"))
+    check_tensors(t, expected_shapes(cfg), family)
+    ids = [int(x) for x in a.tokens.split(",")]
+    compare_logits(logits(t, cfg, ids), a.compare, a.tol)

@@ -27,12 +27,8 @@ Exit 0: match; 1: mismatch or a malformed export; 77: numpy is missing (skip).
 
   llama_reference.py --model OUTDIR --tokens 1,2,3 --compare logits.txt [--tol 1e-4]
 """
-import argparse
-import json
-import os
-
 import hf_reference_common as common
-from hf_reference_common import fail, np, read_safetensors
+from hf_reference_common import fail, np
 
 common.NAME = "llama_reference"
 
@@ -57,10 +53,6 @@ def expected_shapes(cfg):
         if cfg.get("mlp_bias", False):
             shapes.update({p + "mlp.gate_proj.bias": [F], p + "mlp.up_proj.bias": [F], p + "mlp.down_proj.bias": [E]})
     return shapes
-
-
-def check_tensors_of(t, cfg):
-    common.check_tensors(t, expected_shapes(cfg), "Llama")
 
 
 def check_config(cfg):
@@ -125,21 +117,5 @@ def llama_logits(t, cfg, ids):
     return h @ out.T
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
-    ap.add_argument("--tokens", required=True, help="comma-separated token ids")
-    ap.add_argument("--compare", required=True, help="logits from `convert_checkpoint logits`")
-    ap.add_argument("--tol", type=float, default=1e-4, help="max |diff| / max |logit|")
-    a = ap.parse_args()
-    with open(os.path.join(a.model, "config.json")) as f:
-        cfg = json.load(f)
-    check_config(cfg)
-    t = read_safetensors(os.path.join(a.model, "model.safetensors"))
-    check_tensors_of(t, cfg)
-    ids = [int(x) for x in a.tokens.split(",")]
-    common.compare_logits(llama_logits(t, cfg, ids), a.compare, a.tol)
-
-
 if __name__ == "__main__":
-    main()
+    common.main("Llama", check_config, expected_shapes, llama_logits)

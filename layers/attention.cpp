@@ -4,6 +4,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/cudnn_attention.h"
 #include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gelu_bias.h"
@@ -77,6 +78,8 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
   MZ_CHECK(x.size(0) == ctx_.local_rows(B * S), "attention input has ", x.size(0), " rows for B*S = ", B * S,
            ctx_.sequence_parallel ? " split over the TP group" : "");
   Tensor qkv = qkv_.forward(x);
+  const double p = step.training ? cfg_.attention_dropout : 0.0;
+  if (cfg_.cudnn_attention()) return dense_.forward(forward_cudnn(qkv, p, dropout_key()), add_output_bias);
   q_ = split_heads(qkv, 0);
   k_ = split_heads(qkv, 1);
   v_ = split_heads(qkv, 2);
@@ -85,7 +88,6 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
     kernels::rope_forward(q_, cfg_.rotary_base, q_);
     kernels::rope_forward(k_, cfg_.rotary_base, k_);
   }
-  const double p = step.training ? cfg_.attention_dropout : 0.0;
   const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, dropout_key()) : attend_unfused(p, dropout_key());
   Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
   merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
@@ -124,10 +126,67 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   return context_;
 }
 
+// Multi-head only (GPTConfig::validate refuses groups with cudnn). Without
+// RoPE q, k, v are strided views of the QKV projection's output, [B, S, heads,
+// 3, hn] rows read as [B, heads, S, hn]; with RoPE the rotated copies.
+Tensor ParallelSelfAttention::forward_cudnn(Tensor& qkv, double p, const RngKey& key) {
+  const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_;
+  if (cfg_.rope()) {
+    q_ = split_heads(qkv, 0);
+    k_ = split_heads(qkv, 1);
+    v_ = split_heads(qkv, 2);
+    kernels::rope_forward(q_, cfg_.rotary_base, q_);
+    kernels::rope_forward(k_, cfg_.rotary_base, k_);
+    q_ = q_.view({B, H, S, head_dim_});
+    k_ = k_.view({B, H, S, head_dim_});
+    v_ = v_.view({B, H, S, head_dim_});
+  } else {
+    const Tensor four = qkv.view({B, S, H, 3 * head_dim_});
+    q_ = four.narrow(3, 0, head_dim_).transpose(1, 2);
+    k_ = four.narrow(3, head_dim_, head_dim_).transpose(1, 2);
+    v_ = four.narrow(3, 2 * head_dim_, head_dim_).transpose(1, 2);
+  }
+  qkv = Tensor();
+  // The context lands in the rows the output projection reads.
+  Tensor merged = ctx_.activation({B * S, H * head_dim_});
+  context_ = merged.view({B, S, H, head_dim_}).transpose(1, 2);
+  lse_ = ctx_.row_stats({B * H, S});
+  kernels::cudnn_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
+  return merged;
+}
+
+Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, const RngKey& key) {
+  const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_;
+  const Tensor dctx = dmerged.view({B, S, H, head_dim_}).transpose(1, 2);
+  Tensor dqkv = ctx_.activation({B * S, 3 * H * head_dim_});
+  const Tensor four = dqkv.view({B, S, H, 3 * head_dim_});
+  Tensor dq = four.narrow(3, 0, head_dim_).transpose(1, 2);
+  Tensor dk = four.narrow(3, head_dim_, head_dim_).transpose(1, 2);
+  Tensor dv = four.narrow(3, 2 * head_dim_, head_dim_).transpose(1, 2);
+  if (!cfg_.rope()) {  // the gradients land in the rows the QKV projection's backward reads
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
+    return dqkv;
+  }
+  Tensor rq = ctx_.activation({B * H, S, head_dim_}), rk = ctx_.activation({B * H, S, head_dim_});
+  Tensor rq4 = rq.view({B, H, S, head_dim_}), rk4 = rk.view({B, H, S, head_dim_});
+  kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), rq4, rk4, dv);
+  kernels::rope_backward(rq, cfg_.rotary_base, rq);  // the rotation's adjoint, back to the projection's outputs
+  kernels::rope_backward(rk, cfg_.rotary_base, rk);
+  dq.copy_from(rq4);
+  dk.copy_from(rk4);
+  return dqkv;
+}
+
 Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_done) {
   MZ_CHECK(q_.defined(), "attention backward before forward");
   const std::int64_t B = step_.micro_batch, S = step_.seq, BH = B * local_heads_;
   Tensor dmerged = dense_.backward(dy, output_bias_grad_done);
+  if (cfg_.cudnn_attention()) {
+    const double p = step_.training ? cfg_.attention_dropout : 0.0;
+    Tensor dx = qkv_.backward(backward_cudnn(dmerged, p, dropout_key()));
+    release();
+    return dx;
+  }
   Tensor dctx = ctx_.activation({B, local_heads_, S, head_dim_});
   dctx.copy_from(dmerged.view({B, S, local_heads_, head_dim_}).transpose(1, 2));
   dctx = dctx.view({BH, S, head_dim_});

@@ -51,6 +51,10 @@ class ParallelSelfAttention {
   // q, k, v (saved) -> the attention output [B*local_heads, S, hn], per backend.
   Tensor attend_unfused(double p, const RngKey& key);
   Tensor attend_fused(double p, const RngKey& key);
+  // --attention-backend cudnn: q/k/v/context as [B, heads, S, hn] views into
+  // the projections' buffers (no head copies); returns the dense input.
+  Tensor forward_cudnn(Tensor& qkv, double p, const RngKey& key);
+  Tensor backward_cudnn(const Tensor& dmerged, double p, const RngKey& key);
   // d(attention output) -> dq, dk, dv, per backend.
   void attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
   void attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
@@ -68,6 +72,7 @@ class ParallelSelfAttention {
   Tensor q_, k_, v_;              // k_, v_: per group (after the rotary embedding)
   Tensor probs_, probs_dropped_;  // unfused
   Tensor context_, lse_;          // fused: the attention output [B*heads, S, hn] and its row log-sum-exp
+                                  // (cudnn: q_, k_, v_, context_ are [B, heads, S, hn] views)
 };
 
 }  // namespace megazero::layers

@@ -95,8 +95,11 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   MZ_REQUIRE(attention_dropout >= 0 && attention_dropout < 1, "--attention-dropout must be in [0, 1), got ",
              attention_dropout);
-  MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused",
-             "--attention-backend must be unfused or fused, got '", attention_backend, "'");
+  MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused" || attention_backend == "cudnn",
+             "--attention-backend must be unfused, fused or cudnn, got '", attention_backend, "'");
+  MZ_REQUIRE(attention_backend != "cudnn" || query_groups() == num_attention_heads,
+             "--attention-backend cudnn supports one k/v head per query head only; with --group-query-attention use "
+             "--attention-backend fused");
   MZ_REQUIRE(std::isfinite(layernorm_epsilon) && layernorm_epsilon > 0 && layernorm_epsilon < 1,
              "--norm-epsilon must be a small positive number (GPT-2, Llama 2: 1e-5), got ", layernorm_epsilon);
 }

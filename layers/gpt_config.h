@@ -22,7 +22,8 @@ struct GPTConfig {
   bool recompute_activations = false;  // --recompute-activations
   // --attention-backend: "unfused" materialises the [S, S] probabilities (as
   // the paper's Megatron did, and as its activation-memory formula counts);
-  // "fused" never does (kernels/fused_attention.h).
+  // "fused" never does (kernels/fused_attention.h); "cudnn" is cuDNN's fused
+  // attention on CUDA (kernels/cudnn_attention.h: its own dropout mask).
   std::string attention_backend = "unfused";
   // Megatron's bias-GeLU fusion in the MLP (on by default, as there;
   // --no-bias-gelu-fusion). On the CPU fp32 results are the same bits either
@@ -56,6 +57,7 @@ struct GPTConfig {
   // Parameters of the whole model (global, unpadded vocabulary): the paper's Psi.
   std::int64_t parameter_count() const;
   bool fused_attention() const { return attention_backend == "fused"; }
+  bool cudnn_attention() const { return attention_backend == "cudnn"; }
   // Padded vocabulary for a TP degree (Megatron's rule); padding is masked out
   // of the softmax, so results do not depend on it.
   std::int64_t padded_vocab(int tp) const;

@@ -19,6 +19,8 @@ LayerActivationBytes layer_activation_bytes(const layers::GPTConfig& cfg, int tp
   std::int64_t split = (h + 2 * kv + h) * e + ((cfg.swiglu ? 2 : 1) * f + f) * e;
   if (cfg.fused_attention())
     split += h * e + heads * stat;
+  else if (cfg.cudnn_attention())  // q, k, v views of the QKV output; the context is the dense input
+    split += heads * stat;
   else
     split += heads * seq * e * (cfg.attention_dropout > 0 ? 2 : 1);
 

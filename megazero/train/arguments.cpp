@@ -1,5 +1,6 @@
 #include "megazero/train/arguments.h"
 
+#include "megazero/kernels/cudnn_attention.h"
 #include "megazero/kernels/fused_attention.h"
 
 #include <algorithm>
@@ -113,8 +114,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "attention-dropout", &a.model.attention_dropout, "dropout on attention probabilities");
   t.add(M, "init-method-std", &a.model.init_method_std, "init std (output layers scaled by 1/sqrt(2 layers))");
   t.add(M, "attention-backend", &a.model.attention_backend,
-        "unfused (scores and probabilities in memory, as Megatron's classic path) or fused (flash-style: neither "
-        "is kept; backward recomputes them)");
+        "unfused (scores and probabilities in memory, as Megatron's classic path), fused (flash-style: neither "
+        "is kept; backward recomputes them) or cudnn (cuDNN's fused attention, --device cuda, bf16/fp16; its own "
+        "dropout mask)");
   t.flag(M, "recompute-activations", &a.model.recompute_activations,
          "keep only each layer's input; recompute in backward");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
@@ -536,6 +538,12 @@ void TrainArgs::validate() const {
     const std::string why = kernels::fused_attention_unsupported(DeviceKind::CUDA, dtype(), model.head_dim());
     MZ_REQUIRE(why.empty(), "--attention-backend fused with --device cuda: ", why,
                "; or use --attention-backend unfused");
+  }
+  if (model.cudnn_attention()) {
+    const DeviceKind kind = device == "cuda" ? DeviceKind::CUDA : DeviceKind::CPU;
+    const std::string why = kernels::cudnn_attention_unsupported(kind, dtype(), model.head_dim(),
+                                                                 model.query_groups() != model.num_attention_heads);
+    MZ_REQUIRE(why.empty(), why);
   }
 }
 

@@ -1,0 +1,141 @@
+#include "megazero/kernels/cudnn_attention.h"
+
+#include "megazero/kernels/gpu_scratch.h"
+#include "megazero/kernels/kernel_support.h"
+
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/cudnn_sdpa.h"
+#endif
+
+namespace megazero::kernels {
+namespace {
+
+using namespace detail;  // kernel_support.h
+
+struct Dims4 {
+  std::int64_t b, h, s, d;
+};
+
+// A [b, h, s, d] view of `dtype` with unit stride in d, on ref's device.
+void check_view(const char* op, const char* name, const Tensor& t, const Tensor& ref, const Dims4& dm) {
+  MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
+  MZ_CHECK(t.dtype() == ref.dtype(), op, ": ", name, " must be ", dtype_name(ref.dtype()), ", got ", t.to_string());
+  MZ_CHECK(t.dim() == 4 && t.size(0) == dm.b && t.size(1) == dm.h && t.size(2) == dm.s && t.size(3) == dm.d, op, ": ",
+           name, " has shape ", shape_str(t.shape()), ", expected (", dm.b, ", ", dm.h, ", ", dm.s, ", ", dm.d, ")");
+  MZ_CHECK(t.strides()[3] == 1, op, ": ", name, " needs unit stride in the head dimension, got strides ",
+           shape_str(t.strides()));
+  MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index(), op, ": ", name,
+           " is on ", t.device().name(), " but q is on ", ref.device().name());
+}
+
+Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& lse, double p,
+                      std::initializer_list<Named> views) {
+  MZ_CHECK(q.defined() && q.dim() == 4, op, ": q must be [samples, heads, S, D], got ",
+           q.defined() ? q.to_string() : "undefined");
+  const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3)};
+  check_view(op, "q", q, q, dm);
+  for (const auto& [name, t] : views) check_view(op, name, *t, q, dm);
+  check_stat(op, "lse", lse, q, q.dtype());
+  check_shape(op, "lse", lse, {dm.b * dm.h, dm.s});
+  MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability must be in [0, 1), got ", p);
+  const std::string why = cudnn_attention_unsupported(q.device().kind() == DeviceKind::Meta
+                                                          ? static_cast<MetaDevice&>(q.device()).kernels()
+                                                          : q.device().kind(),
+                                                      q.dtype(), dm.d, false);
+  MZ_REQUIRE(why.empty(), why);
+  return dm;
+}
+
+#ifdef MEGAZERO_WITH_CUDA
+cuda::sdpa::Strides4 strides_of(const Tensor& t) {
+  return {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]};
+}
+
+cuda::sdpa::Problem problem_of(const Dims4& dm, const Tensor& q, double scale, double p) {
+  cuda::sdpa::Problem pr;
+  pr.b = dm.b;
+  pr.h = dm.h;
+  pr.s = dm.s;
+  pr.d = dm.d;
+  pr.io = q.dtype() == DType::BF16 ? cuda::sdpa::ElementType::bf16 : cuda::sdpa::ElementType::f16;
+  pr.scale = scale;
+  pr.dropout = p;
+  return pr;
+}
+#endif
+
+// The planner's dry run: the causal halves of the products (forward QK^T and
+// PV; backward S again, dP, dV, dK, dQ).
+void log_work(const Tensor& q, const Dims4& dm, int products) {
+  auto& meta = static_cast<MetaDevice&>(q.device());
+  for (int i = 0; i < products; ++i)
+    meta.compute_log().add_gemm({dm.s, (dm.s + 1) / 2, dm.d, dm.b * dm.h, q.dtype()});
+}
+
+}  // namespace
+
+std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim, bool grouped_kv) {
+  if (device != DeviceKind::CUDA)
+    return "--attention-backend cudnn runs on --device cuda only; on this device use --attention-backend fused "
+           "(the same fused math) or unfused";
+#ifndef MEGAZERO_WITH_CUDA
+  return "--attention-backend cudnn needs a build with the CUDA backend (tools/build.sh with CUDA and cuDNN "
+         "installed)";
+#endif
+  if (dtype != DType::BF16 && dtype != DType::F16)
+    return "--attention-backend cudnn takes bf16 or fp16 activations (--bf16 or --fp16)";
+  if (head_dim > 128 || head_dim % 8 != 0)
+    return ::megazero::detail::concat("--attention-backend cudnn takes head sizes that are multiples of 8 up to 128, "
+                                      "not ",
+                                      head_dim, "; use --attention-backend unfused");
+  if (grouped_kv)
+    return "--attention-backend cudnn supports one k/v head per query head only; with --group-query-attention use "
+           "--attention-backend fused";
+  return {};
+}
+
+void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
+  const char* op = "cudnn_attention_forward";
+  const Dims4 dm = check_arguments(op, q, lse, p, {{"k", &k}, {"v", &v}, {"out", &out}});
+  const Tensor ws =
+      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_bytes(false, dm.b * dm.h, dm.s, dm.d), "cuDNN attention");
+#ifdef MEGAZERO_WITH_CUDA
+  if (q.device().kind() == DeviceKind::CUDA) {
+    cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
+    pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
+    pr.d_o = pr.dq = pr.dk = pr.dv = pr.o;  // unused by the forward graph; keep the plan key stable
+    cuda::cudnn_sdpa_forward(pr, q.data(), k.data(), v.data(), out.data(), ptr<float>(lse),
+                             cuda::cudnn_dropout_seed(key, layout), scratch_of(ws), stream_of(q));
+    return;
+  }
+#endif
+  (void)key, (void)layout, (void)scale;
+  log_work(q, dm, 2);  // the meta device standing in for CUDA (check_arguments refused the rest)
+}
+
+void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
+                              Tensor& dq, Tensor& dk, Tensor& dv) {
+  const char* op = "cudnn_attention_backward";
+  const Dims4 dm = check_arguments(op, q, lse, p,
+                                   {{"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
+                                    {"dv", &dv}});
+  const Tensor ws =
+      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_bytes(true, dm.b * dm.h, dm.s, dm.d), "cuDNN attention");
+#ifdef MEGAZERO_WITH_CUDA
+  if (q.device().kind() == DeviceKind::CUDA) {
+    cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
+    pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
+    pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
+    cuda::cudnn_sdpa_backward(pr, q.data(), k.data(), v.data(), out.data(), dout.data(), ptr<float>(lse), dq.data(),
+                              dk.data(), dv.data(), cuda::cudnn_dropout_seed(key, layout), scratch_of(ws),
+                              stream_of(q));
+    return;
+  }
+#endif
+  (void)key, (void)layout, (void)scale;
+  log_work(q, dm, 5);
+}
+
+}  // namespace megazero::kernels

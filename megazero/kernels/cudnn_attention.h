@@ -1,0 +1,34 @@
+// cuDNN's fused causal attention (--attention-backend cudnn; CUDA only): the
+// graph of megazero/cuda/sdpa_graph.h run through cuDNN's engines
+// (megazero/cuda/cudnn_sdpa.h). Same math as fused_attention.h; what differs:
+//  - q, k, v, out, dout, dq, dk, dv are 4-D [samples, heads, S, D] views with
+//    unit stride in D and any other strides, so the layer points them straight
+//    into the QKV projection's output and the output projection's input (no
+//    head split or merge copies); lse is [samples * heads, S] fp32, contiguous.
+//  - multi-head attention only (one k/v head per query head).
+//  - the dropout mask is cuDNN's own (cuda::cudnn_dropout_seed keys it by
+//    run seed, layer, iteration, micro-batch and the rank's first head): it is
+//    statistically the same Bernoulli(1 - p) but not the Philox mask of the
+//    other backends, so runs agree with them to rounding only at p = 0.
+// On the meta device standing in for CUDA (the planner) the scratch is
+// allocated and the work logged; anywhere else it refuses with the flag to use.
+#pragma once
+
+#include <string>
+
+#include "megazero/kernels/dropout.h"
+
+namespace megazero::kernels {
+
+void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse);
+
+void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                              const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
+                              Tensor& dq, Tensor& dk, Tensor& dv);
+
+// Empty when --attention-backend cudnn can run tensors of `dtype` on `device`
+// with this head size and grouping; otherwise the reason, naming the flags.
+std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim, bool grouped_kv);
+
+}  // namespace megazero::kernels

@@ -1,0 +1,239 @@
+// --attention-backend cudnn, in two halves.
+//
+// Without a GPU (CPU CI): cuDNN itself validates every tensor and operation
+// descriptor we lower from megazero/cuda/sdpa_graph.h (dims, strides, types,
+// each operation's operands) — forward and backward, bf16/fp16, with and
+// without dropout, contiguous and interleaved-QKV strides; a deliberately
+// broken graph is refused with a message naming the operation; the kernels
+// entry refuses the CPU with the flag to use. (test_sdpa_graph proves the
+// graphs' math against our kernels.)
+//
+// With a GPU (tools/gpu_session.sh cudnn): the cuDNN engines against our CPU
+// fused attention in fp64 on the same bf16 inputs, p = 0, through strided
+// views of one QKV buffer exactly as the layer passes them; dropout
+// statistically (the kept fraction is 1 - p within 5 sigma) and for
+// consistency (the backward drops what the forward dropped, and a rerun
+// repeats bit for bit); the plan cache (one plan per shape and direction).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "megazero/core/error.h"
+#include "megazero/core/tensor.h"
+#include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/cudnn_sdpa.h"
+#include "megazero/cuda/sdpa_graph.h"
+#include "megazero/kernels/cudnn_attention.h"
+#include "megazero/kernels/fused_attention.h"
+
+using namespace megazero;
+namespace sdpa = megazero::cuda::sdpa;
+using i64 = std::int64_t;
+
+namespace {
+
+sdpa::Problem problem(i64 b, i64 h, i64 s, i64 d, sdpa::ElementType t, double p, bool interleaved) {
+  sdpa::Problem pr;
+  pr.b = b, pr.h = h, pr.s = s, pr.d = d, pr.io = t, pr.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  pr.dropout = p;
+  const sdpa::Strides4 qkv = interleaved ? sdpa::interleaved_strides(s, h, 3, d) : sdpa::bhsd_strides(b, h, s, d);
+  const sdpa::Strides4 rows = interleaved ? sdpa::interleaved_strides(s, h, 1, d) : sdpa::bhsd_strides(b, h, s, d);
+  pr.q = pr.k = pr.v = pr.dq = pr.dk = pr.dv = qkv;
+  pr.o = pr.d_o = rows;
+  return pr;
+}
+
+TEST(CudnnDescriptors, EveryTensorAndOperationFinalizes) {
+  int graphs = 0;
+  for (sdpa::ElementType t : {sdpa::ElementType::bf16, sdpa::ElementType::f16})
+    for (double p : {0.0, 0.1})
+      for (bool interleaved : {false, true}) {
+        const sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved);
+        const sdpa::Graph fwd = sdpa::forward_graph(pr), bwd = sdpa::backward_graph(pr);
+        EXPECT_EQ(cuda::finalize_operations(fwd), static_cast<int>(fwd.ops.size()));
+        EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
+        graphs += 2;
+      }
+  EXPECT_EQ(graphs, 16);
+}
+
+TEST(CudnnDescriptors, ABrokenGraphIsRefusedNamingTheOperation) {
+  sdpa::Graph g = sdpa::forward_graph(problem(1, 2, 64, 32, sdpa::ElementType::bf16, 0.0, false));
+  // The P V product's output claims a head size V does not have: cuDNN's
+  // matmul validation must refuse it, and the message must say which op.
+  for (sdpa::GraphTensor& t : g.tensors)
+    if (t.uid == sdpa::kO) t.dims[3] = 48, t.strides = {2 * 64 * 48, 64 * 48, 48, 1};
+  try {
+    cuda::finalize_operations(g);
+    FAIL() << "a P V product with mismatched dims finalized";
+  } catch (const InternalError& e) {
+    EXPECT_NE(std::string(e.what()).find("matmul_p_v"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudnnAttention, RefusesDevicesAndShapesItCannotRun) {
+  using kernels::cudnn_attention_unsupported;
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CPU, DType::BF16, 64, false).find("--device cuda"),
+            std::string::npos);
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::F32, 64, false).find("--bf16"), std::string::npos);
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 160, false).find("160"), std::string::npos);
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64, true).find("group"), std::string::npos);
+  EXPECT_EQ(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64, false), "");
+  EXPECT_THROW(sdpa::forward_graph(problem(1, 2, 64, 12, sdpa::ElementType::bf16, 0.0, false)), ConfigError);
+
+  // The entry point on CPU tensors: a ConfigError naming the flag, not a crash.
+  auto cpu = make_device(DeviceKind::CPU);
+  Tensor q = Tensor::zeros(cpu, {1, 2, 16, 64}, DType::BF16, MemoryCategory::Activations);
+  Tensor out = Tensor::zeros(cpu, {1, 2, 16, 64}, DType::BF16, MemoryCategory::Activations);
+  Tensor lse = Tensor::zeros(cpu, {2, 16}, DType::F32, MemoryCategory::Activations);
+  kernels::DropoutLayout layout;
+  layout.samples = 1, layout.groups = 2, layout.global_groups = 2, layout.matrix_rows = layout.matrix_cols = 16;
+  EXPECT_THROW(kernels::cudnn_attention_forward(q, q, q, 0.125, 0.0, RngKey{}, layout, out, lse), ConfigError);
+}
+
+// ---- on a GPU ----
+
+class CudnnOnGpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible";
+    gpu = make_device(DeviceKind::CUDA, 0);
+    cpu = make_device(DeviceKind::CPU);
+  }
+  std::shared_ptr<Device> cpu, gpu;
+  std::mt19937_64 rng{1234};
+
+  // One [b, s, h, 3, d] QKV buffer (bf16) on the GPU and its [b, h, s, d] views.
+  struct Qkv {
+    Tensor buffer, q, k, v;
+  };
+  Qkv qkv(i64 b, i64 h, i64 s, i64 d, const std::function<double(i64, i64)>& value) {
+    Tensor host = Tensor::empty(cpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
+    std::vector<double> v(static_cast<std::size_t>(host.numel()));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = value(static_cast<i64>(i) % (3 * d) / d, static_cast<i64>(i));
+    host.copy_from_doubles(v);
+    Qkv out;
+    out.buffer = Tensor::empty(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
+    out.buffer.copy_from(host);
+    out.q = out.buffer.narrow(3, 0, d).transpose(1, 2);
+    out.k = out.buffer.narrow(3, d, d).transpose(1, 2);
+    out.v = out.buffer.narrow(3, 2 * d, d).transpose(1, 2);
+    return out;
+  }
+  // A contiguous fp64 [b*h, s, d] host copy of a [b, h, s, d] view.
+  Tensor host64(const Tensor& view) {
+    Tensor t = Tensor::empty(cpu, view.shape(), DType::F64, MemoryCategory::Activations);
+    t.copy_from(view);
+    return t.view({view.size(0) * view.size(1), view.size(2), view.size(3)});
+  }
+  Tensor rows(i64 b, i64 h, i64 s, i64 d) {  // [b, s, h*d] rows viewed as [b, h, s, d]
+    Tensor t = Tensor::zeros(gpu, {b, s, h * d}, DType::BF16, MemoryCategory::Activations);
+    return t.view({b, s, h, d}).transpose(1, 2);
+  }
+  static kernels::DropoutLayout layout(i64 b, i64 h, i64 s) {
+    kernels::DropoutLayout l;
+    l.samples = b, l.groups = h, l.global_groups = h, l.matrix_rows = l.matrix_cols = s;
+    return l;
+  }
+};
+
+double max_rel(const Tensor& got, const Tensor& want) {
+  const auto a = got.to_double_vector(), b = want.to_double_vector();
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i])) return INFINITY;
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / std::max(den, 1e-30);
+}
+
+TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {
+  for (auto [b, h, s, d] : {std::array<i64, 4>{2, 4, 256, 64}, {1, 2, 1000, 128}, {3, 1, 77, 32}}) {
+    std::normal_distribution<double> n(0, 1);
+    Qkv in = qkv(b, h, s, d, [&](i64, i64) { return n(rng); });
+    Tensor o = rows(b, h, s, d), lse = Tensor::empty(gpu, {b * h, s}, DType::F32, MemoryCategory::Activations);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const auto l = layout(b, h, s);
+    kernels::cudnn_attention_forward(in.q, in.k, in.v, scale, 0.0, RngKey{}, l, o, lse);
+
+    const Tensor q = host64(in.q), k = host64(in.k), v = host64(in.v);
+    Tensor ref_o = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
+    Tensor ref_lse = Tensor::empty(cpu, {b * h, s}, DType::F64, MemoryCategory::Activations);
+    kernels::fused_attention_forward(q, k, v, scale, 0.0, RngKey{}, l, ref_o, ref_lse);
+    EXPECT_LT(max_rel(host64(o), ref_o), 1e-2) << b << "x" << h << "x" << s << "x" << d;
+    EXPECT_LT(max_rel(lse, ref_lse), 1e-3);
+
+    Tensor d_o = rows(b, h, s, d);
+    {
+      Tensor host = Tensor::empty(cpu, d_o.shape(), DType::BF16, MemoryCategory::Activations);
+      std::vector<double> values(static_cast<std::size_t>(host.numel()));
+      for (auto& x : values) x = n(rng);
+      host.copy_from_doubles(values);
+      d_o.copy_from(host);
+    }
+    Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
+    Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
+           dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
+    kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, scale, 0.0, RngKey{}, l, dq, dk, dv);
+    Tensor rdq = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
+    Tensor rdk = rdq.clone(MemoryCategory::Activations), rdv = rdq.clone(MemoryCategory::Activations);
+    kernels::fused_attention_backward(q, k, v, host64(o), host64(d_o), ref_lse, scale, 0.0, RngKey{}, l, rdq, rdk,
+                                      rdv);
+    EXPECT_LT(max_rel(host64(dq), rdq), 2e-2);
+    EXPECT_LT(max_rel(host64(dk), rdk), 2e-2);
+    EXPECT_LT(max_rel(host64(dv), rdv), 2e-2);
+  }
+  EXPECT_GE(cuda::cudnn_sdpa_cached_plans(), 6u);
+}
+
+// q = 0 makes every causal row uniform (P[i, j] = 1 / (i + 1)); v = e_0 makes
+// O[i, 0] = (kept among j <= i) / ((i + 1) (1 - p)).
+TEST_F(CudnnOnGpu, DropoutKeepsOneMinusPAndBackwardDropsTheSame) {
+  const i64 b = 2, h = 4, s = 256, d = 64;
+  const double p = 0.2;
+  Qkv in = qkv(b, h, s, d, [&](i64 part, i64 i) { return part == 2 ? (i % d == 0 ? 1.0 : 0.0) : 0.0; });
+  Tensor o = rows(b, h, s, d), lse = Tensor::empty(gpu, {b * h, s}, DType::F32, MemoryCategory::Activations);
+  const RngKey key{7, 3, 1, 0};
+  const auto l = layout(b, h, s);
+  kernels::cudnn_attention_forward(in.q, in.k, in.v, 1.0, p, key, l, o, lse);
+  const Tensor ho = host64(o);
+  const auto ov = ho.to_double_vector();
+  double kept = 0, total = 0, sum_o = 0;
+  for (i64 bh = 0; bh < b * h; ++bh)
+    for (i64 i = 0; i < s; ++i) {
+      const double x = ov[static_cast<std::size_t>((bh * s + i) * d)];
+      kept += x * (1 - p) * static_cast<double>(i + 1);
+      total += static_cast<double>(i + 1);
+      sum_o += x;
+    }
+  const double sigma = std::sqrt(p * (1 - p) / total);
+  EXPECT_NEAR(kept / total, 1 - p, 5 * sigma + 0.01) << "kept " << kept << " of " << total;
+
+  // Rerun: the same key repeats the mask bit for bit.
+  Tensor o2 = rows(b, h, s, d);
+  kernels::cudnn_attention_forward(in.q, in.k, in.v, 1.0, p, key, l, o2, lse);
+  EXPECT_EQ(host64(o2).to_double_vector(), ov);
+
+  // dO = e_0 on every row: sum_j dV[j, 0] = sum_i sum_j P~[i, j] = sum_i O[i, 0]
+  // exactly when backward drops the elements forward dropped.
+  Tensor d_o = rows(b, h, s, d);
+  {
+    Tensor host = Tensor::zeros(cpu, d_o.shape(), DType::BF16, MemoryCategory::Activations);
+    std::vector<double> v(static_cast<std::size_t>(host.numel()), 0.0);
+    for (std::size_t i = 0; i < v.size(); i += static_cast<std::size_t>(d)) v[i] = 1.0;
+    host.copy_from_doubles(v);
+    d_o.copy_from(host);
+  }
+  Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
+  Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
+         dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
+  kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, 1.0, p, key, l, dq, dk, dv);
+  const auto dvv = host64(dv).to_double_vector();
+  double sum_dv = 0;
+  for (std::size_t i = 0; i < dvv.size(); i += static_cast<std::size_t>(d)) sum_dv += dvv[i];
+  EXPECT_NEAR(sum_dv, sum_o, 1e-2 * sum_o);
+}
+
+}  // namespace

@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "megazero/kernels/cudnn_attention.h"
 #include "layers/transformer_layer.h"
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/core/error.h"
@@ -46,7 +47,7 @@ int run(int argc, char** argv) {
       "device", po::value(&device_spec), "cpu or cuda[:N]")("dropout", po::value(&dropout))(
       "recompute-activations", po::bool_switch(&cfg.recompute_activations))("steps", po::value(&steps))(
       "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
-      "attention-backend", po::value(&cfg.attention_backend), "unfused or fused")(
+      "attention-backend", po::value(&cfg.attention_backend), "unfused, fused or cudnn (CUDA only)")(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes");
   parse_command_line(argc, argv, d, "bench_layer");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
@@ -58,6 +59,10 @@ int run(int argc, char** argv) {
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
   cfg.validate(tp_size);
   auto device = make_device(device_spec);
+  if (cfg.cudnn_attention()) {  // the kernels' host reference is for tests, not for timing
+    const std::string why = kernels::cudnn_attention_unsupported(device->kind(), dt, cfg.head_dim(), false);
+    MZ_REQUIRE(why.empty(), why);
+  }
   VirtualCommunicator tp(0, tp_size, "tp");
   TpContext ctx{&tp, device, dt};
   ParameterSet params;

@@ -78,7 +78,8 @@ TEST(ActivationMemory, OneLayerKeepsWhatTheFormulaSaysWithAndWithoutSequencePara
   auto world = MpiCommunicator::world();
   const int tp = world->size();
   for (const Case& c : {Case{"gpt2 unfused", false, "unfused"}, Case{"gpt2 fused", false, "fused"},
-                        Case{"llama unfused", true, "unfused"}, Case{"llama fused", true, "fused"}}) {
+                        Case{"gpt2 cudnn", false, "cudnn"}, Case{"llama unfused", true, "unfused"},
+                        Case{"llama fused", true, "fused"}}) {
     for (DType dtype : {DType::F32, DType::BF16}) {
       std::int64_t per_layer[2] = {0, 0};
       for (bool sp : {false, true}) {

@@ -4,9 +4,11 @@
 // descriptor we lower from megazero/cuda/sdpa_graph.h (dims, strides, types,
 // each operation's operands) — forward and backward, bf16/fp16, with and
 // without dropout, contiguous and interleaved-QKV strides; a deliberately
-// broken graph is refused with a message naming the operation; the kernels
-// entry refuses the CPU with the flag to use. (test_sdpa_graph proves the
-// graphs' math against our kernels.)
+// broken graph is refused with a message naming the operation; what the
+// backend cannot run is refused naming the flags. (test_sdpa_graph proves the
+// graphs' math against our kernels; test_gpt_tp, test_layer_gradients and
+// test_activation_memory prove the layer's strided plumbing through the
+// entry's host reference.)
 //
 // With a GPU (tools/gpu_session.sh cudnn): the cuDNN engines against our CPU
 // fused attention in fp64 on the same bf16 inputs, p = 0, through strided
@@ -82,14 +84,6 @@ TEST(CudnnAttention, RefusesDevicesAndShapesItCannotRun) {
   EXPECT_EQ(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64, false), "");
   EXPECT_THROW(sdpa::forward_graph(problem(1, 2, 64, 12, sdpa::ElementType::bf16, 0.0, false)), ConfigError);
 
-  // The entry point on CPU tensors: a ConfigError naming the flag, not a crash.
-  auto cpu = make_device(DeviceKind::CPU);
-  Tensor q = Tensor::zeros(cpu, {1, 2, 16, 64}, DType::BF16, MemoryCategory::Activations);
-  Tensor out = Tensor::zeros(cpu, {1, 2, 16, 64}, DType::BF16, MemoryCategory::Activations);
-  Tensor lse = Tensor::zeros(cpu, {2, 16}, DType::F32, MemoryCategory::Activations);
-  kernels::DropoutLayout layout;
-  layout.samples = 1, layout.groups = 2, layout.global_groups = 2, layout.matrix_rows = layout.matrix_cols = 16;
-  EXPECT_THROW(kernels::cudnn_attention_forward(q, q, q, 0.125, 0.0, RngKey{}, layout, out, lse), ConfigError);
 }
 
 // ---- on a GPU ----

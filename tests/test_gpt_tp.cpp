@@ -214,6 +214,18 @@ TEST(GptTensorParallel, FusedAttentionMatchesUnfusedTpOne) {
   for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5, "fused");
 }
 
+// --attention-backend cudnn's layer plumbing (q, k, v and the context as
+// strided views into the projections' buffers, gradients written in place)
+// through the kernels' host reference: TP 1 unfused's numbers on every layout.
+TEST(GptTensorParallel, CudnnAttentionLayoutMatchesUnfusedTpOne) {
+  if (test_support::test_device()->kind() == DeviceKind::CUDA) GTEST_SKIP() << "fp32/fp64: the host reference only";
+  compare(world_size(), DType::F64, false, 1e-12, "cudnn");
+  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5, "cudnn");
+  g_sp = true;
+  compare(world_size(), DType::F32, true, 1e-5, "cudnn");
+  g_sp = false;
+}
+
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {
   // e.g. 8 ranks as 4 TP groups of 2: every group computes the same thing.
   if (world_size() < 4) GTEST_SKIP() << "needs 4 ranks";

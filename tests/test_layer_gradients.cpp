@@ -4,6 +4,8 @@
 // activation recompute. TP = 1 here; test_gpt_tp proves TP > 1 equal to TP = 1.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "gradcheck.h"
 #include "layers/gpt_model.h"
 #include "layers/layernorm.h"
@@ -177,11 +179,17 @@ TEST_F(LayerGrad, BiasGeluFusionChangesNoBitInFp32) {
 }
 
 TEST_F(LayerGrad, SelfAttentionWithDropout) {
-  ParameterSet ps;
-  ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
-  check_layer(
-      ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
-      [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
+  // cudnn: q/k/v and the context as strided views of the projections' buffers
+  // (the kernels' host reference computes; the plumbing is the GPU's).
+  for (const char* backend : {"unfused", "fused", "cudnn"}) {
+    SCOPED_TRACE(backend);
+    cfg.attention_backend = backend;
+    ParameterSet ps;
+    ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+    check_layer(
+        ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
+        [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
+  }
 }
 
 TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
@@ -247,7 +255,8 @@ TEST_F(LayerGrad, SwigluMLPWithAndWithoutBiases) {
 
 TEST_F(LayerGrad, AttentionWithRotaryEmbeddingsAndQueryGroups) {
   for (const std::int64_t groups : {4, 2, 1}) {  // MHA, GQA, MQA
-    for (const char* backend : {"unfused", "fused"}) {
+    for (const char* backend : {"unfused", "fused", "cudnn"}) {
+      if (groups != 4 && std::string(backend) == "cudnn") continue;  // multi-head only
       SCOPED_TRACE(testing::Message() << groups << " query groups, " << backend);
       cfg.position_embedding_type = "rope";
       cfg.rotary_base = 500;

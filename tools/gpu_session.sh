@@ -28,7 +28,12 @@
 #            against bench/torch_layer.py SDPA eager and --compile. Log in peers.txt, the ratio
 #            table (tools/peer_ratios.py: speed ours/theirs, MFU, peak memory, the #21 goals) in
 #            peers-ratios.txt. peers-gpt / peers-layer run one half each (peers-gpt.txt, ...).
-#   tools/gpu_session.sh paths tests layer train
+#   cudnn  - --attention-backend cudnn (issue #21 item 1): test_cudnn_attention's GPU half (cuDNN
+#            against our fp64 fused attention through strided QKV views, dropout's kept fraction
+#            and forward/backward mask agreement, the plan cache), test_gpt_tp/test_cuda's model
+#            paths, bench_layer unfused/fused/cudnn, and the 355M run with cudnn; cuDNN's own
+#            log (CUDNN_LOGLEVEL_DBG=2) in cudnn-api.log for a graph it refuses. Run it after paths.
+#   tools/gpu_session.sh paths cudnn tests layer train
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -90,6 +95,27 @@ for phase in "$@"; do
       } > "$out/tests.txt" 2>&1
       grep -E "^==|PASSED|FAILED|SKIPPED|tests ran" "$out/tests.txt" | tail -60
       ;;
+    cudnn)
+      {
+        export CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn-api.log"
+        echo "== test_sdpa_graph"; mpi 1 $B/test_sdpa_graph
+        echo "== test_cudnn_attention (GPU half)"; mpi 1 $B/test_cudnn_attention
+        unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
+        echo "== test_layer_gradients"; mpi 1 $B/test_layer_gradients
+        for a in unfused fused cudnn; do
+          echo "== bench_layer bf16 $a"; timeout 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
+        done
+        for a in fused cudnn; do
+          echo "== pretrain_gpt 355M bf16 attention $a"
+          mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+            --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+            --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $a \
+            --attention-dropout 0.0 --hidden-dropout 0.0 --seed 5
+          echo "== exit $?"
+        done
+      } > "$out/cudnn.txt" 2>&1
+      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|error" "$out/cudnn.txt" | tail -40
+      ;;
     quick)
       # A re-check after a kernel change: the CPU-vs-GPU kernel tests and our layer's speed.
       {
@@ -129,7 +155,7 @@ for phase in "$@"; do
         # GPT-2 medium shape (24 x 1024, 16 heads, 355M parameters), bf16, one GPU, mock data.
         # The third run: all device memory in one arena sized by the plan (--device-arena; its log
         # line says how many allocations missed it).
-        for v in "unfused" "fused" "fused --device-arena"; do
+        for v in "unfused" "fused" "cudnn" "fused --device-arena"; do
           echo "== attention $v (NCCL groups on one rank)"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
@@ -147,7 +173,7 @@ for phase in "$@"; do
       {
         echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
         if [ "$phase" != peers-layer ]; then
-          for a in unfused fused; do
+          for a in unfused fused cudnn; do
             m="$out/$phase-metrics-$a.jsonl"
             rm -f "$m"
             echo "== ours: pretrain_gpt 355M bf16, attention $a"
@@ -163,7 +189,7 @@ for phase in "$@"; do
           done
         fi
         if [ "$phase" != peers-gpt ]; then
-          for a in unfused fused; do
+          for a in unfused fused cudnn; do
             echo "== ours: bench_layer 100B layer (TP-16 rank) bf16, attention $a"
             timeout "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
             echo "== exit $?"

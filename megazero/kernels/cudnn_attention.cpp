@@ -1,5 +1,6 @@
 #include "megazero/kernels/cudnn_attention.h"
 
+#include "megazero/kernels/fused_attention.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/kernel_support.h"
 
@@ -28,6 +29,25 @@ void check_view(const char* op, const char* name, const Tensor& t, const Tensor&
            " is on ", t.device().name(), " but q is on ", ref.device().name());
 }
 
+// CUDA, or the meta device standing in for it; everything else runs the
+// host reference below.
+bool runs_on_gpu(const Tensor& t) {
+  const DeviceKind kind = t.device().kind() == DeviceKind::Meta ? static_cast<MetaDevice&>(t.device()).kernels()
+                                                                : t.device().kind();
+  return kind == DeviceKind::CUDA;
+}
+
+// The host reference: the same contract through fused_attention_* on
+// contiguous copies (Philox masks). Users never reach it (the arguments refuse
+// --attention-backend cudnn off CUDA); it lets CPU CI prove the layer's
+// strided plumbing (TP equivalence, finite differences, activation bytes).
+Tensor contiguous_heads(const Tensor& view) {
+  Tensor t = Tensor::empty(view.device_ptr(), {view.size(0) * view.size(1), view.size(2), view.size(3)}, view.dtype(),
+                           MemoryCategory::Workspace, "cudnn reference operand");
+  t.view(view.shape()).copy_from(view);
+  return t;
+}
+
 Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& lse, double p,
                       std::initializer_list<Named> views) {
   MZ_CHECK(q.defined() && q.dim() == 4, op, ": q must be [samples, heads, S, D], got ",
@@ -38,11 +58,10 @@ Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& lse, double
   check_stat(op, "lse", lse, q, q.dtype());
   check_shape(op, "lse", lse, {dm.b * dm.h, dm.s});
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability must be in [0, 1), got ", p);
-  const std::string why = cudnn_attention_unsupported(q.device().kind() == DeviceKind::Meta
-                                                          ? static_cast<MetaDevice&>(q.device()).kernels()
-                                                          : q.device().kind(),
-                                                      q.dtype(), dm.d, false);
-  MZ_REQUIRE(why.empty(), why);
+  if (runs_on_gpu(q)) {
+    const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d, false);
+    MZ_REQUIRE(why.empty(), why);
+  }
   return dm;
 }
 
@@ -110,8 +129,14 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
     return;
   }
 #endif
-  (void)key, (void)layout, (void)scale;
-  log_work(q, dm, 2);  // the meta device standing in for CUDA (check_arguments refused the rest)
+  if (runs_on_gpu(q)) {
+    log_work(q, dm, 2);  // the meta device standing in for CUDA
+    return;
+  }
+  Tensor o = Tensor::empty(out.device_ptr(), {dm.b * dm.h, dm.s, dm.d}, out.dtype(), MemoryCategory::Workspace,
+                           "cudnn reference output");
+  fused_attention_forward(contiguous_heads(q), contiguous_heads(k), contiguous_heads(v), scale, p, key, layout, o, lse);
+  out.copy_from(o.view(out.shape()));
 }
 
 void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
@@ -134,8 +159,19 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
     return;
   }
 #endif
-  (void)key, (void)layout, (void)scale;
-  log_work(q, dm, 5);
+  if (runs_on_gpu(q)) {
+    log_work(q, dm, 5);
+    return;
+  }
+  const Shape heads{dm.b * dm.h, dm.s, dm.d};
+  Tensor gq = Tensor::empty(q.device_ptr(), heads, q.dtype(), MemoryCategory::Workspace, "cudnn reference dq");
+  Tensor gk = Tensor::empty(q.device_ptr(), heads, q.dtype(), MemoryCategory::Workspace, "cudnn reference dk");
+  Tensor gv = Tensor::empty(q.device_ptr(), heads, q.dtype(), MemoryCategory::Workspace, "cudnn reference dv");
+  fused_attention_backward(contiguous_heads(q), contiguous_heads(k), contiguous_heads(v), contiguous_heads(out),
+                           contiguous_heads(dout), lse, scale, p, key, layout, gq, gk, gv);
+  dq.copy_from(gq.view(dq.shape()));
+  dk.copy_from(gk.view(dk.shape()));
+  dv.copy_from(gv.view(dv.shape()));
 }
 
 }  // namespace megazero::kernels

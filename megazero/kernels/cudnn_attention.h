@@ -11,7 +11,10 @@
 //    statistically the same Bernoulli(1 - p) but not the Philox mask of the
 //    other backends, so runs agree with them to rounding only at p = 0.
 // On the meta device standing in for CUDA (the planner) the scratch is
-// allocated and the work logged; anywhere else it refuses with the flag to use.
+// allocated and the work logged. On host devices it runs a reference: copies
+// of the views through fused_attention_* (Philox masks, so it equals the fused
+// backend exactly) — for CI to prove the layer's strided plumbing; users never
+// reach it (the arguments refuse the backend off CUDA).
 #pragma once
 
 #include <string>

@@ -19,6 +19,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
+#include <functional>
 #include <random>
 
 #include "megazero/core/error.h"
@@ -47,6 +49,7 @@ sdpa::Problem problem(i64 b, i64 h, i64 s, i64 d, sdpa::ElementType t, double p,
 }
 
 TEST(CudnnDescriptors, EveryTensorAndOperationFinalizes) {
+  std::printf("[cudnn] %s\n", cuda::cudnn_versions().c_str());
   int graphs = 0;
   for (sdpa::ElementType t : {sdpa::ElementType::bf16, sdpa::ElementType::f16})
     for (double p : {0.0, 0.1})

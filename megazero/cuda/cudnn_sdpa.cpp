@@ -8,7 +8,9 @@
 
 #include <cudnn.h>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -301,7 +303,10 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
   for (const GraphTensor& t : g.tensors) {
     if (!t.by_value || t.uid == sdpa::kSeed || t.uid == sdpa::kOffset) continue;
     plan->scalar_uids.push_back(t.uid);
-    plan->scalar_f32.push_back(static_cast<float>(t.value));
+    // The causal mask's -inf: cuDNN before 9.10 wants the lowest finite float
+    // there instead (the frontend makes the same switch).
+    const bool old_mask = std::isinf(t.value) && cudnnGetVersion() < 91000;
+    plan->scalar_f32.push_back(old_mask ? std::numeric_limits<float>::lowest() : static_cast<float>(t.value));
   }
   return plan;
 }
@@ -422,6 +427,10 @@ void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, c
           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
            const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, ws.data},
           dropout, carve(ws, row_sum));
+}
+
+std::string cudnn_versions() {
+  return detail::concat("cuDNN ", cudnnGetVersion(), " at run time, built against ", CUDNN_VERSION);
 }
 
 std::size_t cudnn_sdpa_cached_plans() {

@@ -23,6 +23,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "megazero/cuda/sdpa_graph.h"
 #include "megazero/kernels/dropout.h"
@@ -51,6 +52,9 @@ void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, co
 void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, const void* v, const void* o,
                          const void* d_o, const float* stats, void* dq, void* dk, void* dv, CudnnDropoutKey dropout,
                          kernels::GpuScratch ws, cudaStream_t stream);
+
+// "cuDNN <run-time version> at run time, built against <header version>".
+std::string cudnn_versions();
 
 // Plans built so far in this process (for tests and the benchmark's report).
 std::size_t cudnn_sdpa_cached_plans();

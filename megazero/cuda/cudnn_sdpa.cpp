@@ -245,7 +245,7 @@ struct Plan {
   // slots are written per call).
   std::vector<i64> scalar_uids;
   std::vector<float> scalar_f32;
-  i64 seed = 0, offset = 0;
+  bool dropout = false;  // binds the seed and offset tensors
 };
 
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size_t workspace_budget) {
@@ -301,7 +301,8 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
            "-byte workspace budget (gpu_scratch::cudnn_sdpa_engine_bytes):", tried);
 
   for (const GraphTensor& t : g.tensors) {
-    if (!t.by_value || t.uid == sdpa::kSeed || t.uid == sdpa::kOffset) continue;
+    if (t.uid == sdpa::kSeed) plan->dropout = true;
+    if (!t.by_value) continue;
     plan->scalar_uids.push_back(t.uid);
     // The causal mask's -inf: cuDNN before 9.10 wants the lowest finite float
     // there instead (the frontend makes the same switch).
@@ -352,17 +353,21 @@ Plan& plan_for(bool backward, const sdpa::Problem& p, std::size_t budget, cudaSt
   return *it->second;
 }
 
+// rng: two int64 in device memory (the scratch's first piece) that receive the
+// seed and offset; copied from pageable host memory, which the runtime stages
+// before the call returns, ordered on the stream before the plan runs.
 void execute(cudnnHandle_t handle, Plan& plan, std::vector<i64> uids, std::vector<void*> pointers,
-             CudnnDropoutKey dropout, void* workspace) {
-  plan.seed = dropout.seed;
-  plan.offset = dropout.offset;
+             CudnnDropoutKey dropout, std::int64_t* rng, void* workspace, cudaStream_t stream) {
   for (std::size_t i = 0; i < plan.scalar_uids.size(); ++i) {
     uids.push_back(plan.scalar_uids[i]);
     pointers.push_back(&plan.scalar_f32[i]);
   }
-  for (const GraphTensor& t : plan.lowered->graph().tensors) {
-    if (t.uid == sdpa::kSeed) uids.push_back(t.uid), pointers.push_back(&plan.seed);
-    if (t.uid == sdpa::kOffset) uids.push_back(t.uid), pointers.push_back(&plan.offset);
+  if (plan.dropout) {
+    const std::int64_t host[2] = {dropout.seed, dropout.offset};
+    MZ_CHECK(cudaMemcpyAsync(rng, host, sizeof host, cudaMemcpyHostToDevice, stream) == cudaSuccess,
+             "cuDNN attention: copying the dropout seed and offset");
+    uids.push_back(sdpa::kSeed), pointers.push_back(rng);
+    uids.push_back(sdpa::kOffset), pointers.push_back(rng + 1);
   }
   Descriptor pack(CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR, "variant pack");
   MZ_SET(pack, CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, CUDNN_TYPE_VOID_PTR, pointers.data(),
@@ -408,7 +413,8 @@ void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, co
   cudnnHandle_t handle = nullptr;
   Plan& plan = plan_for(false, p, kernels::gpu_scratch::cudnn_sdpa_engine_bytes(bh, p.s, p.d), stream, &handle);
   execute(handle, plan, {sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kStats},
-          {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats}, dropout, ws.data);
+          {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats}, dropout,
+          static_cast<std::int64_t*>(ws.data), carve(ws, kernels::gpu_scratch::kCudnnRngStateBytes), stream);
 }
 
 void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, const void* v, const void* o,
@@ -418,6 +424,7 @@ void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, c
   const std::size_t need = kernels::gpu_scratch::cudnn_sdpa_bytes(true, bh, p.s, p.d);
   MZ_CHECK(ws.data != nullptr && ws.bytes >= need, "cuDNN attention backward: given ", ws.bytes,
            " bytes of scratch, needs ", need);
+  const std::size_t rng = kernels::gpu_scratch::kCudnnRngStateBytes;
   const std::size_t row_sum = kernels::gpu_scratch::cudnn_sdpa_row_sum_bytes(true, bh, p.s);
   cudnnHandle_t handle = nullptr;
   Plan& plan = plan_for(true, p, kernels::gpu_scratch::cudnn_sdpa_engine_bytes(bh, p.s, p.d), stream, &handle);
@@ -425,8 +432,8 @@ void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, c
           {sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kDO, sdpa::kStats, sdpa::kDQ, sdpa::kDK, sdpa::kDV,
            sdpa::kSoftmaxSum},
           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
-           const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, ws.data},
-          dropout, carve(ws, row_sum));
+           const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, carve(ws, rng)},
+          dropout, static_cast<std::int64_t*>(ws.data), carve(ws, rng + row_sum), stream);
 }
 
 std::string cudnn_versions() {

@@ -120,7 +120,9 @@ class Builder {
     graph_.tensors.push_back(g);
     return g.uid;
   }
-  i64 runtime_scalar(i64 uid, const char* name) {
+  // The dropout seed and offset: int64 [1, 1, 1, 1] in device memory (as
+  // cuDNN's flash-attention samples bind them), written per call.
+  i64 rng_state(i64 uid, const char* name) {
     GraphTensor g;
     g.uid = uid;
     g.name = name;
@@ -128,7 +130,6 @@ class Builder {
     g.strides = {1, 1, 1, 1};
     g.type = ElementType::int64;
     g.is_virtual = false;
-    g.by_value = true;
     graph_.tensors.push_back(g);
     return uid;
   }
@@ -166,7 +167,7 @@ class Builder {
   void reshape(const char* name, i64 x, i64 out) { op(OpKind::reshape, name, {x}, out); }
   // Bernoulli(keep) mask [b, h, s, s] from the run's seed and offset.
   i64 dropout_mask() {
-    const i64 seed = runtime_scalar(kSeed, "seed"), offset = runtime_scalar(kOffset, "offset");
+    const i64 seed = rng_state(kSeed, "seed"), offset = rng_state(kOffset, "offset");
     const i64 mask = scores("dropout_mask");
     op(OpKind::rng, "rng", {seed, offset}, mask).keep_probability = 1.0 - p_.dropout;
     return mask;

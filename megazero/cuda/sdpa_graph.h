@@ -39,8 +39,8 @@ enum Uid : i64 {
   kV = 3,
   kO = 4,
   kStats = 5,       // fp32 [b, h, s, 1]: max + log(sum exp) per row (natural log)
-  kSeed = 6,        // int64 by value
-  kOffset = 7,      // int64 by value
+  kSeed = 6,        // int64 [1, 1, 1, 1] in device memory (dropout only)
+  kOffset = 7,      // int64 [1, 1, 1, 1] in device memory (dropout only)
   kDO = 8,
   kDQ = 9,
   kDK = 10,
@@ -77,7 +77,7 @@ struct GraphTensor {
   ElementType type = ElementType::f32;
   bool is_virtual = true;
   bool by_value = false;  // a scalar passed in host memory through the variant pack
-  double value = 0.0;     // by-value constants (scale, -inf, dropout scales); seeds come at run time
+  double value = 0.0;     // by-value constants (scale, -inf, dropout scales)
 };
 
 struct GraphOp {
@@ -99,7 +99,8 @@ struct Graph {
   std::vector<GraphTensor> tensors;
   std::vector<GraphOp> ops;
   const GraphTensor& tensor(i64 uid) const;
-  // The caller's (non-virtual, not by-value) tensors' uids, in tensor order.
+  // The caller's device tensors (non-virtual, not by value; the seed and
+  // offset included when there is dropout), in tensor order.
   std::vector<i64> io_uids() const;
 };
 

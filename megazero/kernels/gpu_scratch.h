@@ -130,12 +130,14 @@ inline std::size_t sum_of_squares_bytes(i64 ranges) {
 
 inline std::size_t flash_backward_bytes(i64 bh, i64 seq) { return static_cast<std::size_t>(bh * seq) * sizeof(float); }
 
-// cuDNN's fused attention (megazero/cuda/cudnn_sdpa.cpp): the backward's fp32
-// row-sum tensor [bh, seq] (a graph input we own), then the engine's own
+// cuDNN's fused attention (megazero/cuda/cudnn_sdpa.cpp): the dropout seed
+// and offset (two int64 in device memory, one 256-byte piece), the backward's
+// fp32 row-sum tensor [bh, seq] (a graph input we own), then the engine's own
 // workspace, budgeted on the host so the planner and the arena count it: an
 // fp32 accumulator the size of dQ plus 32 MiB. The plan is chosen among the
 // engine configurations whose workspace fits the budget.
 constexpr std::size_t kCudnnEngineSlackBytes = std::size_t{32} << 20;
+constexpr std::size_t kCudnnRngStateBytes = 256;
 inline std::size_t cudnn_sdpa_engine_bytes(i64 bh, i64 seq, i64 head_dim) {
   return detail::aligned(static_cast<std::size_t>(bh * seq * head_dim) * sizeof(float)) + kCudnnEngineSlackBytes;
 }
@@ -143,7 +145,7 @@ inline std::size_t cudnn_sdpa_row_sum_bytes(bool backward, i64 bh, i64 seq) {
   return backward ? detail::aligned(static_cast<std::size_t>(bh * seq) * sizeof(float)) : 0;
 }
 inline std::size_t cudnn_sdpa_bytes(bool backward, i64 bh, i64 seq, i64 head_dim) {
-  return cudnn_sdpa_row_sum_bytes(backward, bh, seq) + cudnn_sdpa_engine_bytes(bh, seq, head_dim);
+  return kCudnnRngStateBytes + cudnn_sdpa_row_sum_bytes(backward, bh, seq) + cudnn_sdpa_engine_bytes(bh, seq, head_dim);
 }
 
 // The four int lists of `tokens` (row keys and token indices, double-buffered)

@@ -126,55 +126,79 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   return context_;
 }
 
-// Multi-head only (GPTConfig::validate refuses groups with cudnn). Without
-// RoPE q, k, v are strided views of the QKV projection's output, [B, S, heads,
-// 3, hn] rows read as [B, heads, S, hn]; with RoPE the rotated copies.
+// Multi-head only (GPTConfig::validate refuses groups with cudnn): the QKV
+// projection's rows [B*S, heads * 3 * hn] read as q, k, v [B, heads, S, hn].
+ParallelSelfAttention::HeadViews ParallelSelfAttention::qkv_views(const Tensor& rows) const {
+  const Tensor four = rows.view({step_.micro_batch, step_.seq, local_heads_, 3 * head_dim_});
+  return {four.narrow(3, 0, head_dim_).transpose(1, 2), four.narrow(3, head_dim_, head_dim_).transpose(1, 2),
+          four.narrow(3, 2 * head_dim_, head_dim_).transpose(1, 2)};
+}
+
+// The output projection's rows [B*S, heads * hn] as [B, heads, S, hn].
+Tensor ParallelSelfAttention::context_view(const Tensor& rows) const {
+  return rows.view({step_.micro_batch, step_.seq, local_heads_, head_dim_}).transpose(1, 2);
+}
+
+// Without RoPE q, k, v are views of the QKV output; with RoPE they are copies
+// (contiguous [B, heads, S, hn]; q and k rotated) and the QKV output is freed.
 Tensor ParallelSelfAttention::forward_cudnn(Tensor& qkv, double p, const RngKey& key) {
   const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_;
+  HeadViews in = qkv_views(qkv);
   if (cfg_.rope()) {
-    q_ = split_heads(qkv, 0);
-    k_ = split_heads(qkv, 1);
-    v_ = split_heads(qkv, 2);
-    kernels::rope_forward(q_, cfg_.rotary_base, q_);
-    kernels::rope_forward(k_, cfg_.rotary_base, k_);
-    q_ = q_.view({B, H, S, head_dim_});
-    k_ = k_.view({B, H, S, head_dim_});
-    v_ = v_.view({B, H, S, head_dim_});
-  } else {
-    const Tensor four = qkv.view({B, S, H, 3 * head_dim_});
-    q_ = four.narrow(3, 0, head_dim_).transpose(1, 2);
-    k_ = four.narrow(3, head_dim_, head_dim_).transpose(1, 2);
-    v_ = four.narrow(3, 2 * head_dim_, head_dim_).transpose(1, 2);
+    in.q = split_heads(qkv, 0);
+    in.k = split_heads(qkv, 1);
+    kernels::rope_forward(in.q, cfg_.rotary_base, in.q);
+    kernels::rope_forward(in.k, cfg_.rotary_base, in.k);
+    in.q = in.q.view({B, H, S, head_dim_});
+    in.k = in.k.view({B, H, S, head_dim_});
+    in.v = split_heads(qkv, 2).view({B, H, S, head_dim_});
   }
+  q_ = in.q, k_ = in.k, v_ = in.v;
   qkv = Tensor();
   // The context lands in the rows the output projection reads.
   Tensor merged = ctx_.activation({B * S, H * head_dim_});
-  context_ = merged.view({B, S, H, head_dim_}).transpose(1, 2);
+  context_ = context_view(merged);
   lse_ = ctx_.row_stats({B * H, S});
   kernels::cudnn_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
   return merged;
 }
 
+// The gradients land in the rows the QKV projection's backward reads (with
+// RoPE dq and dk first in contiguous buffers for the rotation's adjoint).
 Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, const RngKey& key) {
   const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_;
-  const Tensor dctx = dmerged.view({B, S, H, head_dim_}).transpose(1, 2);
   Tensor dqkv = ctx_.activation({B * S, 3 * H * head_dim_});
-  const Tensor four = dqkv.view({B, S, H, 3 * head_dim_});
-  Tensor dq = four.narrow(3, 0, head_dim_).transpose(1, 2);
-  Tensor dk = four.narrow(3, head_dim_, head_dim_).transpose(1, 2);
-  Tensor dv = four.narrow(3, 2 * head_dim_, head_dim_).transpose(1, 2);
-  if (!cfg_.rope()) {  // the gradients land in the rows the QKV projection's backward reads
-    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
+  HeadViews d = qkv_views(dqkv);
+  if (!cfg_.rope()) {
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, context_view(dmerged), lse_, scale(), p, key,
+                                      probs_layout(), d.q, d.k, d.v);
     return dqkv;
   }
   Tensor rq = ctx_.activation({B * H, S, head_dim_}), rk = ctx_.activation({B * H, S, head_dim_});
   Tensor rq4 = rq.view({B, H, S, head_dim_}), rk4 = rk.view({B, H, S, head_dim_});
-  kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), rq4, rk4, dv);
+  kernels::cudnn_attention_backward(q_, k_, v_, context_, context_view(dmerged), lse_, scale(), p, key,
+                                    probs_layout(), rq4, rk4, d.v);
   kernels::rope_backward(rq, cfg_.rotary_base, rq);  // the rotation's adjoint, back to the projection's outputs
   kernels::rope_backward(rk, cfg_.rotary_base, rk);
-  dq.copy_from(rq4);
-  dk.copy_from(rk4);
+  d.q.copy_from(rq4);
+  d.k.copy_from(rk4);
   return dqkv;
+}
+
+std::string ParallelSelfAttention::prepare_kernels(const StepInfo& step, double p) {
+  if (!cfg_.cudnn_attention()) return {};
+  // The operands' shapes and strides exactly as forward_cudnn/backward_cudnn
+  // make them, on the meta device (no memory); cuDNN plans on the run's GPU.
+  step_ = step;
+  const std::int64_t B = step.micro_batch, S = step.seq, H = local_heads_;
+  auto meta = make_meta_device(DeviceKind::CUDA);
+  auto rows = [&](std::int64_t cols) { return Tensor::empty(meta, {B * S, cols}, ctx_.dtype, MemoryCategory::Other); };
+  HeadViews in = qkv_views(rows(3 * H * head_dim_)), d = qkv_views(rows(3 * H * head_dim_));
+  if (cfg_.rope()) {
+    in.q = in.k = in.v = d.q = d.k = Tensor::empty(meta, {B, H, S, head_dim_}, ctx_.dtype, MemoryCategory::Other);
+  }
+  const Tensor out = context_view(rows(H * head_dim_)), dout = context_view(rows(H * head_dim_));
+  return kernels::cudnn_attention_prepare(*ctx_.device, in.q, in.k, in.v, out, dout, d.q, d.k, d.v, scale(), p);
 }
 
 Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_done) {

@@ -22,6 +22,8 @@
 // dk/dv per query head, summed here over the group.
 #pragma once
 
+#include <string>
+
 #include "layers/gpt_config.h"
 #include "layers/linear.h"
 #include "layers/step.h"
@@ -40,8 +42,16 @@ class ParallelSelfAttention {
   // output_bias_grad_done: the caller summed the dense bias's gradient.
   Tensor backward(const Tensor& dy, bool output_bias_grad_done = false);
   void release();
+  // --attention-backend cudnn on a GPU: builds cuDNN's plans for steps shaped
+  // like `step` with dropout p (a log line); empty for the other backends.
+  std::string prepare_kernels(const StepInfo& step, double p);
 
  private:
+  struct HeadViews {
+    Tensor q, k, v;
+  };
+  HeadViews qkv_views(const Tensor& rows) const;  // cudnn: [B*S, heads*3*hn] rows as [B, heads, S, hn]
+  Tensor context_view(const Tensor& rows) const;  // cudnn: [B*S, heads*hn] rows as [B, heads, S, hn]
   // [B*S, local_groups*(per_group+2)*hn] -> contiguous q [B*local_heads, S, hn]
   // (which = 0), k or v [B*local_groups, S, hn] (which = 1, 2).
   Tensor split_heads(const Tensor& qkv, int which) const;

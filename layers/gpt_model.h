@@ -38,6 +38,12 @@ class GPTModel {
   double forward(const Tensor& ids, const Tensor& targets, const StepInfo& step);
   // Accumulates d(loss_scale * mean loss)/d(parameters) into the gradients.
   void backward(double loss_scale = 1.0);
+  // Start-up work of the kernels for steps shaped like `step` with attention
+  // dropout p (--attention-backend cudnn: cuDNN's plans, built once; every
+  // layer has the same shapes); a line for the log, empty if there is none.
+  std::string prepare_kernels(const StepInfo& step, double p) {
+    return layers_.empty() ? std::string() : layers_.front()->prepare_kernels(step, p);
+  }
   // Storage manager called around each parameter group (ZeRO); none by default.
   void set_param_hooks(ParamHooks* hooks) { hooks_ = hooks ? hooks : &no_hooks_; }
   // Where recomputing layers keep their inputs (ZeRO-R's Pa, Pa+cpu, MD); the

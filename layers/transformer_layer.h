@@ -24,6 +24,8 @@ class TransformerLayer {
   // Where the checkpointed input goes with recompute (the model's store).
   // nullptr: keep the whole input (the layer's own store).
   void set_checkpoint_store(ActivationCheckpointStore* store) { store_ = store ? store : &own_store_; }
+  // The attention kernels' start-up work (ParallelSelfAttention::prepare_kernels).
+  std::string prepare_kernels(const StepInfo& step, double p) { return attention_.prepare_kernels(step, p); }
 
  private:
   Tensor forward_impl(const Tensor& x);

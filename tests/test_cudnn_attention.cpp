@@ -23,6 +23,8 @@
 #include <functional>
 #include <random>
 
+#include "layers/attention.h"
+#include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
 #include "megazero/cuda/cuda_device.h"
@@ -89,6 +91,35 @@ TEST(CudnnAttention, RefusesDevicesAndShapesItCannotRun) {
 
 }
 
+// The layer's start-up call builds the operands' views on the meta device
+// (no memory) and plans only on a GPU: nothing to do on the CPU.
+layers::GPTConfig layer_config(bool rope) {
+  layers::GPTConfig cfg;
+  cfg.num_layers = 1;
+  cfg.hidden_size = 256;
+  cfg.num_attention_heads = 4;
+  cfg.vocab_size = 64;
+  cfg.max_position_embeddings = 128;
+  cfg.seq_length = 128;
+  cfg.attention_dropout = 0.1;
+  cfg.attention_backend = "cudnn";
+  if (rope) cfg.position_embedding_type = "rope";
+  return cfg;
+}
+
+TEST(CudnnAttention, PrepareAllocatesNothingAndPlansOnlyOnAGpu) {
+  auto world = MpiCommunicator::world();
+  layers::TpContext ctx{world.get(), make_device(DeviceKind::CPU), DType::BF16};
+  layers::ParameterSet ps;
+  layers::ParallelSelfAttention attn(ps, "attn", layer_config(false), 0, ctx);
+  layers::StepInfo step;
+  step.micro_batch = 2;
+  step.seq = 128;
+  const auto before = ctx.device->memory().snapshot().total_live_bytes;
+  EXPECT_EQ(attn.prepare_kernels(step, 0.1), "");
+  EXPECT_EQ(ctx.device->memory().snapshot().total_live_bytes, before);
+}
+
 // ---- on a GPU ----
 
 class CudnnOnGpu : public ::testing::Test {
@@ -144,6 +175,43 @@ double max_rel(const Tensor& got, const Tensor& want) {
     den = std::max(den, std::abs(b[i]));
   }
   return num / std::max(den, 1e-30);
+}
+
+// What the trainer does at start-up (ParallelSelfAttention::prepare_kernels)
+// builds exactly the plans the layer's steps then use: no new plan after it.
+TEST_F(CudnnOnGpu, LayerPrepareBuildsThePlansTheStepsUse) {
+  auto world = MpiCommunicator::world();
+  for (bool rope : {false, true}) {
+    SCOPED_TRACE(rope ? "rope" : "learned positions");
+    layers::TpContext ctx{world.get(), gpu, DType::BF16};
+    layers::ParameterSet ps;
+    const layers::GPTConfig cfg = layer_config(rope);
+    layers::ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+    ps.allocate(gpu, DType::BF16);
+    ps.initialize(3);
+    layers::StepInfo step;
+    step.micro_batch = 2;
+    step.seq = cfg.seq_length;
+    step.iteration = 1;
+    const std::string line = attn.prepare_kernels(step, cfg.attention_dropout);
+    std::printf("[cudnn] %s\n", line.c_str());
+    EXPECT_NE(line.find("backward engine"), std::string::npos) << line;
+    const std::size_t plans = cuda::cudnn_sdpa_cached_plans();
+    Tensor x = Tensor::empty(gpu, {step.micro_batch * step.seq, cfg.hidden_size}, DType::BF16,
+                             MemoryCategory::Activations);
+    {
+      Tensor host = Tensor::empty(cpu, x.shape(), DType::BF16, MemoryCategory::Activations);
+      std::normal_distribution<double> n(0, 1);
+      std::vector<double> values(static_cast<std::size_t>(host.numel()));
+      for (auto& v : values) v = n(rng);
+      host.copy_from_doubles(values);
+      x.copy_from(host);
+    }
+    const Tensor y = attn.forward(x, step);
+    const Tensor dx = attn.backward(y);
+    for (double v : dx.to_double_vector()) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(cuda::cudnn_sdpa_cached_plans(), plans) << "the step planned again: its operands differ from prepare's";
+  }
 }
 
 TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {

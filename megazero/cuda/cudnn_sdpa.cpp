@@ -241,6 +241,7 @@ struct Plan {
   std::unique_ptr<LoweredGraph> lowered;
   std::unique_ptr<Descriptor> op_graph, engine_config, plan;
   std::int64_t workspace = 0;
+  i64 engine_index = 0, engine_count = 0;
   // By-value scalars, host memory the variant pack points at (seed/offset
   // slots are written per call).
   std::vector<i64> scalar_uids;
@@ -295,6 +296,8 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
     plan->engine_config = std::move(configs[i]);
     plan->plan = std::move(candidate);
     plan->workspace = ws;
+    plan->engine_index = i;
+    plan->engine_count = returned;
     break;
   }
   MZ_CHECK(plan->plan != nullptr, "no cuDNN attention engine fits the ", workspace_budget,
@@ -434,6 +437,14 @@ void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, c
           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
            const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, carve(ws, rng)},
           dropout, static_cast<std::int64_t*>(ws.data), carve(ws, rng + row_sum), stream);
+}
+
+std::string cudnn_sdpa_prepare(const sdpa::Problem& p, bool backward, cudaStream_t stream) {
+  cudnnHandle_t handle = nullptr;
+  const Plan& plan =
+      plan_for(backward, p, kernels::gpu_scratch::cudnn_sdpa_engine_bytes(p.b * p.h, p.s, p.d), stream, &handle);
+  return detail::concat("engine configuration #", plan.engine_index, " of ", plan.engine_count, ", workspace ",
+                        plan.workspace, " B");
 }
 
 std::string cudnn_versions() {

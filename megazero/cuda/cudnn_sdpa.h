@@ -53,6 +53,12 @@ void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, c
                          const void* d_o, const float* stats, void* dq, void* dk, void* dv, CudnnDropoutKey dropout,
                          kernels::GpuScratch ws, cudaStream_t stream);
 
+// Builds (and caches) the plan of `p` in one direction on the current GPU
+// without running it: what the first call would do, done at start-up so a
+// graph cuDNN cannot run is refused before training and the first step is not
+// slowed by planning. Returns "engine configuration #i of n, workspace W B".
+std::string cudnn_sdpa_prepare(const sdpa::Problem& p, bool backward, cudaStream_t stream);
+
 // "cuDNN <run-time version> at run time, built against <header version>".
 std::string cudnn_versions();
 

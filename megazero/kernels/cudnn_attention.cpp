@@ -175,3 +175,31 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 }
 
 }  // namespace megazero::kernels
+
+namespace megazero::kernels {
+
+std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                    double scale, double p) {
+  if (gpu.kind() != DeviceKind::CUDA) return {};
+#ifdef MEGAZERO_WITH_CUDA
+  const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3)};
+  const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d, false);
+  MZ_REQUIRE(why.empty(), why);
+  cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
+  pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
+  pr.d_o = pr.dq = pr.dk = pr.dv = pr.o;  // as cudnn_attention_forward keys its plan
+  const cudaStream_t stream = as_cuda_device(gpu).stream();
+  const std::string fwd = cuda::cudnn_sdpa_prepare(pr, false, stream);
+  pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
+  const std::string bwd = cuda::cudnn_sdpa_prepare(pr, true, stream);
+  return ::megazero::detail::concat("cuDNN attention ", dm.b, "x", dm.h, "x", dm.s, "x", dm.d, " ",
+                                    dtype_name(q.dtype()), ", dropout ", p, ": forward ", fwd, "; backward ", bwd,
+                                    " (", cuda::cudnn_versions(), ")");
+#else
+  (void)q, (void)k, (void)v, (void)out, (void)dout, (void)dq, (void)dk, (void)dv, (void)scale, (void)p;
+  return {};
+#endif
+}
+
+}  // namespace megazero::kernels

@@ -30,6 +30,15 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
                               Tensor& dq, Tensor& dk, Tensor& dv);
 
+// Builds cuDNN's forward and backward plans for operands shaped and strided
+// like these (views on any device — the meta device will do: only shapes and
+// strides are read) on `gpu`, so that a graph cuDNN cannot run is refused at
+// start-up (ConfigError naming the flag) and the first step does not plan.
+// Returns a line for the log; empty when `gpu` is not a CUDA device.
+std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                                    const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                                    double scale, double p);
+
 // Empty when --attention-backend cudnn can run tensors of `dtype` on `device`
 // with this head size and grouping; otherwise the reason, naming the flags.
 std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim, bool grouped_kv);

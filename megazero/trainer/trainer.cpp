@@ -254,6 +254,23 @@ void Trainer::Impl::build() {
     model.set_checkpoint_store(checkpoints.get());
     checkpoints->reserve(args.checkpoint_elements(), args.dtype());
   }
+  if (on_gpu && args.model.cudnn_attention()) {
+    // cuDNN's plans for this run's attention shapes, built before the first
+    // step: a graph cuDNN cannot run is refused here, on every rank alike.
+    Activity activity("building cuDNN attention plans");
+    layers::StepInfo shape;
+    shape.micro_batch = args.micro_batch_size;
+    shape.seq = S;
+    const auto started = std::chrono::steady_clock::now();
+    std::vector<std::string> lines;
+    run_consistently(world, [&] {
+      lines.push_back(model.prepare_kernels(shape, args.model.attention_dropout));
+      if (args.eval_iters > 0 && args.model.attention_dropout > 0) lines.push_back(model.prepare_kernels(shape, 0.0));
+    });
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    if (root)
+      for (const std::string& line : lines) std::printf("%s [%.0f ms for all plans]\n", line.c_str(), ms);
+  }
   if (root) {
     // Megatron prints the parameter count; this also names the model's
     // kernel choices, so a log says which path a run took.

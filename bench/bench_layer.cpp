@@ -60,7 +60,7 @@ int run(int argc, char** argv) {
   cfg.validate(tp_size);
   auto device = make_device(device_spec);
   if (cfg.cudnn_attention()) {  // the kernels' host reference is for tests, not for timing
-    const std::string why = kernels::cudnn_attention_unsupported(device->kind(), dt, cfg.head_dim(), false);
+    const std::string why = kernels::cudnn_attention_unsupported(device->kind(), dt, cfg.head_dim());
     MZ_REQUIRE(why.empty(), why);
   }
   VirtualCommunicator tp(0, tp_size, "tp");

@@ -126,12 +126,15 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   return context_;
 }
 
-// Multi-head only (GPTConfig::validate refuses groups with cudnn): the QKV
-// projection's rows [B*S, heads * 3 * hn] read as q, k, v [B, heads, S, hn].
-ParallelSelfAttention::HeadViews ParallelSelfAttention::qkv_views(const Tensor& rows) const {
-  const Tensor four = rows.view({step_.micro_batch, step_.seq, local_heads_, 3 * head_dim_});
-  return {four.narrow(3, 0, head_dim_).transpose(1, 2), four.narrow(3, head_dim_, head_dim_).transpose(1, 2),
-          four.narrow(3, 2 * head_dim_, head_dim_).transpose(1, 2)};
+// The QKV projection's rows [B*S, groups * (per_group + 2) * hn] seen as k
+// (which = 1) or v (2) [B, groups, S, hn], or, with one head per group, q (0)
+// [B, heads, S, hn]: views with a uniform head stride (a group's query heads
+// are not evenly spaced otherwise).
+Tensor ParallelSelfAttention::group_view(const Tensor& rows, int which) const {
+  const std::int64_t P = per_group_;
+  MZ_CHECK(which > 0 || P == 1, "query heads are a view of the QKV rows only with one head per group");
+  const Tensor five = rows.view({step_.micro_batch, step_.seq, local_groups_, P + 2, head_dim_});
+  return five.select(3, which == 0 ? 0 : P - 1 + which).transpose(1, 2);
 }
 
 // The output projection's rows [B*S, heads * hn] as [B, heads, S, hn].
@@ -139,21 +142,30 @@ Tensor ParallelSelfAttention::context_view(const Tensor& rows) const {
   return rows.view({step_.micro_batch, step_.seq, local_heads_, head_dim_}).transpose(1, 2);
 }
 
-// Without RoPE q, k, v are views of the QKV output; with RoPE they are copies
-// (contiguous [B, heads, S, hn]; q and k rotated) and the QKV output is freed.
+// Multi-head without RoPE: q, k, v are views of the QKV output (no copies).
+// Otherwise (RoPE rotates q and k; with groups q's heads are not evenly
+// spaced) they are copies as for the other backends, and the QKV output is
+// freed: the same bytes kept either way.
+bool ParallelSelfAttention::cudnn_in_place() const { return per_group_ == 1 && !cfg_.rope(); }
+
 Tensor ParallelSelfAttention::forward_cudnn(Tensor& qkv, double p, const RngKey& key) {
-  const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_;
-  HeadViews in = qkv_views(qkv);
-  if (cfg_.rope()) {
-    in.q = split_heads(qkv, 0);
-    in.k = split_heads(qkv, 1);
-    kernels::rope_forward(in.q, cfg_.rotary_base, in.q);
-    kernels::rope_forward(in.k, cfg_.rotary_base, in.k);
-    in.q = in.q.view({B, H, S, head_dim_});
-    in.k = in.k.view({B, H, S, head_dim_});
-    in.v = split_heads(qkv, 2).view({B, H, S, head_dim_});
+  const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_, G = local_groups_;
+  if (cudnn_in_place()) {
+    q_ = group_view(qkv, 0);
+    k_ = group_view(qkv, 1);
+    v_ = group_view(qkv, 2);
+  } else {
+    q_ = split_heads(qkv, 0);
+    k_ = split_heads(qkv, 1);
+    v_ = split_heads(qkv, 2);
+    if (cfg_.rope()) {
+      kernels::rope_forward(q_, cfg_.rotary_base, q_);
+      kernels::rope_forward(k_, cfg_.rotary_base, k_);
+    }
+    q_ = q_.view({B, H, S, head_dim_});
+    k_ = k_.view({B, G, S, head_dim_});
+    v_ = v_.view({B, G, S, head_dim_});
   }
-  q_ = in.q, k_ = in.k, v_ = in.v;
   qkv = Tensor();
   // The context lands in the rows the output projection reads.
   Tensor merged = ctx_.activation({B * S, H * head_dim_});
@@ -163,25 +175,35 @@ Tensor ParallelSelfAttention::forward_cudnn(Tensor& qkv, double p, const RngKey&
   return merged;
 }
 
-// The gradients land in the rows the QKV projection's backward reads (with
-// RoPE dq and dk first in contiguous buffers for the rotation's adjoint).
+// The gradients land in the rows the QKV projection's backward reads: all of
+// them in place for multi-head without RoPE; otherwise dk (without RoPE) and
+// dv in place — cuDNN sums each group's — and dq (and with RoPE dk) through a
+// contiguous buffer.
 Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, const RngKey& key) {
-  const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_;
-  Tensor dqkv = ctx_.activation({B * S, 3 * H * head_dim_});
-  HeadViews d = qkv_views(dqkv);
-  if (!cfg_.rope()) {
-    kernels::cudnn_attention_backward(q_, k_, v_, context_, context_view(dmerged), lse_, scale(), p, key,
-                                      probs_layout(), d.q, d.k, d.v);
+  const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_, G = local_groups_, P = per_group_;
+  Tensor dqkv = ctx_.activation({B * S, G * (P + 2) * head_dim_});
+  Tensor dk = group_view(dqkv, 1), dv = group_view(dqkv, 2);
+  const Tensor dctx = context_view(dmerged);
+  if (cudnn_in_place()) {
+    Tensor dq = group_view(dqkv, 0);
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
     return dqkv;
   }
-  Tensor rq = ctx_.activation({B * H, S, head_dim_}), rk = ctx_.activation({B * H, S, head_dim_});
-  Tensor rq4 = rq.view({B, H, S, head_dim_}), rk4 = rk.view({B, H, S, head_dim_});
-  kernels::cudnn_attention_backward(q_, k_, v_, context_, context_view(dmerged), lse_, scale(), p, key,
-                                    probs_layout(), rq4, rk4, d.v);
-  kernels::rope_backward(rq, cfg_.rotary_base, rq);  // the rotation's adjoint, back to the projection's outputs
-  kernels::rope_backward(rk, cfg_.rotary_base, rk);
-  d.q.copy_from(rq4);
-  d.k.copy_from(rk4);
+  Tensor rq = ctx_.activation({B * H, S, head_dim_});
+  Tensor rq4 = rq.view({B, H, S, head_dim_});
+  if (!cfg_.rope()) {
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), rq4, dk, dv);
+  } else {
+    Tensor rk = ctx_.activation({B * G, S, head_dim_});
+    Tensor rk4 = rk.view({B, G, S, head_dim_});
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), rq4, rk4, dv);
+    kernels::rope_backward(rq, cfg_.rotary_base, rq);  // the rotation's adjoint, back to the projection's outputs
+    kernels::rope_backward(rk, cfg_.rotary_base, rk);
+    dk.copy_from(rk4);
+  }
+  dqkv.view({B, S, G, P + 2, head_dim_})
+      .narrow(3, 0, P)
+      .copy_from(rq.view({B, G, P, S, head_dim_}).transpose(2, 3).transpose(1, 2));
   return dqkv;
 }
 
@@ -190,15 +212,18 @@ std::string ParallelSelfAttention::prepare_kernels(const StepInfo& step, double 
   // The operands' shapes and strides exactly as forward_cudnn/backward_cudnn
   // make them, on the meta device (no memory); cuDNN plans on the run's GPU.
   step_ = step;
-  const std::int64_t B = step.micro_batch, S = step.seq, H = local_heads_;
+  const std::int64_t B = step.micro_batch, S = step.seq, H = local_heads_, G = local_groups_, P = per_group_;
   auto meta = make_meta_device(DeviceKind::CUDA);
-  auto rows = [&](std::int64_t cols) { return Tensor::empty(meta, {B * S, cols}, ctx_.dtype, MemoryCategory::Other); };
-  HeadViews in = qkv_views(rows(3 * H * head_dim_)), d = qkv_views(rows(3 * H * head_dim_));
-  if (cfg_.rope()) {
-    in.q = in.k = in.v = d.q = d.k = Tensor::empty(meta, {B, H, S, head_dim_}, ctx_.dtype, MemoryCategory::Other);
-  }
-  const Tensor out = context_view(rows(H * head_dim_)), dout = context_view(rows(H * head_dim_));
-  return kernels::cudnn_attention_prepare(*ctx_.device, in.q, in.k, in.v, out, dout, d.q, d.k, d.v, scale(), p);
+  auto empty = [&](const Shape& shape) { return Tensor::empty(meta, shape, ctx_.dtype, MemoryCategory::Other); };
+  const Tensor qkv = empty({B * S, G * (P + 2) * head_dim_}), dqkv = empty({B * S, G * (P + 2) * head_dim_});
+  const bool in_place = cudnn_in_place();
+  const Tensor q = in_place ? group_view(qkv, 0) : empty({B, H, S, head_dim_});
+  const Tensor k = in_place ? group_view(qkv, 1) : empty({B, G, S, head_dim_});
+  const Tensor v = in_place ? group_view(qkv, 2) : empty({B, G, S, head_dim_});
+  const Tensor dq = in_place ? group_view(dqkv, 0) : empty({B, H, S, head_dim_});
+  const Tensor dk = cfg_.rope() ? empty({B, G, S, head_dim_}) : group_view(dqkv, 1);
+  const Tensor out = context_view(empty({B * S, H * head_dim_})), dout = context_view(empty({B * S, H * head_dim_}));
+  return kernels::cudnn_attention_prepare(*ctx_.device, q, k, v, out, dout, dq, dk, group_view(dqkv, 2), scale(), p);
 }
 
 Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_done) {

@@ -47,11 +47,10 @@ class ParallelSelfAttention {
   std::string prepare_kernels(const StepInfo& step, double p);
 
  private:
-  struct HeadViews {
-    Tensor q, k, v;
-  };
-  HeadViews qkv_views(const Tensor& rows) const;  // cudnn: [B*S, heads*3*hn] rows as [B, heads, S, hn]
-  Tensor context_view(const Tensor& rows) const;  // cudnn: [B*S, heads*hn] rows as [B, heads, S, hn]
+  // cudnn: views of the projections' rows as [B, heads or groups, S, hn].
+  Tensor group_view(const Tensor& rows, int which) const;
+  Tensor context_view(const Tensor& rows) const;
+  bool cudnn_in_place() const;  // q, k, v and their gradients all views of the rows
   // [B*S, local_groups*(per_group+2)*hn] -> contiguous q [B*local_heads, S, hn]
   // (which = 0), k or v [B*local_groups, S, hn] (which = 1, 2).
   Tensor split_heads(const Tensor& qkv, int which) const;

@@ -97,9 +97,6 @@ void GPTConfig::validate(int tp) const {
              attention_dropout);
   MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused" || attention_backend == "cudnn",
              "--attention-backend must be unfused, fused or cudnn, got '", attention_backend, "'");
-  MZ_REQUIRE(attention_backend != "cudnn" || query_groups() == num_attention_heads,
-             "--attention-backend cudnn supports one k/v head per query head only; with --group-query-attention use "
-             "--attention-backend fused");
   MZ_REQUIRE(std::isfinite(layernorm_epsilon) && layernorm_epsilon > 0 && layernorm_epsilon < 1,
              "--norm-epsilon must be a small positive number (GPT-2, Llama 2: 1e-5), got ", layernorm_epsilon);
 }

@@ -79,7 +79,7 @@ TEST(ActivationMemory, OneLayerKeepsWhatTheFormulaSaysWithAndWithoutSequencePara
   const int tp = world->size();
   for (const Case& c : {Case{"gpt2 unfused", false, "unfused"}, Case{"gpt2 fused", false, "fused"},
                         Case{"gpt2 cudnn", false, "cudnn"}, Case{"llama unfused", true, "unfused"},
-                        Case{"llama fused", true, "fused"}}) {
+                        Case{"llama fused", true, "fused"}, Case{"llama cudnn", true, "cudnn"}}) {
     for (DType dtype : {DType::F32, DType::BF16}) {
       std::int64_t per_layer[2] = {0, 0};
       for (bool sp : {false, true}) {

@@ -39,13 +39,18 @@ using i64 = std::int64_t;
 
 namespace {
 
-sdpa::Problem problem(i64 b, i64 h, i64 s, i64 d, sdpa::ElementType t, double p, bool interleaved) {
+// The layer's layouts: interleaved = views of the QKV rows (multi-head: q, k,
+// v; with hk < h groups: k, v and dk, dv, q a contiguous copy).
+sdpa::Problem problem(i64 b, i64 h, i64 s, i64 d, sdpa::ElementType t, double p, bool interleaved, i64 hk = 0) {
   sdpa::Problem pr;
-  pr.b = b, pr.h = h, pr.s = s, pr.d = d, pr.io = t, pr.scale = 1.0 / std::sqrt(static_cast<double>(d));
+  pr.b = b, pr.h = h, pr.s = s, pr.d = d, pr.hk = hk, pr.io = t, pr.scale = 1.0 / std::sqrt(static_cast<double>(d));
   pr.dropout = p;
-  const sdpa::Strides4 qkv = interleaved ? sdpa::interleaved_strides(s, h, 3, d) : sdpa::bhsd_strides(b, h, s, d);
+  const i64 g = hk > 0 ? hk : h, per = h / g;
+  const sdpa::Strides4 kv = interleaved ? sdpa::interleaved_strides(s, g, per + 2, d) : sdpa::bhsd_strides(b, g, s, d);
+  const sdpa::Strides4 q = interleaved && per == 1 ? kv : sdpa::bhsd_strides(b, h, s, d);
   const sdpa::Strides4 rows = interleaved ? sdpa::interleaved_strides(s, h, 1, d) : sdpa::bhsd_strides(b, h, s, d);
-  pr.q = pr.k = pr.v = pr.dq = pr.dk = pr.dv = qkv;
+  pr.q = pr.dq = q;
+  pr.k = pr.v = pr.dk = pr.dv = kv;
   pr.o = pr.d_o = rows;
   return pr;
 }
@@ -55,14 +60,15 @@ TEST(CudnnDescriptors, EveryTensorAndOperationFinalizes) {
   int graphs = 0;
   for (sdpa::ElementType t : {sdpa::ElementType::bf16, sdpa::ElementType::f16})
     for (double p : {0.0, 0.1})
-      for (bool interleaved : {false, true}) {
-        const sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved);
-        const sdpa::Graph fwd = sdpa::forward_graph(pr), bwd = sdpa::backward_graph(pr);
-        EXPECT_EQ(cuda::finalize_operations(fwd), static_cast<int>(fwd.ops.size()));
-        EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
-        graphs += 2;
-      }
-  EXPECT_EQ(graphs, 16);
+      for (bool interleaved : {false, true})
+        for (i64 hk : {0, 2, 1}) {  // multi-head, grouped, multi-query
+          const sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved, hk);
+          const sdpa::Graph fwd = sdpa::forward_graph(pr), bwd = sdpa::backward_graph(pr);
+          EXPECT_EQ(cuda::finalize_operations(fwd), static_cast<int>(fwd.ops.size()));
+          EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
+          graphs += 2;
+        }
+  EXPECT_EQ(graphs, 48);
 }
 
 TEST(CudnnDescriptors, ABrokenGraphIsRefusedNamingTheOperation) {
@@ -81,19 +87,18 @@ TEST(CudnnDescriptors, ABrokenGraphIsRefusedNamingTheOperation) {
 
 TEST(CudnnAttention, RefusesDevicesAndShapesItCannotRun) {
   using kernels::cudnn_attention_unsupported;
-  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CPU, DType::BF16, 64, false).find("--device cuda"),
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CPU, DType::BF16, 64).find("--device cuda"),
             std::string::npos);
-  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::F32, 64, false).find("--bf16"), std::string::npos);
-  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 160, false).find("160"), std::string::npos);
-  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64, true).find("group"), std::string::npos);
-  EXPECT_EQ(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64, false), "");
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::F32, 64).find("--bf16"), std::string::npos);
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 160).find("160"), std::string::npos);
+  EXPECT_EQ(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64), "");
   EXPECT_THROW(sdpa::forward_graph(problem(1, 2, 64, 12, sdpa::ElementType::bf16, 0.0, false)), ConfigError);
 
 }
 
 // The layer's start-up call builds the operands' views on the meta device
 // (no memory) and plans only on a GPU: nothing to do on the CPU.
-layers::GPTConfig layer_config(bool rope) {
+layers::GPTConfig layer_config(bool rope, std::int64_t groups = 0) {
   layers::GPTConfig cfg;
   cfg.num_layers = 1;
   cfg.hidden_size = 256;
@@ -104,6 +109,7 @@ layers::GPTConfig layer_config(bool rope) {
   cfg.attention_dropout = 0.1;
   cfg.attention_backend = "cudnn";
   if (rope) cfg.position_embedding_type = "rope";
+  cfg.num_query_groups = groups;
   return cfg;
 }
 
@@ -181,11 +187,11 @@ double max_rel(const Tensor& got, const Tensor& want) {
 // builds exactly the plans the layer's steps then use: no new plan after it.
 TEST_F(CudnnOnGpu, LayerPrepareBuildsThePlansTheStepsUse) {
   auto world = MpiCommunicator::world();
-  for (bool rope : {false, true}) {
-    SCOPED_TRACE(rope ? "rope" : "learned positions");
+  for (auto [rope, groups] : {std::pair<bool, std::int64_t>{false, 0}, {true, 0}, {false, 2}, {true, 1}}) {
+    SCOPED_TRACE(testing::Message() << (rope ? "rope" : "learned positions") << ", groups " << groups);
     layers::TpContext ctx{world.get(), gpu, DType::BF16};
     layers::ParameterSet ps;
-    const layers::GPTConfig cfg = layer_config(rope);
+    const layers::GPTConfig cfg = layer_config(rope, groups);
     layers::ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
     ps.allocate(gpu, DType::BF16);
     ps.initialize(3);
@@ -251,6 +257,59 @@ TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {
     EXPECT_LT(max_rel(host64(dv), rdv), 2e-2);
   }
   EXPECT_GE(cuda::cudnn_sdpa_cached_plans(), 6u);
+}
+
+// Grouped-query attention: k, v with h / 2 heads (and multi-query, one); dk,
+// dv come out summed over each group.
+TEST_F(CudnnOnGpu, GroupedKeyValueHeadsMatchTheCpu) {
+  const i64 b = 2, h = 4, s = 192, d = 64;
+  for (i64 hk : {2, 1}) {
+    SCOPED_TRACE(testing::Message() << hk << " k/v heads");
+    std::normal_distribution<double> n(0, 1);
+    auto random = [&](i64 heads) {
+      Tensor host = Tensor::empty(cpu, {b, heads, s, d}, DType::BF16, MemoryCategory::Activations);
+      std::vector<double> values(static_cast<std::size_t>(host.numel()));
+      for (auto& x : values) x = n(rng);
+      host.copy_from_doubles(values);
+      Tensor g = Tensor::empty(gpu, host.shape(), DType::BF16, MemoryCategory::Activations);
+      g.copy_from(host);
+      return g;
+    };
+    const Tensor q = random(h), k = random(hk), v = random(hk), d_o = random(h);
+    Tensor o = Tensor::empty(gpu, {b, h, s, d}, DType::BF16, MemoryCategory::Activations);
+    Tensor lse = Tensor::empty(gpu, {b * h, s}, DType::F32, MemoryCategory::Activations);
+    const double scale = 0.125;
+    const auto l = layout(b, h, s);
+    kernels::cudnn_attention_forward(q, k, v, scale, 0.0, RngKey{}, l, o, lse);
+    Tensor dq = Tensor::empty(gpu, {b, h, s, d}, DType::BF16, MemoryCategory::Activations);
+    Tensor dk = Tensor::empty(gpu, {b, hk, s, d}, DType::BF16, MemoryCategory::Activations);
+    Tensor dv = Tensor::empty(gpu, {b, hk, s, d}, DType::BF16, MemoryCategory::Activations);
+    kernels::cudnn_attention_backward(q, k, v, o, d_o, lse, scale, 0.0, RngKey{}, l, dq, dk, dv);
+
+    // The CPU's fused attention in fp64 (grouped k/v; dk, dv per query head, summed here).
+    const Tensor hq = host64(q), hk64 = host64(k), hv = host64(v), hdo = host64(d_o);
+    Tensor ro = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
+    Tensor rl = Tensor::empty(cpu, {b * h, s}, DType::F64, MemoryCategory::Activations);
+    kernels::fused_attention_forward(hq, hk64, hv, scale, 0.0, RngKey{}, l, ro, rl);
+    Tensor rdq = ro.clone(MemoryCategory::Activations), rdk = ro.clone(MemoryCategory::Activations),
+           rdv = ro.clone(MemoryCategory::Activations);
+    kernels::fused_attention_backward(hq, hk64, hv, ro, hdo, rl, scale, 0.0, RngKey{}, l, rdq, rdk, rdv);
+    EXPECT_LT(max_rel(host64(o), ro), 1e-2);
+    EXPECT_LT(max_rel(host64(dq), rdq), 2e-2);
+    const auto sum_groups = [&](const Tensor& per_head) {
+      const auto x = per_head.to_double_vector();
+      std::vector<double> out(static_cast<std::size_t>(b * hk * s * d), 0.0);
+      const i64 block = s * d, per = h / hk;
+      for (i64 bh = 0; bh < b * h; ++bh)
+        for (i64 e = 0; e < block; ++e)
+          out[static_cast<std::size_t>((bh / per) * block + e)] += x[static_cast<std::size_t>(bh * block + e)];
+      Tensor t = Tensor::empty(cpu, {b * hk, s, d}, DType::F64, MemoryCategory::Activations);
+      t.copy_from_doubles(out);
+      return t;
+    };
+    EXPECT_LT(max_rel(host64(dk), sum_groups(rdk)), 2e-2);
+    EXPECT_LT(max_rel(host64(dv), sum_groups(rdv)), 2e-2);
+  }
 }
 
 // q = 0 makes every causal row uniform (P[i, j] = 1 / (i + 1)); v = e_0 makes

@@ -224,6 +224,10 @@ TEST(GptTensorParallel, CudnnAttentionLayoutMatchesUnfusedTpOne) {
   g_sp = true;
   compare(world_size(), DType::F32, true, 1e-5, "cudnn");
   g_sp = false;
+  g_llama = true;  // grouped-query attention and RoPE: q, k, v copies; dk, dv written in place, summed per group
+  compare(world_size(), DType::F64, false, 1e-12, "cudnn");
+  compare(world_size(), DType::F32, true, 1e-5, "cudnn");
+  g_llama = false;
 }
 
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {

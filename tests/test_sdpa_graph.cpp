@@ -97,12 +97,19 @@ class Interpreter {
     if (uid == sd::kSeed || uid == sd::kOffset) throw std::logic_error("seed/offset read outside the rng op");
     return x.value;
   }
-  // Each of x's dims (but the last `skip`) must be 1 or y's.
+  // Each of x's dims (but the last `skip`) must be 1, y's, or a divisor of
+  // y's: grouped broadcast, coordinate i of y reads i / (y's / x's) of x
+  // (grouped-query attention's K/V heads).
   void check_broadcast(i64 x_uid, const sd::GraphTensor& y, std::size_t skip = 0) const {
     const sd::GraphTensor& x = t(x_uid);
     if (x.dims.size() != y.dims.size()) throw std::logic_error(x.name + " vs " + y.name + ": rank mismatch");
     for (std::size_t i = 0; i + skip < y.dims.size(); ++i)
-      if (x.dims[i] != 1 && x.dims[i] != y.dims[i]) throw std::logic_error(x.name + " does not broadcast to " + y.name);
+      if (y.dims[i] % x.dims[i] != 0) throw std::logic_error(x.name + " does not broadcast to " + y.name);
+  }
+  // y's coordinate c as x's coordinate (dims but the last `skip`).
+  static Index fit(const sd::GraphTensor& x, Index c, const std::vector<i64>& y_dims, std::size_t skip) {
+    for (std::size_t i = 0; i + skip < c.size(); ++i) c[i] /= y_dims[i] / x.dims[i];
+    return c;
   }
   // The op's output, written by this op only: caller tensors must be bound,
   // virtual ones get storage of their own (sized by their strides).
@@ -130,7 +137,7 @@ class Interpreter {
         if (t(in[0]).dims[r - 2] != y.dims[r - 2] || t(in[1]).dims[r - 2] != k || t(in[1]).dims[r - 1] != y.dims[r - 1])
           throw std::logic_error(op.name + ": matmul shapes do not agree");
         for_each_index(y.dims, [&](const Index& c) {
-          Index ca = c, cb = c;
+          Index ca = fit(t(in[0]), c, y.dims, 2), cb = fit(t(in[1]), c, y.dims, 2);
           double acc = 0;
           for (i64 kk = 0; kk < k; ++kk) {
             ca[r - 1] = cb[r - 2] = kk;
@@ -144,14 +151,12 @@ class Interpreter {
         for (i64 x : in) check_broadcast(x, y);
         for_each_index(y.dims, [&](const Index& c) { cell(y.uid, c) = pointwise(op, c); });
         break;
-      case sd::OpKind::reduction: {  // over the dims where y has 1 and x does not
+      case sd::OpKind::reduction: {  // over the dims where y has 1 (or a divisor: groups of x's) and x does not
         const bool is_max = op.reduction == sd::Reduction::max;
         check_broadcast(op.output, t(in[0]));
         for_each_index(y.dims, [&](const Index& c) { cell(y.uid, c) = is_max ? -INFINITY : 0.0; });
         for_each_index(t(in[0]).dims, [&](const Index& c) {
-          Index cy = c;
-          for (std::size_t i = 0; i < c.size(); ++i)
-            if (y.dims[i] == 1) cy[i] = 0;
+          const Index cy = fit(y, c, t(in[0]).dims, 0);
           double& acc = cell(y.uid, cy);
           acc = is_max ? std::max(acc, read(in[0], c)) : acc + read(in[0], c);
         });
@@ -207,9 +212,16 @@ class Interpreter {
 
 struct Case {
   i64 b, h, s, d;
-  bool interleaved;  // Q/K/V (and dQ/dK/dV) in one [b, s, h, 3, d] buffer, O and dO as [b, s, h, d] rows
+  // Q/K/V (and dQ/dK/dV) in one QKV-projection buffer, O and dO as [b, s, h, d]
+  // rows. With groups that buffer is Megatron's [b, s, hk, h/hk + 2, d] and Q
+  // (dQ) is a contiguous copy, as the layer makes it.
+  bool interleaved;
+  i64 hk = 0;  // K/V heads: 0 = h; fewer = grouped-query attention
+  i64 kv() const { return hk > 0 ? hk : h; }
 };
-const Case kCases[] = {{2, 3, 5, 8, false}, {2, 3, 5, 8, true}, {1, 2, 17, 16, false}, {1, 2, 17, 16, true}};
+const Case kCases[] = {{2, 3, 5, 8, false},        {2, 3, 5, 8, true},        {1, 2, 17, 16, false},
+                       {1, 2, 17, 16, true},       {2, 4, 5, 8, false, 2},    {2, 4, 5, 8, true, 2},
+                       {1, 3, 17, 16, true, 1}};
 constexpr double kScale = 0.35;
 const RngKey kKey{7, 3, 1, kRngAttentionDropout};
 
@@ -225,17 +237,22 @@ struct Io {
 
   Io(const Case& c, double p) {
     // bf16 is what validate() asks for; the interpreter computes in double anyway.
-    problem = {.b = c.b, .h = c.h, .s = c.s, .d = c.d, .io = sd::ElementType::bf16, .scale = kScale, .dropout = p};
-    const i64 n = c.b * c.h * c.s * c.d;
+    problem = {.b = c.b, .h = c.h, .s = c.s, .d = c.d, .hk = c.hk, .io = sd::ElementType::bf16, .scale = kScale,
+               .dropout = p};
+    const i64 n = c.b * c.h * c.s * c.d, g = c.kv(), per = c.h / g, nkv = c.b * g * c.s * c.d;
     const auto buffer = [](i64 size) { return std::make_shared<Vec>(static_cast<std::size_t>(size), 0.0); };
-    const sd::Strides4 bhsd = sd::bhsd_strides(c.b, c.h, c.s, c.d);
-    const sd::Strides4 parts = sd::interleaved_strides(c.s, c.h, 3, c.d),
+    const sd::Strides4 bhsd = sd::bhsd_strides(c.b, c.h, c.s, c.d), kv_bhsd = sd::bhsd_strides(c.b, g, c.s, c.d);
+    // Part j of group k in [b, s, g, per + 2, d] rows (MHA: per = 1, the [b, s, h, 3, d] rows).
+    const sd::Strides4 parts = sd::interleaved_strides(c.s, g, per + 2, c.d),
                        rows = sd::interleaved_strides(c.s, c.h, 1, c.d);
-    const auto qkv = buffer(3 * n), dqkv = buffer(3 * n);
-    for (i64 part = 0; part < 3; ++part) {  // Q, K, V and dQ, dK, dV
-      views[sd::kQ + part] = c.interleaved ? View{qkv, part * c.d, parts} : View{buffer(n), 0, bhsd};
-      views[sd::kDQ + part] = c.interleaved ? View{dqkv, part * c.d, parts} : View{buffer(n), 0, bhsd};
+    const auto qkv = buffer(c.b * c.s * g * (per + 2) * c.d), dqkv = buffer(c.b * c.s * g * (per + 2) * c.d);
+    for (i64 part = 1; part < 3; ++part) {  // K, V and dK, dV
+      views[sd::kQ + part] = c.interleaved ? View{qkv, (per - 1 + part) * c.d, parts} : View{buffer(nkv), 0, kv_bhsd};
+      views[sd::kDQ + part] = c.interleaved ? View{dqkv, (per - 1 + part) * c.d, parts} : View{buffer(nkv), 0, kv_bhsd};
     }
+    const bool q_in_rows = c.interleaved && per == 1;
+    views[sd::kQ] = q_in_rows ? View{qkv, 0, parts} : View{buffer(n), 0, bhsd};
+    views[sd::kDQ] = q_in_rows ? View{dqkv, 0, parts} : View{buffer(n), 0, bhsd};
     for (i64 uid : {sd::kO, sd::kDO}) views[uid] = {buffer(n), 0, c.interleaved ? rows : bhsd};
     for (i64 uid : {sd::kStats, sd::kSoftmaxSum}) views[uid] = {buffer(c.b * c.h * c.s), 0, {c.h * c.s, c.s, 1, 0}};
     sd::Problem& q = problem;
@@ -249,7 +266,8 @@ struct Io {
   void for_each(i64 uid, Fn&& fn) {
     View& t = views.at(uid);
     const i64 d = uid == sd::kStats || uid == sd::kSoftmaxSum ? 1 : problem.d;
-    for_each_index({problem.b, problem.h, problem.s, d}, [&](const Index& c) {
+    const bool kv = uid == sd::kK || uid == sd::kV || uid == sd::kDK || uid == sd::kDV;
+    for_each_index({problem.b, kv ? sd::kv_heads(problem) : problem.h, problem.s, d}, [&](const Index& c) {
       fn(t.data->at(static_cast<std::size_t>(t.offset + c[0] * t.strides[0] + c[1] * t.strides[1] +
                                              c[2] * t.strides[2] + c[3] * t.strides[3])));
     });
@@ -280,12 +298,17 @@ struct Inputs {
 Inputs make_inputs(const Case& c, unsigned seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<double> normal(0.0, 1.0);
-  const auto randn = [&] {
-    Vec v(static_cast<std::size_t>(c.b * c.h * c.s * c.d));
+  const auto randn = [&](i64 heads) {
+    Vec v(static_cast<std::size_t>(c.b * heads * c.s * c.d));
     for (double& x : v) x = normal(rng);
     return v;
   };
-  return {randn(), randn(), randn(), randn()};
+  Inputs in;
+  in.q = randn(c.h);
+  in.k = randn(c.kv());
+  in.v = randn(c.kv());
+  in.dout = randn(c.h);
+  return in;
 }
 
 struct Result {
@@ -340,16 +363,31 @@ Vec keep_mask(const Case& c, double p) {
   return mask;
 }
 
-// kernels::fused_attention_* in fp64 on [BH, S, D] tensors.
+// Per-query-head [b, h, s, d] gradients summed over each group of h / hk
+// heads -> [b, hk, s, d] (what cuDNN's dK, dV are).
+Vec sum_groups(const Case& c, const Vec& per_head) {
+  const i64 g = c.kv(), per = c.h / g, block = c.s * c.d;
+  Vec out(static_cast<std::size_t>(c.b * g * block), 0.0);
+  for (i64 bh = 0; bh < c.b * c.h; ++bh)
+    for (i64 e = 0; e < block; ++e)
+      out[static_cast<std::size_t>((bh / per) * block + e)] += per_head[static_cast<std::size_t>(bh * block + e)];
+  return out;
+}
+
+// kernels::fused_attention_* in fp64 on [BH, S, D] tensors (k, v grouped).
 Result run_reference(const Case& c, const Inputs& in, double p) {
-  const Shape shape{c.b * c.h, c.s, c.d};
-  const Tensor q = tensor(shape, in.q), k = tensor(shape, in.k), v = tensor(shape, in.v);
+  const Shape shape{c.b * c.h, c.s, c.d}, kv_shape{c.b * c.kv(), c.s, c.d};
+  const Tensor q = tensor(shape, in.q), k = tensor(kv_shape, in.k), v = tensor(kv_shape, in.v);
   const auto empty = [](const Shape& s) { return Tensor::empty(cpu(), s, DType::F64, MemoryCategory::Other); };
   Tensor out = empty(shape), lse = empty({c.b * c.h, c.s}), dq = empty(shape), dk = empty(shape), dv = empty(shape);
   kernels::fused_attention_forward(q, k, v, kScale, p, kKey, layout(c), out, lse);
   kernels::fused_attention_backward(q, k, v, out, tensor(shape, in.dout), lse, kScale, p, kKey, layout(c), dq, dk, dv);
-  return {out.to_double_vector(), lse.to_double_vector(), dq.to_double_vector(),
-          dk.to_double_vector(),  dv.to_double_vector(),  {}};
+  return {out.to_double_vector(),
+          lse.to_double_vector(),
+          dq.to_double_vector(),
+          sum_groups(c, dk.to_double_vector()),
+          sum_groups(c, dv.to_double_vector()),
+          {}};
 }
 
 double max_diff(const Vec& got, const Vec& want) {
@@ -363,8 +401,8 @@ double max_diff(const Vec& got, const Vec& want) {
 void expect_graphs_match(double p, double fwd_tol, double bwd_tol) {
   unsigned seed = 1;
   for (const Case& c : kCases) {
-    SCOPED_TRACE(testing::Message() << "b=" << c.b << " h=" << c.h << " s=" << c.s << " d=" << c.d << " p=" << p
-                                    << (c.interleaved ? " interleaved" : " contiguous"));
+    SCOPED_TRACE(testing::Message() << "b=" << c.b << " h=" << c.h << " hk=" << c.kv() << " s=" << c.s
+                                    << " d=" << c.d << " p=" << p << (c.interleaved ? " interleaved" : " contiguous"));
     const Inputs in = make_inputs(c, seed++);
     const Vec mask = p > 0 ? keep_mask(c, p) : Vec{};
     const Result got = run_graphs(c, in, p, mask), want = run_reference(c, in, p);

@@ -67,6 +67,8 @@ std::vector<i64> Graph::io_uids() const {
   return out;
 }
 
+i64 kv_heads(const Problem& p) { return p.hk > 0 ? p.hk : p.h; }
+
 void validate(const Problem& p) {
   MZ_REQUIRE(p.b > 0 && p.h > 0 && p.s > 0 && p.d > 0, "cuDNN attention: empty problem b=", p.b, " h=", p.h,
              " s=", p.s, " d=", p.d);
@@ -76,6 +78,8 @@ void validate(const Problem& p) {
              "cuDNN attention runs on bf16/fp16 tensors (got ", to_string(p.io), "); use --bf16 or --fp16, or "
              "--attention-backend unfused");
   MZ_REQUIRE(p.dropout >= 0.0 && p.dropout < 1.0, "attention dropout must be in [0, 1), got ", p.dropout);
+  MZ_REQUIRE(p.hk >= 0 && p.h % kv_heads(p) == 0, "cuDNN attention: ", kv_heads(p),
+             " key/value heads do not divide ", p.h, " query heads");
   for (const Strides4* st : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv})
     MZ_CHECK((*st)[3] == 1, "cuDNN attention tensors need unit stride in the head dimension");
 }
@@ -102,7 +106,7 @@ class Builder {
   // the same memory and uid as far as the variant pack is concerned, so it is
   // added under the caller's uid and must not be added twice.
   i64 transposed_io(i64 uid, const char* name, const Strides4& st) {
-    return io(uid, name, {st[0], st[1], st[3], st[2]}, {p_.b, p_.h, p_.d, p_.s}, p_.io);
+    return io(uid, name, {st[0], st[1], st[3], st[2]}, {p_.b, kv_heads(p_), p_.d, p_.s}, p_.io);
   }
   i64 stats_like(i64 uid, const char* name) {
     return io(uid, name, {p_.h * p_.s, p_.s, 1, 1}, {p_.b, p_.h, p_.s, 1}, ElementType::f32);
@@ -158,6 +162,14 @@ class Builder {
   i64 rows(const char* name) { return virt(name, {p_.b, p_.h, p_.s, 1}); }
 
   void matmul(const char* name, i64 a, i64 b, i64 out) { op(OpKind::matmul, name, {a, b}, out); }
+  // A product per query head into `out` (dK or dV): with fewer K/V heads,
+  // through a per-query-head tensor (I/O type) summed over each group.
+  void grouped_matmul(const char* name, i64 a, i64 b, i64 out, const char* full_name, const char* reduce_name) {
+    if (kv_heads(p_) == p_.h) return matmul(name, a, b, out);
+    const i64 full = virt(full_name, {p_.b, p_.h, p_.s, p_.d}, p_.io);
+    matmul(name, a, b, full);
+    reduce(reduce_name, Reduction::add, full, out);
+  }
   void pw(const char* name, Pointwise m, std::vector<i64> in, i64 out, i64 axis = 0) {
     GraphOp& o = op(OpKind::pointwise, name, std::move(in), out);
     o.pointwise = m;
@@ -215,7 +227,7 @@ Graph forward_graph(const Problem& p) {
   Builder g(p);
   g.io(kQ, "Q", p.q, {p.b, p.h, p.s, p.d}, p.io);
   g.transposed_io(kK, "K^T", p.k);
-  g.io(kV, "V", p.v, {p.b, p.h, p.s, p.d}, p.io);
+  g.io(kV, "V", p.v, {p.b, kv_heads(p), p.s, p.d}, p.io);
   g.io(kO, "O", p.o, {p.b, p.h, p.s, p.d}, p.io);
   g.stats_like(kStats, "Stats");
 
@@ -256,8 +268,9 @@ Graph backward_graph(const Problem& p) {
   g.io(kDO, "dO", p.d_o, {p.b, p.h, p.s, p.d}, p.io);
   g.stats_like(kStats, "Stats");
   g.io(kDQ, "dQ", p.dq, {p.b, p.h, p.s, p.d}, p.io);
-  g.io(kDK, "dK", p.dk, {p.b, p.h, p.s, p.d}, p.io);
-  g.io(kDV, "dV", p.dv, {p.b, p.h, p.s, p.d}, p.io);
+  const i64 hk = kv_heads(p);
+  g.io(kDK, "dK", p.dk, {p.b, hk, p.s, p.d}, p.io);
+  g.io(kDV, "dV", p.dv, {p.b, hk, p.s, p.d}, p.io);
   g.stats_like(kSoftmaxSum, "SoftmaxSum");
 
   // SoftmaxSum = rowsum(dO * O) * (1 - p): the softmax backward's row term,
@@ -285,7 +298,7 @@ Graph backward_graph(const Problem& p) {
   }
   const i64 probs_t = g.transposed_scores("probs_t", p.io);  // P^T: the same elements, rows and columns swapped
   g.reshape("reshape_probs_t", dropped, probs_t);
-  g.matmul("matmul_pt_dO", probs_t, kDO, kDV);
+  g.grouped_matmul("matmul_pt_dO", probs_t, kDO, kDV, "dV_per_query_head", "reduce_dV_groups");
 
   // dS = scale * P * (dP * mask / (1 - p) - rowsum(dO * O)), with dP = dO V^T.
   const i64 dp = g.scores("dP");
@@ -309,8 +322,8 @@ Graph backward_graph(const Problem& p) {
 
   const i64 ds_t = g.transposed_scores("dS_t", p.io);
   g.reshape("reshape_dS_t", ds_scaled, ds_t);
-  g.matmul("matmul_dSt_q", ds_t, kQ, kDK);
-  const i64 k_plain = g.virt_strided("K", {p.b, p.h, p.s, p.d}, {p.k[0], p.k[1], p.k[2], p.k[3]}, p.io);
+  g.grouped_matmul("matmul_dSt_q", ds_t, kQ, kDK, "dK_per_query_head", "reduce_dK_groups");
+  const i64 k_plain = g.virt_strided("K", {p.b, hk, p.s, p.d}, {p.k[0], p.k[1], p.k[2], p.k[3]}, p.io);
   g.reshape("reshape_k", kK, k_plain);
   g.matmul("matmul_dS_k", ds_scaled, k_plain, kDQ);
   return g.take();

@@ -13,8 +13,8 @@
 // recomputes P = exp(causal(scale * Q K^T) - Stats) and produces dQ, dK, dV
 // through a row-sum workspace (SoftmaxSum = rowsum(dO * O) * (1 - p)).
 //
-// Q, K, V, O, dO, dQ, dK, dV are 4-D [b, h, s, d] with any strides whose last
-// is 1, so the caller may point them into the fused QKV projection's output
+// Q, K, V, O, dO, dQ, dK, dV are 4-D [b, h, s, d] (K, V, dK, dV with hk heads)
+// with any strides whose last is 1, so the caller may point them into the fused QKV projection's output
 // and the output projection's input without head copies. K^T and V^T are the
 // same tensors described with their last two dims (and strides) swapped.
 #pragma once
@@ -51,6 +51,10 @@ enum Uid : i64 {
 
 struct Problem {
   i64 b = 0, h = 0, s = 0, d = 0;
+  // Heads of K and V (and dK, dV): h (0 means h), or a divisor of h for
+  // grouped-query attention — query head i reads K/V head i / (h / hk), and
+  // dK/dV come out summed over each group (the backward's extra reductions).
+  i64 hk = 0;
   ElementType io = ElementType::bf16;  // Q, K, V, O, dO, dQ, dK, dV
   double scale = 1.0;                  // applied to Q K^T
   double dropout = 0.0;                // probability of dropping; 0: no RNG in the graph
@@ -106,6 +110,7 @@ struct Graph {
 
 // ConfigError naming what cuDNN cannot run (dims, head size, dtype, dropout);
 // InternalError for a stride layout the caller should never produce.
+i64 kv_heads(const Problem& p);  // hk, or h when hk is 0
 void validate(const Problem& p);
 Graph forward_graph(const Problem& p);
 Graph backward_graph(const Problem& p);

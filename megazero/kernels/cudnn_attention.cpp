@@ -1,6 +1,7 @@
 #include "megazero/kernels/cudnn_attention.h"
 
 #include "megazero/kernels/fused_attention.h"
+#include "megazero/kernels/gelu_bias.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/kernel_support.h"
 
@@ -15,14 +16,17 @@ using namespace detail;  // kernel_support.h
 
 struct Dims4 {
   std::int64_t b, h, s, d;
+  std::int64_t hk;  // k/v heads (h, or a divisor of h)
 };
 
-// A [b, h, s, d] view of `dtype` with unit stride in d, on ref's device.
-void check_view(const char* op, const char* name, const Tensor& t, const Tensor& ref, const Dims4& dm) {
+// A [b, heads, s, d] view of `dtype` with unit stride in d, on ref's device.
+void check_view(const char* op, const char* name, const Tensor& t, const Tensor& ref, const Dims4& dm,
+                std::int64_t heads) {
   MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
   MZ_CHECK(t.dtype() == ref.dtype(), op, ": ", name, " must be ", dtype_name(ref.dtype()), ", got ", t.to_string());
-  MZ_CHECK(t.dim() == 4 && t.size(0) == dm.b && t.size(1) == dm.h && t.size(2) == dm.s && t.size(3) == dm.d, op, ": ",
-           name, " has shape ", shape_str(t.shape()), ", expected (", dm.b, ", ", dm.h, ", ", dm.s, ", ", dm.d, ")");
+  MZ_CHECK(t.dim() == 4 && t.size(0) == dm.b && t.size(1) == heads && t.size(2) == dm.s && t.size(3) == dm.d, op,
+           ": ", name, " has shape ", shape_str(t.shape()), ", expected (", dm.b, ", ", heads, ", ", dm.s, ", ", dm.d,
+           ")");
   MZ_CHECK(t.strides()[3] == 1, op, ": ", name, " needs unit stride in the head dimension, got strides ",
            shape_str(t.strides()));
   MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index(), op, ": ", name,
@@ -48,18 +52,42 @@ Tensor contiguous_heads(const Tensor& view) {
   return t;
 }
 
-Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& lse, double p,
-                      std::initializer_list<Named> views) {
+// Per-query-head [b*h, s, d] gradients summed over each group of h / hk
+// consecutive heads into the [b, hk, s, d] view `out` (in head order).
+void sum_groups_into(const Tensor& per_head, const Dims4& dm, Tensor& out) {
+  const std::int64_t P = dm.h / dm.hk;
+  const Tensor five = per_head.view({dm.b, dm.hk, P, dm.s, dm.d});
+  Tensor acc = Tensor::empty(per_head.device_ptr(), {dm.b, dm.hk, dm.s, dm.d}, per_head.dtype(),
+                             MemoryCategory::Workspace, "cudnn reference group sum");
+  acc.copy_from(five.select(2, 0));
+  if (P > 1) {
+    Tensor term = Tensor::empty(per_head.device_ptr(), acc.shape(), acc.dtype(), MemoryCategory::Workspace,
+                                "cudnn reference group term");
+    for (std::int64_t j = 1; j < P; ++j) {
+      term.copy_from(five.select(2, j));
+      add(acc, term, acc);
+    }
+  }
+  out.copy_from(acc);
+}
+
+// q and the per-query-head operands have q's heads; `kv_views` (k, v, dk, dv)
+// have k's, which must divide them.
+Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& k, const Tensor& lse, double p,
+                      std::initializer_list<Named> views, std::initializer_list<Named> kv_views) {
   MZ_CHECK(q.defined() && q.dim() == 4, op, ": q must be [samples, heads, S, D], got ",
            q.defined() ? q.to_string() : "undefined");
-  const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3)};
-  check_view(op, "q", q, q, dm);
-  for (const auto& [name, t] : views) check_view(op, name, *t, q, dm);
+  MZ_CHECK(k.defined() && k.dim() == 4, op, ": k must be [samples, k/v heads, S, D]");
+  const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
+  MZ_CHECK(dm.hk > 0 && dm.h % dm.hk == 0, op, ": ", dm.hk, " k/v heads do not divide ", dm.h, " query heads");
+  check_view(op, "q", q, q, dm, dm.h);
+  for (const auto& [name, t] : views) check_view(op, name, *t, q, dm, dm.h);
+  for (const auto& [name, t] : kv_views) check_view(op, name, *t, q, dm, dm.hk);
   check_stat(op, "lse", lse, q, q.dtype());
   check_shape(op, "lse", lse, {dm.b * dm.h, dm.s});
   MZ_CHECK(p >= 0.0 && p < 1.0, op, ": dropout probability must be in [0, 1), got ", p);
   if (runs_on_gpu(q)) {
-    const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d, false);
+    const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d);
     MZ_REQUIRE(why.empty(), why);
   }
   return dm;
@@ -76,6 +104,7 @@ cuda::sdpa::Problem problem_of(const Dims4& dm, const Tensor& q, double scale, d
   pr.h = dm.h;
   pr.s = dm.s;
   pr.d = dm.d;
+  pr.hk = dm.hk;
   pr.io = q.dtype() == DType::BF16 ? cuda::sdpa::ElementType::bf16 : cuda::sdpa::ElementType::f16;
   pr.scale = scale;
   pr.dropout = p;
@@ -93,7 +122,7 @@ void log_work(const Tensor& q, const Dims4& dm, int products) {
 
 }  // namespace
 
-std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim, bool grouped_kv) {
+std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim) {
   if (device != DeviceKind::CUDA)
     return "--attention-backend cudnn runs on --device cuda only; on this device use --attention-backend fused "
            "(the same fused math) or unfused";
@@ -107,16 +136,13 @@ std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int
     return ::megazero::detail::concat("--attention-backend cudnn takes head sizes that are multiples of 8 up to 128, "
                                       "not ",
                                       head_dim, "; use --attention-backend unfused");
-  if (grouped_kv)
-    return "--attention-backend cudnn supports one k/v head per query head only; with --group-query-attention use "
-           "--attention-backend fused";
   return {};
 }
 
 void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
                              const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
   const char* op = "cudnn_attention_forward";
-  const Dims4 dm = check_arguments(op, q, lse, p, {{"k", &k}, {"v", &v}, {"out", &out}});
+  const Dims4 dm = check_arguments(op, q, k, lse, p, {{"out", &out}}, {{"k", &k}, {"v", &v}});
   const Tensor ws =
       allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_bytes(false, dm.b * dm.h, dm.s, dm.d), "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
@@ -143,9 +169,8 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
                               Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "cudnn_attention_backward";
-  const Dims4 dm = check_arguments(op, q, lse, p,
-                                   {{"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk},
-                                    {"dv", &dv}});
+  const Dims4 dm = check_arguments(op, q, k, lse, p, {{"out", &out}, {"dout", &dout}, {"dq", &dq}},
+                                   {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}});
   const Tensor ws =
       allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_bytes(true, dm.b * dm.h, dm.s, dm.d), "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
@@ -170,8 +195,8 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   fused_attention_backward(contiguous_heads(q), contiguous_heads(k), contiguous_heads(v), contiguous_heads(out),
                            contiguous_heads(dout), lse, scale, p, key, layout, gq, gk, gv);
   dq.copy_from(gq.view(dq.shape()));
-  dk.copy_from(gk.view(dk.shape()));
-  dv.copy_from(gv.view(dv.shape()));
+  sum_groups_into(gk, dm, dk);  // fused_attention_backward gives dk, dv per query head
+  sum_groups_into(gv, dm, dv);
 }
 
 }  // namespace megazero::kernels
@@ -183,8 +208,8 @@ std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& 
                                     double scale, double p) {
   if (gpu.kind() != DeviceKind::CUDA) return {};
 #ifdef MEGAZERO_WITH_CUDA
-  const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3)};
-  const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d, false);
+  const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
+  const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d);
   MZ_REQUIRE(why.empty(), why);
   cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
   pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);

@@ -5,7 +5,9 @@
 //    unit stride in D and any other strides, so the layer points them straight
 //    into the QKV projection's output and the output projection's input (no
 //    head split or merge copies); lse is [samples * heads, S] fp32, contiguous.
-//  - multi-head attention only (one k/v head per query head).
+//  - grouped-query attention: k, v (and dk, dv) hold heads / G heads (query
+//    head i reads k/v head i / G); unlike fused_attention_backward, dk and dv
+//    come out per k/v head, summed over each group (cuDNN sums them).
 //  - the dropout mask is cuDNN's own (cuda::cudnn_dropout_seed keys it by
 //    run seed, layer, iteration, micro-batch and the rank's first head): it is
 //    statistically the same Bernoulli(1 - p) but not the Philox mask of the
@@ -40,7 +42,7 @@ std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& 
                                     double scale, double p);
 
 // Empty when --attention-backend cudnn can run tensors of `dtype` on `device`
-// with this head size and grouping; otherwise the reason, naming the flags.
-std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim, bool grouped_kv);
+// with this head size; otherwise the reason, naming the flags.
+std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int64_t head_dim);
 
 }  // namespace megazero::kernels

@@ -541,8 +541,7 @@ void TrainArgs::validate() const {
   }
   if (model.cudnn_attention()) {
     const DeviceKind kind = device == "cuda" ? DeviceKind::CUDA : DeviceKind::CPU;
-    const std::string why = kernels::cudnn_attention_unsupported(kind, dtype(), model.head_dim(),
-                                                                 model.query_groups() != model.num_attention_heads);
+    const std::string why = kernels::cudnn_attention_unsupported(kind, dtype(), model.head_dim());
     MZ_REQUIRE(why.empty(), why);
   }
 }

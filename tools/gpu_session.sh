@@ -31,7 +31,7 @@
 #   cudnn  - --attention-backend cudnn (issue #21 item 1): test_cudnn_attention's GPU half (cuDNN
 #            against our fp64 fused attention through strided QKV views, dropout's kept fraction
 #            and forward/backward mask agreement, the plan cache), test_gpt_tp/test_cuda's model
-#            paths, bench_layer unfused/fused/cudnn, and the 355M run with cudnn; cuDNN's own
+#            paths, bench_layer unfused/fused/cudnn, the 355M run and llama_tiny (GQA) with cudnn; cuDNN's own
 #            log (CUDNN_LOGLEVEL_DBG=2) in cudnn-api.log for a graph it refuses. Run it after paths.
 #   tools/gpu_session.sh paths cudnn tests layer train
 set -uo pipefail
@@ -111,6 +111,12 @@ for phase in "$@"; do
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
             --bf16 --mock-data --vocab-size 50257 --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend $a \
             --attention-dropout 0.0 --hidden-dropout 0.0 --seed 5
+          echo "== exit $?"
+        done
+        for a in fused cudnn; do  # RoPE, RMSNorm, SwiGLU, grouped-query attention, TP 2 on one GPU
+          echo "== pretrain_gpt llama_tiny bf16 TP 2 attention $a"
+          mpi 2 $B/pretrain_gpt --config configs/llama_tiny.cfg --device cuda --bf16 --mock-data --train-iters 20 \
+            --log-interval 10 --attention-backend $a --attention-dropout 0.0 --hidden-dropout 0.0
           echo "== exit $?"
         done
       } > "$out/cudnn.txt" 2>&1

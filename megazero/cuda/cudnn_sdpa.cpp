@@ -281,8 +281,12 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
     auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
     MZ_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1);
     MZ_SET_DESC(*candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[i]);
-    if (cudnnBackendFinalize(candidate->raw()) != CUDNN_STATUS_SUCCESS) {  // this engine can't build it: next
-      tried += detail::concat(" #", i, ": not supported;");
+    const cudnnStatus_t built = cudnnBackendFinalize(candidate->raw());
+    if (built != CUDNN_STATUS_SUCCESS) {  // this engine cannot build it: the next (the reason kept for the error)
+      char why[256] = {0};
+      cudnnGetLastErrorString(why, sizeof why);
+      tried += detail::concat(" #", i, ": ", cudnnGetErrorString(built), why[0] ? std::string(" (") + why + ")" : "",
+                              ";");
       continue;
     }
     i64 ws = 0, n = 0;
@@ -300,8 +304,10 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
     plan->engine_count = returned;
     break;
   }
-  MZ_CHECK(plan->plan != nullptr, "no cuDNN attention engine fits the ", workspace_budget,
-           "-byte workspace budget (gpu_scratch::cudnn_sdpa_engine_bytes):", tried);
+  MZ_REQUIRE(plan->plan != nullptr, "cuDNN ", cudnnGetVersion(), " offers ", returned,
+             " engine configuration(s) for this attention graph and none builds within the ", workspace_budget,
+             "-byte workspace budget (gpu_scratch::cudnn_sdpa_engine_bytes):", tried,
+             " use --attention-backend fused or unfused");
 
   for (const GraphTensor& t : g.tensors) {
     if (t.uid == sdpa::kSeed) plan->dropout = true;

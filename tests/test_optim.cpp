@@ -226,6 +226,77 @@ TEST(AdamW, OneCallOverManySegmentsIsThePerSegmentFormulaBitForBit) {
   }
 }
 
+// The params output (ZeRO's publish in AdamW's pass): master and moments the
+// bits of the call without it; params, on every updated element, the bits of
+// the old way (adamw, then params.copy_from(master)); elsewhere untouched. On
+// 1 and 4 threads (the long segments take the threaded loop); 16-bit params
+// cast in the update loop (fp16 gradients) and after it (the others).
+TEST(AdamW, ParamsOutputIsTheCopyFromOfTheNewMasterBitForBit) {
+  auto dev = make_device(DeviceKind::CPU);
+  const std::int64_t n = 250003;
+  std::mt19937 rng(2121);
+  const auto segs = scattered_segments(n, rng);
+  std::vector<bool> covered(static_cast<std::size_t>(n), false);
+  for (const auto& sg : segs)
+    for (std::int64_t i = sg.begin; i < sg.end; ++i) covered[static_cast<std::size_t>(i)] = true;
+  std::vector<double> w0(static_cast<std::size_t>(n)), m0(w0.size()), v0(w0.size()), g0(w0.size());
+  std::normal_distribution<double> normal;
+  for (std::size_t i = 0; i < w0.size(); ++i) {
+    // Weights over many binades (subnormal fp16 included), so the casts round in every regime.
+    w0[i] = normal(rng) * std::ldexp(1.0, static_cast<int>(i % 41) - 28);
+    m0[i] = 0.01 * normal(rng);
+    v0[i] = 1e-4 * std::fabs(normal(rng));
+    g0[i] = normal(rng) * (i % 7 == 0 ? 0.0 : 3.0);
+  }
+  auto make = [&](const std::vector<double>& x, DType t) {
+    Tensor y = Tensor::empty(dev, {n}, t, MemoryCategory::OptimizerStates);
+    y.copy_from_doubles(x);
+    return y;
+  };
+  struct RestoreThreads {
+    int before = cpu_math_threads();
+    ~RestoreThreads() { set_cpu_math_threads(before); }
+  } restore;
+  // 768: exact in every dtype and far from every weight.
+  const std::vector<double> poison(w0.size(), 768.0);
+  for (DType gt : {DType::BF16, DType::F32, DType::F16}) {
+    for (DType pt : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+      for (int threads : {1, 4}) {
+        SCOPED_TRACE(::testing::Message() << "grads " << dtype_name(gt) << ", params " << dtype_name(pt) << ", "
+                                          << threads << " threads");
+        set_cpu_math_threads(threads);
+        const Tensor g = make(g0, gt);
+        Tensor w = make(w0, DType::F32), m = make(m0, DType::F32), v = make(v0, DType::F32);
+        Tensor ow = make(w0, DType::F32), om = make(m0, DType::F32), ov = make(v0, DType::F32);
+        Tensor params = make(poison, pt), old_params = make(poison, pt);
+        const Tensor poisoned = make(poison, pt);
+        kernels::AdamStep a{0.9, 0.95, 1e-8, 0.1, 3e-4, 0, 0, 0.125};
+        for (int step = 1; step <= 2; ++step) {
+          a.bc1 = 1 - std::pow(a.beta1, step);
+          a.bc2 = 1 - std::pow(a.beta2, step);
+          kernels::adamw(w, m, v, g, segs, a, params);
+          kernels::adamw(ow, om, ov, g, segs, a);  // the old way: the step, then the publish cast
+          old_params.copy_from(ow);
+        }
+        ASSERT_EQ(std::memcmp(w.data(), ow.data(), w.nbytes()), 0) << "master";
+        ASSERT_EQ(std::memcmp(m.data(), om.data(), m.nbytes()), 0) << "exp_avg";
+        ASSERT_EQ(std::memcmp(v.data(), ov.data(), v.nbytes()), 0) << "exp_avg_sq";
+        const auto bytes = dtype_size(pt);
+        const auto* got = static_cast<const unsigned char*>(params.data());
+        const auto* cast = static_cast<const unsigned char*>(old_params.data());
+        const auto* bad = static_cast<const unsigned char*>(poisoned.data());
+        std::int64_t gaps = 0;
+        for (std::size_t k = 0; k < covered.size(); ++k) {
+          gaps += covered[k] ? 0 : 1;
+          ASSERT_EQ(std::memcmp(got + k * bytes, (covered[k] ? cast : bad) + k * bytes, bytes), 0)
+              << "params[" << k << "] " << (covered[k] ? "is not copy_from(master)" : "is in no segment but changed");
+        }
+        EXPECT_GT(gaps, 100) << "the list leaves gaps";
+      }
+    }
+  }
+}
+
 // The contract's edges: no segments is a no-op, overlapping segments (in any
 // order) and segments outside the buffers are refused before anything runs.
 TEST(AdamW, OverlappingOrOutOfRangeSegmentsAreRefused) {
@@ -242,6 +313,18 @@ TEST(AdamW, OverlappingOrOutOfRangeSegmentsAreRefused) {
   EXPECT_THROW(kernels::adamw(w, m, v, g, {{0, 10, true}, {9, 20, true}}, a), InternalError);
   EXPECT_THROW(kernels::adamw(w, m, v, g, {{90, 101, true}}, a), InternalError);
   EXPECT_THROW(kernels::adamw(w, m, v, g, {{10, 5, true}}, a), InternalError);
+  // A params output: as many elements, a floating dtype, contiguous, named in the refusal.
+  const auto refused = [&](const Tensor& params, const char* what) {
+    try {
+      kernels::adamw(w, m, v, g, {{0, 10, true}}, a, params);
+      ADD_FAILURE() << what << " was accepted";
+    } catch (const InternalError& e) {
+      EXPECT_NE(std::string(e.what()).find("params"), std::string::npos) << e.what();
+    }
+  };
+  refused(Tensor::zeros(dev, {99}, DType::BF16, MemoryCategory::Parameters), "99 elements");
+  refused(Tensor::zeros(dev, {100}, DType::I32, MemoryCategory::Parameters), "an int32 output");
+  refused(Tensor::zeros(dev, {100, 2}, DType::BF16, MemoryCategory::Parameters).select(1, 0), "a strided output");
   EXPECT_EQ(w.to_double_vector(), std::vector<double>(100, 1.0)) << "a refused call changes nothing";
   kernels::adamw(w, m, v, g, {{20, 30, true}, {0, 20, false}, {30, 30, true}}, a);  // touching, out of order
   const auto got = w.to_double_vector();

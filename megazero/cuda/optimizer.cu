@@ -1,11 +1,13 @@
 // The optimizer's kernels on the GPU: the launchers of megazero/cuda/optimizer.h
 // (contracts: megazero/kernels/optimizer_kernels.h; kernels and segment tables:
-// optimizer_kernels.cuh): AdamW, element by element in double, and the
-// gradient norm's sum of squares, a fixed-order two-pass reduction (no
-// atomics) kept on the device. Each takes all its segments in one launch, so
-// a step costs a few launches, not a few per parameter.
+// optimizer_kernels.cuh): AdamW, element by element in double (and, when
+// asked, the working-precision parameters in the same pass), and the gradient
+// norm's sum of squares, a fixed-order two-pass reduction (no atomics) kept on
+// the device. Each takes all its segments in one launch, so a step costs a few
+// launches, not a few per parameter.
 #include <cuda_runtime.h>
 
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -21,14 +23,21 @@ namespace {
 constexpr unsigned kNormBlocks = static_cast<unsigned>(kernels::gpu_scratch::kNormBlocks);
 }  // namespace
 
-void adamw(float* w, float* m, float* v, const void* g, DType grad_type,
+void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p, DType param_type,
            const std::vector<kernels::AdamSegment>& segments, const kernels::AdamStep& a, cudaStream_t s) {
   const std::vector<SegmentTable> tables = segment_tables(segments);
-  with_storage(grad_type, [&](auto tag) {
-    using G = decltype(tag);
-    for (const SegmentTable& t : tables)
-      adamw_segments_kernel<G>
-          <<<blocks_for(t.end[t.count - 1]), kThreads, 0, s>>>(w, m, v, static_cast<const G*>(g), t, a);
+  with_storage(grad_type, [&](auto g_tag) {
+    using G = decltype(g_tag);
+    const auto launch = [&](auto* out) {
+      using P = std::remove_pointer_t<decltype(out)>;
+      for (const SegmentTable& t : tables)
+        adamw_segments_kernel<G, P>
+            <<<blocks_for(t.end[t.count - 1]), kThreads, 0, s>>>(w, m, v, static_cast<const G*>(g), out, t, a);
+    };
+    if (p == nullptr)
+      launch(static_cast<NoParams*>(nullptr));
+    else
+      with_storage(param_type, [&](auto p_tag) { launch(static_cast<decltype(p_tag)*>(p)); });
   });
   check_launch("adamw");
 }

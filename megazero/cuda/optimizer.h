@@ -11,10 +11,11 @@
 namespace megazero::cuda {
 
 // AdamW on the segments of fp32 master/moments with gradients of `grad_type`;
-// the CPU's formula (double arithmetic, decoupled decay). One launch per
-// kernels::gpu_scratch::kSegmentTableCapacity segments after merging adjacent
-// ones (optimizer_kernels.cuh), none for an empty list.
-void adamw(float* w, float* m, float* v, const void* g, DType grad_type,
+// the CPU's formula (double arithmetic, decoupled decay). p (null for none):
+// the params output of `param_type`, written with the new weights in the same
+// kernel. One launch per kernels::gpu_scratch::kSegmentTableCapacity segments
+// after merging adjacent ones (optimizer_kernels.cuh), none for an empty list.
+void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p, DType param_type,
            const std::vector<kernels::AdamSegment>& segments, const kernels::AdamStep& a, cudaStream_t s);
 
 // *out (device memory) = the sum of squares of g over the ranges, in double

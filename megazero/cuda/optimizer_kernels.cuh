@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -38,8 +39,9 @@ struct SegmentTable {
   i64 offset[kTableCapacity];
   std::uint32_t decay[(kTableCapacity + 31) / 32];  // bit k: weight decay on segment k (AdamW)
 };
-// Kernel parameters: the table, four pointers and AdamW's scalars within 4 KB.
-static_assert(sizeof(SegmentTable) + 4 * sizeof(void*) + sizeof(kernels::AdamStep) <= 4096,
+// Kernel parameters: the table, five pointers (AdamW's w, m, v, g and the
+// params output) and AdamW's scalars within 4 KB: 3880 + 40 + 64 = 3984 bytes.
+static_assert(sizeof(SegmentTable) + 5 * sizeof(void*) + sizeof(kernels::AdamStep) <= 4096,
               "the segment table must fit the 4 KB of kernel parameters");
 
 // The tables of a segment list: empty segments dropped, a segment that starts
@@ -84,9 +86,16 @@ inline std::vector<SegmentTable> range_tables(const std::vector<std::pair<i64, i
 // forward: at most count steps per thread in all, each a uniform read of the
 // parameter bank for most warps.
 
+// adamw_segments_kernel<G, NoParams>: AdamW without the params output.
+struct NoParams {};
+
 // AdamW, element by element, the CPU kernel's formula (kernels/optimizer_kernels.cpp).
-template <typename G>
-__global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, const SegmentTable t,
+// P (float, __nv_bfloat16, __half or double) also stores the new weight into
+// p[i], rounded from its fp32 value by st<P>(float) (__float2bfloat16_rn /
+// __float2half_rn), the conversion of the cast kernel behind Tensor::copy_from
+// (cuda_kernels.cu), not from the double (one rounding instead of two can differ).
+template <typename G, typename P>
+__global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, P* p, const SegmentTable t,
                                       const kernels::AdamStep a) {
   const i64 total = t.end[t.count - 1];
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
@@ -101,7 +110,9 @@ __global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, 
     m[i] = static_cast<float>(mi);
     v[i] = static_cast<float>(vi);
     const double update = (mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps);
-    w[i] = static_cast<float>(w[i] - a.lr * (update + wd * w[i]));  // decoupled decay
+    const float wi = static_cast<float>(w[i] - a.lr * (update + wd * w[i]));  // decoupled decay
+    w[i] = wi;
+    if constexpr (!std::is_same_v<P, NoParams>) p[i] = st<P>(wi);
   }
 }
 

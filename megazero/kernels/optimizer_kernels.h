@@ -33,8 +33,19 @@ struct AdamSegment {
 // split of the segments: each element is the scalar formula, nothing summed.
 // A GPU runs all of them in one launch (one per 240 after merging adjacent
 // segments of the same decay: gpu_scratch::kSegmentTableCapacity).
+//
+// params (optional; undefined for none): the working-precision copy of the
+// weights, written in the same pass (ZeRO's publish without a second read of
+// the master). fp32, fp64, bf16 or fp16, contiguous, as many elements, on
+// master's device, overlapping no other operand. For every element i the call
+// updates, params[i] = the new master[i] converted as Tensor::copy_from
+// converts fp32 (round to nearest even: float_to_bf16 / float_to_half on the
+// CPU, __float2bfloat16_rn / __float2half_rn on a GPU), so the bits are those
+// of adamw then params.copy_from(master) on those elements. Elements outside
+// every segment are untouched, as in master; master, exp_avg and exp_avg_sq
+// get the same bits with or without params.
 void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
-           const std::vector<AdamSegment>& segments, const AdamStep& a);
+           const std::vector<AdamSegment>& segments, const AdamStep& a, const Tensor& params = Tensor());
 
 // out (fp64, one element, on grads' device; it stays there for the
 // all-reduces) = the sum of squares of grads over the [begin, end) ranges, in

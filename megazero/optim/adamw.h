@@ -26,9 +26,11 @@ using DecaySegment = kernels::AdamSegment;
 // multiplied by grad_scale first (1 / loss scale x clip coefficient).
 // master, exp_avg, exp_avg_sq: fp32, n elements, updated in place. `step` is
 // the 1-based step count for bias correction. One kernel call for all
-// segments (on a GPU one launch per 240 merged segments).
+// segments (on a GPU one launch per 240 merged segments). params (optional):
+// the working-precision weights, written in the same pass with the new master
+// values of the updated elements, converted as copy_from converts them.
 void adamw_step(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq, const Tensor& grads,
                 const std::vector<DecaySegment>& segments, const AdamConfig& cfg, double lr, std::int64_t step,
-                double grad_scale);
+                double grad_scale, const Tensor& params = Tensor());
 
 }  // namespace megazero::optim

@@ -37,6 +37,15 @@ Tensor flat_slice(const Tensor& flat, Range r, std::int64_t base = 0) {
   return flat.narrow(0, r.begin - base, r.size());
 }
 
+// Where publish_params puts the master's values: the whole flat buffer (stage
+// 0), this rank's partition of it (stages 1-2, then all-gathered in place), or
+// the partition buffer (stage 3). As many elements as the master.
+Tensor publish_target(int stage, const Tensor& params_full, Range part, const Tensor& params_part) {
+  if (stage == 0) return params_full;
+  if (stage <= 2) return flat_slice(params_full, part);
+  return params_part;
+}
+
 }  // namespace
 
 ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp, std::shared_ptr<Device> device,
@@ -130,16 +139,14 @@ void ZeroEngine::initialize(std::uint64_t seed) {
   publish_params();
 }
 
+// After initialize and checkpoint loads; step() has AdamW write the target
+// itself and does only the all-gather.
 void ZeroEngine::publish_params() {
-  if (cfg_.stage == 0) {
-    params_full_.copy_from(master_);
-  } else if (cfg_.stage <= 2) {
-    Tensor mine = flat_slice(params_full_, part_);
-    mine.copy_from(master_);
+  Tensor mine = publish_target(cfg_.stage, params_full_, part_, params_part_);
+  mine.copy_from(master_);
+  if (cfg_.stage == 1 || cfg_.stage == 2) {
     Work w = dp_.all_gather(mine, params_full_);  // in place: each partition is already at its place
     timed_wait(w);
-  } else {
-    params_part_.copy_from(master_);
   }
 }
 
@@ -356,8 +363,9 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
   // one for GPT-2 355M, and a finish), its two all-reduces, one read-back,
   // AdamW (one launch per 240 merged owned segments, likewise one; the
   // loss-scale unscale and the clip coefficient are its grad_scale, the
-  // overflow check is the sum's finiteness) and the publish copy (one cast
-  // kernel, then the all-gather at stages 1-2). Nothing loops over parameters.
+  // overflow check is the sum's finiteness; it writes the published
+  // parameters too), then the all-gather at stages 1-2. Nothing loops over
+  // parameters.
   // The sum lives on the gradients' device (planned like any other
   // allocation; NCCL reduces it in place) and is read by the host once: the
   // step's one wait (NCCL's Work::wait only orders the compute stream).
@@ -374,9 +382,25 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
   }
   st.clip_coef = clip_grad > 0 ? std::min(1.0, clip_grad / (st.grad_norm + 1e-6)) : 1.0;
   const Tensor owned_grads = cfg_.stage == 0 ? grads_full_ : part_grads;
+  // AdamW publishes: it writes each updated weight into the working-precision
+  // parameters (publish_params' target) as it stores the master, converted as
+  // copy_from converts it, so the step does not read the fp32 master a second
+  // time for a cast pass. It writes only the owned segments' elements; the rest
+  // of the target is the layout's padding ([unpadded, padded): parameters lie
+  // without gaps from 0, and owned_segments_ is every parameter's range cut to
+  // owned_). No step changes the padding's master (0 from initialize; loads
+  // write parameter ranges only), and only publish_params and the all-gathers
+  // of the ranks' equally constant padding write it in the parameters (no
+  // Parameter view covers it), so it still holds the cast of its master.
+  Tensor published = publish_target(cfg_.stage, params_full_, part_, params_part_);
+  MZ_CHECK(published.numel() == master_.numel(), "ZeRO step: ", published.numel(), " parameters to publish, ",
+           master_.numel(), " master weights");
   optim::adamw_step(master_, exp_avg_, exp_avg_sq_, owned_grads, owned_segments_, adam, lr, step_number,
-                    st.clip_coef / loss_scale);
-  publish_params();
+                    st.clip_coef / loss_scale, published);
+  if (cfg_.stage == 1 || cfg_.stage == 2) {
+    Work w = dp_.all_gather(published, params_full_);  // in place, as publish_params gathers
+    timed_wait(w);
+  }
   return st;
 }
 

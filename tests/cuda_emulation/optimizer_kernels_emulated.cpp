@@ -8,7 +8,10 @@
 //   empty ones, gaps no segment covers, both decays) against the CPU's
 //   kernels::adamw on the same segments, fp32/bf16/fp16/fp64 gradients, two
 //   steps: bit for bit (the same double formula; the host compiler fuses
-//   nothing, -ffp-contract=off), gaps untouched;
+//   nothing, -ffp-contract=off), gaps untouched; and with a params output
+//   (fp32/bf16/fp16/fp64, poisoned first): the CPU kernel's params bit for
+//   bit, which on the updated elements are the new master cast as
+//   Tensor::copy_from casts it, and the poison left in the gaps;
 // - the sum of squares over ~500 unordered, overlapping, partly empty ranges
 //   (more than two tables): the kernel's block sums and the finish pass bit
 //   for bit against the same additions done here in the kernel's order (which
@@ -21,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "emu_checks.h"
@@ -75,9 +79,15 @@ void table_builder() {
         0, 0);
 }
 
-template <DType T>
+// The emulated GPU's storage type of a params output, or NoParams for none.
+template <DType P, bool kNone>
+using ParamsStorage = std::conditional_t<kNone, dk::NoParams, typename EmuStorage<P>::type>;
+
+// AdamW with gradients of T and, unless kNone, a params output of P.
+template <DType T, DType P = DType::F32, bool kNone = true>
 void adamw(std::mt19937& rng) {
   using G = typename EmuStorage<T>::type;
+  using PS = ParamsStorage<P, kNone>;
   const i64 n = 120001;
   std::vector<kernels::AdamSegment> segs;
   std::uniform_int_distribution<int> len(0, 300), coin(0, 9);
@@ -101,17 +111,26 @@ void adamw(std::mt19937& rng) {
   Tensor wc = tensor_of({n}, w0, DType::F32), mc = tensor_of({n}, m0, DType::F32), vc = tensor_of({n}, v0, DType::F32);
   Tensor wg = tensor_of({n}, w0, DType::F32), mg = tensor_of({n}, m0, DType::F32), vg = tensor_of({n}, v0, DType::F32);
   const Tensor g = tensor_of({n}, g0, T);
+  // The params outputs start poisoned (768: exact in every dtype, far from any
+  // weight), so an element the kernel should not write shows.
+  constexpr double kPoison = 768.0;
+  Tensor pc, pg;
+  if constexpr (!kNone) {
+    pc = tensor_of({n}, std::vector<double>(w0.size(), kPoison), P);
+    pg = tensor_of({n}, std::vector<double>(w0.size(), kPoison), P);
+  }
+  PS* const pg_data = kNone ? nullptr : static_cast<PS*>(pg.data());
   kernels::AdamStep a{0.9, 0.95, 1e-8, 0.1, 3e-4, 0, 0, 0.5};
   for (int step = 1; step <= 2; ++step) {
     a.bc1 = 1 - std::pow(a.beta1, step);
     a.bc2 = 1 - std::pow(a.beta2, step);
-    kernels::adamw(wc, mc, vc, g, segs, a);
+    kernels::adamw(wc, mc, vc, g, segs, a, pc);
     // 3 blocks of 64 threads: each thread strides over ~470 flat indices per
     // table, crossing many segments.
     for (const auto& t : tables)
       emu_launch(dim3{3, 1, 1}, 64, 0, [&] {
-        dk::adamw_segments_kernel<G>(wg.host_data<float>(), mg.host_data<float>(), vg.host_data<float>(),
-                                     static_cast<const G*>(g.data()), t, a);
+        dk::adamw_segments_kernel<G, PS>(wg.host_data<float>(), mg.host_data<float>(), vg.host_data<float>(),
+                                         static_cast<const G*>(g.data()), pg_data, t, a);
       });
   }
   check_bits(wg, wc, "AdamW w (bit for bit)");
@@ -128,6 +147,24 @@ void adamw(std::mt19937& rng) {
       check(wv[i] == static_cast<double>(static_cast<float>(w0[i])), "AdamW: a gap is untouched", wv[i], w0[i], i);
     }
   check(gaps > 100, "AdamW: the list has gaps", static_cast<double>(gaps), 100, 0);
+  if constexpr (!kNone) {
+    // The GPU's params are the CPU kernel's bit for bit, and on the updated
+    // elements the master cast as copy_from casts it (the old publish pass);
+    // the gaps keep the poison.
+    check_bits(pg, pc, "AdamW params (bit for bit)");
+    const Tensor cast = wg.to(P, MemoryCategory::Other);
+    const std::size_t bytes = dtype_size(P);
+    const auto* got = static_cast<const unsigned char*>(pg.data());
+    const auto* want = static_cast<const unsigned char*>(cast.data());
+    const auto pv = values(pg), cv = values(cast);
+    for (std::size_t i = 0; i < covered.size(); ++i) {
+      if (covered[i])
+        check(std::memcmp(got + i * bytes, want + i * bytes, bytes) == 0, "AdamW params = copy_from(master)", pv[i],
+              cv[i], i);
+      else
+        check(pv[i] == kPoison, "AdamW params: a gap is untouched", pv[i], kPoison, i);
+    }
+  }
 }
 
 // block_sum's order: a shuffle-down tree in each warp, then the same tree over
@@ -233,6 +270,15 @@ int main() {
   adamw<DType::BF16>(rng);
   adamw<DType::F16>(rng);
   adamw<DType::F64>(rng);
+  // With the params output (ZeRO's publish in the same pass): every output
+  // dtype, and every gradient dtype with the 16-bit ones.
+  adamw<DType::BF16, DType::BF16, false>(rng);
+  adamw<DType::F16, DType::F16, false>(rng);
+  adamw<DType::F32, DType::F32, false>(rng);
+  adamw<DType::F64, DType::F64, false>(rng);
+  adamw<DType::F32, DType::BF16, false>(rng);
+  adamw<DType::F16, DType::BF16, false>(rng);
+  adamw<DType::BF16, DType::F16, false>(rng);
   sum_of_squares<DType::F32>(rng);
   sum_of_squares<DType::BF16>(rng);
   sum_of_squares<DType::F16>(rng);

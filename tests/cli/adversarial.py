@@ -125,7 +125,8 @@ def cases():
                    ("cuda:0", "--device must be cpu")],
         "distributed-backend": [("gloo", "--distributed-backend must be auto, mpi or nccl"),
                                 ("nccl", "--distributed-backend nccl needs --device cuda")],
-        "attention-backend": [("flash", "--attention-backend must be unfused or fused")],
+        "attention-backend": [("flash", "--attention-backend must be unfused, fused or cudnn"),
+                              ("cudnn", "--attention-backend cudnn runs on --device cuda only")],
         "zero-config": [("C6", "--zero-config must be one of C1, C2, C3, C4, C5"), ("c1", "must be one of C1")],
         "hardware": [("tpu-pod", "tpu-pod")],
     }

@@ -186,17 +186,20 @@ Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, co
   const Tensor dctx = context_view(dmerged);
   if (cudnn_in_place()) {
     Tensor dq = group_view(dqkv, 0);
-    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
+                                      cfg_.deterministic, dq, dk, dv);
     return dqkv;
   }
   Tensor rq = ctx_.activation({B * H, S, head_dim_});
   Tensor rq4 = rq.view({B, H, S, head_dim_});
   if (!cfg_.rope()) {
-    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), rq4, dk, dv);
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
+                                      cfg_.deterministic, rq4, dk, dv);
   } else {
     Tensor rk = ctx_.activation({B * G, S, head_dim_});
     Tensor rk4 = rk.view({B, G, S, head_dim_});
-    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), rq4, rk4, dv);
+    kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
+                                      cfg_.deterministic, rq4, rk4, dv);
     kernels::rope_backward(rq, cfg_.rotary_base, rq);  // the rotation's adjoint, back to the projection's outputs
     kernels::rope_backward(rk, cfg_.rotary_base, rk);
     dk.copy_from(rk4);
@@ -223,7 +226,8 @@ std::string ParallelSelfAttention::prepare_kernels(const StepInfo& step, double 
   const Tensor dq = in_place ? group_view(dqkv, 0) : empty({B, H, S, head_dim_});
   const Tensor dk = cfg_.rope() ? empty({B, G, S, head_dim_}) : group_view(dqkv, 1);
   const Tensor out = context_view(empty({B * S, H * head_dim_})), dout = context_view(empty({B * S, H * head_dim_}));
-  return kernels::cudnn_attention_prepare(*ctx_.device, q, k, v, out, dout, dq, dk, group_view(dqkv, 2), scale(), p);
+  return kernels::cudnn_attention_prepare(*ctx_.device, q, k, v, out, dout, dq, dk, group_view(dqkv, 2), scale(), p,
+                                          cfg_.deterministic);
 }
 
 Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_done) {

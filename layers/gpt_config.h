@@ -25,6 +25,10 @@ struct GPTConfig {
   // "fused" never does (kernels/fused_attention.h); "cudnn" is cuDNN's fused
   // attention on CUDA (kernels/cudnn_attention.h: its own dropout mask).
   std::string attention_backend = "unfused";
+  // --deterministic-mode (Megatron's flag): kernels that could differ in the
+  // last bits from run to run take their deterministic variant. Every other
+  // kernel already is; it selects cuDNN's deterministic attention backward.
+  bool deterministic = false;
   // Megatron's bias-GeLU fusion in the MLP (on by default, as there;
   // --no-bias-gelu-fusion). On the CPU fp32 results are the same bits either
   // way (on a GPU the bias gradient's double sums may group differently: last

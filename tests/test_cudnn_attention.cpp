@@ -62,13 +62,18 @@ TEST(CudnnDescriptors, EveryTensorAndOperationFinalizes) {
     for (double p : {0.0, 0.1})
       for (bool interleaved : {false, true})
         for (i64 hk : {0, 2, 1}) {  // multi-head, grouped, multi-query
-          const sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved, hk);
-          const sdpa::Graph fwd = sdpa::forward_graph(pr), bwd = sdpa::backward_graph(pr);
+          sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved, hk);
+          const sdpa::Graph fwd = sdpa::forward_graph(pr);
           EXPECT_EQ(cuda::finalize_operations(fwd), static_cast<int>(fwd.ops.size()));
-          EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
-          graphs += 2;
+          for (bool deterministic : {false, true}) {
+            pr.deterministic = deterministic;
+            const sdpa::Graph bwd = sdpa::backward_graph(pr);
+            EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
+            ++graphs;
+          }
+          ++graphs;
         }
-  EXPECT_EQ(graphs, 48);
+  EXPECT_EQ(graphs, 72);
 }
 
 TEST(CudnnDescriptors, ABrokenGraphIsRefusedNamingTheOperation) {
@@ -247,14 +252,23 @@ TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {
     Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
     Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
            dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
-    kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, scale, 0.0, RngKey{}, l, dq, dk, dv);
     Tensor rdq = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
     Tensor rdk = rdq.clone(MemoryCategory::Activations), rdv = rdq.clone(MemoryCategory::Activations);
     kernels::fused_attention_backward(q, k, v, host64(o), host64(d_o), ref_lse, scale, 0.0, RngKey{}, l, rdq, rdk,
                                       rdv);
-    EXPECT_LT(max_rel(host64(dq), rdq), 2e-2);
-    EXPECT_LT(max_rel(host64(dk), rdk), 2e-2);
-    EXPECT_LT(max_rel(host64(dv), rdv), 2e-2);
+    for (bool deterministic : {false, true}) {  // cuDNN's default (fp32 dQ accumulator) and deterministic backward
+      SCOPED_TRACE(deterministic ? "deterministic" : "default");
+      kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, scale, 0.0, RngKey{}, l, deterministic, dq, dk,
+                                        dv);
+      EXPECT_LT(max_rel(host64(dq), rdq), 2e-2);
+      EXPECT_LT(max_rel(host64(dk), rdk), 2e-2);
+      EXPECT_LT(max_rel(host64(dv), rdv), 2e-2);
+      if (deterministic) {  // and it repeats bit for bit
+        const auto first = host64(dq).to_double_vector();
+        kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, scale, 0.0, RngKey{}, l, true, dq, dk, dv);
+        EXPECT_EQ(host64(dq).to_double_vector(), first);
+      }
+    }
   }
   EXPECT_GE(cuda::cudnn_sdpa_cached_plans(), 6u);
 }
@@ -284,7 +298,7 @@ TEST_F(CudnnOnGpu, GroupedKeyValueHeadsMatchTheCpu) {
     Tensor dq = Tensor::empty(gpu, {b, h, s, d}, DType::BF16, MemoryCategory::Activations);
     Tensor dk = Tensor::empty(gpu, {b, hk, s, d}, DType::BF16, MemoryCategory::Activations);
     Tensor dv = Tensor::empty(gpu, {b, hk, s, d}, DType::BF16, MemoryCategory::Activations);
-    kernels::cudnn_attention_backward(q, k, v, o, d_o, lse, scale, 0.0, RngKey{}, l, dq, dk, dv);
+    kernels::cudnn_attention_backward(q, k, v, o, d_o, lse, scale, 0.0, RngKey{}, l, false, dq, dk, dv);
 
     // The CPU's fused attention in fp64 (grouped k/v; dk, dv per query head, summed here).
     const Tensor hq = host64(q), hk64 = host64(k), hv = host64(v), hdo = host64(d_o);
@@ -353,7 +367,7 @@ TEST_F(CudnnOnGpu, DropoutKeepsOneMinusPAndBackwardDropsTheSame) {
   Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
   Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
          dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
-  kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, 1.0, p, key, l, dq, dk, dv);
+  kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, 1.0, p, key, l, false, dq, dk, dv);
   const auto dvv = host64(dv).to_double_vector();
   double sum_dv = 0;
   for (std::size_t i = 0; i < dvv.size(); i += static_cast<std::size_t>(d)) sum_dv += dvv[i];

@@ -199,6 +199,8 @@ class Interpreter {
         return arg(0) >= arg(1) ? 1.0 : 0.0;
       case sd::Pointwise::binary_select:
         return arg(2) != 0 ? arg(0) : arg(1);
+      case sd::Pointwise::identity:
+        return arg(0);
     }
     throw std::logic_error("unknown pointwise mode");
   }
@@ -255,6 +257,7 @@ struct Io {
     views[sd::kDQ] = q_in_rows ? View{dqkv, 0, parts} : View{buffer(n), 0, bhsd};
     for (i64 uid : {sd::kO, sd::kDO}) views[uid] = {buffer(n), 0, c.interleaved ? rows : bhsd};
     for (i64 uid : {sd::kStats, sd::kSoftmaxSum}) views[uid] = {buffer(c.b * c.h * c.s), 0, {c.h * c.s, c.s, 1, 0}};
+    views[sd::kDQAccum] = {buffer(n), 0, bhsd};  // the default backward's fp32 dQ accumulator
     sd::Problem& q = problem;
     q.q = views[sd::kQ].strides, q.k = views[sd::kK].strides, q.v = views[sd::kV].strides;
     q.dq = views[sd::kDQ].strides, q.dk = views[sd::kDK].strides, q.dv = views[sd::kDV].strides;
@@ -319,8 +322,9 @@ using Edit = std::function<void(sd::Graph&)>;
 // The graphs through the interpreter: forward, then backward reading the O and
 // Stats the forward wrote into the same buffers. `edit` may corrupt a graph.
 Result run_graphs(const Case& c, const Inputs& in, double p, const Vec& mask, const Edit& edit_fwd = {},
-                  const Edit& edit_bwd = {}) {
+                  const Edit& edit_bwd = {}, bool deterministic = false) {
   Io io(c, p);
+  io.problem.deterministic = deterministic;
   io.scatter(sd::kQ, in.q);
   io.scatter(sd::kK, in.k);
   io.scatter(sd::kV, in.v);
@@ -405,7 +409,11 @@ void expect_graphs_match(double p, double fwd_tol, double bwd_tol) {
                                     << " d=" << c.d << " p=" << p << (c.interleaved ? " interleaved" : " contiguous"));
     const Inputs in = make_inputs(c, seed++);
     const Vec mask = p > 0 ? keep_mask(c, p) : Vec{};
-    const Result got = run_graphs(c, in, p, mask), want = run_reference(c, in, p);
+    const Result want = run_reference(c, in, p);
+    // The deterministic backward (dQ written directly) on every other case.
+    const bool deterministic = seed % 2 == 0;
+    SCOPED_TRACE(deterministic ? "deterministic backward" : "dQ through the fp32 accumulator");
+    const Result got = run_graphs(c, in, p, mask, {}, {}, deterministic);
     EXPECT_LT(max_diff(got.o, want.o), fwd_tol) << "O";
     EXPECT_LT(max_diff(got.stats, want.stats), fwd_tol) << "Stats";
     EXPECT_LT(max_diff(got.dq, want.dq), bwd_tol) << "dQ";
@@ -513,12 +521,17 @@ TEST(SdpaGraph, GraphsAreWellFormed) {
     SCOPED_TRACE("p=" + std::to_string(p));
     const sd::Problem problem = Io(kCases[1], p).problem;
     std::set<i64> fwd{sd::kQ, sd::kK, sd::kV, sd::kO, sd::kStats};
-    std::set<i64> bwd{sd::kQ, sd::kK, sd::kV, sd::kO, sd::kDO, sd::kStats, sd::kDQ, sd::kDK, sd::kDV, sd::kSoftmaxSum};
+    std::set<i64> bwd{sd::kQ,  sd::kK,  sd::kV,  sd::kO,          sd::kDO,
+                      sd::kStats, sd::kDQ, sd::kDK, sd::kSoftmaxSum, sd::kDV, sd::kDQAccum};
     if (p > 0) {  // the rng's seed and offset, device tensors the caller binds
       for (auto* set : {&fwd, &bwd}) set->insert({sd::kSeed, sd::kOffset});
     }
     expect_well_formed(sd::forward_graph(problem), fwd);
     expect_well_formed(sd::backward_graph(problem), bwd);
+    sd::Problem deterministic = problem;  // dQ directly: no accumulator
+    deterministic.deterministic = true;
+    bwd.erase(sd::kDQAccum);
+    expect_well_formed(sd::backward_graph(deterministic), bwd);
   }
 }
 

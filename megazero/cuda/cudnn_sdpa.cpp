@@ -101,6 +101,7 @@ cudnnPointwiseMode_t pointwise_mode(Pointwise m) {
     case Pointwise::gen_index: return CUDNN_POINTWISE_GEN_INDEX;
     case Pointwise::cmp_ge: return CUDNN_POINTWISE_CMP_GE;
     case Pointwise::binary_select: return CUDNN_POINTWISE_BINARY_SELECT;
+    case Pointwise::identity: return CUDNN_POINTWISE_IDENTITY;
   }
   return CUDNN_POINTWISE_IDENTITY;
 }
@@ -306,7 +307,7 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
   }
   MZ_REQUIRE(plan->plan != nullptr, "cuDNN ", cudnnGetVersion(), " offers ", returned,
              " engine configuration(s) for this attention graph and none builds within the ", workspace_budget,
-             "-byte workspace budget (gpu_scratch::cudnn_sdpa_engine_bytes):", tried,
+             "-byte workspace budget (gpu_scratch::cudnn_sdpa_scratch):", tried,
              " use --attention-backend fused or unfused");
 
   for (const GraphTensor& t : g.tensors) {
@@ -321,13 +322,14 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
   return plan;
 }
 
-using PlanKey = std::tuple<int, bool, i64, i64, i64, i64, int, double, double, std::vector<i64>>;
+using PlanKey = std::tuple<int, bool, i64, i64, i64, i64, i64, int, double, double, bool, std::vector<i64>>;
 
 PlanKey key_of(int device, bool backward, const sdpa::Problem& p) {
   std::vector<i64> strides;
   for (const sdpa::Strides4* st : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv})
     strides.insert(strides.end(), st->begin(), st->end());
-  return {device, backward, p.b, p.h, p.s, p.d, static_cast<int>(p.io), p.scale, p.dropout, strides};
+  return {device,   backward, p.b, p.h, p.s, p.d, sdpa::kv_heads(p), static_cast<int>(p.io), p.scale, p.dropout,
+          p.deterministic, strides};
 }
 
 struct HandleAndPlans {
@@ -413,42 +415,46 @@ CudnnDropoutKey cudnn_dropout_seed(const RngKey& key, const kernels::DropoutLayo
 
 int finalize_operations(const sdpa::Graph& graph) { return LoweredGraph(graph).operation_count(); }
 
+namespace {
+kernels::gpu_scratch::CudnnSdpaScratch scratch_of(const sdpa::Problem& p, bool backward) {
+  return kernels::gpu_scratch::cudnn_sdpa_scratch(backward, p.deterministic, p.b * p.h, p.s, p.d);
+}
+}  // namespace
+
 void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, const void* v, void* o, float* stats,
                         CudnnDropoutKey dropout, kernels::GpuScratch ws, cudaStream_t stream) {
-  const i64 bh = p.b * p.h;
-  const std::size_t need = kernels::gpu_scratch::cudnn_sdpa_bytes(false, bh, p.s, p.d);
-  MZ_CHECK(ws.data != nullptr && ws.bytes >= need, "cuDNN attention forward: given ", ws.bytes,
-           " bytes of scratch, needs ", need);
+  const auto pieces = scratch_of(p, false);
+  MZ_CHECK(ws.data != nullptr && ws.bytes >= pieces.total(), "cuDNN attention forward: given ", ws.bytes,
+           " bytes of scratch, needs ", pieces.total());
   cudnnHandle_t handle = nullptr;
-  Plan& plan = plan_for(false, p, kernels::gpu_scratch::cudnn_sdpa_engine_bytes(bh, p.s, p.d), stream, &handle);
+  Plan& plan = plan_for(false, p, pieces.engine, stream, &handle);
   execute(handle, plan, {sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kStats},
           {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats}, dropout,
-          static_cast<std::int64_t*>(ws.data), carve(ws, kernels::gpu_scratch::kCudnnRngStateBytes), stream);
+          static_cast<std::int64_t*>(ws.data), carve(ws, pieces.engine_offset()), stream);
 }
 
 void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, const void* v, const void* o,
                          const void* d_o, const float* stats, void* dq, void* dk, void* dv, CudnnDropoutKey dropout,
                          kernels::GpuScratch ws, cudaStream_t stream) {
-  const i64 bh = p.b * p.h;
-  const std::size_t need = kernels::gpu_scratch::cudnn_sdpa_bytes(true, bh, p.s, p.d);
-  MZ_CHECK(ws.data != nullptr && ws.bytes >= need, "cuDNN attention backward: given ", ws.bytes,
-           " bytes of scratch, needs ", need);
-  const std::size_t rng = kernels::gpu_scratch::kCudnnRngStateBytes;
-  const std::size_t row_sum = kernels::gpu_scratch::cudnn_sdpa_row_sum_bytes(true, bh, p.s);
+  const auto pieces = scratch_of(p, true);
+  MZ_CHECK(ws.data != nullptr && ws.bytes >= pieces.total(), "cuDNN attention backward: given ", ws.bytes,
+           " bytes of scratch, needs ", pieces.total());
   cudnnHandle_t handle = nullptr;
-  Plan& plan = plan_for(true, p, kernels::gpu_scratch::cudnn_sdpa_engine_bytes(bh, p.s, p.d), stream, &handle);
-  execute(handle, plan,
-          {sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kDO, sdpa::kStats, sdpa::kDQ, sdpa::kDK, sdpa::kDV,
-           sdpa::kSoftmaxSum},
-          {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), const_cast<void*>(o),
-           const_cast<void*>(d_o), const_cast<float*>(stats), dq, dk, dv, carve(ws, rng)},
-          dropout, static_cast<std::int64_t*>(ws.data), carve(ws, rng + row_sum), stream);
+  Plan& plan = plan_for(true, p, pieces.engine, stream, &handle);
+  std::vector<i64> uids{sdpa::kQ,  sdpa::kK,  sdpa::kV,  sdpa::kO,  sdpa::kDO,
+                        sdpa::kStats, sdpa::kDQ, sdpa::kDK, sdpa::kDV, sdpa::kSoftmaxSum};
+  std::vector<void*> pointers{const_cast<void*>(q),     const_cast<void*>(k), const_cast<void*>(v),
+                              const_cast<void*>(o),     const_cast<void*>(d_o), const_cast<float*>(stats),
+                              dq,                       dk,                   dv,
+                              carve(ws, pieces.row_sum_offset())};
+  if (!p.deterministic) uids.push_back(sdpa::kDQAccum), pointers.push_back(carve(ws, pieces.dq_accum_offset()));
+  execute(handle, plan, std::move(uids), std::move(pointers), dropout, static_cast<std::int64_t*>(ws.data),
+          carve(ws, pieces.engine_offset()), stream);
 }
 
 std::string cudnn_sdpa_prepare(const sdpa::Problem& p, bool backward, cudaStream_t stream) {
   cudnnHandle_t handle = nullptr;
-  const Plan& plan =
-      plan_for(backward, p, kernels::gpu_scratch::cudnn_sdpa_engine_bytes(p.b * p.h, p.s, p.d), stream, &handle);
+  const Plan& plan = plan_for(backward, p, scratch_of(p, backward).engine, stream, &handle);
   return detail::concat("engine configuration #", plan.engine_index, " of ", plan.engine_count, ", workspace ",
                         plan.workspace, " B");
 }

@@ -44,7 +44,7 @@ CudnnDropoutKey cudnn_dropout_seed(const RngKey& key, const kernels::DropoutLayo
 int finalize_operations(const sdpa::Graph& graph);
 
 // Both run on `stream` (nothing blocks the host). `ws` is the scratch
-// gpu_scratch::cudnn_sdpa_bytes promises; the plan is chosen among the engine
+// gpu_scratch::cudnn_sdpa_scratch lays out; the plan is chosen among the engine
 // configurations whose workspace fits it (InternalError listing the sizes if
 // none does).
 void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, const void* v, void* o, float* stats,

@@ -40,6 +40,7 @@ const char* to_string(Pointwise m) {
     case Pointwise::gen_index: return "gen_index";
     case Pointwise::cmp_ge: return "cmp_ge";
     case Pointwise::binary_select: return "binary_select";
+    case Pointwise::identity: return "identity";
   }
   return "?";
 }
@@ -325,7 +326,13 @@ Graph backward_graph(const Problem& p) {
   g.grouped_matmul("matmul_dSt_q", ds_t, kQ, kDK, "dK_per_query_head", "reduce_dK_groups");
   const i64 k_plain = g.virt_strided("K", {p.b, hk, p.s, p.d}, {p.k[0], p.k[1], p.k[2], p.k[3]}, p.io);
   g.reshape("reshape_k", kK, k_plain);
-  g.matmul("matmul_dS_k", ds_scaled, k_plain, kDQ);
+  if (p.deterministic) {
+    g.matmul("matmul_dS_k", ds_scaled, k_plain, kDQ);
+  } else {  // through the fp32 accumulator, as cuDNN's default backward
+    g.io(kDQAccum, "dQ_accum", bhsd_strides(p.b, p.h, p.s, p.d), {p.b, p.h, p.s, p.d}, ElementType::f32);
+    g.matmul("matmul_dS_k", ds_scaled, k_plain, kDQAccum);
+    g.pw("cast_dQ", Pointwise::identity, {kDQAccum}, kDQ);
+  }
   return g.take();
 }
 

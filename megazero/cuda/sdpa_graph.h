@@ -46,6 +46,7 @@ enum Uid : i64 {
   kDK = 10,
   kDV = 11,
   kSoftmaxSum = 12, // fp32 [b, h, s, 1] backward workspace
+  kDQAccum = 13,    // fp32 [b, h, s, d] backward workspace (not deterministic)
   kFirstInternal = 100,
 };
 
@@ -58,6 +59,12 @@ struct Problem {
   ElementType io = ElementType::bf16;  // Q, K, V, O, dO, dQ, dK, dV
   double scale = 1.0;                  // applied to Q K^T
   double dropout = 0.0;                // probability of dropping; 0: no RNG in the graph
+  // Backward: false (cuDNN's default) accumulates dQ in an fp32 tensor we
+  // own (kDQAccum, then cast into dQ), which the engines fill with atomics:
+  // the last bits may differ from run to run. true writes dQ directly, the
+  // variant cuDNN runs deterministically (on Hopper) at the cost of a
+  // [b, h, s, s] 16-bit dP workspace.
+  bool deterministic = false;
   // [b, h, s, d] strides of each tensor (elements); the last must be 1.
   Strides4 q{}, k{}, v{}, o{}, d_o{}, dq{}, dk{}, dv{};
 };
@@ -69,7 +76,7 @@ Strides4 bhsd_strides(i64 b, i64 h, i64 s, i64 d);
 Strides4 interleaved_strides(i64 s, i64 heads, i64 parts, i64 d);
 
 enum class OpKind { matmul, pointwise, reduction, rng, reshape };
-enum class Pointwise { mul, add, sub, div, exp, log, gen_index, cmp_ge, binary_select };
+enum class Pointwise { mul, add, sub, div, exp, log, gen_index, cmp_ge, binary_select, identity };
 enum class Reduction { max, add };
 const char* to_string(OpKind k);
 const char* to_string(Pointwise m);

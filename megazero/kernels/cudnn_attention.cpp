@@ -144,7 +144,8 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   const char* op = "cudnn_attention_forward";
   const Dims4 dm = check_arguments(op, q, k, lse, p, {{"out", &out}}, {{"k", &k}, {"v", &v}});
   const Tensor ws =
-      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_bytes(false, dm.b * dm.h, dm.s, dm.d), "cuDNN attention");
+      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_scratch(false, false, dm.b * dm.h, dm.s, dm.d).total(),
+                           "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
   if (q.device().kind() == DeviceKind::CUDA) {
     cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
@@ -167,17 +168,19 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
-                              Tensor& dq, Tensor& dk, Tensor& dv) {
+                              bool deterministic, Tensor& dq, Tensor& dk, Tensor& dv) {
   const char* op = "cudnn_attention_backward";
   const Dims4 dm = check_arguments(op, q, k, lse, p, {{"out", &out}, {"dout", &dout}, {"dq", &dq}},
                                    {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}});
   const Tensor ws =
-      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_bytes(true, dm.b * dm.h, dm.s, dm.d), "cuDNN attention");
+      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_scratch(true, deterministic, dm.b * dm.h, dm.s, dm.d).total(),
+                           "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
   if (q.device().kind() == DeviceKind::CUDA) {
     cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
     pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
     pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
+    pr.deterministic = deterministic;
     cuda::cudnn_sdpa_backward(pr, q.data(), k.data(), v.data(), out.data(), dout.data(), ptr<float>(lse), dq.data(),
                               dk.data(), dv.data(), cuda::cudnn_dropout_seed(key, layout), scratch_of(ws),
                               stream_of(q));
@@ -205,7 +208,7 @@ namespace megazero::kernels {
 
 std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                    double scale, double p) {
+                                    double scale, double p, bool deterministic) {
   if (gpu.kind() != DeviceKind::CUDA) return {};
 #ifdef MEGAZERO_WITH_CUDA
   const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
@@ -217,12 +220,15 @@ std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& 
   const cudaStream_t stream = as_cuda_device(gpu).stream();
   const std::string fwd = cuda::cudnn_sdpa_prepare(pr, false, stream);
   pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
+  pr.deterministic = deterministic;
   const std::string bwd = cuda::cudnn_sdpa_prepare(pr, true, stream);
   return ::megazero::detail::concat("cuDNN attention ", dm.b, "x", dm.h, "x", dm.s, "x", dm.d, " ",
-                                    dtype_name(q.dtype()), ", dropout ", p, ": forward ", fwd, "; backward ", bwd,
+                                    dtype_name(q.dtype()), ", dropout ", p, ": forward ", fwd, "; backward",
+                                    deterministic ? " (deterministic) " : " ", bwd,
                                     " (", cuda::cudnn_versions(), ")");
 #else
   (void)q, (void)k, (void)v, (void)out, (void)dout, (void)dq, (void)dk, (void)dv, (void)scale, (void)p;
+  (void)deterministic;
   return {};
 #endif
 }

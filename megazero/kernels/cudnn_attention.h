@@ -28,9 +28,13 @@ namespace megazero::kernels {
 void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
                              const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse);
 
+// deterministic: cuDNN's deterministic backward (dQ written directly; a
+// [samples*heads, S, S] 16-bit workspace); otherwise its default, which
+// accumulates dQ with atomics in fp32 (last bits may vary from run to run).
+// The host reference is deterministic either way.
 void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
-                              Tensor& dq, Tensor& dk, Tensor& dv);
+                              bool deterministic, Tensor& dq, Tensor& dk, Tensor& dv);
 
 // Builds cuDNN's forward and backward plans for operands shaped and strided
 // like these (views on any device — the meta device will do: only shapes and
@@ -39,7 +43,7 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 // Returns a line for the log; empty when `gpu` is not a CUDA device.
 std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                    double scale, double p);
+                                    double scale, double p, bool deterministic);
 
 // Empty when --attention-backend cudnn can run tensors of `dtype` on `device`
 // with this head size; otherwise the reason, naming the flags.

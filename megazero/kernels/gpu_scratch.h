@@ -130,22 +130,32 @@ inline std::size_t sum_of_squares_bytes(i64 ranges) {
 
 inline std::size_t flash_backward_bytes(i64 bh, i64 seq) { return static_cast<std::size_t>(bh * seq) * sizeof(float); }
 
-// cuDNN's fused attention (megazero/cuda/cudnn_sdpa.cpp): the dropout seed
-// and offset (two int64 in device memory, one 256-byte piece), the backward's
-// fp32 row-sum tensor [bh, seq] (a graph input we own), then the engine's own
-// workspace, budgeted on the host so the planner and the arena count it: an
-// fp32 accumulator the size of dQ plus 32 MiB. The plan is chosen among the
-// engine configurations whose workspace fits the budget.
+// cuDNN's fused attention (megazero/cuda/cudnn_sdpa.cpp), pieces in this
+// order, each 256-byte aligned: the dropout seed and offset (two int64), then
+// for the backward the fp32 row sums [bh, seq] and (not deterministic) the fp32
+// dQ accumulator [bh, seq, hd] — graph tensors we own — then cuDNN's own
+// workspace, budgeted here so the planner and the arena count it: 32 MiB, plus
+// for the deterministic backward its 16-bit dP [bh, seq, seq] (sequence
+// rounded up to 64). The plan is chosen among the engine configurations whose
+// workspace fits the budget.
 constexpr std::size_t kCudnnEngineSlackBytes = std::size_t{32} << 20;
-constexpr std::size_t kCudnnRngStateBytes = 256;
-inline std::size_t cudnn_sdpa_engine_bytes(i64 bh, i64 seq, i64 head_dim) {
-  return detail::aligned(static_cast<std::size_t>(bh * seq * head_dim) * sizeof(float)) + kCudnnEngineSlackBytes;
-}
-inline std::size_t cudnn_sdpa_row_sum_bytes(bool backward, i64 bh, i64 seq) {
-  return backward ? detail::aligned(static_cast<std::size_t>(bh * seq) * sizeof(float)) : 0;
-}
-inline std::size_t cudnn_sdpa_bytes(bool backward, i64 bh, i64 seq, i64 head_dim) {
-  return kCudnnRngStateBytes + cudnn_sdpa_row_sum_bytes(backward, bh, seq) + cudnn_sdpa_engine_bytes(bh, seq, head_dim);
+struct CudnnSdpaScratch {
+  std::size_t rng = 256, row_sum = 0, dq_accum = 0, engine = 0;
+  std::size_t row_sum_offset() const { return rng; }
+  std::size_t dq_accum_offset() const { return rng + row_sum; }
+  std::size_t engine_offset() const { return rng + row_sum + dq_accum; }
+  std::size_t total() const { return engine_offset() + engine; }
+};
+inline CudnnSdpaScratch cudnn_sdpa_scratch(bool backward, bool deterministic, i64 bh, i64 seq, i64 head_dim) {
+  CudnnSdpaScratch s;
+  const auto bytes = [](i64 n, std::size_t each) { return detail::aligned(static_cast<std::size_t>(n) * each); };
+  if (backward) {
+    s.row_sum = bytes(bh * seq, sizeof(float));
+    if (!deterministic) s.dq_accum = bytes(bh * seq * head_dim, sizeof(float));
+  }
+  const i64 seq64 = detail::ceil_div(seq, 64) * 64;
+  s.engine = kCudnnEngineSlackBytes + (backward && deterministic ? bytes(bh * seq64 * seq64, 2) : 0);
+  return s;
 }
 
 // The four int lists of `tokens` (row keys and token indices, double-buffered)

@@ -117,6 +117,9 @@ void define(OptionTable& t, TrainArgs& a) {
         "unfused (scores and probabilities in memory, as Megatron's classic path), fused (flash-style: neither "
         "is kept; backward recomputes them) or cudnn (cuDNN's fused attention, --device cuda, bf16/fp16; its own "
         "dropout mask)");
+  t.flag(M, "deterministic-mode", &a.model.deterministic,
+         "deterministic kernels only: the same bits on every rerun (the other backends always are; with "
+         "--attention-backend cudnn its deterministic backward, which needs a [B*heads, S, S] workspace)");
   t.flag(M, "recompute-activations", &a.model.recompute_activations,
          "keep only each layer's input; recompute in backward");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,

@@ -105,7 +105,7 @@ for phase in "$@"; do
         for a in unfused fused cudnn; do
           echo "== bench_layer bf16 $a"; timeout 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
         done
-        for a in fused cudnn; do
+        for a in fused cudnn "cudnn --deterministic-mode"; do
           echo "== pretrain_gpt 355M bf16 attention $a"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \

@@ -98,7 +98,10 @@ cuda::sdpa::Strides4 strides_of(const Tensor& t) {
   return {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]};
 }
 
-cuda::sdpa::Problem problem_of(const Dims4& dm, const Tensor& q, double scale, double p) {
+// The forward's problem; its backward fields repeat O's, so the forward plan's
+// key does not depend on what the backward will pass.
+cuda::sdpa::Problem forward_problem(const Dims4& dm, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Tensor& out, double scale, double p) {
   cuda::sdpa::Problem pr;
   pr.b = dm.b;
   pr.h = dm.h;
@@ -108,6 +111,15 @@ cuda::sdpa::Problem problem_of(const Dims4& dm, const Tensor& q, double scale, d
   pr.io = q.dtype() == DType::BF16 ? cuda::sdpa::ElementType::bf16 : cuda::sdpa::ElementType::f16;
   pr.scale = scale;
   pr.dropout = p;
+  pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
+  pr.d_o = pr.dq = pr.dk = pr.dv = pr.o;
+  return pr;
+}
+
+cuda::sdpa::Problem backward_problem(cuda::sdpa::Problem pr, const Tensor& dout, const Tensor& dq, const Tensor& dk,
+                                     const Tensor& dv, bool deterministic) {
+  pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
+  pr.deterministic = deterministic;
   return pr;
 }
 #endif
@@ -148,10 +160,7 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
                            "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
   if (q.device().kind() == DeviceKind::CUDA) {
-    cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
-    pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
-    pr.d_o = pr.dq = pr.dk = pr.dv = pr.o;  // unused by the forward graph; keep the plan key stable
-    cuda::cudnn_sdpa_forward(pr, q.data(), k.data(), v.data(), out.data(), ptr<float>(lse),
+    cuda::cudnn_sdpa_forward(forward_problem(dm, q, k, v, out, scale, p), q.data(), k.data(), v.data(), out.data(), ptr<float>(lse),
                              cuda::cudnn_dropout_seed(key, layout), scratch_of(ws), stream_of(q));
     return;
   }
@@ -177,10 +186,7 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
                            "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
   if (q.device().kind() == DeviceKind::CUDA) {
-    cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
-    pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
-    pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
-    pr.deterministic = deterministic;
+    const auto pr = backward_problem(forward_problem(dm, q, k, v, out, scale, p), dout, dq, dk, dv, deterministic);
     cuda::cudnn_sdpa_backward(pr, q.data(), k.data(), v.data(), out.data(), dout.data(), ptr<float>(lse), dq.data(),
                               dk.data(), dv.data(), cuda::cudnn_dropout_seed(key, layout), scratch_of(ws),
                               stream_of(q));
@@ -202,10 +208,6 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   sum_groups_into(gv, dm, dv);
 }
 
-}  // namespace megazero::kernels
-
-namespace megazero::kernels {
-
 std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                     double scale, double p, bool deterministic) {
@@ -214,14 +216,11 @@ std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& 
   const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
   const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d);
   MZ_REQUIRE(why.empty(), why);
-  cuda::sdpa::Problem pr = problem_of(dm, q, scale, p);
-  pr.q = strides_of(q), pr.k = strides_of(k), pr.v = strides_of(v), pr.o = strides_of(out);
-  pr.d_o = pr.dq = pr.dk = pr.dv = pr.o;  // as cudnn_attention_forward keys its plan
+  const cuda::sdpa::Problem pr = forward_problem(dm, q, k, v, out, scale, p);
   const cudaStream_t stream = as_cuda_device(gpu).stream();
   const std::string fwd = cuda::cudnn_sdpa_prepare(pr, false, stream);
-  pr.d_o = strides_of(dout), pr.dq = strides_of(dq), pr.dk = strides_of(dk), pr.dv = strides_of(dv);
-  pr.deterministic = deterministic;
-  const std::string bwd = cuda::cudnn_sdpa_prepare(pr, true, stream);
+  const std::string bwd =
+      cuda::cudnn_sdpa_prepare(backward_problem(pr, dout, dq, dk, dv, deterministic), true, stream);
   return ::megazero::detail::concat("cuDNN attention ", dm.b, "x", dm.h, "x", dm.s, "x", dm.d, " ",
                                     dtype_name(q.dtype()), ", dropout ", p, ": forward ", fwd, "; backward",
                                     deterministic ? " (deterministic) " : " ", bwd,

@@ -48,6 +48,7 @@ int run(int argc, char** argv) {
       "recompute-activations", po::bool_switch(&cfg.recompute_activations))("steps", po::value(&steps))(
       "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
       "attention-backend", po::value(&cfg.attention_backend), "unfused, fused or cudnn (CUDA only)")(
+      "deterministic-mode", po::bool_switch(&cfg.deterministic), "cudnn: cuDNN's deterministic backward")(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes");
   parse_command_line(argc, argv, d, "bench_layer");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;

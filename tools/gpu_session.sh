@@ -102,7 +102,7 @@ for phase in "$@"; do
         echo "== test_cudnn_attention (GPU half)"; mpi 1 $B/test_cudnn_attention
         unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
         echo "== test_layer_gradients"; mpi 1 $B/test_layer_gradients
-        for a in unfused fused cudnn; do
+        for a in unfused fused cudnn "cudnn --deterministic-mode"; do
           echo "== bench_layer bf16 $a"; timeout 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
         done
         for a in fused cudnn "cudnn --deterministic-mode"; do

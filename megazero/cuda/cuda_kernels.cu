@@ -146,4 +146,16 @@ void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std:
   });
 }
 
+namespace {
+__global__ void store_int64_pair_kernel(std::int64_t* dst, std::int64_t a, std::int64_t b) {
+  dst[0] = a;
+  dst[1] = b;
+}
+}  // namespace
+
+void store_int64_pair(std::int64_t* dst, std::int64_t a, std::int64_t b, cudaStream_t s) {
+  store_int64_pair_kernel<<<1, 1, 0, s>>>(dst, a, b);
+  check_launch("store_int64_pair");
+}
+
 }  // namespace megazero::cuda

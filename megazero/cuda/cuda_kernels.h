@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "megazero/core/dtype.h"
 
@@ -26,5 +27,10 @@ void convert(const void* src, DType src_type, void* dst, DType dst_type, std::si
 // exactly 0, even where it held NaN or garbage). F32, F16, BF16, F64.
 void scale_matrix(void* data, DType t, std::size_t batch, std::size_t rows, std::size_t cols, std::size_t batch_stride,
                   std::size_t row_stride, float beta, cudaStream_t s);
+
+// dst[0] = a, dst[1] = b, queued on s: small per-call values (cuDNN's dropout
+// seed and offset) written by a kernel instead of a host-to-device copy, so the
+// host never stages them and the sequence stays capturable in a CUDA graph.
+void store_int64_pair(std::int64_t* dst, std::int64_t a, std::int64_t b, cudaStream_t s);
 
 }  // namespace megazero::cuda

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "megazero/core/error.h"
+#include "megazero/cuda/cuda_kernels.h"
 
 namespace megazero::cuda {
 namespace {
@@ -365,8 +366,7 @@ Plan& plan_for(bool backward, const sdpa::Problem& p, std::size_t budget, cudaSt
 }
 
 // rng: two int64 in device memory (the scratch's first piece) that receive the
-// seed and offset; copied from pageable host memory, which the runtime stages
-// before the call returns, ordered on the stream before the plan runs.
+// seed and offset, written by a one-thread kernel queued before the plan.
 void execute(cudnnHandle_t handle, Plan& plan, std::vector<i64> uids, std::vector<void*> pointers,
              CudnnDropoutKey dropout, std::int64_t* rng, void* workspace, cudaStream_t stream) {
   for (std::size_t i = 0; i < plan.scalar_uids.size(); ++i) {
@@ -374,9 +374,7 @@ void execute(cudnnHandle_t handle, Plan& plan, std::vector<i64> uids, std::vecto
     pointers.push_back(&plan.scalar_f32[i]);
   }
   if (plan.dropout) {
-    const std::int64_t host[2] = {dropout.seed, dropout.offset};
-    MZ_CHECK(cudaMemcpyAsync(rng, host, sizeof host, cudaMemcpyHostToDevice, stream) == cudaSuccess,
-             "cuDNN attention: copying the dropout seed and offset");
+    store_int64_pair(rng, dropout.seed, dropout.offset, stream);
     uids.push_back(sdpa::kSeed), pointers.push_back(rng);
     uids.push_back(sdpa::kOffset), pointers.push_back(rng + 1);
   }

@@ -79,15 +79,21 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
            ctx_.sequence_parallel ? " split over the TP group" : "");
   Tensor qkv = qkv_.forward(x);
   const double p = step.training ? cfg_.attention_dropout : 0.0;
-  if (cfg_.cudnn_attention()) return dense_.forward(forward_cudnn(qkv, p, dropout_key()), add_output_bias);
-  q_ = split_heads(qkv, 0);
-  k_ = split_heads(qkv, 1);
-  v_ = split_heads(qkv, 2);
-  qkv = Tensor();
-  if (cfg_.rope()) {
-    kernels::rope_forward(q_, cfg_.rotary_base, q_);
-    kernels::rope_forward(k_, cfg_.rotary_base, k_);
+  if (cfg_.cudnn_attention() && cudnn_in_place()) {  // q, k, v read in place from the projection's rows
+    q_ = group_view(qkv, 0);
+    k_ = group_view(qkv, 1);
+    v_ = group_view(qkv, 2);
+  } else {
+    q_ = split_heads(qkv, 0);
+    k_ = split_heads(qkv, 1);
+    v_ = split_heads(qkv, 2);
+    if (cfg_.rope()) {
+      kernels::rope_forward(q_, cfg_.rotary_base, q_);
+      kernels::rope_forward(k_, cfg_.rotary_base, k_);
+    }
   }
+  qkv = Tensor();
+  if (cfg_.cudnn_attention()) return dense_.forward(forward_cudnn(p, dropout_key()), add_output_bias);
   const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, dropout_key()) : attend_unfused(p, dropout_key());
   Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
   merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
@@ -142,31 +148,19 @@ Tensor ParallelSelfAttention::context_view(const Tensor& rows) const {
   return rows.view({step_.micro_batch, step_.seq, local_heads_, head_dim_}).transpose(1, 2);
 }
 
-// Multi-head without RoPE: q, k, v are views of the QKV output (no copies).
-// Otherwise (RoPE rotates q and k; with groups q's heads are not evenly
-// spaced) they are copies as for the other backends, and the QKV output is
-// freed: the same bytes kept either way.
+// cudnn, multi-head without RoPE: q, k, v are views of the QKV output (no
+// copies). Otherwise (RoPE rotates q and k; with groups q's heads are not
+// evenly spaced) forward makes copies as for the other backends and frees the
+// QKV output: the same bytes kept either way.
 bool ParallelSelfAttention::cudnn_in_place() const { return per_group_ == 1 && !cfg_.rope(); }
 
-Tensor ParallelSelfAttention::forward_cudnn(Tensor& qkv, double p, const RngKey& key) {
+Tensor ParallelSelfAttention::forward_cudnn(double p, const RngKey& key) {
   const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_, G = local_groups_;
-  if (cudnn_in_place()) {
-    q_ = group_view(qkv, 0);
-    k_ = group_view(qkv, 1);
-    v_ = group_view(qkv, 2);
-  } else {
-    q_ = split_heads(qkv, 0);
-    k_ = split_heads(qkv, 1);
-    v_ = split_heads(qkv, 2);
-    if (cfg_.rope()) {
-      kernels::rope_forward(q_, cfg_.rotary_base, q_);
-      kernels::rope_forward(k_, cfg_.rotary_base, k_);
-    }
+  if (!cudnn_in_place()) {  // the copies split_heads made, as [B, heads or groups, S, hn]
     q_ = q_.view({B, H, S, head_dim_});
     k_ = k_.view({B, G, S, head_dim_});
     v_ = v_.view({B, G, S, head_dim_});
   }
-  qkv = Tensor();
   // The context lands in the rows the output projection reads.
   Tensor merged = ctx_.activation({B * S, H * head_dim_});
   context_ = context_view(merged);

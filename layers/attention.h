@@ -62,7 +62,7 @@ class ParallelSelfAttention {
   Tensor attend_fused(double p, const RngKey& key);
   // --attention-backend cudnn: q/k/v/context as [B, heads, S, hn] views into
   // the projections' buffers (no head copies); returns the dense input.
-  Tensor forward_cudnn(Tensor& qkv, double p, const RngKey& key);
+  Tensor forward_cudnn(double p, const RngKey& key);
   Tensor backward_cudnn(const Tensor& dmerged, double p, const RngKey& key);
   // d(attention output) -> dq, dk, dv, per backend.
   void attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);

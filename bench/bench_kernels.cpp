@@ -1,12 +1,17 @@
 // The MLP's bias-GeLU epilogue, fused and unfused, on one [rows, cols] tensor
 // (the fc1 output of one rank): forward (bias add + GeLU) and backward (GeLU
-// backward + bias gradient); and the vocab-parallel cross-entropy forward and
+// backward + bias gradient); the memory-bound backward passes that sum a
+// parameter gradient over the rows of a [rows, hidden] tensor (a bias
+// gradient, dropout backward + bias gradient, LayerNorm backward), each with
+// the bandwidth it reached; and the vocab-parallel cross-entropy forward and
 // backward on [ce-rows, ce-vocab] logits. Best of --steps calls each, after a
 // warm-up call; on a GPU each timing synchronises the device.
-//   bench_kernels [--device cpu|cuda --dtype fp32|bf16|fp16 --rows 8192 --cols 2048 --steps 20
-//                  --ce-rows 1024 --ce-vocab 25216]
+//   bench_kernels [--device cpu|cuda --dtype fp32|bf16|fp16 --rows 8192 --cols 2048 --hidden 8192
+//                  --steps 20 --ce-rows 1024 --ce-vocab 25216]
 // Defaults: the paper's 100B MLP slice on a TP-16 rank (ffn 32768 / 16, seq
-// 1024 x micro-batch 8); GPT-2's vocabulary on a TP-2 rank (50432 / 2).
+// 1024 x micro-batch 8, hidden 8192); GPT-2's vocabulary on a TP-2 rank
+// (50432 / 2). GPT-2 medium on one GPU (B 8): --cols 4096 --hidden 1024
+// --ce-rows 8192 --ce-vocab 50304.
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -14,7 +19,9 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/cross_entropy.h"
+#include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gelu_bias.h"
+#include "megazero/kernels/layernorm.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 
@@ -24,17 +31,17 @@ using namespace megazero;
 namespace {
 
 int run(int argc, char** argv) {
-  std::int64_t rows = 8192, cols = 2048;
+  std::int64_t rows = 8192, cols = 2048, hidden = 8192;
   std::int64_t ce_rows = 1024, ce_vocab = 25216;
   int steps = 20;
   std::string device_spec = "cpu", dtype_arg = "bf16";
   po::options_description d("bench_kernels");
   d.add_options()("device", po::value(&device_spec), "cpu or cuda[:N]")(
-      "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))(
+      "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))("hidden", po::value(&hidden))(
       "steps", po::value(&steps))("ce-rows", po::value(&ce_rows))("ce-vocab", po::value(&ce_vocab));
   parse_command_line(argc, argv, d, "bench_kernels");
-  MZ_REQUIRE(rows > 0 && cols > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0,
-             "--rows, --cols, --steps, --ce-rows and --ce-vocab must be positive");
+  MZ_REQUIRE(rows > 0 && cols > 0 && hidden > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0,
+             "--rows, --cols, --hidden, --steps, --ce-rows and --ce-vocab must be positive");
   const DType t = parse_dtype(dtype_arg, "--dtype");
   auto dev = make_device(device_spec);
   const auto C = MemoryCategory::Other;
@@ -71,7 +78,32 @@ int run(int argc, char** argv) {
   std::printf("bias-GeLU [%lld, %lld] %s on %s (%.1f MiB per tensor), best of %d\n", static_cast<long long>(rows),
               static_cast<long long>(cols), dtype_arg.c_str(), dev->name().c_str(), mib, steps);
   std::printf("forward:  unfused %.3f ms, fused %.3f ms (%.2fx)\n", fwd_unfused, fwd_fused, fwd_unfused / fwd_fused);
-  std::printf("backward: unfused %.3f ms, fused %.3f ms (%.2fx)\n", bwd_unfused, bwd_fused, bwd_unfused / bwd_fused);
+  std::printf("backward: unfused %.3f ms, fused %.3f ms (%.2fx), fused %.0f GB/s (dy, y read; dx written)\n",
+              bwd_unfused, bwd_fused, bwd_unfused / bwd_fused, 3 * static_cast<double>(y.nbytes()) / bwd_fused / 1e6);
+
+  // The passes that write dx and sum a gradient over rows ([rows, hidden]).
+  {
+    Tensor g = Tensor::zeros(dev, {rows, hidden}, t, C), x = Tensor::zeros(dev, {rows, hidden}, t, C);
+    Tensor dx = Tensor::zeros(dev, {rows, hidden}, t, C), db = Tensor::zeros(dev, {hidden}, DType::F32, C);
+    Tensor gamma = Tensor::zeros(dev, {hidden}, t, C), dgamma = Tensor::zeros(dev, {hidden}, DType::F32, C);
+    Tensor mean = Tensor::zeros(dev, {rows}, kernels::row_stat_dtype(t), C), rstd = mean.clone(C);
+    kernels::DropoutLayout hid;
+    hid.matrix_rows = rows;
+    hid.matrix_cols = hidden;
+    const double tensor_gb = static_cast<double>(g.nbytes()) / 1e9;
+    const auto report = [&](const char* what, double ms, double tensors) {
+      std::printf("  %-34s %.3f ms, %.0f GB/s\n", what, ms, tensors * tensor_gb / (ms * 1e-3));
+    };
+    std::printf("gradient sums over [%lld, %lld] %s:\n", static_cast<long long>(rows), static_cast<long long>(hidden),
+                dtype_arg.c_str());
+    report("bias_grad (dy read)", best_ms([&] { kernels::bias_grad(g, db); }), 1);
+    report("dropout backward + bias grad", best_ms([&] {
+             kernels::dropout_backward_bias_grad(g, 0.1, RngKey{1, 1, 0, 0}, hid, dx, db);
+           }),
+           2);
+    report("layernorm backward (dy, x; dx)",
+           best_ms([&] { kernels::layernorm_backward(g, x, gamma, mean, rstd, dx, dgamma, db); }), 3);
+  }
 
   // Each forward overwrites the logits with its exponentials, which the next
   // call takes as logits: values in (0, 1], so no call meets subnormals.
@@ -85,9 +117,13 @@ int run(int argc, char** argv) {
   Tensor dlogits = Tensor::zeros(dev, {ce_rows, ce_vocab}, t, C);  // not in place: repeated calls would shrink it
   const double ce_bwd = best_ms(
       [&] { kernels::cross_entropy_backward(logits, row_max, row_max, sum_exp, targets, 0, ce_vocab, 1.0, dlogits); });
-  std::printf("cross-entropy [%lld, %lld] %s: forward %.3f ms (%.2f ns per logit), backward %.3f ms\n",
-              static_cast<long long>(ce_rows), static_cast<long long>(ce_vocab), dtype_arg.c_str(), ce_fwd,
-              ce_fwd * 1e6 / static_cast<double>(ce_rows * ce_vocab), ce_bwd);
+  const double logits_gb = static_cast<double>(logits.nbytes()) / 1e9;
+  std::printf(
+      "cross-entropy [%lld, %lld] %s: forward %.3f ms (%.2f ns per logit, %.0f GB/s: read twice, written once), "
+      "backward %.3f ms (%.0f GB/s)\n",
+      static_cast<long long>(ce_rows), static_cast<long long>(ce_vocab), dtype_arg.c_str(), ce_fwd,
+      ce_fwd * 1e6 / static_cast<double>(ce_rows * ce_vocab), 3 * logits_gb / (ce_fwd * 1e-3), ce_bwd,
+      2 * logits_gb / (ce_bwd * 1e-3));
   return 0;
 }
 

@@ -142,8 +142,11 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
   for (const i64 rows : {i64{0}, i64{1}, i64{31}, i64{32}, i64{33}, i64{1000}, i64{8192}, i64{1} << 20, i64{100000007}})
     for (const i64 cols : {i64{1}, i64{8}, i64{40}, i64{1536}, i64{50304}, i64{400000}}) {
       SCOPED_TRACE(testing::Message() << rows << " x " << cols);
-      auto check = [&](const gs::Chunks& c, i64 per_thread) {
-        EXPECT_GE(c.col_blocks * gs::kThreads * per_thread, cols);
+      // A block column covers `per_block` columns: kThreads for the
+      // one-column-a-thread kernels, kTileGroups groups for the tiled ones.
+      auto check = [&](const gs::Chunks& c, i64 per_block) {
+        EXPECT_GE(c.col_blocks * per_block, cols);
+        EXPECT_LT((c.col_blocks - 1) * per_block, std::max<i64>(cols, 1));  // no empty block column
         EXPECT_GE(c.used, 1);
         EXPECT_LE(c.used, 65535);
         EXPECT_GE(c.used * c.per_chunk, rows);
@@ -152,9 +155,9 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
         }
       };
       const auto plain = gs::column_chunks(rows, cols);
-      check(plain, 1);
+      check(plain, gs::kThreads);
       const auto dropout = gs::dropout_column_chunks(rows, cols);  // any cols: four a thread, the last partly
-      check(dropout, gs::kDropoutColumns);
+      check(dropout, gs::kTileGroups * gs::kDropoutColumns);
       EXPECT_EQ(gs::dropout_bias_grad_bytes(rows, cols),
                 static_cast<std::size_t>(dropout.used * cols) * sizeof(double));
       for (const DType dt : {DType::F32, DType::BF16, DType::F64}) {
@@ -165,7 +168,7 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
         std::size_t packed_bytes = 0;
         if (dt != DType::F64 && cols % vec == 0 && rows > 0) {
           const auto packed = gs::packed_column_chunks(rows, cols, vec);
-          check(packed, vec);
+          check(packed, gs::kTileGroups * vec);
           if (packed.used > 1) packed_bytes = static_cast<std::size_t>(packed.used * cols * 2) * sizeof(double);
           EXPECT_GE(bytes, packed_bytes);
         }

@@ -34,6 +34,9 @@
 #            paths, bench_layer unfused/fused/cudnn, the 355M run and llama_tiny (GQA) with cudnn; cuDNN's own
 #            log (CUDNN_LOGLEVEL_DBG=2) in cudnn-api.log for a graph it refuses. Run it after paths.
 #   tools/gpu_session.sh paths cudnn tests layer train
+# A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
+# script, phases in the order given, e.g.
+#   MZ_BUDGET_S=540 tools/gpu_session.sh paths cudnn peers-gpt
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -47,8 +50,20 @@ done
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR=/tmp/mz/lib/ucx PATH="/tmp/mz/bin:$PATH" OMP_NUM_THREADS=4
 B=/tmp/mz/bin
-# Every run is bounded, so one hang cannot eat the machine's lease.
-mpi() { timeout "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
+# Every run is bounded, so one hang cannot eat the machine's lease. MZ_BUDGET_S
+# (seconds, from the start of this script) bounds the whole session too: no run
+# outlives it and a phase that would start with under 20 s left is skipped, so
+# a lease shorter than the phases asked for still brings back complete logs of
+# the phases that ran (e.g. MZ_BUDGET_S=540 under a 600 s command limit).
+deadline=$(( ${MZ_BUDGET_S:-86400} ))
+left() { echo $(( deadline - SECONDS )); }
+bounded() {  # bounded SECS CMD...: timeout SECS, or less when the budget ends sooner
+  local t=$1 l; shift
+  l=$(left); [ "$l" -lt "$t" ] && t=$l
+  [ "$t" -lt 1 ] && { echo "== skipped (session budget spent): $*"; return 124; }
+  timeout "$t" "$@"
+}
+mpi() { bounded "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
@@ -57,16 +72,21 @@ mpi() { timeout "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
 cat "$out/env.txt"
 
 for phase in "$@"; do
+  if [ "$(left)" -lt 20 ]; then
+    echo "== phase $phase skipped: $(left) s of MZ_BUDGET_S left" | tee -a "$out/skipped.txt"
+    continue
+  fi
+  echo "== phase $phase starts, $(left) s of the budget left" >> "$out/env.txt"
   case $phase in
     paths)
       # MZ_PATHS_DEVICE=cpu-isolated checks the phase's plumbing on a machine without a GPU.
       dev=${MZ_PATHS_DEVICE:-cuda}
       {
         echo "== device_paths_e2e on $dev (2 ranks sharing the GPU)"
-        timeout 1200 bash tests/cli/device_paths_e2e.sh $B/pretrain_gpt $B/convert_checkpoint configs/gpt_tiny.cfg "$dev"
+        bounded 1200 bash tests/cli/device_paths_e2e.sh $B/pretrain_gpt $B/convert_checkpoint configs/gpt_tiny.cfg "$dev"
         echo "== exit $?"
         echo "== checkpoint_e2e on $dev (4 ranks sharing the GPU: TP 2 x DP 2, ZeRO 2)"
-        timeout 900 bash tests/cli/checkpoint_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg "$dev"
+        bounded 900 bash tests/cli/checkpoint_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg "$dev"
         echo "== exit $?"
         for t in test_zero_precision test_zero_r; do
           echo "== $t on $dev, 2 ranks"; MEGAZERO_TEST_DEVICE=$dev mpi 2 $B/$t
@@ -103,7 +123,7 @@ for phase in "$@"; do
         unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
         echo "== test_layer_gradients"; mpi 1 $B/test_layer_gradients
         for a in unfused fused cudnn "cudnn --deterministic-mode"; do
-          echo "== bench_layer bf16 $a"; timeout 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
+          echo "== bench_layer bf16 $a"; bounded 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
         done
         for a in fused cudnn "cudnn --deterministic-mode"; do
           echo "== pretrain_gpt 355M bf16 attention $a"
@@ -126,23 +146,26 @@ for phase in "$@"; do
       # A re-check after a kernel change: the CPU-vs-GPU kernel tests and our layer's speed.
       {
         mpi 1 $B/test_cuda
-        for a in unfused fused; do $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a; done
+        for a in unfused fused; do bounded 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a; done
       } > "$out/quick.txt" 2>&1
       grep -E "PASSED|FAILED|median" "$out/quick.txt"
       ;;
     layer)
       {
         for dt in bf16 fp16; do
-          for a in unfused fused; do $B/bench_layer --device cuda --dtype $dt --steps 10 --attention-backend $a; done
-          python3 bench/torch_layer.py --dtype $dt --steps 10
+          for a in unfused fused; do bounded 300 $B/bench_layer --device cuda --dtype $dt --steps 10 --attention-backend $a; done
+          bounded 300 python3 bench/torch_layer.py --dtype $dt --steps 10
         done
         # As the paper ran it: activation recompute (model FLOPs still count forward once).
         for a in unfused fused; do
-          $B/bench_layer --device cuda --dtype bf16 --steps 10 --recompute-activations --attention-backend $a
+          bounded 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --recompute-activations --attention-backend $a
         done
         # What the bias-GeLU fusion (on above, Megatron's default) buys: the layer, and the kernels alone.
-        $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend fused --no-bias-gelu-fusion
-        $B/bench_kernels --device cuda --dtype bf16
+        bounded 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend fused --no-bias-gelu-fusion
+        bounded 300 $B/bench_kernels --device cuda --dtype bf16
+        # GPT-2 medium's shapes (B 8): the gradient-sum passes and the cross-entropy, with their GB/s
+        # (the 2026-11-24 profile had them at 0.4-1.2 TB/s before the tiled sums and packed cross-entropy).
+        bounded 300 $B/bench_kernels --device cuda --dtype bf16 --cols 4096 --hidden 1024 --ce-rows 8192 --ce-vocab 50304
       } > "$out/layer.txt" 2>&1
       cat "$out/layer.txt"
       ;;
@@ -150,7 +173,7 @@ for phase in "$@"; do
       # Per-kernel GPU time of one layer step (B = 8), summed by kernel name.
       ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
       {
-        timeout 300 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
+        bounded 300 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
           $B/bench_layer --device cuda --dtype bf16 --micro-batch-size 8 --warmup 1 --steps 1 \
           --attention-backend "${MZ_ATTENTION:-fused}"
       } > "$out/profile.csv" 2>&1
@@ -190,19 +213,19 @@ for phase in "$@"; do
           done
           for c in "" --compile; do
             echo "== theirs: bench/torch_gpt.py 355M bf16 $c"
-            timeout "$pt" python3 bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 $c
+            bounded "$pt" python3 bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 $c
             echo "== exit $?"
           done
         fi
         if [ "$phase" != peers-gpt ]; then
           for a in unfused fused cudnn; do
             echo "== ours: bench_layer 100B layer (TP-16 rank) bf16, attention $a"
-            timeout "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
+            bounded "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
             echo "== exit $?"
           done
           for c in "" --compile; do
             echo "== theirs: bench/torch_layer.py sdpa bf16 $c"
-            timeout "$pt" python3 bench/torch_layer.py --dtype bf16 --steps 10 --attention sdpa $c
+            bounded "$pt" python3 bench/torch_layer.py --dtype bf16 --steps 10 --attention sdpa $c
             echo "== exit $?"
           done
         fi

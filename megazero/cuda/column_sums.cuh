@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "megazero/cuda/column_tiles.cuh"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_helpers.cuh"
 #include "megazero/kernels/gpu_scratch.h"
@@ -15,8 +16,8 @@
 namespace megazero::cuda::detail_k {
 
 // dst[c] = round(dst[c] + sum_r term(r, c)) for c < cols, the sum in double:
-// pass 1 sums row chunks per column (coalesced along c), pass 2 adds the
-// chunks in chunk order. Fixed order, no atomics.
+// pass 1 sums row chunks per column (coalesced along c), pass 2
+// (column_finish_kernel) adds the chunks. Fixed order, no atomics.
 template <typename G, typename Term>
 __global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Term term, double* partial) {
   const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -28,8 +29,8 @@ __global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Te
 }
 
 // One chunk holds every row: dst[c] = round(dst[c] + sum_r term(r, c)) with
-// no partials (the same sums, in the same order, as partial + finish: the
-// same bits up to the sign of a zero sum).
+// no partials (row order: what partial + finish compute, up to the order of
+// the double additions).
 template <typename G, typename Term>
 __global__ void column_direct_kernel(i64 rows, i64 cols, Term term, G* dst) {
   const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -39,20 +40,11 @@ __global__ void column_direct_kernel(i64 rows, i64 cols, Term term, G* dst) {
   dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
 }
 
-template <typename G>
-__global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
-  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  double acc = 0;
-  for (i64 k = 0; k < chunks; ++k) acc += partial[k * cols + c];
-  dst[c] = st<G>(static_cast<double>(ld(dst[c])) + acc);
-}
-
-// dst[c] = round(dst[c] + the `chunks` partial sums of column c, in order).
+// dst[c] = round(dst[c] + the `chunks` partial sums of column c), added as
+// column_finish_kernel (column_tiles.cuh) says.
 template <typename G>
 void finish_columns(G* dst, i64 cols, i64 chunks, const double* partial, cudaStream_t s, const char* what) {
-  column_finish_kernel<G>
-      <<<static_cast<unsigned>((cols + kThreads - 1) / kThreads), kThreads, 0, s>>>(cols, chunks, partial, dst);
+  column_finish_kernel<G><<<finish_blocks(cols), kThreads, 0, s>>>(cols, chunks, partial, dst);
   check_launch(what);
 }
 
@@ -71,41 +63,6 @@ void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, c
           rows, cols, c.per_chunk, term, partial);
   check_launch(what);
   finish_columns(dst, cols, c.used, partial, s, what);
-}
-
-// Column sums over rows with 16-byte loads: each thread owns one pack of
-// columns over a chunk of rows (double accumulators), then column_finish_kernel
-// adds the chunks in order. With LN, it also forms dy * xhat for dgamma in the
-// same pass over dy.
-template <typename S, bool LN>
-__global__ void column_partial_packed_kernel(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows,
-                                             i64 cols, i64 rows_per_chunk, double* partial_b, double* partial_g) {
-  constexpr int V = kVec<S>;
-  const i64 q = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (q * V >= cols) return;
-  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  double ab[V] = {}, ag[V] = {};
-  for (i64 r = r0; r < r1; ++r) {
-    const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
-    if constexpr (LN) {
-      const Pack<S> xv = reinterpret_cast<const Pack<S>*>(x + r * cols)[q];
-      const double m = mean[r], rs = rstd[r];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        ab[j] += ld(d.v[j]);
-        ag[j] += static_cast<double>(ld(d.v[j])) * ((ld(xv.v[j]) - m) * rs);
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < V; ++j) ab[j] += ld(d.v[j]);
-    }
-  }
-  const i64 base = static_cast<i64>(blockIdx.y) * cols + q * V;
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    partial_b[base + j] = ab[j];
-    if constexpr (LN) partial_g[base + j] = ag[j];
-  }
 }
 
 // dbeta (+= sum_r dy) and, with LN, dgamma (+= sum_r dy * xhat), packed; false

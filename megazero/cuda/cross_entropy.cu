@@ -19,9 +19,15 @@ void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    cross_entropy_forward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
-        static_cast<S*>(logits), targets, vocab_start, cols, valid, static_cast<C*>(row_max), static_cast<C*>(sum_exp),
-        static_cast<C*>(target_logit));
+    const auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), 512, 0, s>>>(static_cast<S*>(logits), targets, vocab_start, cols, valid,
+                                                         static_cast<C*>(row_max), static_cast<C*>(sum_exp),
+                                                         static_cast<C*>(target_logit));
+    };
+    if (cols % kVec<S> == 0 && aligned16(logits))
+      launch(cross_entropy_forward_kernel<S, kVec<S>>);
+    else
+      launch(cross_entropy_forward_kernel<S, 1>);
   });
   check_launch("cross_entropy_forward");
 }
@@ -81,9 +87,15 @@ void cross_entropy_backward(DType t, const void* exp_logits, const void* row_max
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    cross_entropy_backward_kernel<S><<<static_cast<unsigned>(rows), 512, 0, s>>>(
-        static_cast<const S*>(exp_logits), static_cast<const C*>(row_max), static_cast<const C*>(global_max),
-        static_cast<const C*>(sum_exp), targets, vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+    const auto launch = [&](auto kernel) {
+      kernel<<<static_cast<unsigned>(rows), 512, 0, s>>>(
+          static_cast<const S*>(exp_logits), static_cast<const C*>(row_max), static_cast<const C*>(global_max),
+          static_cast<const C*>(sum_exp), targets, vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+    };
+    if (cols % kVec<S> == 0 && aligned16(exp_logits) && aligned16(dlogits))
+      launch(cross_entropy_backward_kernel<S, kVec<S>>);
+    else
+      launch(cross_entropy_backward_kernel<S, 1>);
   });
   check_launch("cross_entropy_backward");
 }

@@ -7,6 +7,7 @@
 
 #include "megazero/cuda/column_sums.cuh"
 #include "megazero/cuda/gelu_bias.h"
+#include "megazero/cuda/gelu_bias_kernels.cuh"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_helpers.cuh"
 
@@ -14,25 +15,6 @@ namespace megazero::cuda {
 using namespace detail_k;
 
 namespace {
-
-// ---------------------------------------------------------------- GeLU
-
-constexpr double kGeluC = 0.79788456080286535588;  // sqrt(2 / pi)
-constexpr double kGeluA = 0.044715;
-
-template <typename T>
-__device__ __forceinline__ T gelu(T x) {
-  const T u = static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
-  return static_cast<T>(0.5) * x * (static_cast<T>(1) + tanh(u));
-}
-
-template <typename T>
-__device__ __forceinline__ T gelu_grad(T x) {
-  const T u = static_cast<T>(kGeluC) * (x + static_cast<T>(kGeluA) * x * x * x);
-  const T t = tanh(u);
-  const T du = static_cast<T>(kGeluC) * (static_cast<T>(1) + static_cast<T>(3 * kGeluA) * x * x);
-  return static_cast<T>(0.5) * (static_cast<T>(1) + t) + static_cast<T>(0.5) * x * (static_cast<T>(1) - t * t) * du;
-}
 
 // ---------------------------------------------------------------- typed bodies
 // (nvcc allows __device__ lambdas in function templates but not in generic
@@ -60,34 +42,6 @@ void bias_gelu_forward_t(const void* y, const void* bias, void* out, i64 rows, i
   periodic_map(
       static_cast<S*>(out), static_cast<const S*>(y), static_cast<const S*>(bias), rows * cols, cols,
       [] __device__(C v, C b) { return gelu(v + b); }, s, "bias_gelu_forward");
-}
-
-// bias_gelu_backward with 16-byte packs: each thread owns kVec<S> columns over
-// a chunk of rows, loads a row's dy and y packs, writes its dx pack, and sums
-// the rounded dx per column in double (column_finish_kernel adds the chunks).
-template <typename S>
-__global__ void bias_gelu_backward_packed_kernel(const S* dy, const S* y, const S* bias, S* dx, i64 rows, i64 cols,
-                                                 i64 rows_per_chunk, double* partial) {
-  constexpr int V = kVec<S>;
-  const i64 q = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (q * V >= cols) return;
-  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  const Pack<S> b = reinterpret_cast<const Pack<S>*>(bias)[q];
-  double acc[V] = {};
-  for (i64 r = r0; r < r1; ++r) {
-    const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
-    const Pack<S> x = reinterpret_cast<const Pack<S>*>(y + r * cols)[q];
-    Pack<S> o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      o.v[j] = st<S>(ld(d.v[j]) * gelu_grad(ld(x.v[j]) + ld(b.v[j])));
-      acc[j] += static_cast<double>(ld(o.v[j]));
-    }
-    reinterpret_cast<Pack<S>*>(dx + r * cols)[q] = o;
-  }
-  const i64 base = static_cast<i64>(blockIdx.y) * cols + q * V;
-#pragma unroll
-  for (int j = 0; j < V; ++j) partial[base + j] = acc[j];
 }
 
 // dx and dbias in one pass: packed when the row is whole packs and the

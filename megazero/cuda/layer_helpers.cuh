@@ -11,6 +11,7 @@
 #include "megazero/core/dtype.h"
 #include "megazero/core/error.h"
 #include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/packs.cuh"
 
 namespace megazero::cuda::detail_k {
 
@@ -39,16 +40,6 @@ void elementwise(T* out, i64 n, F f, cudaStream_t s, const char* what) {
   elementwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(out, n, f);
   check_launch(what);
 }
-
-// 16-byte packs: 8 bf16/fp16, 4 fp32 or 2 fp64 values per load and store.
-template <typename S>
-constexpr int kVec = static_cast<int>(16 / sizeof(S));
-template <typename S>
-struct alignas(16) Pack {
-  S v[kVec<S>];
-};
-
-inline bool aligned16(const void* p) { return (reinterpret_cast<std::uintptr_t>(p) & 15u) == 0; }
 
 // out[i] = round(f(a[i], b[i], i)) with a and b loaded into the compute type
 // (b == nullptr: f gets 0). out may be a or b. Memory-bound, so each thread

@@ -38,7 +38,7 @@ void dgamma_sum(const S* dy, const S* x, const C* rstd, G* dgamma, i64 rows, i64
   rmsnorm_dgamma_partial_kernel<S, C><<<dim3(col_blocks, static_cast<unsigned>(ch.used)), kThreads, 0, s>>>(
       dy, x, rstd, rows, cols, ch.per_chunk, partial);
   check_launch(what);
-  rmsnorm_dgamma_finish_kernel<G><<<col_blocks, kThreads, 0, s>>>(cols, ch.used, partial, dgamma);
+  column_finish_kernel<G><<<finish_blocks(cols), kThreads, 0, s>>>(cols, ch.used, partial, dgamma);
   check_launch(what);
 }
 

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "megazero/cuda/column_tiles.cuh"
 #include "megazero/cuda/kernel_common.cuh"
 
 namespace megazero::cuda::detail_k {
@@ -56,7 +57,8 @@ __global__ void rmsnorm_backward_dx_kernel(const S* dy, const S* x, const S* gam
 
 // dgamma's column sums, sum_r dy[r, c] * x[r, c] * rstd[r] in double, split as
 // gpu_scratch::column_chunks says: thread c of block column blockIdx.x sums
-// rows chunk blockIdx.y into partial[blockIdx.y * cols + c] ...
+// rows chunk blockIdx.y into partial[blockIdx.y * cols + c]; column_finish_kernel
+// (column_tiles.cuh) then adds the chunks into dgamma.
 template <typename S, typename C>
 __global__ void rmsnorm_dgamma_partial_kernel(const S* dy, const S* x, const C* rstd, i64 rows, i64 cols,
                                               i64 rows_per_chunk, double* partial) {
@@ -67,16 +69,6 @@ __global__ void rmsnorm_dgamma_partial_kernel(const S* dy, const S* x, const C* 
   for (i64 r = r0; r < r1; ++r)
     acc += static_cast<double>(ld(dy[r * cols + c])) * (ld(x[r * cols + c]) * static_cast<double>(rstd[r]));
   partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
-}
-
-// ... then dgamma[c] = round(dgamma[c] + the chunks' sums, in chunk order).
-template <typename G>
-__global__ void rmsnorm_dgamma_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dgamma) {
-  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  double acc = 0;
-  for (i64 k = 0; k < chunks; ++k) acc += partial[k * cols + c];
-  dgamma[c] = st<G>(static_cast<double>(ld(dgamma[c])) + acc);
 }
 
 // One chunk holds every row: the sum added straight into dgamma (no scratch).

@@ -29,6 +29,12 @@ namespace gpu_scratch {
 using i64 = std::int64_t;
 
 constexpr i64 kThreads = 256;           // threads per block of the column-sum kernels
+// The tiled column sums (megazero/cuda/column_tiles.cuh): a block is a tile of
+// kTileGroups adjacent column groups (a pack, or four columns for dropout) by
+// kThreads / kTileGroups row lanes; each warp reads 32 consecutive groups of
+// one row, and the lanes' sums are added in lane order inside the block.
+constexpr i64 kTileGroups = 32;
+constexpr i64 kRowLanes = kThreads / kTileGroups;
 constexpr i64 kTargetBlocks = 4 * 132;  // enough blocks to fill an H100 (132 SMs) four deep
 constexpr i64 kNormBlocks = 264;        // blocks per launch of the gradient-norm kernel
 // Segments (after merging adjacent ones) per launch of the multi-segment
@@ -43,12 +49,13 @@ constexpr i64 kSegmentTableCapacity = 240;
 constexpr std::size_t kCublasWorkspaceBytes = std::size_t{32} << 20;
 
 // How a column sum over `rows` splits into chunks of rows: one block column
-// per kThreads columns (or column packs), `used` chunks of `per_chunk` rows.
+// per kThreads columns (the one-column-a-thread kernels) or per kTileGroups
+// column groups (the tiled ones), `used` chunks of `per_chunk` rows.
 struct Chunks {
   i64 col_blocks = 0, per_chunk = 1, used = 1;
 };
-// The fused dropout backward and bias gradient: 4 columns per thread (one
-// Philox block), any cols.
+// The fused dropout backward and bias gradient: 4 columns per column group
+// (one Philox block), any cols.
 constexpr i64 kDropoutColumns = 4;
 
 // The sizes are pure integer math, defined here so megazero/cuda uses them
@@ -80,13 +87,16 @@ inline Chunks column_chunks(i64 rows, i64 cols) {
   return detail::split_rows(rows, detail::ceil_div(std::max<i64>(cols, 1), kThreads), 32);
 }
 
-inline Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) {
-  return detail::split_rows(rows, detail::ceil_div(std::max<i64>(cols / vec, 1), kThreads), 64);
+// The tiled kernels over `groups` column groups: one block column per
+// kTileGroups groups, chunks of at least 64 rows (8 per lane).
+inline Chunks tiled_column_chunks(i64 rows, i64 groups) {
+  return detail::split_rows(rows, detail::ceil_div(std::max<i64>(groups, 1), kTileGroups), 64);
 }
 
+inline Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) { return tiled_column_chunks(rows, cols / vec); }
+
 inline Chunks dropout_column_chunks(i64 rows, i64 cols) {
-  return detail::split_rows(rows, detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kThreads),
-                            64);
+  return tiled_column_chunks(rows, detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns));
 }
 
 inline std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {

@@ -5,12 +5,16 @@
 // multiple of 4 long (a Philox block split between threads and rows) or
 // shorter than a tensor row (a thread's four columns cross a layout row), with
 // offsets (sample_offset, group_offset of global_groups) as a TP or DP split has them; p = 0; several row
-// chunks; dx written over dy. The finish pass (column_finish_kernel in
-// column_sums.cuh: the chunks added in order, in double, rounded once) is
-// done here the same way. dx must be the CPU's bit for bit, dbias within one
-// fp32 rounding. Exit code 1 on any difference beyond that.
+// chunks; dx written over dy; blocks of 1, 3 and 8 row lanes; then the
+// launcher's finish (column_finish_kernel of column_tiles.cuh, over partials
+// pre-filled with garbage). dx must be the CPU's bit for bit, dbias within one
+// fp32 rounding. The same layouts run the forward kernels (dropout and
+// bias-dropout-add, element by element, packed, packed with bias packs)
+// against the CPU's dropout_forward and bias_dropout_add, bit for bit. Exit
+// code 1 on any difference beyond that.
 #include <cstdio>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "emu_checks.h"
@@ -35,7 +39,7 @@ struct Case {
 };
 
 template <DType T>
-void dropout_bias_grad(std::mt19937& rng, const Case& c) {
+void dropout_bias_grad(std::mt19937& rng, const Case& c, unsigned threads) {
   using S = typename Storage<T>::type;
   const i64 numel = c.l.samples * c.l.groups * c.l.matrix_rows * c.l.matrix_cols, rows = numel / c.cols;
   std::uniform_real_distribution<double> u(-2, 2);
@@ -50,26 +54,65 @@ void dropout_bias_grad(std::mt19937& rng, const Case& c) {
   kernels::dropout_backward(dy, c.p, key, c.l, dxc);
   kernels::bias_grad(dxc, dbc);
 
-  // The emulated GPU, dx written over dy; 32 threads a block (the kernel reads blockDim).
+  // The emulated GPU, dx written over dy, then the launcher's finish; blocks
+  // of `threads` (1, 3 or 8 row lanes: the kernels read blockDim).
   Tensor g = tensor_of({rows, c.cols}, dv, T);
   const auto ch = gs::dropout_column_chunks(rows, c.cols);
-  const unsigned threads = 32;
-  const unsigned col_blocks =
-      static_cast<unsigned>((c.cols + gs::kDropoutColumns * threads - 1) / (gs::kDropoutColumns * threads));
-  std::vector<double> partial(gs::dropout_bias_grad_bytes(rows, c.cols) / sizeof(double), 0.0);
-  emu_launch(dim3{col_blocks, static_cast<unsigned>(ch.used), 1}, threads, 0, [&] {
+  std::vector<double> partial(gs::dropout_bias_grad_bytes(rows, c.cols) / sizeof(double), -1e300);
+  emu_launch(dim3{static_cast<unsigned>(ch.col_blocks), static_cast<unsigned>(ch.used), 1}, threads, 0, [&] {
     dk::dropout_backward_partial_kernel<S>(raw<S>(g), c.p, dk::philox_key(key), c.l, rows, c.cols, ch.per_chunk,
                                            raw<S>(g), partial.data());
   });
-  std::vector<double> dbg(bv.size());
-  for (i64 col = 0; col < c.cols; ++col) {
-    double acc = 0;
-    for (i64 k = 0; k < ch.used; ++k) acc += partial[static_cast<std::size_t>(k * c.cols + col)];
-    dbg[static_cast<std::size_t>(col)] =
-        static_cast<float>(static_cast<double>(static_cast<float>(bv[static_cast<std::size_t>(col)])) + acc);
-  }
+  Tensor dbt = tensor_of({c.cols}, bv, DType::F32);
+  emu_launch(dim3{dk::finish_blocks(c.cols), 1, 1}, threads, 0,
+             [&] { dk::column_finish_kernel<float>(c.cols, ch.used, partial.data(), dbt.host_data<float>()); });
+  const std::vector<double> dbg = values(dbt);
   expect_close(values(g), values(dxc), 0, 0, "dx (the CPU's mask and rounding: bit for bit)");
   expect_close(dbg, values(dbc), 0x1p-23, 1e-30, "dbias (double sums, one fp32 rounding)");
+}
+
+// The forward kernels (dropout and bias-dropout-add) in every variant the
+// layout allows (element by element; 16-byte packs when the layout row is a
+// multiple of the pack; with the bias as packs when cols is too), on a small
+// grid so that threads stride over several groups: the CPU's output bit for bit.
+template <DType T>
+void dropout_forward(std::mt19937& rng, const Case& c, unsigned threads) {
+  using S = typename Storage<T>::type;
+  constexpr int G = dk::kVec<S> < 4 ? 4 : dk::kVec<S>;
+  const i64 numel = c.l.samples * c.l.groups * c.l.matrix_rows * c.l.matrix_cols, rows = numel / c.cols;
+  const i64 inner = c.l.matrix_rows * c.l.matrix_cols, lrows = c.l.samples * c.l.groups;
+  const i64 groups = (inner + G - 1) / G;
+  std::uniform_real_distribution<double> u(-2, 2);
+  std::vector<double> yv(static_cast<std::size_t>(numel)), rv(yv.size()), bv(static_cast<std::size_t>(c.cols));
+  for (auto& x : yv) x = u(rng);
+  for (auto& x : rv) x = u(rng);
+  for (auto& x : bv) x = u(rng);
+  const RngKey key{91, 2, 7, 1};
+  Tensor y = tensor_of({rows, c.cols}, yv, T), res = tensor_of({rows, c.cols}, rv, T), bias = tensor_of({c.cols}, bv, T);
+  Tensor want_d = tensor_of({rows, c.cols}, yv, T), want_f = tensor_of({rows, c.cols}, yv, T);
+  kernels::dropout_forward(y, c.p, key, c.l, want_d);
+  kernels::bias_dropout_add(y, bias, res, c.p, key, c.l, want_f);
+
+  const dim3 grid{2, 1, 1};
+  auto run = [&](auto vec, auto fused, auto bias_vec, const Tensor& want, const char* what) {
+    constexpr bool VEC = decltype(vec)::value, FUSED = decltype(fused)::value, BV = decltype(bias_vec)::value;
+    Tensor out = tensor_of({rows, c.cols}, std::vector<double>(yv.size(), 1e4), T);
+    emu_launch(grid, threads, 0, [&] {
+      dk::dropout_kernel<S, VEC, FUSED, BV>(raw<S>(y), FUSED ? raw<S>(bias) : nullptr, FUSED ? raw<S>(res) : nullptr,
+                                            c.p, dk::philox_key(key), c.l, raw<S>(out), inner, c.cols, groups,
+                                            lrows * groups);
+    });
+    expect_close(values(out), values(want), 0, 0, what);
+  };
+  using F = std::false_type;
+  using Tr = std::true_type;
+  run(F{}, F{}, F{}, want_d, "dropout, element by element (bit for bit)");
+  run(F{}, Tr{}, F{}, want_f, "bias-dropout-add, element by element (bit for bit)");
+  if (inner % G == 0) {
+    run(Tr{}, F{}, F{}, want_d, "dropout, packed (bit for bit)");
+    run(Tr{}, Tr{}, F{}, want_f, "bias-dropout-add, packed (bit for bit)");
+    if (c.cols % G == 0) run(Tr{}, Tr{}, Tr{}, want_f, "bias-dropout-add, packed with bias packs (bit for bit)");
+  }
 }
 
 }  // namespace
@@ -84,18 +127,25 @@ int main() {
       {{2, 1, 8, 40, 0, 0, 1}, 40, 0.0},    // p = 0: a copy and the sum
       {{1, 1, 3, 300, 0, 0, 1}, 300, 0.2},  // several column blocks
       {{6, 2, 1, 5, 1, 3, 9}, 10, 0.4},     // layout rows of 5 inside tensor rows of 10: a thread's columns cross one
+      {{4, 1, 2, 16, 0, 0, 1}, 32, 0.3},    // packed forward, bias packs
+      {{2, 1, 4, 12, 1, 0, 1}, 12, 0.2},    // packed forward; bf16/fp16 bias not a whole number of packs
   };
-  for (const Case& c : cases) {
-    dropout_bias_grad<DType::F32>(rng, c);
-    dropout_bias_grad<DType::BF16>(rng, c);
-    dropout_bias_grad<DType::F16>(rng, c);
-  }
+  for (const Case& c : cases)
+    for (const unsigned threads : {32u, 96u, 256u}) {
+      dropout_bias_grad<DType::F32>(rng, c, threads);
+      dropout_bias_grad<DType::BF16>(rng, c, threads);
+      dropout_bias_grad<DType::F16>(rng, c, threads);
+      dropout_forward<DType::F32>(rng, c, threads);
+      dropout_forward<DType::BF16>(rng, c, threads);
+      dropout_forward<DType::F16>(rng, c, threads);
+    }
   if (failures) {
     std::printf("dropout_kernels_emulated: %d checks failed\n", failures);
     return 1;
   }
   std::printf(
-      "dropout_kernels_emulated: the fused dropout backward and bias gradient match the CPU (%zu layouts, "
+      "dropout_kernels_emulated: dropout, bias-dropout-add and the fused dropout backward with the bias "
+      "gradient match the CPU (%zu layouts, "
       "fp32, bf16, fp16)\n",
       cases.size());
   return 0;

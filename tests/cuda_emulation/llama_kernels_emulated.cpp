@@ -4,7 +4,7 @@
 // {rmsnorm,swiglu,rope}.h on the same inputs: fp32, bf16 and fp16; RMSNorm
 // with rows striding over a grid smaller than the row count, dgamma over one
 // chunk of rows (straight into the accumulator) and over several (partial
-// sums, then the finish kernel adding them in order), fp32 and 16-bit
+// sums, then the shared finish kernel of column_tiles.cuh), fp32 and 16-bit
 // accumulators, the residual gradient, dx written over dy; SwiGLU with
 // saturated gates and a grid of fewer rows than the tensor; RoPE with heads
 // over two shared-memory tiles, positions and blocks striding over the grid,
@@ -59,8 +59,8 @@ void emu_dgamma(Tensor& dy, Tensor& x, Tensor& rstd, Tensor& dgamma, i64 rows, i
   emu_launch(dim3{col_blocks, static_cast<unsigned>(ch.used), 1}, threads, 0, [&] {
     dk::rmsnorm_dgamma_partial_kernel<S, float>(raw<S>(dy), raw<S>(x), rs, rows, cols, ch.per_chunk, partial.data());
   });
-  emu_launch(dim3{col_blocks, 1, 1}, threads, 0,
-             [&] { dk::rmsnorm_dgamma_finish_kernel<G>(cols, ch.used, partial.data(), dg); });
+  emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, threads, 0,
+             [&] { dk::column_finish_kernel<G>(cols, ch.used, partial.data(), dg); });
 }
 
 template <DType T>

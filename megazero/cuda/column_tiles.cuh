@@ -1,0 +1,133 @@
+// Column sums over rows as tiles, the pieces every fused "write dx and sum a
+// bias/gamma gradient" kernel shares (dropout_kernels.cuh, gelu_bias_kernels.cuh,
+// column_sums.cuh, rmsnorm_kernels.cuh). Kernels only, plain enough for the CPU
+// emulation in tests/cuda_emulation to run them as they are.
+//
+// Why tiles: a bias of 1024 columns is only 128 packs of 16 bytes, so "one
+// thread a pack over a chunk of rows" leaves most of a 256-thread block idle
+// and the GPU with a few warps per SM (the 2026-11-24 H100 profile: 0.4-0.7
+// TB/s for these passes). A block here is kTileGroups column groups (a warp
+// reads 32 consecutive groups of one row) by kRowLanes row lanes (lane l takes
+// rows r0 + l, r0 + l + lanes, ...); the lanes' sums meet in shared memory and
+// are added in lane order. Fixed order everywhere, no atomics: a run repeats
+// bit for bit.
+//
+// The finish adds a column's chunk partials the same way: lane l sums chunks
+// l, l + lanes, ... in order, then the lanes in lane order, in double, and
+// rounds once into the accumulator (the single-thread-per-column finish read
+// 128 partials serially on 4 SMs: ~19 us a call).
+#pragma once
+
+#include <cstdint>
+
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/packs.cuh"
+#include "megazero/kernels/gpu_scratch.h"
+
+namespace megazero::cuda::detail_k {
+
+constexpr int kTileGroups = static_cast<int>(kernels::gpu_scratch::kTileGroups);
+constexpr int kRowLanes = static_cast<int>(kernels::gpu_scratch::kRowLanes);
+
+// Where this thread sits in its tile. blockDim.x is a multiple of kTileGroups,
+// at most kTileGroups * kRowLanes (the launchers use kThreads).
+struct TileSeat {
+  i64 group;  // the column group this thread sums
+  int lane;   // its row lane
+  int lanes;  // row lanes in the block
+};
+
+__device__ __forceinline__ TileSeat tile_seat() {
+  return {static_cast<i64>(blockIdx.x) * kTileGroups + static_cast<i64>(threadIdx.x % kTileGroups),
+          static_cast<int>(threadIdx.x / kTileGroups), static_cast<int>(blockDim.x / kTileGroups)};
+}
+
+// The rows of this block's chunk (blockIdx.y) that lane `lane` owns start at
+// first_row(...) and step by `lanes`, up to chunk_end(...).
+__device__ __forceinline__ i64 chunk_begin(i64 rows_per_chunk) {
+  return static_cast<i64>(blockIdx.y) * rows_per_chunk;
+}
+__device__ __forceinline__ i64 chunk_end(i64 rows, i64 rows_per_chunk) {
+  return min(rows, chunk_begin(rows_per_chunk) + rows_per_chunk);
+}
+
+// Every thread of the block calls this with its N columns' sums (group g holds
+// columns g*N .. g*N+N-1; zeros for a group past the end): partial[c] = the
+// lanes' sums of column c added in lane order, for the tile's columns below
+// cols. partial points at this chunk's row of partials. Ends with a barrier,
+// so a second call (LayerNorm's dgamma after dbeta) may reuse the buffer.
+template <int N>
+__device__ void store_tile_sums(const double (&acc)[N], i64 cols, double* partial) {
+  __shared__ double lane_sums[kRowLanes][kTileGroups * N];
+  const TileSeat me = tile_seat();
+  const int t = static_cast<int>(threadIdx.x % kTileGroups);
+#pragma unroll
+  for (int j = 0; j < N; ++j) lane_sums[me.lane][t * N + j] = acc[j];
+  __syncthreads();
+  const i64 first = static_cast<i64>(blockIdx.x) * kTileGroups * N;
+  for (int i = static_cast<int>(threadIdx.x); i < kTileGroups * N && first + i < cols;
+       i += static_cast<int>(blockDim.x)) {
+    double s = lane_sums[0][i];
+    for (int l = 1; l < me.lanes; ++l) s += lane_sums[l][i];
+    partial[first + i] = s;
+  }
+  __syncthreads();
+}
+
+// dst[c] = round(dst[c] + the `chunks` partials of column c): lane l sums
+// chunks l, l + lanes, ... in order, the lanes are added in lane order. Grid:
+// ceil(cols / kTileGroups) blocks.
+template <typename G>
+__global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
+  __shared__ double lane_sums[kRowLanes][kTileGroups];
+  const TileSeat me = tile_seat();
+  const int t = static_cast<int>(threadIdx.x % kTileGroups);
+  const i64 c = me.group;
+  double acc = 0;
+  if (c < cols)
+    for (i64 k = me.lane; k < chunks; k += me.lanes) acc += partial[k * cols + c];
+  lane_sums[me.lane][t] = acc;
+  __syncthreads();
+  if (me.lane == 0 && c < cols) {
+    double s = lane_sums[0][t];
+    for (int l = 1; l < me.lanes; ++l) s += lane_sums[l][t];
+    dst[c] = st<G>(static_cast<double>(ld(dst[c])) + s);
+  }
+}
+
+inline unsigned finish_blocks(i64 cols) { return static_cast<unsigned>((cols + kTileGroups - 1) / kTileGroups); }
+
+// dbeta-style sums (+= sum_r dy) and, with LN, LayerNorm's dgamma (+= sum_r dy
+// * xhat, xhat = (x - mean) * rstd in double) over 16-byte packs: a thread's
+// group is one pack; partial_b/partial_g hold one row of partials per chunk
+// (gpu_scratch::packed_column_chunks).
+template <typename S, bool LN>
+__global__ void column_partial_packed_kernel(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows,
+                                             i64 cols, i64 rows_per_chunk, double* partial_b, double* partial_g) {
+  constexpr int V = kVec<S>;
+  const TileSeat me = tile_seat();
+  const i64 q = me.group;
+  double ab[V] = {}, ag[V] = {};
+  if (q * V < cols) {
+    for (i64 r = chunk_begin(rows_per_chunk) + me.lane; r < chunk_end(rows, rows_per_chunk); r += me.lanes) {
+      const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
+      if constexpr (LN) {
+        const Pack<S> xv = reinterpret_cast<const Pack<S>*>(x + r * cols)[q];
+        const double m = mean[r], rs = rstd[r];
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          ab[j] += ld(d.v[j]);
+          ag[j] += static_cast<double>(ld(d.v[j])) * ((ld(xv.v[j]) - m) * rs);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) ab[j] += ld(d.v[j]);
+      }
+    }
+  }
+  const i64 row = static_cast<i64>(blockIdx.y) * cols;
+  store_tile_sums<V>(ab, cols, partial_b + row);
+  if constexpr (LN) store_tile_sums<V>(ag, cols, partial_g + row);
+}
+
+}  // namespace megazero::cuda::detail_k

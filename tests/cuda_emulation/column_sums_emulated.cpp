@@ -1,0 +1,164 @@
+// The tiled column sums of megazero/cuda/column_tiles.cuh (the packed bias
+// gradient / dbeta, LayerNorm's dgamma and dbeta in one pass, and the finish
+// kernel every fused gradient shares) and the packed bias-GeLU backward of
+// gelu_bias_kernels.cuh, run on the CPU through the emulation in shim/ as the
+// launchers run them (column_sums.cuh, gelu_bias.cu: partials per chunk of
+// gpu_scratch::packed_column_chunks, then column_finish_kernel), against the
+// CPU kernels on the same inputs:
+// - sums vs kernels::bias_grad and kernels::layernorm_backward's dgamma/dbeta
+//   (double sums in another order, one rounding into the accumulator: within
+//   one rounding of it), fp32/bf16/fp16 storage, fp32 and 16-bit accumulators;
+// - bias_gelu_backward: dx within two storage roundings of the CPU's, plus a
+//   few ulps of 1 where gelu' cancels (the shim's tanh of a float is libm's
+//   double one; the CPU's is a vectorised float one), and dbias within one fp32
+//   rounding of bias_grad over the emulated dx (the contract: dbias sums the
+//   rounded dx it wrote);
+// - blocks of 1, 3 and 8 row lanes (32, 96, 256 threads), a tile only partly
+//   inside the columns, chunks of rows not a multiple of the lanes, and
+//   partials pre-filled with garbage (every slot the finish reads is written).
+// Exit code 1 on any difference beyond that.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "emu_checks.h"
+#include "emu_runtime.h"
+#include "megazero/cuda/column_tiles.cuh"
+#include "megazero/cuda/gelu_bias_kernels.cuh"
+#include "megazero/kernels/gelu_bias.h"
+#include "megazero/kernels/gpu_scratch.h"
+#include "megazero/kernels/layernorm.h"
+
+using namespace megazero;
+namespace dk = megazero::cuda::detail_k;
+namespace gs = megazero::kernels::gpu_scratch;
+
+namespace {
+
+using namespace emu_checks;
+
+std::vector<double> randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
+  std::normal_distribution<double> d(0.0, sd);
+  std::vector<double> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+struct Shape2 {
+  i64 rows, cols;
+};
+
+// The launcher's finish: dst += the chunks' partials.
+template <typename G>
+void finish(std::vector<double>& partial, i64 cols, i64 chunks, G* dst, unsigned threads) {
+  emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, threads, 0,
+             [&] { dk::column_finish_kernel<G>(cols, chunks, partial.data(), dst); });
+}
+
+// dbeta (and with LN dgamma) += column sums through the packed tiles.
+template <DType T, typename G>
+void sums(std::mt19937& rng, Shape2 sh, bool ln, DType acc, unsigned threads) {
+  using S = typename Storage<T>::type;
+  const i64 rows = sh.rows, cols = sh.cols, V = dk::kVec<S>;
+  const auto c = gs::packed_column_chunks(rows, cols, V);
+  if (c.used == 1) {  // the launcher takes the plain path then
+    std::printf("FAIL case %lld x %lld has one chunk: it tests nothing here\n", static_cast<long long>(rows),
+                static_cast<long long>(cols));
+    ++failures;
+    return;
+  }
+  const auto xv = randn(static_cast<std::size_t>(rows * cols), rng, 2.0);
+  const auto dv = randn(xv.size(), rng), g0 = randn(static_cast<std::size_t>(cols), rng),
+             b0 = randn(static_cast<std::size_t>(cols), rng);
+  const Tensor x = tensor_of({rows, cols}, xv, T), dy = tensor_of({rows, cols}, dv, T);
+  const Tensor gamma = tensor_of({cols}, g0, T), beta = tensor_of({cols}, b0, T);
+  Tensor y = tensor_of({rows, cols}, xv, T);
+  Tensor mean = Tensor::zeros(cpu(), {rows}, DType::F32, MemoryCategory::Other), rstd = mean.clone(MemoryCategory::Other);
+  kernels::layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd);
+
+  // The CPU.
+  Tensor dgc = tensor_of({cols}, g0, acc), dbc = tensor_of({cols}, b0, acc), dxc = tensor_of({rows, cols}, dv, T);
+  if (ln)
+    kernels::layernorm_backward(dy, x, gamma, mean, rstd, dxc, dgc, dbc);
+  else
+    kernels::bias_grad(dy, dbc);
+
+  // The emulated GPU: partials pre-filled with garbage.
+  Tensor dgg = tensor_of({cols}, g0, acc), dbg = tensor_of({cols}, b0, acc);
+  std::vector<double> pb(static_cast<std::size_t>(c.used * cols), -1e300), pg(pb.size(), -1e300);
+  Tensor dyg = dy.clone(MemoryCategory::Other), xg = x.clone(MemoryCategory::Other);
+  emu_launch(dim3{static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used), 1}, threads, 0, [&] {
+    if (ln)
+      dk::column_partial_packed_kernel<S, true>(raw<S>(dyg), raw<S>(xg), mean.host_data<float>(),
+                                                rstd.host_data<float>(), rows, cols, c.per_chunk, pb.data(), pg.data());
+    else
+      dk::column_partial_packed_kernel<S, false>(raw<S>(dyg), nullptr, nullptr, nullptr, rows, cols, c.per_chunk,
+                                                 pb.data(), nullptr);
+  });
+  finish<G>(pb, cols, c.used, static_cast<G*>(dbg.data()), threads);
+  if (ln) finish<G>(pg, cols, c.used, static_cast<G*>(dgg.data()), threads);
+  expect_close(values(dbg), values(dbc), ulp_of(acc), 1e-12, ln ? "dbeta (LN)" : "bias_grad");
+  if (ln) expect_close(values(dgg), values(dgc), ulp_of(acc), 1e-12, "dgamma (LN)");
+}
+
+template <DType T>
+void bias_gelu(std::mt19937& rng, Shape2 sh, unsigned threads) {
+  using S = typename Storage<T>::type;
+  const i64 rows = sh.rows, cols = sh.cols, V = dk::kVec<S>;
+  const auto c = gs::packed_column_chunks(rows, cols, V);
+  const auto yv = randn(static_cast<std::size_t>(rows * cols), rng, 2.0), dv = randn(yv.size(), rng),
+             bv = randn(static_cast<std::size_t>(cols), rng), d0 = randn(static_cast<std::size_t>(cols), rng);
+  const Tensor y = tensor_of({rows, cols}, yv, T), bias = tensor_of({cols}, bv, T);
+  // The CPU, dx over dy.
+  Tensor dxc = tensor_of({rows, cols}, dv, T), dbc = tensor_of({cols}, d0, DType::F32);
+  kernels::bias_gelu_backward(dxc, y, bias, dxc, dbc);
+  // The emulated GPU, dx over dy too.
+  Tensor dxg = tensor_of({rows, cols}, dv, T), dbg = tensor_of({cols}, d0, DType::F32);
+  std::vector<double> partial(static_cast<std::size_t>(c.used * cols), -1e300);
+  Tensor yg = y.clone(MemoryCategory::Other), bg = bias.clone(MemoryCategory::Other);
+  emu_launch(dim3{static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used), 1}, threads, 0, [&] {
+    dk::bias_gelu_backward_packed_kernel<S>(raw<S>(dxg), raw<S>(yg), raw<S>(bg), raw<S>(dxg), rows, cols, c.per_chunk,
+                                            partial.data());
+  });
+  finish<float>(partial, cols, c.used, dbg.host_data<float>(), threads);
+  // Near saturation gelu' cancels (1 + tanh), so the absolute error of either
+  // float formula is a few fp32 ulps of 1 times dy: an indexing slip is O(1).
+  expect_close(values(dxg), values(dxc), 2 * ulp_of(T), 16 * ulp_of(T), "bias_gelu dx");
+  // dbias must be the sum of the dx this kernel wrote.
+  Tensor dbw = tensor_of({cols}, d0, DType::F32);
+  kernels::bias_grad(dxg, dbw);
+  expect_close(values(dbg), values(dbw), ulp_of(DType::F32), 1e-12, "bias_gelu dbias (sums the written dx)");
+}
+
+template <DType T>
+void all(std::mt19937& rng) {
+  using S = typename Storage<T>::type;
+  const i64 V = dk::kVec<S>;
+  // Several chunks (of 50, 54 and 63 rows: not all multiples of 3 or 8
+  // lanes); a second block column only partly inside the columns.
+  const std::vector<Shape2> shapes = {{200, 4 * V}, {213, 40 * V}, {1000, 3 * V}};
+  for (const Shape2& sh : shapes)
+    for (const unsigned threads : {32u, 96u, 256u}) {
+      sums<T, float>(rng, sh, false, DType::F32, threads);
+      sums<T, float>(rng, sh, true, DType::F32, threads);
+      sums<T, S>(rng, sh, true, T, threads);
+      bias_gelu<T>(rng, sh, threads);
+    }
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(2026);
+  all<DType::F32>(rng);
+  all<DType::BF16>(rng);
+  all<DType::F16>(rng);
+  if (failures) {
+    std::printf("column_sums_emulated: %d checks failed\n", failures);
+    return 1;
+  }
+  std::printf(
+      "column_sums_emulated: the tiled column sums (bias, LayerNorm dgamma/dbeta, finish) and the packed bias-GeLU "
+      "backward match the CPU (fp32, bf16, fp16; 1, 3, 8 row lanes)\n");
+  return 0;
+}

@@ -26,8 +26,10 @@ int run(int argc, char** argv) {
   const auto t_process = std::chrono::steady_clock::now();  // --exit-duration-in-mins counts from here
   auto world_comm = MpiCommunicator::world();
   std::string help;
+  // Rank 0 alone reads the --config file and hands its text to the others.
+  const auto config_text = shared_config_text(*world_comm, argc, argv);
   TrainArgs args = run_consistently(*world_comm, [&] {
-    TrainArgs a = parse_train_args(argc, argv, &help);
+    TrainArgs a = parse_train_args(argc, argv, &help, config_text);
     MZ_REQUIRE(a.world_size == 0 || a.dry_run, "--world-size plans a virtual world and needs --dry-run");
     MZ_REQUIRE(a.world_size == 0 || (a.plan_rank >= -1 && a.plan_rank < a.world_size), "--plan-rank ", a.plan_rank,
                " is outside the world of ", a.world_size, " ranks");

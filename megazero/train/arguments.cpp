@@ -17,6 +17,7 @@
 
 #include <boost/program_options.hpp>
 
+#include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
 #include "megazero/core/limits.h"
 #include "megazero/train/megatron_compat.h"
@@ -284,31 +285,6 @@ void expand_zero_config(TrainArgs& a, const po::variables_map& vm, const std::se
 
 namespace {
 
-// A config file is short text: a directory is refused, and at most 1 MiB is
-// read from anything else (so /dev/zero or a runaway pipe ends in an error,
-// while `--config <(generate)` works); a UTF-8 byte-order mark is dropped.
-std::string read_config_file(const std::string& file) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto status = fs::status(file, ec);
-  MZ_REQUIRE(!ec && fs::exists(status), "--config: cannot read '", file,
-             "': no such file; pass a config file (see configs/)");
-  MZ_REQUIRE(!fs::is_directory(status), "--config: '", file,
-             "' is a directory; pass a config file in it (see configs/)");
-  std::ifstream in(file, std::ios::binary);
-  MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; check its permissions");
-  constexpr std::size_t kMaxConfigBytes = 1 << 20;
-  std::string text(kMaxConfigBytes + 1, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(in.gcount()));
-  MZ_REQUIRE(text.size() <= kMaxConfigBytes, "--config: '", file,
-             "' is longer than 1 MiB; a config file is key = value "
-             "lines (see configs/)");
-  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
-  MZ_REQUIRE(text.find('\0') == std::string::npos, "--config: '", file, "' is not a text file (it holds NUL bytes)");
-  return text;
-}
-
 // A token that looks like a flag typed with a dash look-alike (en dash,
 // em dash, minus sign, from a word processor or a web page): Program_options
 // would take it for a stray word.
@@ -362,7 +338,67 @@ void require_model_fits_in_counters(const TrainArgs& a) {
 }
 }  // namespace
 
+// A config file is short text: a directory is refused, and at most 1 MiB is
+// read from anything else (so /dev/zero or a runaway pipe ends in an error,
+// while `--config <(generate)` works); a UTF-8 byte-order mark is dropped.
+std::string read_config_file(const std::string& file) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(file, ec);
+  MZ_REQUIRE(!ec && fs::exists(status), "--config: cannot read '", file,
+             "': no such file; pass a config file (see configs/)");
+  MZ_REQUIRE(!fs::is_directory(status), "--config: '", file,
+             "' is a directory; pass a config file in it (see configs/)");
+  std::ifstream in(file, std::ios::binary);
+  MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; check its permissions");
+  constexpr std::size_t kMaxConfigBytes = 1 << 20;
+  std::string text(kMaxConfigBytes + 1, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(in.gcount()));
+  MZ_REQUIRE(text.size() <= kMaxConfigBytes, "--config: '", file,
+             "' is longer than 1 MiB; a config file is key = value "
+             "lines (see configs/)");
+  if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
+  MZ_REQUIRE(text.find('\0') == std::string::npos, "--config: '", file, "' is not a text file (it holds NUL bytes)");
+  return text;
+}
+
+std::string config_path_in(int argc, char** argv) {
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    const std::string tok = argv[i];
+    if (tok == "--config" && i + 1 < argc)
+      path = argv[++i];
+    else if (tok.rfind("--config=", 0) == 0)
+      path = tok.substr(9);
+  }
+  return path;
+}
+
+std::optional<std::string> shared_config_text(Communicator& comm, int argc, char** argv) {
+  const std::string mine = config_path_in(argc, argv);
+  // Every rank runs the same three broadcasts, whatever its own command line.
+  const std::string root_path = broadcast_string(comm, mine);
+  std::string text, error;
+  if (comm.rank() == 0 && !root_path.empty()) {
+    try {
+      text = read_config_file(root_path);
+    } catch (const ConfigError& e) {
+      error = e.what();
+    }
+  }
+  error = broadcast_string(comm, error);
+  if (!error.empty()) throw AgreedConfigError(error);
+  text = broadcast_string(comm, text);
+  if (root_path.empty() || mine != root_path) return std::nullopt;
+  return text;
+}
+
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
+  return parse_train_args(argc, argv, help_text, std::nullopt);
+}
+
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const std::optional<std::string>& config_text) {
   TrainArgs a;
   OptionTable table;
   define(table, a);
@@ -416,7 +452,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
     po::store(parsed, vm);
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
-      std::istringstream in(read_config_file(file));
+      std::istringstream in(config_text ? *config_text : read_config_file(file));
       try {
         const auto from_file = po::parse_config_file(in, desc, /*allow_unregistered=*/true);
         FlagProblems file_problems;

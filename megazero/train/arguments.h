@@ -7,10 +7,12 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "layers/gpt_config.h"
+#include "megazero/comm/communicator.h"
 #include "megazero/optim/adamw.h"
 #include "megazero/optim/loss_scaler.h"
 #include "megazero/optim/lr_schedule.h"
@@ -138,5 +140,26 @@ std::string config_difference(const std::string& reference, const std::string& m
 
 // Parses argv (and the --config file). Throws ConfigError; fills help text on --help.
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text);
+
+// As above with the --config file's text given (nullopt: read the file).
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const std::optional<std::string>& config_text);
+
+// The value of --config in argv ("--config F" or "--config=F"; the last one
+// wins, as for any flag), "" when there is none. No checks: parsing reports a
+// malformed command line.
+std::string config_path_in(int argc, char** argv);
+
+// A --config file's text: ConfigError naming the file when it is missing, a
+// directory, unreadable, longer than 1 MiB or not text.
+std::string read_config_file(const std::string& file);
+
+// Collective over `comm`: rank 0 reads its --config file and every rank whose
+// command line names the same file gets that text, so a file only rank 0 can
+// read (`--config <(generate)` under mpiexec, where the ranks would race for
+// one pipe, or a path on rank 0's node only) configures every rank alike. A
+// rank naming another file (or none) gets nullopt and parses its own (the
+// fingerprint check then reports the difference). An unreadable file on rank
+// 0 is an AgreedConfigError on every rank.
+std::optional<std::string> shared_config_text(Communicator& comm, int argc, char** argv);
 
 }  // namespace megazero::train

@@ -33,6 +33,8 @@
 #            and forward/backward mask agreement, the plan cache), test_gpt_tp/test_cuda's model
 #            paths, bench_layer unfused/fused/cudnn, the 355M run and llama_tiny (GQA) with cudnn; cuDNN's own
 #            log (CUDNN_LOGLEVEL_DBG=2) in cudnn-api.log for a graph it refuses. Run it after paths.
+#   zero3  - ZeRO stages 0-3 on 2 ranks sharing the GPU (MPI backend), step time and the exposed
+#            DP communication that stage 3's prefetch leaves (issue #21's last goal).
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
@@ -235,6 +237,22 @@ for phase in "$@"; do
       [ "$phase" = peers-gpt ] && tables=gpt
       [ "$phase" = peers-layer ] && tables=layer
       python3 tools/peer_ratios.py --bench $tables "$out/$phase.txt" | tee "$out/$phase-ratios.txt"
+      ;;
+    zero3)
+      # Issue #21's goal "ZeRO stage 3 on 2 ranks sharing a GPU with its prefetch overlapping": a
+      # GPT-2 small-class model on 2 ranks sharing the GPU (MPI backend: NCCL refuses two ranks on
+      # one GPU, so collectives stage through the host on the communicator's thread), stages 0-3.
+      # The timers line's "exposed DP comm" is what the prefetch failed to hide.
+      {
+        for st in 0 1 2 3; do
+          echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO stage $st"
+          mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+            --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
+            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --zero-stage $st
+          echo "== exit $?"
+        done
+      } > "$out/zero3.txt" 2>&1
+      grep -E "^==|iteration +20/|timers|error" "$out/zero3.txt" | tail -30
       ;;
     *) echo "unknown phase $phase" ;;
   esac

@@ -37,13 +37,6 @@ namespace {
 
 using namespace emu_checks;
 
-std::vector<double> randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
-  std::normal_distribution<double> d(0.0, sd);
-  std::vector<double> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 struct Shape2 {
   i64 rows, cols;
 };

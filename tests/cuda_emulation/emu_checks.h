@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "emu_runtime.h"
@@ -29,6 +30,14 @@ inline void expect_close(const std::vector<double>& a, const std::vector<double>
   for (std::size_t i = 0; i < a.size(); ++i)
     check(a[i] == b[i] || (std::isfinite(a[i]) && std::fabs(a[i] - b[i]) <= rtol * std::fabs(b[i]) + atol), what, a[i],
           b[i], i);  // equal: also the -inf max of an all-padding slice
+}
+
+// n normal values (mean 0, standard deviation sd).
+inline std::vector<double> randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
+  std::normal_distribution<double> d(0.0, sd);
+  std::vector<double> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
 }
 
 inline std::shared_ptr<Device> cpu() {

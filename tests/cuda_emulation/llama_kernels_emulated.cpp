@@ -35,13 +35,6 @@ namespace {
 
 using namespace emu_checks;
 
-std::vector<double> randn(std::size_t n, std::mt19937& rng, double sd = 1.0) {
-  std::normal_distribution<double> d(0.0, sd);
-  std::vector<double> v(n);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
-
 // dgamma += column sums, as rmsnorm.cu's launcher runs them: direct with one
 // chunk of rows, else partial sums per chunk and the finish kernel.
 template <typename S, typename G>

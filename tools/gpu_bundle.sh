@@ -4,10 +4,22 @@
 # .gpu/bundle.tar.xz, for a GPU machine that has the NVIDIA driver, cuBLAS,
 # cuDNN and NCCL but none of our other dependencies (and no package access).
 # tools/gpu_session.sh unpacks and runs it there.
-#   tools/gpu_bundle.sh [BUILD_DIR]     (default /tmp/build-gpu, configured with -DMEGAZERO_CUDA=ON)
+#   tools/gpu_bundle.sh [BUILD_DIR]     (default /tmp/build-gpu)
+# A BUILD_DIR that does not exist yet is configured for the lent GPUs only
+# (H100 and H200: sm_90 machine code, no PTX). Each binary links the whole
+# library, CUDA kernels included, so the default architectures (sm_80 and
+# sm_90, each with PTX) made a 72 MB bundle; the device tool carries at most
+# 64 MiB. The bundle's size is checked at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-gpu}
+if [ ! -f "$build/CMakeCache.txt" ]; then
+  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMEGAZERO_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real
+fi
+archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
+archs=${archs:-80 90 (the default, each with PTX)}
+[ "$archs" = "90-real" ] ||
+  echo "gpu_bundle: note: $build builds CUDA architectures '$archs'; a build for 90-real alone packs about 3x smaller" >&2
 targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero_r test_gemm
          test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels
          test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions
@@ -35,3 +47,11 @@ mkdir -p .gpu
 tar -C "$stage" -cf - . | xz -T0 -6 > .gpu/bundle.tar.xz
 rm -rf "$stage"
 ls -la .gpu/bundle.tar.xz
+bytes=$(stat -c %s .gpu/bundle.tar.xz)
+limit=$((60 << 20))  # the device tool carries 64 MiB in all; leave room for the rest
+if [ "$bytes" -gt "$limit" ]; then
+  echo "gpu_bundle: .gpu/bundle.tar.xz is $((bytes >> 20)) MiB, over the $((limit >> 20)) MiB it may be to travel" \
+       "to a GPU machine; build for the lent GPUs only (a new BUILD_DIR is configured with" \
+       "-DCMAKE_CUDA_ARCHITECTURES=90-real) or drop targets" >&2
+  exit 1
+fi

@@ -56,19 +56,26 @@ __device__ __forceinline__ i64 chunk_end(i64 rows, i64 rows_per_chunk) {
 // lanes' sums of column c added in lane order, for the tile's columns below
 // cols. partial points at this chunk's row of partials. Ends with a barrier,
 // so a second call (LayerNorm's dgamma after dbeta) may reuse the buffer.
+// A thread's N sums sit at t * (N + 1) in its lane's row: the odd stride puts
+// the threads of a half-warp (one 64-bit shared-memory access) on distinct
+// banks for each j (a stride of 8 doubles, 16-bit packs, made the writes
+// 8-way bank conflicts), and the reads below, column by column, stay
+// consecutive within a group.
 template <int N>
 __device__ void store_tile_sums(const double (&acc)[N], i64 cols, double* partial) {
-  __shared__ double lane_sums[kRowLanes][kTileGroups * N];
+  constexpr int kStride = N + 1;
+  __shared__ double lane_sums[kRowLanes][kTileGroups * kStride];
   const TileSeat me = tile_seat();
   const int t = static_cast<int>(threadIdx.x % kTileGroups);
 #pragma unroll
-  for (int j = 0; j < N; ++j) lane_sums[me.lane][t * N + j] = acc[j];
+  for (int j = 0; j < N; ++j) lane_sums[me.lane][t * kStride + j] = acc[j];
   __syncthreads();
   const i64 first = static_cast<i64>(blockIdx.x) * kTileGroups * N;
   for (int i = static_cast<int>(threadIdx.x); i < kTileGroups * N && first + i < cols;
        i += static_cast<int>(blockDim.x)) {
-    double s = lane_sums[0][i];
-    for (int l = 1; l < me.lanes; ++l) s += lane_sums[l][i];
+    const int at = (i / N) * kStride + i % N;
+    double s = lane_sums[0][at];
+    for (int l = 1; l < me.lanes; ++l) s += lane_sums[l][at];
     partial[first + i] = s;
   }
   __syncthreads();

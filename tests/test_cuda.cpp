@@ -8,6 +8,7 @@
 // Without a GPU every test is skipped (the build still compiles and links it).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -370,6 +371,27 @@ TEST_F(Cuda, StridedCopiesWithCasts) {
     g.copy_from(src.g.transpose(1, 2));
     EXPECT_EQ(rel_diff(g, c), 0.0) << dtype_name(to);
   }
+}
+
+// Device marks time the GPU's work, not the host's launching: ten
+// device-to-device copies of 1 GiB (20 GiB read and written) are queued in
+// microseconds but no GPU moves them faster than 10 TB/s, so the marks around
+// them must be at least 2 ms apart; and reading the span waits for them.
+TEST_F(Cuda, MarksTimeTheDevicesWorkNotTheLaunch) {
+  const std::size_t bytes = std::size_t{1} << 30;
+  auto a = gpu->allocate(bytes, MemoryCategory::Workspace, "mark-a");
+  auto b = gpu->allocate(bytes, MemoryCategory::Workspace, "mark-b");
+  gpu->synchronize();
+  const auto host0 = std::chrono::steady_clock::now();
+  const auto m0 = gpu->mark();
+  for (int i = 0; i < 10; ++i) gpu->copy_within(b->data(), a->data(), bytes);
+  const auto m1 = gpu->mark();
+  const double host_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - host0).count();
+  const double device_s = gpu->seconds_between(*m0, *m1);
+  EXPECT_GE(device_s, 2.0 * 10 * static_cast<double>(bytes) / 10e12) << "host launch time " << host_s << " s";
+  EXPECT_LT(device_s, 10.0);
+  EXPECT_GE(gpu->seconds_between(*m0, *m0), 0.0);
+  EXPECT_THROW(gpu->seconds_between(*m0, *cpu->mark()), InternalError);
 }
 
 TEST_F(Cuda, FlatCastsRoundAsTheHostDoes) {

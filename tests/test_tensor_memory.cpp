@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "megazero/core/error.h"
@@ -13,6 +15,26 @@
 
 using namespace megazero;
 using MC = MemoryCategory;
+
+// Host devices run work as it is issued, so their marks are the host clock:
+// the span across a 30 ms sleep is at least that, and a mark of another kind
+// of device is refused rather than misread.
+TEST(DeviceMarks, HostDevicesTimeWithTheHostClock) {
+  for (DeviceKind kind : {DeviceKind::CPU, DeviceKind::Meta}) {
+    auto dev = make_device(kind);
+    const auto a = dev->mark();
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    const auto b = dev->mark();
+    const double s = dev->seconds_between(*a, *b);
+    EXPECT_GE(s, 0.029);
+    EXPECT_LT(s, 30.0);
+    EXPECT_LE(dev->seconds_between(*b, *a), 0.0);
+  }
+  struct ForeignMark final : Device::Mark {};
+  const ForeignMark foreign;
+  auto cpu = make_device(DeviceKind::CPU);
+  EXPECT_THROW(cpu->seconds_between(*cpu->mark(), foreign), InternalError);
+}
 
 TEST(MemoryTracker, ExactLiveAndPeakForAKnownSequence) {
   auto dev = make_device(DeviceKind::CPU);

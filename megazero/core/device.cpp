@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -188,6 +189,21 @@ void Device::copy_strided(void* dst, DType dst_dtype, const std::int64_t* dst_st
         convert(src_base + (s + i * src_inner) * se, src_dtype, dst_base + (d + i * dst_inner) * de, dst_dtype, 1);
     }
   });
+}
+
+namespace {
+struct HostClockMark final : Device::Mark {
+  std::chrono::steady_clock::time_point at = std::chrono::steady_clock::now();
+};
+}  // namespace
+
+std::shared_ptr<Device::Mark> Device::mark() { return std::make_shared<HostClockMark>(); }
+
+double Device::seconds_between(const Mark& from, const Mark& to) {
+  const auto* a = dynamic_cast<const HostClockMark*>(&from);
+  const auto* b = dynamic_cast<const HostClockMark*>(&to);
+  MZ_CHECK(a && b, "seconds_between on ", name(), ": marks of another device");
+  return std::chrono::duration<double>(b->at - a->at).count();
 }
 
 std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {

@@ -126,6 +126,20 @@ class Device : public std::enable_shared_from_this<Device> {
   // Waits for all work queued on the device (no-op on CPU).
   virtual void synchronize() {}
 
+  // Timing the device's own work. A mark is a point in the device's queue of
+  // work: a CUDA event on the compute stream, or the host's clock on devices
+  // that run work as it is issued (CPU, isolated, meta). The seconds between
+  // two marks are the device's time from reaching one to reaching the other,
+  // so on a GPU a phase's time is its kernels' (plus any gap the device waited
+  // for the host), not the host's time to launch them. Reading waits until
+  // `to` is reached: read after the step's synchronisation to wait for nothing.
+  class Mark {
+   public:
+    virtual ~Mark() = default;
+  };
+  virtual std::shared_ptr<Mark> mark();
+  virtual double seconds_between(const Mark& from, const Mark& to);
+
   // Host memory to stage this device's data through (a checkpoint's shards):
   // page-locked on a GPU, so copies into it are DMA transfers. Not device
   // memory: neither the tracker nor the arena sees it.

@@ -168,6 +168,37 @@ void CudaDevice::synchronize() {
   MZ_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
+namespace {
+struct EventMark final : Device::Mark {
+  cudaEvent_t event = nullptr;
+  int device = 0;
+  ~EventMark() override {
+    if (event) (void)cudaEventDestroy(event);  // no throw: the runtime may be unloading
+  }
+};
+}  // namespace
+
+std::shared_ptr<Device::Mark> CudaDevice::mark() {
+  CudaDeviceGuard guard(index_);
+  auto m = std::make_shared<EventMark>();
+  m->device = index_;
+  MZ_CUDA_CHECK(cudaEventCreate(&m->event));  // timing enabled (no cudaEventDisableTiming)
+  MZ_CUDA_CHECK(cudaEventRecord(m->event, stream_));
+  return m;
+}
+
+double CudaDevice::seconds_between(const Mark& from, const Mark& to) {
+  const auto* a = dynamic_cast<const EventMark*>(&from);
+  const auto* b = dynamic_cast<const EventMark*>(&to);
+  MZ_CHECK(a && b && a->device == index_ && b->device == index_, "seconds_between on ", name(),
+           ": marks of another device");
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaEventSynchronize(b->event));
+  float ms = 0;
+  MZ_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event, b->event));
+  return static_cast<double>(ms) * 1e-3;
+}
+
 // ---------------------------------------------------------------- factory
 CudaDevice& as_cuda_device(Device& d) {
   auto* cuda = dynamic_cast<CudaDevice*>(&d);

@@ -70,6 +70,10 @@ class CudaDevice final : public Device {
   // Waits for the compute stream (not for communicators' streams: wait on
   // their Work for those).
   void synchronize() override;
+  // A CUDA event recorded on the compute stream; seconds_between waits for
+  // `to` (cudaEventSynchronize) and reads cudaEventElapsedTime.
+  std::shared_ptr<Mark> mark() override;
+  double seconds_between(const Mark& from, const Mark& to) override;
   // cudaMemGetInfo: free bytes as the driver sees them (the memory pool's
   // reserve counts as used).
   std::optional<MemoryInfo> memory_info() override;

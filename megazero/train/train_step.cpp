@@ -1,6 +1,7 @@
 #include "megazero/train/train_step.h"
 
-#include <chrono>
+#include <memory>
+#include <vector>
 
 #include "megazero/comm/activity.h"
 #include "megazero/comm/consensus.h"
@@ -19,41 +20,47 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.loss_scale = scaler.scale();
   const double per_micro = r.loss_scale / (static_cast<double>(micro_batches.size()) * dp.size());
   // The losses are summed on the device and read once, at the end: no
-  // micro-batch waits for the device to report its loss. (So on a GPU the
-  // forward/backward timers measure the host's launching, and the device's
-  // time shows where the step first waits: the grad norm, in the optimizer.)
+  // micro-batch waits for the device to report its loss. The phases are timed
+  // with device marks (Device::mark) read after that read-back, so on a GPU
+  // they are the device's time for each phase, not the host's time to launch
+  // it, and reading them waits for nothing.
   Tensor loss_sum;
   std::int64_t tokens = 0;
-  using Clock = std::chrono::steady_clock;
-  auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+  Device& dev = engine.device();
+  using Marks = std::vector<std::shared_ptr<Device::Mark>>;
+  Marks fwd_begin, fwd_end, bwd_end;
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     const auto& mb = micro_batches[i];
-    auto t = Clock::now();
+    fwd_begin.push_back(dev.mark());
     set_activity("forward");
     const Tensor losses = model.forward_losses(mb.ids, mb.targets, mb.step);
     if (!loss_sum.defined())
       loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
     kernels::column_sums(losses.view({losses.numel(), 1}), loss_sum);  // one column: loss_sum += the sum of the losses
     tokens += losses.numel();
-    r.forward_s += since(t);
-    t = Clock::now();
+    fwd_end.push_back(dev.mark());
     set_activity("backward");
     engine.begin_backward(i + 1 == micro_batches.size());
     model.backward(per_micro);
-    r.backward_s += since(t);
+    bwd_end.push_back(dev.mark());
   }
   r.lr = opt.lr.at(iteration);
-  const auto t_opt = Clock::now();
+  const auto opt_begin = dev.mark();
   set_activity("optimizer step");
   r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1);
-  r.optimizer_s = since(t_opt);
-  r.exposed_comm_s = engine.exposed_comm_seconds();
+  const auto opt_end = dev.mark();
   scaler.update(r.stats.skipped);
   // The logged loss: mean over every token of every micro-batch of every DP
   // rank (all micro-batches hold the same number of tokens).
   double local = 0;
   if (loss_sum.device().has_storage() && tokens > 0)
     local = loss_sum.to_double_vector()[0] / static_cast<double>(tokens);
+  for (std::size_t i = 0; i < micro_batches.size(); ++i) {
+    r.forward_s += dev.seconds_between(*fwd_begin[i], *fwd_end[i]);
+    r.backward_s += dev.seconds_between(*fwd_end[i], *bwd_end[i]);
+  }
+  r.optimizer_s = dev.seconds_between(*opt_begin, *opt_end);
+  r.exposed_comm_s = engine.exposed_comm_seconds();
   r.loss = all_reduce_value(dp, local, ReduceOp::Avg);
   return r;
 }

@@ -1,6 +1,5 @@
 #include "megazero/zero/zero_engine.h"
 
-#include <chrono>
 #include <cstdio>
 #include <cmath>
 
@@ -122,9 +121,15 @@ void ZeroEngine::bind_full(Tensor Parameter::*member, const Tensor& flat, Range 
 }
 
 void ZeroEngine::timed_wait(Work& w) {
-  const auto t0 = std::chrono::steady_clock::now();
+  auto before = device_->mark();
   w.wait();
-  exposed_comm_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  comm_waits_.emplace_back(std::move(before), device_->mark());
+}
+
+double ZeroEngine::exposed_comm_seconds() {
+  double s = 0;
+  for (const auto& [before, after] : comm_waits_) s += device_->seconds_between(*before, *after);
+  return s;
 }
 
 // ---------------------------------------------------------------- init / publish
@@ -153,7 +158,7 @@ void ZeroEngine::publish_params() {
 // ---------------------------------------------------------------- gradients
 void ZeroEngine::zero_grad() {
   flush();
-  exposed_comm_s_ = 0;
+  comm_waits_.clear();
   if (grads_full_.defined()) grads_full_.zero_();
   if (grads_part_.defined()) grads_part_.zero_();
 }

@@ -21,6 +21,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "layers/param_hooks.h"
@@ -92,9 +93,15 @@ class ZeroEngine final : public layers::ParamHooks {
   // This rank's partition of the reduced gradients (valid between the last
   // backward and step(); for diagnostics and fault-injection tests).
   Tensor partition_grads();
-  // Seconds this rank spent blocked on DP communication since zero_grad():
-  // the communication that backward and compute did not hide.
-  double exposed_comm_seconds() const { return exposed_comm_s_; }
+  // Seconds this rank's device spent waiting on DP communication since
+  // zero_grad(): the communication that backward and compute did not hide.
+  // Measured with device marks around each wait (Device::mark): on the CPU
+  // the host's blocked time; on a GPU the compute stream's stall (an NCCL
+  // wait only orders the stream, and a host-side wait the queued kernels
+  // covered costs the device nothing). Waits until the last wait's mark.
+  double exposed_comm_seconds();
+  // The device the engine's buffers live on (the model's).
+  Device& device() const { return *device_; }
   // MD: group-gradient buffers taken from the reserved arena instead of allocated.
   std::int64_t gradient_arena_fills() const { return arena_fills_; }
   // The constant-size fused communication buffers in use (the paper's CB), in words.
@@ -162,7 +169,7 @@ class ZeroEngine final : public layers::ParamHooks {
   bool recording_ = true;
   std::size_t seq_pos_ = 0;
   std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
-  double exposed_comm_s_ = 0;
+  std::vector<std::pair<std::shared_ptr<Device::Mark>, std::shared_ptr<Device::Mark>>> comm_waits_;
   void timed_wait(Work& w);
 };
 

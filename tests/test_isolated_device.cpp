@@ -244,6 +244,24 @@ TEST(IsolatedDevice, CheckpointWriterStreamsDeviceTensorsThroughBoundedStaging) 
   fs::remove_all(dir);
 }
 
+// The copies a communication thread stages collectives with (ordered after a
+// mark taken at issue): on the isolated device, as on any host device, work
+// has run by the time it is issued, so they are its plain copies, through its
+// copy functions (the host never touches the device bytes).
+TEST(IsolatedDevice, CopiesAfterAMarkMoveTheBytes) {
+  auto d = isolated();
+  Tensor t = values(d, {32}, DType::F32, 3.0);
+  const auto issued = d->mark();
+  std::vector<float> staged(32);
+  d->copy_to_host_after(*issued, staged.data(), t.data(), t.nbytes());
+  const auto want = values(host(), {32}, DType::F32, 3.0).to_double_vector();
+  for (std::size_t i = 0; i < staged.size(); ++i) EXPECT_EQ(staged[i], static_cast<float>(want[i])) << i;
+  for (auto& x : staged) x = -x;
+  d->copy_from_host_after(*issued, t.data(), staged.data(), t.nbytes());
+  const auto back = t.to_double_vector();
+  for (std::size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], -want[i]) << i;
+}
+
 TEST(IsolatedDevice, CollectivesStageDeviceTensorsThroughTheHost) {
   auto world = MpiCommunicator::world();
   auto d = isolated();

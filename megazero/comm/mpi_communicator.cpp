@@ -42,27 +42,48 @@ namespace {
 
 // A host pointer MPI can use for a tensor: its own memory on the CPU, a staged
 // host copy for device tensors (copied in first, written back by copy_out).
+// With `issued` (a mark the caller's thread took when it issued the
+// collective), the copies are ordered after that point only: the worker
+// thread does not wait for compute queued after the collective (a stage-3
+// prefetch would otherwise wait for the layer it is meant to overlap).
 class HostView {
  public:
-  HostView(const Tensor& t, bool copy_in) : t_(t) {
+  HostView(const Tensor& t, bool copy_in, std::shared_ptr<Device::Mark> issued = nullptr)
+      : t_(t), issued_(std::move(issued)) {
     if (t.device().host_accessible()) {
       ptr_ = t.data();
     } else {
       staging_.resize(t.nbytes());
-      if (copy_in) t.device().copy_to_host(staging_.data(), t.data(), t.nbytes());
+      if (copy_in) {
+        if (issued_)
+          t.device().copy_to_host_after(*issued_, staging_.data(), t.data(), t.nbytes());
+        else
+          t.device().copy_to_host(staging_.data(), t.data(), t.nbytes());
+      }
       ptr_ = staging_.data();
     }
   }
   void* ptr() const { return ptr_; }
   void copy_out() {
-    if (!staging_.empty()) t_.device().copy_from_host(t_.data(), staging_.data(), staging_.size());
+    if (staging_.empty()) return;
+    if (issued_)
+      t_.device().copy_from_host_after(*issued_, t_.data(), staging_.data(), staging_.size());
+    else
+      t_.device().copy_from_host(t_.data(), staging_.data(), staging_.size());
   }
 
  private:
   Tensor t_;
+  std::shared_ptr<Device::Mark> issued_;
   std::vector<char> staging_;
   void* ptr_ = nullptr;
 };
+
+// On the issuing thread: the mark a queued collective's staging copies wait
+// for (none where MPI reads the tensor's memory itself).
+std::shared_ptr<Device::Mark> issue_mark(const Tensor& t) {
+  return t.device().host_accessible() ? nullptr : t.device().mark();
+}
 
 void divide_in_place(void* p, DType t, std::int64_t n, int by) {
   MZ_CHECK(is_floating(t), "avg of a ", dtype_name(t), " tensor; use sum");
@@ -233,8 +254,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn, std
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
   return enqueue(
-      [this, t, op] {
-        HostView h(t, true);
+      [this, t, op, issued = issue_mark(t)] {
+        HostView h(t, true, issued);
         MPI_Request req;
         mpi::check(MPI_Iallreduce_c(MPI_IN_PLACE, h.ptr(), t.numel(), mpi::datatype(t.dtype()),
                                     mpi::reduce_op(t.dtype(), op), comm_, &req),
@@ -249,8 +270,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, Reduce
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                                              const std::vector<std::int64_t>& counts) {
   return enqueue(
-      [this, input, output, op, counts] {
-        HostView in(input, true);
+      [this, input, output, op, counts, issued = issue_mark(input)] {
+        HostView in(input, true, issued);
         // MPI cannot reduce-scatter into a part of its own input: use a temporary.
         // An empty output counts too: its pointer may equal the input's, and MPI
         // rejects aliased buffers even for zero elements.
@@ -270,7 +291,12 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
         }
         wait_for(req, call, name());
         if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
-        if (alias) output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
+        if (alias) {
+          if (issued)
+            output.device().copy_from_host_after(*issued, output.data(), tmp.data(), output.nbytes());
+          else
+            output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
+        }
       },
       watch_ticket());
 }
@@ -278,8 +304,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
                                                          const std::vector<std::int64_t>& counts) {
   return enqueue(
-      [this, input, output, counts] {
-        HostView out(output, false);
+      [this, input, output, counts, issued = issue_mark(output)] {
+        HostView out(output, false, issued);
         const auto displ = displacements(counts);
         const auto esize = static_cast<std::ptrdiff_t>(dtype_size(output.dtype()));
         const auto my_displ = displ[static_cast<std::size_t>(rank())] * esize;
@@ -291,7 +317,7 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
         const void* send = MPI_IN_PLACE;
         if (!in_place) {
           if (!output.device().host_accessible()) {
-            in = std::make_unique<HostView>(input, true);
+            in = std::make_unique<HostView>(input, true, issued);
             std::memcpy(static_cast<char*>(out.ptr()) + my_displ, in->ptr(), input.nbytes());
           } else {
             // MPI forbids overlapping send and receive buffers; copy into place.
@@ -317,8 +343,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int root) {
   return enqueue(
-      [this, t, root] {
-        HostView h(t, rank() == root);
+      [this, t, root, issued = issue_mark(t)] {
+        HostView h(t, rank() == root, issued);
         MPI_Request req;
         mpi::check(MPI_Ibcast_c(h.ptr(), t.numel(), mpi::datatype(t.dtype()), root, comm_, &req), "MPI_Ibcast", name());
         wait_for(req, "MPI_Ibcast", name());
@@ -329,8 +355,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int roo
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
   return enqueue(
-      [this, t, root, op] {
-        HostView h(t, true);
+      [this, t, root, op, issued = issue_mark(t)] {
+        HostView h(t, true, issued);
         const bool is_root = rank() == root;
         MPI_Request req;
         mpi::check(MPI_Ireduce_c(is_root ? MPI_IN_PLACE : h.ptr(), is_root ? h.ptr() : nullptr, t.numel(),

@@ -206,6 +206,14 @@ double Device::seconds_between(const Mark& from, const Mark& to) {
   return std::chrono::duration<double>(b->at - a->at).count();
 }
 
+void Device::copy_to_host_after(const Mark&, void* host_dst, const void* src, std::size_t bytes) {
+  copy_to_host(host_dst, src, bytes);  // work here runs as it is issued: nothing is queued after the mark
+}
+
+void Device::copy_from_host_after(const Mark&, void* dst, const void* host_src, std::size_t bytes) {
+  copy_from_host(dst, host_src, bytes);
+}
+
 std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {
   const std::size_t rounded = (std::max<std::size_t>(bytes, 1) + 4095) / 4096 * 4096;
   void* p = std::aligned_alloc(4096, rounded);

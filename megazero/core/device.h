@@ -140,6 +140,17 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual std::shared_ptr<Mark> mark();
   virtual double seconds_between(const Mark& from, const Mark& to);
 
+  // Host copies ordered after `after`, a mark taken when the data's producer
+  // was queued, instead of after everything queued since: a communication
+  // thread staging a collective's buffers through the host (MPI with device
+  // tensors) then does not wait for compute launched after the collective was
+  // issued, so a prefetched gather overlaps it. Synchronous for the calling
+  // thread; the caller guarantees nothing queued after `after` touches the
+  // bytes until it returns (a collective's buffers until its wait). On a GPU:
+  // a side stream waiting on the mark's event. Host devices: plain copies.
+  virtual void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes);
+  virtual void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes);
+
   // Host memory to stage this device's data through (a checkpoint's shards):
   // page-locked on a GPU, so copies into it are DMA transfers. Not device
   // memory: neither the tracker nor the arena sees it.

@@ -47,6 +47,7 @@ CudaDeviceGuard::~CudaDeviceGuard() {
 CudaDevice::CudaDevice(int index) : index_(index) {
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   // The device's memory pool keeps what it once reserved (no release
   // threshold): after the first step every allocation is served from memory
   // the pool already holds, with no driver call and no device synchronisation.
@@ -62,6 +63,8 @@ CudaDevice::~CudaDevice() {
   // (cudaErrorCudartUnloading), and a destructor has nobody to report to.
   (void)cudaStreamSynchronize(stream_);
   (void)cudaStreamDestroy(stream_);  // needs no current device: the stream knows its own
+  (void)cudaStreamSynchronize(copy_stream_);
+  (void)cudaStreamDestroy(copy_stream_);
 }
 
 void* CudaDevice::raw_allocate(std::size_t bytes) {
@@ -197,6 +200,33 @@ double CudaDevice::seconds_between(const Mark& from, const Mark& to) {
   float ms = 0;
   MZ_CUDA_CHECK(cudaEventElapsedTime(&ms, a->event, b->event));
   return static_cast<double>(ms) * 1e-3;
+}
+
+void CudaDevice::copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes,
+                            cudaMemcpyKind kind) {
+  const auto* m = dynamic_cast<const EventMark*>(&after);
+  MZ_CHECK(m && m->device == index_, "copy after a mark on ", name(), ": a mark of another device");
+  if (bytes == 0) return;
+  CudaDeviceGuard guard(index_);
+  // The copy stream waits for the point the mark recorded on the compute
+  // stream (every write to, and every earlier use of, these device bytes),
+  // not for what the compute stream was given since.
+  MZ_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, m->event, 0));
+  MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream_));
+  cudaEvent_t done = nullptr;
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(done, copy_stream_);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaEventSynchronize(done) : recorded;
+  (void)cudaEventDestroy(done);
+  MZ_CUDA_CHECK(waited);
+}
+
+void CudaDevice::copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) {
+  copy_after(after, host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+void CudaDevice::copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) {
+  copy_after(after, dst, host_src, bytes, cudaMemcpyHostToDevice);
 }
 
 // ---------------------------------------------------------------- factory

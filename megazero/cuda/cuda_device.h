@@ -74,6 +74,9 @@ class CudaDevice final : public Device {
   // `to` (cudaEventSynchronize) and reads cudaEventElapsedTime.
   std::shared_ptr<Mark> mark() override;
   double seconds_between(const Mark& from, const Mark& to) override;
+  // On the copy stream, after the mark's event; waits for the copy alone.
+  void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) override;
+  void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) override;
   // cudaMemGetInfo: free bytes as the driver sees them (the memory pool's
   // reserve counts as used).
   std::optional<MemoryInfo> memory_info() override;
@@ -86,9 +89,13 @@ class CudaDevice final : public Device {
 
  private:
   void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+  void copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 
   int index_;
   cudaStream_t stream_ = nullptr;
+  // Host copies ordered by an event rather than by the compute stream
+  // (copy_*_after); several communication threads may share it.
+  cudaStream_t copy_stream_ = nullptr;
 };
 
 // The CudaDevice behind `d`; InternalError if `d` is another kind of device.

@@ -38,7 +38,7 @@
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
-#   MZ_BUDGET_S=540 tools/gpu_session.sh paths cudnn peers-gpt
+#   MZ_BUDGET_S=540 tools/gpu_session.sh paths cudnn peers-gpt zero3
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz

@@ -37,8 +37,9 @@ int run(int argc, char** argv) {
   std::string device_spec = "cpu", dtype_arg = "bf16";
   po::options_description d("bench_kernels");
   d.add_options()("device", po::value(&device_spec), "cpu or cuda[:N]")(
-      "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))("hidden", po::value(&hidden))(
-      "steps", po::value(&steps))("ce-rows", po::value(&ce_rows))("ce-vocab", po::value(&ce_vocab));
+      "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))(
+      "hidden", po::value(&hidden))("steps", po::value(&steps))("ce-rows", po::value(&ce_rows))("ce-vocab",
+                                                                                                po::value(&ce_vocab));
   parse_command_line(argc, argv, d, "bench_kernels");
   MZ_REQUIRE(rows > 0 && cols > 0 && hidden > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0,
              "--rows, --cols, --hidden, --steps, --ce-rows and --ce-vocab must be positive");

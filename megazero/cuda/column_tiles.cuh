@@ -44,9 +44,7 @@ __device__ __forceinline__ TileSeat tile_seat() {
 
 // The rows of this block's chunk (blockIdx.y) that lane `lane` owns start at
 // first_row(...) and step by `lanes`, up to chunk_end(...).
-__device__ __forceinline__ i64 chunk_begin(i64 rows_per_chunk) {
-  return static_cast<i64>(blockIdx.y) * rows_per_chunk;
-}
+__device__ __forceinline__ i64 chunk_begin(i64 rows_per_chunk) { return static_cast<i64>(blockIdx.y) * rows_per_chunk; }
 __device__ __forceinline__ i64 chunk_end(i64 rows, i64 rows_per_chunk) {
   return min(rows, chunk_begin(rows_per_chunk) + rows_per_chunk);
 }

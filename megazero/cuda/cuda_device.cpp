@@ -202,8 +202,7 @@ double CudaDevice::seconds_between(const Mark& from, const Mark& to) {
   return static_cast<double>(ms) * 1e-3;
 }
 
-void CudaDevice::copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes,
-                            cudaMemcpyKind kind) {
+void CudaDevice::copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   const auto* m = dynamic_cast<const EventMark*>(&after);
   MZ_CHECK(m && m->device == index_, "copy after a mark on ", name(), ": a mark of another device");
   if (bytes == 0) return;

@@ -28,7 +28,7 @@ namespace gpu_scratch {
 
 using i64 = std::int64_t;
 
-constexpr i64 kThreads = 256;           // threads per block of the column-sum kernels
+constexpr i64 kThreads = 256;  // threads per block of the column-sum kernels
 // The tiled column sums (megazero/cuda/column_tiles.cuh): a block is a tile of
 // kTileGroups adjacent column groups (a pack, or four columns for dropout) by
 // kThreads / kTileGroups row lanes; each warp reads 32 consecutive groups of

@@ -398,7 +398,8 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   return parse_train_args(argc, argv, help_text, std::nullopt);
 }
 
-TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const std::optional<std::string>& config_text) {
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
+                           const std::optional<std::string>& config_text) {
   TrainArgs a;
   OptionTable table;
   define(table, a);

@@ -142,7 +142,8 @@ std::string config_difference(const std::string& reference, const std::string& m
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text);
 
 // As above with the --config file's text given (nullopt: read the file).
-TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const std::optional<std::string>& config_text);
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
+                           const std::optional<std::string>& config_text);
 
 // The value of --config in argv ("--config F" or "--config=F"; the last one
 // wins, as for any flag), "" when there is none. No checks: parsing reports a

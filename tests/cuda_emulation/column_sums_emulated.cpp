@@ -66,7 +66,8 @@ void sums(std::mt19937& rng, Shape2 sh, bool ln, DType acc, unsigned threads) {
   const Tensor x = tensor_of({rows, cols}, xv, T), dy = tensor_of({rows, cols}, dv, T);
   const Tensor gamma = tensor_of({cols}, g0, T), beta = tensor_of({cols}, b0, T);
   Tensor y = tensor_of({rows, cols}, xv, T);
-  Tensor mean = Tensor::zeros(cpu(), {rows}, DType::F32, MemoryCategory::Other), rstd = mean.clone(MemoryCategory::Other);
+  Tensor mean = Tensor::zeros(cpu(), {rows}, DType::F32, MemoryCategory::Other),
+         rstd = mean.clone(MemoryCategory::Other);
   kernels::layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd);
 
   // The CPU.

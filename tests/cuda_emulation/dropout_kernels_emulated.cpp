@@ -88,7 +88,8 @@ void dropout_forward(std::mt19937& rng, const Case& c, unsigned threads) {
   for (auto& x : rv) x = u(rng);
   for (auto& x : bv) x = u(rng);
   const RngKey key{91, 2, 7, 1};
-  Tensor y = tensor_of({rows, c.cols}, yv, T), res = tensor_of({rows, c.cols}, rv, T), bias = tensor_of({c.cols}, bv, T);
+  Tensor y = tensor_of({rows, c.cols}, yv, T), res = tensor_of({rows, c.cols}, rv, T),
+         bias = tensor_of({c.cols}, bv, T);
   Tensor want_d = tensor_of({rows, c.cols}, yv, T), want_f = tensor_of({rows, c.cols}, yv, T);
   kernels::dropout_forward(y, c.p, key, c.l, want_d);
   kernels::bias_dropout_add(y, bias, res, c.p, key, c.l, want_f);

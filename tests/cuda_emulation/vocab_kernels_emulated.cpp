@@ -55,7 +55,7 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   Tensor lg = tensor_of({n, cols}, lv, T), mg = stats(), sg = stats(), tg = stats();
   emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
     dk::cross_entropy_forward_kernel<S, V>(raw<S>(lg), tp, start, cols, valid, mg.host_data<float>(),
-                                        sg.host_data<float>(), tg.host_data<float>());
+                                           sg.host_data<float>(), tg.host_data<float>());
   });
   expect_close(values(mg), values(mc), 0, 0, "row max (exact)");
   expect_close(values(tg), values(tc), 0, 0, "target logit (exact; 0 off the slice)");
@@ -70,7 +70,7 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   kernels::cross_entropy_backward(lc, mc, gmax, sc, targets, start, valid, 0.25, lc);
   emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
     dk::cross_entropy_backward_kernel<S, V>(raw<S>(lg), mg.host_data<float>(), gmax.host_data<float>(),
-                                         sg2.host_data<float>(), tp, start, cols, valid, 0.25, raw<S>(lg));
+                                            sg2.host_data<float>(), tp, start, cols, valid, 0.25, raw<S>(lg));
   });
   const auto want = values(lc);
   expect_close(values(lg), want, 2 * ulp_of(T), 1e-7, "dlogits in place");
@@ -132,6 +132,8 @@ int main() {
     std::printf("vocab_kernels_emulated: %d checks failed\n", failures);
     return 1;
   }
-  std::printf("vocab_kernels_emulated: cross-entropy (fp32, bf16, fp16; packed and element by element) and the embedding gradient match the CPU\n");
+  std::printf(
+      "vocab_kernels_emulated: cross-entropy (fp32, bf16, fp16; packed and element by element) and the embedding "
+      "gradient match the CPU\n");
   return 0;
 }

@@ -248,6 +248,10 @@ for phase in "$@"; do
       # one GPU, so collectives stage through the host on the communicator's thread), stages 0-3.
       # The timers line's "exposed DP comm" is what the prefetch failed to hide.
       {
+        # First what the phase's numbers rest on: device marks time the GPU's work, and the
+        # staging copies wait only for the point a collective was issued.
+        echo "== test_cuda marks and staged copies"
+        mpi 1 $B/test_cuda --gtest_filter='Cuda.MarksTimeTheDevicesWorkNotTheLaunch:Cuda.CopiesAfterAMarkDoNotWaitForLaterCompute'
         for st in 0 1 2 3; do
           echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO stage $st"
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
@@ -256,7 +260,7 @@ for phase in "$@"; do
           echo "== exit $?"
         done
       } > "$out/zero3.txt" 2>&1
-      grep -E "^==|iteration +20/|timers|error" "$out/zero3.txt" | tail -30
+      grep -E "^==|iteration +20/|timers|error|PASSED|FAILED" "$out/zero3.txt" | tail -30
       ;;
     *) echo "unknown phase $phase" ;;
   esac

@@ -95,6 +95,12 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   MZ_REQUIRE(attention_dropout >= 0 && attention_dropout < 1, "--attention-dropout must be in [0, 1), got ",
              attention_dropout);
+  MZ_REQUIRE(!gemm_epilogues || add_bias_linear,
+             "--gemm-epilogues fuses the linear layers' biases into their GEMMs, and --disable-bias-linear leaves "
+             "them none: drop one of the two");
+  MZ_REQUIRE(!gemm_epilogues || bias_gelu_fusion,
+             "--gemm-epilogues fuses fc1's bias and the GeLU into the GEMM, --no-bias-gelu-fusion asks for them in "
+             "separate passes: drop one of the two");
   MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused" || attention_backend == "cudnn",
              "--attention-backend must be unfused, fused or cudnn, got '", attention_backend, "'");
   MZ_REQUIRE(std::isfinite(layernorm_epsilon) && layernorm_epsilon > 0 && layernorm_epsilon < 1,

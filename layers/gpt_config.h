@@ -34,6 +34,12 @@ struct GPTConfig {
   // way (on a GPU the bias gradient's double sums may group differently: last
   // bit); with 16-bit storage the fused path rounds once fewer (y + bias stays fp32).
   bool bias_gelu_fusion = true;
+  // --gemm-epilogues: the linear layers' GEMMs take the pass that follows them
+  // (QKV's and fc1's bias, the MLP's bias + GeLU, the GeLU backward with fc1's
+  // bias gradient, the weight gradients with their bias gradients) as cuBLASLt
+  // epilogues on CUDA (kernels/linear_epilogues.h); the same math as separate
+  // passes elsewhere. It replaces the bias-GeLU fusion in the MLP.
+  bool gemm_epilogues = false;
   std::int64_t make_vocab_size_divisible_by = 128;  // padded to a multiple of this x TP
 
   // Modern decoder options (Megatron's flag names; all off = GPT-2).

@@ -14,6 +14,7 @@ const GPTConfig& validated(const GPTConfig& cfg, int tp) {
 
 TpContext model_context(TpContext ctx, const GPTConfig& cfg) {
   ctx.sequence_parallel = cfg.sequence_parallel && ctx.size() > 1;
+  ctx.gemm_epilogues = cfg.gemm_epilogues;
   return ctx;
 }
 }  // namespace

@@ -4,6 +4,7 @@
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/gelu_bias.h"
+#include "megazero/kernels/linear_epilogues.h"
 
 namespace megazero::layers {
 
@@ -29,19 +30,34 @@ Tensor ColumnParallelLinear::weight() const {
 
 Tensor ColumnParallelLinear::bias_value() const { return bias_->value.view({local_out_}); }
 
+Tensor ColumnParallelLinear::full_input(const Tensor& x) {
+  input_ = x;  // under sequence parallelism only this rank's rows: backward gathers them again
+  if (ctx_.sequence_parallel) return GatherFromSequenceParallelRegion::forward(*ctx_.tp, x, MemoryCategory::Activations);
+  CopyToTpRegion::forward(*ctx_.tp, x);
+  return x;
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& x, bool add_bias) {
   MZ_CHECK(add_bias || !gather_output_, "ColumnParallelLinear: a gathered output cannot leave its bias to the caller");
-  input_ = x;  // under sequence parallelism only this rank's rows: backward gathers them again
-  Tensor full = x;
-  if (ctx_.sequence_parallel)
-    full = GatherFromSequenceParallelRegion::forward(*ctx_.tp, x, MemoryCategory::Activations);
-  else
-    CopyToTpRegion::forward(*ctx_.tp, x);
+  const Tensor full = full_input(x);
   Tensor y = ctx_.activation({full.size(0), local_out_});
-  gemm(full, false, weight(), true, y);
-  if (bias_ && add_bias) kernels::add_bias(y, bias_value());
+  if (bias_ && add_bias && ctx_.gemm_epilogues) {
+    kernels::linear_bias_forward(full, weight(), bias_value(), y);
+  } else {
+    gemm(full, false, weight(), true, y);
+    if (bias_ && add_bias) kernels::add_bias(y, bias_value());
+  }
   if (!gather_output_) return y;
   return GatherFromTpRegion::forward(*ctx_.tp, y, MemoryCategory::Activations);
+}
+
+Tensor ColumnParallelLinear::forward_gelu(const Tensor& x, Tensor& pre) {
+  MZ_CHECK(bias_ && !gather_output_, "ColumnParallelLinear::forward_gelu needs a bias and an output left split");
+  const Tensor full = full_input(x);
+  pre = ctx_.activation({full.size(0), local_out_});
+  Tensor out = ctx_.activation({full.size(0), local_out_});
+  kernels::linear_bias_gelu_forward(full, weight(), bias_value(), pre, out);
+  return out;
 }
 
 Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) {
@@ -53,10 +69,16 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) 
                           ? GatherFromSequenceParallelRegion::forward(*ctx_.tp, input_, MemoryCategory::Activations)
                           : input_;
   Tensor dweight = weight_->grad.view({local_out_, full.size(1)});
-  gemm(dy, true, full, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
   if (bias_ && !bias_grad_done) {
     Tensor dbias = bias_->grad.view({local_out_});
-    kernels::bias_grad(dy, dbias);
+    if (ctx_.gemm_epilogues) {
+      kernels::linear_weight_bias_grad(dy, full, dweight, dbias);  // both in the weight-gradient GEMM
+    } else {
+      gemm(dy, true, full, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
+      kernels::bias_grad(dy, dbias);
+    }
+  } else {
+    gemm(dy, true, full, false, dweight, 1.0f, 1.0f);
   }
   Tensor dx = ctx_.activation(full.shape());
   gemm(dy, false, weight(), false, dx);  // partial: this rank's outputs only
@@ -85,7 +107,7 @@ Tensor RowParallelLinear::forward(const Tensor& x, bool add_bias) {
   return y;
 }
 
-Tensor RowParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) {
+Tensor RowParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done, const GeluInput* gelu) {
   MZ_CHECK(input_.defined(), "RowParallelLinear::backward before forward");
   Tensor dy = dy_in;
   if (ctx_.sequence_parallel)
@@ -97,7 +119,12 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) {
   if (bias_ && !bias_grad_done) kernels::bias_grad(dy, bias_->grad);
   gemm(dy, true, input_, false, weight_->grad, 1.0f, 1.0f);
   Tensor dx = ctx_.activation(input_.shape());
-  gemm(dy, false, weight_->value, false, dx);
+  if (gelu != nullptr) {
+    MZ_CHECK(gelu->pre != nullptr && gelu->dbias != nullptr, "RowParallelLinear::backward: incomplete GeluInput");
+    kernels::linear_dgelu_bias_grad(dy, weight_->value, *gelu->pre, dx, *gelu->dbias);  // d pre, not d gelu(pre)
+  } else {
+    gemm(dy, false, weight_->value, false, dx);
+  }
   release();
   return dx;
 }

@@ -24,6 +24,10 @@ class ColumnParallelLinear {
   // x: [N, in] -> [N, out / tp] (or [N, out] with gather_output). add_bias
   // false leaves the bias to the caller (the MLP's bias-GeLU fusion).
   Tensor forward(const Tensor& x, bool add_bias = true);
+  // The MLP's fc1 under --gemm-epilogues (needs a bias; not gathered): pre =
+  // x A^T + b, kept by the caller for the GeLU backward, and returns gelu(pre),
+  // both from one fused GEMM (kernels::linear_bias_gelu_forward).
+  Tensor forward_gelu(const Tensor& x, Tensor& pre);
   // dy like forward's output -> dx [N, in] (TP-reduced); accumulates dW and,
   // unless the caller already has (bias_grad_done: the fused bias-GeLU
   // backward sums the same dy in its own pass), db.
@@ -36,6 +40,7 @@ class ColumnParallelLinear {
  private:
   Tensor weight() const;  // this rank's weight as [local_out, in]
   Tensor bias_value() const;
+  Tensor full_input(const Tensor& x);  // keeps x; the GEMM's input (all rows under sequence parallelism)
 
   TpContext ctx_;
   Parameter* weight_;
@@ -57,12 +62,20 @@ class RowParallelLinear {
   // leaves the bias to the caller (Megatron's skip_bias_add: the transformer
   // layer fuses it into bias-dropout-add).
   Tensor forward(const Tensor& x, bool add_bias = true);
+  // What the layer feeding this one did after its GEMM, when its backward
+  // fuses into this layer's input-gradient GEMM (--gemm-epilogues): a GeLU of
+  // `pre` (its GEMM's output with its bias), whose bias gradient accumulates
+  // into `dbias`. backward then returns d pre instead of d gelu(pre).
+  struct GeluInput {
+    const Tensor* pre = nullptr;
+    Tensor* dbias = nullptr;
+  };
   // The bias, or nullptr for a layer without one.
   Parameter* bias() const { return bias_; }
   // dy [N, out] -> dx [N, in / tp]; accumulates dW and, unless the caller
   // already has (bias_grad_done: the transformer layer sums it in its
   // dropout backward's pass), db.
-  Tensor backward(const Tensor& dy, bool bias_grad_done = false);
+  Tensor backward(const Tensor& dy, bool bias_grad_done = false, const GeluInput* gelu = nullptr);
   void release() { input_ = Tensor(); }
 
  private:

@@ -18,6 +18,7 @@ ParallelMLP::ParallelMLP(ParameterSet& params, const std::string& name, const GP
            cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
 
 Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
+  if (gemm_gelu()) return fc2_.forward(fc1_.forward_gelu(x, pre_gelu_), add_output_bias);
   const bool fused = fused_bias_gelu();
   pre_gelu_ = fc1_.forward(x, !fused);
   if (swiglu_) {
@@ -36,6 +37,12 @@ Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
 
 Tensor ParallelMLP::backward(const Tensor& dy, bool output_bias_grad_done) {
   MZ_CHECK(pre_gelu_.defined(), "MLP backward before forward");
+  if (gemm_gelu()) {
+    const RowParallelLinear::GeluInput gelu{&pre_gelu_, &fc1_.bias()->grad};
+    const Tensor dpre = fc2_.backward(dy, output_bias_grad_done, &gelu);
+    pre_gelu_ = Tensor();
+    return fc1_.backward(dpre, /*bias_grad_done=*/true);
+  }
   Tensor dact = fc2_.backward(dy, output_bias_grad_done);
   const bool fused = fused_bias_gelu();
   if (swiglu_) {

@@ -22,13 +22,18 @@ class ParallelMLP {
   // bias is added inside the GeLU kernel, and its gradient summed in the GeLU
   // backward's pass, instead of in passes of their own.
   bool fused_bias_gelu() const { return !swiglu_ && bias_gelu_fusion_ && fc1_.bias() != nullptr; }
+  // --gemm-epilogues: fc1's bias and the GeLU inside fc1's GEMM, and the GeLU
+  // backward with fc1's bias gradient inside fc2's input-gradient GEMM.
+  bool gemm_gelu() const { return !swiglu_ && ctx_.gemm_epilogues && fc1_.bias() != nullptr; }
 
   TpContext ctx_;
   bool bias_gelu_fusion_;
   bool swiglu_;  // fc1 = [gate | up] (stacked), activation silu(gate) * up
   ColumnParallelLinear fc1_;
   RowParallelLinear fc2_;
-  Tensor pre_gelu_;  // fc1's output: with its bias, or without it when fused (SwiGLU: [gate | up])
+  // fc1's output: with its bias (also under --gemm-epilogues), or without it
+  // under the bias-GeLU fusion (SwiGLU: [gate | up]).
+  Tensor pre_gelu_;
 };
 
 }  // namespace megazero::layers

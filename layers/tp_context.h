@@ -16,6 +16,9 @@ struct TpContext {
   // outside the TP-split GEMMs (norms, dropout, the residual stream) each rank
   // holds only its share of the token rows (layers/mappings.h).
   bool sequence_parallel = false;
+  // --gemm-epilogues (GPTConfig::gemm_epilogues): the linear layers call
+  // kernels/linear_epilogues.h for their bias, GeLU and bias gradients.
+  bool gemm_epilogues = false;
 
   int rank() const { return tp->rank(); }
   int size() const { return tp->size(); }

@@ -125,6 +125,9 @@ void define(OptionTable& t, TrainArgs& a) {
          "keep only each layer's input; recompute in backward");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
+  t.flag(M, "gemm-epilogues", &a.model.gemm_epilogues,
+         "fuse the linear layers' bias adds, the MLP's bias + GeLU and the bias gradients into their GEMMs "
+         "(cuBLASLt epilogues on --device cuda; elsewhere the same math in separate passes)");
   t.add(M, "position-embedding-type", &a.model.position_embedding_type,
         "learned_absolute (a trained position table, GPT-2) or rope (rotary embeddings of q and k, Llama)");
   t.add(M, "norm-epsilon", &a.model.layernorm_epsilon,

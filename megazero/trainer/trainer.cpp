@@ -17,6 +17,7 @@
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
+#include "megazero/kernels/linear_epilogues.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/comm/nccl_communicator.h"
 #endif
@@ -295,7 +296,11 @@ void Trainer::Impl::build() {
         static_cast<long long>(m.seq_length), static_cast<long long>(m.vocab_size),
         static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
         static_cast<double>(params.local_numel()) / 1e6, architecture.c_str(), m.attention_backend.c_str(),
-        m.bias_gelu_fusion && !m.swiglu && m.add_bias_linear ? "on" : "off", m.recompute_activations ? "on" : "off",
+        m.swiglu || !m.add_bias_linear ? "off"
+        : m.gemm_epilogues             ? "in the GEMM (--gemm-epilogues)"
+        : m.bias_gelu_fusion           ? "on"
+                                       : "off",
+        m.recompute_activations ? "on" : "off",
         !m.sequence_parallel ? "off" : groups->tp_size() > 1 ? "on" : "off (nothing to split at TP 1)");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
     const std::string tp_split = "1/" + std::to_string(groups->tp_size()) + " per TP rank";
@@ -458,6 +463,7 @@ TrainResult Trainer::Impl::train() {
   double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
   double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0;
   std::int64_t nan_total = 0, window_iters = 0;
+  bool epilogues_reported = false;
   const std::int64_t nan_at = nan_loss_at();
   bool first = true;
   // From here a stop signal waits for the step boundary and saves.
@@ -544,6 +550,10 @@ TrainResult Trainer::Impl::train() {
             data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3, bwd.max * 1e3,
             optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3, step_spread.min * 1e3,
             step_spread.max * 1e3, step_spread.slowest);
+        if (args.model.gemm_epilogues && !epilogues_reported) {  // once: which GEMMs cuBLASLt took
+          std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
+          epilogues_reported = true;
+        }
         std::fflush(stdout);
         if (metrics.is_open())
           metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global

@@ -75,11 +75,13 @@ struct Run {
   double loss = 0;
 };
 
-Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention) {
+Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention,
+              bool epilogues = false) {
   TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();
-  const GPTConfig cfg = small_config(recompute, attention);
+  GPTConfig cfg = small_config(recompute, attention);
+  cfg.gemm_epilogues = epilogues;
   r.model = std::make_unique<GPTModel>(cfg, ctx, *r.params);
   r.model->keep_logits(true);  // the loss consumes the logits in place
   r.params->allocate(ctx.device, dtype);
@@ -108,17 +110,19 @@ struct Diff {
   double rel() const { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
 };
 
-// The model at TP = tp_size with `attention` against TP = 1 with the unfused
-// attention (the reference path).
-void compare(int tp_size, DType dtype, bool recompute, double tol, const std::string& attention = "unfused") {
+// The model at TP = tp_size with `attention` (and --gemm-epilogues when
+// `epilogues`) against TP = 1 with the unfused attention and separate bias
+// passes (the reference path).
+void compare(int tp_size, DType dtype, bool recompute, double tol, const std::string& attention = "unfused",
+             bool epilogues = false) {
   auto world = MpiCommunicator::world();
   const int me = world->rank();
   auto tp = world->split(me / tp_size, me % tp_size, "tp");
   auto self = world->split(me, 0, "self");
-  Run par = run_model(*tp, dtype, recompute, attention);
+  Run par = run_model(*tp, dtype, recompute, attention, epilogues);
   Run ref = run_model(*self, dtype, recompute, "unfused");
   SCOPED_TRACE(testing::Message() << "tp " << tp_size << " " << dtype_name(dtype) << (recompute ? " recompute" : "")
-                                  << " attention " << attention);
+                                  << " attention " << attention << (epilogues ? " GEMM epilogues" : ""));
 
   EXPECT_NEAR(par.loss, ref.loss, tol * std::fabs(ref.loss));
 
@@ -228,6 +232,20 @@ TEST(GptTensorParallel, CudnnAttentionLayoutMatchesUnfusedTpOne) {
   compare(world_size(), DType::F64, false, 1e-12, "cudnn");
   compare(world_size(), DType::F32, true, 1e-5, "cudnn");
   g_llama = false;
+}
+
+// --gemm-epilogues: QKV's and fc1's bias, the GeLU and the bias gradients
+// inside the GEMMs. On the CPU the same passes run unfused; on CUDA
+// (MEGAZERO_TEST_DEVICE=cuda) fp32 runs cuBLASLt's epilogues, fp64 the passes.
+TEST(GptTensorParallel, GemmEpiloguesMatchTpOne) {
+  compare(world_size(), DType::F64, false, 1e-12, "unfused", true);
+  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5, "unfused", true);
+  g_sp = true;  // fc1 and QKV gather their input rows; the bias gradients sum every row
+  compare(world_size(), DType::F32, true, 1e-5, "unfused", true);
+  g_sp = false;
+  g_only_option = 2;  // SwiGLU with biases: the stacked [gate; up] bias in fc1's GEMM
+  compare(world_size(), DType::F64, false, 1e-12, "unfused", true);
+  g_only_option = -1;
 }
 
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {

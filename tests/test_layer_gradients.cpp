@@ -111,7 +111,10 @@ class LayerGrad : public testing::Test {
 }  // namespace
 
 TEST_F(LayerGrad, ColumnParallelLinear) {
-  for (bool gather : {false, true}) {
+  for (const bool epilogues : {false, true})  // --gemm-epilogues: bias and its gradient in the GEMMs
+    for (bool gather : {false, true}) {
+    SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
+    ctx.gemm_epilogues = epilogues;
     ParameterSet ps;
     ColumnParallelLinear lin(ps, "lin", 5, 7, true, gather, ctx, 0.3);
     check_layer(
@@ -137,9 +140,11 @@ TEST_F(LayerGrad, LayerNormLayer) {
 }
 
 TEST_F(LayerGrad, MLP) {
-  for (const bool fusion : {true, false}) {  // --no-bias-gelu-fusion
-    SCOPED_TRACE(fusion ? "bias-GeLU fusion" : "no bias-GeLU fusion");
-    cfg.bias_gelu_fusion = fusion;
+  // --no-bias-gelu-fusion, Megatron's bias-GeLU fusion, --gemm-epilogues
+  for (const char* mode : {"separate", "bias-GeLU fusion", "GEMM epilogues"}) {
+    SCOPED_TRACE(mode);
+    cfg.bias_gelu_fusion = std::string(mode) != "separate";
+    ctx.gemm_epilogues = std::string(mode) == "GEMM epilogues";
     ParameterSet ps;
     ParallelMLP mlp(ps, "mlp", cfg, ctx);
     check_layer(
@@ -148,15 +153,20 @@ TEST_F(LayerGrad, MLP) {
   }
 }
 
-// In fp32 the fusion changes no bit: output, input gradient, every parameter gradient.
-TEST_F(LayerGrad, BiasGeluFusionChangesNoBitInFp32) {
+// In fp32 the fusions change no bit on the CPU: output, input gradient, every
+// parameter gradient. (--gemm-epilogues runs the unfused passes here: the
+// same bits by construction, and a layer that wired the epilogues' operands
+// wrongly — pre without its bias, a GeLU backward of the wrong tensor, a bias
+// gradient summed twice or into the wrong layer — differs.)
+TEST_F(LayerGrad, BiasGeluFusionAndGemmEpiloguesChangeNoBitInFp32) {
   ctx.dtype = DType::F32;
   struct Run {
     std::vector<double> out, dx;
     std::vector<std::vector<double>> grads;
   };
-  auto run = [&](bool fusion) {
+  auto run = [&](bool fusion, bool epilogues = false) {
     cfg.bias_gelu_fusion = fusion;
+    ctx.gemm_epilogues = epilogues;
     ParameterSet ps;
     ParallelMLP mlp(ps, "mlp", cfg, ctx);
     ps.allocate(ctx.device, DType::F32);
@@ -172,10 +182,13 @@ TEST_F(LayerGrad, BiasGeluFusionChangesNoBitInFp32) {
     for (auto* p : ps.all()) r.grads.push_back(p->grad.to_double_vector());
     return r;
   };
-  const Run fused = run(true), unfused = run(false);
+  const Run fused = run(true), unfused = run(false), epilogues = run(true, true);
   EXPECT_EQ(fused.out, unfused.out);
   EXPECT_EQ(fused.dx, unfused.dx);
   EXPECT_EQ(fused.grads, unfused.grads);
+  EXPECT_EQ(epilogues.out, unfused.out);
+  EXPECT_EQ(epilogues.dx, unfused.dx);
+  EXPECT_EQ(epilogues.grads, unfused.grads);
 }
 
 TEST_F(LayerGrad, SelfAttentionWithDropout) {
@@ -193,9 +206,12 @@ TEST_F(LayerGrad, SelfAttentionWithDropout) {
 }
 
 TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
-  for (bool recompute : {false, true}) {
+  for (const bool epilogues : {false, true})
+    for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
     cfg.recompute_activations = recompute;
+    ctx.gemm_epilogues = epilogues;
     ParameterSet ps;
     TransformerLayer layer(ps, cfg, 1, ctx);
     check_layer(
@@ -243,6 +259,7 @@ TEST_F(LayerGrad, SwigluMLPWithAndWithoutBiases) {
   for (const bool bias : {true, false}) {
     SCOPED_TRACE(bias ? "biases" : "no biases");
     cfg.add_bias_linear = bias;
+    ctx.gemm_epilogues = bias;  // the stacked [gate; up] bias in fc1's GEMM
     ParameterSet ps;
     ParallelMLP mlp(ps, "mlp", cfg, ctx);
     EXPECT_EQ(ps.get("mlp.fc1.weight").global_shape, (Shape{2, 12, cfg.hidden_size})) << "[gate; up] stacked";

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "megazero/kernels/cudnn_attention.h"
+#include "megazero/kernels/linear_epilogues.h"
 #include "layers/transformer_layer.h"
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/core/error.h"
@@ -49,7 +50,8 @@ int run(int argc, char** argv) {
       "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
       "attention-backend", po::value(&cfg.attention_backend), "unfused, fused or cudnn (CUDA only)")(
       "deterministic-mode", po::bool_switch(&cfg.deterministic), "cudnn: cuDNN's deterministic backward")(
-      "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes");
+      "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes")(
+      "gemm-epilogues", po::bool_switch(&cfg.gemm_epilogues), "bias, bias + GeLU and bias gradients in the GEMMs");
   parse_command_line(argc, argv, d, "bench_layer");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
   const DType dt = dtype_name_arg == "fp32" ? DType::F32 : dtype_name_arg == "bf16" ? DType::BF16 : DType::F16;
@@ -66,6 +68,7 @@ int run(int argc, char** argv) {
   }
   VirtualCommunicator tp(0, tp_size, "tp");
   TpContext ctx{&tp, device, dt};
+  ctx.gemm_epilogues = cfg.gemm_epilogues;
   ParameterSet params;
   TransformerLayer layer(params, cfg, 0, ctx);
   params.allocate(device, dt);
@@ -107,12 +110,14 @@ int run(int argc, char** argv) {
   const double fwd = (8.0 + 4.0 * ffn_ratio) * Bd * Sd * hd * hd + 4.0 * Bd * Sd * Sd * hd;
   const double flops = 3.0 * fwd / tp_size;
   const double tflops = flops / (med * 1e-3) / 1e12;
+  // The JSON's "attention" names the variant (peer_ratios' row): "+epilogues" with --gemm-epilogues.
+  const std::string variant = cfg.attention_backend + (cfg.gemm_epilogues ? "+epilogues" : "");
+  if (cfg.gemm_epilogues) std::printf("%s\n", kernels::linear_epilogues_report(*device).c_str());
   std::printf(
       "layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d, attention %s\n",
       static_cast<long long>(h), static_cast<long long>(cfg.num_attention_heads), tp_size,
       static_cast<long long>(cfg.ffn()), tp_size, static_cast<long long>(S), static_cast<long long>(B),
-      dtype_name_arg.c_str(), device->name().c_str(), dropout, cfg.recompute_activations ? 1 : 0,
-      cfg.attention_backend.c_str());
+      dtype_name_arg.c_str(), device->name().c_str(), dropout, cfg.recompute_activations ? 1 : 0, variant.c_str());
   std::printf(
       "median %.3f ms (min %.3f, max %.3f over %d steps), %.1f TFLOP/s, MFU %.1f%% of %.0f, peak "
       "activations %.0f MiB\n",
@@ -121,7 +126,7 @@ int run(int argc, char** argv) {
   std::printf(
       "{\"bench\": \"layer\", \"impl\": \"megazero\", \"attention\": \"%s\", \"dtype\": \"%s\", "
       "\"ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f}\n",
-      cfg.attention_backend.c_str(), dtype_name_arg.c_str(), med, tflops, tflops / peak_tflops);
+      variant.c_str(), dtype_name_arg.c_str(), med, tflops, tflops / peak_tflops);
   return 0;
 }
 

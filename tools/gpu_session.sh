@@ -22,9 +22,10 @@
 #   profile- per-kernel times of one layer step (Nsight Compute)
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
 #   peers  - ours and the PyTorch peers back to back on this GPU (issue #21): pretrain_gpt on
-#            GPT-2 medium 355M (bf16, B 8, seq 1024, 30 iterations, unfused and fused attention)
-#            against bench/torch_gpt.py eager and --compile (the last 10 of 30 iterations each);
-#            bench_layer (the 100B layer as one TP-16 rank holds it, bf16, unfused and fused)
+#            GPT-2 medium 355M (bf16, B 8, seq 1024, 30 iterations; attention cudnn, cudnn with
+#            --gemm-epilogues, unfused, fused) against bench/torch_gpt.py eager and --compile (the
+#            last 10 of 30 iterations each); bench_layer (the 100B layer as one TP-16 rank holds
+#            it, bf16, the same variants)
 #            against bench/torch_layer.py SDPA eager and --compile. Log in peers.txt, the ratio
 #            table (tools/peer_ratios.py: speed ours/theirs, MFU, peak memory, the #21 goals) in
 #            peers-ratios.txt. peers-gpt / peers-layer run one half each (peers-gpt.txt, ...).
@@ -32,7 +33,9 @@
 #            against our fp64 fused attention through strided QKV views, dropout's kept fraction
 #            and forward/backward mask agreement, the plan cache), test_gpt_tp/test_cuda's model
 #            paths, bench_layer unfused/fused/cudnn, the 355M run and llama_tiny (GQA) with cudnn; cuDNN's own
-#            log (CUDNN_LOGLEVEL_DBG=2) in cudnn-api.log for a graph it refuses. Run it after paths.
+#            log (CUDNN_LOGLEVEL_DBG=2) in cudnn-api.log for a graph it refuses. Also --gemm-epilogues
+#            (cuBLASLt epilogues): test_linear_epilogues' GPU half, the model's TP test with them in fp32,
+#            bench_layer and the 355M run with cudnn + epilogues. Run it after paths.
 #   zero3  - ZeRO stages 0-3 on 2 ranks sharing the GPU (MPI backend), step time and the exposed
 #            DP communication that stage 3's prefetch leaves (issue #21's last goal).
 #   tools/gpu_session.sh paths cudnn tests layer train
@@ -102,6 +105,7 @@ for phase in "$@"; do
         echo "== test_cuda"; mpi 1 $B/test_cuda
         echo "== test_nccl (one rank per GPU)"; mpi "$(nvidia-smi -L | wc -l)" $B/test_nccl
         echo "== test_gemm"; mpi 1 $B/test_gemm
+        echo "== test_linear_epilogues"; mpi 1 $B/test_linear_epilogues
         for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
                  test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
           echo "== $t"; mpi 1 "$B/$t"
@@ -123,11 +127,15 @@ for phase in "$@"; do
         echo "== test_sdpa_graph"; mpi 1 $B/test_sdpa_graph
         echo "== test_cudnn_attention (GPU half)"; mpi 1 $B/test_cudnn_attention
         unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
+        echo "== test_linear_epilogues (GPU half: cuBLASLt epilogues against the definitions)"
+        mpi 1 $B/test_linear_epilogues
+        echo "== test_gpt_tp on cuda, GEMM epilogues (fp32 through cuBLASLt, fp64 the plain passes)"
+        MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/test_gpt_tp --gtest_filter='*GemmEpilogues*'
         echo "== test_layer_gradients"; mpi 1 $B/test_layer_gradients
-        for a in unfused fused cudnn "cudnn --deterministic-mode"; do
+        for a in unfused fused cudnn "cudnn --gemm-epilogues" "cudnn --deterministic-mode"; do
           echo "== bench_layer bf16 $a"; bounded 300 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend $a
         done
-        for a in fused cudnn "cudnn --deterministic-mode"; do
+        for a in fused cudnn "cudnn --gemm-epilogues" "cudnn --deterministic-mode"; do
           echo "== pretrain_gpt 355M bf16 attention $a"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
@@ -142,7 +150,7 @@ for phase in "$@"; do
           echo "== exit $?"
         done
       } > "$out/cudnn.txt" 2>&1
-      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|error" "$out/cudnn.txt" | tail -40
+      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|error|GEMM epilogues|\[lt\]" "$out/cudnn.txt" | tail -50
       ;;
     quick)
       # A re-check after a kernel change: the CPU-vs-GPU kernel tests and our layer's speed.
@@ -205,23 +213,25 @@ for phase in "$@"; do
         echo "== $(date -u +%FT%TZ) $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
         # The goals' pair first (ours with cuDNN attention, theirs compiled), so a budget that
         # ends the phase early (MZ_BUDGET_S) still leaves the comparison that matters.
-        ours_gpt() {
-          local m="$out/$phase-metrics-$1.jsonl"
+        ours_gpt() {  # ours_gpt BACKEND [NAME_SUFFIX FLAG...]: e.g. ours_gpt cudnn +epilogues --gemm-epilogues
+          local backend=$1 name="megazero-$1${2:-}"; shift; [ $# -gt 0 ] && shift
+          local m="$out/$phase-metrics-$name.jsonl"
           rm -f "$m"
-          echo "== ours: pretrain_gpt 355M bf16, attention $1"
+          echo "== ours: pretrain_gpt 355M bf16, attention $backend $*"
           mpi 1 $B/pretrain_gpt --device cuda "${gpt[@]}" --max-position-embeddings 1024 --global-batch-size 8 \
-            --bf16 --mock-data --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend "$1" --metrics-file "$m"
+            --bf16 --mock-data --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend "$backend" \
+            --metrics-file "$m" "$@"
           echo "== exit $?"
-          python3 tools/peer_ratios.py --from-metrics "$m" --impl "megazero-$1"
+          python3 tools/peer_ratios.py --from-metrics "$m" --impl "$name"
         }
         theirs_gpt() {
           echo "== theirs: bench/torch_gpt.py 355M bf16 $*"
           bounded "$pt" python3 bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 "$@"
           echo "== exit $?"
         }
-        ours_layer() {
-          echo "== ours: bench_layer 100B layer (TP-16 rank) bf16, attention $1"
-          bounded "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend "$1"
+        ours_layer() {  # ours_layer BACKEND [FLAG...]
+          echo "== ours: bench_layer 100B layer (TP-16 rank) bf16, attention $*"
+          bounded "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend "$@"
           echo "== exit $?"
         }
         theirs_layer() {
@@ -230,10 +240,12 @@ for phase in "$@"; do
           echo "== exit $?"
         }
         if [ "$phase" != peers-layer ]; then
-          ours_gpt cudnn; theirs_gpt --compile; ours_gpt unfused; ours_gpt fused; theirs_gpt
+          ours_gpt cudnn; theirs_gpt --compile; ours_gpt cudnn +epilogues --gemm-epilogues
+          ours_gpt unfused; ours_gpt fused; theirs_gpt
         fi
         if [ "$phase" != peers-gpt ]; then
-          ours_layer cudnn; theirs_layer --compile; ours_layer unfused; ours_layer fused; theirs_layer
+          ours_layer cudnn; theirs_layer --compile; ours_layer cudnn --gemm-epilogues
+          ours_layer unfused; ours_layer fused; theirs_layer
         fi
       } > "$out/$phase.txt" 2>&1
       grep -E "^== |median|iteration +30/|^peer_ratios|Error|error" "$out/$phase.txt" | tail -40

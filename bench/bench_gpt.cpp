@@ -36,8 +36,8 @@ int run(int argc, char** argv) {
       "num-attention-heads", po::value(&cfg.num_attention_heads))("seq-length", po::value(&cfg.seq_length))(
       "micro-batch-size", po::value(&micro_batch))("vocab-size", po::value(&cfg.vocab_size))(
       "steps", po::value(&steps))("recompute-activations", po::bool_switch(&cfg.recompute_activations))(
-      "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion))(
-      "gemm-epilogues", po::bool_switch(&cfg.gemm_epilogues));
+      "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion))("gemm-epilogues",
+                                                                    po::bool_switch(&cfg.gemm_epilogues));
   parse_command_line(argc, argv, d, "bench_gpt");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
   auto world = MpiCommunicator::world();

@@ -32,7 +32,8 @@ Tensor ColumnParallelLinear::bias_value() const { return bias_->value.view({loca
 
 Tensor ColumnParallelLinear::full_input(const Tensor& x) {
   input_ = x;  // under sequence parallelism only this rank's rows: backward gathers them again
-  if (ctx_.sequence_parallel) return GatherFromSequenceParallelRegion::forward(*ctx_.tp, x, MemoryCategory::Activations);
+  if (ctx_.sequence_parallel)
+    return GatherFromSequenceParallelRegion::forward(*ctx_.tp, x, MemoryCategory::Activations);
   CopyToTpRegion::forward(*ctx_.tp, x);
   return x;
 }

@@ -75,8 +75,7 @@ struct Run {
   double loss = 0;
 };
 
-Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention,
-              bool epilogues = false) {
+Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention, bool epilogues = false) {
   TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();

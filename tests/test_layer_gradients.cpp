@@ -113,14 +113,14 @@ class LayerGrad : public testing::Test {
 TEST_F(LayerGrad, ColumnParallelLinear) {
   for (const bool epilogues : {false, true})  // --gemm-epilogues: bias and its gradient in the GEMMs
     for (bool gather : {false, true}) {
-    SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
-    ctx.gemm_epilogues = epilogues;
-    ParameterSet ps;
-    ColumnParallelLinear lin(ps, "lin", 5, 7, true, gather, ctx, 0.3);
-    check_layer(
-        ps, input(4, 5, 1), [&](const Tensor& x) { return lin.forward(x); },
-        [&](const Tensor& dy) { return lin.backward(dy); });
-  }
+      SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
+      ctx.gemm_epilogues = epilogues;
+      ParameterSet ps;
+      ColumnParallelLinear lin(ps, "lin", 5, 7, true, gather, ctx, 0.3);
+      check_layer(
+          ps, input(4, 5, 1), [&](const Tensor& x) { return lin.forward(x); },
+          [&](const Tensor& dy) { return lin.backward(dy); });
+    }
 }
 
 TEST_F(LayerGrad, RowParallelLinear) {
@@ -208,16 +208,17 @@ TEST_F(LayerGrad, SelfAttentionWithDropout) {
 TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
   for (const bool epilogues : {false, true})
     for (bool recompute : {false, true}) {
-    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
-    SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
-    cfg.recompute_activations = recompute;
-    ctx.gemm_epilogues = epilogues;
-    ParameterSet ps;
-    TransformerLayer layer(ps, cfg, 1, ctx);
-    check_layer(
-        ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
-        [&](const Tensor& x) { return layer.forward(x, step); }, [&](const Tensor& dy) { return layer.backward(dy); });
-  }
+      SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+      SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
+      cfg.recompute_activations = recompute;
+      ctx.gemm_epilogues = epilogues;
+      ParameterSet ps;
+      TransformerLayer layer(ps, cfg, 1, ctx);
+      check_layer(
+          ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
+          [&](const Tensor& x) { return layer.forward(x, step); },
+          [&](const Tensor& dy) { return layer.backward(dy); });
+    }
 }
 
 TEST_F(LayerGrad, WholeModelIncludingEmbeddingsTiedLogitsAndCrossEntropy) {

@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "megazero/core/error.h"
+#include "megazero/cuda/blas_types.h"
 #include "megazero/cuda/cuda_device.h"
 #include "megazero/cuda/cuda_kernels.h"
 #include "megazero/kernels/gemm.h"
@@ -85,21 +86,7 @@ Operand describe(const Tensor& x, const char* what) {
   return {x.data(), false, std::max<std::int64_t>({s_col, rows, 1}), batch};
 }
 
-cudaDataType_t cuda_type(DType t) {
-  switch (t) {
-    case DType::F32:
-      return CUDA_R_32F;
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    case DType::F64:
-      return CUDA_R_64F;
-    default:
-      break;
-  }
-  throw InternalError(detail::concat("gemm (cuda): no cuBLAS type for ", dtype_name(t)));
-}
+cudaDataType_t cuda_type(DType t) { return blas_type(t, "gemm (cuda)"); }
 
 }  // namespace
 

@@ -15,24 +15,14 @@
 #include <unordered_map>
 
 #include "megazero/core/error.h"
+#include "megazero/cuda/blas_types.h"
 #include "megazero/cuda/cuda_device.h"
 
 namespace megazero::cuda {
 namespace {
 
-cudaDataType_t lt_type(DType t) {
-  switch (t) {
-    case DType::F32:
-      return CUDA_R_32F;
-    case DType::F16:
-      return CUDA_R_16F;
-    case DType::BF16:
-      return CUDA_R_16BF;
-    default:
-      break;
-  }
-  throw InternalError(detail::concat("cuBLASLt epilogue: no type for ", dtype_name(t)));
-}
+// fp64 never gets here (lt_eligible).
+cudaDataType_t lt_type(DType t) { return blas_type(t, "cuBLASLt epilogue"); }
 
 cublasLtEpilogue_t lt_code(LtEpilogue e) {
   switch (e) {
@@ -294,8 +284,8 @@ std::string lt_descriptors_error(const LtMatmul& p, std::size_t workspace_bytes)
 
 bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, int device) {
   MZ_CHECK(lt_eligible(p), "lt_matmul: cuBLASLt cannot take ", describe(p));
-  MZ_CHECK(ws.data != nullptr && ws.bytes >= kernels::gpu_scratch::kCublasWorkspaceBytes, "lt_matmul: given ",
-           ws.bytes, " bytes of workspace, needs ", kernels::gpu_scratch::kCublasWorkspaceBytes);
+  MZ_CHECK(ws.data != nullptr && ws.bytes >= kernels::gpu_scratch::kCublasWorkspaceBytes, "lt_matmul: given ", ws.bytes,
+           " bytes of workspace, needs ", kernels::gpu_scratch::kCublasWorkspaceBytes);
   const std::size_t ws_bytes = kernels::gpu_scratch::kCublasWorkspaceBytes;
   thread_local ThreadState state;
   CudaDeviceGuard guard(device);
@@ -314,8 +304,9 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
     if (plan->supported) plan->algo = result.algo;
     std::lock_guard<std::mutex> lock(report_mutex);
     (plan->supported ? fused_seen : refused_seen)
-        .insert(describe(p) + (plan->supported ? "" : detail::concat(" (heuristics: ", cublasLtGetStatusName(st),
-                                                                     ", ", found, " algorithms)")));
+        .insert(describe(p) + (plan->supported ? ""
+                                               : detail::concat(" (heuristics: ", cublasLtGetStatusName(st), ", ",
+                                                                found, " algorithms)")));
   }
   if (!plan->supported) return false;
   // This call's pointers (the key holds their alignment, not their values).
@@ -324,8 +315,8 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
   };
   set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "set BIAS_POINTER");
   if (has_aux(p.epilogue)) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, "set EPILOGUE_AUX_POINTER");
-  check_lt(cublasLtMatmul(h, plan->ds.matmul, &p.alpha, p.a, plan->ds.a, p.b, plan->ds.b, &p.beta, p.d, plan->ds.d,
-                          p.d, plan->ds.d, &plan->algo, ws.data, ws_bytes, stream),
+  check_lt(cublasLtMatmul(h, plan->ds.matmul, &p.alpha, p.a, plan->ds.a, p.b, plan->ds.b, &p.beta, p.d, plan->ds.d, p.d,
+                          plan->ds.d, &plan->algo, ws.data, ws_bytes, stream),
            "cublasLtMatmul", p);
   return true;
 }

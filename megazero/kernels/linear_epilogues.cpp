@@ -23,8 +23,8 @@ bool lt_dtype(DType t) { return t == DType::F32 || t == DType::BF16 || t == DTyp
 // `t` is a contiguous [rows, cols] matrix of ref's dtype on ref's device.
 void check_matrix(const char* op, const char* name, const Tensor& t, const Tensor& ref, i64 rows, i64 cols) {
   check_operand(op, name, t, ref, ref.dtype());
-  MZ_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, op, ": ", name, " has shape ",
-           shape_str(t.shape()), ", expected (", rows, ", ", cols, ")");
+  MZ_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, op, ": ", name, " has shape ", shape_str(t.shape()),
+           ", expected (", rows, ", ", cols, ")");
 }
 
 // What the fused path needs of a problem before cuBLASLt is asked: a dtype it
@@ -60,6 +60,36 @@ void log_gemm(const Tensor& like, i64 m, i64 n, i64 k) {
 
 bool is_meta(const Tensor& t) { return t.device().kind() == DeviceKind::Meta; }
 
+struct Dims {
+  i64 rows, in, out;
+};
+// The forward entries: x [rows, in], w [out, in], bias [out], outputs [rows, out].
+Dims check_forward(const char* op, const Tensor& x, const Tensor& w, const Tensor& bias,
+                   std::initializer_list<Named> outputs) {
+  check_float(op, "x", x);
+  MZ_CHECK(x.dim() == 2 && w.dim() == 2, op, ": x and w must be 2-D, got ", x.to_string(), " and ", w.to_string());
+  const Dims d{x.size(0), x.size(1), w.size(0)};
+  check_matrix(op, "w", w, x, d.out, d.in);
+  for (const auto& [name, t] : outputs) check_matrix(op, name, *t, x, d.rows, d.out);
+  check_operand(op, "bias", bias, x, x.dtype());
+  check_shape(op, "bias", bias, {d.out});
+  return d;
+}
+
+// The backward entries: dy [rows, out] and a second matrix `other` [rows or
+// out, in] that gives `in`; dbias [len] a gradient accumulator.
+Dims check_backward(const char* op, const Tensor& dy, const char* other_name, const Tensor& other, bool other_is_w,
+                    const Tensor& dbias, i64 dbias_len_of_in) {
+  check_float(op, "dy", dy);
+  MZ_CHECK(dy.dim() == 2 && other.dim() == 2, op, ": dy and ", other_name, " must be 2-D, got ", dy.to_string(),
+           " and ", other.to_string());
+  const Dims d{dy.size(0), other.size(1), dy.size(1)};
+  check_matrix(op, other_name, other, dy, other_is_w ? d.out : d.rows, d.in);
+  check_accumulator(op, "dbias", dbias, dy, dy.dtype());
+  check_shape(op, "dbias", dbias, {dbias_len_of_in ? d.in : d.out});
+  return d;
+}
+
 #ifdef MEGAZERO_WITH_CUDA
 cuda::RowMajor rm(const Tensor& t) { return {t.data(), t.size(1)}; }
 bool run_lt(const cuda::LtMatmul& p, const FusedScratch& s, const Tensor& like) {
@@ -72,14 +102,7 @@ bool run_lt(const cuda::LtMatmul& p, const FusedScratch& s, const Tensor& like) 
 }  // namespace
 
 void linear_bias_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y) {
-  constexpr const char* op = "linear_bias_forward";
-  check_float(op, "x", x);
-  MZ_CHECK(x.dim() == 2 && w.dim() == 2, op, ": x and w must be 2-D, got ", x.to_string(), " and ", w.to_string());
-  const i64 rows = x.size(0), in = x.size(1), out = w.size(0);
-  check_matrix(op, "w", w, x, out, in);
-  check_matrix(op, "y", y, x, rows, out);
-  check_operand(op, "bias", bias, x, x.dtype());
-  check_shape(op, "bias", bias, {out});
+  const auto [rows, in, out] = check_forward("linear_bias_forward", x, w, bias, {{"y", &y}});
   if (runs_cuda_kernels(x.device()) && rows * out * in > 0 && fused_candidate(x.dtype(), nullptr, nullptr)) {
     const FusedScratch s = fused_scratch(y, nullptr);
     if (is_meta(x)) return log_gemm(x, rows, out, in);
@@ -96,21 +119,15 @@ void linear_bias_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
 
 void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& out) {
   constexpr const char* op = "linear_bias_gelu_forward";
-  check_float(op, "x", x);
-  MZ_CHECK(x.dim() == 2 && w.dim() == 2, op, ": x and w must be 2-D, got ", x.to_string(), " and ", w.to_string());
-  const i64 rows = x.size(0), in = x.size(1), n_out = w.size(0);
-  check_matrix(op, "w", w, x, n_out, in);
-  check_matrix(op, "pre", pre, x, rows, n_out);
-  check_matrix(op, "out", out, x, rows, n_out);
-  check_operand(op, "bias", bias, x, x.dtype());
-  check_shape(op, "bias", bias, {n_out});
-  MZ_CHECK(pre.data() != out.data() || pre.data() == nullptr, op, ": pre and out must not alias (pre is kept for backward)");
+  const auto [rows, in, n_out] = check_forward(op, x, w, bias, {{"pre", &pre}, {"out", &out}});
+  MZ_CHECK(pre.data() != out.data() || pre.data() == nullptr, op,
+           ": pre and out must not alias (pre is kept for backward)");
   if (runs_cuda_kernels(x.device()) && rows * n_out * in > 0 && fused_candidate(x.dtype(), nullptr, &pre)) {
     const FusedScratch s = fused_scratch(out, nullptr);
     if (is_meta(x)) return log_gemm(x, rows, n_out, in);
 #ifdef MEGAZERO_WITH_CUDA
-    if (run_lt(cuda::describe_linear_forward(cuda::LtEpilogue::GeluAuxBias, rows, in, n_out, rm(x), rm(w),
-                                             bias.data(), rm(out), rm(pre), x.dtype(), out.dtype()),
+    if (run_lt(cuda::describe_linear_forward(cuda::LtEpilogue::GeluAuxBias, rows, in, n_out, rm(x), rm(w), bias.data(),
+                                             rm(out), rm(pre), x.dtype(), out.dtype()),
                s, x))
       return;
 #endif
@@ -122,23 +139,17 @@ void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bi
 
 void linear_dgelu_bias_grad(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor& dbias) {
   constexpr const char* op = "linear_dgelu_bias_grad";
-  check_float(op, "dy", dy);
-  MZ_CHECK(dy.dim() == 2 && w.dim() == 2, op, ": dy and w must be 2-D, got ", dy.to_string(), " and ",
-           w.to_string());
-  const i64 rows = dy.size(0), out = dy.size(1), in = w.size(1);
-  check_matrix(op, "w", w, dy, out, in);
+  const auto [rows, in, out] = check_backward(op, dy, "w", w, /*other_is_w=*/true, dbias, /*dbias_len_of_in=*/true);
   check_matrix(op, "pre", pre, dy, rows, in);
   check_matrix(op, "dpre", dpre, dy, rows, in);
-  check_accumulator(op, "dbias", dbias, dy, dy.dtype());
-  check_shape(op, "dbias", dbias, {in});
   MZ_CHECK(dpre.data() != pre.data() || pre.data() == nullptr, op, ": dpre must not alias pre");
   if (runs_cuda_kernels(dy.device()) && rows * out * in > 0 && fused_candidate(dy.dtype(), &dbias, &pre)) {
     const FusedScratch s = fused_scratch(dpre, &dbias);
     if (is_meta(dy)) return log_gemm(dy, rows, in, out);
 #ifdef MEGAZERO_WITH_CUDA
     Tensor grad = s.bias_grad;
-    if (run_lt(cuda::describe_linear_dgelu(rows, in, out, rm(dy), rm(w), rm(pre), rm(dpre), grad.data(), dy.dtype()),
-               s, dy)) {
+    if (run_lt(cuda::describe_linear_dgelu(rows, in, out, rm(dy), rm(w), rm(pre), rm(dpre), grad.data(), dy.dtype()), s,
+               dy)) {
       add(dbias, grad, dbias);
       return;
     }
@@ -151,14 +162,8 @@ void linear_dgelu_bias_grad(const Tensor& dy, const Tensor& w, const Tensor& pre
 
 void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias) {
   constexpr const char* op = "linear_weight_bias_grad";
-  check_float(op, "dy", dy);
-  MZ_CHECK(dy.dim() == 2 && x.dim() == 2, op, ": dy and x must be 2-D, got ", dy.to_string(), " and ",
-           x.to_string());
-  const i64 rows = dy.size(0), out = dy.size(1), in = x.size(1);
-  check_matrix(op, "x", x, dy, rows, in);
+  const auto [rows, in, out] = check_backward(op, dy, "x", x, /*other_is_w=*/false, dbias, /*dbias_len_of_in=*/false);
   check_matrix(op, "dw", dw, dy, out, in);
-  check_accumulator(op, "dbias", dbias, dy, dy.dtype());
-  check_shape(op, "dbias", dbias, {out});
   if (runs_cuda_kernels(dy.device()) && rows * out * in > 0 && fused_candidate(dy.dtype(), &dbias, nullptr)) {
     const FusedScratch s = fused_scratch(dw, &dbias);
     if (is_meta(dy)) return log_gemm(dy, out, in, rows);
@@ -177,11 +182,11 @@ void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
 std::string linear_epilogues_report(const Device& device) {
   if (device.kind() != DeviceKind::CUDA)
     return ::megazero::detail::concat("GEMM epilogues: no cuBLASLt on ", device.name(),
-                          ": the same math as separate passes (GEMM, then bias/GeLU kernels)");
+                                      ": the same math as separate passes (GEMM, then bias/GeLU kernels)");
 #ifdef MEGAZERO_WITH_CUDA
   const cuda::LtReport r = cuda::lt_report();
   return ::megazero::detail::concat("GEMM epilogues: cuBLASLt fused ", r.fused_problems, " problem shapes",
-                        r.refused.empty() ? std::string() : "; refused (run unfused): " + r.refused);
+                                    r.refused.empty() ? std::string() : "; refused (run unfused): " + r.refused);
 #else
   return "GEMM epilogues: built without CUDA";
 #endif

@@ -301,7 +301,9 @@ void Trainer::Impl::build() {
         : m.bias_gelu_fusion           ? "on"
                                        : "off",
         m.recompute_activations ? "on" : "off",
-        !m.sequence_parallel ? "off" : groups->tp_size() > 1 ? "on" : "off (nothing to split at TP 1)");
+        !m.sequence_parallel    ? "off"
+        : groups->tp_size() > 1 ? "on"
+                                : "off (nothing to split at TP 1)");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
     const std::string tp_split = "1/" + std::to_string(groups->tp_size()) + " per TP rank";
     std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",

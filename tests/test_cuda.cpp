@@ -420,6 +420,25 @@ TEST_F(Cuda, CopiesAfterAMarkDoNotWaitForLaterCompute) {
   EXPECT_THROW(gpu->copy_to_host_after(*cpu->mark(), staged.data(), small.g.data(), 4), InternalError);
 }
 
+// Host waits as the step reports them (Device::host_waits): blocking copies
+// to and from the host and synchronize() count; device-to-device copies
+// (copy_within, strided copies) are queued and do not; nor do the copies after a mark.
+TEST_F(Cuda, CountsHostWaitsAndQueuesDeviceCopies) {
+  auto a = random({1 << 20}, DType::F32);
+  Tensor b = Tensor::empty(gpu, a.g.shape(), DType::F32, MemoryCategory::Workspace);
+  const std::int64_t w0 = gpu->host_waits();
+  for (int i = 0; i < 4; ++i) gpu->copy_within(b.data(), a.g.data(), a.g.nbytes());
+  b.copy_from(a.g);
+  std::vector<float> staged(16);
+  gpu->copy_to_host_after(*gpu->mark(), staged.data(), a.g.data(), 64);
+  EXPECT_EQ(gpu->host_waits(), w0);
+  const auto got = b.to_double_vector(), want = a.c.to_double_vector();
+  EXPECT_EQ(got, want) << "the queued copies ran before the read-back";
+  EXPECT_EQ(gpu->host_waits(), w0 + 1);
+  gpu->synchronize();
+  EXPECT_EQ(gpu->host_waits(), w0 + 2);
+}
+
 TEST_F(Cuda, FlatCastsRoundAsTheHostDoes) {
   // Master weights into 16-bit parameters (and back): the flat cast kernel
   // gives the host's megazero::convert bit for bit, fp64 sources included.

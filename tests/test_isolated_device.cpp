@@ -262,6 +262,35 @@ TEST(IsolatedDevice, CopiesAfterAMarkMoveTheBytes) {
   for (std::size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], -want[i]) << i;
 }
 
+// Host waits (Device::host_waits), counted as a GPU would drain its queue:
+// blocking copies to and from the host and synchronize() count; copies within
+// the device, strided copies, zero fills and the *_after copies (a GPU's side
+// stream) do not; the CPU device counts none.
+TEST(IsolatedDevice, CountsTheHostWaitsAGpuWouldMake) {
+  auto d = isolated();
+  Tensor t = values(d, {32}, DType::F32, 3.0);  // one copy from the host
+  Tensor u = Tensor::empty(d, {32}, DType::F32, MemoryCategory::Other);
+  const std::int64_t w0 = d->host_waits();
+  u.copy_from(t);
+  u.zero_();
+  u.view({4, 8}).copy_from(t.view({8, 4}).transpose(0, 1));
+  std::vector<float> staged(32);
+  d->copy_to_host_after(*d->mark(), staged.data(), t.data(), t.nbytes());
+  d->copy_from_host_after(*d->mark(), t.data(), staged.data(), t.nbytes());
+  EXPECT_EQ(d->host_waits(), w0) << "queued work: no wait";
+  (void)t.to_double_vector();
+  EXPECT_EQ(d->host_waits(), w0 + 1) << "a read-back";
+  t.copy_from(values(host(), {32}, DType::F32, 1.0));
+  EXPECT_EQ(d->host_waits(), w0 + 2) << "a blocking copy from the host";
+  d->synchronize();
+  EXPECT_EQ(d->host_waits(), w0 + 3);
+  auto h = host();
+  Tensor c = values(h, {32}, DType::F32, 1.0);
+  (void)c.to_double_vector();
+  h->synchronize();
+  EXPECT_EQ(h->host_waits(), 0) << "host memory: nothing to wait for";
+}
+
 TEST(IsolatedDevice, CollectivesStageDeviceTensorsThroughTheHost) {
   auto world = MpiCommunicator::world();
   auto d = isolated();

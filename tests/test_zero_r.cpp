@@ -38,6 +38,8 @@ ZeroRunSpec spec_for(int tp, int dp, zero::ZeroRConfig zr) {
 struct Outcome {
   std::vector<double> losses, norms, master;
   std::int64_t ckpt_peak = 0, host_ckpt_peak = 0, tp_gathered = 0, micro_batches = 0, grad_arena_fills = 0;
+  std::vector<std::int64_t> host_waits;  // per step
+  bool device_host_accessible = true;
 };
 
 Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
@@ -52,6 +54,8 @@ Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
   o.tp_gathered = r.tp->stats()[CollectiveType::AllGather].elements;
   o.micro_batches = r.spec.steps * (r.spec.global_batch / dp / r.spec.micro_batch);
   o.grad_arena_fills = r.engine->gradient_arena_fills();
+  for (const auto& res : r.results) o.host_waits.push_back(res.host_waits);
+  o.device_host_accessible = r.device->host_accessible();
   return o;
 }
 
@@ -95,6 +99,14 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
       EXPECT_EQ(o.grad_arena_fills, zr.contiguous_memory ? o.micro_batches * 4 : 0);
       // One all-gather of B x S x H per layer per micro-batch, nothing else.
       EXPECT_EQ(o.tp_gathered - base.tp_gathered, zr.partition_activations ? o.micro_batches * L * n : 0);
+      // Host waits per step on a device the host cannot read (cpu-isolated; a
+      // GPU): the grad norm and the loss, and with Pa+cpu a blocking copy to
+      // the host per layer in forward and one back in backward, per
+      // micro-batch — on a GPU each drains the queue (not yet overlapped).
+      if (!o.device_host_accessible) {
+        const std::int64_t per_step = o.micro_batches / static_cast<std::int64_t>(o.host_waits.size());
+        for (std::int64_t w : o.host_waits) EXPECT_EQ(w, 2 + (zr.cpu_checkpointing ? 2 * L * per_step : 0));
+      }
     }
   }
 }

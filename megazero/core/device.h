@@ -125,6 +125,13 @@ class Device : public std::enable_shared_from_this<Device> {
                             DType src_dtype, const std::int64_t* src_strides, const std::int64_t* shape, int dims);
   // Waits for all work queued on the device (no-op on CPU).
   virtual void synchronize() {}
+  // How many times host code has waited for this device's queue to drain: a
+  // copy_to_host / copy_from_host (blocking: on a GPU each waits for every
+  // kernel queued before it) or a synchronize(). The *_after copies do not
+  // count (they wait for a mark, on a side stream). Counted by devices that
+  // queue work (CUDA) and by the isolated device, which emulates one, so a
+  // CPU-only test sees the waits a GPU step would make; 0 on host memory.
+  std::int64_t host_waits() const { return host_waits_.load(); }
 
   // Timing the device's own work. A mark is a point in the device's queue of
   // work: a CUDA event on the compute stream, or the host's clock on devices
@@ -158,6 +165,7 @@ class Device : public std::enable_shared_from_this<Device> {
 
  protected:
   friend class Buffer;
+  void count_host_wait() { host_waits_.fetch_add(1, std::memory_order_relaxed); }
   virtual void* raw_allocate(std::size_t bytes) = 0;
   virtual void raw_free(void* p, std::size_t bytes) = 0;
   // Frees the arena: every concrete device's destructor calls it (raw_free is
@@ -173,6 +181,7 @@ class Device : public std::enable_shared_from_this<Device> {
   char* arena_ = nullptr;
   std::int64_t arena_capacity_ = 0;
   std::atomic<std::int64_t> arena_served_{0}, arena_misses_{0}, raw_allocations_{0}, held_bytes_{0};
+  std::atomic<std::int64_t> host_waits_{0};
 };
 
 class CpuDevice final : public Device {

@@ -213,12 +213,25 @@ void IsolatedCpuDevice::unmap(void* p) {
   ::munmap(r.alias, r.mapped);
 }
 
+// The blocking copies and synchronize() count as host waits, as a GPU's do
+// (Device::host_waits); the *_after copies, a GPU's side-stream copies, do not.
 void IsolatedCpuDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
-  if (bytes) std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host"), bytes);
+  if (!bytes) return;
+  count_host_wait();
+  std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host"), bytes);
 }
 void IsolatedCpuDevice::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
-  if (bytes) std::memcpy(alias_of(dst, bytes, "copy_from_host"), host_src, bytes);
+  if (!bytes) return;
+  count_host_wait();
+  std::memcpy(alias_of(dst, bytes, "copy_from_host"), host_src, bytes);
 }
+void IsolatedCpuDevice::copy_to_host_after(const Mark&, void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes) std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host_after"), bytes);
+}
+void IsolatedCpuDevice::copy_from_host_after(const Mark&, void* dst, const void* host_src, std::size_t bytes) {
+  if (bytes) std::memcpy(alias_of(dst, bytes, "copy_from_host_after"), host_src, bytes);
+}
+void IsolatedCpuDevice::synchronize() { count_host_wait(); }
 void IsolatedCpuDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
   if (bytes && dst != src)
     std::memmove(alias_of(dst, bytes, "copy_within"), alias_of(src, bytes, "copy_within"), bytes);

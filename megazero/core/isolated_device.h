@@ -40,6 +40,9 @@ class IsolatedCpuDevice final : public Device {
 
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
+  void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) override;
+  void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) override;
+  void synchronize() override;
   void copy_within(void* dst, const void* src, std::size_t bytes) override;
   void fill_zero(void* dst, std::size_t bytes) override;
 

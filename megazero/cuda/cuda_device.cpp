@@ -110,6 +110,13 @@ void CudaDevice::copy_sync(void* dst, const void* src, std::size_t bytes, cudaMe
   // On the compute stream, so the copy sees every kernel queued before it.
   MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
   MZ_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  count_host_wait();
+}
+
+// Device to device: queued on the compute stream like a kernel; the host does not wait.
+void CudaDevice::copy_queued(void* dst, const void* src, std::size_t bytes) {
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
 
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
@@ -126,13 +133,14 @@ void CudaDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
   const auto* s = static_cast<const char*>(src);
   if (d < s + bytes && s < d + bytes) {
     // cudaMemcpy is undefined for overlapping ranges, while the CPU device
-    // gives memmove semantics: go through a (counted) temporary.
+    // gives memmove semantics: go through a (counted) temporary, whose
+    // stream-ordered free (cudaFreeAsync) follows the second copy.
     auto tmp = allocate(bytes, MemoryCategory::Workspace, "copy_within overlap");
-    copy_sync(tmp->data(), src, bytes, cudaMemcpyDeviceToDevice);
-    copy_sync(dst, tmp->data(), bytes, cudaMemcpyDeviceToDevice);
+    copy_queued(tmp->data(), src, bytes);
+    copy_queued(dst, tmp->data(), bytes);
     return;
   }
-  copy_sync(dst, src, bytes, cudaMemcpyDeviceToDevice);
+  copy_queued(dst, src, bytes);
 }
 
 void CudaDevice::fill_zero(void* dst, std::size_t bytes) {
@@ -168,6 +176,7 @@ std::shared_ptr<void> CudaDevice::allocate_host_staging(std::size_t bytes) {
 
 void CudaDevice::synchronize() {
   CudaDeviceGuard guard(index_);
+  count_host_wait();
   MZ_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

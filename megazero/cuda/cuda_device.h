@@ -88,7 +88,8 @@ class CudaDevice final : public Device {
   void raw_free(void* p, std::size_t bytes) override;
 
  private:
-  void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+  void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);  // the host waits (counted)
+  void copy_queued(void* dst, const void* src, std::size_t bytes);                   // device to device, no wait
   void copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 
   int index_;

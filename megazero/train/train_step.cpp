@@ -27,6 +27,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   Tensor loss_sum;
   std::int64_t tokens = 0;
   Device& dev = engine.device();
+  const std::int64_t waits_before = dev.host_waits();
   using Marks = std::vector<std::shared_ptr<Device::Mark>>;
   Marks fwd_begin, fwd_end, bwd_end;
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
@@ -55,6 +56,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   double local = 0;
   if (loss_sum.device().has_storage() && tokens > 0)
     local = loss_sum.to_double_vector()[0] / static_cast<double>(tokens);
+  r.host_waits = dev.host_waits() - waits_before;
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     r.forward_s += dev.seconds_between(*fwd_begin[i], *fwd_end[i]);
     r.backward_s += dev.seconds_between(*fwd_end[i], *bwd_end[i]);

@@ -29,6 +29,10 @@ struct StepResult {
   // Seconds of this rank's step by phase; exposed_comm is the DP communication
   // the rank waited for (inside backward and optimizer).
   double forward_s = 0, backward_s = 0, optimizer_s = 0, exposed_comm_s = 0;
+  // Times the host waited for the device's queue to drain from the first
+  // forward to the loss's read-back (Device::host_waits): on a GPU each is a
+  // gap in which no kernel is queued. 0 on host memory.
+  std::int64_t host_waits = 0;
 };
 
 struct OptimizerSettings {

@@ -15,6 +15,8 @@ cd "$(dirname "$0")/.."
 build=${1:-/tmp/build-gpu}
 if [ ! -f "$build/CMakeCache.txt" ]; then
   cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DMEGAZERO_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90-real
+else
+  cmake "$build" > /dev/null  # an existing build dir learns targets added since it was configured
 fi
 archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
 archs=${archs:-80 90 (the default, each with PTX)}

@@ -49,8 +49,9 @@ TEST(ZeroPrecision, Bf16AndFp16OnEveryLayoutAndStageTrackTheOneRankRun) {
         // waits for the device twice: the grad norm and the loss. A blocking
         // copy or synchronize added anywhere in forward, backward or the
         // optimizer (on a GPU: a drained queue) shows here.
-        if (!run.device->host_accessible())
+        if (!run.device->host_accessible()) {
           for (const auto& r : run.results) EXPECT_EQ(r.host_waits, 2) << "host waits per step";
+        }
       }
   }
 }

@@ -1,5 +1,6 @@
 #include "megazero/train/train_step.h"
 
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   std::int64_t tokens = 0;
   Device& dev = engine.device();
   const std::int64_t waits_before = dev.host_waits();
+  const auto issue_begin = std::chrono::steady_clock::now();
   using Marks = std::vector<std::shared_ptr<Device::Mark>>;
   Marks fwd_begin, fwd_end, bwd_end;
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
@@ -45,6 +47,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
     model.backward(per_micro);
     bwd_end.push_back(dev.mark());
   }
+  r.host_issue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - issue_begin).count();
   r.lr = opt.lr.at(iteration);
   const auto opt_begin = dev.mark();
   set_activity("optimizer step");

@@ -33,6 +33,11 @@ struct StepResult {
   // forward to the loss's read-back (Device::host_waits): on a GPU each is a
   // gap in which no kernel is queued. 0 on host memory.
   std::int64_t host_waits = 0;
+  // Host seconds to issue every micro-batch's forward and backward (the
+  // host's clock; on a GPU the kernels run behind it). Near the device's
+  // forward + backward time, the GPU waited for launches (CUDA graphs would
+  // help); well below it, the launch cost is hidden.
+  double host_issue_s = 0;
 };
 
 struct OptimizerSettings {

@@ -74,6 +74,12 @@ std::int64_t nan_loss_at() {
   return v ? std::stoll(v) : -1;
 }
 
+std::string fixed1(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
+}
+
 std::string mib_per_s(double bytes, double seconds) {
   char b[64];
   std::snprintf(b, sizeof b, "%.1f MiB/s", seconds > 0 ? bytes / 1048576.0 / seconds : 0.0);
@@ -463,7 +469,7 @@ TrainResult Trainer::Impl::train() {
   result.last_iteration = start_iter;
   const auto t_start = Clock::now();
   double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
-  double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0, window_waits = 0;
+  double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0, window_waits = 0, window_issue = 0;
   std::int64_t nan_total = 0, window_iters = 0;
   bool epilogues_reported = false;
   const std::int64_t nan_at = nan_loss_at();
@@ -492,6 +498,7 @@ TrainResult Trainer::Impl::train() {
     window_opt += r.optimizer_s;
     window_comm += r.exposed_comm_s;
     window_waits += static_cast<double>(r.host_waits);
+    window_issue += r.host_issue_s;
     result.losses.push_back(r.loss);
     result.last_iteration = it + 1;
     if (first) first_loss = r.loss;
@@ -517,6 +524,7 @@ TrainResult Trainer::Impl::train() {
       const auto fwd = spread(world, window_fwd / nd), bwd = spread(world, window_bwd / nd);
       const auto optim_t = spread(world, window_opt / nd), comm = spread(world, window_comm / nd);
       const double host_waits = max_over(world, window_waits / nd);
+      const double host_issue = max_over(world, window_issue / nd);
       const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
       const auto mem = device->memory().snapshot();
       const double ckpt_peak = max_over(
@@ -554,8 +562,11 @@ TrainResult Trainer::Impl::train() {
             data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3, bwd.max * 1e3,
             optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3, step_spread.min * 1e3,
             step_spread.max * 1e3, step_spread.slowest,
-            device->host_accessible()
-                ? ""
+            device->host_accessible() ? ""
+            : device->kind() == DeviceKind::CUDA
+                ? detail::concat(" | host waits per iteration ", host_waits, " | forward+backward issued in ",
+                                 fixed1(host_issue * 1e3), " ms of host time")
+                      .c_str()
                 : detail::concat(" | host waits per iteration ", host_waits, " (each drains the device's queue)").c_str());
         if (args.model.gemm_epilogues && !epilogues_reported) {  // once: which GEMMs cuBLASLt took
           std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
@@ -572,6 +583,7 @@ TrainResult Trainer::Impl::train() {
                   << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0 << ", \"forward_ms\": " << fwd.max * 1e3
                   << ", \"backward_ms\": " << bwd.max * 1e3 << ", \"optimizer_ms\": " << optim_t.max * 1e3
                   << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3 << ", \"host_waits_per_iteration\": " << host_waits
+                  << ", \"host_issue_forward_backward_ms\": " << host_issue * 1e3
                   << ", \"slowest_rank\": " << step_spread.slowest
                   << ", \"activations_peak_bytes\": " << act_peak << ", \"checkpoints_peak_bytes\": " << ckpt_peak
                   << ", \"first_fit_heap_peak_bytes\": " << heap_peak
@@ -600,7 +612,8 @@ TrainResult Trainer::Impl::train() {
         scalar("timers/exposed-dp-comm-ms", step, comm.max * 1e3);
         tensorboard->flush();
       }
-      window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = window_waits = 0;
+      window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = window_waits =
+          window_issue = 0;
       window_iters = 0;
     }
     if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 &&

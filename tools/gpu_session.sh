@@ -150,7 +150,7 @@ for phase in "$@"; do
           echo "== exit $?"
         done
       } > "$out/cudnn.txt" 2>&1
-      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|error|GEMM epilogues|\[lt\]" "$out/cudnn.txt" | tail -50
+      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|timers|error|GEMM epilogues|\[lt\]" "$out/cudnn.txt" | tail -60
       ;;
     quick)
       # A re-check after a kernel change: the CPU-vs-GPU kernel tests and our layer's speed.
@@ -248,7 +248,7 @@ for phase in "$@"; do
           ours_layer unfused; ours_layer fused; theirs_layer
         fi
       } > "$out/$phase.txt" 2>&1
-      grep -E "^== |median|iteration +30/|^peer_ratios|Error|error" "$out/$phase.txt" | tail -40
+      grep -E "^== |median|iteration +30/|timers|^peer_ratios|Error|error" "$out/$phase.txt" | tail -50
       tables=gpt,layer
       [ "$phase" = peers-gpt ] && tables=gpt
       [ "$phase" = peers-layer ] && tables=layer

@@ -6,7 +6,6 @@
 
 #include <cublasLt.h>
 
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <mutex>

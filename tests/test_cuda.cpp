@@ -499,9 +499,11 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
   struct Variant {
     DType dt;
     const char* attention;
+    bool epilogues = false;  // --gemm-epilogues on the GPU side (cuBLASLt); the CPU side runs the plain passes
   };
-  for (const Variant& var :
-       {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"}, Variant{DType::BF16, "fused"}})
+  for (const Variant& var : {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"},
+                             Variant{DType::BF16, "fused"}, Variant{DType::F32, "unfused", true},
+                             Variant{DType::BF16, "fused", true}})
     for (bool recompute : {false, true}) {
       const DType dt = var.dt;
       layers::GPTConfig cfg;
@@ -528,6 +530,7 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
       const std::int64_t n = step.micro_batch * step.seq;
       for (int d = 0; d < 2; ++d) {
         layers::TpContext ctx{&tp, devs[d], dt};
+        cfg.gemm_epilogues = var.epilogues && d == 1;
         side[d].model = std::make_unique<layers::GPTModel>(cfg, ctx, side[d].params);
         side[d].params.allocate(devs[d], dt);
         side[d].params.initialize(99);
@@ -544,7 +547,7 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
         EXPECT_EQ(rel_diff(q.value, p->value), 0.0) << p->name << ": initialisation";
         EXPECT_LE(rel_diff(q.grad, p->grad), dt == DType::F32 ? 1e-4 : 6e-2)
             << p->name << " gradient, " << dtype_name(dt) << (recompute ? " recompute" : "") << " attention "
-            << var.attention;
+            << var.attention << (var.epilogues ? ", GEMM epilogues on the GPU" : "");
       }
     }
 }

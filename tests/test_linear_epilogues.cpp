@@ -60,36 +60,18 @@ M random_m(i64 rows, i64 cols, std::uint64_t seed, double scale = 1.0) {
   return m;
 }
 
-// The definitions, naive: y = x w^T (+ bias); dy w; dy^T x; column sums.
-M x_wt(const M& x, const M& w) {
-  M y{x.rows, w.rows, std::vector<double>(static_cast<std::size_t>(x.rows * w.rows))};
-  for (i64 r = 0; r < x.rows; ++r)
-    for (i64 o = 0; o < w.rows; ++o) {
+// The definitions, naive: op(a) op(b) (x w^T, dy w, dy^T x); column sums.
+M matmul(const M& a, bool trans_a, const M& b, bool trans_b) {
+  const i64 rows = trans_a ? a.cols : a.rows, inner = trans_a ? a.rows : a.cols, cols = trans_b ? b.rows : b.cols;
+  const auto at = [](const M& m, bool t, i64 r, i64 c) { return t ? m.at(c, r) : m.at(r, c); };
+  M y{rows, cols, std::vector<double>(static_cast<std::size_t>(rows * cols))};
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < cols; ++c) {
       double s = 0;
-      for (i64 i = 0; i < x.cols; ++i) s += x.at(r, i) * w.at(o, i);
-      y.at(r, o) = s;
+      for (i64 l = 0; l < inner; ++l) s += at(a, trans_a, r, l) * at(b, trans_b, l, c);
+      y.at(r, c) = s;
     }
   return y;
-}
-M dy_w(const M& dy, const M& w) {
-  M d{dy.rows, w.cols, std::vector<double>(static_cast<std::size_t>(dy.rows * w.cols))};
-  for (i64 r = 0; r < dy.rows; ++r)
-    for (i64 i = 0; i < w.cols; ++i) {
-      double s = 0;
-      for (i64 o = 0; o < dy.cols; ++o) s += dy.at(r, o) * w.at(o, i);
-      d.at(r, i) = s;
-    }
-  return d;
-}
-M dyt_x(const M& dy, const M& x) {
-  M d{dy.cols, x.cols, std::vector<double>(static_cast<std::size_t>(dy.cols * x.cols))};
-  for (i64 o = 0; o < dy.cols; ++o)
-    for (i64 i = 0; i < x.cols; ++i) {
-      double s = 0;
-      for (i64 r = 0; r < dy.rows; ++r) s += dy.at(r, o) * x.at(r, i);
-      d.at(o, i) = s;
-    }
-  return d;
 }
 std::vector<double> column_sums(const M& m) {
   std::vector<double> s(static_cast<std::size_t>(m.cols), 0.0);
@@ -104,7 +86,9 @@ struct Expected {
   std::vector<double> dbias_gelu, dbias_w;
 };
 struct Inputs {
-  M x, w, bias, dy_fwd, dy_bwd, w2, dw0;  // dy_fwd [N, out] for the weight gradient; dy_bwd [N, out2] into w2
+  // x [N, in], w and w2 [out, in], bias [out], dy_fwd and dy_bwd [N, out], dw0 [out, in]: dy_fwd feeds the
+  // weight gradient, dy_bwd the GeLU backward (through w2, into [N, in], with x as the GeLU's input).
+  M x, w, bias, dy_fwd, dy_bwd, w2, dw0;
   std::vector<double> dbias0_in, dbias0_out;
 };
 Inputs make_inputs(i64 rows, i64 in, i64 out) {
@@ -113,7 +97,7 @@ Inputs make_inputs(i64 rows, i64 in, i64 out) {
   a.w = random_m(out, in, 2, 0.3);
   a.bias = random_m(1, out, 3);
   a.dy_fwd = random_m(rows, out, 4);
-  a.w2 = random_m(out, in, 5, 0.3);  // the next layer's weight [out2 = out, in2 = ... ] reused as [out, in]
+  a.w2 = random_m(out, in, 5, 0.3);
   a.dy_bwd = random_m(rows, out, 6);
   a.dw0 = random_m(out, in, 7, 0.1);
   a.dbias0_in = random_m(1, in, 8, 0.1).v;
@@ -122,20 +106,19 @@ Inputs make_inputs(i64 rows, i64 in, i64 out) {
 }
 Expected expected(const Inputs& a) {
   Expected e;
-  e.y = x_wt(a.x, a.w);
+  e.y = matmul(a.x, false, a.w, true);
   for (i64 r = 0; r < e.y.rows; ++r)
     for (i64 c = 0; c < e.y.cols; ++c) e.y.at(r, c) += a.bias.v[static_cast<std::size_t>(c)];
   e.pre = e.y;
   e.out = e.y;
   for (double& v : e.out.v) v = gelu(v);
-  // GeLU backward: pre here is x w^T + b over [N, in]... its shape must match
-  // dy w2 ([N, in]); use the forward's x (shape [N, in]) as that pre.
-  e.dpre = dy_w(a.dy_bwd, a.w2);
+  // The GeLU backward: dy_bwd w2 is [N, in]; x stands for the GeLU's input there.
+  e.dpre = matmul(a.dy_bwd, false, a.w2, false);
   for (i64 r = 0; r < e.dpre.rows; ++r)
     for (i64 c = 0; c < e.dpre.cols; ++c) e.dpre.at(r, c) *= dgelu(a.x.at(r, c));
   e.dbias_gelu = column_sums(e.dpre);
   for (std::size_t i = 0; i < e.dbias_gelu.size(); ++i) e.dbias_gelu[i] += a.dbias0_in[i];
-  e.dw = dyt_x(a.dy_fwd, a.x);
+  e.dw = matmul(a.dy_fwd, true, a.x, false);
   for (std::size_t i = 0; i < e.dw.v.size(); ++i) e.dw.v[i] += a.dw0.v[i];
   e.dbias_w = column_sums(a.dy_fwd);
   for (std::size_t i = 0; i < e.dbias_w.size(); ++i) e.dbias_w[i] += a.dbias0_out[i];

@@ -242,6 +242,7 @@ for phase in "$@"; do
         if [ "$phase" != peers-layer ]; then
           ours_gpt cudnn; theirs_gpt --compile; ours_gpt cudnn +epilogues --gemm-epilogues
           ours_gpt unfused; ours_gpt fused; theirs_gpt
+          ours_gpt unfused +epilogues --gemm-epilogues  # the epilogues' gain without cuDNN, should cuDNN refuse
         fi
         if [ "$phase" != peers-gpt ]; then
           ours_layer cudnn; theirs_layer --compile; ours_layer cudnn --gemm-epilogues

@@ -439,6 +439,42 @@ TEST_F(Cuda, CountsHostWaitsAndQueuesDeviceCopies) {
   EXPECT_EQ(gpu->host_waits(), w0 + 2);
 }
 
+// Queued transfers (Pa+cpu's offload): a copy to page-locked host memory is
+// ordered after the compute queued before it and does not hold the host up;
+// a copy back, with queue_after, is seen by the work queued after it. The
+// page-locked host device reuses freed blocks (no cudaHostAlloc per step).
+TEST_F(Cuda, QueuedTransfersFollowTheComputeWithoutHoldingTheHost) {
+  auto pinned = gpu->host_device();
+  EXPECT_EQ(pinned, gpu->host_device()) << "one per GPU";
+  Tensor a = Tensor::zeros(gpu, {4096, 4096}, DType::BF16, MemoryCategory::Workspace);
+  Tensor c = Tensor::empty(gpu, {4096, 4096}, DType::BF16, MemoryCategory::Workspace);
+  auto src = random({1 << 20}, DType::F32);
+  Tensor out = Tensor::empty(gpu, src.g.shape(), DType::F32, MemoryCategory::Workspace);
+  Tensor host_copy = Tensor::empty(pinned, src.g.shape(), DType::F32, MemoryCategory::Workspace);
+  const std::int64_t w0 = gpu->host_waits();
+  const auto begin = gpu->mark();
+  for (int i = 0; i < 16; ++i) gemm(a, false, a, false, c);  // ~2 TFLOP queued
+  out.copy_from(src.g);                                      // queued after them
+  const auto host0 = std::chrono::steady_clock::now();
+  auto down = gpu->copy_to_host_queued(host_copy.data(), out.data(), out.nbytes());
+  const double issue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - host0).count();
+  gpu->wait(*down);
+  const double gemms_s = gpu->seconds_between(*begin, *gpu->mark());
+  EXPECT_LT(issue_s, gemms_s) << "queuing the copy waited for the GEMMs";
+  EXPECT_EQ(host_copy.to_double_vector(), src.c.to_double_vector()) << "the copy saw the work queued before it";
+  Tensor again = Tensor::zeros(gpu, src.g.shape(), DType::F32, MemoryCategory::Workspace);
+  auto up = gpu->copy_from_host_queued(again.data(), host_copy.data(), again.nbytes());
+  gpu->queue_after(*up);
+  Tensor twice = Tensor::empty(gpu, src.g.shape(), DType::F32, MemoryCategory::Workspace);
+  twice.copy_from(again);  // queued after the wait: sees the copied bytes
+  EXPECT_EQ(twice.to_double_vector(), src.c.to_double_vector());
+  EXPECT_EQ(gpu->host_waits(), w0 + 1) << "only the read-back";
+  const void* block = host_copy.data();
+  host_copy = Tensor();
+  Tensor reused = Tensor::empty(pinned, src.g.shape(), DType::F32, MemoryCategory::Workspace);
+  EXPECT_EQ(reused.data(), block) << "the freed page-locked block is reused, not allocated again";
+}
+
 TEST_F(Cuda, FlatCastsRoundAsTheHostDoes) {
   // Master weights into 16-bit parameters (and back): the flat cast kernel
   // gives the host's megazero::convert bit for bit, fp64 sources included.

@@ -291,6 +291,35 @@ TEST(IsolatedDevice, CountsTheHostWaitsAGpuWouldMake) {
   EXPECT_EQ(h->host_waits(), 0) << "host memory: nothing to wait for";
 }
 
+// Queued transfers (Pa+cpu's offload): deferred on the isolated device until
+// the first queue_after/wait, as a GPU's copy lands some time after it is
+// queued — code that reads before ordering sees stale bytes here too. The CPU
+// device copies at once. Neither counts as a host wait.
+TEST(IsolatedDevice, QueuedTransfersLandAtTheirFirstWait) {
+  auto d = isolated();
+  Tensor t = values(d, {16}, DType::F32, 3.0);
+  const auto want = values(host(), {16}, DType::F32, 3.0).to_double_vector();
+  const std::int64_t w0 = d->host_waits();
+  std::vector<float> staged(16, -1.0f);
+  auto down = d->copy_to_host_queued(staged.data(), t.data(), t.nbytes());
+  EXPECT_EQ(staged[0], -1.0f) << "not before an ordering";
+  d->queue_after(*down);
+  for (std::size_t i = 0; i < staged.size(); ++i) EXPECT_EQ(staged[i], static_cast<float>(want[i])) << i;
+  std::vector<float> back(16, 7.0f);
+  auto up = d->copy_from_host_queued(t.data(), back.data(), t.nbytes());
+  EXPECT_EQ(t.to_double_vector(), want) << "not before an ordering";
+  d->wait(*up);
+  d->wait(*up);  // once is enough; again is harmless
+  EXPECT_EQ(t.to_double_vector(), std::vector<double>(16, 7.0));
+  EXPECT_EQ(d->host_waits(), w0 + 2) << "only the two read-backs";
+  auto h = host();
+  Tensor c = values(h, {16}, DType::F32, 1.0);
+  std::vector<float> now(16, 0.0f);
+  auto done = h->copy_to_host_queued(now.data(), c.data(), c.nbytes());
+  EXPECT_EQ(now[3], static_cast<float>(c.to_double_vector()[3])) << "host memory: at once";
+  EXPECT_THROW(d->queue_after(*done), InternalError) << "a transfer of another device";
+}
+
 TEST(IsolatedDevice, CollectivesStageDeviceTensorsThroughTheHost) {
   auto world = MpiCommunicator::world();
   auto d = isolated();

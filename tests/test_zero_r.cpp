@@ -100,12 +100,13 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
       // One all-gather of B x S x H per layer per micro-batch, nothing else.
       EXPECT_EQ(o.tp_gathered - base.tp_gathered, zr.partition_activations ? o.micro_batches * L * n : 0);
       // Host waits per step on a device the host cannot read (cpu-isolated; a
-      // GPU): the grad norm and the loss, and with Pa+cpu a blocking copy to
-      // the host per layer in forward and one back in backward, per
-      // micro-batch — on a GPU each drains the queue (not yet overlapped).
+      // GPU): the grad norm and the loss, whatever the policy — Pa+cpu's
+      // copies to and from the host are queued behind the compute (on a GPU a
+      // side stream ordered by events), so the host never drains the queue
+      // for them. (The isolated device defers each queued copy to the first
+      // wait on it, so an ordering left out shows in the losses above.)
       if (!o.device_host_accessible) {
-        const std::int64_t per_step = o.micro_batches / static_cast<std::int64_t>(o.host_waits.size());
-        for (std::int64_t w : o.host_waits) EXPECT_EQ(w, 2 + (zr.cpu_checkpointing ? 2 * L * per_step : 0));
+        for (std::int64_t w : o.host_waits) EXPECT_EQ(w, 2);
       }
     }
   }

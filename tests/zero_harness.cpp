@@ -78,7 +78,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.contiguous_gradients = s.zero_r.contiguous_memory;
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
   engine->initialize(77);
-  host = make_device(DeviceKind::CPU);
+  host = device->host_device();
   if (s.zero_r.any()) {
     zero::ZeroRConfig zr = s.zero_r;
     zr.inputs_split_across_tp = s.sequence_parallel && s.tp > 1;

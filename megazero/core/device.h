@@ -158,6 +158,29 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes);
   virtual void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes);
 
+  // Transfers queued behind the device's work (Pa+cpu's checkpoint offload):
+  // the copy runs once everything issued so far has run, on a side stream,
+  // and the host goes on at once. The handle orders what must follow:
+  // queue_after(t) makes device work issued later wait for it (a GPU-side
+  // wait: the host does not block), wait(t) blocks the host until it is done
+  // (before host memory it reads or writes is freed or read). Until then the
+  // caller keeps both sides' memory alive and untouched. Host memory from
+  // host_device() is page-locked on a GPU, which an asynchronous copy needs.
+  // Host devices copy at once; the isolated device defers each copy to the
+  // first queue_after/wait, so a missing one shows as stale data.
+  class Transfer {
+   public:
+    virtual ~Transfer() = default;
+  };
+  virtual std::shared_ptr<Transfer> copy_to_host_queued(void* host_dst, const void* src, std::size_t bytes);
+  virtual std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes);
+  virtual void queue_after(const Transfer& t);
+  virtual void wait(const Transfer& t);
+  // A host device for memory this device exchanges with the host (its own
+  // counters): page-locked, with freed blocks kept for reuse, on a GPU; plain
+  // host memory elsewhere.
+  virtual std::shared_ptr<Device> host_device();
+
   // Host memory to stage this device's data through (a checkpoint's shards):
   // page-locked on a GPU, so copies into it are DMA transfers. Not device
   // memory: neither the tracker nor the arena sees it.
@@ -184,7 +207,9 @@ class Device : public std::enable_shared_from_this<Device> {
   std::atomic<std::int64_t> host_waits_{0};
 };
 
-class CpuDevice final : public Device {
+// Host memory. Not final: a GPU's page-locked host memory is a CpuDevice with
+// another allocator (megazero/cuda/pinned_host_device.h).
+class CpuDevice : public Device {
  public:
   static constexpr std::size_t kAlignment = 64;
   CpuDevice();

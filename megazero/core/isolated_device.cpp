@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
@@ -232,6 +233,46 @@ void IsolatedCpuDevice::copy_from_host_after(const Mark&, void* dst, const void*
   if (bytes) std::memcpy(alias_of(dst, bytes, "copy_from_host_after"), host_src, bytes);
 }
 void IsolatedCpuDevice::synchronize() { count_host_wait(); }
+
+namespace {
+struct DeferredTransfer final : Device::Transfer {
+  std::function<void()> copy;  // emptied once run
+  void run() {
+    if (!copy) return;
+    auto c = std::move(copy);
+    copy = nullptr;
+    c();
+  }
+};
+}  // namespace
+
+std::shared_ptr<Device::Transfer> IsolatedCpuDevice::copy_to_host_queued(void* host_dst, const void* src,
+                                                                        std::size_t bytes) {
+  auto t = std::make_shared<DeferredTransfer>();
+  if (bytes)
+    t->copy = [host_dst, src, bytes] {
+      std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host_queued"), bytes);
+    };
+  return t;
+}
+
+std::shared_ptr<Device::Transfer> IsolatedCpuDevice::copy_from_host_queued(void* dst, const void* host_src,
+                                                                          std::size_t bytes) {
+  auto t = std::make_shared<DeferredTransfer>();
+  if (bytes)
+    t->copy = [dst, host_src, bytes] {
+      std::memcpy(alias_of(dst, bytes, "copy_from_host_queued"), host_src, bytes);
+    };
+  return t;
+}
+
+void IsolatedCpuDevice::queue_after(const Transfer& t) {
+  auto* d = dynamic_cast<const DeferredTransfer*>(&t);
+  MZ_CHECK(d != nullptr, "queue_after on ", name(), ": a transfer of another device");
+  const_cast<DeferredTransfer*>(d)->run();
+}
+
+void IsolatedCpuDevice::wait(const Transfer& t) { queue_after(t); }
 void IsolatedCpuDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
   if (bytes && dst != src)
     std::memmove(alias_of(dst, bytes, "copy_within"), alias_of(src, bytes, "copy_within"), bytes);

@@ -43,6 +43,13 @@ class IsolatedCpuDevice final : public Device {
   void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) override;
   void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) override;
   void synchronize() override;
+  // Deferred until the first queue_after/wait on the handle (a GPU's copy
+  // runs some time after it is queued): a forgotten one leaves the
+  // destination stale, and a source freed before it fails the copy.
+  std::shared_ptr<Transfer> copy_to_host_queued(void* host_dst, const void* src, std::size_t bytes) override;
+  std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes) override;
+  void queue_after(const Transfer& t) override;
+  void wait(const Transfer& t) override;
   void copy_within(void* dst, const void* src, std::size_t bytes) override;
   void fill_zero(void* dst, std::size_t bytes) override;
 

@@ -1,5 +1,6 @@
 #include "megazero/cuda/cuda_device.h"
 
+#include "megazero/cuda/pinned_host_device.h"
 #include "megazero/cuda/strided_copy.h"
 
 #include <algorithm>
@@ -48,6 +49,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&offload_stream_, cudaStreamNonBlocking));
   // The device's memory pool keeps what it once reserved (no release
   // threshold): after the first step every allocation is served from memory
   // the pool already holds, with no driver call and no device synchronisation.
@@ -65,6 +67,8 @@ CudaDevice::~CudaDevice() {
   (void)cudaStreamDestroy(stream_);  // needs no current device: the stream knows its own
   (void)cudaStreamSynchronize(copy_stream_);
   (void)cudaStreamDestroy(copy_stream_);
+  (void)cudaStreamSynchronize(offload_stream_);
+  (void)cudaStreamDestroy(offload_stream_);
 }
 
 void* CudaDevice::raw_allocate(std::size_t bytes) {
@@ -235,6 +239,67 @@ void CudaDevice::copy_to_host_after(const Mark& after, void* host_dst, const voi
 
 void CudaDevice::copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) {
   copy_after(after, dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+
+namespace {
+struct EventTransfer final : Device::Transfer {
+  cudaEvent_t done = nullptr;
+  int device = 0;
+  ~EventTransfer() override {
+    if (done) (void)cudaEventDestroy(done);  // safe before completion: destroyed once reached
+  }
+};
+const EventTransfer& event_transfer(const Device::Transfer& t, int device, const std::string& name) {
+  const auto* e = dynamic_cast<const EventTransfer*>(&t);
+  MZ_CHECK(e && e->device == device, "a transfer of another device on ", name);
+  return *e;
+}
+}  // namespace
+
+std::shared_ptr<Device::Transfer> CudaDevice::queue_copy(void* dst, const void* src, std::size_t bytes,
+                                                         cudaMemcpyKind kind) {
+  CudaDeviceGuard guard(index_);
+  auto t = std::make_shared<EventTransfer>();
+  t->device = index_;
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&t->done, cudaEventDisableTiming));
+  if (bytes > 0) {
+    cudaEvent_t issued = nullptr;  // everything queued on the compute stream so far
+    MZ_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+    const cudaError_t recorded = cudaEventRecord(issued, stream_);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(offload_stream_, issued, 0) : recorded;
+    (void)cudaEventDestroy(issued);  // released once reached
+    MZ_CUDA_CHECK(waited);
+    MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, offload_stream_));
+  }
+  MZ_CUDA_CHECK(cudaEventRecord(t->done, offload_stream_));
+  return t;
+}
+
+std::shared_ptr<Device::Transfer> CudaDevice::copy_to_host_queued(void* host_dst, const void* src,
+                                                                 std::size_t bytes) {
+  return queue_copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
+}
+
+std::shared_ptr<Device::Transfer> CudaDevice::copy_from_host_queued(void* dst, const void* host_src,
+                                                                   std::size_t bytes) {
+  return queue_copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+}
+
+void CudaDevice::queue_after(const Transfer& t) {
+  const EventTransfer& e = event_transfer(t, index_, name());
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.done, 0));
+}
+
+void CudaDevice::wait(const Transfer& t) {
+  const EventTransfer& e = event_transfer(t, index_, name());
+  CudaDeviceGuard guard(index_);
+  MZ_CUDA_CHECK(cudaEventSynchronize(e.done));
+}
+
+std::shared_ptr<Device> CudaDevice::host_device() {
+  if (!host_) host_ = std::make_shared<cuda::PinnedHostDevice>(index_);
+  return host_;
 }
 
 // ---------------------------------------------------------------- factory

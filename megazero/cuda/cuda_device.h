@@ -82,6 +82,15 @@ class CudaDevice final : public Device {
   std::optional<MemoryInfo> memory_info() override;
   // Page-locked (cudaHostAlloc), so device-to-host copies into it are DMA.
   std::shared_ptr<void> allocate_host_staging(std::size_t bytes) override;
+  // On the offload stream, after an event recorded now on the compute stream;
+  // the handle is an event recorded after the copy. queue_after: the compute
+  // stream waits for it (cudaStreamWaitEvent); wait: cudaEventSynchronize.
+  std::shared_ptr<Transfer> copy_to_host_queued(void* host_dst, const void* src, std::size_t bytes) override;
+  std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes) override;
+  void queue_after(const Transfer& t) override;
+  void wait(const Transfer& t) override;
+  // Page-locked host memory (PinnedHostDevice), one per CudaDevice.
+  std::shared_ptr<Device> host_device() override;
 
  protected:
   void* raw_allocate(std::size_t bytes) override;
@@ -91,12 +100,17 @@ class CudaDevice final : public Device {
   void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);  // the host waits (counted)
   void copy_queued(void* dst, const void* src, std::size_t bytes);                   // device to device, no wait
   void copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+  std::shared_ptr<Transfer> queue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 
   int index_;
   cudaStream_t stream_ = nullptr;
   // Host copies ordered by an event rather than by the compute stream
   // (copy_*_after); several communication threads may share it.
   cudaStream_t copy_stream_ = nullptr;
+  // The queued transfers' own stream, so a communication thread's staged copy
+  // (copy_stream_) never waits behind an offload that waits for compute.
+  cudaStream_t offload_stream_ = nullptr;
+  std::shared_ptr<Device> host_;  // made on first use
 };
 
 // The CudaDevice behind `d`; InternalError if `d` is another kind of device.

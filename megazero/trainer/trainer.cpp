@@ -254,7 +254,7 @@ void Trainer::Impl::build() {
   auto& engine = *engine_;
   engine.initialize(args.seed);
   // ZeRO-R: where recomputing layers keep their inputs (Pa, Pa+cpu, MD).
-  host = make_device(DeviceKind::CPU);  // host memory for Pa+cpu, with its own counters
+  host = device->host_device();  // host memory for Pa+cpu (page-locked on a GPU), with its own counters
   if (args.zero_r.any()) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
                                                                  static_cast<int>(args.model.num_layers));

@@ -22,6 +22,26 @@ PartitionedCheckpoints::PartitionedCheckpoints(const ZeroRConfig& cfg, Communica
   saved_.resize(static_cast<std::size_t>(num_layers));
 }
 
+PartitionedCheckpoints::~PartitionedCheckpoints() {
+  try {
+    retire();
+  } catch (...) {  // a destructor does not throw; a failed transfer has shown up in a step already
+  }
+}
+
+// Offloads (device -> host): device work issued from now on waits for the
+// copy, so memory it frees and reuses is never read by the copy. Restores
+// (host -> device): the host waits for the copy (done long ago: the gather
+// after it already waited on the device) before the host slice can be freed.
+void PartitionedCheckpoints::retire() {
+  for (Pending& p : pending_) {
+    if (!p.transfer) continue;  // a dry run's: nothing was copied
+    if (p.device_side.defined()) device_->queue_after(*p.transfer);
+    if (p.host_side.defined()) device_->wait(*p.transfer);
+  }
+  pending_.clear();
+}
+
 // MD: one arena of num_layers slots, (re)reserved only when the checkpoint
 // size grows; a smaller micro-batch uses the front of each slot.
 void PartitionedCheckpoints::ensure_arena(std::int64_t chunk, DType dtype) {
@@ -41,6 +61,7 @@ void PartitionedCheckpoints::reserve(std::int64_t elements, DType dtype) {
 
 void PartitionedCheckpoints::save(int layer, const Tensor& x) {
   MZ_CHECK(layer >= 0 && layer < num_layers_, "checkpoint of layer ", layer);
+  retire();
   Saved& s = saved_[static_cast<std::size_t>(layer)];
   const std::int64_t n = x.numel();
   const int parts = cfg_.partitions(tp_.size());
@@ -59,8 +80,19 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
     const auto& dev = cfg_.cpu_checkpointing ? host_ : device_;
     dst = Tensor::empty(dev, {len}, x.dtype(), MemoryCategory::ActivationCheckpoints, "checkpoint-slice");
   }
-  dst.copy_from(x.flatten().narrow(0, begin, len));
-  if (cfg_.cpu_checkpointing) stats_.host_copies_bytes += static_cast<std::int64_t>(dst.nbytes());
+  const Tensor src = x.flatten().narrow(0, begin, len);
+  if (cfg_.cpu_checkpointing) {
+    // Queued behind the layer's producer on the device's side stream: the
+    // host goes on, and the GPU computes while the slice crosses to the host.
+    // (A dry run keeps the same tensors alive as long, without the copy: the plan's lifetimes are the run's.)
+    if (len > 0)
+      pending_.push_back({x.device().has_storage() ? device_->copy_to_host_queued(dst.data(), src.data(), dst.nbytes())
+                                                   : nullptr,
+                          src, Tensor()});
+    stats_.host_copies_bytes += static_cast<std::int64_t>(dst.nbytes());
+  } else {
+    dst.copy_from(src);
+  }
   s.shape = x.shape();
   s.slice = dst;
   s.present = true;
@@ -69,11 +101,19 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
 Tensor PartitionedCheckpoints::restore(int layer) {
   Saved& s = saved_[static_cast<std::size_t>(layer)];
   MZ_CHECK(s.present, "layer ", layer, ": backward before forward");
+  retire();
   Tensor full = Tensor::empty(device_, s.shape, s.slice.dtype(), MemoryCategory::Activations);
   Tensor part = s.slice;
-  if (cfg_.cpu_checkpointing) {  // back from host memory before the collective
+  if (cfg_.cpu_checkpointing) {  // back from host memory, queued; the gather below waits for it on the device
     part = Tensor::empty(device_, s.slice.shape(), s.slice.dtype(), MemoryCategory::Activations);
-    part.copy_from(s.slice);
+    if (part.numel() > 0) {
+      std::shared_ptr<Device::Transfer> t;
+      if (part.device().has_storage()) {
+        t = device_->copy_from_host_queued(part.data(), s.slice.data(), part.nbytes());
+        device_->queue_after(*t);
+      }
+      pending_.push_back({std::move(t), Tensor(), s.slice});
+    }
     stats_.host_copies_bytes += static_cast<std::int64_t>(part.nbytes());
   }
   if (s.counts.size() > 1) {

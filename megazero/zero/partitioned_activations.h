@@ -44,6 +44,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
   // `host` holds the slices under Pa+cpu (its own memory counters).
   PartitionedCheckpoints(const ZeroRConfig& cfg, Communicator& tp, std::shared_ptr<Device> device,
                          std::shared_ptr<Device> host, int num_layers);
+  ~PartitionedCheckpoints() override;
   void save(int layer, const Tensor& x) override;
   Tensor restore(int layer) override;
   // MD: reserve the arena now, for layer inputs of `elements` (micro-batch x
@@ -68,6 +69,14 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
     bool present = false;
   };
   void ensure_arena(std::int64_t chunk, DType dtype);
+  // Pa+cpu's copies are queued behind the compute (Device::copy_*_queued): a
+  // pending one keeps what it reads or writes alive until the next save or
+  // restore orders it before whatever may reuse that memory (retire()).
+  struct Pending {
+    std::shared_ptr<Device::Transfer> transfer;
+    Tensor device_side, host_side;
+  };
+  void retire();
 
   ZeroRConfig cfg_;
   Communicator& tp_;
@@ -77,6 +86,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
   Tensor arena_;
   std::int64_t arena_chunk_ = 0;
   Stats stats_;
+  std::vector<Pending> pending_;
 };
 
 }  // namespace megazero::zero

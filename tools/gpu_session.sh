@@ -37,7 +37,8 @@
 #            (cuBLASLt epilogues): test_linear_epilogues' GPU half, the model's TP test with them in fp32,
 #            bench_layer and the 355M run with cudnn + epilogues. Run it after paths.
 #   zero3  - ZeRO stages 0-3 on 2 ranks sharing the GPU (MPI backend), step time and the exposed
-#            DP communication that stage 3's prefetch leaves (issue #21's last goal).
+#            DP communication that stage 3's prefetch leaves (issue #21's last goal); then
+#            recompute with and without Pa+cpu (its queued offload's cost).
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
@@ -270,6 +271,15 @@ for phase in "$@"; do
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
             --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --zero-stage $st
+          echo "== exit $?"
+        done
+        # Pa+cpu's offload, queued behind the compute since 2026-11-26: its cost over plain recompute.
+        for zr in "" "--partition-activations --cpu-checkpointing"; do
+          echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO 2, --recompute-activations $zr"
+          mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+            --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
+            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --zero-stage 2 \
+            --recompute-activations $zr
           echo "== exit $?"
         done
       } > "$out/zero3.txt" 2>&1

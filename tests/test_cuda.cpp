@@ -537,9 +537,9 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
     const char* attention;
     bool epilogues = false;  // --gemm-epilogues on the GPU side (cuBLASLt); the CPU side runs the plain passes
   };
-  for (const Variant& var : {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"},
-                             Variant{DType::BF16, "fused"}, Variant{DType::F32, "unfused", true},
-                             Variant{DType::BF16, "fused", true}})
+  for (const Variant& var :
+       {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"}, Variant{DType::BF16, "fused"},
+        Variant{DType::F32, "unfused", true}, Variant{DType::BF16, "fused", true}})
     for (bool recompute : {false, true}) {
       const DType dt = var.dt;
       layers::GPTConfig cfg;

@@ -247,22 +247,18 @@ struct DeferredTransfer final : Device::Transfer {
 }  // namespace
 
 std::shared_ptr<Device::Transfer> IsolatedCpuDevice::copy_to_host_queued(void* host_dst, const void* src,
-                                                                        std::size_t bytes) {
+                                                                         std::size_t bytes) {
   auto t = std::make_shared<DeferredTransfer>();
   if (bytes)
-    t->copy = [host_dst, src, bytes] {
-      std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host_queued"), bytes);
-    };
+    t->copy = [host_dst, src, bytes] { std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host_queued"), bytes); };
   return t;
 }
 
 std::shared_ptr<Device::Transfer> IsolatedCpuDevice::copy_from_host_queued(void* dst, const void* host_src,
-                                                                          std::size_t bytes) {
+                                                                           std::size_t bytes) {
   auto t = std::make_shared<DeferredTransfer>();
   if (bytes)
-    t->copy = [dst, host_src, bytes] {
-      std::memcpy(alias_of(dst, bytes, "copy_from_host_queued"), host_src, bytes);
-    };
+    t->copy = [dst, host_src, bytes] { std::memcpy(alias_of(dst, bytes, "copy_from_host_queued"), host_src, bytes); };
   return t;
 }
 

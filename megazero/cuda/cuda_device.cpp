@@ -275,13 +275,12 @@ std::shared_ptr<Device::Transfer> CudaDevice::queue_copy(void* dst, const void* 
   return t;
 }
 
-std::shared_ptr<Device::Transfer> CudaDevice::copy_to_host_queued(void* host_dst, const void* src,
-                                                                 std::size_t bytes) {
+std::shared_ptr<Device::Transfer> CudaDevice::copy_to_host_queued(void* host_dst, const void* src, std::size_t bytes) {
   return queue_copy(host_dst, src, bytes, cudaMemcpyDeviceToHost);
 }
 
 std::shared_ptr<Device::Transfer> CudaDevice::copy_from_host_queued(void* dst, const void* host_src,
-                                                                   std::size_t bytes) {
+                                                                    std::size_t bytes) {
   return queue_copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
 }
 

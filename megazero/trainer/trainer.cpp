@@ -567,7 +567,8 @@ TrainResult Trainer::Impl::train() {
                 ? detail::concat(" | host waits per iteration ", host_waits, " | forward+backward issued in ",
                                  fixed1(host_issue * 1e3), " ms of host time")
                       .c_str()
-                : detail::concat(" | host waits per iteration ", host_waits, " (each drains the device's queue)").c_str());
+                : detail::concat(" | host waits per iteration ", host_waits, " (each drains the device's queue)")
+                      .c_str());
         if (args.model.gemm_epilogues && !epilogues_reported) {  // once: which GEMMs cuBLASLt took
           std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
           epilogues_reported = true;
@@ -584,9 +585,8 @@ TrainResult Trainer::Impl::train() {
                   << ", \"backward_ms\": " << bwd.max * 1e3 << ", \"optimizer_ms\": " << optim_t.max * 1e3
                   << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3 << ", \"host_waits_per_iteration\": " << host_waits
                   << ", \"host_issue_forward_backward_ms\": " << host_issue * 1e3
-                  << ", \"slowest_rank\": " << step_spread.slowest
-                  << ", \"activations_peak_bytes\": " << act_peak << ", \"checkpoints_peak_bytes\": " << ckpt_peak
-                  << ", \"first_fit_heap_peak_bytes\": " << heap_peak
+                  << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
+                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak << ", \"first_fit_heap_peak_bytes\": " << heap_peak
                   << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak << ", \"arena_misses\": " << arena_misses
                   << "}\n"
                   << std::flush;

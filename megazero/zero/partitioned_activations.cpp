@@ -86,9 +86,9 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
     // host goes on, and the GPU computes while the slice crosses to the host.
     // (A dry run keeps the same tensors alive as long, without the copy: the plan's lifetimes are the run's.)
     if (len > 0)
-      pending_.push_back({x.device().has_storage() ? device_->copy_to_host_queued(dst.data(), src.data(), dst.nbytes())
-                                                   : nullptr,
-                          src, Tensor()});
+      pending_.push_back(
+          {x.device().has_storage() ? device_->copy_to_host_queued(dst.data(), src.data(), dst.nbytes()) : nullptr, src,
+           Tensor()});
     stats_.host_copies_bytes += static_cast<std::int64_t>(dst.nbytes());
   } else {
     dst.copy_from(src);

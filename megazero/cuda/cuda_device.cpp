@@ -118,7 +118,7 @@ void CudaDevice::copy_sync(void* dst, const void* src, std::size_t bytes, cudaMe
 }
 
 // Device to device: queued on the compute stream like a kernel; the host does not wait.
-void CudaDevice::copy_queued(void* dst, const void* src, std::size_t bytes) {
+void CudaDevice::copy_on_stream(void* dst, const void* src, std::size_t bytes) {
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
 }
@@ -140,11 +140,11 @@ void CudaDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
     // gives memmove semantics: go through a (counted) temporary, whose
     // stream-ordered free (cudaFreeAsync) follows the second copy.
     auto tmp = allocate(bytes, MemoryCategory::Workspace, "copy_within overlap");
-    copy_queued(tmp->data(), src, bytes);
-    copy_queued(dst, tmp->data(), bytes);
+    copy_on_stream(tmp->data(), src, bytes);
+    copy_on_stream(dst, tmp->data(), bytes);
     return;
   }
-  copy_queued(dst, src, bytes);
+  copy_on_stream(dst, src, bytes);
 }
 
 void CudaDevice::fill_zero(void* dst, std::size_t bytes) {

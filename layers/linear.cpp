@@ -70,16 +70,16 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) 
                           ? GatherFromSequenceParallelRegion::forward(*ctx_.tp, input_, MemoryCategory::Activations)
                           : input_;
   Tensor dweight = weight_->grad.view({local_out_, full.size(1)});
-  if (bias_ && !bias_grad_done) {
+  const bool bias_grad = bias_ && !bias_grad_done;
+  if (bias_grad && ctx_.gemm_epilogues) {
     Tensor dbias = bias_->grad.view({local_out_});
-    if (ctx_.gemm_epilogues) {
-      kernels::linear_weight_bias_grad(dy, full, dweight, dbias);  // both in the weight-gradient GEMM
-    } else {
-      gemm(dy, true, full, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
+    kernels::linear_weight_bias_grad(dy, full, dweight, dbias);  // both in the weight-gradient GEMM
+  } else {
+    gemm(dy, true, full, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
+    if (bias_grad) {
+      Tensor dbias = bias_->grad.view({local_out_});
       kernels::bias_grad(dy, dbias);
     }
-  } else {
-    gemm(dy, true, full, false, dweight, 1.0f, 1.0f);
   }
   Tensor dx = ctx_.activation(full.shape());
   gemm(dy, false, weight(), false, dx);  // partial: this rank's outputs only

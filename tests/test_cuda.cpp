@@ -576,12 +576,15 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
         side[d].params.zero_grad();
         side[d].model->backward(1.0);
       }
-      const double t = dt == DType::F32 ? 1e-5 : 3e-2;
+      // cuBLASLt's GeLU epilogue may use the approximate tanh (~2^-11 relative): fp32 with
+      // epilogues is held to 1e-3 / 2e-3 (a wiring error is order 1).
+      const double t = dt == DType::F32 ? (var.epilogues ? 1e-3 : 1e-5) : 3e-2;
+      const double grad_tol = dt == DType::F32 ? (var.epilogues ? 2e-3 : 1e-4) : 6e-2;
       EXPECT_NEAR(side[1].loss, side[0].loss, t * side[0].loss) << dtype_name(dt);
       for (auto* p : side[0].params.all()) {
         const auto& q = side[1].params.get(p->name);
         EXPECT_EQ(rel_diff(q.value, p->value), 0.0) << p->name << ": initialisation";
-        EXPECT_LE(rel_diff(q.grad, p->grad), dt == DType::F32 ? 1e-4 : 6e-2)
+        EXPECT_LE(rel_diff(q.grad, p->grad), grad_tol)
             << p->name << " gradient, " << dtype_name(dt) << (recompute ? " recompute" : "") << " attention "
             << var.attention << (var.epilogues ? ", GEMM epilogues on the GPU" : "");
       }

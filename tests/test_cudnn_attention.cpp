@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <functional>
 #include <random>
+#include <set>
 
 #include "layers/attention.h"
 #include "megazero/comm/mpi_communicator.h"
@@ -88,6 +89,33 @@ TEST(CudnnDescriptors, ABrokenGraphIsRefusedNamingTheOperation) {
   } catch (const InternalError& e) {
     EXPECT_NE(std::string(e.what()).find("matmul_p_v"), std::string::npos) << e.what();
   }
+}
+
+// cuDNN keys its dropout by (seed, offset), the offset a position in its
+// Philox counter that each thread reads a window from: every field of our
+// masks' key, the iteration included, must change the seed itself (an
+// iteration in the offset alone gave consecutive steps overlapping masks).
+TEST(CudnnAttention, DropoutSeedsDifferInEveryFieldOfTheKey) {
+  const RngKey key{1234, 7, 3, kRngAttentionDropout};
+  kernels::DropoutLayout layout;
+  layout.sample_offset = 16;
+  layout.group_offset = 4;
+  std::vector<std::pair<RngKey, kernels::DropoutLayout>> variants(6, {key, layout});
+  variants[1].first.seed += 1;
+  variants[2].first.iteration += 1;
+  variants[3].first.layer += 1;
+  variants[4].second.sample_offset += 8;
+  variants[5].second.group_offset += 1;
+  std::set<std::int64_t> seeds;
+  for (const auto& [k, l] : variants) {
+    const cuda::CudnnDropoutKey c = cuda::cudnn_dropout_seed(k, l);
+    EXPECT_EQ(c.offset, 0);
+    EXPECT_GE(c.seed, 0);  // cuDNN reads an int64
+    seeds.insert(c.seed);
+  }
+  EXPECT_EQ(seeds.size(), variants.size());
+  // The same key twice: the same mask (forward and backward drop alike).
+  EXPECT_EQ(cuda::cudnn_dropout_seed(key, layout).seed, cuda::cudnn_dropout_seed(key, layout).seed);
 }
 
 TEST(CudnnAttention, RefusesDevicesAndShapesItCannotRun) {

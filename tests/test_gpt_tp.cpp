@@ -236,11 +236,15 @@ TEST(GptTensorParallel, CudnnAttentionLayoutMatchesUnfusedTpOne) {
 // --gemm-epilogues: QKV's and fc1's bias, the GeLU and the bias gradients
 // inside the GEMMs. On the CPU the same passes run unfused; on CUDA
 // (MEGAZERO_TEST_DEVICE=cuda) fp32 runs cuBLASLt's epilogues, fp64 the passes.
+// cuBLASLt's GeLU may use the GPU's approximate tanh (~2^-11 relative) where
+// the reference runs our own GeLU kernel: 1e-3 there, still far below what a
+// missing bias or a wrong operand gives (order 1).
 TEST(GptTensorParallel, GemmEpiloguesMatchTpOne) {
+  const double f32_tol = test_support::test_device()->kind() == DeviceKind::CUDA ? 1e-3 : 1e-5;
   compare(world_size(), DType::F64, false, 1e-12, "unfused", true);
-  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5, "unfused", true);
+  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, f32_tol, "unfused", true);
   g_sp = true;  // fc1 and QKV gather their input rows; the bias gradients sum every row
-  compare(world_size(), DType::F32, true, 1e-5, "unfused", true);
+  compare(world_size(), DType::F32, true, f32_tol, "unfused", true);
   g_sp = false;
   g_only_option = 2;  // SwiGLU with biases: the stacked [gate; up] bias in fc1's GEMM
   compare(world_size(), DType::F64, false, 1e-12, "unfused", true);

@@ -9,6 +9,8 @@
 #include <cudnn.h>
 
 #include <cmath>
+#include <cstdint>
+#include <initializer_list>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -174,7 +176,8 @@ class LoweredGraph {
         auto pw = std::make_unique<Descriptor>(CUDNN_BACKEND_POINTWISE_DESCRIPTOR, op.name + " (pointwise)");
         const cudnnPointwiseMode_t mode = pointwise_mode(op.pointwise);
         MZ_SET(*pw, CUDNN_ATTR_POINTWISE_MODE, CUDNN_TYPE_POINTWISE_MODE, &mode, 1);
-        MZ_SET(*pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &compute, 1);
+        const cudnnDataType_t precision = data_type(op.compute);
+        MZ_SET(*pw, CUDNN_ATTR_POINTWISE_MATH_PREC, CUDNN_TYPE_DATA_TYPE, &precision, 1);
         if (op.pointwise == Pointwise::gen_index) MZ_SET(*pw, CUDNN_ATTR_POINTWISE_AXIS, CUDNN_TYPE_INT64, &op.axis, 1);
         pw->finalize();
         auto o = std::make_unique<Descriptor>(CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR, op.name);
@@ -251,16 +254,34 @@ struct Plan {
   bool dropout = false;  // binds the seed and offset tensors
 };
 
+// The cuDNN this process loaded (not the headers it was built with) must run
+// these graphs as written: before 9.6 the dQ accumulator had to be zeroed by
+// the caller, and the frontend refuses 16-bit SDPA on 9.10.0 and 9.10.1.
+void require_supported_cudnn() {
+  const std::size_t v = cudnnGetVersion();
+  MZ_REQUIRE(v >= 90600 && v != 91000 && v != 91001,
+             "--attention-backend cudnn needs cuDNN 9.6 or newer (not 9.10.0 "
+             "or 9.10.1, whose fused attention has known bugs); this process loaded cuDNN ",
+             v, " (built against ", CUDNN_VERSION,
+             "): put a newer libcudnn first on LD_LIBRARY_PATH, or use "
+             "--attention-backend fused or unfused");
+}
+
 std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size_t workspace_budget) {
+  require_supported_cudnn();
   auto plan = std::make_unique<Plan>();
   plan->lowered = std::make_unique<LoweredGraph>(g);
-  plan->op_graph = plan->lowered->operation_graph(handle);
-
   Descriptor heur(CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR, "engine heuristics");
-  const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
-  MZ_SET_DESC(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *plan->op_graph);
-  MZ_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode, 1);
-  heur.finalize();
+  try {  // where cuDNN refuses the graph as a whole: the user's way out is another backend
+    plan->op_graph = plan->lowered->operation_graph(handle);
+    const cudnnBackendHeurMode_t mode = CUDNN_HEUR_MODE_A;
+    MZ_SET_DESC(heur, CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, *plan->op_graph);
+    MZ_SET(heur, CUDNN_ATTR_ENGINEHEUR_MODE, CUDNN_TYPE_HEUR_MODE, &mode, 1);
+    heur.finalize();
+  } catch (const InternalError& e) {
+    throw ConfigError(detail::concat("cuDNN ", cudnnGetVersion(), " refuses this attention graph: ", e.what(),
+                                     "; use --attention-backend fused or unfused"));
+  }
   i64 available = 0;
   check(cudnnBackendGetAttribute(heur.raw(), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0,
                                  &available, nullptr),
@@ -336,10 +357,6 @@ PlanKey key_of(int device, bool backward, const sdpa::Problem& p) {
 struct HandleAndPlans {
   cudnnHandle_t handle = nullptr;
   std::map<PlanKey, std::unique_ptr<Plan>> plans;
-  ~HandleAndPlans() {
-    plans.clear();
-    if (handle) (void)cudnnDestroy(handle);
-  }
 };
 
 // cuDNN handles belong to a thread and a device: one per (thread, GPU).
@@ -347,10 +364,13 @@ std::size_t g_plans_built = 0;
 std::mutex g_count_mutex;
 
 Plan& plan_for(bool backward, const sdpa::Problem& p, std::size_t budget, cudaStream_t stream, cudnnHandle_t* out) {
-  thread_local std::unordered_map<int, HandleAndPlans> per_device;
+  // Never destroyed: at process exit the CUDA runtime may be gone before a
+  // thread_local's destructor runs, and cudnnDestroy then can crash the exit
+  // of a run that succeeded (PyTorch keeps its cuDNN handles for that reason).
+  thread_local auto* per_device = new std::unordered_map<int, HandleAndPlans>();
   int device = 0;
   MZ_CHECK(cudaGetDevice(&device) == cudaSuccess, "cudaGetDevice failed");
-  HandleAndPlans& hp = per_device[device];
+  HandleAndPlans& hp = (*per_device)[device];
   if (!hp.handle) check(cudnnCreate(&hp.handle), "cudnnCreate");
   check(cudnnSetStream(hp.handle, stream), "cudnnSetStream");
   *out = hp.handle;
@@ -389,11 +409,20 @@ void execute(cudnnHandle_t handle, Plan& plan, std::vector<i64> uids, std::vecto
 
 void* carve(kernels::GpuScratch ws, std::size_t offset) { return static_cast<char*>(ws.data) + offset; }
 
+// Every tensor is described to cuDNN as 16-byte aligned (lower_tensor).
+void check_aligned(std::initializer_list<const void*> pointers, const char* what) {
+  for (const void* ptr : pointers)
+    MZ_CHECK(reinterpret_cast<std::uintptr_t>(ptr) % 16 == 0, what, ": an operand at ", ptr,
+             " is not 16-byte aligned, as its cuDNN descriptor says");
+}
+
 }  // namespace
 
 CudnnDropoutKey cudnn_dropout_seed(const RngKey& key, const kernels::DropoutLayout& layout) {
-  // splitmix64 over every field that keys our own masks, so two sites never
-  // share a cuDNN stream; the offset advances per iteration.
+  // splitmix64 over every field that keys our own masks (the iteration too),
+  // so two sites or steps never share a cuDNN stream. The offset stays 0: it
+  // is a position in the Philox counter, of which each of cuDNN's threads
+  // consumes a window, so offsets 1 apart would give overlapping masks.
   auto mix = [](std::uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
     x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -401,13 +430,13 @@ CudnnDropoutKey cudnn_dropout_seed(const RngKey& key, const kernels::DropoutLayo
     return x ^ (x >> 31);
   };
   std::uint64_t h = mix(key.seed);
-  for (std::uint64_t field : {static_cast<std::uint64_t>(key.layer), static_cast<std::uint64_t>(key.site),
-                              static_cast<std::uint64_t>(layout.sample_offset),
+  for (std::uint64_t field : {static_cast<std::uint64_t>(key.iteration), static_cast<std::uint64_t>(key.layer),
+                              static_cast<std::uint64_t>(key.site), static_cast<std::uint64_t>(layout.sample_offset),
                               static_cast<std::uint64_t>(layout.group_offset)})
     h = mix(h ^ field);
   CudnnDropoutKey out;
   out.seed = static_cast<std::int64_t>(h >> 1);
-  out.offset = static_cast<std::int64_t>(key.iteration);
+  out.offset = 0;
   return out;
 }
 
@@ -424,6 +453,7 @@ void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, co
   const auto pieces = scratch_of(p, false);
   MZ_CHECK(ws.data != nullptr && ws.bytes >= pieces.total(), "cuDNN attention forward: given ", ws.bytes,
            " bytes of scratch, needs ", pieces.total());
+  check_aligned({q, k, v, o, stats}, "cuDNN attention forward");
   cudnnHandle_t handle = nullptr;
   Plan& plan = plan_for(false, p, pieces.engine, stream, &handle);
   execute(handle, plan, {sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kStats},
@@ -437,6 +467,7 @@ void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, c
   const auto pieces = scratch_of(p, true);
   MZ_CHECK(ws.data != nullptr && ws.bytes >= pieces.total(), "cuDNN attention backward: given ", ws.bytes,
            " bytes of scratch, needs ", pieces.total());
+  check_aligned({q, k, v, o, d_o, stats, dq, dk, dv}, "cuDNN attention backward");
   cudnnHandle_t handle = nullptr;
   Plan& plan = plan_for(true, p, pieces.engine, stream, &handle);
   std::vector<i64> uids{sdpa::kQ,  sdpa::kK,  sdpa::kV,  sdpa::kO,  sdpa::kDO,

@@ -12,8 +12,8 @@
 // Dropout: cuDNN draws its own Bernoulli mask from (seed, offset) and its own
 // element order, so it does not reproduce the Philox masks of our kernels
 // (kernels/dropout.h). cudnn_dropout_seed() derives the seed from everything
-// that keys our masks (run seed, layer, site, the micro-batch's first global
-// sample, the rank's first head) and the offset from the iteration: masks are
+// that keys our masks (run seed, iteration, layer, site, the micro-batch's
+// first global sample, the rank's first head), with offset 0: masks are
 // independent across layers, iterations, micro-batches and TP ranks, and
 // repeat bit for bit on a rerun of the same layout — but a TP-4 run and a TP-1
 // run drop different elements. With dropout 0 the backends agree to rounding.

@@ -291,9 +291,11 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
   cublasLtHandle_t h = state.handle(device);
   std::unique_ptr<Plan>& plan = state.plans_[plan_key(p, ws_bytes, device)];
   if (!plan) {
-    plan = std::make_unique<Plan>();
-    const std::string error = build(p, ws_bytes, plan->ds);
+    auto built = std::make_unique<Plan>();
+    const std::string error = build(p, ws_bytes, built->ds);
+    // Cached only once built: a failed build throws again on the next call instead of falling back unreported.
     if (!error.empty()) throw InternalError(detail::concat("cuBLASLt descriptors for ", describe(p), ": ", error));
+    plan = std::move(built);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, plan->ds.matmul, plan->ds.a, plan->ds.b, plan->ds.d,

@@ -175,6 +175,13 @@ class Builder {
     GraphOp& o = op(OpKind::pointwise, name, std::move(in), out);
     o.pointwise = m;
     o.axis = axis;
+    if (m == Pointwise::cmp_ge) o.compute = ElementType::boolean;
+  }
+  // The softmax scale, one by-value tensor for the scores and (backward) dS,
+  // as the frontend's SDPA pattern has it.
+  i64 attn_scale() {
+    if (attn_scale_ == 0) attn_scale_ = scalar("attn_scale", p_.scale);
+    return attn_scale_;
   }
   void reduce(const char* name, Reduction r, i64 x, i64 out) { op(OpKind::reduction, name, {x}, out).reduction = r; }
   void reshape(const char* name, i64 x, i64 out) { op(OpKind::reshape, name, {x}, out); }
@@ -190,7 +197,7 @@ class Builder {
     const i64 s = scores("q_kt");
     matmul("matmul_q_kt", kQ, kK, s);
     const i64 scaled = scores("scaled_scores");
-    pw("mul_scale", Pointwise::mul, {s, scalar("attn_scale", p_.scale)}, scaled);
+    pw("mul_scale", Pointwise::mul, {s, attn_scale()}, scaled);
     const i64 row = scores("row_index", ElementType::i32), col = scores("col_index", ElementType::i32);
     pw("gen_row_index", Pointwise::gen_index, {scaled}, row, 2);
     pw("gen_col_index", Pointwise::gen_index, {scaled}, col, 3);
@@ -219,6 +226,7 @@ class Builder {
   const Problem& p_;
   Graph graph_;
   i64 next_ = kFirstInternal;
+  i64 attn_scale_ = 0;  // uid once made
 };
 
 }  // namespace
@@ -319,7 +327,7 @@ Graph backward_graph(const Problem& p) {
     ds = next;
   }
   const i64 ds_scaled = g.scores("dS");
-  g.pw("mul_dS_scale", Pointwise::mul, {ds, g.scalar("attn_scale_dS", p.scale)}, ds_scaled);
+  g.pw("mul_dS_scale", Pointwise::mul, {ds, g.attn_scale()}, ds_scaled);
 
   const i64 ds_t = g.transposed_scores("dS_t", p.io);
   g.reshape("reshape_dS_t", ds_scaled, ds_t);

@@ -97,6 +97,9 @@ struct GraphOp {
   Pointwise pointwise = Pointwise::mul;
   Reduction reduction = Reduction::add;
   i64 axis = 0;                 // gen_index: the dimension whose index is produced
+  // pointwise: the precision it computes in (fp32, but a comparison is
+  // boolean, as the cuDNN frontend describes its causal mask).
+  ElementType compute = ElementType::f32;
   double keep_probability = 1;  // rng: Bernoulli(keep) in {0, 1}
   // matmul: {A, B} -> out (A [.., m, k] x B [.., k, n]); pointwise: {x}, {x, b}
   // or binary_select {x, b, t} (y = t ? x : b); reduction: {x} -> out with 1 in

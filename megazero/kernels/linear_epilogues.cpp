@@ -92,6 +92,8 @@ Dims check_backward(const char* op, const Tensor& dy, const char* other_name, co
 
 #ifdef MEGAZERO_WITH_CUDA
 cuda::RowMajor rm(const Tensor& t) { return {t.data(), t.size(1)}; }
+// On the stream of the device the scratch came from (`like`: the output the
+// scratch was allocated beside), so its stream-ordered free follows the GEMM.
 bool run_lt(const cuda::LtMatmul& p, const FusedScratch& s, const Tensor& like) {
   if (!cuda::lt_eligible(p)) return false;
   CudaDevice& dev = as_cuda_device(like.device());
@@ -109,7 +111,7 @@ void linear_bias_forward(const Tensor& x, const Tensor& w, const Tensor& bias, T
 #ifdef MEGAZERO_WITH_CUDA
     if (run_lt(cuda::describe_linear_forward(cuda::LtEpilogue::Bias, rows, in, out, rm(x), rm(w), bias.data(), rm(y),
                                              rm(y), x.dtype(), y.dtype()),
-               s, x))
+               s, y))
       return;
 #endif
   }
@@ -128,7 +130,7 @@ void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bi
 #ifdef MEGAZERO_WITH_CUDA
     if (run_lt(cuda::describe_linear_forward(cuda::LtEpilogue::GeluAuxBias, rows, in, n_out, rm(x), rm(w), bias.data(),
                                              rm(out), rm(pre), x.dtype(), out.dtype()),
-               s, x))
+               s, out))
       return;
 #endif
   }
@@ -149,7 +151,7 @@ void linear_dgelu_bias_grad(const Tensor& dy, const Tensor& w, const Tensor& pre
 #ifdef MEGAZERO_WITH_CUDA
     Tensor grad = s.bias_grad;
     if (run_lt(cuda::describe_linear_dgelu(rows, in, out, rm(dy), rm(w), rm(pre), rm(dpre), grad.data(), dy.dtype()), s,
-               dy)) {
+               dpre)) {
       add(dbias, grad, dbias);
       return;
     }
@@ -169,7 +171,7 @@ void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
     if (is_meta(dy)) return log_gemm(dy, out, in, rows);
 #ifdef MEGAZERO_WITH_CUDA
     Tensor grad = s.bias_grad;
-    if (run_lt(cuda::describe_linear_wgrad(rows, in, out, rm(dy), rm(x), rm(dw), grad.data(), dy.dtype()), s, dy)) {
+    if (run_lt(cuda::describe_linear_wgrad(rows, in, out, rm(dy), rm(x), rm(dw), grad.data(), dy.dtype()), s, dw)) {
       add(dbias, grad, dbias);
       return;
     }

@@ -294,7 +294,9 @@ TEST(IsolatedDevice, CountsTheHostWaitsAGpuWouldMake) {
 // Queued transfers (Pa+cpu's offload): deferred on the isolated device until
 // the first queue_after/wait, as a GPU's copy lands some time after it is
 // queued — code that reads before ordering sees stale bytes here too. The CPU
-// device copies at once. Neither counts as a host wait.
+// device copies at once. Ordering device work after one is no host wait; the
+// host waiting for one nothing has ordered yet is (as on a GPU, where it has
+// not ended), and once is enough.
 TEST(IsolatedDevice, QueuedTransfersLandAtTheirFirstWait) {
   auto d = isolated();
   Tensor t = values(d, {16}, DType::F32, 3.0);
@@ -309,9 +311,11 @@ TEST(IsolatedDevice, QueuedTransfersLandAtTheirFirstWait) {
   auto up = d->copy_from_host_queued(t.data(), back.data(), t.nbytes());
   EXPECT_EQ(t.to_double_vector(), want) << "not before an ordering";
   d->wait(*up);
-  d->wait(*up);  // once is enough; again is harmless
+  EXPECT_EQ(d->host_waits(), w0 + 2) << "a read-back and the host waiting for the copy up";
+  d->wait(*up);    // once is enough; again is harmless and no wait
+  d->wait(*down);  // ended: device work was ordered after it
   EXPECT_EQ(t.to_double_vector(), std::vector<double>(16, 7.0));
-  EXPECT_EQ(d->host_waits(), w0 + 2) << "only the two read-backs";
+  EXPECT_EQ(d->host_waits(), w0 + 3) << "and the read-back above";
   auto h = host();
   Tensor c = values(h, {16}, DType::F32, 1.0);
   std::vector<float> now(16, 0.0f);

@@ -38,6 +38,7 @@ ZeroRunSpec spec_for(int tp, int dp, zero::ZeroRConfig zr) {
 struct Outcome {
   std::vector<double> losses, norms, master;
   std::int64_t ckpt_peak = 0, host_ckpt_peak = 0, tp_gathered = 0, micro_batches = 0, grad_arena_fills = 0;
+  std::int64_t prefetched = 0;
   std::vector<std::int64_t> host_waits;  // per step
   bool device_host_accessible = true;
 };
@@ -54,6 +55,7 @@ Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
   o.tp_gathered = r.tp->stats()[CollectiveType::AllGather].elements;
   o.micro_batches = r.spec.steps * (r.spec.global_batch / dp / r.spec.micro_batch);
   o.grad_arena_fills = r.engine->gradient_arena_fills();
+  if (r.checkpoints) o.prefetched = r.checkpoints->stats().prefetched;
   for (const auto& res : r.results) o.host_waits.push_back(res.host_waits);
   o.device_host_accessible = r.device->host_accessible();
   return o;
@@ -97,6 +99,11 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
       // MD: every group's transient gradients came from the reserved arena
       // (embedding, 2 layers, final LayerNorm: 4 groups per micro-batch).
       EXPECT_EQ(o.grad_arena_fills, zr.contiguous_memory ? o.micro_batches * 4 : 0);
+      // Pa+cpu: every restore but each backward's first was queued one layer
+      // early (overlapping that layer's recompute and backward); the losses
+      // above show each was ordered before its gather (the isolated device
+      // lands a copy only at its ordering).
+      EXPECT_EQ(o.prefetched, zr.cpu_checkpointing ? o.micro_batches * (L - 1) : 0);
       // One all-gather of B x S x H per layer per micro-batch, nothing else.
       EXPECT_EQ(o.tp_gathered - base.tp_gathered, zr.partition_activations ? o.micro_batches * L * n : 0);
       // Host waits per step on a device the host cannot read (cpu-isolated; a

@@ -163,7 +163,8 @@ class Device : public std::enable_shared_from_this<Device> {
   // and the host goes on at once. The handle orders what must follow:
   // queue_after(t) makes device work issued later wait for it (a GPU-side
   // wait: the host does not block), wait(t) blocks the host until it is done
-  // (before host memory it reads or writes is freed or read). Until then the
+  // (before host memory it reads or writes is freed or read; a host wait,
+  // counted, when the copy has not ended yet). Until then the
   // caller keeps both sides' memory alive and untouched. Host memory from
   // host_device() is page-locked on a GPU, which an asynchronous copy needs.
   // Host devices copy at once; the isolated device defers each copy to the

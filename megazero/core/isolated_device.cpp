@@ -268,7 +268,14 @@ void IsolatedCpuDevice::queue_after(const Transfer& t) {
   const_cast<DeferredTransfer*>(d)->run();
 }
 
-void IsolatedCpuDevice::wait(const Transfer& t) { queue_after(t); }
+// The host blocks (a counted wait, as on a GPU) for a copy nothing has ordered
+// yet; one that device work was already ordered after counts as ended.
+void IsolatedCpuDevice::wait(const Transfer& t) {
+  auto* d = dynamic_cast<const DeferredTransfer*>(&t);
+  MZ_CHECK(d != nullptr, "wait on ", name(), ": a transfer of another device");
+  if (d->copy) count_host_wait();
+  const_cast<DeferredTransfer*>(d)->run();
+}
 void IsolatedCpuDevice::copy_within(void* dst, const void* src, std::size_t bytes) {
   if (bytes && dst != src)
     std::memmove(alias_of(dst, bytes, "copy_within"), alias_of(src, bytes, "copy_within"), bytes);

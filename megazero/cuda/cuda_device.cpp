@@ -290,9 +290,15 @@ void CudaDevice::queue_after(const Transfer& t) {
   MZ_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.done, 0));
 }
 
+// A host wait (counted) only when the copy has not ended yet: the host blocks then.
 void CudaDevice::wait(const Transfer& t) {
   const EventTransfer& e = event_transfer(t, index_, name());
   CudaDeviceGuard guard(index_);
+  const cudaError_t state = cudaEventQuery(e.done);
+  if (state == cudaSuccess) return;
+  if (state != cudaErrorNotReady) MZ_CUDA_CHECK(state);
+  (void)cudaGetLastError();  // "not ready" is no error: keep it from later launch checks
+  count_host_wait();
   MZ_CUDA_CHECK(cudaEventSynchronize(e.done));
 }
 

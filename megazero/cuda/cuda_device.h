@@ -84,7 +84,8 @@ class CudaDevice final : public Device {
   std::shared_ptr<void> allocate_host_staging(std::size_t bytes) override;
   // On the offload stream, after an event recorded now on the compute stream;
   // the handle is an event recorded after the copy. queue_after: the compute
-  // stream waits for it (cudaStreamWaitEvent); wait: cudaEventSynchronize.
+  // stream waits for it (cudaStreamWaitEvent); wait: cudaEventSynchronize unless
+  // cudaEventQuery says it ended (counted as a host wait when it blocks).
   std::shared_ptr<Transfer> copy_to_host_queued(void* host_dst, const void* src, std::size_t bytes) override;
   std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes) override;
   void queue_after(const Transfer& t) override;

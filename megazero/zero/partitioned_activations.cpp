@@ -24,22 +24,54 @@ PartitionedCheckpoints::PartitionedCheckpoints(const ZeroRConfig& cfg, Communica
 
 PartitionedCheckpoints::~PartitionedCheckpoints() {
   try {
-    retire();
+    drop_prefetch();
+    retire(/*host_sides=*/true);
   } catch (...) {  // a destructor does not throw; a failed transfer has shown up in a step already
   }
 }
 
 // Offloads (device -> host): device work issued from now on waits for the
 // copy, so memory it frees and reuses is never read by the copy. Restores
-// (host -> device): the host waits for the copy (done long ago: the gather
-// after it already waited on the device) before the host slice can be freed.
-void PartitionedCheckpoints::retire() {
+// (host -> device) were ordered before the gather that reads them; their
+// host slices wait for `host_sides` (the next forward's first save): the
+// host then waits for copies that ended long ago, instead of for the copy
+// one layer back in backward, which held the host within a layer of the GPU.
+void PartitionedCheckpoints::retire(bool host_sides) {
+  std::vector<Pending> keep;
   for (Pending& p : pending_) {
     if (!p.transfer) continue;  // a dry run's: nothing was copied
     if (p.device_side.defined()) device_->queue_after(*p.transfer);
-    if (p.host_side.defined()) device_->wait(*p.transfer);
+    if (p.host_side.defined()) {
+      if (!host_sides) {
+        keep.push_back(std::move(p));
+        continue;
+      }
+      device_->wait(*p.transfer);
+    }
   }
-  pending_.clear();
+  pending_ = std::move(keep);
+}
+
+PartitionedCheckpoints::Fetch PartitionedCheckpoints::fetch(int layer) {
+  const Saved& s = saved_[static_cast<std::size_t>(layer)];
+  Fetch f;
+  f.layer = layer;
+  f.host_side = s.slice;
+  f.part = Tensor::empty(device_, s.slice.shape(), s.slice.dtype(), MemoryCategory::Activations, "checkpoint-fetch");
+  if (f.part.numel() > 0 && f.part.device().has_storage())
+    f.transfer = device_->copy_from_host_queued(f.part.data(), s.slice.data(), f.part.nbytes());
+  stats_.host_copies_bytes += static_cast<std::int64_t>(f.part.nbytes());
+  return f;
+}
+
+void PartitionedCheckpoints::drop_prefetch() {
+  if (prefetch_.layer < 0) return;
+  if (prefetch_.transfer) {
+    // The device tensor's stream-ordered free must follow the copy into it.
+    device_->queue_after(*prefetch_.transfer);
+    pending_.push_back({prefetch_.transfer, Tensor(), prefetch_.host_side});
+  }
+  prefetch_ = Fetch();
 }
 
 // MD: one arena of num_layers slots, (re)reserved only when the checkpoint
@@ -61,7 +93,8 @@ void PartitionedCheckpoints::reserve(std::int64_t elements, DType dtype) {
 
 void PartitionedCheckpoints::save(int layer, const Tensor& x) {
   MZ_CHECK(layer >= 0 && layer < num_layers_, "checkpoint of layer ", layer);
-  retire();
+  drop_prefetch();
+  retire(/*host_sides=*/true);
   Saved& s = saved_[static_cast<std::size_t>(layer)];
   const std::int64_t n = x.numel();
   const int parts = cfg_.partitions(tp_.size());
@@ -99,22 +132,37 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
 }
 
 Tensor PartitionedCheckpoints::restore(int layer) {
+  MZ_CHECK(layer >= 0 && layer < num_layers_, "restore of layer ", layer);
   Saved& s = saved_[static_cast<std::size_t>(layer)];
   MZ_CHECK(s.present, "layer ", layer, ": backward before forward");
-  retire();
+  retire(/*host_sides=*/false);
   Tensor full = Tensor::empty(device_, s.shape, s.slice.dtype(), MemoryCategory::Activations);
   Tensor part = s.slice;
-  if (cfg_.cpu_checkpointing) {  // back from host memory, queued; the gather below waits for it on the device
-    part = Tensor::empty(device_, s.slice.shape(), s.slice.dtype(), MemoryCategory::Activations);
-    if (part.numel() > 0) {
-      std::shared_ptr<Device::Transfer> t;
-      if (part.device().has_storage()) {
-        t = device_->copy_from_host_queued(part.data(), s.slice.data(), part.nbytes());
-        device_->queue_after(*t);
-      }
-      pending_.push_back({std::move(t), Tensor(), s.slice});
+  if (cfg_.cpu_checkpointing) {
+    // Back from host memory, queued: usually the prefetch the previous
+    // restore issued, so the copy ran while that layer computed.
+    Fetch f;
+    if (prefetch_.layer == layer) {
+      f = std::move(prefetch_);
+      prefetch_ = Fetch();
+      ++stats_.prefetched;
+    } else {
+      drop_prefetch();
+      f = fetch(layer);
     }
-    stats_.host_copies_bytes += static_cast<std::int64_t>(part.nbytes());
+    if (f.transfer) {
+      device_->queue_after(*f.transfer);  // the gather below waits for it on the device
+      pending_.push_back({f.transfer, Tensor(), f.host_side});
+    }
+    part = f.part;
+    // Backward restores layers top down: queue the next one's copy now,
+    // behind the work issued so far, so it overlaps this layer's recompute
+    // and backward (one slice more on the device meanwhile, planned too).
+    for (int next = layer - 1; next >= 0; --next) {
+      if (!saved_[static_cast<std::size_t>(next)].present) continue;
+      prefetch_ = fetch(next);
+      break;
+    }
   }
   if (s.counts.size() > 1) {
     tp_.all_gather(part, full.flatten(), s.counts).wait();

@@ -57,6 +57,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
     std::int64_t arena_fills = 0;        // checkpoints placed in the arena (allocations avoided)
     std::int64_t gathered_elements = 0;  // Pa: elements all-gathered for recompute
     std::int64_t host_copies_bytes = 0;  // Pa+cpu: bytes moved to and from host memory
+    std::int64_t prefetched = 0;         // Pa+cpu: restores whose copy back was queued a layer early
   };
   const Stats& stats() const { return stats_; }
   const ZeroRConfig& config() const { return cfg_; }
@@ -70,13 +71,25 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
   };
   void ensure_arena(std::int64_t chunk, DType dtype);
   // Pa+cpu's copies are queued behind the compute (Device::copy_*_queued): a
-  // pending one keeps what it reads or writes alive until the next save or
-  // restore orders it before whatever may reuse that memory (retire()).
+  // pending one keeps what it reads or writes alive until it is ordered
+  // before whatever may reuse that memory: an offload's device side at the
+  // next save or restore (a GPU-side wait), a restore's host side at the next
+  // forward's first save (the host waits then, long after the copy ended, not
+  // once a layer in backward).
   struct Pending {
     std::shared_ptr<Device::Transfer> transfer;
     Tensor device_side, host_side;
   };
-  void retire();
+  void retire(bool host_sides);
+  // A restore's copy back to the device, queued: `part` is valid for device
+  // work issued after queue_after(*transfer).
+  struct Fetch {
+    int layer = -1;
+    Tensor part, host_side;
+    std::shared_ptr<Device::Transfer> transfer;
+  };
+  Fetch fetch(int layer);
+  void drop_prefetch();  // a prefetch nobody asked for: ordered, its host side kept pending
 
   ZeroRConfig cfg_;
   Communicator& tp_;
@@ -87,6 +100,9 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
   std::int64_t arena_chunk_ = 0;
   Stats stats_;
   std::vector<Pending> pending_;
+  // Pa+cpu: the next layer backward will restore (the one below the last
+  // restored), its copy back queued while this layer computes.
+  Fetch prefetch_;
 };
 
 }  // namespace megazero::zero

@@ -15,6 +15,10 @@
 #            the layer kernel suites (test_*_kernels, test_kernel_conventions),
 #            and the TP-equivalence and ZeRO suites with
 #            MEGAZERO_TEST_DEVICE=cuda on 1 and 2 ranks sharing the GPU (MPI backend)
+#   kernels- test_cuda (every CUDA kernel against the CPU's, a whole GPT) and the
+#            kernel suites: a minute at most, for a short lease whose other
+#            phases would not otherwise check the kernels changed since the last
+#            GPU run
 #   quick  - test_cuda and our layer benchmark only
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) with
 #            the unfused and the fused attention, and the same layer in PyTorch
@@ -42,7 +46,7 @@
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
-#   MZ_BUDGET_S=540 tools/gpu_session.sh paths cudnn peers-gpt zero3
+#   MZ_BUDGET_S=540 tools/gpu_session.sh paths kernels cudnn peers-gpt zero3
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -100,6 +104,20 @@ for phase in "$@"; do
         done
       } > "$out/paths.txt" 2>&1
       grep -E "^==|^device_paths_e2e|^checkpoint_e2e|FAIL|PASSED|FAILED" "$out/paths.txt" | tail -60
+      ;;
+    kernels)
+      {
+        echo "== test_cuda"; mpi 1 $B/test_cuda
+        echo "== test_gemm"; mpi 1 $B/test_gemm
+        for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
+                 test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
+          echo "== $t"; mpi 1 "$B/$t"
+        done
+        for t in test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels; do
+          echo "== $t on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/$t
+        done
+      } > "$out/kernels.txt" 2>&1
+      grep -E "^==|PASSED|FAILED|SKIPPED|tests ran" "$out/kernels.txt" | tail -40
       ;;
     tests)
       {

@@ -62,12 +62,16 @@ void embedding_backward(DType t, const std::int64_t* ids, const void* dout, i64 
   check_launch("embedding_backward keys");
   check_call(cub::DeviceRadixSort::SortPairs(base, sort_bytes, keys, tokens, items, 0, end_bit, s),
              "embedding_backward: sort");
+  const unsigned threads = h > 512 ? 256 : 128;
+  const i64 tiles = (h + i64{threads} * kEmbeddingColumnsPerThread - 1) / (i64{threads} * kEmbeddingColumnsPerThread);
+  MZ_CHECK(tiles <= 65535, "embedding_backward: hidden size ", h, " needs ", tiles, " column tiles (at most 65535)");
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     with_accumulator<S>(dtable_type, [&](auto acc) {
       using G = decltype(acc);
-      embedding_backward_runs_kernel<S, G><<<static_cast<unsigned>(n), row_threads(h), 0, s>>>(
-          static_cast<const S*>(dout), keys.Current(), tokens.Current(), n, v, h, static_cast<G*>(dtable));
+      embedding_backward_runs_kernel<S, G>
+          <<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(tiles)), threads, 0, s>>>(
+              static_cast<const S*>(dout), keys.Current(), tokens.Current(), n, v, h, static_cast<G*>(dtable));
     });
   });
   check_launch("embedding_backward");

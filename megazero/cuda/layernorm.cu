@@ -162,8 +162,11 @@ __global__ void layernorm_backward_dx_fast_kernel(const S* dy, const S* x, const
 
 // Picks P (packs per thread) for a row and launches with 128..512 threads;
 // false when the fast path does not apply (fp64, unaligned, odd widths, huge rows).
+// `max_p_at_512`: the backward's P = 8 takes ~168 registers a thread, over
+// what a 512-thread block may hold (65536), so its launch would fail: rows
+// that would need it (16392-32768 16-bit columns) take the general kernel.
 template <typename S, typename Launch>
-bool with_row_packs(i64 cols, std::initializer_list<const void*> ptrs, Launch&& launch) {
+bool with_row_packs(i64 cols, std::initializer_list<const void*> ptrs, Launch&& launch, int max_p_at_512 = 8) {
   if constexpr (std::is_same_v<S, double>) {
     return false;
   } else {
@@ -177,7 +180,8 @@ bool with_row_packs(i64 cols, std::initializer_list<const void*> ptrs, Launch&& 
     if (per <= 1) return launch(std::integral_constant<int, 1>{}, threads), true;
     if (per <= 2) return launch(std::integral_constant<int, 2>{}, threads), true;
     if (per <= 4) return launch(std::integral_constant<int, 4>{}, threads), true;
-    if (per <= 8) return launch(std::integral_constant<int, 8>{}, threads), true;
+    if (per <= 8 && (threads < 512 || max_p_at_512 >= 8))
+      return launch(std::integral_constant<int, 8>{}, threads), true;
     return false;
   }
 }
@@ -256,12 +260,15 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    const bool fast = with_row_packs<S>(cols, {dy, x, gamma, dx, add ? add : dx}, [&](auto per, unsigned threads) {
-      layernorm_backward_dx_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
-          static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
-          static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx),
-          static_cast<const S*>(add), cols);
-    });
+    const bool fast = with_row_packs<S>(
+        cols, {dy, x, gamma, dx, add ? add : dx},
+        [&](auto per, unsigned threads) {
+          layernorm_backward_dx_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+              static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+              static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx),
+              static_cast<const S*>(add), cols);
+        },
+        /*max_p_at_512=*/4);
     if (!fast)
       layernorm_backward_dx_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
           static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),

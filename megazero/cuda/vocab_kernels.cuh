@@ -30,17 +30,54 @@ static __global__ void embedding_keys_kernel(const std::int64_t* ids, i64 vocab_
   }
 }
 
-// One block per sorted position; only the first of a run does any work.
+// Columns of the table a thread of embedding_backward_runs_kernel adds: the
+// block covers blockDim.x * kEmbeddingColumnsPerThread of them (gridDim.y
+// tiles span the row), so a frequent token's long run is spread over many
+// blocks instead of walked by one.
+constexpr int kEmbeddingColumnsPerThread = 4;
+
+// One block per (sorted position, tile of columns); only the first position
+// of a run does any work: it adds the run's gradient rows, in sorted (token)
+// order — the CPU's order, so the sums are its bits — to its tile of the
+// table row. The run's end is found by binary search over the sorted keys, so
+// the loop over the run has a known trip count and its loads (several columns
+// a thread) need not wait for one another.
 template <typename S, typename G>
 __global__ void embedding_backward_runs_kernel(const S* g, const int* keys, const int* tokens, i64 n, i64 v, i64 h,
                                                G* dt) {
+  constexpr int Q = kEmbeddingColumnsPerThread;
   const i64 j = blockIdx.x;
   const int row = keys[j];
   if (row >= v || (j > 0 && keys[j - 1] == row)) return;
-  for (i64 c = threadIdx.x; c < h; c += blockDim.x) {
-    compute_t<G> acc = ld(dt[row * h + c]);
-    for (i64 k = j; k < n && keys[k] == row; ++k) acc += ld(g[static_cast<i64>(tokens[k]) * h + c]);
-    dt[row * h + c] = st<G>(acc);
+  i64 lo = j + 1, hi = n;  // the first position past the run
+  while (lo < hi) {
+    const i64 mid = lo + (hi - lo) / 2;
+    if (keys[mid] == row)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  const i64 end = lo;
+  const i64 c0 = static_cast<i64>(blockIdx.y) * blockDim.x * Q + threadIdx.x;
+  G* out = dt + static_cast<i64>(row) * h;
+  compute_t<G> acc[Q];
+#pragma unroll
+  for (int q = 0; q < Q; ++q) {
+    const i64 c = c0 + static_cast<i64>(q) * blockDim.x;
+    acc[q] = c < h ? ld(out[c]) : compute_t<G>(0);
+  }
+  for (i64 k = j; k < end; ++k) {
+    const S* src = g + static_cast<i64>(tokens[k]) * h;
+#pragma unroll
+    for (int q = 0; q < Q; ++q) {
+      const i64 c = c0 + static_cast<i64>(q) * blockDim.x;
+      if (c < h) acc[q] += ld(src[c]);
+    }
+  }
+#pragma unroll
+  for (int q = 0; q < Q; ++q) {
+    const i64 c = c0 + static_cast<i64>(q) * blockDim.x;
+    if (c < h) out[c] = st<G>(acc[q]);
   }
 }
 

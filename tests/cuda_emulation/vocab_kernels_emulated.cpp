@@ -81,9 +81,9 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
 
 // Ids in [lo, hi]; the slice holds rows [20, 57). lo == hi: one long run.
 template <DType T>
-void embedding(std::mt19937& rng, int lo = 0, int hi = 79) {
+void embedding(std::mt19937& rng, int lo = 0, int hi = 79, i64 h = 24) {
   using S = typename Storage<T>::type;
-  const i64 n = 300, h = 24, v = 37, start = 20;
+  const i64 n = 300, v = 37, start = 20;
   std::uniform_int_distribution<int> id(lo, hi);
   std::vector<std::int64_t> iv(static_cast<std::size_t>(n));
   for (auto& x : iv) x = id(rng);
@@ -106,7 +106,10 @@ void embedding(std::mt19937& rng, int lo = 0, int hi = 79) {
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return keys_in[a] < keys_in[b]; });
   std::vector<int> keys, tokens;
   for (auto i : order) keys.push_back(keys_in[i]), tokens.push_back(tokens_in[i]);
-  emu_launch(dim3{static_cast<unsigned>(n), 1, 1}, 32, 0, [&] {
+  // 32 threads a block: tiles of 128 columns, gridDim.y of them across a row (h = 300: three, the last part-empty).
+  const unsigned tiles =
+      static_cast<unsigned>((h + 32 * dk::kEmbeddingColumnsPerThread - 1) / (32 * dk::kEmbeddingColumnsPerThread));
+  emu_launch(dim3{static_cast<unsigned>(n), tiles, 1}, 32, 0, [&] {
     dk::embedding_backward_runs_kernel<S, float>(static_cast<const S*>(dout.data()), keys.data(), tokens.data(), n, v,
                                                  h, dg.host_data<float>());
   });
@@ -128,6 +131,8 @@ int main() {
   embedding<DType::F32>(rng);
   embedding<DType::BF16>(rng);
   embedding<DType::F32>(rng, 33, 33);  // every token the same row: a run of 300
+  embedding<DType::BF16>(rng, 0, 79, 300);  // rows wider than a tile of columns
+  embedding<DType::F32>(rng, 30, 33, 300);  // long runs, several tiles
   if (failures) {
     std::printf("vocab_kernels_emulated: %d checks failed\n", failures);
     return 1;

@@ -116,19 +116,36 @@ __global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, 
   }
 }
 
+// Elements a thread of sum_sq_segments_kernel reads per step: a run of
+// kNormRun adjacent ones, loaded before any is added, so each thread has that
+// many loads in flight (one at a time, 264 x 256 threads kept ~1 KB in flight
+// per SM: ~0.2 TB/s on an H100) and a warp reads 32 runs side by side.
+constexpr int kNormRun = 8;
+
 // partial[blockIdx.x] = the block's sum of squares over the table, in double.
-// A thread's running sum, then block_sum: a fixed order for a given table and
-// grid (the launcher always runs kNormBlocks x kThreads).
+// Thread t of block b takes the runs starting at (b * blockDim + t) * kNormRun,
+// then every gridDim * blockDim * kNormRun further, adding a run's squares in
+// order; then block_sum: a fixed order for a given table and grid (the
+// launcher always runs kNormBlocks x kThreads).
 template <typename G>
 __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double* partial) {
   const i64 total = t.end[t.count - 1];
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x * kNormRun;
   double acc = 0;
   int k = 0;
-  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
-    while (j >= t.end[k]) ++k;
-    const double x = ld(g[j + t.offset[k]]);
-    acc += x * x;
+  for (i64 j0 = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) * kNormRun; j0 < total; j0 += stride) {
+    double x[kNormRun];
+#pragma unroll
+    for (int u = 0; u < kNormRun; ++u) {
+      const i64 j = j0 + u;
+      x[u] = 0;
+      if (j < total) {
+        while (j >= t.end[k]) ++k;
+        x[u] = ld(g[j + t.offset[k]]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kNormRun; ++u) acc += x[u] * x[u];
   }
   acc = block_sum(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;

@@ -237,11 +237,13 @@ void sum_of_squares(std::mt19937& rng) {
     terms += static_cast<std::int64_t>(flat.size());
     for (unsigned b = 0; b < blocks; ++b) {
       std::vector<double> acc(threads, 0.0);
+      const std::size_t run = dk::kNormRun;
       for (unsigned t = 0; t < threads; ++t)
-        for (std::size_t j = b * threads + t; j < flat.size(); j += blocks * threads) {
-          const double x = gv[static_cast<std::size_t>(flat[j])];
-          acc[t] += x * x;
-        }
+        for (std::size_t j0 = (b * threads + t) * run; j0 < flat.size(); j0 += blocks * threads * run)
+          for (std::size_t j = j0; j < std::min(j0 + run, flat.size()); ++j) {
+            const double x = gv[static_cast<std::size_t>(flat[j])];
+            acc[t] += x * x;
+          }
       want_partial.push_back(block_sum_order(acc));
     }
   }

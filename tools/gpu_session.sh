@@ -74,6 +74,18 @@ bounded() {  # bounded SECS CMD...: timeout SECS, or less when the budget ends s
   timeout "$t" "$@"
 }
 mpi() { bounded "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
+# Every CUDA kernel against the CPU's (test_cuda), GEMMs, and the kernel suites.
+kernel_suites() {
+  echo "== test_cuda"; mpi 1 $B/test_cuda
+  echo "== test_gemm"; mpi 1 $B/test_gemm
+  for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
+           test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
+    echo "== $t"; mpi 1 "$B/$t"
+  done
+  for t in test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels; do
+    echo "== $t on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/$t
+  done
+}
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
@@ -106,32 +118,15 @@ for phase in "$@"; do
       grep -E "^==|^device_paths_e2e|^checkpoint_e2e|FAIL|PASSED|FAILED" "$out/paths.txt" | tail -60
       ;;
     kernels)
-      {
-        echo "== test_cuda"; mpi 1 $B/test_cuda
-        echo "== test_gemm"; mpi 1 $B/test_gemm
-        for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
-                 test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
-          echo "== $t"; mpi 1 "$B/$t"
-        done
-        for t in test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels; do
-          echo "== $t on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/$t
-        done
-      } > "$out/kernels.txt" 2>&1
+      kernel_suites > "$out/kernels.txt" 2>&1
       grep -E "^==|PASSED|FAILED|SKIPPED|tests ran" "$out/kernels.txt" | tail -40
       ;;
     tests)
       {
-        echo "== test_cuda"; mpi 1 $B/test_cuda
+        kernel_suites
         echo "== test_nccl (one rank per GPU)"; mpi "$(nvidia-smi -L | wc -l)" $B/test_nccl
-        echo "== test_gemm"; mpi 1 $B/test_gemm
         echo "== test_linear_epilogues"; mpi 1 $B/test_linear_epilogues
-        for t in test_layernorm_kernels test_gelu_bias_kernels test_softmax_kernels test_dropout_kernels \
-                 test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions; do
-          echo "== $t"; mpi 1 "$B/$t"
-        done
-        for t in test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels test_activation_memory; do
-          echo "== $t on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/$t
-        done
+        echo "== test_activation_memory on cuda"; MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/test_activation_memory
         echo "== test_activation_memory on cuda, 2 ranks"; MEGAZERO_TEST_DEVICE=cuda mpi 2 $B/test_activation_memory
         for n in 1 2; do
           echo "== test_gpt_tp on cuda, $n ranks"; MEGAZERO_TEST_DEVICE=cuda mpi $n $B/test_gpt_tp

@@ -4,7 +4,7 @@ one TP rank holds it (heads / TP, ffn / TP; no collectives), same shapes,
 dtype, dropout and FLOP count, timed the same way (forward + backward, median
 over steps after warm-up, synchronised). Two attention variants:
   sdpa    - torch.nn.functional.scaled_dot_product_attention (flash/cuDNN kernels)
-  unfused - matmul + masked softmax + dropout + matmul (what megazero runs today)
+  unfused - matmul + masked softmax + dropout + matmul (megazero's --attention-backend unfused)
 --compile runs each variant under torch.compile (impl "torch-sdpa-compile" etc.; compilation
 happens in the warm-up steps).
 Prints a line per variant and a JSON line each, like bench_layer.
@@ -84,6 +84,9 @@ def main():
         dy = torch.randn(B, S, h, device="cuda", dtype=dt) * 1e-3
         times = []
         for i in range(a.warmup + a.steps):
+            if i == a.warmup:  # the timed steps' peak, not compilation's or autotuning's
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda.synchronize()
             start.record()

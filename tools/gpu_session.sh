@@ -57,6 +57,10 @@ for lib in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libcudar
   f=$(find / -xdev \( -path /proc -o -path /sys -o -path /tmp/mz \) -prune -o -name "$lib" -print 2>/dev/null | head -1)
   [ -n "$f" ] && libdirs="$libdirs:$(dirname "$f")"
 done
+# The PyTorch peers run with the machine's own library path (peer below): the
+# bundle's libstdc++/libz/libcudart first on the path is ours, not theirs, and
+# torch.compile's Triton builds and loads C launchers with the system toolchain.
+host_ld=${LD_LIBRARY_PATH-}
 export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export UCX_MODULE_DIR=/tmp/mz/lib/ucx PATH="/tmp/mz/bin:$PATH" OMP_NUM_THREADS=4
 B=/tmp/mz/bin
@@ -74,6 +78,9 @@ bounded() {  # bounded SECS CMD...: timeout SECS, or less when the budget ends s
   timeout "$t" "$@"
 }
 mpi() { bounded "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
+# peer SECS SCRIPT ARGS...: a PyTorch peer, bounded, in the machine's environment;
+# TORCH_LOGS=recompiles shows any recompilation after the warm-up (none expected).
+peer() { local t=$1; shift; bounded "$t" env LD_LIBRARY_PATH="$host_ld" TORCH_LOGS=recompiles python3 "$@"; }
 # Every CUDA kernel against the CPU's (test_cuda), GEMMs, and the kernel suites.
 kernel_suites() {
   echo "== test_cuda"; mpi 1 $B/test_cuda
@@ -178,7 +185,7 @@ for phase in "$@"; do
       {
         for dt in bf16 fp16; do
           for a in unfused fused; do bounded 300 $B/bench_layer --device cuda --dtype $dt --steps 10 --attention-backend $a; done
-          bounded 300 python3 bench/torch_layer.py --dtype $dt --steps 10
+          peer 300 bench/torch_layer.py --dtype $dt --steps 10
         done
         # As the paper ran it: activation recompute (model FLOPs still count forward once).
         for a in unfused fused; do
@@ -240,7 +247,7 @@ for phase in "$@"; do
         }
         theirs_gpt() {
           echo "== theirs: bench/torch_gpt.py 355M bf16 $*"
-          bounded "$pt" python3 bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 "$@"
+          peer "$pt" bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 "$@"
           echo "== exit $?"
         }
         ours_layer() {  # ours_layer BACKEND [FLAG...]
@@ -250,7 +257,7 @@ for phase in "$@"; do
         }
         theirs_layer() {
           echo "== theirs: bench/torch_layer.py sdpa bf16 $*"
-          bounded "$pt" python3 bench/torch_layer.py --dtype bf16 --steps 10 --attention sdpa "$@"
+          peer "$pt" bench/torch_layer.py --dtype bf16 --steps 10 --attention sdpa "$@"
           echo "== exit $?"
         }
         if [ "$phase" != peers-layer ]; then

@@ -141,7 +141,7 @@ def table(bench, recs):
             so, st = speed(ro), speed(rt)
             ratio, mfu = so / st if so and st else None, num(ro, "mfu")
             oks = [None if ratio is None else ratio >= want_ratio, None if mfu is None else mfu >= want_mfu]
-            parts = ["speed vs " + peer + " " + ("n/a" if ratio is None else f"{ratio:.3f}x") + f" (>= {want_ratio}x)",
+            parts = ["speed vs " + peer + " " + ("n/a" if ratio is None else f"{ratio:.4f}x") + f" (>= {want_ratio}x)",
                      f"MFU {pct(mfu)} (>= {100 * want_mfu:.0f}%)"]
             if check_mem:
                 mo, mt = num(ro, "peak_mib"), num(rt, "peak_mib")

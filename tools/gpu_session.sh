@@ -80,7 +80,11 @@ bounded() {  # bounded SECS CMD...: timeout SECS, or less when the budget ends s
 mpi() { bounded "${MZ_RUN_TIMEOUT:-240}" mpiexec.hydra -n "$@"; }
 # peer SECS SCRIPT ARGS...: a PyTorch peer, bounded, in the machine's environment;
 # TORCH_LOGS=recompiles shows any recompilation after the warm-up (none expected).
-peer() { local t=$1; shift; bounded "$t" env LD_LIBRARY_PATH="$host_ld" TORCH_LOGS=recompiles python3 "$@"; }
+peer() {
+  local t=$1 path=(-u LD_LIBRARY_PATH); shift
+  [ -n "$host_ld" ] && path=(LD_LIBRARY_PATH="$host_ld")
+  bounded "$t" env "${path[@]}" TORCH_LOGS=recompiles python3 "$@"
+}
 # Every CUDA kernel against the CPU's (test_cuda), GEMMs, and the kernel suites.
 kernel_suites() {
   echo "== test_cuda"; mpi 1 $B/test_cuda

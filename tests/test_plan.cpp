@@ -16,6 +16,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/plan/memory_plan.h"
+#include "megazero/plan/memory_preflight.h"
 #include "megazero/plan/time_model.h"
 
 using namespace megazero;
@@ -387,4 +388,16 @@ TEST(Plan, HardwareProfileErrorsNameTheFlag) {
   }
   std::filesystem::remove(path);
   EXPECT_THROW(plan::load_hardware_profile("dgx2-v100").peak_flops(DType::BF16), ConfigError);  // V100: no bf16
+}
+
+// The pre-flight's share of a GPU: rank i of a host takes GPU i mod gpus.
+TEST(Preflight, RanksSharingAGpuEachPlanAgainstTheirShare) {
+  EXPECT_EQ(plan::ranks_sharing_gpu(8, 3, 8), 1);  // one rank per GPU
+  EXPECT_EQ(plan::ranks_sharing_gpu(2, 1, 1), 2);  // two ranks on one GPU (the GPU session's paths)
+  EXPECT_EQ(plan::ranks_sharing_gpu(4, 2, 1), 4);
+  // 5 ranks on 2 GPUs: GPU 0 has ranks 0, 2, 4; GPU 1 has 1, 3.
+  for (int i : {0, 2, 4}) EXPECT_EQ(plan::ranks_sharing_gpu(5, i, 2), 3) << i;
+  for (int i : {1, 3}) EXPECT_EQ(plan::ranks_sharing_gpu(5, i, 2), 2) << i;
+  EXPECT_EQ(plan::ranks_sharing_gpu(2, 1, 4), 1);  // more GPUs than ranks
+  EXPECT_THROW(plan::ranks_sharing_gpu(2, 2, 1), InternalError);
 }

@@ -102,4 +102,11 @@ std::string preflight_error(const PreflightVerdict& v, const std::string& device
                         " (pretrain_gpt --dry-run --world-size N --plan-rank R prints the whole plan)");
 }
 
+int ranks_sharing_gpu(int local_ranks, int local_index, int gpus) {
+  MZ_CHECK(gpus > 0 && local_ranks > 0 && local_index >= 0 && local_index < local_ranks, "ranks_sharing_gpu(",
+           local_ranks, ", ", local_index, ", ", gpus, ")");
+  const int gpu = local_index % gpus;  // local ranks gpu, gpu + gpus, ... share it
+  return gpu < local_ranks ? (local_ranks - gpu + gpus - 1) / gpus : 0;
+}
+
 }  // namespace megazero::plan

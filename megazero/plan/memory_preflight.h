@@ -27,6 +27,13 @@ struct PreflightVerdict {
 PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, int rank, DeviceKind kernels,
                                   const RankMemoryPlan& plan, std::int64_t free_bytes);
 
+// How many of a host's `local_ranks` ranks use the same GPU as the one at
+// `local_index` when rank i takes GPU i mod `gpus` (the trainer's rule): each
+// plans against its share of that GPU's free memory (ranks sharing a GPU are a
+// test setup, but a pre-flight that let each of them count on all of it would
+// pass runs that then run out of memory).
+int ranks_sharing_gpu(int local_ranks, int local_index, int gpus);
+
 // The error text for a verdict that does not fit (names the device and rank).
 std::string preflight_error(const PreflightVerdict& v, const std::string& device_name, int rank,
                             std::int64_t total_bytes);

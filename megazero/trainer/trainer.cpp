@@ -187,13 +187,19 @@ void Trainer::Impl::build() {
   };
   // The memory pre-flight (a device with a capacity: a GPU): a run that cannot
   // fit is refused before it allocates, on every rank alike, saying what would fit.
-  // Host memory is shared by the ranks on the host: each gets its share of what is available.
+  // Host memory is shared by the ranks on the host, a GPU by the ranks mapped
+  // to it: each gets its share of what is available.
   auto device_memory = device->memory_info();
   const bool shared_host = device_memory && device->host_accessible();
-  if (shared_host) device_memory->free /= local_ranks;
+  const int sharers = shared_host ? local_ranks
+                      : on_gpu    ? plan::ranks_sharing_gpu(local_ranks, local_index, cuda_visible_devices())
+                                  : 1;
+  if (device_memory) device_memory->free /= sharers;
   const std::string memory_name =
       shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")")
-                  : device->name();
+      : sharers > 1
+          ? detail::concat("this rank's share of ", device->name(), " (1/", sharers, ": ", sharers, " ranks use it)")
+          : device->name();
   if (device_memory) {
     const auto verdict = run_consistently(world, [&] {
       const auto v =
@@ -208,7 +214,9 @@ void Trainer::Impl::build() {
           "memory pre-flight: planned peak %.1f MiB per rank (the largest%s), %.1f MiB free %s "
           "(the least over ranks%s)\n",
           most / 1048576.0, args.device_arena ? ", the arena's first-fit peak" : "", least_free / 1048576.0,
-          shared_host ? "per rank in host memory" : "on the device",
+          shared_host   ? "per rank in host memory"
+          : sharers > 1 ? "per rank on the shared device"
+                        : "on the device",
           shared_host ? "" : "; the CUDA context and NCCL's buffers come out of it");
   }
   if (args.device_arena) {

@@ -39,15 +39,13 @@ PartitionedCheckpoints::~PartitionedCheckpoints() {
 void PartitionedCheckpoints::retire(bool host_sides) {
   std::vector<Pending> keep;
   for (Pending& p : pending_) {
-    if (!p.transfer) continue;  // a dry run's: nothing was copied
-    if (p.device_side.defined()) device_->queue_after(*p.transfer);
-    if (p.host_side.defined()) {
-      if (!host_sides) {
-        keep.push_back(std::move(p));
-        continue;
-      }
-      device_->wait(*p.transfer);
+    if (p.host_side.defined() && !host_sides) {
+      keep.push_back(std::move(p));
+      continue;
     }
+    if (!p.transfer) continue;  // a dry run's: nothing was copied, the tensors released as a run's are
+    if (p.device_side.defined()) device_->queue_after(*p.transfer);
+    if (p.host_side.defined()) device_->wait(*p.transfer);
   }
   pending_ = std::move(keep);
 }
@@ -66,11 +64,9 @@ PartitionedCheckpoints::Fetch PartitionedCheckpoints::fetch(int layer) {
 
 void PartitionedCheckpoints::drop_prefetch() {
   if (prefetch_.layer < 0) return;
-  if (prefetch_.transfer) {
-    // The device tensor's stream-ordered free must follow the copy into it.
-    device_->queue_after(*prefetch_.transfer);
-    pending_.push_back({prefetch_.transfer, Tensor(), prefetch_.host_side});
-  }
+  // The device tensor's stream-ordered free must follow the copy into it.
+  if (prefetch_.transfer) device_->queue_after(*prefetch_.transfer);
+  pending_.push_back({prefetch_.transfer, Tensor(), prefetch_.host_side});
   prefetch_ = Fetch();
 }
 
@@ -150,10 +146,8 @@ Tensor PartitionedCheckpoints::restore(int layer) {
       drop_prefetch();
       f = fetch(layer);
     }
-    if (f.transfer) {
-      device_->queue_after(*f.transfer);  // the gather below waits for it on the device
-      pending_.push_back({f.transfer, Tensor(), f.host_side});
-    }
+    if (f.transfer) device_->queue_after(*f.transfer);  // the gather below waits for it on the device
+    pending_.push_back({f.transfer, Tensor(), f.host_side});
     part = f.part;
     // Backward restores layers top down: queue the next one's copy now,
     // behind the work issued so far, so it overlaps this layer's recompute

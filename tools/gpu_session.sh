@@ -255,7 +255,7 @@ for phase in "$@"; do
           echo "== ours: pretrain_gpt 355M bf16, attention $backend $*"
           mpi 1 $B/pretrain_gpt --device cuda "${gpt[@]}" --max-position-embeddings 1024 --global-batch-size 8 \
             --bf16 --mock-data --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend "$backend" \
-            --metrics-file "$m" "$@"
+            --eval-iters 0 --metrics-file "$m" "$@"  # no final evaluation (nor its cuDNN plans): theirs has none
           echo "== exit $?"
           python3 tools/peer_ratios.py --from-metrics "$m" --impl "$name"
         }
@@ -304,7 +304,7 @@ for phase in "$@"; do
           echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO stage $st"
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
-            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --zero-stage $st
+            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 --zero-stage $st
           echo "== exit $?"
         done
         # Pa+cpu's offload, queued behind the compute since 2026-11-26: its cost over plain recompute.
@@ -312,7 +312,7 @@ for phase in "$@"; do
           echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO 2, --recompute-activations $zr"
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
-            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --zero-stage 2 \
+            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 --zero-stage 2 \
             --recompute-activations $zr
           echo "== exit $?"
         done

@@ -40,7 +40,8 @@ struct Outcome {
   std::int64_t ckpt_peak = 0, host_ckpt_peak = 0, tp_gathered = 0, micro_batches = 0, grad_arena_fills = 0;
   std::int64_t prefetched = 0;
   std::vector<std::int64_t> host_waits;  // per step
-  bool device_host_accessible = true;
+  bool device_host_accessible = true, device_is_gpu = false;
+  std::int64_t micro_batches_per_step = 1;
 };
 
 Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
@@ -58,6 +59,8 @@ Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
   if (r.checkpoints) o.prefetched = r.checkpoints->stats().prefetched;
   for (const auto& res : r.results) o.host_waits.push_back(res.host_waits);
   o.device_host_accessible = r.device->host_accessible();
+  o.device_is_gpu = r.device->kind() == DeviceKind::CUDA;
+  o.micro_batches_per_step = r.spec.global_batch / dp / r.spec.micro_batch;
   return o;
 }
 
@@ -112,8 +115,17 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
       // side stream ordered by events), so the host never drains the queue
       // for them. (The isolated device defers each queued copy to the first
       // wait on it, so an ordering left out shows in the losses above.)
+      // On a GPU, Pa+cpu may add one a micro-batch boundary: the next
+      // forward's first save waits for the previous backward's restores
+      // before their host slices go (counted only if the last copy, queued
+      // behind all but the last layer's backward, has not ended; the GPU
+      // still has that layer queued meanwhile).
       if (!o.device_host_accessible) {
-        for (std::int64_t w : o.host_waits) EXPECT_EQ(w, 2);
+        const std::int64_t most = 2 + (o.device_is_gpu && zr.cpu_checkpointing ? o.micro_batches_per_step - 1 : 0);
+        for (std::int64_t w : o.host_waits) {
+          EXPECT_GE(w, 2);
+          EXPECT_LE(w, most);
+        }
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "megazero/core/error.h"
+#include "test_device.h"
 #include "zero_harness.h"
 
 using namespace megazero;
@@ -160,6 +161,43 @@ TEST(Zero, AccumulationWithFewLargeBucketsIsCorrectAndDeterministic) {
         EXPECT_EQ(a.train(), b.train()) << "two identical runs differ";
       }
     }
+}
+
+// Evaluation between steps at stage 3 (forward passes only): no group is
+// gathered ahead along the training order (which continues with a backward
+// evaluation never runs), none is left gathered afterwards, and training goes
+// on exactly as without the evaluation.
+TEST(Zero, EvaluationAtStage3LeavesNothingGatheredAndChangesNoStep) {
+  for (auto [tp, dp] : layouts_for(world().size())) {
+    if (dp < 2) continue;
+    ZeroRunSpec s;
+    s.tp = tp;
+    s.dp = dp;
+    s.stage = 3;
+    s.steps = 3;
+    ZeroRun plain(world(), s), evaluated(world(), s);
+    const auto want = plain.train();
+    std::vector<double> got = evaluated.train(0, 1);
+    EXPECT_EQ(evaluated.engine->gathered_bytes(), 0) << "after a step";
+    evaluated.engine->set_evaluating(true);
+    const auto cfg = evaluated.model->config();
+    layers::StepInfo step;
+    step.training = false;
+    step.micro_batch = 1;
+    step.seq = cfg.seq_length;
+    const std::int64_t n = step.seq;
+    Tensor ids =
+        test_support::int64_tensor(evaluated.device, n, [&](std::int64_t i) { return (i * 7 + 3) % cfg.vocab_size; });
+    for (int pass = 0; pass < 2; ++pass) {
+      const double loss = evaluated.model->forward(ids, ids, step);
+      EXPECT_TRUE(std::isfinite(loss));
+      EXPECT_EQ(evaluated.engine->gathered_bytes(), 0) << "a group gathered ahead during evaluation, pass " << pass;
+    }
+    evaluated.engine->set_evaluating(false);
+    const auto rest = evaluated.train(1, 2);
+    got.insert(got.end(), rest.begin(), rest.end());
+    EXPECT_EQ(got, want) << "TP " << tp << " DP " << dp;
+  }
 }
 
 TEST(Zero, CommunicationVolumeMatchesThePaper) {

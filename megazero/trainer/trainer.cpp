@@ -452,6 +452,17 @@ std::vector<MicroBatch> Trainer::Impl::micro_batches(std::int64_t it, Split spli
 double Trainer::Impl::evaluate(std::int64_t at) {
   Communicator& world = groups->world();
   auto& model = *model_;
+  // Stage 3 gathers without prefetching along the training order meanwhile.
+  struct Evaluating {
+    zero::ZeroEngine& engine;
+    explicit Evaluating(zero::ZeroEngine& e) : engine(e) { engine.set_evaluating(true); }
+    ~Evaluating() {
+      try {
+        engine.set_evaluating(false);
+      } catch (...) {  // unwinding from a failed evaluation: that error is the one to report
+      }
+    }
+  } evaluating(*engine_);
   double sum = 0;
   for (std::int64_t e = 0; e < args.eval_iters; ++e)
     for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, Split::Valid); }))

@@ -163,6 +163,13 @@ void ZeroEngine::zero_grad() {
   if (grads_part_.defined()) grads_part_.zero_();
 }
 
+void ZeroEngine::set_evaluating(bool on) {
+  evaluating_ = on;
+  if (on) return;
+  seq_pos_ = 0;
+  while (!gathered_.empty()) release(gathered_.begin()->first);  // none without a prefetch; kept for certainty
+}
+
 void ZeroEngine::begin_backward(bool last_micro_batch) {
   reduce_now_ = cfg_.stage >= 2 || last_micro_batch;
   next_bucket_ = static_cast<std::int64_t>(buckets_.size()) - 1;
@@ -304,8 +311,8 @@ void ZeroEngine::issue_gather(int group) {
 }
 
 void ZeroEngine::gather(int group) {
-  if (recording_) sequence_.push_back(group);
-  ++seq_pos_;
+  if (recording_ && !evaluating_) sequence_.push_back(group);
+  if (!evaluating_) ++seq_pos_;
   if (!gathered_.count(group)) issue_gather(group);
   Gathered& e = gathered_[group];
   timed_wait(e.work);
@@ -314,7 +321,7 @@ void ZeroEngine::gather(int group) {
     e.bound = true;
   }
   // Prefetch the group that came next on the recorded first step.
-  if (cfg_.prefetch && !recording_ && seq_pos_ < sequence_.size()) {
+  if (cfg_.prefetch && !recording_ && !evaluating_ && seq_pos_ < sequence_.size()) {
     const int next = sequence_[seq_pos_];
     if (!gathered_.count(next)) issue_gather(next);
   }

@@ -63,6 +63,12 @@ class ZeroEngine final : public layers::ParamHooks {
   void initialize(std::uint64_t seed);
   // Start of a step: clears the gradients.
   void zero_grad();
+  // Around evaluation (forward passes only): stage 3 gathers each group as the
+  // forward needs it and prefetches nothing (the recorded order continues with
+  // a backward evaluation does not run, so a prefetch there would gather groups
+  // nobody uses and keep them past the evaluation); training resumes at the
+  // start of that order.
+  void set_evaluating(bool on);
   // Before each micro-batch's backward; stages 0-1 reduce only on the last.
   void begin_backward(bool last_micro_batch);
   // Finishes the reductions, clips, updates the owned partition and makes the
@@ -106,8 +112,9 @@ class ZeroEngine final : public layers::ParamHooks {
   std::int64_t gradient_arena_fills() const { return arena_fills_; }
   // The constant-size fused communication buffers in use (the paper's CB), in words.
   std::string constant_buffers() const;
-  // Stage 3: peak bytes of gathered (full) parameters at any time.
+  // Stage 3: peak bytes of gathered (full) parameters at any time, and now.
   std::int64_t gathered_peak_bytes() const { return gathered_peak_; }
+  std::int64_t gathered_bytes() const { return gathered_bytes_; }
 
  private:
   struct InFlight {
@@ -166,7 +173,7 @@ class ZeroEngine final : public layers::ParamHooks {
   };
   std::map<int, Gathered> gathered_;
   std::vector<int> sequence_;  // group order of pre_* calls, recorded on the first step
-  bool recording_ = true;
+  bool recording_ = true, evaluating_ = false;
   std::size_t seq_pos_ = 0;
   std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
   std::vector<std::pair<std::shared_ptr<Device::Mark>, std::shared_ptr<Device::Mark>>> comm_waits_;

@@ -297,7 +297,9 @@ void CudaDevice::wait(const Transfer& t) {
   const cudaError_t state = cudaEventQuery(e.done);
   if (state == cudaSuccess) return;
   if (state != cudaErrorNotReady) MZ_CUDA_CHECK(state);
-  (void)cudaGetLastError();  // "not ready" is no error: keep it from later launch checks
+  // "Not ready" is no error: keep it from later launch checks, clearing only it
+  // (an earlier launch's error stays for its check).
+  if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
   count_host_wait();
   MZ_CUDA_CHECK(cudaEventSynchronize(e.done));
 }

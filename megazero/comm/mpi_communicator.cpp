@@ -40,6 +40,14 @@ MpiEnvironment::~MpiEnvironment() {
 // ---------------------------------------------------------------- helpers
 namespace {
 
+// Host memory to stage `bytes` of a device's data through: from the device's
+// host_device(), so page-locked on a GPU (DMA copies, not the driver's
+// pageable bounce) with freed blocks reused, and never zero-filled. At least
+// 8 bytes: MPI rejects a null buffer even for no elements.
+std::shared_ptr<Buffer> host_staging(Device& device, std::size_t bytes) {
+  return device.host_device()->allocate(std::max<std::size_t>(bytes, 8), MemoryCategory::Workspace, "mpi-staging");
+}
+
 // A host pointer MPI can use for a tensor: its own memory on the CPU, a staged
 // host copy for device tensors (copied in first, written back by copy_out).
 // With `issued` (a mark the caller's thread took when it issued the
@@ -53,29 +61,29 @@ class HostView {
     if (t.device().host_accessible()) {
       ptr_ = t.data();
     } else {
-      staging_.resize(t.nbytes());
+      staging_ = host_staging(t.device(), t.nbytes());
       if (copy_in) {
         if (issued_)
-          t.device().copy_to_host_after(*issued_, staging_.data(), t.data(), t.nbytes());
+          t.device().copy_to_host_after(*issued_, staging_->data(), t.data(), t.nbytes());
         else
-          t.device().copy_to_host(staging_.data(), t.data(), t.nbytes());
+          t.device().copy_to_host(staging_->data(), t.data(), t.nbytes());
       }
-      ptr_ = staging_.data();
+      ptr_ = staging_->data();
     }
   }
   void* ptr() const { return ptr_; }
   void copy_out() {
-    if (staging_.empty()) return;
+    if (!staging_) return;
     if (issued_)
-      t_.device().copy_from_host_after(*issued_, t_.data(), staging_.data(), staging_.size());
+      t_.device().copy_from_host_after(*issued_, t_.data(), staging_->data(), t_.nbytes());
     else
-      t_.device().copy_from_host(t_.data(), staging_.data(), staging_.size());
+      t_.device().copy_from_host(t_.data(), staging_->data(), t_.nbytes());
   }
 
  private:
   Tensor t_;
   std::shared_ptr<Device::Mark> issued_;
-  std::vector<char> staging_;
+  std::shared_ptr<Buffer> staging_;  // device tensors only
   void* ptr_ = nullptr;
 };
 
@@ -276,8 +284,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
         // An empty output counts too: its pointer may equal the input's, and MPI
         // rejects aliased buffers even for zero elements.
         const bool alias = output.numel() == 0 || overlaps(input, output) || !output.device().host_accessible();
-        std::vector<char> tmp(alias ? std::max<std::size_t>(output.nbytes(), 8) : 0);
-        void* out = alias ? static_cast<void*>(tmp.data()) : output.data();
+        const std::shared_ptr<Buffer> tmp = alias ? host_staging(output.device(), output.nbytes()) : nullptr;
+        void* out = alias ? tmp->data() : output.data();
         const auto type = mpi::datatype(input.dtype());
         const auto mop = mpi::reduce_op(input.dtype(), op);
         MPI_Request req;
@@ -293,9 +301,9 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
         if (op == ReduceOp::Avg) divide_in_place(out, output.dtype(), output.numel(), size());
         if (alias) {
           if (issued)
-            output.device().copy_from_host_after(*issued, output.data(), tmp.data(), output.nbytes());
+            output.device().copy_from_host_after(*issued, output.data(), tmp->data(), output.nbytes());
           else
-            output.device().copy_from_host(output.data(), tmp.data(), output.nbytes());
+            output.device().copy_from_host(output.data(), tmp->data(), output.nbytes());
         }
       },
       watch_ticket());

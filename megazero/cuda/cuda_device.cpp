@@ -305,6 +305,7 @@ void CudaDevice::wait(const Transfer& t) {
 }
 
 std::shared_ptr<Device> CudaDevice::host_device() {
+  std::lock_guard<std::mutex> lock(host_mu_);  // communication threads stage through it too
   if (!host_) host_ = std::make_shared<cuda::PinnedHostDevice>(index_);
   return host_;
 }

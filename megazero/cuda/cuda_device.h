@@ -12,6 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include <memory>
+#include <mutex>
 
 #include "megazero/core/device.h"
 #include "megazero/core/error.h"
@@ -90,7 +91,8 @@ class CudaDevice final : public Device {
   std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes) override;
   void queue_after(const Transfer& t) override;
   void wait(const Transfer& t) override;
-  // Page-locked host memory (PinnedHostDevice), one per CudaDevice.
+  // Page-locked host memory (PinnedHostDevice), one per CudaDevice: Pa+cpu's
+  // checkpoints and the MPI backend's staging of device tensors.
   std::shared_ptr<Device> host_device() override;
 
  protected:
@@ -111,6 +113,7 @@ class CudaDevice final : public Device {
   // The queued transfers' own stream, so a communication thread's staged copy
   // (copy_stream_) never waits behind an offload that waits for compute.
   cudaStream_t offload_stream_ = nullptr;
+  std::mutex host_mu_;
   std::shared_ptr<Device> host_;  // made on first use
 };
 

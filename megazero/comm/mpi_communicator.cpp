@@ -72,12 +72,16 @@ class HostView {
     }
   }
   void* ptr() const { return ptr_; }
-  void copy_out() {
-    if (!staging_) return;
+  void copy_out() { copy_out(0, t_.nbytes()); }
+  // Bytes [offset, offset + bytes) of the tensor only.
+  void copy_out(std::size_t offset, std::size_t bytes) {
+    if (!staging_ || bytes == 0) return;
+    void* dst = static_cast<char*>(t_.data()) + offset;
+    const void* src = static_cast<const char*>(staging_->data()) + offset;
     if (issued_)
-      t_.device().copy_from_host_after(*issued_, t_.data(), staging_->data(), t_.nbytes());
+      t_.device().copy_from_host_after(*issued_, dst, src, bytes);
     else
-      t_.device().copy_from_host(t_.data(), staging_->data(), t_.nbytes());
+      t_.device().copy_from_host(dst, src, bytes);
   }
 
  private:
@@ -344,7 +348,15 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
                      name());
         }
         wait_for(req, call, name());
-        out.copy_out();
+        // On a device, a partition that already sits at its place in the full
+        // buffer (ZeRO's) need not travel back: only the other ranks' parts do.
+        const auto mine = static_cast<std::size_t>(my_displ);
+        if (!output.device().host_accessible() && input.data() == static_cast<char*>(output.data()) + my_displ) {
+          out.copy_out(0, mine);
+          out.copy_out(mine + input.nbytes(), output.nbytes() - mine - input.nbytes());
+        } else {
+          out.copy_out();
+        }
       },
       watch_ticket());
 }

@@ -48,7 +48,6 @@ CudaDeviceGuard::~CudaDeviceGuard() {
 CudaDevice::CudaDevice(int index) : index_(index) {
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-  MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&offload_stream_, cudaStreamNonBlocking));
   // The device's memory pool keeps what it once reserved (no release
   // threshold): after the first step every allocation is served from memory
@@ -65,8 +64,10 @@ CudaDevice::~CudaDevice() {
   // (cudaErrorCudartUnloading), and a destructor has nobody to report to.
   (void)cudaStreamSynchronize(stream_);
   (void)cudaStreamDestroy(stream_);  // needs no current device: the stream knows its own
-  (void)cudaStreamSynchronize(copy_stream_);
-  (void)cudaStreamDestroy(copy_stream_);
+  for (auto& [thread, copy_stream] : copy_streams_) {
+    (void)cudaStreamSynchronize(copy_stream);
+    (void)cudaStreamDestroy(copy_stream);
+  }
   (void)cudaStreamSynchronize(offload_stream_);
   (void)cudaStreamDestroy(offload_stream_);
 }
@@ -223,14 +224,23 @@ void CudaDevice::copy_after(const Mark& after, void* dst, const void* src, std::
   // The copy stream waits for the point the mark recorded on the compute
   // stream (every write to, and every earlier use of, these device bytes),
   // not for what the compute stream was given since.
-  MZ_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, m->event, 0));
-  MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream_));
+  const cudaStream_t copy_stream = thread_copy_stream();
+  MZ_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, m->event, 0));
+  MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream));
   cudaEvent_t done = nullptr;
   MZ_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
-  const cudaError_t recorded = cudaEventRecord(done, copy_stream_);
+  const cudaError_t recorded = cudaEventRecord(done, copy_stream);
   const cudaError_t waited = recorded == cudaSuccess ? cudaEventSynchronize(done) : recorded;
   (void)cudaEventDestroy(done);
   MZ_CUDA_CHECK(waited);
+}
+
+// Called with this device current (copy_after's guard).
+cudaStream_t CudaDevice::thread_copy_stream() {
+  std::lock_guard<std::mutex> lock(copy_streams_mu_);
+  cudaStream_t& s = copy_streams_[std::this_thread::get_id()];
+  if (!s) MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
 }
 
 void CudaDevice::copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) {

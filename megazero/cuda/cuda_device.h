@@ -11,8 +11,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <map>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include "megazero/core/device.h"
 #include "megazero/core/error.h"
@@ -108,10 +110,14 @@ class CudaDevice final : public Device {
   int index_;
   cudaStream_t stream_ = nullptr;
   // Host copies ordered by an event rather than by the compute stream
-  // (copy_*_after); several communication threads may share it.
-  cudaStream_t copy_stream_ = nullptr;
+  // (copy_*_after): one stream per calling thread (each communicator's
+  // worker), so one thread's copy never waits for the later mark another
+  // thread's copy waits for on a shared in-order stream.
+  cudaStream_t thread_copy_stream();
+  std::mutex copy_streams_mu_;
+  std::map<std::thread::id, cudaStream_t> copy_streams_;
   // The queued transfers' own stream, so a communication thread's staged copy
-  // (copy_stream_) never waits behind an offload that waits for compute.
+  // never waits behind an offload that waits for compute.
   cudaStream_t offload_stream_ = nullptr;
   std::mutex host_mu_;
   std::shared_ptr<Device> host_;  // made on first use

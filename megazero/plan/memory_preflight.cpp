@@ -105,8 +105,8 @@ std::string preflight_error(const PreflightVerdict& v, const std::string& device
 int ranks_sharing_gpu(int local_ranks, int local_index, int gpus) {
   MZ_CHECK(gpus > 0 && local_ranks > 0 && local_index >= 0 && local_index < local_ranks, "ranks_sharing_gpu(",
            local_ranks, ", ", local_index, ", ", gpus, ")");
-  const int gpu = local_index % gpus;  // local ranks gpu, gpu + gpus, ... share it
-  return gpu < local_ranks ? (local_ranks - gpu + gpus - 1) / gpus : 0;
+  const int gpu = local_index % gpus;  // local ranks gpu, gpu + gpus, ... (below local_ranks) share it
+  return (local_ranks - gpu + gpus - 1) / gpus;
 }
 
 }  // namespace megazero::plan

@@ -117,6 +117,8 @@ for phase in "$@"; do
     paths)
       # MZ_PATHS_DEVICE=cpu-isolated checks the phase's plumbing on a machine without a GPU.
       dev=${MZ_PATHS_DEVICE:-cuda}
+      # A tiny run takes seconds: 120 s each, so one that hangs costs the lease 2 minutes, not 5.
+      export MZ_E2E_RUN_TIMEOUT=${MZ_E2E_RUN_TIMEOUT:-120}
       {
         echo "== device_paths_e2e on $dev (2 ranks sharing the GPU)"
         bounded 1200 bash tests/cli/device_paths_e2e.sh $B/pretrain_gpt $B/convert_checkpoint configs/gpt_tiny.cfg "$dev"
@@ -321,4 +323,7 @@ for phase in "$@"; do
       ;;
     *) echo "unknown phase $phase" ;;
   esac
+  # A run a timeout ended from outside (its own timeout's process group) may
+  # outlive it: nothing of this phase may hold the GPU during the next one.
+  pkill -9 -f "^$B/" 2>/dev/null || true
 done

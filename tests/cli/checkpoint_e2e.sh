@@ -20,11 +20,25 @@ set -u
 exe=$1 cfg=$2 device=${3:-cpu}
 work=$(mktemp -d /tmp/mz-ckpt-e2e-XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# Each run bounded (MZ_E2E_RUN_TIMEOUT, seconds); on a GPU a stuck collective
+# ends a run through the watchdog in 30 s, with a report.
+run_timeout=${MZ_E2E_RUN_TIMEOUT:-300}
+watchdog=()
+[ "$device" = cuda ] && watchdog=(--collective-timeout 30)
 run() {  # run NAME ARGS...: output in $work/NAME.log, exit code in $work/NAME.rc
   local name=$1; shift
-  timeout 300 mpiexec -n 4 "$exe" --config "$cfg" --mock-data --vocab-size 256 --train-iters "${ITERS:-6}" --log-interval 1 \
-    --eval-iters 1 --device "$device" "$@" >"$work/$name.log" 2>&1
+  timeout "$run_timeout" mpiexec -n 4 "$exe" --config "$cfg" --mock-data --vocab-size 256 --train-iters "${ITERS:-6}" \
+    --log-interval 1 --eval-iters 1 --device "$device" "${watchdog[@]}" "$@" >"$work/$name.log" 2>&1
   echo $? >"$work/$name.rc"
+}
+# wait_for_line LOG PATTERN PID: until the log has the line (or the run ended).
+wait_for_line() {
+  for _ in $(seq 1 600); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
 }
 losses() { grep -E "^ iteration" "$work/$1.log" | sed -E 's/^ iteration +([0-9]+)\/.*lm loss ([0-9.E+-]+).*/\1 \2/'; }
 fail() { echo "checkpoint_e2e ($device): FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }
@@ -84,10 +98,7 @@ losses straight_long >"$work/straight_long.losses"
 [ "$(wc -l <"$work/straight_long.losses")" = 200 ] || fail "expected 200 loss lines"
 ( ITERS=200 run signalled $L22 --save "$work/ck4" ) &
 bg=$!
-for _ in $(seq 1 600); do
-  grep -qE "^ iteration +1/" "$work/signalled.log" 2>/dev/null && break
-  sleep 0.1
-done
+wait_for_line "$work/signalled.log" "^ iteration +1/" $bg
 pid=$(pgrep -f "^$exe .*$work/ck4" | head -n 1)
 [ -n "$pid" ] && kill -USR1 "$pid"
 wait $bg
@@ -113,10 +124,7 @@ echo "checkpoint_e2e: NaN loss stops with exit 2, or is counted and skipped"
 # 6. kill -9 of one rank mid-training.
 ( ITERS=200 run killed_training $L22 ) &
 bg=$!
-for _ in $(seq 1 600); do
-  grep -qE "^ iteration +1/" "$work/killed_training.log" 2>/dev/null && break
-  sleep 0.1
-done
+wait_for_line "$work/killed_training.log" "^ iteration +1/" $bg
 pid=$(pgrep -f "^$exe .*--train-iters 200" | sed -n 2p)
 [ -n "$pid" ] || fail "no rank process to kill"
 start=$(date +%s.%N)

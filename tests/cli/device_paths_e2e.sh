@@ -25,10 +25,27 @@ train=$1 convert=$2 cfg=$3 device=$4
 work=$(mktemp -d /tmp/mz-device-paths-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 tiny=(--config "$cfg" --mock-data --vocab-size 256 --log-interval 1 --eval-iters 1)
+# Each run is bounded (MZ_E2E_RUN_TIMEOUT, seconds: a GPU session's short lease
+# sets it lower), and on a GPU a stuck collective ends a run through the
+# watchdog in 30 s rather than through that bound, with a report.
+run_timeout=${MZ_E2E_RUN_TIMEOUT:-300}
+watchdog=()
+[ "$device" = cuda ] && watchdog=(--collective-timeout 30)
 run() {  # run NAME RANKS ARGS...: output in $work/NAME.log, exit code in $work/NAME.rc
   local name=$1 ranks=$2; shift 2
-  timeout 300 mpiexec -n "$ranks" "$train" "${tiny[@]}" "$@" >"$work/$name.log" 2>&1
+  local w=("${watchdog[@]}")
+  [[ " $* " == *" --collective-timeout "* ]] && w=()
+  timeout "$run_timeout" mpiexec -n "$ranks" "$train" "${tiny[@]}" "${w[@]}" "$@" >"$work/$name.log" 2>&1
   echo $? >"$work/$name.rc"
+}
+# wait_for_line LOG PATTERN PID: until the log has the line (or the run ended).
+wait_for_line() {
+  for _ in $(seq 1 600); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    kill -0 "$3" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
 }
 rc() { cat "$work/$1.rc"; }
 # "iteration loss loss-scale" per logged iteration.
@@ -119,10 +136,7 @@ run term_straight 2 --device "$device" --zero-stage 2 --train-iters 150
 ok term_straight
 ( run term 2 --device "$device" --zero-stage 2 --train-iters 150 --save "$work/ck_term" ) &
 bg=$!
-for _ in $(seq 1 600); do
-  grep -qE "^ iteration +1/" "$work/term.log" 2>/dev/null && break
-  sleep 0.1
-done
+wait_for_line "$work/term.log" "^ iteration +1/" $bg
 pkill -TERM -f "^$train .*$work/ck_term"
 wait $bg
 [ "$(rc term)" = 5 ] || fail "exit code $(rc term) after SIGTERM, expected 5"
@@ -136,13 +150,13 @@ echo "device_paths_e2e ($device): SIGTERM -> checkpoint at iteration $stopped, e
 
 # 4b. A rank that stops answering (SIGSTOP) mid-run: the other rank's collective
 # watchdog ends the job with exit 4 and a report, not a hang.
-( run hang 2 --device "$device" --zero-stage 2 --train-iters 100000 --collective-timeout 3 --save "$work/ck_hang" \
-    --save-interval 100000 ) &
+# (3 s of watchdog on the CPU; 10 s on a GPU, whose ranks may start seconds apart.)
+hang_timeout=3
+[ "$device" = cuda ] && hang_timeout=10
+( run hang 2 --device "$device" --zero-stage 2 --train-iters 100000 --collective-timeout "$hang_timeout" \
+    --save "$work/ck_hang" --save-interval 100000 ) &
 bg=$!
-for _ in $(seq 1 600); do
-  grep -qE "^ iteration +2/" "$work/hang.log" 2>/dev/null && break
-  sleep 0.1
-done
+wait_for_line "$work/hang.log" "^ iteration +2/" $bg || fail "the hang run ended before iteration 2: rc $(rc hang)"
 victim=$(pgrep -f "^$train .*$work/ck_hang" | head -n 1)
 [ -n "$victim" ] || fail "the hang run is not running"
 kill -STOP "$victim"
@@ -165,7 +179,7 @@ echo "device_paths_e2e ($device): --device-arena saves (no misses) and resumes e
 tokens=0,5,199,17,42,255,3,100,7,7,7,150,198,1
 conv() {  # conv NAME ARGS...: one process, no mpiexec
   local name=$1; shift
-  timeout 300 "$convert" "$@" >"$work/$name.log" 2>&1 || fail "$name exited with $?"
+  timeout "$run_timeout" "$convert" "$@" >"$work/$name.log" 2>&1 || fail "$name exited with $?"
 }
 conv export export --load "$work/ck_fp32" --output "$work/hf"
 conv logits logits --load "$work/ck_fp32" --tokens $tokens --output "$work/logits.txt" --device "$device"
@@ -188,7 +202,7 @@ llama=(--config "$(dirname "$cfg")/llama_tiny.cfg" --mock-data --vocab-size 256 
        --tensor-model-parallel-size 2 --train-iters 6)
 run_llama() {  # run_llama NAME ARGS...
   local name=$1; shift
-  timeout 300 mpiexec -n 2 "$train" "${llama[@]}" "$@" >"$work/$name.log" 2>&1
+  timeout "$run_timeout" mpiexec -n 2 "$train" "${llama[@]}" "${watchdog[@]}" "$@" >"$work/$name.log" 2>&1
   echo $? >"$work/$name.rc"
 }
 run_llama llama_sp --device "$device" --sequence-parallel --save "$work/llama_ckpt" --save-interval 3
@@ -217,7 +231,7 @@ else  # 12 MiB cannot hold the tiny model at stage 0 on 2 ranks (13.6 MiB planne
   big=()
   capacity=(env MEGAZERO_ISOLATED_DEVICE_MIB=12)
 fi
-"${capacity[@]}" timeout 300 mpiexec -n 2 "$train" "${tiny[@]}" --device "$device" --train-iters 2 "${big[@]}" \
+"${capacity[@]}" timeout "$run_timeout" mpiexec -n 2 "$train" "${tiny[@]}" --device "$device" --train-iters 2 "${big[@]}" \
   >"$work/preflight.log" 2>&1
 code=$?
 [ "$code" = 2 ] || fail "a model too large for the device gave exit $code, expected 2"

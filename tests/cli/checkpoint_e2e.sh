@@ -20,25 +20,12 @@ set -u
 exe=$1 cfg=$2 device=${3:-cpu}
 work=$(mktemp -d /tmp/mz-ckpt-e2e-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-# Each run bounded (MZ_E2E_RUN_TIMEOUT, seconds); on a GPU a stuck collective
-# ends a run through the watchdog in 30 s, with a report.
-run_timeout=${MZ_E2E_RUN_TIMEOUT:-300}
-watchdog=()
-[ "$device" = cuda ] && watchdog=(--collective-timeout 30)
+. "$(dirname "$0")/e2e_common.sh"  # run_timeout, watchdog, wait_for_line
 run() {  # run NAME ARGS...: output in $work/NAME.log, exit code in $work/NAME.rc
   local name=$1; shift
   timeout "$run_timeout" mpiexec -n 4 "$exe" --config "$cfg" --mock-data --vocab-size 256 --train-iters "${ITERS:-6}" \
     --log-interval 1 --eval-iters 1 --device "$device" "${watchdog[@]}" "$@" >"$work/$name.log" 2>&1
   echo $? >"$work/$name.rc"
-}
-# wait_for_line LOG PATTERN PID: until the log has the line (or the run ended).
-wait_for_line() {
-  for _ in $(seq 1 600); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
 }
 losses() { grep -E "^ iteration" "$work/$1.log" | sed -E 's/^ iteration +([0-9]+)\/.*lm loss ([0-9.E+-]+).*/\1 \2/'; }
 fail() { echo "checkpoint_e2e ($device): FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }

@@ -25,27 +25,13 @@ train=$1 convert=$2 cfg=$3 device=$4
 work=$(mktemp -d /tmp/mz-device-paths-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 tiny=(--config "$cfg" --mock-data --vocab-size 256 --log-interval 1 --eval-iters 1)
-# Each run is bounded (MZ_E2E_RUN_TIMEOUT, seconds: a GPU session's short lease
-# sets it lower), and on a GPU a stuck collective ends a run through the
-# watchdog in 30 s rather than through that bound, with a report.
-run_timeout=${MZ_E2E_RUN_TIMEOUT:-300}
-watchdog=()
-[ "$device" = cuda ] && watchdog=(--collective-timeout 30)
+. "$(dirname "$0")/e2e_common.sh"  # run_timeout, watchdog, wait_for_line
 run() {  # run NAME RANKS ARGS...: output in $work/NAME.log, exit code in $work/NAME.rc
   local name=$1 ranks=$2; shift 2
   local w=("${watchdog[@]}")
   [[ " $* " == *" --collective-timeout "* ]] && w=()
   timeout "$run_timeout" mpiexec -n "$ranks" "$train" "${tiny[@]}" "${w[@]}" "$@" >"$work/$name.log" 2>&1
   echo $? >"$work/$name.rc"
-}
-# wait_for_line LOG PATTERN PID: until the log has the line (or the run ended).
-wait_for_line() {
-  for _ in $(seq 1 600); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    kill -0 "$3" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
 }
 rc() { cat "$work/$1.rc"; }
 # "iteration loss loss-scale" per logged iteration.

@@ -116,6 +116,21 @@ TEST(IsolatedDevice, CopiesRoundTripEveryWayWithTheCpusBits) {
     Tensor other = Tensor::empty(isolated(), {6, 5}, dt, MC::Workspace);
     other.copy_from(dev);
     EXPECT_EQ(other.to_double_vector(), ref.to_double_vector());
+    // Views across the boundary (packed on their own side first): a device
+    // view to host memory with and without a cast, a host view into a device
+    // view, and a device view read back as doubles.
+    EXPECT_EQ(dev.transpose(0, 1).to_double_vector(), ref.transpose(0, 1).to_double_vector());
+    EXPECT_EQ(dev.narrow(1, 1, 3).to_double_vector(), ref.narrow(1, 1, 3).to_double_vector());
+    for (DType to : {dt, DType::F64}) {
+      Tensor h = Tensor::empty(host(), {5, 6}, to, MC::Workspace);
+      h.copy_from(dev.transpose(0, 1));
+      Tensor want = Tensor::empty(host(), {5, 6}, to, MC::Workspace);
+      want.copy_from(ref.transpose(0, 1));
+      EXPECT_EQ(h.to_double_vector(), want.to_double_vector()) << "to " << dtype_name(to);
+    }
+    Tensor into = Tensor::zeros(d, {6, 5}, dt, MC::Workspace);
+    into.transpose(0, 1).copy_from(ref.transpose(0, 1));
+    EXPECT_EQ(into.to_double_vector(), ref.to_double_vector());
   }
 }
 

@@ -167,8 +167,22 @@ void Tensor::copy_from(const Tensor& src) {
   }
   // Between host and a device (or two devices): contiguous bytes, staged
   // through the host when a cast is needed or neither side is host memory.
-  MZ_CHECK(is_contiguous() && src.is_contiguous(), "cross-device copy needs contiguous tensors (", src.to_string(),
-           " -> ", to_string(), ")");
+  // A view on either side is packed on its own device first (one strided copy
+  // there, queued like a kernel), so a GPU tensor's view reads back as a host
+  // one does (a test's strided Q/K/V, to_double_vector of a narrow).
+  if (!src.is_contiguous()) {
+    Tensor packed =
+        empty(src.device_ptr(), src.shape_, src.dtype_, MemoryCategory::Workspace, "view packed for a copy");
+    packed.copy_from(src);
+    copy_from(packed);
+    return;
+  }
+  if (!is_contiguous()) {
+    Tensor packed = empty(device_ptr(), shape_, src.dtype_, MemoryCategory::Workspace, "view packed for a copy");
+    packed.copy_from(src);
+    copy_from(packed);
+    return;
+  }
   if (same_dtype && src_dev.host_accessible()) {
     dst_dev.copy_from_host(data(), src.data(), nbytes());
     return;

@@ -51,6 +51,9 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<MpiCommunicator> split_node_local(const std::string& name);
   // This rank's host name.
   static std::string host_name();
+  // From this many bytes an all-reduce runs as MPI's reduce-scatter then an
+  // in-place all-gather (faster than MPICH's all-reduce of large messages).
+  static std::size_t split_all_reduce_bytes(DType t);
 
  protected:
   std::shared_ptr<WorkImpl> do_all_reduce(const Tensor& t, ReduceOp op) override;

@@ -24,6 +24,8 @@
 #            the unfused and the fused attention, and the same layer in PyTorch
 #            (bench/torch_layer.py), bf16 and fp16
 #   profile- per-kernel times of one layer step (Nsight Compute)
+#   profile-gpt - per-kernel times of two 355M iterations with cuDNN attention (Nsight Compute;
+#            MZ_ATTENTION picks another backend): the kernels beside the GEMMs that #21 still pays for
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
 #   peers  - ours and the PyTorch peers back to back on this GPU (issue #21): pretrain_gpt on
 #            GPT-2 medium 355M (bf16, B 8, seq 1024, 30 iterations; attention cudnn, cudnn with
@@ -49,7 +51,7 @@
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
-#   MZ_BUDGET_S=540 tools/gpu_session.sh paths kernels cudnn peers-gpt peers-layer zero3
+#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels profile-gpt zero3 cudnn peers-gpt peers-layer
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -215,6 +217,19 @@ for phase in "$@"; do
         bounded 300 $B/bench_kernels --device cuda --dtype bf16 --cols 4096 --hidden 1024 --ce-rows 8192 --ce-vocab 50304
       } > "$out/layer.txt" 2>&1
       cat "$out/layer.txt"
+      ;;
+    profile-gpt)
+      # Per-kernel GPU time of two 355M iterations with cuDNN attention (the #21 goal's
+      # configuration, dropout 0.1): what is left besides the GEMMs, by kernel name.
+      ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
+      {
+        bounded 400 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
+          $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+          --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+          --vocab-size 50257 --bf16 --mock-data --train-iters 2 --log-interval 1 --lr 1e-4 --eval-iters 0 \
+          --attention-backend "${MZ_ATTENTION:-cudnn}"
+      } > "$out/profile-gpt.csv" 2>&1
+      python3 tools/ncu_summary.py "$out/profile-gpt.csv" | tee "$out/profile-gpt.txt"
       ;;
     profile)
       # Per-kernel GPU time of one layer step (B = 8), summed by kernel name.

@@ -13,6 +13,7 @@
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "megazero/kernels/cudnn_attention.h"
 #include "megazero/train/arguments.h"
 #include "megazero/train/stop_signals.h"
 #include "megazero/trainer/trainer.h"
@@ -61,6 +62,23 @@ TrainResult run(const std::vector<std::string>& flags) {
 }
 
 }  // namespace
+
+// Megatron's --use-flash-attn asks for a fast fused attention: our flash
+// kernel on the CPU, cuDNN's on --device cuda where it can run (parsing needs
+// no GPU); an explicit fused backend is kept, an explicit unfused refused.
+TEST(Trainer, UseFlashAttnPicksCudnnOnCudaWhereItCanRun) {
+  EXPECT_EQ(args_of({"--use-flash-attn"}).model.attention_backend, "fused");
+  EXPECT_THROW(args_of({"--use-flash-attn", "--attention-backend", "unfused"}), ConfigError);
+  if (!kernels::cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 16).empty())
+    GTEST_SKIP() << "a build without CUDA: --device cuda is refused before any attention choice";
+  EXPECT_EQ(args_of({"--use-flash-attn", "--device", "cuda", "--bf16"}).model.attention_backend, "cudnn");
+  EXPECT_EQ(args_of({"--use-flash-attn", "--device", "cuda", "--bf16", "--attention-backend", "fused"})
+                .model.attention_backend,
+            "fused");
+  // A head size cuDNN cannot take (here 160): our fused kernel cannot either, so the
+  // choice is fused and validation names the way out.
+  EXPECT_THROW(args_of({"--use-flash-attn", "--device", "cuda", "--bf16", "--hidden-size", "640"}), ConfigError);
+}
 
 TEST(Trainer, ResumedTrainerContinuesBitForBit) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";

@@ -116,8 +116,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "init-method-std", &a.model.init_method_std, "init std (output layers scaled by 1/sqrt(2 layers))");
   t.add(M, "attention-backend", &a.model.attention_backend,
         "unfused (scores and probabilities in memory, as Megatron's classic path), fused (flash-style: neither "
-        "is kept; backward recomputes them) or cudnn (cuDNN's fused attention, --device cuda, bf16/fp16; its own "
-        "dropout mask)");
+        "is kept; backward recomputes them; the exact reference for cudnn) or cudnn (cuDNN's fused attention, "
+        "--device cuda, bf16/fp16; its own dropout mask; the fastest on a GPU: docs/PERFORMANCE.md)");
   t.flag(M, "deterministic-mode", &a.model.deterministic,
          "deterministic kernels only: the same bits on every rerun (the other backends always are; with "
          "--attention-backend cudnn its deterministic backward, which needs a [B*heads, S, S] workspace)");

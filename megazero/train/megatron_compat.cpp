@@ -5,6 +5,7 @@
 #include <set>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/cudnn_attention.h"
 #include "megazero/train/arguments.h"
 
 namespace po = boost::program_options;
@@ -30,7 +31,8 @@ struct CompatFlag {
 // script passes, beyond the flags arguments.cpp defines under the same name.
 const CompatFlag kFlags[] = {
     {"use-distributed-optimizer", Kind::Switch, Meaning::Translated, "ZeRO stage 1 (Pos)"},
-    {"use-flash-attn", Kind::Switch, Meaning::Translated, "--attention-backend fused"},
+    {"use-flash-attn", Kind::Switch, Meaning::Translated,
+     "--attention-backend cudnn on --device cuda where cuDNN can run it, else fused"},
     {"checkpoint-activations", Kind::Switch, Meaning::Translated, "--recompute-activations"},
     {"overlap-grad-reduce", Kind::Switch, Meaning::Translated, "--overlap-comm true"},
     {"use-checkpoint-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--use-checkpoint-opt-param-scheduler"},
@@ -219,10 +221,16 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
     if (!was_given("zero-stage") && a.zero_config.empty()) a.zero.stage = 1;
   }
   if (value("use-flash-attn")) {
-    MZ_REQUIRE(!was_given("attention-backend") || a.model.attention_backend == "fused",
-               "--use-flash-attn means --attention-backend fused, but --attention-backend ", a.model.attention_backend,
-               " was given; drop one of them");
-    a.model.attention_backend = "fused";
+    // Megatron's flag asks for a fast fused attention: cuDNN's where it can
+    // run (on an H200 it trained GPT-2 medium 1.8x faster than our flash
+    // kernel, docs/PERFORMANCE.md), else our fused kernel.
+    const bool cudnn = a.device == "cuda" && a.model.num_attention_heads > 0 &&  // bad heads: validate() says so
+                       kernels::cudnn_attention_unsupported(DeviceKind::CUDA, a.dtype(), a.model.head_dim()).empty();
+    const char* fast = cudnn ? "cudnn" : "fused";
+    MZ_REQUIRE(!was_given("attention-backend") || a.model.attention_backend != "unfused",
+               "--use-flash-attn means a fused attention (--attention-backend ", fast,
+               " here), but --attention-backend unfused was given; drop one of them");
+    if (!was_given("attention-backend")) a.model.attention_backend = fast;
   }
   if (value("checkpoint-activations") || value("recompute-granularity")) a.model.recompute_activations = true;
   if (value("overlap-grad-reduce")) a.zero.overlap_comm = true;

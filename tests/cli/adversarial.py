@@ -171,7 +171,7 @@ def cases():
         ("zero-config-cpu", "--zero-config C1 has no Pa\\+cpu", " --zero-config C1 --cpu-checkpointing"),
         ("cpu-ckpt-without-pa", "cpu-checkpointing", " --recompute-activations --cpu-checkpointing"),
         ("pa-without-recompute", "partition-activations", " --partition-activations"),
-        ("flash-vs-unfused", "--use-flash-attn means --attention-backend fused", " --use-flash-attn --attention-backend unfused"),
+        ("flash-vs-unfused", r"--use-flash-attn means a fused attention \(--attention-backend fused here\)", " --use-flash-attn --attention-backend unfused"),
         ("distopt-vs-stage0", "--use-distributed-optimizer partitions the optimizer", " --use-distributed-optimizer --zero-stage 0"),
         ("train-samples-vs-iters", "--train-samples and --train-iters both set", " --train-samples 64 --global-batch-size 16"),
         ("warmup-fraction-vs-iters", "--lr-warmup-fraction and --lr-warmup-iters both set", " --lr-warmup-fraction 0.1"),

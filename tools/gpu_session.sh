@@ -10,7 +10,7 @@
 #            export -> import -> identical logits, the memory pre-flight, the
 #            Llama-style model with --sequence-parallel (exact resume, the
 #            CPU's losses); and
-#            test_zero_precision / test_zero_r on cuda. Run it first.
+#            test_zero_precision / test_zero_r on cuda. All passed on an H200 (2026-11-26).
 #   tests  - test_cuda (CPU vs GPU, every kernel and a whole GPT), test_gemm,
 #            the layer kernel suites (test_*_kernels, test_kernel_conventions),
 #            and the TP-equivalence and ZeRO suites with
@@ -23,7 +23,7 @@
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) with
 #            the unfused and the fused attention, and the same layer in PyTorch
 #            (bench/torch_layer.py), bf16 and fp16
-#   profile- per-kernel times of one layer step (Nsight Compute)
+#   profile- per-kernel times of one layer step (Nsight Compute; cuDNN attention unless MZ_ATTENTION)
 #   profile-gpt - per-kernel times of two 355M iterations with cuDNN attention (Nsight Compute;
 #            MZ_ATTENTION picks another backend): the kernels beside the GEMMs that #21 still pays for
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
@@ -51,7 +51,7 @@
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
-#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels profile-gpt zero3 cudnn peers-gpt peers-layer
+#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels profile-gpt profile zero3 cudnn peers-gpt peers-layer
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -237,7 +237,7 @@ for phase in "$@"; do
       {
         bounded 300 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
           $B/bench_layer --device cuda --dtype bf16 --micro-batch-size 8 --warmup 1 --steps 1 \
-          --attention-backend "${MZ_ATTENTION:-fused}"
+          --attention-backend "${MZ_ATTENTION:-cudnn}"
       } > "$out/profile.csv" 2>&1
       python3 tools/ncu_summary.py "$out/profile.csv" | tee "$out/profile.txt"
       ;;

@@ -163,6 +163,27 @@ TEST(Zero, AccumulationWithFewLargeBucketsIsCorrectAndDeterministic) {
     }
 }
 
+// Stage 3's prefetch changes when a group is gathered, never what is
+// computed: without it (--stage3-prefetch false) training gives the same bits
+// and no gather is issued ahead; with it, every step after the first (which
+// records the order) gathers ahead.
+TEST(Zero, Stage3WithoutPrefetchTrainsTheSameBitsAndGathersNothingAhead) {
+  for (auto [tp, dp] : layouts_for(world().size())) {
+    if (dp < 2) continue;
+    ZeroRunSpec s;
+    s.tp = tp;
+    s.dp = dp;
+    s.stage = 3;
+    s.steps = 3;
+    ZeroRun with(world(), s);
+    s.prefetch = false;
+    ZeroRun without(world(), s);
+    EXPECT_EQ(without.train(), with.train()) << "TP " << tp << " DP " << dp;
+    EXPECT_EQ(without.engine->prefetched_gathers(), 0);
+    EXPECT_GT(with.engine->prefetched_gathers(), 0);
+  }
+}
+
 // Evaluation between steps at stage 3 (forward passes only): no group is
 // gathered ahead along the training order (which continues with a backward
 // evaluation never runs), none is left gathered afterwards, and training goes

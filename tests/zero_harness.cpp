@@ -75,6 +75,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.param_dtype = s.dtype;
   zc.reduce_bucket_size = s.bucket;
   zc.overlap_comm = s.overlap;
+  zc.prefetch = s.prefetch;
   zc.contiguous_gradients = s.zero_r.contiguous_memory;
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
   engine->initialize(77);

@@ -21,6 +21,7 @@ struct ZeroRunSpec {
   bool recompute = false;
   std::int64_t bucket = 1000;  // elements: small, so models span many buckets
   bool overlap = true;
+  bool prefetch = true;  // stage 3's gather of the next group ahead
   int steps = 3;
   std::int64_t hidden = 32;  // model width (the memory test uses a wider one: padding < 1%)
   zero::ZeroRConfig zero_r;  // Pa / Pa+cpu / MD (needs recompute)

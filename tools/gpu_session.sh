@@ -317,7 +317,9 @@ for phase in "$@"; do
         # staging copies wait only for the point a collective was issued.
         echo "== test_cuda marks and staged copies"
         mpi 1 $B/test_cuda --gtest_filter='Cuda.MarksTimeTheDevicesWorkNotTheLaunch:Cuda.CopiesAfterAMarkDoNotWaitForLaterCompute'
-        for st in 0 1 2 3; do
+        # Stage 3 twice: with its prefetch and without (--stage3-prefetch false), so the
+        # difference in step time is what the prefetch hides.
+        for st in 0 1 2 3 "3 --stage3-prefetch false"; do
           echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO stage $st"
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \

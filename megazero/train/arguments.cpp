@@ -152,6 +152,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(Z, "zero-stage", &a.zero.stage, "0 plain DP, 1 Pos, 2 Pos+g, 3 Pos+g+p");
   t.add(Z, "reduce-bucket-size", &a.zero.reduce_bucket_size, "gradient bucket, elements (the paper's CB)");
   t.add(Z, "overlap-comm", &a.zero.overlap_comm, "reduce buckets during backward (true/false)");
+  t.add(Z, "stage3-prefetch", &a.zero.prefetch,
+        "stage 3: gather the next parameter group while this one computes (true/false; false shows what the "
+        "prefetch hides, in the timers' exposed DP comm)");
   t.add(Z, "zero-config", &a.zero_config,
         "the paper's C1..C5: C1 Pos+CB+MD, C2 +Pa, C3 Pos+g+CB+MD, C4 +Pa, C5 +Pa+cpu (expands to the flags below)");
   t.flag(Z, "partition-activations", &a.zero_r.partition_activations,

@@ -323,7 +323,10 @@ void ZeroEngine::gather(int group) {
   // Prefetch the group that came next on the recorded first step.
   if (cfg_.prefetch && !recording_ && !evaluating_ && seq_pos_ < sequence_.size()) {
     const int next = sequence_[seq_pos_];
-    if (!gathered_.count(next)) issue_gather(next);
+    if (!gathered_.count(next)) {
+      issue_gather(next);
+      ++prefetched_gathers_;
+    }
   }
 }
 

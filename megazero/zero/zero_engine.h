@@ -37,7 +37,7 @@ struct ZeroConfig {
   DType param_dtype = DType::F32;              // 16-bit params/grads: --bf16 / --fp16
   std::int64_t reduce_bucket_size = 50000000;  // --reduce-bucket-size, elements (the paper's CB)
   bool overlap_comm = true;                    // --overlap-comm: launch buckets during backward
-  bool prefetch = true;                        // stage 3: gather the next group ahead
+  bool prefetch = true;                        // stage 3: gather the next group ahead (--stage3-prefetch)
   // MD for gradients (stages 2-3): the transient full-size gradients of the
   // groups in backward live in two buffers reserved once (the embedding
   // group's, which stays in backward the whole pass, and one sized for the
@@ -115,6 +115,8 @@ class ZeroEngine final : public layers::ParamHooks {
   // Stage 3: peak bytes of gathered (full) parameters at any time, and now.
   std::int64_t gathered_peak_bytes() const { return gathered_peak_; }
   std::int64_t gathered_bytes() const { return gathered_bytes_; }
+  // Stage 3: gathers issued ahead of their group's use (the prefetch), since construction.
+  std::int64_t prefetched_gathers() const { return prefetched_gathers_; }
 
  private:
   struct InFlight {
@@ -175,7 +177,7 @@ class ZeroEngine final : public layers::ParamHooks {
   std::vector<int> sequence_;  // group order of pre_* calls, recorded on the first step
   bool recording_ = true, evaluating_ = false;
   std::size_t seq_pos_ = 0;
-  std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0;
+  std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0, prefetched_gathers_ = 0;
   std::vector<std::pair<std::shared_ptr<Device::Mark>, std::shared_ptr<Device::Mark>>> comm_waits_;
   void timed_wait(Work& w);
 };

@@ -223,7 +223,7 @@ for phase in "$@"; do
       # configuration, dropout 0.1): what is left besides the GEMMs, by kernel name.
       ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
       {
-        bounded 400 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
+        bounded 400 "$ncu_bin" --metrics gpu__time_duration.sum,dram__bytes.sum --print-summary per-kernel --csv \
           $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
           --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
           --vocab-size 50257 --bf16 --mock-data --train-iters 2 --log-interval 1 --lr 1e-4 --eval-iters 0 \
@@ -235,7 +235,7 @@ for phase in "$@"; do
       # Per-kernel GPU time of one layer step (B = 8), summed by kernel name.
       ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
       {
-        bounded 300 "$ncu_bin" --metrics gpu__time_duration.sum --print-summary per-kernel --csv \
+        bounded 300 "$ncu_bin" --metrics gpu__time_duration.sum,dram__bytes.sum --print-summary per-kernel --csv \
           $B/bench_layer --device cuda --dtype bf16 --micro-batch-size 8 --warmup 1 --steps 1 \
           --attention-backend "${MZ_ATTENTION:-cudnn}"
       } > "$out/profile.csv" 2>&1

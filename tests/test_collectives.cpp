@@ -76,43 +76,31 @@ const std::int64_t kSizes[] = {0, 1, 7, 1031};
 
 }  // namespace
 
+// Every dtype, op and size, small ones and one just above
+// split_all_reduce_bytes (from there an all-reduce is a reduce-scatter then an
+// in-place all-gather, in slices that do not divide evenly): the exact values,
+// and every rank holds the same bits (a Max of the result's negation must give
+// that negation back).
 TEST_F(Collectives, AllReduceEveryDtypeOpAndSize) {
   const int n = world->size(), me = world->rank();
-  for (DType t : kFloatTypes)
+  for (DType t : kFloatTypes) {
+    std::vector<std::int64_t> sizes(std::begin(kSizes), std::end(kSizes));
+    sizes.push_back(static_cast<std::int64_t>(MpiCommunicator::split_all_reduce_bytes(t) / dtype_size(t)) + 5);
     for (ReduceOp op : kOps)
-      for (std::int64_t size : kSizes) {
+      for (std::int64_t size : sizes) {
         SCOPED_TRACE(testing::Message() << dtype_name(t) << " " << reduce_op_name(op) << " " << size);
         Tensor x = filled(dev, size, t, me);
         world->all_reduce(x, op).wait();
         const auto got = x.to_double_vector();
         for (std::int64_t i = 0; i < size; ++i)
           ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(op, n, i, t)) << "element " << i;
+        std::vector<double> neg(got.size());
+        for (std::size_t i = 0; i < got.size(); ++i) neg[i] = -got[i];
+        Tensor y = Tensor::empty(dev, {size}, t, MC::CommBuffers);
+        y.copy_from_doubles(neg);
+        world->all_reduce(y, ReduceOp::Max).wait();
+        ASSERT_EQ(y.to_double_vector(), neg) << "ranks disagree";
       }
-}
-
-// Above split_all_reduce_bytes an all-reduce is a reduce-scatter then an
-// in-place all-gather: the same exact values, in slices that do not divide
-// evenly, and every rank holds the same bits (checked by a Max of the result's
-// negation, which must give the negation of the result back).
-TEST_F(Collectives, LargeAllReduceAsReduceScatterAndAllGatherIsExact) {
-  const int n = world->size(), me = world->rank();
-  for (DType t : kFloatTypes) {
-    const auto from = static_cast<std::int64_t>(MpiCommunicator::split_all_reduce_bytes(t) / dtype_size(t));
-    for (ReduceOp op : kOps) {
-      const std::int64_t size = from + 5;  // uneven over 2, 3, 4 and 8 ranks
-      SCOPED_TRACE(testing::Message() << dtype_name(t) << " " << reduce_op_name(op) << " " << size);
-      Tensor x = filled(dev, size, t, me);
-      world->all_reduce(x, op).wait();
-      const auto got = x.to_double_vector();
-      for (std::int64_t i = 0; i < size; ++i)
-        ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(op, n, i, t)) << "element " << i;
-      std::vector<double> neg(got.size());
-      for (std::size_t i = 0; i < got.size(); ++i) neg[i] = -got[i];
-      Tensor y = Tensor::empty(dev, {size}, t, MC::CommBuffers);
-      y.copy_from_doubles(neg);
-      world->all_reduce(y, ReduceOp::Max).wait();
-      ASSERT_EQ(y.to_double_vector(), neg) << "ranks disagree";
-    }
   }
 }
 

@@ -176,7 +176,8 @@ for phase in "$@"; do
         for a in fused cudnn; do  # RoPE, RMSNorm, SwiGLU, grouped-query attention, TP 2 on one GPU
           echo "== pretrain_gpt llama_tiny bf16 TP 2 attention $a"
           mpi 2 $B/pretrain_gpt --config configs/llama_tiny.cfg --device cuda --bf16 --mock-data --train-iters 20 \
-            --log-interval 10 --attention-backend $a --attention-dropout 0.0 --hidden-dropout 0.0
+            --log-interval 10 --attention-backend $a --attention-dropout 0.0 --hidden-dropout 0.0 \
+            --tensor-model-parallel-size 2  # the 2026-11-26 run left this out and ran DP 2
           echo "== exit $?"
         done
       } > "$out/cudnn.txt" 2>&1

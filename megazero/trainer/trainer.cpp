@@ -324,8 +324,8 @@ void Trainer::Impl::build() {
     if (on_gpu && !m.cudnn_attention() &&
         kernels::cudnn_attention_unsupported(DeviceKind::CUDA, args.dtype(), m.head_dim()).empty())
       std::printf(
-          "hint: --attention-backend cudnn can run this model; it trained GPT-2 medium 1.65x faster than unfused "
-          "and 1.8x faster than fused on an H200 (docs/PERFORMANCE.md)\n");
+          "hint: --attention-backend cudnn can run this model and is the fastest attention on a GPU (measured in "
+          "docs/PERFORMANCE.md); add --deterministic-mode where reruns must repeat bit for bit\n");
     if (!args.zero_config_expansion.empty()) std::printf("%s\n", args.zero_config_expansion.c_str());
     const std::string tp_split = "1/" + std::to_string(groups->tp_size()) + " per TP rank";
     std::printf("ZeRO-R: activation checkpoints %s%s%s; constant buffers (CB): %s\n",

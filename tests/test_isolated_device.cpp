@@ -348,6 +348,14 @@ TEST(IsolatedDevice, CollectivesStageDeviceTensorsThroughTheHost) {
   world->all_reduce(t, ReduceOp::Sum).wait();
   world->all_reduce(h, ReduceOp::Sum).wait();
   EXPECT_EQ(t.to_double_vector(), h.to_double_vector());
+  // A 16-bit all-reduce past split_all_reduce_bytes (reduce-scatter, a move in
+  // the staging buffer, all-gather), staged as well: the host tensors' bits.
+  const std::int64_t big = static_cast<std::int64_t>(MpiCommunicator::split_all_reduce_bytes(DType::BF16) / 2) + 3;
+  Tensor tb = values(d, {big}, DType::BF16, 3.0 + world->rank());
+  Tensor hb = values(host(), {big}, DType::BF16, 3.0 + world->rank());
+  world->all_reduce(tb, ReduceOp::Sum).wait();
+  world->all_reduce(hb, ReduceOp::Sum).wait();
+  EXPECT_EQ(tb.to_double_vector(), hb.to_double_vector());
   Tensor part = values(d, {16}, DType::F32, 2.0 + world->rank());
   Tensor full = Tensor::zeros(d, {16 * n}, DType::F32, MC::CommBuffers);
   world->all_gather(part, full).wait();

@@ -43,6 +43,7 @@
 #            (cuBLASLt epilogues): test_linear_epilogues' GPU half, the model's TP test with them in fp32,
 #            the 355M run with cudnn + epilogues (dropout 0: the four 355M runs' losses agree to
 #            rounding). Run it after paths and kernels.
+#   cudnn-tests - the cudnn phase without its four 355M runs: the tests and the llama_tiny TP 2 runs
 #   cudnn-bench - bench_layer (the 100B layer) unfused, fused, cudnn, cudnn + epilogues, cudnn
 #            deterministic.
 #   zero3  - ZeRO stages 0-3 on 2 ranks sharing the GPU (MPI backend), step time and the exposed
@@ -51,7 +52,7 @@
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
-#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels profile-gpt profile zero3 cudnn peers-gpt peers-layer
+#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels cudnn-tests profile-gpt profile zero3 peers-gpt peers-layer
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -153,9 +154,9 @@ for phase in "$@"; do
       } > "$out/tests.txt" 2>&1
       grep -E "^==|PASSED|FAILED|SKIPPED|tests ran" "$out/tests.txt" | tail -60
       ;;
-    cudnn)
+    cudnn|cudnn-tests)
       {
-        export CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/cudnn-api.log"
+        export CUDNN_LOGLEVEL_DBG=2 CUDNN_LOGDEST_DBG="$out/$phase-api.log"
         echo "== test_sdpa_graph"; mpi 1 $B/test_sdpa_graph
         echo "== test_cudnn_attention (GPU half)"; mpi 1 $B/test_cudnn_attention
         unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
@@ -165,7 +166,8 @@ for phase in "$@"; do
         MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/test_gpt_tp --gtest_filter='*GemmEpilogues*'
         echo "== test_layer_gradients"; mpi 1 $B/test_layer_gradients
         # Dropout 0, one seed: the losses of the four agree to rounding (cuDNN and cuBLASLt against ours, end to end).
-        for a in fused cudnn "cudnn --gemm-epilogues" "cudnn --deterministic-mode"; do
+        # cudnn-tests: the tests and the small TP runs only (seconds, not minutes).
+        [ "$phase" = cudnn ] && for a in fused cudnn "cudnn --gemm-epilogues" "cudnn --deterministic-mode"; do
           echo "== pretrain_gpt 355M bf16 attention $a"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
@@ -180,8 +182,8 @@ for phase in "$@"; do
             --tensor-model-parallel-size 2  # the 2026-11-26 run left this out and ran DP 2
           echo "== exit $?"
         done
-      } > "$out/cudnn.txt" 2>&1
-      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|timers|error|GEMM epilogues|\[lt\]" "$out/cudnn.txt" | tail -60
+      } > "$out/$phase.txt" 2>&1
+      grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|timers|error|GEMM epilogues|\[lt\]" "$out/$phase.txt" | tail -60
       ;;
     cudnn-bench)
       # The 100B layer with each attention backend (peers-layer times the same against PyTorch).

@@ -44,6 +44,8 @@
 #            the 355M run with cudnn + epilogues (dropout 0: the four 355M runs' losses agree to
 #            rounding). Run it after paths and kernels.
 #   cudnn-tests - the cudnn phase without its four 355M runs: the tests and the llama_tiny TP 2 runs
+#   cudnn-engines - the 100B layer and the 355M step with each engine configuration cuDNN offers
+#            for the attention (MEGAZERO_CUDNN_ENGINE=k), against its first choice
 #   cudnn-bench - bench_layer (the 100B layer) unfused, fused, cudnn, cudnn + epilogues, cudnn
 #            deterministic.
 #   zero3  - ZeRO stages 0-3 on 2 ranks sharing the GPU (MPI backend), step time and the exposed
@@ -52,7 +54,7 @@
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given, e.g.
-#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels cudnn-tests profile-gpt profile zero3 peers-gpt peers-layer
+#   MZ_BUDGET_S=540 tools/gpu_session.sh kernels cudnn-tests profile-gpt cudnn-engines profile zero3 peers-gpt peers-layer
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -184,6 +186,24 @@ for phase in "$@"; do
         done
       } > "$out/$phase.txt" 2>&1
       grep -E "^==|PASSED|FAILED|median|iteration +(10|20|30)/|timers|error|GEMM epilogues|\[lt\]" "$out/$phase.txt" | tail -60
+      ;;
+    cudnn-engines)
+      # Every engine configuration cuDNN offers for the attention, against its first choice
+      # (MEGAZERO_CUDNN_ENGINE=k starts the search at k; the log line names the one taken): the
+      # 100B layer and the 355M step, both with dropout 0.1, where the first choice may not be fastest.
+      {
+        for k in 0 1 2 3 4; do
+          echo "== MEGAZERO_CUDNN_ENGINE=$k bench_layer 100B layer (TP-16 rank) bf16, attention cudnn"
+          MEGAZERO_CUDNN_ENGINE=$k bounded 120 $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend cudnn
+          echo "== MEGAZERO_CUDNN_ENGINE=$k pretrain_gpt 355M bf16, attention cudnn"
+          MEGAZERO_CUDNN_ENGINE=$k mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 \
+            --num-attention-heads 16 --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 \
+            --global-batch-size 8 --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 \
+            --attention-backend cudnn --eval-iters 0
+          echo "== exit $?"
+        done
+      } > "$out/cudnn-engines.txt" 2>&1
+      grep -E "^==|median|engine configuration|iteration +20/|error" "$out/cudnn-engines.txt" | cut -c1-240
       ;;
     cudnn-bench)
       # The 100B layer with each attention backend (peers-layer times the same against PyTorch).

@@ -9,6 +9,7 @@
 #include <cudnn.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <initializer_list>
 #include <cstring>
@@ -299,8 +300,20 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
                                  &returned, raw.data()),
         "reading engine configurations");
 
+  // The heuristics' order, or from MEGAZERO_CUDNN_ENGINE=k on (k, k+1, ...,
+  // then 0 .. k-1): a benchmarking knob to time the engine configurations
+  // cuDNN offers against its first choice (the log line names the one taken).
+  i64 first = 0;
+  if (const char* e = std::getenv("MEGAZERO_CUDNN_ENGINE"); e && *e) {
+    char* end = nullptr;
+    const long k = std::strtol(e, &end, 10);
+    MZ_REQUIRE(end && *end == '\0' && k >= 0,
+               "MEGAZERO_CUDNN_ENGINE must be an engine configuration index (0, 1, ...), got '", e, "'");
+    first = returned > 0 ? static_cast<i64>(k) % returned : 0;
+  }
   std::string tried;
-  for (i64 i = 0; i < returned; ++i) {
+  for (i64 step = 0; step < returned; ++step) {
+    const i64 i = (first + step) % returned;
     auto candidate = std::make_unique<Descriptor>(CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR, "execution plan");
     MZ_SET(*candidate, CUDNN_ATTR_EXECUTION_PLAN_HANDLE, CUDNN_TYPE_HANDLE, &handle, 1);
     MZ_SET_DESC(*candidate, CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, *configs[i]);

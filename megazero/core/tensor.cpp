@@ -170,17 +170,11 @@ void Tensor::copy_from(const Tensor& src) {
   // A view on either side is packed on its own device first (one strided copy
   // there, queued like a kernel), so a GPU tensor's view reads back as a host
   // one does (a test's strided Q/K/V, to_double_vector of a narrow).
-  if (!src.is_contiguous()) {
-    Tensor packed =
-        empty(src.device_ptr(), src.shape_, src.dtype_, MemoryCategory::Workspace, "view packed for a copy");
+  if (!src.is_contiguous() || !is_contiguous()) {
+    const auto& where = !src.is_contiguous() ? src.device_ptr() : device_ptr();
+    Tensor packed = empty(where, shape_, src.dtype_, MemoryCategory::Workspace, "view packed for a copy");
     packed.copy_from(src);
-    copy_from(packed);
-    return;
-  }
-  if (!is_contiguous()) {
-    Tensor packed = empty(device_ptr(), shape_, src.dtype_, MemoryCategory::Workspace, "view packed for a copy");
-    packed.copy_from(src);
-    copy_from(packed);
+    copy_from(packed);  // a destination view is packed on its side in turn
     return;
   }
   if (same_dtype && src_dev.host_accessible()) {

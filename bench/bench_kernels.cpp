@@ -4,14 +4,18 @@
 // parameter gradient over the rows of a [rows, hidden] tensor (a bias
 // gradient, dropout backward + bias gradient, LayerNorm backward), each with
 // the bandwidth it reached; and the vocab-parallel cross-entropy forward and
-// backward on [ce-rows, ce-vocab] logits. Best of --steps calls each, after a
-// warm-up call; on a GPU each timing synchronises the device.
+// backward on [ce-rows, ce-vocab] logits; the optimizer step's two passes over
+// --adam-elements parameters (the gradient norm's sum of squares, and AdamW
+// writing the working-precision parameters in the same pass), with their GB/s.
+// Best of --steps calls each, after a warm-up call; on a GPU each timing
+// synchronises the device.
 //   bench_kernels [--device cpu|cuda --dtype fp32|bf16|fp16 --rows 8192 --cols 2048 --hidden 8192
-//                  --steps 20 --ce-rows 1024 --ce-vocab 25216]
+//                  --steps 20 --ce-rows 1024 --ce-vocab 25216 --adam-elements 50331648]
 // Defaults: the paper's 100B MLP slice on a TP-16 rank (ffn 32768 / 16, seq
 // 1024 x micro-batch 8, hidden 8192); GPT-2's vocabulary on a TP-2 rank
-// (50432 / 2). GPT-2 medium on one GPU (B 8): --cols 4096 --hidden 1024
-// --ce-rows 8192 --ce-vocab 50304.
+// (50432 / 2); the parameters of one 100B layer on a TP-16 rank (12 x 8192^2 /
+// 16). GPT-2 medium on one GPU (B 8): --cols 4096 --hidden 1024 --ce-rows 8192
+// --ce-vocab 50304 --adam-elements 354823168 (its parameters, vocabulary padded).
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +26,7 @@
 #include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gelu_bias.h"
 #include "megazero/kernels/layernorm.h"
+#include "megazero/kernels/optimizer_kernels.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 
@@ -32,17 +37,18 @@ namespace {
 
 int run(int argc, char** argv) {
   std::int64_t rows = 8192, cols = 2048, hidden = 8192;
-  std::int64_t ce_rows = 1024, ce_vocab = 25216;
+  std::int64_t ce_rows = 1024, ce_vocab = 25216, adam_elements = 12 * std::int64_t{8192} * 8192 / 16;
   int steps = 20;
   std::string device_spec = "cpu", dtype_arg = "bf16";
   po::options_description d("bench_kernels");
   d.add_options()("device", po::value(&device_spec), "cpu or cuda[:N]")(
       "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))(
       "hidden", po::value(&hidden))("steps", po::value(&steps))("ce-rows", po::value(&ce_rows))("ce-vocab",
-                                                                                                po::value(&ce_vocab));
+                                                                                                po::value(&ce_vocab))(
+      "adam-elements", po::value(&adam_elements));
   parse_command_line(argc, argv, d, "bench_kernels");
-  MZ_REQUIRE(rows > 0 && cols > 0 && hidden > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0,
-             "--rows, --cols, --hidden, --steps, --ce-rows and --ce-vocab must be positive");
+  MZ_REQUIRE(rows > 0 && cols > 0 && hidden > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0 && adam_elements > 0,
+             "--rows, --cols, --hidden, --steps, --ce-rows, --ce-vocab and --adam-elements must be positive");
   const DType t = parse_dtype(dtype_arg, "--dtype");
   auto dev = make_device(device_spec);
   const auto C = MemoryCategory::Other;
@@ -125,6 +131,28 @@ int run(int argc, char** argv) {
       static_cast<long long>(ce_rows), static_cast<long long>(ce_vocab), dtype_arg.c_str(), ce_fwd,
       ce_fwd * 1e6 / static_cast<double>(ce_rows * ce_vocab), 3 * logits_gb / (ce_fwd * 1e-3), ce_bwd,
       2 * logits_gb / (ce_bwd * 1e-3));
+  logits = dlogits = Tensor();
+
+  // The optimizer step's passes over one flat partition: gradients and
+  // published parameters of --dtype, fp32 master and moments, one segment (what
+  // a ZeRO partition merges to). Zero gradients keep every value finite and
+  // normal over repeated calls.
+  {
+    const std::int64_t n = adam_elements;
+    const auto O = MemoryCategory::OptimizerStates;
+    Tensor w = Tensor::zeros(dev, {n}, DType::F32, O), m = Tensor::zeros(dev, {n}, DType::F32, O);
+    Tensor v = Tensor::zeros(dev, {n}, DType::F32, O), grads = Tensor::zeros(dev, {n}, t, C);
+    Tensor params = Tensor::zeros(dev, {n}, t, C), sum = Tensor::zeros(dev, {1}, DType::F64, C);
+    const kernels::AdamStep a{0.9, 0.95, 1e-8, 0.1, 3e-4, 0.1, 0.05, 1.0};
+    const double norm_ms = best_ms([&] { kernels::sum_of_squares(grads, {{0, n}}, sum); });
+    const double adam_ms = best_ms([&] { kernels::adamw(w, m, v, grads, {{0, n, true}}, a, params); });
+    const double gb = static_cast<double>(n) / 1e9, g16 = static_cast<double>(dtype_size(t));
+    std::printf("optimizer over %lld parameters (%s gradients and parameters): grad norm %.3f ms (%.0f GB/s), "
+                "AdamW + publish %.3f ms (%.0f GB/s: master and moments read and written, gradient read, "
+                "parameter written)\n",
+                static_cast<long long>(n), dtype_arg.c_str(), norm_ms, g16 * gb / (norm_ms * 1e-3), adam_ms,
+                (24 + 2 * g16) * gb / (adam_ms * 1e-3));
+  }
   return 0;
 }
 

@@ -519,9 +519,12 @@ TEST_F(Cuda, AdamWAndGradNorm) {
     cfg.weight_decay = 0.1;
     optim::adamw_step(w.c, m.c, v.c, g.c, segs, cfg, 3e-4, 5, 0.5);
     optim::adamw_step(w.g, m.g, v.g, g.g, segs, cfg, 3e-4, 5, 0.5);
-    EXPECT_LE(rel_diff(w.g, w.c), 1e-7) << dtype_name(gt);
-    EXPECT_LE(rel_diff(m.g, m.c), 1e-7);
-    EXPECT_LE(rel_diff(v.g, v.c), 1e-7);
+    // The same fp32 formula on both (kernels/adamw_formula.h: every operation
+    // rounded on its own, the GPU's through _rn intrinsics nvcc cannot fuse):
+    // the same bits.
+    EXPECT_EQ(rel_diff(w.g, w.c), 0.0) << dtype_name(gt);
+    EXPECT_EQ(rel_diff(m.g, m.c), 0.0);
+    EXPECT_EQ(rel_diff(v.g, v.c), 0.0);
     const auto gv = g.c.to_double_vector();
     double ref = 0;
     for (std::int64_t i = 10; i < 50000; ++i) ref += gv[static_cast<std::size_t>(i)] * gv[static_cast<std::size_t>(i)];

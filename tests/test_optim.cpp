@@ -50,6 +50,32 @@ TEST(AdamW, MatchesTheFormulaOverSeveralStepsWithAndWithoutDecay) {
   EXPECT_EQ(w.to_double_vector()[3], 0.0) << "zero gradient, no decay: unchanged";
 }
 
+namespace {
+
+// AdamW's per-element formula restated here in the kernels' order of
+// operations (megazero/kernels/adamw_formula.h): fp32, each operation rounded
+// on its own (this file is built with -ffp-contract=off), the per-step
+// scalars computed in double and rounded to fp32 once.
+struct RefAdam {
+  float b1, c1, b2, c2, scale, inv_sqrt_bc2, eps, step_size, decay_factor;
+};
+
+RefAdam ref_adam(double beta1, double beta2, double eps, double wd, double lr, double bc1, double bc2, double scale) {
+  return {static_cast<float>(beta1),          static_cast<float>(1 - beta1),   static_cast<float>(beta2),
+          static_cast<float>(1 - beta2),      static_cast<float>(scale),       static_cast<float>(1 / std::sqrt(bc2)),
+          static_cast<float>(eps),            static_cast<float>(lr / bc1),    static_cast<float>(1 - lr * wd)};
+}
+
+void ref_adamw(float& w, float& m, float& v, double grad, bool decay, const RefAdam& r) {
+  const float g = static_cast<float>(grad) * r.scale;
+  m = r.b1 * m + r.c1 * g;
+  v = r.b2 * v + r.c2 * (g * g);
+  const float denom = std::sqrt(v) * r.inv_sqrt_bc2 + r.eps;
+  w = w * (decay ? r.decay_factor : 1.0f) - (r.step_size * m) / denom;
+}
+
+}  // namespace
+
 // Long partitions take the vectorised, multi-threaded update: it must be the
 // scalar formula's bits for any thread count (no element depends on another),
 // including across segment boundaries that cut vectors and thread chunks.
@@ -91,16 +117,11 @@ TEST(AdamW, LongPartitionsAreTheScalarUpdateBitForBitOnAnyThreadCount) {
         std::vector<float> rw(w0.begin(), w0.end()), rm(w0.size(), 0.f), rv(w0.size(), 0.f);
         for (int step = 1; step <= 2; ++step) {
           const double bc1 = 1 - std::pow(c.beta1, step), bc2 = 1 - std::pow(c.beta2, step);
+          const RefAdam r = ref_adam(c.beta1, c.beta2, c.eps, c.weight_decay, lr, bc1, bc2, scale);
           for (const auto& sg : segs)
             for (std::int64_t i = sg.begin; i < sg.end; ++i) {
               const auto k = static_cast<std::size_t>(i);
-              const double gi = grads[k] * scale, wd = sg.decay ? c.weight_decay : 0.0;
-              const double mi = c.beta1 * rm[k] + (1 - c.beta1) * gi;
-              const double vi = c.beta2 * rv[k] + (1 - c.beta2) * gi * gi;
-              rm[k] = static_cast<float>(mi);
-              rv[k] = static_cast<float>(vi);
-              const double u = (mi / bc1) / (std::sqrt(vi / bc2) + c.eps);
-              rw[k] = static_cast<float>(rw[k] - lr * (u + wd * rw[k]));
+              ref_adamw(rw[k], rm[k], rv[k], grads[k], sg.decay, r);
             }
         }
         const auto bits = [](float f) {
@@ -191,16 +212,11 @@ TEST(AdamW, OneCallOverManySegmentsIsThePerSegmentFormulaBitForBit) {
       a.bc2 = 1 - std::pow(a.beta2, step);
       kernels::adamw(w, m, v, g, segs, a);
       for (const auto& sg : segs) kernels::adamw(pw, pm, pv, g, {sg}, a);  // one call per segment
+      const RefAdam r = ref_adam(a.beta1, a.beta2, a.eps, a.weight_decay, a.lr, a.bc1, a.bc2, a.grad_scale);
       for (const auto& sg : segs)  // the scalar update, in the kernel's order of operations
         for (std::int64_t i = sg.begin; i < sg.end; ++i) {
           const auto k = static_cast<std::size_t>(i);
-          const double gi = grads[k] * a.grad_scale, wd = sg.decay ? a.weight_decay : 0.0;
-          const double mi = a.beta1 * rm[k] + (1 - a.beta1) * gi;
-          const double vi = a.beta2 * rv[k] + (1 - a.beta2) * gi * gi;
-          rm[k] = static_cast<float>(mi);
-          rv[k] = static_cast<float>(vi);
-          const double u = (mi / a.bc1) / (std::sqrt(vi / a.bc2) + a.eps);
-          rw[k] = static_cast<float>(rw[k] - a.lr * (u + wd * rw[k]));
+          ref_adamw(rw[k], rm[k], rv[k], grads[k], sg.decay, r);
         }
     }
     std::vector<bool> covered(static_cast<std::size_t>(n), false);

@@ -43,6 +43,22 @@ inline void check_call(cudaError_t err, const char* what) {
                                                    cudaGetErrorString(err), ")"));
 }
 
+// The grid of a grid-stride kernel that streams memory: as many blocks as
+// the current device holds at once (the SMs times the blocks of `threads`
+// the kernel's registers let one SM keep resident), fewer when n elements
+// need fewer. One resident wave, so no block waits for a later one and no
+// wave runs part-empty at the end (kMaxBlocks over 5 resident blocks an SM
+// would leave the last of 6.4 waves 40% full).
+template <typename Kernel>
+unsigned resident_grid(Kernel kernel, i64 n, unsigned threads, const char* what) {
+  int device = 0, sms = 0, per_sm = 0;
+  check_call(cudaGetDevice(&device), what);
+  check_call(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), what);
+  check_call(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0), what);
+  const i64 resident = std::max<i64>(1, static_cast<i64>(sms) * per_sm);
+  return static_cast<unsigned>(std::max<i64>(1, std::min<i64>((n + threads - 1) / threads, resident)));
+}
+
 // The compute type of a storage type: fp32 for 16-bit storage, else itself
 // (the CPU kernels' compute_t).
 template <typename S>

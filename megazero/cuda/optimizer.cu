@@ -1,7 +1,7 @@
 // The optimizer's kernels on the GPU: the launchers of megazero/cuda/optimizer.h
 // (contracts: megazero/kernels/optimizer_kernels.h; kernels and segment tables:
-// optimizer_kernels.cuh): AdamW, element by element in double (and, when
-// asked, the working-precision parameters in the same pass), and the gradient
+// optimizer_kernels.cuh): AdamW, element by element in fp32 as the CPU computes
+// it (and, when asked, the working-precision parameters in the same pass), and the gradient
 // norm's sum of squares, a fixed-order two-pass reduction (no atomics) kept on
 // the device. Each takes all its segments in one launch, so a step costs a few
 // launches, not a few per parameter.
@@ -26,13 +26,16 @@ constexpr unsigned kNormBlocks = static_cast<unsigned>(kernels::gpu_scratch::kNo
 void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p, DType param_type,
            const std::vector<kernels::AdamSegment>& segments, const kernels::AdamStep& a, cudaStream_t s) {
   const std::vector<SegmentTable> tables = segment_tables(segments);
+  const kernels::AdamCoefficients c = kernels::adam_coefficients(a);
   with_storage(grad_type, [&](auto g_tag) {
     using G = decltype(g_tag);
     const auto launch = [&](auto* out) {
       using P = std::remove_pointer_t<decltype(out)>;
-      for (const SegmentTable& t : tables)
-        adamw_segments_kernel<G, P>
-            <<<blocks_for(t.end[t.count - 1]), kThreads, 0, s>>>(w, m, v, static_cast<const G*>(g), out, t, a);
+      for (const SegmentTable& t : tables) {
+        const auto kernel = adamw_segments_kernel<G, P>;
+        const unsigned grid = resident_grid(kernel, (t.end[t.count - 1] + kAdamUnroll - 1) / kAdamUnroll, kThreads, "adamw");
+        kernel<<<grid, kThreads, 0, s>>>(w, m, v, static_cast<const G*>(g), out, t, c);
+      }
     };
     if (p == nullptr)
       launch(static_cast<NoParams*>(nullptr));

@@ -11,7 +11,7 @@
 namespace megazero::cuda {
 
 // AdamW on the segments of fp32 master/moments with gradients of `grad_type`;
-// the CPU's formula (double arithmetic, decoupled decay). p (null for none):
+// the CPU's formula (kernels/adamw_formula.h: fp32, the same bits). p (null for none):
 // the params output of `param_type`, written with the new weights in the same
 // kernel. One launch per kernels::gpu_scratch::kSegmentTableCapacity segments
 // after merging adjacent ones (optimizer_kernels.cuh), none for an empty list.

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "megazero/cuda/kernel_common.cuh"
+#include "megazero/kernels/adamw_formula.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/optimizer_kernels.h"
 
@@ -40,8 +41,8 @@ struct SegmentTable {
   std::uint32_t decay[(kTableCapacity + 31) / 32];  // bit k: weight decay on segment k (AdamW)
 };
 // Kernel parameters: the table, five pointers (AdamW's w, m, v, g and the
-// params output) and AdamW's scalars within 4 KB: 3880 + 40 + 64 = 3984 bytes.
-static_assert(sizeof(SegmentTable) + 5 * sizeof(void*) + sizeof(kernels::AdamStep) <= 4096,
+// params output) and AdamW's scalars within 4 KB: 3880 + 40 + 36 = 3956 bytes.
+static_assert(sizeof(SegmentTable) + 5 * sizeof(void*) + sizeof(kernels::AdamCoefficients) <= 4096,
               "the segment table must fit the 4 KB of kernel parameters");
 
 // The tables of a segment list: empty segments dropped, a segment that starts
@@ -89,52 +90,83 @@ inline std::vector<SegmentTable> range_tables(const std::vector<std::pair<i64, i
 // adamw_segments_kernel<G, NoParams>: AdamW without the params output.
 struct NoParams {};
 
-// AdamW, element by element, the CPU kernel's formula (kernels/optimizer_kernels.cpp).
-// P (float, __nv_bfloat16, __half or double) also stores the new weight into
+// Elements a thread of adamw_segments_kernel updates per step: it loads all
+// of their w, m, v and g before computing any, so each thread keeps
+// kAdamUnroll x 14 bytes (bf16 gradients) in flight instead of 14; element u
+// of a step lies blockDim.x after element u - 1, so every load and store of a
+// warp stays one coalesced run.
+constexpr int kAdamUnroll = 4;
+
+// AdamW, element by element, the CPU kernel's formula (kernels/adamw_formula.h,
+// fp32, each operation rounded on its own: the same bits as the CPU). P
+// (float, __nv_bfloat16, __half or double) also stores the new weight into
 // p[i], rounded from its fp32 value by st<P>(float) (__float2bfloat16_rn /
 // __float2half_rn), the conversion of the cast kernel behind Tensor::copy_from
-// (cuda_kernels.cu), not from the double (one rounding instead of two can differ).
+// (cuda_kernels.cu). Block b's step s covers the flat indices
+// [(s x gridDim + b) x tile, + tile), tile = blockDim x kAdamUnroll.
 template <typename G, typename P>
 __global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, P* p, const SegmentTable t,
-                                      const kernels::AdamStep a) {
+                                      const kernels::AdamCoefficients c) {
   const i64 total = t.end[t.count - 1];
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  const i64 tile = static_cast<i64>(blockDim.x) * kAdamUnroll;
+  const i64 stride = static_cast<i64>(gridDim.x) * tile;
   int k = 0;
-  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
-    while (j >= t.end[k]) ++k;
-    const i64 i = j + t.offset[k];
-    const double wd = (t.decay[k >> 5] >> (k & 31)) & 1u ? a.weight_decay : 0.0;
-    const double grad = static_cast<double>(ld(g[i])) * a.grad_scale;
-    const double mi = a.beta1 * m[i] + (1 - a.beta1) * grad;
-    const double vi = a.beta2 * v[i] + (1 - a.beta2) * grad * grad;
-    m[i] = static_cast<float>(mi);
-    v[i] = static_cast<float>(vi);
-    const double update = (mi / a.bc1) / (sqrt(vi / a.bc2) + a.eps);
-    const float wi = static_cast<float>(w[i] - a.lr * (update + wd * w[i]));  // decoupled decay
-    w[i] = wi;
-    if constexpr (!std::is_same_v<P, NoParams>) p[i] = st<P>(wi);
+  for (i64 j0 = static_cast<i64>(blockIdx.x) * tile + threadIdx.x; j0 < total; j0 += stride) {
+    i64 idx[kAdamUnroll];
+    float wi[kAdamUnroll], mi[kAdamUnroll], vi[kAdamUnroll], gi[kAdamUnroll], df[kAdamUnroll];
+#pragma unroll
+    for (int u = 0; u < kAdamUnroll; ++u) {
+      const i64 j = j0 + static_cast<i64>(u) * blockDim.x;
+      idx[u] = -1;
+      if (j < total) {
+        while (j >= t.end[k]) ++k;
+        const i64 i = j + t.offset[k];
+        idx[u] = i;
+        df[u] = (t.decay[k >> 5] >> (k & 31)) & 1u ? c.decay_factor : 1.0f;
+        wi[u] = w[i];
+        mi[u] = m[i];
+        vi[u] = v[i];
+        gi[u] = static_cast<float>(ld(g[i]));
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kAdamUnroll; ++u) {
+      if (idx[u] < 0) continue;
+      const i64 i = idx[u];
+      kernels::adamw_element(wi[u], mi[u], vi[u], gi[u], df[u], c);
+      m[i] = mi[u];
+      v[i] = vi[u];
+      w[i] = wi[u];
+      if constexpr (!std::is_same_v<P, NoParams>) p[i] = st<P>(wi[u]);
+    }
   }
 }
 
 // Elements a thread of sum_sq_segments_kernel reads per step: a run of
-// kNormRun adjacent ones, loaded before any is added, so each thread has that
-// many loads in flight (one at a time, 264 x 256 threads kept ~1 KB in flight
-// per SM: ~0.2 TB/s on an H100) and a warp reads 32 runs side by side.
-constexpr int kNormRun = 8;
+// kNormRun adjacent ones, loaded (in their own precision: 16 registers for
+// 16-bit or fp32 gradients) before any is added, so each thread has that many
+// loads in flight, and a warp reads 32 runs side by side. With the launcher's
+// kNormBlocks (4 blocks of 256 threads per SM of an H100/H200) that is 32 KB
+// in flight per SM for bf16 gradients, what the SM needs to stream at HBM
+// speed; one element at a time, 264 x 256 threads kept ~1 KB in flight per
+// SM: ~0.2 TB/s on an H100.
+constexpr int kNormRun = 16;
 
 // partial[blockIdx.x] = the block's sum of squares over the table, in double.
 // Thread t of block b takes the runs starting at (b * blockDim + t) * kNormRun,
 // then every gridDim * blockDim * kNormRun further, adding a run's squares in
-// order; then block_sum: a fixed order for a given table and grid (the
-// launcher always runs kNormBlocks x kThreads).
+// order (each element widened to double, then squared); then block_sum: a
+// fixed order for a given table and grid (the launcher always runs
+// kNormBlocks x kThreads).
 template <typename G>
 __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double* partial) {
+  using L = decltype(ld(g[0]));  // float, or double for fp64 gradients
   const i64 total = t.end[t.count - 1];
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x * kNormRun;
   double acc = 0;
   int k = 0;
   for (i64 j0 = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) * kNormRun; j0 < total; j0 += stride) {
-    double x[kNormRun];
+    L x[kNormRun];
 #pragma unroll
     for (int u = 0; u < kNormRun; ++u) {
       const i64 j = j0 + u;
@@ -145,7 +177,10 @@ __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double*
       }
     }
 #pragma unroll
-    for (int u = 0; u < kNormRun; ++u) acc += x[u] * x[u];
+    for (int u = 0; u < kNormRun; ++u) {
+      const double d = x[u];
+      acc += d * d;
+    }
   }
   acc = block_sum(acc);
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;

@@ -36,7 +36,7 @@ constexpr i64 kThreads = 256;  // threads per block of the column-sum kernels
 constexpr i64 kTileGroups = 32;
 constexpr i64 kRowLanes = kThreads / kTileGroups;
 constexpr i64 kTargetBlocks = 4 * 132;  // enough blocks to fill an H100 (132 SMs) four deep
-constexpr i64 kNormBlocks = 264;        // blocks per launch of the gradient-norm kernel
+constexpr i64 kNormBlocks = 4 * 132;    // blocks per launch of the gradient-norm kernel (4 an SM)
 // Segments (after merging adjacent ones) per launch of the multi-segment
 // optimizer kernels (megazero/cuda/optimizer_kernels.cuh): their table travels
 // by value in the kernel's parameters, whose space is 4 KB on every toolkit

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "megazero/kernels/adamw_formula.h"
 #include "megazero/kernels/kernel_support.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/optimizer.h"
@@ -18,47 +19,39 @@ namespace {
 // No params output: adamw_cpu<G, NoParams> stores only the optimizer's buffers.
 struct NoParams {};
 
-// Split over the math threads and vectorised (fp32, fp64 and bf16 gradients;
-// fp16's conversion keeps its branches): no element depends on another, so the
-// result is the same bits for any thread count or vector width (the operations
-// are the scalar ones, each correctly rounded, none fused: -ffp-contract=off;
-// nothing is summed). The bare loop through a load-function pointer ran at ~14
-// ns per parameter.
+// Split over the math threads and vectorised: no element depends on another,
+// so the result is the same bits for any thread count or vector width (the
+// formula of adamw_formula.h, fp32, each operation rounded on its own, none
+// fused: -ffp-contract=off; nothing is summed). The bare loop through a
+// load-function pointer ran at ~14 ns per parameter.
 //
 // The params output P is the new fp32 weight cast by st<P>(float) (for 16-bit
-// P float_to_bf16 / float_to_half, what copy_from(master) runs; st of the
-// double would round once, which can differ). An fp32/fp64 copy is stored
-// from the register with the master, and so is a 16-bit one when the loop is
-// scalar anyway (fp16 gradients). Otherwise the 16-bit cast is a second loop
-// over each chunk of 2048 while it is in L1: inside the vectorised update loop
-// the bf16 cast cost twice the separate pass. One core, the 3.4M-element
-// partition of gpt_tiny (update, then copy_from -> one call): bf16 9.0 -> 9.0
-// ms (9.9 with the cast in the loop), fp32 8.5 -> 8.0 ms, fp16 18.9 -> 16.3 ms.
+// P float_to_bf16 / float_to_half, what copy_from(master) runs). An fp32/fp64
+// copy is stored from the register with the master, and so is a 16-bit one
+// when the loop is scalar anyway (fp16 gradients). Otherwise the 16-bit cast
+// is a second loop over each chunk of 2048 while it is in L1: inside the
+// vectorised update loop the bf16 cast cost twice the separate pass.
 template <typename G, typename P>
-void adamw_cpu(float* w, float* m, float* v, const G* g, P* p, i64 b, i64 e, bool decay, const AdamStep& a) {
-  const double b1 = a.beta1, b2 = a.beta2, eps = a.eps, wd = decay ? a.weight_decay : 0.0;
-  const double lr = a.lr, bc1 = a.bc1, bc2 = a.bc2, scale = a.grad_scale;
+void adamw_cpu(float* w, float* m, float* v, const G* g, P* p, i64 b, i64 e, bool decay, const AdamCoefficients& c) {
+  const float df = decay ? c.decay_factor : 1.0f;
   constexpr bool kStoreInLoop = !std::is_same_v<P, NoParams> && (!is_16bit_v<P> || std::is_same_v<G, Half>);
   constexpr bool kCastAfter = is_16bit_v<P> && !kStoreInLoop;
   constexpr i64 kChunk = 2048;
 #pragma omp parallel for num_threads(threads()) schedule(static) if (parallel : e - b > (i64{1} << 16))
-  for (i64 c = b; c < e; c += kChunk) {
-    const i64 ce = std::min(e, c + kChunk);
+  for (i64 ch = b; ch < e; ch += kChunk) {
+    const i64 ce = std::min(e, ch + kChunk);
 #pragma omp simd
-    for (i64 i = c; i < ce; ++i) {
-      const double grad = static_cast<double>(widen(g[i])) * scale;
-      const double mi = b1 * m[i] + (1 - b1) * grad;
-      const double vi = b2 * v[i] + (1 - b2) * grad * grad;
-      m[i] = static_cast<float>(mi);
-      v[i] = static_cast<float>(vi);
-      const double update = (mi / bc1) / (std::sqrt(vi / bc2) + eps);
-      const float wi = static_cast<float>(w[i] - lr * (update + wd * w[i]));  // decoupled decay
+    for (i64 i = ch; i < ce; ++i) {
+      float wi = w[i], mi = m[i], vi = v[i];
+      adamw_element(wi, mi, vi, static_cast<float>(widen(g[i])), df, c);
+      m[i] = mi;
+      v[i] = vi;
       w[i] = wi;
       if constexpr (kStoreInLoop) p[i] = st<P>(wi);
     }
     if constexpr (kCastAfter) {
 #pragma omp simd
-      for (i64 i = c; i < ce; ++i) p[i] = st<P>(w[i]);
+      for (i64 i = ch; i < ce; ++i) p[i] = st<P>(w[i]);
     }
   }
 }
@@ -128,13 +121,14 @@ void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq
                                  grads.dtype(), publish ? params.data() : nullptr,
                                  publish ? params.dtype() : DType::F32, segments, a, stream_of(master)));
   if (!on_host(op, master)) return;
+  const AdamCoefficients c = adam_coefficients(a);
   with_storage_type(grads.dtype(), [&](auto g_tag) {
     using G = decltype(g_tag);
     const auto run = [&](auto* p) {
       for (const auto& s : segments)
         if (s.begin < s.end)
           adamw_cpu(ptr<float>(master), ptr<float>(exp_avg), ptr<float>(exp_avg_sq), ptr<const G>(grads), p, s.begin,
-                    s.end, s.decay, a);
+                    s.end, s.decay, c);
     };
     if (!publish) {
       run(static_cast<NoParams*>(nullptr));

@@ -29,8 +29,9 @@ struct AdamSegment {
 // elements); weight decay applied on a segment with `decay`. Segments may come
 // in any order and be empty; they must not overlap (checked: an element would
 // be updated twice, and on a GPU by two threads at once). Elements outside
-// every segment are untouched. The same bits for any thread count, order or
-// split of the segments: each element is the scalar formula, nothing summed.
+// every segment are untouched. Each element is adamw_formula.h's fp32 formula,
+// nothing summed: the same bits on a CPU and a GPU, for any thread count,
+// order or split of the segments.
 // A GPU runs all of them in one launch (one per 240 after merging adjacent
 // segments of the same decay: gpu_scratch::kSegmentTableCapacity).
 //

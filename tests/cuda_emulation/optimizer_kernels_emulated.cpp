@@ -7,8 +7,8 @@
 // - AdamW over ~800 shuffled segments (more than two tables after merging;
 //   empty ones, gaps no segment covers, both decays) against the CPU's
 //   kernels::adamw on the same segments, fp32/bf16/fp16/fp64 gradients, two
-//   steps: bit for bit (the same double formula; the host compiler fuses
-//   nothing, -ffp-contract=off), gaps untouched; and with a params output
+//   steps: bit for bit (the same fp32 formula, kernels/adamw_formula.h; the
+//   host compiler fuses nothing, -ffp-contract=off), gaps untouched; and with a params output
 //   (fp32/bf16/fp16/fp64, poisoned first): the CPU kernel's params bit for
 //   bit, which on the updated elements are the new master cast as
 //   Tensor::copy_from casts it, and the poison left in the gaps;
@@ -126,11 +126,13 @@ void adamw(std::mt19937& rng) {
     a.bc2 = 1 - std::pow(a.beta2, step);
     kernels::adamw(wc, mc, vc, g, segs, a, pc);
     // 3 blocks of 64 threads: each thread strides over ~470 flat indices per
-    // table, crossing many segments.
+    // table (in steps of kAdamUnroll indices 64 apart, the last step part
+    // past the end), crossing many segments, some inside one step.
     for (const auto& t : tables)
       emu_launch(dim3{3, 1, 1}, 64, 0, [&] {
         dk::adamw_segments_kernel<G, PS>(wg.host_data<float>(), mg.host_data<float>(), vg.host_data<float>(),
-                                         static_cast<const G*>(g.data()), pg_data, t, a);
+                                         static_cast<const G*>(g.data()), pg_data, t,
+                                         kernels::adam_coefficients(a));
       });
   }
   check_bits(wg, wc, "AdamW w (bit for bit)");

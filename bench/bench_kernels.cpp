@@ -15,7 +15,7 @@
 // 1024 x micro-batch 8, hidden 8192); GPT-2's vocabulary on a TP-2 rank
 // (50432 / 2); the parameters of one 100B layer on a TP-16 rank (12 x 8192^2 /
 // 16). GPT-2 medium on one GPU (B 8): --cols 4096 --hidden 1024 --ce-rows 8192
-// --ce-vocab 50304 --adam-elements 354823168 (its parameters, vocabulary padded).
+// --ce-vocab 50304 --adam-elements 354871296 (its parameters, vocabulary padded).
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>

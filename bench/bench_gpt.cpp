@@ -31,15 +31,17 @@ int run(int argc, char** argv) {
   std::int64_t micro_batch = 8;
   int steps = 3;
   bool no_bias_gelu_fusion = false;
+  std::string epilogues = "none";
   po::options_description d("bench_gpt");
   d.add_options()("num-layers", po::value(&cfg.num_layers))("hidden-size", po::value(&cfg.hidden_size))(
       "num-attention-heads", po::value(&cfg.num_attention_heads))("seq-length", po::value(&cfg.seq_length))(
       "micro-batch-size", po::value(&micro_batch))("vocab-size", po::value(&cfg.vocab_size))(
       "steps", po::value(&steps))("recompute-activations", po::bool_switch(&cfg.recompute_activations))(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion))("gemm-epilogues",
-                                                                    po::bool_switch(&cfg.gemm_epilogues));
+                                                                    po::value(&epilogues)->implicit_value("forward"));
   parse_command_line(argc, argv, d, "bench_gpt");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
+  cfg.gemm_epilogues = parse_gemm_epilogues(epilogues);
   auto world = MpiCommunicator::world();
   TpContext ctx{world.get(), make_device(DeviceKind::CPU), DType::F32};
   ParameterSet params;

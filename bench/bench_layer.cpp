@@ -40,6 +40,7 @@ int run(int argc, char** argv) {
   std::string device_spec = "cuda", dtype_name_arg = "bf16";
   double dropout = 0.1, peak_tflops = 989.0;
   bool no_bias_gelu_fusion = false;
+  std::string epilogues = "none";
   po::options_description d("bench_layer");
   d.add_options()("hidden-size", po::value(&cfg.hidden_size))(
       "num-attention-heads", po::value(&cfg.num_attention_heads))("ffn-hidden-size", po::value(&cfg.ffn_hidden_size))(
@@ -51,9 +52,11 @@ int run(int argc, char** argv) {
       "attention-backend", po::value(&cfg.attention_backend), "unfused, fused or cudnn (CUDA only)")(
       "deterministic-mode", po::bool_switch(&cfg.deterministic), "cudnn: cuDNN's deterministic backward")(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes")(
-      "gemm-epilogues", po::bool_switch(&cfg.gemm_epilogues), "bias, bias + GeLU and bias gradients in the GEMMs");
+      "gemm-epilogues", po::value(&epilogues)->implicit_value("forward"),
+      "none, forward (bias, bias + GeLU in the GEMMs) or all (also the bias gradients): pretrain_gpt's flag");
   parse_command_line(argc, argv, d, "bench_layer");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
+  cfg.gemm_epilogues = parse_gemm_epilogues(epilogues);
   const DType dt = dtype_name_arg == "fp32" ? DType::F32 : dtype_name_arg == "bf16" ? DType::BF16 : DType::F16;
   MZ_REQUIRE(dtype_name_arg == "fp32" || dtype_name_arg == "bf16" || dtype_name_arg == "fp16",
              "--dtype must be fp32, bf16 or fp16, got '", dtype_name_arg, "'");
@@ -110,9 +113,12 @@ int run(int argc, char** argv) {
   const double fwd = (8.0 + 4.0 * ffn_ratio) * Bd * Sd * hd * hd + 4.0 * Bd * Sd * Sd * hd;
   const double flops = 3.0 * fwd / tp_size;
   const double tflops = flops / (med * 1e-3) / 1e12;
-  // The JSON's "attention" names the variant (peer_ratios' row): "+epilogues" with --gemm-epilogues.
-  const std::string variant = cfg.attention_backend + (cfg.gemm_epilogues ? "+epilogues" : "");
-  if (cfg.gemm_epilogues) std::printf("%s\n", kernels::linear_epilogues_report(*device).c_str());
+  // The JSON's "attention" names the variant (peer_ratios' row): "+epilogues"
+  // with --gemm-epilogues (forward), "+epilogues-all" with --gemm-epilogues=all.
+  const std::string variant = cfg.attention_backend + (backward_epilogues(cfg.gemm_epilogues)  ? "+epilogues-all"
+                                                       : forward_epilogues(cfg.gemm_epilogues) ? "+epilogues"
+                                                                                               : "");
+  if (forward_epilogues(cfg.gemm_epilogues)) std::printf("%s\n", kernels::linear_epilogues_report(*device).c_str());
   std::printf(
       "layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d, attention %s\n",
       static_cast<long long>(h), static_cast<long long>(cfg.num_attention_heads), tp_size,

@@ -7,6 +7,27 @@
 
 namespace megazero::layers {
 
+const char* gemm_epilogues_name(GemmEpilogues e) {
+  switch (e) {
+    case GemmEpilogues::None:
+      return "none";
+    case GemmEpilogues::Forward:
+      return "forward";
+    case GemmEpilogues::All:
+      return "all";
+  }
+  return "?";
+}
+
+GemmEpilogues parse_gemm_epilogues(const std::string& value) {
+  if (value == "none") return GemmEpilogues::None;
+  if (value == "forward") return GemmEpilogues::Forward;
+  if (value == "all") return GemmEpilogues::All;
+  throw ConfigError(detail::concat("--gemm-epilogues must be none, forward (the bare flag: the forward's bias and "
+                                   "bias + GeLU in their GEMMs) or all (also the backward's bias gradients), got '",
+                                   value, "'"));
+}
+
 std::int64_t GPTConfig::ffn() const {
   if (ffn_hidden_size > 0) return ffn_hidden_size;
   if (swiglu) return std::max<std::int64_t>(64, (4 * hidden_size * 2 / 3) / 64 * 64);
@@ -95,10 +116,10 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(hidden_dropout >= 0 && hidden_dropout < 1, "--hidden-dropout must be in [0, 1), got ", hidden_dropout);
   MZ_REQUIRE(attention_dropout >= 0 && attention_dropout < 1, "--attention-dropout must be in [0, 1), got ",
              attention_dropout);
-  MZ_REQUIRE(!gemm_epilogues || add_bias_linear,
+  MZ_REQUIRE(!forward_epilogues(gemm_epilogues) || add_bias_linear,
              "--gemm-epilogues fuses the linear layers' biases into their GEMMs, and --disable-bias-linear leaves "
              "them none: drop one of the two");
-  MZ_REQUIRE(!gemm_epilogues || bias_gelu_fusion,
+  MZ_REQUIRE(!forward_epilogues(gemm_epilogues) || bias_gelu_fusion,
              "--gemm-epilogues fuses fc1's bias and the GeLU into the GEMM, --no-bias-gelu-fusion asks for them in "
              "separate passes: drop one of the two");
   MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused" || attention_backend == "cudnn",

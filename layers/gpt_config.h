@@ -7,6 +7,21 @@
 
 namespace megazero::layers {
 
+// Which passes next to a linear layer's GEMM run inside it (--gemm-epilogues):
+// Forward: QKV's bias, and fc1's bias + GeLU (the GEMM writes pre = x W + b and
+// gelu(pre)); the backward runs plain GEMMs and our one-pass GeLU backward with
+// fc1's bias gradient. All: also the backward's — the GeLU backward with fc1's
+// bias gradient in fc2's input-gradient GEMM (DGELU_BGRAD) and QKV's bias
+// gradient in its weight-gradient GEMM (BGRADB). On the H200 (2026-11-26, 355M)
+// the forward ones took 1.1 ms off the step's forward and the backward ones
+// added 5.1 ms to its backward, so the bare flag means Forward.
+enum class GemmEpilogues { None, Forward, All };
+inline bool forward_epilogues(GemmEpilogues e) { return e != GemmEpilogues::None; }
+inline bool backward_epilogues(GemmEpilogues e) { return e == GemmEpilogues::All; }
+const char* gemm_epilogues_name(GemmEpilogues e);  // "none", "forward", "all"
+// From the flag's value; anything else is a ConfigError naming the flag.
+GemmEpilogues parse_gemm_epilogues(const std::string& value);
+
 struct GPTConfig {
   std::int64_t num_layers = 2;                  // --num-layers
   std::int64_t hidden_size = 64;                // --hidden-size
@@ -34,12 +49,11 @@ struct GPTConfig {
   // way (on a GPU the bias gradient's double sums may group differently: last
   // bit); with 16-bit storage the fused path rounds once fewer (y + bias stays fp32).
   bool bias_gelu_fusion = true;
-  // --gemm-epilogues: the linear layers' GEMMs take the pass that follows them
-  // (QKV's and fc1's bias, the MLP's bias + GeLU, the GeLU backward with fc1's
-  // bias gradient, the weight gradients with their bias gradients) as cuBLASLt
-  // epilogues on CUDA (kernels/linear_epilogues.h); the same math as separate
-  // passes elsewhere. It replaces the bias-GeLU fusion in the MLP.
-  bool gemm_epilogues = false;
+  // --gemm-epilogues[=forward|all]: the linear layers' GEMMs take the pass that
+  // follows them as cuBLASLt epilogues on CUDA (kernels/linear_epilogues.h);
+  // the same math as separate passes elsewhere. It replaces the bias-GeLU
+  // fusion in the MLP's forward (GemmEpilogues).
+  GemmEpilogues gemm_epilogues = GemmEpilogues::None;
   std::int64_t make_vocab_size_divisible_by = 128;  // padded to a multiple of this x TP
 
   // Modern decoder options (Megatron's flag names; all off = GPT-2).

@@ -42,7 +42,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, bool add_bias) {
   MZ_CHECK(add_bias || !gather_output_, "ColumnParallelLinear: a gathered output cannot leave its bias to the caller");
   const Tensor full = full_input(x);
   Tensor y = ctx_.activation({full.size(0), local_out_});
-  if (bias_ && add_bias && ctx_.gemm_epilogues) {
+  if (bias_ && add_bias && forward_epilogues(ctx_.gemm_epilogues)) {
     kernels::linear_bias_forward(full, weight(), bias_value(), y);
   } else {
     gemm(full, false, weight(), true, y);
@@ -71,7 +71,7 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) 
                           : input_;
   Tensor dweight = weight_->grad.view({local_out_, full.size(1)});
   const bool bias_grad = bias_ && !bias_grad_done;
-  if (bias_grad && ctx_.gemm_epilogues) {
+  if (bias_grad && backward_epilogues(ctx_.gemm_epilogues)) {
     Tensor dbias = bias_->grad.view({local_out_});
     kernels::linear_weight_bias_grad(dy, full, dweight, dbias);  // both in the weight-gradient GEMM
   } else {

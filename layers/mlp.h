@@ -22,9 +22,11 @@ class ParallelMLP {
   // bias is added inside the GeLU kernel, and its gradient summed in the GeLU
   // backward's pass, instead of in passes of their own.
   bool fused_bias_gelu() const { return !swiglu_ && bias_gelu_fusion_ && fc1_.bias() != nullptr; }
-  // --gemm-epilogues: fc1's bias and the GeLU inside fc1's GEMM, and the GeLU
-  // backward with fc1's bias gradient inside fc2's input-gradient GEMM.
-  bool gemm_gelu() const { return !swiglu_ && ctx_.gemm_epilogues && fc1_.bias() != nullptr; }
+  // --gemm-epilogues: fc1's bias and the GeLU inside fc1's GEMM; with =all
+  // also the GeLU backward with fc1's bias gradient inside fc2's
+  // input-gradient GEMM (else our one-pass GeLU backward of pre, which holds
+  // the bias already).
+  bool gemm_gelu() const { return !swiglu_ && forward_epilogues(ctx_.gemm_epilogues) && fc1_.bias() != nullptr; }
 
   TpContext ctx_;
   bool bias_gelu_fusion_;

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "layers/gpt_config.h"
 #include "megazero/comm/communicator.h"
 
 namespace megazero::layers {
@@ -16,9 +17,9 @@ struct TpContext {
   // outside the TP-split GEMMs (norms, dropout, the residual stream) each rank
   // holds only its share of the token rows (layers/mappings.h).
   bool sequence_parallel = false;
-  // --gemm-epilogues (GPTConfig::gemm_epilogues): the linear layers call
-  // kernels/linear_epilogues.h for their bias, GeLU and bias gradients.
-  bool gemm_epilogues = false;
+  // --gemm-epilogues (GPTConfig::gemm_epilogues): which of the linear layers'
+  // bias, GeLU and bias-gradient passes go through kernels/linear_epilogues.h.
+  GemmEpilogues gemm_epilogues = GemmEpilogues::None;
 
   int rank() const { return tp->rank(); }
   int size() const { return tp->size(); }

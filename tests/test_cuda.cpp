@@ -161,6 +161,12 @@ TEST_F(Cuda, ElementwiseKernels) {
     k::bias_gelu_backward(dyf.g, x.g, bias.g, dyf.g, dbf.g);
     EXPECT_LE(rel_diff(dyf.g, dyf.c), tol(dt)) << "bias_gelu_backward dx " << dtype_name(dt);
     EXPECT_LE(rel_diff(dbf.g, dbf.c), 2 * tol(dt)) << "bias_gelu_backward dbias " << dtype_name(dt);
+    // Without a bias (x holds it, as fc1's forward epilogue leaves pre): the null-bias kernel path.
+    auto dyn = random(x.c.shape(), dt), dbn = random({300}, acc_of(dt));
+    k::bias_gelu_backward(dyn.c, x.c, Tensor(), dyn.c, dbn.c);
+    k::bias_gelu_backward(dyn.g, x.g, Tensor(), dyn.g, dbn.g);
+    EXPECT_LE(rel_diff(dyn.g, dyn.c), tol(dt)) << "bias_gelu_backward without a bias, dx " << dtype_name(dt);
+    EXPECT_LE(rel_diff(dbn.g, dbn.c), 2 * tol(dt)) << "bias_gelu_backward without a bias, dbias " << dtype_name(dt);
     k::add(x.c, dy.c, y.c);
     k::add(x.g, dy.g, y.g);
     EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << "add";
@@ -542,11 +548,14 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
   struct Variant {
     DType dt;
     const char* attention;
-    bool epilogues = false;  // --gemm-epilogues on the GPU side (cuBLASLt); the CPU side runs the plain passes
+    // --gemm-epilogues on the GPU side (cuBLASLt); the CPU side runs the plain passes
+    layers::GemmEpilogues epilogues = layers::GemmEpilogues::None;
   };
+  using E = layers::GemmEpilogues;
   for (const Variant& var :
        {Variant{DType::F32, "unfused"}, Variant{DType::BF16, "unfused"}, Variant{DType::BF16, "fused"},
-        Variant{DType::F32, "unfused", true}, Variant{DType::BF16, "fused", true}})
+        Variant{DType::F32, "unfused", E::Forward}, Variant{DType::F32, "unfused", E::All},
+        Variant{DType::BF16, "fused", E::Forward}, Variant{DType::BF16, "fused", E::All}})
     for (bool recompute : {false, true}) {
       const DType dt = var.dt;
       layers::GPTConfig cfg;
@@ -573,7 +582,7 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
       const std::int64_t n = step.micro_batch * step.seq;
       for (int d = 0; d < 2; ++d) {
         layers::TpContext ctx{&tp, devs[d], dt};
-        cfg.gemm_epilogues = var.epilogues && d == 1;
+        cfg.gemm_epilogues = d == 1 ? var.epilogues : E::None;
         side[d].model = std::make_unique<layers::GPTModel>(cfg, ctx, side[d].params);
         side[d].params.allocate(devs[d], dt);
         side[d].params.initialize(99);
@@ -585,15 +594,15 @@ TEST_F(Cuda, GptForwardBackwardMatchesCpu) {
       }
       // cuBLASLt's GeLU epilogue may use the approximate tanh (~2^-11 relative): fp32 with
       // epilogues is held to 1e-3 / 2e-3 (a wiring error is order 1).
-      const double t = dt == DType::F32 ? (var.epilogues ? 1e-3 : 1e-5) : 3e-2;
-      const double grad_tol = dt == DType::F32 ? (var.epilogues ? 2e-3 : 1e-4) : 6e-2;
+      const double t = dt == DType::F32 ? (var.epilogues != E::None ? 1e-3 : 1e-5) : 3e-2;
+      const double grad_tol = dt == DType::F32 ? (var.epilogues != E::None ? 2e-3 : 1e-4) : 6e-2;
       EXPECT_NEAR(side[1].loss, side[0].loss, t * side[0].loss) << dtype_name(dt);
       for (auto* p : side[0].params.all()) {
         const auto& q = side[1].params.get(p->name);
         EXPECT_EQ(rel_diff(q.value, p->value), 0.0) << p->name << ": initialisation";
         EXPECT_LE(rel_diff(q.grad, p->grad), grad_tol)
             << p->name << " gradient, " << dtype_name(dt) << (recompute ? " recompute" : "") << " attention "
-            << var.attention << (var.epilogues ? ", GEMM epilogues on the GPU" : "");
+            << var.attention << ", GEMM epilogues on the GPU: " << layers::gemm_epilogues_name(var.epilogues);
       }
     }
 }

@@ -129,6 +129,32 @@ TEST(Gelu, BiasGeluFusionIsTheUnfusedSequence) {
       "bias_gelu_forward: bias has shape");
 }
 
+// Without a bias (fc1's GEMM epilogue wrote pre = x W + b already): dx =
+// dy * gelu'(y), dbias += its column sums — gelu_backward then bias_grad, bit
+// for bit in fp64, fp32 and bf16 (the same rounding of the same compute-type
+// value), and the same bits as a zero bias; dx may alias dy.
+TEST(Gelu, BiasGeluBackwardWithoutABiasIsGeluBackwardThenBiasGrad) {
+  std::mt19937 rng(29);
+  const i64 rows = 37, cols = 24;  // 16-bit rows of 3 packs, fp32 rows of 6
+  const Shape shape{rows, cols};
+  const Vec y = randn(usize(rows * cols), rng, 2.0), w = randn(y.size(), rng), dbias0 = randn(usize(cols), rng);
+  for (const DType t : {DType::F64, DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const DType acc = t == DType::BF16 ? DType::F32 : t;
+    Tensor d = tensor(shape, w, t), db = tensor({cols}, dbias0, acc);
+    bias_gelu_backward(d, tensor(shape, y, t), Tensor(), d, db);
+    Tensor du = tensor(shape, w, t), dbu = tensor({cols}, dbias0, acc);
+    gelu_backward(du, tensor(shape, y, t), du);
+    bias_grad(du, dbu);
+    expect_close(vals(d), vals(du), 0, 0, "dx = gelu_backward");
+    expect_close(vals(db), vals(dbu), 0, 0, "dbias = bias_grad of dx");
+    Tensor dz = tensor(shape, w, t), dbz = tensor({cols}, dbias0, acc);
+    bias_gelu_backward(dz, tensor(shape, y, t), tensor({cols}, Vec(usize(cols), 0.0), t), dz, dbz);
+    expect_close(vals(d), vals(dz), 0, 0, "dx = with a zero bias");
+    expect_close(vals(db), vals(dbz), 0, 0, "dbias = with a zero bias");
+  }
+}
+
 // ======================== bias and element-wise ========================
 
 TEST(Elementwise, AddBiasMatchesReferenceAndBiasGradIsItsBackward) {

@@ -75,7 +75,8 @@ struct Run {
   double loss = 0;
 };
 
-Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention, bool epilogues = false) {
+Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention,
+              GemmEpilogues epilogues = GemmEpilogues::None) {
   TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();
@@ -109,11 +110,11 @@ struct Diff {
   double rel() const { return den > 0 ? std::sqrt(num / den) : std::sqrt(num); }
 };
 
-// The model at TP = tp_size with `attention` (and --gemm-epilogues when
-// `epilogues`) against TP = 1 with the unfused attention and separate bias
-// passes (the reference path).
+// The model at TP = tp_size with `attention` (and --gemm-epilogues=`epilogues`)
+// against TP = 1 with the unfused attention and separate bias passes (the
+// reference path).
 void compare(int tp_size, DType dtype, bool recompute, double tol, const std::string& attention = "unfused",
-             bool epilogues = false) {
+             GemmEpilogues epilogues = GemmEpilogues::None) {
   auto world = MpiCommunicator::world();
   const int me = world->rank();
   auto tp = world->split(me / tp_size, me % tp_size, "tp");
@@ -121,7 +122,8 @@ void compare(int tp_size, DType dtype, bool recompute, double tol, const std::st
   Run par = run_model(*tp, dtype, recompute, attention, epilogues);
   Run ref = run_model(*self, dtype, recompute, "unfused");
   SCOPED_TRACE(testing::Message() << "tp " << tp_size << " " << dtype_name(dtype) << (recompute ? " recompute" : "")
-                                  << " attention " << attention << (epilogues ? " GEMM epilogues" : ""));
+                                  << " attention " << attention << " GEMM epilogues "
+                                  << gemm_epilogues_name(epilogues));
 
   EXPECT_NEAR(par.loss, ref.loss, tol * std::fabs(ref.loss));
 
@@ -233,22 +235,25 @@ TEST(GptTensorParallel, CudnnAttentionLayoutMatchesUnfusedTpOne) {
   g_llama = false;
 }
 
-// --gemm-epilogues: QKV's and fc1's bias, the GeLU and the bias gradients
-// inside the GEMMs. On the CPU the same passes run unfused; on CUDA
+// --gemm-epilogues: QKV's and fc1's bias and the GeLU (=all: also the bias
+// gradients) inside the GEMMs. On the CPU the same passes run unfused; on CUDA
 // (MEGAZERO_TEST_DEVICE=cuda) fp32 runs cuBLASLt's epilogues, fp64 the passes.
 // cuBLASLt's GeLU may use the GPU's approximate tanh (~2^-11 relative) where
 // the reference runs our own GeLU kernel: 1e-3 there, still far below what a
 // missing bias or a wrong operand gives (order 1).
+// Both sets: the forward's (the backward then takes pre with its bias) and all.
 TEST(GptTensorParallel, GemmEpiloguesMatchTpOne) {
   const double f32_tol = test_support::test_device()->kind() == DeviceKind::CUDA ? 1e-3 : 1e-5;
-  compare(world_size(), DType::F64, false, 1e-12, "unfused", true);
-  for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, f32_tol, "unfused", true);
-  g_sp = true;  // fc1 and QKV gather their input rows; the bias gradients sum every row
-  compare(world_size(), DType::F32, true, f32_tol, "unfused", true);
-  g_sp = false;
-  g_only_option = 2;  // SwiGLU with biases: the stacked [gate; up] bias in fc1's GEMM
-  compare(world_size(), DType::F64, false, 1e-12, "unfused", true);
-  g_only_option = -1;
+  for (const GemmEpilogues e : {GemmEpilogues::Forward, GemmEpilogues::All}) {
+    compare(world_size(), DType::F64, false, 1e-12, "unfused", e);
+    for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, f32_tol, "unfused", e);
+    g_sp = true;  // fc1 and QKV gather their input rows; the bias gradients sum every row
+    compare(world_size(), DType::F32, true, f32_tol, "unfused", e);
+    g_sp = false;
+    g_only_option = 2;  // SwiGLU with biases: the stacked [gate; up] bias in fc1's GEMM
+    compare(world_size(), DType::F64, false, 1e-12, "unfused", e);
+    g_only_option = -1;
+  }
 }
 
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {

@@ -111,9 +111,10 @@ class LayerGrad : public testing::Test {
 }  // namespace
 
 TEST_F(LayerGrad, ColumnParallelLinear) {
-  for (const bool epilogues : {false, true})  // --gemm-epilogues: bias and its gradient in the GEMMs
+  // --gemm-epilogues: the bias (forward) and its gradient (all) in the GEMMs
+  for (const GemmEpilogues epilogues : {GemmEpilogues::None, GemmEpilogues::Forward, GemmEpilogues::All})
     for (bool gather : {false, true}) {
-      SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
+      SCOPED_TRACE(std::string("GEMM epilogues: ") + gemm_epilogues_name(epilogues));
       ctx.gemm_epilogues = epilogues;
       ParameterSet ps;
       ColumnParallelLinear lin(ps, "lin", 5, 7, true, gather, ctx, 0.3);
@@ -140,11 +141,15 @@ TEST_F(LayerGrad, LayerNormLayer) {
 }
 
 TEST_F(LayerGrad, MLP) {
-  // --no-bias-gelu-fusion, Megatron's bias-GeLU fusion, --gemm-epilogues
-  for (const char* mode : {"separate", "bias-GeLU fusion", "GEMM epilogues"}) {
+  // --no-bias-gelu-fusion, Megatron's bias-GeLU fusion, --gemm-epilogues (the
+  // forward's: the backward's GeLU pass takes pre with its bias), =all
+  for (const char* mode : {"separate", "bias-GeLU fusion", "GEMM epilogues", "GEMM epilogues, all"}) {
     SCOPED_TRACE(mode);
-    cfg.bias_gelu_fusion = std::string(mode) != "separate";
-    ctx.gemm_epilogues = std::string(mode) == "GEMM epilogues";
+    const std::string m = mode;
+    cfg.bias_gelu_fusion = m != "separate";
+    ctx.gemm_epilogues = m == "GEMM epilogues"        ? GemmEpilogues::Forward
+                         : m == "GEMM epilogues, all" ? GemmEpilogues::All
+                                                      : GemmEpilogues::None;
     ParameterSet ps;
     ParallelMLP mlp(ps, "mlp", cfg, ctx);
     check_layer(
@@ -164,7 +169,7 @@ TEST_F(LayerGrad, BiasGeluFusionAndGemmEpiloguesChangeNoBitInFp32) {
     std::vector<double> out, dx;
     std::vector<std::vector<double>> grads;
   };
-  auto run = [&](bool fusion, bool epilogues = false) {
+  auto run = [&](bool fusion, GemmEpilogues epilogues = GemmEpilogues::None) {
     cfg.bias_gelu_fusion = fusion;
     ctx.gemm_epilogues = epilogues;
     ParameterSet ps;
@@ -182,7 +187,11 @@ TEST_F(LayerGrad, BiasGeluFusionAndGemmEpiloguesChangeNoBitInFp32) {
     for (auto* p : ps.all()) r.grads.push_back(p->grad.to_double_vector());
     return r;
   };
-  const Run fused = run(true), unfused = run(false), epilogues = run(true, true);
+  const Run fused = run(true), unfused = run(false), epilogues = run(true, GemmEpilogues::Forward),
+            all = run(true, GemmEpilogues::All);
+  EXPECT_EQ(all.out, unfused.out);
+  EXPECT_EQ(all.dx, unfused.dx);
+  EXPECT_EQ(all.grads, unfused.grads);
   EXPECT_EQ(fused.out, unfused.out);
   EXPECT_EQ(fused.dx, unfused.dx);
   EXPECT_EQ(fused.grads, unfused.grads);
@@ -206,10 +215,10 @@ TEST_F(LayerGrad, SelfAttentionWithDropout) {
 }
 
 TEST_F(LayerGrad, TransformerLayerWithAndWithoutRecompute) {
-  for (const bool epilogues : {false, true})
+  for (const GemmEpilogues epilogues : {GemmEpilogues::None, GemmEpilogues::Forward, GemmEpilogues::All})
     for (bool recompute : {false, true}) {
       SCOPED_TRACE(recompute ? "recompute" : "no recompute");
-      SCOPED_TRACE(epilogues ? "GEMM epilogues" : "separate bias passes");
+      SCOPED_TRACE(std::string("GEMM epilogues: ") + gemm_epilogues_name(epilogues));
       cfg.recompute_activations = recompute;
       ctx.gemm_epilogues = epilogues;
       ParameterSet ps;
@@ -260,7 +269,8 @@ TEST_F(LayerGrad, SwigluMLPWithAndWithoutBiases) {
   for (const bool bias : {true, false}) {
     SCOPED_TRACE(bias ? "biases" : "no biases");
     cfg.add_bias_linear = bias;
-    ctx.gemm_epilogues = bias;  // the stacked [gate; up] bias in fc1's GEMM
+    // The stacked [gate; up] bias in fc1's GEMM, and its gradient in the weight gradient's.
+    ctx.gemm_epilogues = bias ? GemmEpilogues::All : GemmEpilogues::None;
     ParameterSet ps;
     ParallelMLP mlp(ps, "mlp", cfg, ctx);
     EXPECT_EQ(ps.get("mlp.fc1.weight").global_shape, (Shape{2, 12, cfg.hidden_size})) << "[gate; up] stacked";

@@ -74,7 +74,7 @@ void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void*
       static_cast<G*>(dbias), rows, cols,
       [=] __device__(i64 r, i64 c) {
         const i64 i = r * cols + c;
-        const S v = st<S>(ld(dyp[i]) * gelu_grad(ld(yp[i]) + ld(bp[c])));
+        const S v = st<S>(ld(dyp[i]) * gelu_grad(bp ? ld(yp[i]) + ld(bp[c]) : ld(yp[i])));
         dxp[i] = v;
         return static_cast<double>(ld(v));
       },

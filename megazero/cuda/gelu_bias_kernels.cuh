@@ -39,14 +39,20 @@ __global__ void bias_gelu_backward_packed_kernel(const S* dy, const S* y, const 
   const i64 q = me.group;
   double acc[V] = {};
   if (q * V < cols) {
-    const Pack<S> b = reinterpret_cast<const Pack<S>*>(bias)[q];
+    // bias null: y holds it already (kernels/gelu_bias.h); y + 0 is y for gelu'.
+    compute_t<S> b[V] = {};
+    if (bias != nullptr) {
+      const Pack<S> bp = reinterpret_cast<const Pack<S>*>(bias)[q];
+#pragma unroll
+      for (int j = 0; j < V; ++j) b[j] = ld(bp.v[j]);
+    }
     for (i64 r = chunk_begin(rows_per_chunk) + me.lane; r < chunk_end(rows, rows_per_chunk); r += me.lanes) {
       const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
       const Pack<S> x = reinterpret_cast<const Pack<S>*>(y + r * cols)[q];
       Pack<S> o;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        o.v[j] = st<S>(ld(d.v[j]) * gelu_grad(ld(x.v[j]) + ld(b.v[j])));
+        o.v[j] = st<S>(ld(d.v[j]) * gelu_grad(ld(x.v[j]) + b[j]));
         acc[j] += static_cast<double>(ld(o.v[j]));
       }
       reinterpret_cast<Pack<S>*>(dx + r * cols)[q] = o;

@@ -155,7 +155,8 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out) {
       });
     } else {
       gelu_chunks(
-          s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
+          s.rows, s.cols, s.rows * s.cols,
+          [=](i64 r, i64 c) { return bp ? ld(yp[r * s.cols + c]) + ld(bp[c]) : ld(yp[r * s.cols + c]); },
           [=](i64 r, i64 c, float v, float t) { op_[r * s.cols + c] = st<S>(gelu_of(v, t)); });
     }
   });
@@ -165,35 +166,43 @@ void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, T
   constexpr const char* op = "bias_gelu_backward";
   check_float(op, "y", y);
   const Rows s = rows_of(op, "y", y);
-  check_operands(op, y, y.dtype(), {{"dy", &dy}, {"y", &y}, {"bias", &bias}, {"dx", &dx}});
+  check_operands(op, y, y.dtype(), {{"dy", &dy}, {"y", &y}, {"dx", &dx}});
+  const bool has_bias = bias.defined();
+  if (has_bias) {
+    check_operands(op, y, y.dtype(), {{"bias", &bias}});
+    check_shape(op, "bias", bias, {s.cols});
+  }
   check_shapes(op, y.shape(), {{"dy", &dy}, {"dx", &dx}});
-  check_shape(op, "bias", bias, {s.cols});
   check_accumulator(op, "dbias", dbias, y, y.dtype());
   check_shape(op, "dbias", dbias, {s.cols});
   const Tensor ws = allocate_gpu_scratch(y, gpu_scratch::column_sums_bytes(y.dtype(), s.rows, s.cols, 1),
                                          "bias_gelu_backward scratch");
-  MZ_ON_CUDA(y, cuda::bias_gelu_backward(y.dtype(), dy.data(), y.data(), bias.data(), dx.data(), dbias.data(),
+  MZ_ON_CUDA(y, cuda::bias_gelu_backward(y.dtype(), dy.data(), y.data(), has_bias ? bias.data() : nullptr, dx.data(),
+                                         dbias.data(),
                                          dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(y)));
   if (!on_host(op, y)) return;
   with_storage_type(y.dtype(), [&](auto tag) {
     using S = decltype(tag);
     const S* yp = ptr<const S>(y);
-    const S* bp = ptr<const S>(bias);
+    const S* bp = has_bias ? ptr<const S>(bias) : nullptr;
     const S* dyp = ptr<const S>(dy);
     S* dxp = ptr<S>(dx);
     if constexpr (std::is_same_v<compute_t<S>, double>) {
       rowwise(dxp, s.rows, s.cols, [=](i64 r, i64 c) {
         const i64 i = r * s.cols + c;
-        const double v = ld(yp[i]) + ld(bp[c]);
+        const double v = bp ? ld(yp[i]) + ld(bp[c]) : ld(yp[i]);
         return st<S>(ld(dyp[i]) * gelu_grad_of(v, std::tanh(gelu_arg(v))));
       });
     } else {
-      gelu_chunks(
-          s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
-          [=](i64 r, i64 c, float v, float t) {
-            const i64 i = r * s.cols + c;
-            dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
-          });
+      const auto out = [=](i64 r, i64 c, float v, float t) {
+        const i64 i = r * s.cols + c;
+        dxp[i] = st<S>(ld(dyp[i]) * gelu_grad_of(v, t));
+      };
+      if (bp)
+        gelu_chunks(
+            s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); }, out);
+      else  // y holds the bias
+        gelu_chunks(s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]); }, out);
     }
   });
   bias_grad(dx, dbias);  // the CPU gains nothing from fusing this pass

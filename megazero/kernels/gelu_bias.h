@@ -18,7 +18,8 @@ void gelu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);  // dx may al
 void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out);
 // Its backward: dx = dy * gelu'(y + bias), rounded to storage (dx may alias
 // dy), and dbias += sum_r dx[r, :] of those rounded values — gelu_backward then
-// bias_grad, in one pass over dy on a GPU.
+// bias_grad, in one pass over dy on a GPU. bias undefined: y holds the bias
+// already (fc1's GEMM epilogue wrote pre = x W + b), dx = dy * gelu'(y).
 void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, Tensor& dx, Tensor& dbias);
 
 // ---- column sums, bias and element-wise ----

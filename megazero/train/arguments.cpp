@@ -77,6 +77,12 @@ class OptionTable {
       return out;
     });
   }
+  // A value that may be left out: `--name` alone means `implicit`.
+  void optional_value(const std::string& g, const char* name, std::string* field, const char* implicit,
+                      const char* help) {
+    group(g).add_options()(name, po::value(field)->default_value(*field)->implicit_value(implicit), help);
+    printers_.emplace_back(name, [field] { return *field; });
+  }
   void flag(const std::string& g, const char* name, bool* field, const char* help) {
     group(g).add_options()(name, po::bool_switch(field), help);
     printers_.emplace_back(name, [field] { return std::string(*field ? "true" : "false"); });
@@ -125,9 +131,11 @@ void define(OptionTable& t, TrainArgs& a) {
          "keep only each layer's input; recompute in backward");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
-  t.flag(M, "gemm-epilogues", &a.model.gemm_epilogues,
-         "fuse the linear layers' bias adds, the MLP's bias + GeLU and the bias gradients into their GEMMs "
-         "(cuBLASLt epilogues on --device cuda; elsewhere the same math in separate passes)");
+  t.optional_value(M, "gemm-epilogues", &a.gemm_epilogues, "forward",
+                   "none, forward (the bare flag: QKV's bias and the MLP's bias + GeLU inside their GEMMs, as "
+                   "cuBLASLt epilogues on --device cuda; elsewhere the same math in separate passes) or all (also "
+                   "the backward's GeLU and bias gradients: slower on the H200, docs/PERFORMANCE.md); write "
+                   "--gemm-epilogues=all");
   t.add(M, "position-embedding-type", &a.model.position_embedding_type,
         "learned_absolute (a trained position table, GPT-2) or rope (rotary embeddings of q and k, Llama)");
   t.add(M, "norm-epsilon", &a.model.layernorm_epsilon,
@@ -487,6 +495,11 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
   expand_zero_config(a, vm, on_command_line);
   apply_megatron_flags(a, megatron, given);
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
+  // "true"/"false": how configurations stored before the flag took a value
+  // spelled it (true then meant every epilogue).
+  a.model.gemm_epilogues = layers::parse_gemm_epilogues(
+      a.gemm_epilogues == "true" ? "all" : a.gemm_epilogues == "false" ? "none" : a.gemm_epilogues);
+  a.gemm_epilogues = layers::gemm_epilogues_name(a.model.gemm_epilogues);
   a.model.add_bias_linear = !a.disable_bias_linear;
   a.zero_r.inputs_split_across_tp = a.model.sequence_parallel && a.parallel.tensor_model_parallel_size > 1;
   MZ_REQUIRE(a.group_query_attention || !vm.count("num-query-groups") || vm["num-query-groups"].defaulted(),

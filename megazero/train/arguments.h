@@ -54,6 +54,8 @@ struct TrainArgs {
   bool device_arena = false;
   // --no-bias-gelu-fusion (Megatron's flag): sets model.bias_gelu_fusion = false.
   bool no_bias_gelu_fusion = false;
+  // --gemm-epilogues[=none|forward|all], resolved into model.gemm_epilogues.
+  std::string gemm_epilogues = "none";
   // Megatron's spellings of the model's query groups and linear biases,
   // resolved into model.num_query_groups / model.add_bias_linear.
   bool group_query_attention = false;

@@ -312,7 +312,7 @@ void Trainer::Impl::build() {
         static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
         static_cast<double>(params.local_numel()) / 1e6, architecture.c_str(), m.attention_backend.c_str(),
         m.swiglu || !m.add_bias_linear ? "off"
-        : m.gemm_epilogues             ? "in the GEMM (--gemm-epilogues)"
+        : layers::forward_epilogues(m.gemm_epilogues) ? (layers::backward_epilogues(m.gemm_epilogues) ? "in the GEMM, backward too (--gemm-epilogues=all)" : "in the GEMM (--gemm-epilogues)")
         : m.bias_gelu_fusion           ? "on"
                                        : "off",
         m.recompute_activations ? "on" : "off",
@@ -596,7 +596,7 @@ TrainResult Trainer::Impl::train() {
                       .c_str()
                 : detail::concat(" | host waits per iteration ", host_waits, " (each drains the device's queue)")
                       .c_str());
-        if (args.model.gemm_epilogues && !epilogues_reported) {  // once: which GEMMs cuBLASLt took
+        if (layers::forward_epilogues(args.model.gemm_epilogues) && !epilogues_reported) {  // once: which GEMMs cuBLASLt took
           std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
           epilogues_reported = true;
         }

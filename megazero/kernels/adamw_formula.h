@@ -22,10 +22,12 @@
 
 #include "megazero/kernels/optimizer_kernels.h"
 
+// Always inlined: each caller's own flags (-ffp-contract=off) then apply,
+// never an out-of-line copy another file compiled.
 #if defined(__CUDACC__)
 #define MZ_ADAM_HD __host__ __device__ __forceinline__
 #else
-#define MZ_ADAM_HD inline
+#define MZ_ADAM_HD [[gnu::always_inline]] inline
 #endif
 
 namespace megazero::kernels {

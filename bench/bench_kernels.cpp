@@ -43,9 +43,8 @@ int run(int argc, char** argv) {
   po::options_description d("bench_kernels");
   d.add_options()("device", po::value(&device_spec), "cpu or cuda[:N]")(
       "dtype", po::value(&dtype_arg), "fp32, bf16 or fp16")("rows", po::value(&rows))("cols", po::value(&cols))(
-      "hidden", po::value(&hidden))("steps", po::value(&steps))("ce-rows", po::value(&ce_rows))("ce-vocab",
-                                                                                                po::value(&ce_vocab))(
-      "adam-elements", po::value(&adam_elements));
+      "hidden", po::value(&hidden))("steps", po::value(&steps))("ce-rows", po::value(&ce_rows))(
+      "ce-vocab", po::value(&ce_vocab))("adam-elements", po::value(&adam_elements));
   parse_command_line(argc, argv, d, "bench_kernels");
   MZ_REQUIRE(rows > 0 && cols > 0 && hidden > 0 && steps > 0 && ce_rows > 0 && ce_vocab > 0 && adam_elements > 0,
              "--rows, --cols, --hidden, --steps, --ce-rows, --ce-vocab and --adam-elements must be positive");
@@ -147,11 +146,12 @@ int run(int argc, char** argv) {
     const double norm_ms = best_ms([&] { kernels::sum_of_squares(grads, {{0, n}}, sum); });
     const double adam_ms = best_ms([&] { kernels::adamw(w, m, v, grads, {{0, n, true}}, a, params); });
     const double gb = static_cast<double>(n) / 1e9, g16 = static_cast<double>(dtype_size(t));
-    std::printf("optimizer over %lld parameters (%s gradients and parameters): grad norm %.3f ms (%.0f GB/s), "
-                "AdamW + publish %.3f ms (%.0f GB/s: master and moments read and written, gradient read, "
-                "parameter written)\n",
-                static_cast<long long>(n), dtype_arg.c_str(), norm_ms, g16 * gb / (norm_ms * 1e-3), adam_ms,
-                (24 + 2 * g16) * gb / (adam_ms * 1e-3));
+    std::printf(
+        "optimizer over %lld parameters (%s gradients and parameters): grad norm %.3f ms (%.0f GB/s), "
+        "AdamW + publish %.3f ms (%.0f GB/s: master and moments read and written, gradient read, "
+        "parameter written)\n",
+        static_cast<long long>(n), dtype_arg.c_str(), norm_ms, g16 * gb / (norm_ms * 1e-3), adam_ms,
+        (24 + 2 * g16) * gb / (adam_ms * 1e-3));
   }
   return 0;
 }

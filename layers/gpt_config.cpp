@@ -23,9 +23,10 @@ GemmEpilogues parse_gemm_epilogues(const std::string& value) {
   if (value == "none") return GemmEpilogues::None;
   if (value == "forward") return GemmEpilogues::Forward;
   if (value == "all") return GemmEpilogues::All;
-  throw ConfigError(detail::concat("--gemm-epilogues must be none, forward (the bare flag: the forward's bias and "
-                                   "bias + GeLU in their GEMMs) or all (also the backward's bias gradients), got '",
-                                   value, "'"));
+  throw ConfigError(
+      detail::concat("--gemm-epilogues must be none, forward (the bare flag: the forward's bias and "
+                     "bias + GeLU in their GEMMs) or all (also the backward's bias gradients), got '",
+                     value, "'"));
 }
 
 std::int64_t GPTConfig::ffn() const {

@@ -61,9 +61,9 @@ struct RefAdam {
 };
 
 RefAdam ref_adam(double beta1, double beta2, double eps, double wd, double lr, double bc1, double bc2, double scale) {
-  return {static_cast<float>(beta1),          static_cast<float>(1 - beta1),   static_cast<float>(beta2),
-          static_cast<float>(1 - beta2),      static_cast<float>(scale),       static_cast<float>(1 / std::sqrt(bc2)),
-          static_cast<float>(eps),            static_cast<float>(lr / bc1),    static_cast<float>(1 - lr * wd)};
+  return {static_cast<float>(beta1),     static_cast<float>(1 - beta1), static_cast<float>(beta2),
+          static_cast<float>(1 - beta2), static_cast<float>(scale),     static_cast<float>(1 / std::sqrt(bc2)),
+          static_cast<float>(eps),       static_cast<float>(lr / bc1),  static_cast<float>(1 - lr * wd)};
 }
 
 void ref_adamw(float& w, float& m, float& v, double grad, bool decay, const RefAdam& r) {

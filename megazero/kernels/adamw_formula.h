@@ -44,9 +44,9 @@ struct AdamCoefficients {
 
 inline AdamCoefficients adam_coefficients(const AdamStep& a) {
   const auto f = [](double x) { return static_cast<float>(x); };
-  return {f(a.beta1),          f(1 - a.beta1), f(a.beta2),         f(1 - a.beta2),
-          f(a.grad_scale),     f(1 / std::sqrt(a.bc2)), f(a.eps), f(a.lr / a.bc1),
-          f(1 - a.lr * a.weight_decay)};
+  return {f(a.beta1),     f(1 - a.beta1),  f(a.beta2),
+          f(1 - a.beta2), f(a.grad_scale), f(1 / std::sqrt(a.bc2)),
+          f(a.eps),       f(a.lr / a.bc1), f(1 - a.lr * a.weight_decay)};
 }
 
 namespace adam_ops {
@@ -91,8 +91,7 @@ MZ_ADAM_HD float sqrt(float a) {
 // c.decay_factor on a decayed segment and 1 elsewhere (w x 1 is w exactly).
 //   g = grad x scale;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   w = w x (1 - lr wd) - (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps)
-MZ_ADAM_HD void adamw_element(float& w, float& m, float& v, float grad, float decay_factor,
-                              const AdamCoefficients& c) {
+MZ_ADAM_HD void adamw_element(float& w, float& m, float& v, float grad, float decay_factor, const AdamCoefficients& c) {
   using namespace adam_ops;
   const float g = mul(grad, c.grad_scale);
   m = add(mul(c.beta1, m), mul(c.one_minus_beta1, g));

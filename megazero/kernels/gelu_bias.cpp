@@ -178,8 +178,7 @@ void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, T
   const Tensor ws = allocate_gpu_scratch(y, gpu_scratch::column_sums_bytes(y.dtype(), s.rows, s.cols, 1),
                                          "bias_gelu_backward scratch");
   MZ_ON_CUDA(y, cuda::bias_gelu_backward(y.dtype(), dy.data(), y.data(), has_bias ? bias.data() : nullptr, dx.data(),
-                                         dbias.data(),
-                                         dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(y)));
+                                         dbias.data(), dbias.dtype(), s.rows, s.cols, scratch_of(ws), stream_of(y)));
   if (!on_host(op, y)) return;
   with_storage_type(y.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -202,7 +201,8 @@ void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, T
         gelu_chunks(
             s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); }, out);
       else  // y holds the bias
-        gelu_chunks(s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]); }, out);
+        gelu_chunks(
+            s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]); }, out);
     }
   });
   bias_grad(dx, dbias);  // the CPU gains nothing from fusing this pass

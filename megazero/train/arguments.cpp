@@ -497,8 +497,9 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   // "true"/"false": how configurations stored before the flag took a value
   // spelled it (true then meant every epilogue).
-  a.model.gemm_epilogues = layers::parse_gemm_epilogues(
-      a.gemm_epilogues == "true" ? "all" : a.gemm_epilogues == "false" ? "none" : a.gemm_epilogues);
+  a.model.gemm_epilogues = layers::parse_gemm_epilogues(a.gemm_epilogues == "true"    ? "all"
+                                                        : a.gemm_epilogues == "false" ? "none"
+                                                                                      : a.gemm_epilogues);
   a.gemm_epilogues = layers::gemm_epilogues_name(a.model.gemm_epilogues);
   a.model.add_bias_linear = !a.disable_bias_linear;
   a.zero_r.inputs_split_across_tp = a.model.sequence_parallel && a.parallel.tensor_model_parallel_size > 1;

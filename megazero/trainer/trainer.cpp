@@ -312,9 +312,11 @@ void Trainer::Impl::build() {
         static_cast<long long>(m.padded_vocab(groups->tp_size())), static_cast<double>(total) / 1e6,
         static_cast<double>(params.local_numel()) / 1e6, architecture.c_str(), m.attention_backend.c_str(),
         m.swiglu || !m.add_bias_linear ? "off"
-        : layers::forward_epilogues(m.gemm_epilogues) ? (layers::backward_epilogues(m.gemm_epilogues) ? "in the GEMM, backward too (--gemm-epilogues=all)" : "in the GEMM (--gemm-epilogues)")
-        : m.bias_gelu_fusion           ? "on"
-                                       : "off",
+        : layers::forward_epilogues(m.gemm_epilogues)
+            ? (layers::backward_epilogues(m.gemm_epilogues) ? "in the GEMM, backward too (--gemm-epilogues=all)"
+                                                            : "in the GEMM (--gemm-epilogues)")
+        : m.bias_gelu_fusion ? "on"
+                             : "off",
         m.recompute_activations ? "on" : "off",
         !m.sequence_parallel    ? "off"
         : groups->tp_size() > 1 ? "on"
@@ -596,7 +598,8 @@ TrainResult Trainer::Impl::train() {
                       .c_str()
                 : detail::concat(" | host waits per iteration ", host_waits, " (each drains the device's queue)")
                       .c_str());
-        if (layers::forward_epilogues(args.model.gemm_epilogues) && !epilogues_reported) {  // once: which GEMMs cuBLASLt took
+        if (layers::forward_epilogues(args.model.gemm_epilogues) &&
+            !epilogues_reported) {  // once: which GEMMs cuBLASLt took
           std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
           epilogues_reported = true;
         }

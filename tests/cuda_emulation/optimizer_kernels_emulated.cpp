@@ -131,8 +131,7 @@ void adamw(std::mt19937& rng) {
     for (const auto& t : tables)
       emu_launch(dim3{3, 1, 1}, 64, 0, [&] {
         dk::adamw_segments_kernel<G, PS>(wg.host_data<float>(), mg.host_data<float>(), vg.host_data<float>(),
-                                         static_cast<const G*>(g.data()), pg_data, t,
-                                         kernels::adam_coefficients(a));
+                                         static_cast<const G*>(g.data()), pg_data, t, kernels::adam_coefficients(a));
       });
   }
   check_bits(wg, wc, "AdamW w (bit for bit)");

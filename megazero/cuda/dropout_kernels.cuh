@@ -24,9 +24,9 @@ namespace megazero::cuda::detail_k {
 // and out move 16 bytes at a time. BIAS_VEC (FUSED and VEC only): cols is a
 // multiple of G and bias aligned, so a group's bias values are one aligned
 // pack (the 2026-11-24 H100 profile had this kernel at ~1.4 TB/s with eight
-// 2-byte bias loads and a wrap test per group). The keep test compares the
-// float uniform with the double p, as the CPU does, so the mask is the CPU's
-// bit for bit.
+// 2-byte bias loads and a wrap test per group). The keep test is the CPU's
+// float uniform against the double p, decided on the integer (kept,
+// philox.cuh), so the mask is the CPU's bit for bit.
 template <typename S, bool VEC, bool FUSED, bool BIAS_VEC = false>
 __global__ void dropout_kernel(const S* y, const S* bias, const S* res, double p, PhiloxKey key,
                                kernels::DropoutLayout l, S* out, i64 inner, i64 cols, i64 groups_per_row,
@@ -35,6 +35,7 @@ __global__ void dropout_kernel(const S* y, const S* bias, const S* res, double p
   using C = compute_t<S>;
   constexpr int G = kVec<S> < 4 ? 4 : kVec<S>;
   const C keep_scale = static_cast<C>(p > 0 ? 1.0 / (1.0 - p) : 1.0);
+  const std::uint32_t threshold = keep_threshold(p);
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 g = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; g < total_groups; g += stride) {
     const i64 row = g / groups_per_row, k0 = (g % groups_per_row) * G;
@@ -93,7 +94,7 @@ __global__ void dropout_kernel(const S* y, const S* bias, const S* res, double p
           have = idx >> 2;
           w = philox(have, key);
         }
-        keep = static_cast<double>(static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f) >= p;
+        keep = kept(word(w, static_cast<unsigned>(idx & 3u)), threshold);
       }
       if constexpr (FUSED) {
         const C v = keep ? (ld(yv[j]) + bv[j]) * keep_scale : C(0);
@@ -134,6 +135,7 @@ __global__ void dropout_backward_partial_kernel(const S* dy, double p, PhiloxKey
   const int n = c0 < cols ? static_cast<int>(min(static_cast<i64>(Q), cols - c0)) : 0;
   const i64 inner = l.matrix_rows * l.matrix_cols;
   const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
+  const std::uint32_t threshold = keep_threshold(p);
   // Global index of element (layout row lrow, offset k): divisions once per
   // row and per layout-row crossing, not per element.
   auto row_base = [&](i64 lrow) {
@@ -161,7 +163,7 @@ __global__ void dropout_backward_partial_kernel(const S* dy, double p, PhiloxKey
           have = idx >> 2;
           w = philox(have, key);
         }
-        keep = static_cast<double>(static_cast<float>(word(w, static_cast<unsigned>(idx & 3u)) >> 8) * 0x1p-24f) >= p;
+        keep = kept(word(w, static_cast<unsigned>(idx & 3u)), threshold);
       }
       const S v = keep ? st<S>(ld(in[j]) * keep_scale) : st<S>(C(0));
       dx[e0 + j] = v;

@@ -181,7 +181,7 @@ struct KeepMask {
       block = idx >> 2;
       words = philox(block, key);
     }
-    return (word(words, static_cast<unsigned>(idx & 3u)) >> 8) >= threshold;
+    return kept(word(words, static_cast<unsigned>(idx & 3u)), threshold);
   }
 };
 

@@ -50,9 +50,13 @@ __device__ __forceinline__ unsigned word(const uint4& w, unsigned i) {
 
 // keep = uniform >= p, decided on the 24-bit integer: uniform = w * 2^-24
 // exactly, so uniform >= p  <=>  w >= ceil(p * 2^24) (p * 2^24 is exact in
-// double). The same decision as the CPU's float-against-double compare.
-inline std::uint32_t keep_threshold(double p) {
-  return p <= 0 ? 0u : static_cast<std::uint32_t>(std::ceil(p * 16777216.0));
+// double). The same decision as the CPU's float-against-double compare, with
+// no conversion per element (an int-to-float, a float-to-double and a double
+// compare, on conversion units a quarter as wide as the integer ones).
+__host__ __device__ inline std::uint32_t keep_threshold(double p) {
+  return p <= 0 ? 0u : static_cast<std::uint32_t>(ceil(p * 16777216.0));
 }
+// The keep decision for 32-bit Philox word w (its top 24 bits are the uniform).
+__host__ __device__ __forceinline__ bool kept(unsigned w, std::uint32_t threshold) { return (w >> 8) >= threshold; }
 
 }  // namespace megazero::cuda::detail_k

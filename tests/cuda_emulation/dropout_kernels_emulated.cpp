@@ -10,7 +10,8 @@
 // pre-filled with garbage). dx must be the CPU's bit for bit, dbias within one
 // fp32 rounding. The same layouts run the forward kernels (dropout and
 // bias-dropout-add, element by element, packed, packed with bias packs)
-// against the CPU's dropout_forward and bias_dropout_add, bit for bit. Exit
+// against the CPU's dropout_forward and bias_dropout_add, bit for bit; and the
+// integer keep decision against the CPU's compare at the thresholds. Exit
 // code 1 on any difference beyond that.
 #include <cstdio>
 #include <random>
@@ -118,8 +119,29 @@ void dropout_forward(std::mt19937& rng, const Case& c, unsigned threads) {
 
 }  // namespace
 
+// The kernels' keep decision on the integer (philox.cuh: kept(w,
+// keep_threshold(p))) against the CPU's float uniform compared with the double
+// p, on the words around each threshold (and every low byte, which neither
+// reads) for p near 0, near 1, on and off the 2^-24 grid.
+void keep_decision() {
+  const double ps[] = {0.1, 0.3, 0.5, 0.2, 0x1p-24, 3 * 0x1p-24, 0.75, 1 - 0x1p-24, 1 - 0x1p-30, 0.1 + 0x1p-40};
+  for (const double p : ps) {
+    const std::uint32_t t = dk::keep_threshold(p);
+    for (std::int64_t u = static_cast<std::int64_t>(t) - 2; u <= static_cast<std::int64_t>(t) + 2; ++u) {
+      if (u < 0 || u >= (std::int64_t{1} << 24)) continue;
+      for (const unsigned low : {0u, 1u, 0x7fu, 0xffu}) {
+        const unsigned w = (static_cast<unsigned>(u) << 8) | low;
+        const bool cpu = static_cast<double>(static_cast<float>(w >> 8) * 0x1p-24f) >= p;
+        check(dk::kept(w, t) == cpu, "keep decision vs the CPU's", dk::kept(w, t) ? 1.0 : 0.0, cpu ? 1.0 : 0.0,
+              static_cast<std::size_t>(w));
+      }
+    }
+  }
+}
+
 int main() {
   std::mt19937 rng(2026);
+  keep_decision();
   const std::vector<Case> cases = {
       {{3, 1, 5, 6, 0, 0, 1}, 6, 0.1},      // hidden dropout: [micro-batch, 1, seq, hidden]
       {{3, 1, 5, 7, 2, 0, 1}, 7, 0.3},      // rows of 35: Philox blocks straddle rows and threads

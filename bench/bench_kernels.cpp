@@ -2,8 +2,9 @@
 // (the fc1 output of one rank): forward (bias add + GeLU) and backward (GeLU
 // backward + bias gradient); the memory-bound backward passes that sum a
 // parameter gradient over the rows of a [rows, hidden] tensor (a bias
-// gradient, dropout backward + bias gradient, LayerNorm backward), each with
-// the bandwidth it reached; and the vocab-parallel cross-entropy forward and
+// gradient, dropout backward + bias gradient, LayerNorm backward) and the
+// forward's bias-dropout-add over the same shape, each with the bandwidth it
+// reached; and the vocab-parallel cross-entropy forward and
 // backward on [ce-rows, ce-vocab] logits; the optimizer step's two passes over
 // --adam-elements parameters (the gradient norm's sum of squares, and AdamW
 // writing the working-precision parameters in the same pass), with their GB/s.
@@ -100,13 +101,20 @@ int run(int argc, char** argv) {
     const auto report = [&](const char* what, double ms, double tensors) {
       std::printf("  %-34s %.3f ms, %.0f GB/s\n", what, ms, tensors * tensor_gb / (ms * 1e-3));
     };
-    std::printf("gradient sums over [%lld, %lld] %s:\n", static_cast<long long>(rows), static_cast<long long>(hidden),
-                dtype_arg.c_str());
+    std::printf("gradient sums and bias-dropout-add over [%lld, %lld] %s:\n", static_cast<long long>(rows),
+                static_cast<long long>(hidden), dtype_arg.c_str());
     report("bias_grad (dy read)", best_ms([&] { kernels::bias_grad(g, db); }), 1);
     report("dropout backward + bias grad", best_ms([&] {
              kernels::dropout_backward_bias_grad(g, 0.1, RngKey{1, 1, 0, 0}, hid, dx, db);
            }),
            2);
+    // The forward's residual pass (Megatron's bias-dropout-add), p = 0.1; not in place, so
+    // repeated calls see the same inputs.
+    Tensor hbias = Tensor::zeros(dev, {hidden}, t, C);
+    report("bias-dropout-add (y, residual; out)", best_ms([&] {
+             kernels::bias_dropout_add(g, hbias, x, 0.1, RngKey{1, 1, 0, 0}, hid, dx);
+           }),
+           3);
     report("layernorm backward (dy, x; dx)",
            best_ms([&] { kernels::layernorm_backward(g, x, gamma, mean, rstd, dx, dgamma, db); }), 3);
   }

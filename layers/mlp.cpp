@@ -37,17 +37,17 @@ Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
 
 Tensor ParallelMLP::backward(const Tensor& dy, bool output_bias_grad_done) {
   MZ_CHECK(pre_gelu_.defined(), "MLP backward before forward");
-  if (gemm_gelu() && backward_epilogues(ctx_.gemm_epilogues)) {
-    const RowParallelLinear::GeluInput gelu{&pre_gelu_, &fc1_.bias()->grad};
-    const Tensor dpre = fc2_.backward(dy, output_bias_grad_done, &gelu);
+  if (gemm_gelu()) {  // the forward's epilogue kept pre = x W + b
+    Tensor dpre;
+    if (backward_epilogues(ctx_.gemm_epilogues)) {  // the GeLU backward inside fc2's input-gradient GEMM
+      const RowParallelLinear::GeluInput gelu{&pre_gelu_, &fc1_.bias()->grad};
+      dpre = fc2_.backward(dy, output_bias_grad_done, &gelu);
+    } else {  // our one-pass GeLU backward, adding no bias: pre holds it
+      dpre = fc2_.backward(dy, output_bias_grad_done);
+      kernels::bias_gelu_backward(dpre, pre_gelu_, Tensor(), dpre, fc1_.bias()->grad);
+    }
     pre_gelu_ = Tensor();
     return fc1_.backward(dpre, /*bias_grad_done=*/true);
-  }
-  if (gemm_gelu()) {  // the forward's epilogue kept pre = x W + b: the GeLU backward adds no bias
-    Tensor dact = fc2_.backward(dy, output_bias_grad_done);
-    kernels::bias_gelu_backward(dact, pre_gelu_, Tensor(), dact, fc1_.bias()->grad);
-    pre_gelu_ = Tensor();
-    return fc1_.backward(dact, /*bias_grad_done=*/true);
   }
   Tensor dact = fc2_.backward(dy, output_bias_grad_done);
   const bool fused = fused_bias_gelu();

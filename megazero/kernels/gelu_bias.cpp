@@ -155,8 +155,7 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out) {
       });
     } else {
       gelu_chunks(
-          s.rows, s.cols, s.rows * s.cols,
-          [=](i64 r, i64 c) { return bp ? ld(yp[r * s.cols + c]) + ld(bp[c]) : ld(yp[r * s.cols + c]); },
+          s.rows, s.cols, s.rows * s.cols, [=](i64 r, i64 c) { return ld(yp[r * s.cols + c]) + ld(bp[c]); },
           [=](i64 r, i64 c, float v, float t) { op_[r * s.cols + c] = st<S>(gelu_of(v, t)); });
     }
   });

@@ -133,6 +133,45 @@ TEST_F(Cuda, LayerNormForwardAndBackward) {
     }
 }
 
+// The one-pass backward at the benchmarks' widths over enough rows for many
+// blocks and many rows a lane (GPT-2 medium: 4 lanes of 128 threads; the
+// 100B layer: two packs a thread, 64 KB of shared memory a block), against the
+// split path on the same GPU and against the CPU.
+TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
+  for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{5000, 1024}, {2000, 8192}}) {
+    const DType dt = DType::BF16;
+    ASSERT_TRUE(k::gpu_scratch::layernorm_fused_plan(dt, rows, cols).fused());
+    auto x = random({rows, cols}, dt), gamma = random({cols}, dt, 0.5, 1.5), beta = random({cols}, dt);
+    auto y = zeros({rows, cols}, dt), mean = zeros({rows}, DType::F32), rstd = zeros({rows}, DType::F32);
+    k::layernorm_forward(x.g, gamma.g, beta.g, 1e-5, y.g, mean.g, rstd.g);
+    mean.c.copy_from(mean.g);  // the CPU takes the GPU's statistics: only the backward differs
+    rstd.c.copy_from(rstd.g);
+    auto dy = random({rows, cols}, dt), res = random({rows, cols}, dt);
+    auto dgamma = random({cols}, DType::F32), dbeta = random({cols}, DType::F32);
+    Tensor dg_split = dgamma.g.clone(MemoryCategory::Other), db_split = dbeta.g.clone(MemoryCategory::Other);
+    auto dx = poisoned({rows, cols}, dt), dx_split = poisoned({rows, cols}, dt);
+    k::layernorm_backward(dy.c, x.c, gamma.c, mean.c, rstd.c, dx.c, dgamma.c, dbeta.c, &res.c);
+    k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g, &res.g);
+    k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx_split.g, dg_split, db_split, &res.g,
+                          k::LayerNormBackwardPasses::Split);
+    EXPECT_LE(rel_diff(dx.g, dx.c), tol(dt)) << cols;
+    EXPECT_LE(rel_diff(dx.g, dx_split.g), tol(dt)) << cols;
+    EXPECT_LE(rel_diff(dgamma.g, dgamma.c), 1e-5) << cols;
+    EXPECT_LE(rel_diff(dbeta.g, dbeta.c), 1e-6) << cols;
+    EXPECT_LE(rel_diff(dgamma.g, dg_split), 1e-5) << cols;
+    EXPECT_LE(rel_diff(dbeta.g, db_split), 1e-6) << cols;
+    // Fixed order, no atomics: a second run gives the same bits.
+    auto dx2 = poisoned({rows, cols}, dt);
+    Tensor dg2 = dgamma.g.clone(MemoryCategory::Other), db2 = dbeta.g.clone(MemoryCategory::Other);
+    Tensor dg1 = dgamma.g.clone(MemoryCategory::Other), db1 = dbeta.g.clone(MemoryCategory::Other);
+    k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg1, db1, &res.g);
+    k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg2, db2, &res.g);
+    EXPECT_EQ(dg1.to_double_vector(), dg2.to_double_vector());
+    EXPECT_EQ(db1.to_double_vector(), db2.to_double_vector());
+    EXPECT_EQ(dx2.g.to_double_vector(), dx.g.to_double_vector());
+  }
+}
+
 TEST_F(Cuda, ElementwiseKernels) {
   for (DType dt : kTypes) {
     const Shape sh{53, 300};

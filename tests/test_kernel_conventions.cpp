@@ -61,7 +61,7 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
          Tensor dx = t(dev, {rows, cols}, DType::BF16);
          layernorm_backward(x, x, g, st, st, dx, dg, db);
        },
-       gs::column_sums_bytes(DType::BF16, rows, cols, 2)},
+       gs::layernorm_backward_bytes(DType::BF16, rows, cols)},
       {"bias_gelu_backward",
        [&](const std::shared_ptr<Device>& dev) {
          Tensor dy = t(dev, {rows, cols}, DType::BF16), b = t(dev, {cols}, DType::BF16);
@@ -177,6 +177,49 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
         }
       }
     }
+}
+
+// LayerNorm's one-pass backward: every row in exactly one (block, lane, step),
+// a thread's packs cover the row, blocks within 512 threads, at least 8 rows
+// a lane (so the partial rows cost at most an eighth of what was read), and
+// the scratch holds the partials or the split path's sums, whichever runs.
+TEST(LayerKernels, LayerNormFusedBackwardPlanCoversEveryRowOnce) {
+  namespace gs = gpu_scratch;
+  for (const DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64})
+    for (const i64 rows : {1, 7, 37, 1000, 8192, 32768})
+      for (const i64 cols : {8, 64, 1000, 1024, 2048, 4096, 4104, 8192, 12288}) {
+        SCOPED_TRACE(std::string(dtype_name(dt)) + " " + std::to_string(rows) + " x " + std::to_string(cols));
+        const auto p = gs::layernorm_fused_plan(dt, rows, cols);
+        const i64 vec = static_cast<i64>(16 / dtype_size(dt));
+        const i64 packs = cols / vec;
+        const bool expect_fused = dt != DType::F64 && cols % vec == 0 && packs <= 2 * gs::kLayerNormFusedMaxThreads;
+        ASSERT_EQ(p.fused(), expect_fused);
+        if (!p.fused()) {
+          EXPECT_EQ(p.partial_bytes(cols), 0u);
+          continue;
+        }
+        EXPECT_EQ(p.threads_per_row % 32, 0);
+        EXPECT_GE(p.threads_per_row * p.packs_per_thread, packs);
+        EXPECT_LT((p.threads_per_row - 32) * p.packs_per_thread, packs);  // no warp without a pack
+        EXPECT_LE(p.lanes * p.threads_per_row, gs::kLayerNormFusedMaxThreads);
+        EXPECT_TRUE(p.packs_per_thread == 1 || p.lanes == 1);  // the kernel's shared-memory combine
+        EXPECT_GE(p.rows_per_lane, gs::kLayerNormMinRowsPerLane);
+        EXPECT_GE(p.blocks * p.lanes * p.rows_per_lane, rows);
+        EXPECT_LT((p.blocks - 1) * p.lanes * p.rows_per_lane, rows);  // no empty block
+        EXPECT_EQ(p.partial_bytes(cols), static_cast<std::size_t>(2 * p.blocks * cols) * sizeof(double));
+        EXPECT_GE(gs::layernorm_backward_bytes(dt, rows, cols), p.partial_bytes(cols));
+        EXPECT_GE(gs::layernorm_backward_bytes(dt, rows, cols), gs::column_sums_bytes(dt, rows, cols, 2));
+      }
+  // The two shapes the benchmarks time: GPT-2 medium (four rows a block at
+  // once, 256 blocks) and the 100B layer (two packs a thread, 263 blocks).
+  const auto gpt = gs::layernorm_fused_plan(DType::BF16, 8192, 1024);
+  EXPECT_EQ(gpt.packs_per_thread, 1);
+  EXPECT_EQ(gpt.lanes, 4);
+  EXPECT_EQ(gpt.blocks, 256);
+  const auto layer = gs::layernorm_fused_plan(DType::BF16, 32768, 8192);
+  EXPECT_EQ(layer.packs_per_thread, 2);
+  EXPECT_EQ(layer.threads_per_row, 512);
+  EXPECT_EQ(layer.blocks, 263);
 }
 
 TEST(LayerKernels, RejectsBadShapesAndDtypes) {

@@ -160,6 +160,14 @@ __device__ T block_max(T v) {
   return warp_part[0];
 }
 
+// The block's dynamic shared memory (the launch's third parameter), as T*.
+// (The CPU emulation's stand-in returns the emulated block's buffer.)
+template <typename T>
+__device__ __forceinline__ T* dynamic_shared() {
+  extern __shared__ __align__(16) unsigned char mz_dynamic_smem[];
+  return reinterpret_cast<T*>(mz_dynamic_smem);
+}
+
 // The caller's scratch (megazero/kernels/gpu_scratch.h: allocated through the
 // device, so counted and planned) as T*, after checking it holds `need` bytes.
 template <typename T>

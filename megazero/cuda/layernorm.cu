@@ -1,9 +1,10 @@
 // LayerNorm on the GPU: the launchers of megazero/cuda/layernorm.h (contracts:
 // megazero/kernels/layernorm.h). One block per row; 16-bit and fp32 rows that
 // fit in registers take the fast kernels (read once, written once, fp32
-// statistics), others the general ones (statistics in double). dgamma and
-// dbeta are column sums (column_sums.cuh), one packed pass for both when it
-// applies.
+// statistics), others the general ones (statistics in double). The backward
+// of rows up to 1024 packs is one pass for dx, dgamma and dbeta
+// (layernorm_kernels.cuh); otherwise dgamma and dbeta are column sums
+// (column_sums.cuh), one packed pass for both when it applies, then dx.
 #include <cuda_runtime.h>
 
 #include <initializer_list>
@@ -12,6 +13,7 @@
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_helpers.cuh"
 #include "megazero/cuda/layernorm.h"
+#include "megazero/cuda/layernorm_kernels.cuh"
 
 namespace megazero::cuda {
 using namespace detail_k;
@@ -207,6 +209,45 @@ void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, co
       ws, s, "layernorm_backward dgamma");
 }
 
+// dx, dgamma and dbeta in one pass over dy and x, then the partials' finish;
+// false when the plan or the operands' alignment rule it out.
+template <typename S, typename G>
+bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
+                                const void* rstd, void* dx, void* dgamma, void* dbeta, const void* add, i64 rows,
+                                i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+  if constexpr (std::is_same_v<S, double>) {
+    return false;
+  } else {
+    const auto plan = kernels::gpu_scratch::layernorm_fused_plan(t, rows, cols);
+    if (!plan.fused()) return false;
+    for (const void* p : std::initializer_list<const void*>{dy, x, gamma, dx, add ? add : dx})
+      if (!aligned16(p)) return false;
+    double* pg = scratch_as<double>(ws, plan.partial_bytes(cols), "layernorm_backward partials");
+    double* pb = pg + plan.blocks * cols;
+    const i64 threads = plan.lanes * plan.threads_per_row;
+    const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>);
+    const auto launch = [&](auto kernel) {
+      // Up to 64 KB (8192 16-bit columns): over the 48 KB a launch gets
+      // unasked, so ask (per call: it is per device, and costs microseconds).
+      if (smem > std::size_t{48} << 10)
+        check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      kernel<<<static_cast<unsigned>(plan.blocks), static_cast<unsigned>(threads), smem, s>>>(
+          static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
+          static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx),
+          static_cast<const S*>(add), rows, cols, static_cast<int>(plan.threads_per_row), plan.rows_per_lane, pg, pb);
+    };
+    if (plan.packs_per_thread == 1)
+      launch(layernorm_backward_fused_kernel<S, 1>);
+    else
+      launch(layernorm_backward_fused_kernel<S, 2>);
+    check_launch("layernorm_backward (fused)");
+    finish_columns(static_cast<G*>(dgamma), cols, plan.blocks, pg, s, "layernorm_backward dgamma");
+    finish_columns(static_cast<G*>(dbeta), cols, plan.blocks, pb, s, "layernorm_backward dbeta");
+    return true;
+  }
+}
+
 }  // namespace
 
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, double eps, void* y, void* mean,
@@ -230,7 +271,23 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
 
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
-                        i64 rows, i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+                        i64 rows, i64 cols, bool one_pass, kernels::GpuScratch ws, cudaStream_t s) {
+  if (rows == 0) return;
+  if (one_pass && dgamma_type == dbeta_type) {
+    bool done = false;
+    with_storage(t, [&](auto tag) {
+      using S = decltype(tag);
+      const auto run = [&](auto acc) {
+        done = layernorm_backward_fused_t<S, decltype(acc)>(t, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add, rows,
+                                                            cols, ws, s);
+      };
+      if (dgamma_type == DType::F32)
+        run(float{});
+      else if (dgamma_type == t)
+        run(S{});
+    });
+    if (done) return;
+  }
   // Parameter gradients first: dx may overwrite dy. One packed pass over dy
   // and x for both when the accumulators are fp32 (Megatron's main grads).
   bool fused = false;

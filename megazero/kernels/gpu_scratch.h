@@ -127,6 +127,51 @@ inline std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums
   return bytes;
 }
 
+// LayerNorm's one-pass backward (megazero/cuda/layernorm_kernels.cuh): a
+// thread holds `packs_per_thread` 16-byte packs of a row (1 or 2: with its
+// columns' fp32 dgamma/dbeta sums that is what two 512-thread blocks an SM
+// hold in registers at 8192 16-bit columns); `lanes` rows run at once in a
+// block of lanes * threads_per_row <= 512 threads (several only with one pack
+// a thread), each lane over rows_per_lane rows: at least 8, so a block's
+// partial row (cols doubles a sum) costs at most 1/8 of the rows it read, and
+// enough blocks to fill an H100 two deep. packs_per_thread == 0: not fused
+// (fp64, rows not whole packs, over 1024 packs); the launcher also needs
+// 16-byte aligned operands and then takes the split path.
+constexpr i64 kLayerNormFusedMaxThreads = 512;
+constexpr i64 kLayerNormFusedTargetBlocks = 2 * 132;
+constexpr i64 kLayerNormMinRowsPerLane = 8;
+struct LayerNormFusedPlan {
+  int packs_per_thread = 0;
+  i64 threads_per_row = 0, lanes = 0, rows_per_lane = 0, blocks = 0;
+  bool fused() const { return packs_per_thread > 0; }
+  // dgamma's partials, then dbeta's: a row of cols doubles a block each.
+  std::size_t partial_bytes(i64 cols) const {
+    return fused() ? static_cast<std::size_t>(2 * blocks * cols) * sizeof(double) : 0;
+  }
+};
+inline LayerNormFusedPlan layernorm_fused_plan(DType storage, i64 rows, i64 cols) {
+  LayerNormFusedPlan p;
+  if (storage == DType::F64 || rows <= 0 || cols <= 0) return p;
+  const i64 vec = static_cast<i64>(16 / dtype_size(storage));
+  if (cols % vec != 0) return p;
+  const i64 packs = cols / vec, most = kLayerNormFusedMaxThreads;
+  const int per = packs <= most ? 1 : packs <= 2 * most ? 2 : 0;
+  if (per == 0) return p;
+  p.packs_per_thread = per;
+  p.threads_per_row = detail::ceil_div(detail::ceil_div(packs, per), 32) * 32;
+  p.lanes = per == 1 ? std::max<i64>(1, most / p.threads_per_row) : 1;
+  p.rows_per_lane = std::max(kLayerNormMinRowsPerLane, detail::ceil_div(rows, p.lanes * kLayerNormFusedTargetBlocks));
+  p.blocks = detail::ceil_div(rows, p.lanes * p.rows_per_lane);
+  return p;
+}
+
+// layernorm_backward's scratch: the fused pass's partials, or the split
+// path's column sums when the operands' alignment sends it there.
+inline std::size_t layernorm_backward_bytes(DType storage, i64 rows, i64 cols) {
+  return std::max(column_sums_bytes(storage, rows, cols, 2),
+                  layernorm_fused_plan(storage, rows, cols).partial_bytes(cols));
+}
+
 // Launches of a multi-segment optimizer kernel over `segments` ranges: a
 // bound (the launcher merges adjacent ranges and drops empty ones first).
 inline i64 segment_table_chunks(i64 segments) {

@@ -119,7 +119,8 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 }
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx) {
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
+                        LayerNormBackwardPasses passes) {
   constexpr const char* op = "layernorm_backward";
   check_float(op, "x", x);
   const DType dt = x.dtype();
@@ -138,11 +139,11 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
   const Tensor ws =
-      allocate_gpu_scratch(x, gpu_scratch::column_sums_bytes(dt, s.rows, s.cols, 2), "layernorm_backward scratch");
+      allocate_gpu_scratch(x, gpu_scratch::layernorm_backward_bytes(dt, s.rows, s.cols), "layernorm_backward scratch");
   MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
                                          dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(),
-                                         add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, scratch_of(ws),
-                                         stream_of(x)));
+                                         add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols,
+                                         passes == LayerNormBackwardPasses::Auto, scratch_of(ws), stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);

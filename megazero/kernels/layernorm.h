@@ -11,10 +11,20 @@ namespace megazero::kernels {
 // row_stat_dtype(x.dtype())). y may alias x.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& mean,
                        Tensor& rstd);
+// How the CUDA backward reads dy and x: once (dx, dgamma and dbeta in one
+// pass, wherever gpu_scratch::layernorm_fused_plan allows: the default) or
+// twice (the column sums, then dx: what ran before, kept so bench_kernels
+// times one against the other). The CPU kernel has one way.
+enum class LayerNormBackwardPasses { Auto, Split };
+
 // dx = overwritten (may alias dy); dgamma, dbeta accumulated. With add_to_dx,
 // dx = (LayerNorm's input gradient) + *add_to_dx, rounded once: a pre-LN
 // block's residual gradient joins in the same pass (same shape and dtype as dx).
+// dgamma/dbeta are sums in double on the CPU; the CUDA one-pass kernel adds
+// each lane's rows in fp32 first (up to ~125 rows, see layernorm_fused_plan),
+// then in double.
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx = nullptr);
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx = nullptr,
+                        LayerNormBackwardPasses passes = LayerNormBackwardPasses::Auto);
 
 }  // namespace megazero::kernels

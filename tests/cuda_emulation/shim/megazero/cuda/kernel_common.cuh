@@ -46,6 +46,12 @@ struct ComputeOf<__nv_bfloat16> {
 template <typename S>
 using compute_t = typename ComputeOf<S>::type;
 
+// The launch's dynamic shared memory: the emulated block's buffer.
+template <typename T>
+T* dynamic_shared() {
+  return reinterpret_cast<T*>(emu_smem);
+}
+
 template <typename T>
 T block_sum(T v) {
   __shared__ T warp_part[32];

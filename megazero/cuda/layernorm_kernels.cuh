@@ -1,0 +1,163 @@
+// LayerNorm's backward in one pass over dy and x: dx and the dgamma/dbeta
+// partials together (the launcher, layernorm.cu, adds the partials with
+// column_finish_kernel). Kernels only, plain enough for the CPU emulation in
+// tests/cuda_emulation to run them as they are.
+//
+// Why: the split backward (a row kernel for dx, then column_partial_packed_kernel
+// for dgamma/dbeta) reads dy and x twice: 1 GB of extra traffic per LayerNorm
+// of the 100B layer ([32768, 8192] bf16), ~0.22 ms on an H200 each. Here a
+// block holds `lanes` rows at a time, one per lane of `threads_per_row`
+// threads; a thread keeps its columns' dgamma/dbeta sums in fp32 registers
+// over the rows of its lane (gpu_scratch::layernorm_fused_plan: ~125 at most
+// for the 100B layer, 8 for GPT-2 medium), the lanes are added in lane order
+// in double and each block writes one row of double partials. Fixed order everywhere, no atomics:
+// a run repeats bit for bit. (Transformer Engine's LayerNorm backward keeps
+// fp32 partials the same way.)
+#pragma once
+
+#include <cstdint>
+
+#include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/packs.cuh"
+#include "megazero/kernels/gpu_scratch.h"
+
+namespace megazero::cuda::detail_k {
+
+// The largest block the fused kernel is launched with.
+constexpr int kLayerNormFusedMaxThreads = static_cast<int>(kernels::gpu_scratch::kLayerNormFusedMaxThreads);
+
+// Sums a and b over each lane's T threads (lane = threadIdx.x / T, T a
+// multiple of 32); every thread gets its lane's two sums. A xor butterfly
+// leaves every thread of a warp the same value, then the lane's warps are
+// added in order. `parts` (shared, [kLayerNormFusedMaxThreads / 32]) must not
+// be written again before every thread has returned: callers alternate two.
+__device__ __forceinline__ void lane_sums(float& a, float& b, int T, float (*parts)[2]) {
+  for (int o = 16; o > 0; o >>= 1) {
+    a += __shfl_xor_sync(0xffffffffu, a, o);
+    b += __shfl_xor_sync(0xffffffffu, b, o);
+  }
+  const int warp = static_cast<int>(threadIdx.x >> 5), warps = T >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    parts[warp][0] = a;
+    parts[warp][1] = b;
+  }
+  __syncthreads();
+  const int first = warp / warps * warps;
+  a = parts[first][0];
+  b = parts[first][1];
+  for (int w = 1; w < warps; ++w) {
+    a += parts[first + w][0];
+    b += parts[first + w][1];
+  }
+}
+
+// dx (over dy, + add when given) for the rows of this block, and its partial
+// dgamma/dbeta sums: partial_g[blockIdx.x * cols + c] = sum over the block's
+// rows of dy * xhat, partial_b likewise of dy. Block b covers rows
+// [b * lanes * rows_per_lane, ...); lane l of it takes rows first + l,
+// first + l + lanes, ... (rows_per_lane of them). threads_per_row * P *
+// kVec<S> >= cols; blockDim.x = lanes * threads_per_row; mean/rstd fp32 (the
+// fast forward's). The lanes run in step (each row ends in a block barrier),
+// a lane past the last row with zeros.
+//
+// Registers hold the row as 16-byte packs, converted where used; the column
+// sums live in dynamic shared memory, layernorm_fused_smem_bytes of it, at
+// [sum][k][thread] (each thread only ever touches its own slots until the
+// end: no bank conflicts, no barriers). In registers they took the 8192-column
+// kernel to 122 registers a thread, one 512-thread block an SM; this way the
+// kernel needs what the split path's dx kernel needs.
+template <typename S, int P>
+__global__ void __launch_bounds__(kLayerNormFusedMaxThreads, P == 1 ? 3 : 2)
+    layernorm_backward_fused_kernel(const S* dy, const S* x, const S* gamma, const float* mean, const float* rstd,
+                                    S* dx, const S* add, i64 rows, i64 cols, int threads_per_row, i64 rows_per_lane,
+                                    double* partial_g, double* partial_b) {
+  constexpr int V = kVec<S>;
+  constexpr int N = P * V;
+  __shared__ float parts[2][kLayerNormFusedMaxThreads / 32][2];
+  // [2][N][kLayerNormFusedMaxThreads]: dgamma's, then dbeta's; a constant
+  // stride, so the slots' addresses are immediates, not registers.
+  constexpr int kStride = kLayerNormFusedMaxThreads;
+  float* const sums = dynamic_shared<float>() + threadIdx.x;
+  const unsigned bd = blockDim.x, me = threadIdx.x;
+  const int T = threads_per_row;
+  const int lanes = static_cast<int>(bd) / T;
+  const int lane = static_cast<int>(me) / T;
+  const i64 t = static_cast<i64>(me) % T;
+  const i64 first = static_cast<i64>(blockIdx.x) * lanes * rows_per_lane;
+  const float inv = 1.f / static_cast<float>(cols);
+#pragma unroll
+  for (int k = 0; k < 2 * N; ++k) sums[k * kStride] = 0.f;
+  for (i64 i = 0; i < rows_per_lane; ++i) {
+    const i64 r = first + i * lanes + lane;
+    const bool live = r < rows;
+    const i64 row = (live ? r : 0) * cols;
+    Pack<S> pd[P], px[P];
+    float m = 0.f, rs = 0.f;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+      if (live && c0 < cols) {
+        pd[q] = *reinterpret_cast<const Pack<S>*>(dy + row + c0);
+        px[q] = *reinterpret_cast<const Pack<S>*>(x + row + c0);
+      }
+    }
+    if (live) {
+      m = mean[r];
+      rs = rstd[r];
+    }
+    float sg = 0.f, sgx = 0.f;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+      if (!live || c0 >= cols) continue;
+      const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const int k = q * V + j;
+        const float d = ld(pd[q].v[j]), xh = (ld(px[q].v[j]) - m) * rs, g = d * ld(gm.v[j]);
+        sums[k * kStride] += d * xh;
+        sums[(N + k) * kStride] += d;
+        sg += g;
+        sgx += g * xh;
+      }
+    }
+    lane_sums(sg, sgx, T, parts[i & 1]);
+    if (!live) continue;
+    const float mean_g = sg * inv, mean_gx = sgx * inv;
+#pragma unroll
+    for (int q = 0; q < P; ++q) {
+      const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+      if (c0 >= cols) continue;
+      const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+      Pack<S> o, a{};
+      if (add) a = *reinterpret_cast<const Pack<S>*>(add + row + c0);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xh = (ld(px[q].v[j]) - m) * rs, g = ld(pd[q].v[j]) * ld(gm.v[j]);
+        o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(a.v[j]) : 0.f));
+      }
+      *reinterpret_cast<Pack<S>*>(dx + row + c0) = o;
+    }
+  }
+  // Lane 0's threads add the other lanes' sums in lane order, in double.
+  __syncthreads();
+  if (lane != 0) return;
+  for (int s = 0; s < 2; ++s) {
+    double* out = (s == 0 ? partial_g : partial_b) + static_cast<i64>(blockIdx.x) * cols;
+    for (int k = 0; k < N; ++k) {
+      const i64 c = (static_cast<i64>(k / V) * T + t) * V + k % V;
+      if (c >= cols) continue;
+      const float* col = sums - me + (s * N + k) * kStride + t;
+      double sum = col[0];
+      for (int l = 1; l < lanes; ++l) sum += col[l * T];
+      out[c] = sum;
+    }
+  }
+}
+
+// The dynamic shared memory the kernel above needs.
+inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec) {
+  return static_cast<std::size_t>(2 * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float);
+}
+
+}  // namespace megazero::cuda::detail_k

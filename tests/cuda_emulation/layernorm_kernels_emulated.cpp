@@ -1,0 +1,160 @@
+// LayerNorm's one-pass backward (megazero/cuda/layernorm_kernels.cuh: dx and
+// the dgamma/dbeta partials in one kernel, then column_finish_kernel as the
+// launcher layernorm.cu runs it), on the CPU through the emulation in shim/,
+// against kernels::layernorm_backward on the same inputs and statistics:
+// - launches of 1, 3 and 4 lanes a block, one and two packs a thread, rows
+//   that leave the last block's lanes idle at different steps, rows shorter
+//   than their threads' packs, and the plan's launch for GPT-2 medium's width
+//   (the plan's invariants: test_kernel_conventions);
+// - with and without the residual gradient added to dx, dx written over dy;
+// - fp32/bf16/fp16 storage, fp32 accumulators (Megatron's main grads), the
+//   partials pre-filled with garbage (every slot the finish reads is written).
+// dx: within two storage roundings plus fp32 noise (the kernel's statistics
+// and row sums are fp32, the CPU's double). dgamma/dbeta: within one fp32
+// rounding plus (rows a lane sums + lanes) fp32 roundings of the sum of the
+// terms' magnitudes — the lanes' fp32 sums. A row or lane indexed wrong is
+// off by O(1). Exit code 1 on any difference beyond that.
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "emu_checks.h"
+#include "emu_runtime.h"
+#include "megazero/cuda/column_tiles.cuh"
+#include "megazero/cuda/layernorm_kernels.cuh"
+#include "megazero/kernels/gpu_scratch.h"
+#include "megazero/kernels/layernorm.h"
+
+using namespace megazero;
+namespace dk = megazero::cuda::detail_k;
+namespace gs = megazero::kernels::gpu_scratch;
+
+namespace {
+
+using namespace emu_checks;
+
+struct Launch {
+  int packs_per_thread;
+  i64 threads_per_row, lanes, rows_per_lane, blocks;
+};
+
+Launch from_plan(DType t, i64 rows, i64 cols) {
+  const auto p = gs::layernorm_fused_plan(t, rows, cols);
+  if (!p.fused()) {
+    std::printf("FAIL %lld x %lld is not fused: it tests nothing here\n", static_cast<long long>(rows),
+                static_cast<long long>(cols));
+    ++failures;
+  }
+  return {p.packs_per_thread, p.threads_per_row, p.lanes, p.rows_per_lane, p.blocks};
+}
+
+template <DType T>
+void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, bool in_place) {
+  using S = typename Storage<T>::type;
+  const auto xv = randn(static_cast<std::size_t>(rows * cols), rng, 2.0), dv = randn(xv.size(), rng),
+             rv = randn(xv.size(), rng), gv = randn(static_cast<std::size_t>(cols), rng),
+             bv = randn(static_cast<std::size_t>(cols), rng), g0 = randn(static_cast<std::size_t>(cols), rng),
+             b0 = randn(static_cast<std::size_t>(cols), rng);
+  const Tensor x = tensor_of({rows, cols}, xv, T), dy = tensor_of({rows, cols}, dv, T);
+  const Tensor gamma = tensor_of({cols}, gv, T), beta = tensor_of({cols}, bv, T), res = tensor_of({rows, cols}, rv, T);
+  Tensor y = tensor_of({rows, cols}, xv, T);
+  Tensor mean = Tensor::zeros(cpu(), {rows}, DType::F32, MemoryCategory::Other),
+         rstd = mean.clone(MemoryCategory::Other);
+  kernels::layernorm_forward(x, gamma, beta, 1e-5, y, mean, rstd);
+
+  // The CPU.
+  Tensor dxc = tensor_of({rows, cols}, dv, T), dgc = tensor_of({cols}, g0, DType::F32),
+         dbc = tensor_of({cols}, b0, DType::F32);
+  kernels::layernorm_backward(dy, x, gamma, mean, rstd, dxc, dgc, dbc, residual ? &res : nullptr);
+
+  // The emulated GPU.
+  Tensor dyg = dy.clone(MemoryCategory::Other), xg = x.clone(MemoryCategory::Other),
+         gg = gamma.clone(MemoryCategory::Other), rg = res.clone(MemoryCategory::Other);
+  Tensor dxg = in_place ? dyg : tensor_of({rows, cols}, std::vector<double>(xv.size(), std::nan("")), T);
+  Tensor dgg = tensor_of({cols}, g0, DType::F32), dbg = tensor_of({cols}, b0, DType::F32);
+  std::vector<double> partial(static_cast<std::size_t>(2 * l.blocks * cols), -1e300);
+  double* pg = partial.data();
+  double* pb = pg + l.blocks * cols;
+  const unsigned threads = static_cast<unsigned>(l.lanes * l.threads_per_row);
+  const std::size_t smem = dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>);
+  emu_launch(dim3{static_cast<unsigned>(l.blocks), 1, 1}, threads, smem, [&] {
+    const auto go = [&](auto kernel) {
+      kernel(raw<S>(dyg), raw<S>(xg), raw<S>(gg), mean.host_data<float>(), rstd.host_data<float>(), raw<S>(dxg),
+             residual ? raw<S>(rg) : nullptr, rows, cols, static_cast<int>(l.threads_per_row), l.rows_per_lane, pg, pb);
+    };
+    if (l.packs_per_thread == 1)
+      go(dk::layernorm_backward_fused_kernel<S, 1>);
+    else
+      go(dk::layernorm_backward_fused_kernel<S, 2>);
+  });
+  for (Tensor* dst : {&dgg, &dbg}) {
+    double* part = dst == &dgg ? pg : pb;
+    emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, 64, 0,  // 2 row lanes: small, still in lane order
+               [&] { dk::column_finish_kernel<float>(cols, l.blocks, part, dst->host_data<float>()); });
+  }
+
+  double dx_max = 0;
+  for (const double v : values(dxc)) dx_max = std::max(dx_max, std::fabs(v));
+  expect_close(values(dxg), values(dxc), 2 * ulp_of(T), 1e-5 * dx_max, "dx");
+  // The sums' bound: the terms' magnitudes per column, in the CPU's statistics.
+  const auto xs = values(x), ds = values(dy), ms = values(mean), rs = values(rstd);
+  std::vector<double> mag_g(static_cast<std::size_t>(cols)), mag_b(mag_g.size());
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < cols; ++c) {
+      const std::size_t k = static_cast<std::size_t>(r * cols + c);
+      mag_b[static_cast<std::size_t>(c)] += std::fabs(ds[k]);
+      mag_g[static_cast<std::size_t>(c)] +=
+          std::fabs(ds[k] * (xs[k] - ms[static_cast<std::size_t>(r)]) * rs[static_cast<std::size_t>(r)]);
+    }
+  const double steps = static_cast<double>(l.rows_per_lane + l.lanes + 2) * 0x1p-24;
+  const auto got_g = values(dgg), want_g = values(dgc), got_b = values(dbg), want_b = values(dbc);
+  for (std::size_t c = 0; c < got_g.size(); ++c) {
+    check(std::fabs(got_g[c] - want_g[c]) <= 0x1p-23 * std::fabs(want_g[c]) + steps * mag_g[c], "dgamma", got_g[c],
+          want_g[c], c);
+    check(std::fabs(got_b[c] - want_b[c]) <= 0x1p-23 * std::fabs(want_b[c]) + steps * mag_b[c], "dbeta", got_b[c],
+          want_b[c], c);
+  }
+}
+
+template <DType T>
+void all(std::mt19937& rng) {
+  using S = typename Storage<T>::type;
+  constexpr i64 V = dk::kVec<S>;
+  // The kernel takes its shape from the launch, so small blocks (an emulated
+  // thread is a host thread) test what the plan's 512-thread blocks run:
+  // - 4 lanes of one warp, 3 rows a lane, 4 blocks over 37 rows (the last
+  //   block's lanes run out at different steps);
+  const Launch four{1, 32, 4, 3, 4};
+  run<T>(rng, 37, 29 * V, four, true, false);
+  run<T>(rng, 37, 29 * V, four, false, true);
+  // - 3 lanes of two warps, 5 rows a lane, 50 packs a row (the second warp's
+  //   last threads hold none), dx over dy;
+  const Launch three{1, 64, 3, 5, 4};
+  run<T>(rng, 50, 50 * V, three, true, false);
+  run<T>(rng, 50, 50 * V, three, true, true);
+  // - two packs a thread, one lane: 100 packs on 64 threads (the second pack
+  //   only for the first 36).
+  const Launch two{2, 64, 1, 8, 3};
+  run<T>(rng, 20, 100 * V, two, true, false);
+  run<T>(rng, 20, 100 * V, two, false, true);
+}
+
+}  // namespace
+
+int main() {
+  std::mt19937 rng(2026);
+  all<DType::F32>(rng);
+  all<DType::BF16>(rng);
+  all<DType::F16>(rng);
+  // The plan's own launch for GPT-2 medium's rows (4 lanes of 128 threads), on
+  // fewer rows: one block of 512 threads, 8 rows a lane.
+  run<DType::BF16>(rng, 30, 1024, from_plan(DType::BF16, 30, 1024), true, false);
+  if (failures) {
+    std::printf("layernorm_kernels_emulated: %d checks failed\n", failures);
+    return 1;
+  }
+  std::printf(
+      "layernorm_kernels_emulated: the one-pass LayerNorm backward (dx, dgamma, dbeta) matches the CPU (fp32, bf16, "
+      "fp16; 1, 3 and 4 lanes a block; one and two packs a thread)\n");
+  return 0;
+}

@@ -147,6 +147,11 @@ for phase in "$@"; do
         echo "== bench_kernels at GPT-2 medium's shapes (gradient sums, cross-entropy, optimizer passes)"
         bounded 120 $B/bench_kernels --device cuda --dtype bf16 --cols 4096 --hidden 1024 --ce-rows 8192 \
           --ce-vocab 50304 --adam-elements 354871296
+        # The 100B layer's residual width ([32768, 8192]): LayerNorm's backward in one pass
+        # (two packs a thread, 64 KB of shared memory a block) against the split one.
+        echo "== bench_kernels at the 100B layer's residual shape"
+        bounded 120 $B/bench_kernels --device cuda --dtype bf16 --rows 32768 --cols 2048 --hidden 8192 \
+          --ce-rows 1024 --adam-elements 1000000
       } > "$out/kernels.txt" 2>&1
       grep -E "^==|PASSED|FAILED|SKIPPED|tests ran|GB/s" "$out/kernels.txt" | tail -48
       ;;

@@ -4,7 +4,7 @@ would type them: every case must end with its expected exit code within a time
 bound, print its message exactly once (rank 0 speaks for all ranks), and leave
 no process behind. One report lists every case that did not.
 
-  adversarial.py --bin BUILD_DIR --repo REPO [--only SUBSTRING] [--list]
+  adversarial.py --bin BUILD_DIR --repo REPO [--only SUBSTRING] [--list] [--jobs N]
 
 Exit codes: 0 success (with --dry-run where nothing needs training), 2 bad
 input (ConfigError, agreed by every rank). A case is (name, ranks, code, regex,
@@ -12,6 +12,7 @@ argv); argv words may use {TRAIN} {TOPO} {CONVERT} {PREP} {CFG} {TMP} {CK}
 (a checkpoint made once at start-up), {DATA} (a tiny dataset prefix).
 """
 import argparse
+import concurrent.futures
 import os
 import re
 import shutil
@@ -534,6 +535,7 @@ def main():
     p.add_argument("--repo", required=True)
     p.add_argument("--only", default="")
     p.add_argument("--list", action="store_true")
+    p.add_argument("--jobs", type=int, default=3, help="cases run at once")
     a = p.parse_args()
     a.bin, a.repo = os.path.abspath(a.bin), os.path.abspath(a.repo)
     all_cases = [x for x in cases() if a.only in x[0]]
@@ -553,8 +555,8 @@ def main():
                "PREP": os.path.join(a.bin, "tools/preprocess_data"),
                "CFG": os.path.join(a.repo, "configs/gpt_tiny.cfg"), "CK": ck,
                "DATA": os.path.join(a.repo, "data/corpus/kjv_text_document")}
-        t_all = time.time()
-        for i, (name, ranks, code, regex, cmd) in enumerate(all_cases):
+        def run_case(i, case):
+            name, ranks, code, regex, cmd = case
             tmp = os.path.join(root, f"case{i}")
             os.makedirs(tmp)
             subst = dict(exe, TMP=tmp)
@@ -590,9 +592,19 @@ def main():
                 problems.append(f"the message was printed {hits} times, not once")
             if code == E2 and "internal error" in out:
                 problems.append("an internal error instead of a clear message")
-            if problems:
-                failures.append((name, argv, problems, out))
-            print(f"{'FAIL' if problems else 'ok  '} {name} ({took:.1f} s)", flush=True)
+            return name, argv, problems, out, took
+
+        # Most of a case is process start-up and MPI's handshake, so a few run
+        # at once (each in its own directory; the shared checkpoint is only
+        # read, and copied where a case damages it). --jobs 1: one at a time.
+        t_all = time.time()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
+            futures = [pool.submit(run_case, i, case) for i, case in enumerate(all_cases)]
+            for f in futures:
+                name, argv, problems, out, took = f.result()
+                if problems:
+                    failures.append((name, argv, problems, out))
+                print(f"{'FAIL' if problems else 'ok  '} {name} ({took:.1f} s)", flush=True)
         stray = subprocess.run(["pgrep", "-f", root], stdout=subprocess.PIPE).stdout.decode().split()
         if stray:
             failures.append(("no stray processes", [], [f"processes left: {stray}"], ""))

@@ -12,19 +12,19 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
   targets_ = targets;
   vocab_start_ = vocab_start;
   valid_ = valid;
-  row_max_ = ctx_.row_stats({n});
+  Tensor row_max = ctx_.row_stats({n});
   // Both sums share one all-reduce: row 0 the sum of exponentials, row 1 the
   // target logit (which only its owning rank contributes).
   Tensor sums = ctx_.row_stats({2, n});
   sum_exp_ = sums.narrow(0, 0, 1).view({n});
   Tensor target_logit = sums.narrow(0, 1, 1).view({n});
-  kernels::cross_entropy_forward(logits, targets, vocab_start, valid, row_max_, sum_exp_, target_logit);
-  exp_logits_ = logits;
-  global_max_ = row_max_;
+  kernels::cross_entropy_forward(logits, targets, vocab_start, valid, row_max, sum_exp_, target_logit);
+  logits_ = logits;
+  global_max_ = row_max;
   if (ctx_.size() > 1) {
-    global_max_ = row_max_.clone(MemoryCategory::Activations);
+    global_max_ = row_max.clone(MemoryCategory::Activations);
     ctx_.tp->all_reduce(global_max_, ReduceOp::Max).wait();
-    kernels::rescale_sum_exp(row_max_, global_max_, sum_exp_);
+    kernels::rescale_sum_exp(row_max, global_max_, sum_exp_);
   }
   ReduceFromTpRegion::forward(*ctx_.tp, sums);
   Tensor losses = ctx_.row_stats({n});
@@ -33,15 +33,14 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
 }
 
 Tensor VocabParallelCrossEntropy::backward(double scale) {
-  MZ_CHECK(exp_logits_.defined(), "cross-entropy backward before forward");
-  Tensor dlogits = exp_logits_;  // in place: the exponentials are read once, here
+  MZ_CHECK(logits_.defined(), "cross-entropy backward before forward");
+  Tensor dlogits = logits_;  // in place: the logits are read once more, here
   const double per_token = dlogits.size(0) > 0 ? scale / static_cast<double>(dlogits.size(0)) : 0.0;
-  kernels::cross_entropy_backward(exp_logits_, row_max_, global_max_, sum_exp_, targets_, vocab_start_, valid_,
-                                  per_token, dlogits);
+  kernels::cross_entropy_backward(logits_, global_max_, sum_exp_, targets_, vocab_start_, valid_, per_token, dlogits);
   release();
   return dlogits;
 }
 
-void VocabParallelCrossEntropy::release() { exp_logits_ = targets_ = row_max_ = global_max_ = sum_exp_ = Tensor(); }
+void VocabParallelCrossEntropy::release() { logits_ = targets_ = global_max_ = sum_exp_ = Tensor(); }
 
 }  // namespace megazero::layers

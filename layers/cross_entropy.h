@@ -3,9 +3,10 @@
 // the target logit are completed by two TP all-reduces (max; then the sums,
 // each rank's rescaled to the global max). Padding columns (vocabulary
 // padding) are excluded from the softmax, so the loss and its gradient do not
-// depend on the TP degree. The logits tensor is overwritten by its
-// exponentials in forward and by its gradient in backward (Megatron's in-place
-// softmax): the head holds one [N, V/tp] tensor, not two. The per-token losses
+// depend on the TP degree. The forward only reads the logits; the backward
+// recomputes the exponentials from them and writes the gradient over them
+// (Megatron's in-place softmax gradient): the head holds one [N, V/tp]
+// tensor, not two, and writes it once. The per-token losses
 // stay on the device; only the TP all-reduces wait (on MPI, for the host copy).
 #pragma once
 
@@ -17,8 +18,8 @@ class VocabParallelCrossEntropy {
  public:
   explicit VocabParallelCrossEntropy(const TpContext& ctx) : ctx_(ctx) {}
   // logits [N, V_local] covering global columns [vocab_start, vocab_start + V_local),
-  // of which the first `valid` are real; CONSUMED (overwritten, kept for the
-  // backward). Returns the per-token losses [N] on the logits' device
+  // of which the first `valid` are real; kept for the backward, which
+  // overwrites them with their gradient. Returns the per-token losses [N] on the logits' device
   // (kernels::row_stat_dtype of the logits).
   Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid);
   // d(scale * mean loss) / d logits, in the forward's logits tensor.
@@ -30,7 +31,7 @@ class VocabParallelCrossEntropy {
   TpContext ctx_;
   // Held from forward to backward only: a tensor kept across steps would sit
   // in the middle of the next step's allocations (and of a device arena).
-  Tensor exp_logits_, targets_, row_max_, global_max_, sum_exp_;
+  Tensor logits_, targets_, global_max_, sum_exp_;
   std::int64_t vocab_start_ = 0, valid_ = 0;
 };
 

@@ -13,15 +13,15 @@
 namespace megazero::cuda {
 using namespace detail_k;
 
-void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                           i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s) {
+void cross_entropy_forward(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows,
+                           i64 cols, i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s) {
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
     const auto launch = [&](auto kernel) {
-      kernel<<<static_cast<unsigned>(rows), 512, 0, s>>>(static_cast<S*>(logits), targets, vocab_start, cols, valid,
-                                                         static_cast<C*>(row_max), static_cast<C*>(sum_exp),
+      kernel<<<static_cast<unsigned>(rows), 512, 0, s>>>(static_cast<const S*>(logits), targets, vocab_start, cols,
+                                                         valid, static_cast<C*>(row_max), static_cast<C*>(sum_exp),
                                                          static_cast<C*>(target_logit));
     };
     if (cols % kVec<S> == 0 && aligned16(logits))
@@ -80,19 +80,19 @@ void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp,
     cross_entropy_loss_t<float>(global_max, sum_exp, target_logit, rows, loss, s);
 }
 
-void cross_entropy_backward(DType t, const void* exp_logits, const void* row_max, const void* global_max,
-                            const void* sum_exp, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                            i64 valid, double scale, void* dlogits, cudaStream_t s) {
+void cross_entropy_backward(DType t, const void* logits, const void* global_max, const void* sum_exp,
+                            const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols, i64 valid, double scale,
+                            void* dlogits, cudaStream_t s) {
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
     const auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(rows), 512, 0, s>>>(
-          static_cast<const S*>(exp_logits), static_cast<const C*>(row_max), static_cast<const C*>(global_max),
-          static_cast<const C*>(sum_exp), targets, vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+          static_cast<const S*>(logits), static_cast<const C*>(global_max), static_cast<const C*>(sum_exp), targets,
+          vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
     };
-    if (cols % kVec<S> == 0 && aligned16(exp_logits) && aligned16(dlogits))
+    if (cols % kVec<S> == 0 && aligned16(logits) && aligned16(dlogits))
       launch(cross_entropy_backward_kernel<S, kVec<S>>);
     else
       launch(cross_entropy_backward_kernel<S, 1>);

@@ -9,13 +9,13 @@
 
 namespace megazero::cuda {
 
-void cross_entropy_forward(DType t, void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                           i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s);
+void cross_entropy_forward(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows,
+                           i64 cols, i64 valid, void* row_max, void* sum_exp, void* target_logit, cudaStream_t s);
 void rescale_sum_exp(DType stat, const void* row_max, const void* global_max, i64 rows, void* sum_exp, cudaStream_t s);
 void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp, const void* target_logit, i64 rows,
                         void* loss, cudaStream_t s);
-void cross_entropy_backward(DType t, const void* exp_logits, const void* row_max, const void* global_max,
-                            const void* sum_exp, const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols,
-                            i64 valid, double scale, void* dlogits, cudaStream_t s);
+void cross_entropy_backward(DType t, const void* logits, const void* global_max, const void* sum_exp,
+                            const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols, i64 valid, double scale,
+                            void* dlogits, cudaStream_t s);
 
 }  // namespace megazero::cuda

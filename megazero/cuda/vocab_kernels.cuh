@@ -83,70 +83,67 @@ __global__ void embedding_backward_runs_kernel(const S* g, const int* keys, cons
 
 // One block per row, each thread loading V adjacent logits at a time (the
 // launcher picks V = kVec<S> when cols is whole 16-byte packs and the rows are
-// aligned, else 1; the 2026-11-24 H100 profile had the element-by-element
-// kernels at ~1.2 TB/s). The row is read twice (max, then exponentials): the
-// second sweep mostly hits L2. The target logit is read before the barrier
-// inside block_max, so before any thread overwrites the row.
+// aligned, else 1). The row is read once and nothing is written over it: each
+// thread keeps a running max and the sum of exp(logit - that max), rescaling
+// the sum (in double) when a pack raises the max; the threads' sums are then
+// rescaled to the row's max and added. (Two sweeps read a GPT-2 row of 100 KB
+// twice and wrote it once, with ~500 rows in flight: more than L2 holds.)
 template <typename S, int V>
-__global__ void cross_entropy_forward_kernel(S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
+__global__ void cross_entropy_forward_kernel(const S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
                                              i64 valid, compute_t<S>* row_max, compute_t<S>* sum_exp,
                                              compute_t<S>* target_logit) {
   using C = compute_t<S>;
   using P = Vec<S, V>;
   const i64 r = blockIdx.x, packs = cols / V;
-  S* lr = logits + r * cols;
-  P* pr = reinterpret_cast<P*>(lr);
+  const S* lr = logits + r * cols;
+  const P* pr = reinterpret_cast<const P*>(lr);
   if (threadIdx.x == 0) {
     const i64 t = local_column(targets[r], vocab_start, valid);
     target_logit[r] = t >= 0 ? ld(lr[t]) : C(0);  // 0: the all-reduce sums over ranks
   }
   C mx = -INFINITY;  // a slice of only padding contributes nothing
-  for (i64 q = threadIdx.x; q < packs; q += blockDim.x) {
-    const P p = pr[q];
-#pragma unroll
-    for (int j = 0; j < V; ++j)
-      if (q * V + j < valid) mx = max(mx, ld(p.v[j]));
-  }
-  mx = block_max(mx);
   double sum = 0;
   for (i64 q = threadIdx.x; q < packs; q += blockDim.x) {
-    P p = pr[q];
+    const P p = pr[q];
+    C pm = -INFINITY;
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      if (q * V + j < valid) {
-        const C e = exp(ld(p.v[j]) - mx);
-        sum += e;
-        p.v[j] = st<S>(e);
-      } else {
-        p.v[j] = st<S>(C(0));
-      }
+    for (int j = 0; j < V; ++j)
+      if (q * V + j < valid) pm = max(pm, ld(p.v[j]));
+    if (pm > mx) {  // rare after the first packs; exp(-inf) = 0 the first time
+      sum *= exp(static_cast<double>(mx) - static_cast<double>(pm));
+      mx = pm;
     }
-    pr[q] = p;
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      if (q * V + j < valid) sum += exp(ld(p.v[j]) - mx);
   }
+  const C row = block_max(mx);
+  sum = mx == -INFINITY ? 0.0 : sum * exp(static_cast<double>(mx) - static_cast<double>(row));
   sum = block_sum(sum);
   if (threadIdx.x == 0) {
-    row_max[r] = mx;
+    row_max[r] = row;
     sum_exp[r] = static_cast<C>(sum);
   }
 }
 
-// V as for the forward.
+// V as for the forward. The softmax's exponentials are recomputed from the
+// logits, exp(logit - global_max) in the compute type, and scaled in double.
 template <typename S, int V>
-__global__ void cross_entropy_backward_kernel(const S* exp_logits, const compute_t<S>* row_max,
-                                              const compute_t<S>* global_max, const compute_t<S>* sum_exp,
-                                              const std::int64_t* targets, i64 vocab_start, i64 cols, i64 valid,
-                                              double scale, S* dlogits) {
+__global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S>* global_max,
+                                              const compute_t<S>* sum_exp, const std::int64_t* targets, i64 vocab_start,
+                                              i64 cols, i64 valid, double scale, S* dlogits) {
+  using C = compute_t<S>;
   using P = Vec<S, V>;
   const i64 r = blockIdx.x, packs = cols / V;
-  const S* er = exp_logits + r * cols;
-  const P* pe = reinterpret_cast<const P*>(er);
+  const S* lr = logits + r * cols;
+  const P* pe = reinterpret_cast<const P*>(lr);
   P* pd = reinterpret_cast<P*>(dlogits + r * cols);
   // The CPU kernel's expression, operation for operation.
-  const double f = scale * (exp(static_cast<double>(row_max[r]) - static_cast<double>(global_max[r])) /
-                            static_cast<double>(sum_exp[r]));
+  const double f = scale / static_cast<double>(sum_exp[r]);
+  const C gm = global_max[r];
   const i64 t = local_column(targets[r], vocab_start, valid);
-  // Every thread reads the target's value before any thread writes (dlogits may alias exp_logits).
-  const double target_grad = t >= 0 ? static_cast<double>(ld(er[t])) * f - scale : 0.0;
+  // Every thread reads the target's logit before any thread writes (dlogits may alias the logits).
+  const double target_grad = t >= 0 ? static_cast<double>(exp(ld(lr[t]) - gm)) * f - scale : 0.0;
   __syncthreads();
   for (i64 q = threadIdx.x; q < packs; q += blockDim.x) {
     const P e = pe[q];
@@ -155,11 +152,11 @@ __global__ void cross_entropy_backward_kernel(const S* exp_logits, const compute
     for (int j = 0; j < V; ++j) {
       const i64 c = q * V + j;
       if (c >= valid)
-        d.v[j] = st<S>(compute_t<S>(0));
+        d.v[j] = st<S>(C(0));
       else if (c == t)
         d.v[j] = st<S>(target_grad);
       else
-        d.v[j] = st<S>(static_cast<double>(ld(e.v[j])) * f);
+        d.v[j] = st<S>(static_cast<double>(exp(ld(e.v[j]) - gm)) * f);
     }
     pd[q] = d;
   }

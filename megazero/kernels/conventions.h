@@ -18,9 +18,7 @@
 //    the math is the fp32 path's (softmax, cross-entropy, LayerNorm and all
 //    sums keep their fp32/double accumulations), and each result is rounded
 //    ONCE, to nearest even (a value computed in double is not rounded to fp32
-//    first). One exception: the cross-entropy keeps its exponentials in the
-//    16-bit logits tensor, so its dlogits are rounded twice (Megatron's
-//    in-place softmax; see cross_entropy_forward). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
+//    first). fp64 computes in fp64; fp32 and fp64 results are bit for bit what
 //    they were before 16-bit storage, and no result depends on the thread count.
 //  - The softmax exponentials (cross-entropy, causal softmax, fused attention)
 //    and the GeLU's tanh of fp32 and 16-bit tensors are libmvec's vector expf

@@ -39,67 +39,69 @@ VocabSlice check_logits(const char* op, const Tensor& logits, i64 valid) {
   return {logits.size(0), logits.size(1), valid};
 }
 
-// One row at a time, so the second sweep over it reads cache, not memory.
-// The exponentials are vector_math's (libmvec) for fp32 and 16-bit rows.
-template <typename S, typename C = compute_t<S>>
-void cross_entropy_forward_cpu(S* logits, const std::int64_t* targets, i64 vocab_start, VocabSlice s, C* row_max,
-                               C* sum_exp, C* target_logit) {
-#pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
-  for (i64 r = 0; r < s.rows; ++r) {
-    S* lr = logits + r * s.cols;
-    const i64 t = local_column(targets[r], vocab_start, s.valid);
-    target_logit[r] = t >= 0 ? ld(lr[t]) : C{0};  // 0: the all-reduce sums over ranks
-    // The row in the compute type: itself, or a per-thread copy of a 16-bit row.
-    C* x;
-    if constexpr (std::is_same_v<S, C>) {
-      x = lr;
-    } else {
-      x = row_scratch<C>(s.valid);
-      for (i64 c = 0; c < s.valid; ++c) x[c] = ld(lr[c]);
-    }
-    const C mx = scaled_max(x, C{1}, s.valid);  // -inf: a slice of only padding contributes nothing
-    const double sum = exp_scaled_shifted(x, C{1}, mx, x, s.valid);
-    if constexpr (!std::is_same_v<S, C>)
-      for (i64 c = 0; c < s.valid; ++c) lr[c] = st<S>(x[c]);
-    for (i64 c = s.valid; c < s.cols; ++c) lr[c] = zero<S>();
-    row_max[r] = mx;
-    sum_exp[r] = static_cast<C>(sum);
+// The row in the compute type: the logits themselves (fp32, fp64), or the
+// 16-bit row widened into `scratch`.
+template <typename S, typename C>
+const C* widened_row(const S* row, i64 n, C* scratch) {
+  if constexpr (std::is_same_v<S, C>) {
+    return row;
+  } else {
+    for (i64 c = 0; c < n; ++c) scratch[c] = ld(row[c]);
+    return scratch;
   }
 }
 
-// exp(row_max - global_max) / sum_exp: what turns a row's exponentials into
-// probabilities. 0 for a slice of only padding (row_max = -inf).
-template <typename C>
-double softmax_factor(C row_max, C global_max, C sum_exp) {
-  return std::exp(static_cast<double>(row_max) - static_cast<double>(global_max)) / static_cast<double>(sum_exp);
+// The row's exponentials go to a per-thread scratch row (the logits stay as
+// they are); a 16-bit row is widened into it first and exponentiated in
+// place. The exponentials are vector_math's (libmvec) for fp32 and 16-bit rows.
+template <typename S, typename C = compute_t<S>>
+void cross_entropy_forward_cpu(const S* logits, const std::int64_t* targets, i64 vocab_start, VocabSlice s, C* row_max,
+                               C* sum_exp, C* target_logit) {
+#pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.valid > kParallelMin)
+  for (i64 r = 0; r < s.rows; ++r) {
+    const S* lr = logits + r * s.cols;
+    const i64 t = local_column(targets[r], vocab_start, s.valid);
+    target_logit[r] = t >= 0 ? ld(lr[t]) : C{0};  // 0: the all-reduce sums over ranks
+    C* e = row_scratch<C>(s.valid);
+    const C* x = widened_row(lr, s.valid, e);
+    const C mx = scaled_max(x, C{1}, s.valid);  // -inf: a slice of only padding contributes nothing
+    row_max[r] = mx;
+    sum_exp[r] = static_cast<C>(exp_scaled_shifted(x, C{1}, mx, e, s.valid));
+  }
 }
 
 // Cloned per ISA (picked at load time): the 16-bit rows' store, a double
 // product rounded to odd in fp32 and then to 16 bits, vectorises 8 doubles
 // wide with AVX-512 (bf16 [1024, 25216]: 69 -> 38 ms on one thread).
 template <typename S, typename C = compute_t<S>>
-__attribute__((target_clones("avx512f", "avx2", "default"))) void cross_entropy_backward_cpu(
-    const S* exp_logits, const C* row_max, const C* global_max, const C* sum_exp, const std::int64_t* targets,
-    i64 vocab_start, VocabSlice s, double scale, S* dlogits) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void scale_row_into(const C* e, double f, i64 n, S* d) {
+#pragma omp simd
+  for (i64 c = 0; c < n; ++c) d[c] = st<S>(static_cast<double>(e[c]) * f);
+}
+
+template <typename S, typename C = compute_t<S>>
+void cross_entropy_backward_cpu(const S* logits, const C* global_max, const C* sum_exp, const std::int64_t* targets,
+                                i64 vocab_start, VocabSlice s, double scale, S* dlogits) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
-    const S* er = exp_logits + r * s.cols;
+    const S* lr = logits + r * s.cols;
     S* dr = dlogits + r * s.cols;
-    const double f = scale * softmax_factor(row_max[r], global_max[r], sum_exp[r]);
+    // The softmax's exponentials, computed as the forward's are (into the
+    // scratch row, so dlogits may alias the logits), then scaled in double.
+    C* e = row_scratch<C>(s.valid);
+    exp_scaled_shifted(widened_row(lr, s.valid, e), C{1}, global_max[r], e, s.valid);
+    const double f = scale / static_cast<double>(sum_exp[r]);
     const i64 t = local_column(targets[r], vocab_start, s.valid);
-    // Taken before the loop (dlogits may alias exp_logits) and in double, so
-    // the one-hot subtraction is not rounded twice.
-    const double target_grad = t >= 0 ? static_cast<double>(ld(er[t])) * f - scale : 0.0;
-#pragma omp simd
-    for (i64 c = 0; c < s.valid; ++c) dr[c] = st<S>(static_cast<double>(ld(er[c])) * f);
-    if (t >= 0) dr[t] = st<S>(target_grad);
+    scale_row_into<S>(e, f, s.valid, dr);
+    // In double, so the one-hot subtraction is not rounded twice.
+    if (t >= 0) dr[t] = st<S>(static_cast<double>(e[t]) * f - scale);
     for (i64 c = s.valid; c < s.cols; ++c) dr[c] = zero<S>();
   }
 }
 
 }  // namespace
 
-void cross_entropy_forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
                            Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
   constexpr const char* op = "cross_entropy_forward";
   const VocabSlice s = check_logits(op, logits, valid);
@@ -116,8 +118,8 @@ void cross_entropy_forward(Tensor& logits, const Tensor& targets, std::int64_t v
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    cross_entropy_forward_cpu<S>(ptr<S>(logits), ptr<const std::int64_t>(targets), vocab_start, s, ptr<C>(row_max),
-                                 ptr<C>(sum_exp), ptr<C>(target_logit));
+    cross_entropy_forward_cpu<S>(ptr<const S>(logits), ptr<const std::int64_t>(targets), vocab_start, s,
+                                 ptr<C>(row_max), ptr<C>(sum_exp), ptr<C>(target_logit));
   });
 }
 
@@ -185,30 +187,28 @@ void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const T
   });
 }
 
-void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, const Tensor& global_max,
-                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
-                            double scale, Tensor& dlogits) {
+void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, const Tensor& sum_exp,
+                            const Tensor& targets, std::int64_t vocab_start, std::int64_t valid, double scale,
+                            Tensor& dlogits) {
   constexpr const char* op = "cross_entropy_backward";
-  const VocabSlice s = check_logits(op, exp_logits, valid);
-  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"global_max", &global_max}, {"sum_exp", &sum_exp}}) {
-    check_stat(op, name, *t, exp_logits, exp_logits.dtype());
+  const VocabSlice s = check_logits(op, logits, valid);
+  for (const auto& [name, t] : {Named{"global_max", &global_max}, {"sum_exp", &sum_exp}}) {
+    check_stat(op, name, *t, logits, logits.dtype());
     check_rows(op, name, *t, s.rows);
   }
-  check_operand(op, "targets", targets, exp_logits, DType::I64);
+  check_operand(op, "targets", targets, logits, DType::I64);
   check_rows(op, "targets", targets, s.rows);
-  check_operand(op, "dlogits", dlogits, exp_logits, exp_logits.dtype());
-  check_shape(op, "dlogits", dlogits, exp_logits.shape());
-  MZ_ON_CUDA(exp_logits,
-             cuda::cross_entropy_backward(exp_logits.dtype(), exp_logits.data(), row_max.data(), global_max.data(),
-                                          sum_exp.data(), ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols,
-                                          s.valid, scale, dlogits.data(), stream_of(exp_logits)));
-  if (!on_host(op, exp_logits)) return;
-  with_storage_type(exp_logits.dtype(), [&](auto tag) {
+  check_operand(op, "dlogits", dlogits, logits, logits.dtype());
+  check_shape(op, "dlogits", dlogits, logits.shape());
+  MZ_ON_CUDA(logits, cuda::cross_entropy_backward(logits.dtype(), logits.data(), global_max.data(), sum_exp.data(),
+                                                  ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols,
+                                                  s.valid, scale, dlogits.data(), stream_of(logits)));
+  if (!on_host(op, logits)) return;
+  with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
-    cross_entropy_backward_cpu<S>(ptr<const S>(exp_logits), ptr<const C>(row_max), ptr<const C>(global_max),
-                                  ptr<const C>(sum_exp), ptr<const std::int64_t>(targets), vocab_start, s, scale,
-                                  ptr<S>(dlogits));
+    cross_entropy_backward_cpu<S>(ptr<const S>(logits), ptr<const C>(global_max), ptr<const C>(sum_exp),
+                                  ptr<const std::int64_t>(targets), vocab_start, s, scale, ptr<S>(dlogits));
   });
 }
 

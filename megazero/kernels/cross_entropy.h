@@ -1,6 +1,5 @@
-// The vocabulary-parallel cross-entropy's pieces, the softmax kept in place as
-// Megatron does; layers/cross_entropy.cpp puts them together with the TP
-// reductions. Dtype rules: conventions.h.
+// The vocabulary-parallel cross-entropy's pieces; layers/cross_entropy.cpp
+// puts them together with the TP reductions. Dtype rules: conventions.h.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +14,15 @@ namespace megazero::kernels {
 // Statistics (row_max, global_max, sum_exp, target_logit, loss) are [N] of
 // row_stat_dtype(logits.dtype()).
 //
-// Forward, one row at a time (read twice, the second time from cache):
-// row_max = the max of this rank's columns;
-// target_logit = logits[n, t - vocab_start] if this rank holds the target t,
-// else 0 (the TP sum completes it); then the row is OVERWRITTEN with
-// exp(logits - row_max) (padding: 0), and sum_exp = the sum of those values
-// before rounding, taken in double. Nothing reads the logits again: the
-// backward needs only the exponentials, so no second [N, V_local] tensor.
-void cross_entropy_forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+// Forward, reading the logits and writing nothing over them: row_max = the max
+// of this rank's columns; sum_exp = the sum of exp(logits - row_max) over
+// them, taken in double (the CUDA kernel reads each row once, rescaling its
+// running sum when the running max grows); target_logit = logits[n, t -
+// vocab_start] if this rank holds the target t, else 0 (the TP sum completes
+// it). The backward recomputes the exponentials from the logits, so the
+// [N, V_local] tensor is written once a step (by the backward) where keeping
+// the exponentials in place wrote it twice.
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
                            Tensor& row_max, Tensor& sum_exp, Tensor& target_logit);
 // Tensor parallel: given global_max = the max over the TP ranks of row_max,
 // sum_exp *= exp(row_max - global_max), after which the ranks' sums add up.
@@ -30,11 +30,12 @@ void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& su
 // loss[n] = log(sum_exp[n]) + global_max[n] - target_logit[n], with sum_exp and
 // target_logit completed over the TP group (computed in double, rounded once).
 void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss);
-// dlogits = scale * (softmax - onehot(target)) from cross_entropy_forward's
-// exponentials: softmax = exp_logits * exp(row_max - global_max) / sum_exp
-// (sum_exp completed over TP); padding columns get 0. dlogits may alias exp_logits.
-void cross_entropy_backward(const Tensor& exp_logits, const Tensor& row_max, const Tensor& global_max,
-                            const Tensor& sum_exp, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
-                            double scale, Tensor& dlogits);
+// dlogits = scale * (softmax - onehot(target)) with softmax = exp(logits -
+// global_max) / sum_exp (the exponential in the compute type, the product in
+// double, rounded once; sum_exp completed over TP); padding columns get 0.
+// dlogits may alias logits.
+void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, const Tensor& sum_exp,
+                            const Tensor& targets, std::int64_t vocab_start, std::int64_t valid, double scale,
+                            Tensor& dlogits);
 
 }  // namespace megazero::kernels

@@ -33,11 +33,14 @@ using namespace emu_checks;
 // valid < cols: padding columns; valid == 0: a rank whose slice is all padding.
 // Packed: the kernels as the launcher runs them on whole aligned 16-byte
 // packs (cols 48; the padding starts inside a pack), else element by element.
+// wide > 0: rows of `wide` columns on 32 threads, several packs a thread, so
+// each thread's running max rises and its sum is rescaled on the way.
 template <DType T, bool Packed>
-void cross_entropy(std::mt19937& rng, i64 valid = 41) {
+void cross_entropy(std::mt19937& rng, i64 valid = 41, i64 wide = 0) {
   using S = typename Storage<T>::type;
   constexpr int V = Packed ? dk::kVec<S> : 1;
-  const i64 n = 7, cols = Packed ? 48 : 45, start = 100;
+  const i64 n = 7, cols = wide > 0 ? wide : Packed ? 48 : 45, start = 100;
+  const unsigned threads = wide > 0 ? 32 : 64;
   std::uniform_real_distribution<double> u(-6, 6);
   std::vector<double> lv(static_cast<std::size_t>(n * cols));
   for (auto& x : lv) x = u(rng);
@@ -53,24 +56,25 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41) {
   Tensor lc = tensor_of({n, cols}, lv, T), mc = stats(), sc = stats(), tc = stats();
   kernels::cross_entropy_forward(lc, targets, start, valid, mc, sc, tc);
   Tensor lg = tensor_of({n, cols}, lv, T), mg = stats(), sg = stats(), tg = stats();
-  emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
+  const auto before = values(lg);
+  emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
     dk::cross_entropy_forward_kernel<S, V>(raw<S>(lg), tp, start, cols, valid, mg.host_data<float>(),
                                            sg.host_data<float>(), tg.host_data<float>());
   });
   expect_close(values(mg), values(mc), 0, 0, "row max (exact)");
   expect_close(values(tg), values(tc), 0, 0, "target logit (exact; 0 off the slice)");
-  expect_close(values(sg), values(sc), 1e-6, 0, "sum of exponentials");
-  expect_close(values(lg), values(lc), ulp_of(T), 0, "exponentials written over the logits (padding 0)");
+  expect_close(values(sg), values(sc), 1e-6, 0, "sum of exponentials (running, rescaled)");
+  expect_close(values(lg), before, 0, 0, "logits left as they were");
 
   // Backward in place, as if another rank's max were larger (the TP rescale).
   Tensor gmax = stats();
   for (i64 r = 0; r < n; ++r) gmax.host_data<float>()[r] = mc.host_data<float>()[r] + 0.75f * static_cast<float>(r % 2);
   kernels::rescale_sum_exp(mc, gmax, sc);
   Tensor sg2 = sc.clone(MemoryCategory::Other);
-  kernels::cross_entropy_backward(lc, mc, gmax, sc, targets, start, valid, 0.25, lc);
-  emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
-    dk::cross_entropy_backward_kernel<S, V>(raw<S>(lg), mg.host_data<float>(), gmax.host_data<float>(),
-                                            sg2.host_data<float>(), tp, start, cols, valid, 0.25, raw<S>(lg));
+  kernels::cross_entropy_backward(lc, gmax, sc, targets, start, valid, 0.25, lc);
+  emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
+    dk::cross_entropy_backward_kernel<S, V>(raw<S>(lg), gmax.host_data<float>(), sg2.host_data<float>(), tp, start,
+                                            cols, valid, 0.25, raw<S>(lg));
   });
   const auto want = values(lc);
   expect_close(values(lg), want, 2 * ulp_of(T), 1e-7, "dlogits in place");
@@ -128,9 +132,12 @@ int main() {
   cross_entropy<DType::BF16, true>(rng);
   cross_entropy<DType::F16, true>(rng);
   cross_entropy<DType::BF16, true>(rng, 0);
+  cross_entropy<DType::BF16, true>(rng, 1270, 32 * 8 * 5);  // 5 packs a thread, padding in the last
+  cross_entropy<DType::F32, true>(rng, 637, 32 * 4 * 5);
+  cross_entropy<DType::F16, false>(rng, 290, 300);
   embedding<DType::F32>(rng);
   embedding<DType::BF16>(rng);
-  embedding<DType::F32>(rng, 33, 33);  // every token the same row: a run of 300
+  embedding<DType::F32>(rng, 33, 33);       // every token the same row: a run of 300
   embedding<DType::BF16>(rng, 0, 79, 300);  // rows wider than a tile of columns
   embedding<DType::F32>(rng, 30, 33, 300);  // long runs, several tiles
   if (failures) {

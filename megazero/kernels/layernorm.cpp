@@ -120,7 +120,7 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
 
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                         Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
-                        LayerNormBackwardPasses passes) {
+                        [[maybe_unused]] LayerNormBackwardPasses passes) {
   constexpr const char* op = "layernorm_backward";
   check_float(op, "x", x);
   const DType dt = x.dtype();

@@ -7,12 +7,12 @@
 // for dgamma/dbeta) reads dy and x twice: 1 GB of extra traffic per LayerNorm
 // of the 100B layer ([32768, 8192] bf16), ~0.22 ms on an H200 each. Here a
 // block holds `lanes` rows at a time, one per lane of `threads_per_row`
-// threads; a thread keeps its columns' dgamma/dbeta sums in fp32 registers
-// over the rows of its lane (gpu_scratch::layernorm_fused_plan: ~125 at most
+// threads; a thread keeps its columns' dgamma/dbeta sums in fp32 (in shared
+// memory) over the rows of its lane (gpu_scratch::layernorm_fused_plan: 125
 // for the 100B layer, 8 for GPT-2 medium), the lanes are added in lane order
-// in double and each block writes one row of double partials. Fixed order everywhere, no atomics:
-// a run repeats bit for bit. (Transformer Engine's LayerNorm backward keeps
-// fp32 partials the same way.)
+// in double and each block writes one row of double partials. Fixed order
+// everywhere, no atomics: a run repeats bit for bit. (Transformer Engine's
+// LayerNorm backward keeps fp32 partials the same way.)
 #pragma once
 
 #include <cstdint>

@@ -67,7 +67,7 @@ __device__ __forceinline__ void lane_sums(float& a, float& b, int T, float (*par
 // kernel to 122 registers a thread, one 512-thread block an SM; this way the
 // kernel needs what the split path's dx kernel needs.
 template <typename S, int P>
-__global__ void __launch_bounds__(kLayerNormFusedMaxThreads, P == 1 ? 3 : 2)
+__global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     layernorm_backward_fused_kernel(const S* dy, const S* x, const S* gamma, const float* mean, const float* rstd,
                                     S* dx, const S* add, i64 rows, i64 cols, int threads_per_row, i64 rows_per_lane,
                                     double* partial_g, double* partial_b) {

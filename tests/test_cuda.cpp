@@ -382,32 +382,39 @@ TEST_F(Cuda, EmbeddingBackwardSortFitsItsPlannedScratch) {
   }
 }
 
+// A TP slice with padding (375 packs a row: at most one a thread of the
+// kernels' 512), then GPT-2's whole vocabulary (~12 packs a thread: the
+// forward's running max rises and its sum is rescaled within a thread).
 TEST_F(Cuda, VocabParallelCrossEntropyPieces) {
-  for (DType dt : kTypes) {
-    const std::int64_t N = 33, Vl = 3000, valid = 2900, start = 6000;
-    auto logits = random({N, Vl}, dt, -8, 8);
-    auto tgt = ids(N, 5000, 10000);  // some targets on this slice, some elsewhere
-    const DType st = k::row_stat_dtype(dt);
-    auto mx = poisoned({N}, st), se = poisoned({N}, st), tl = poisoned({N}, st);
-    k::cross_entropy_forward(logits.c, tgt.c, start, valid, mx.c, se.c, tl.c);  // reads the logits only
-    k::cross_entropy_forward(logits.g, tgt.g, start, valid, mx.g, se.g, tl.g);
-    EXPECT_EQ(rel_diff(mx.g, mx.c), 0.0);
-    EXPECT_EQ(rel_diff(tl.g, tl.c), 0.0);
-    EXPECT_LE(rel_diff(se.g, se.c), 1e-6);
-    EXPECT_EQ(rel_diff(logits.g, logits.c), 0.0) << "the forward leaves the logits as they were";
-    // As if another rank held a larger max: the rescale, then the loss.
-    auto gmax = random({N}, st, 8, 9);
-    k::rescale_sum_exp(mx.c, gmax.c, se.c);
-    k::rescale_sum_exp(mx.g, gmax.g, se.g);
-    EXPECT_LE(rel_diff(se.g, se.c), 1e-6);
-    auto loss = poisoned({N}, st);
-    k::cross_entropy_loss(gmax.c, se.c, tl.c, loss.c);
-    k::cross_entropy_loss(gmax.g, se.g, tl.g, loss.g);
-    EXPECT_LE(rel_diff(loss.g, loss.c), 1e-6);
-    k::cross_entropy_backward(logits.c, gmax.c, se.c, tgt.c, start, valid, 0.5, logits.c);  // in place
-    k::cross_entropy_backward(logits.g, gmax.g, se.g, tgt.g, start, valid, 0.5, logits.g);
-    EXPECT_LE(rel_diff(logits.g, logits.c), tol(dt));
-  }
+  struct Slice {
+    std::int64_t N, Vl, valid, start;
+  };
+  for (const Slice& sl : {Slice{33, 3000, 2900, 6000}, Slice{16, 50304, 50257, 0}})
+    for (DType dt : kTypes) {
+      const std::int64_t N = sl.N, Vl = sl.Vl, valid = sl.valid, start = sl.start;
+      auto logits = random({N, Vl}, dt, -8, 8);
+      auto tgt = ids(N, start > 0 ? 5000 : 0, start > 0 ? 10000 : valid);  // a TP slice: some held elsewhere
+      const DType st = k::row_stat_dtype(dt);
+      auto mx = poisoned({N}, st), se = poisoned({N}, st), tl = poisoned({N}, st);
+      k::cross_entropy_forward(logits.c, tgt.c, start, valid, mx.c, se.c, tl.c);  // reads the logits only
+      k::cross_entropy_forward(logits.g, tgt.g, start, valid, mx.g, se.g, tl.g);
+      EXPECT_EQ(rel_diff(mx.g, mx.c), 0.0);
+      EXPECT_EQ(rel_diff(tl.g, tl.c), 0.0);
+      EXPECT_LE(rel_diff(se.g, se.c), 1e-6);
+      EXPECT_EQ(rel_diff(logits.g, logits.c), 0.0) << "the forward leaves the logits as they were";
+      // As if another rank held a larger max: the rescale, then the loss.
+      auto gmax = random({N}, st, 8, 9);
+      k::rescale_sum_exp(mx.c, gmax.c, se.c);
+      k::rescale_sum_exp(mx.g, gmax.g, se.g);
+      EXPECT_LE(rel_diff(se.g, se.c), 1e-6);
+      auto loss = poisoned({N}, st);
+      k::cross_entropy_loss(gmax.c, se.c, tl.c, loss.c);
+      k::cross_entropy_loss(gmax.g, se.g, tl.g, loss.g);
+      EXPECT_LE(rel_diff(loss.g, loss.c), 1e-6);
+      k::cross_entropy_backward(logits.c, gmax.c, se.c, tgt.c, start, valid, 0.5, logits.c);  // in place
+      k::cross_entropy_backward(logits.g, gmax.g, se.g, tgt.g, start, valid, 0.5, logits.g);
+      EXPECT_LE(rel_diff(logits.g, logits.c), tol(dt));
+    }
 }
 
 TEST_F(Cuda, StridedCopiesWithCasts) {

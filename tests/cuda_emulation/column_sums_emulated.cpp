@@ -18,6 +18,7 @@
 //   inside the columns, chunks of rows not a multiple of the lanes, and
 //   partials pre-filled with garbage (every slot the finish reads is written).
 // Exit code 1 on any difference beyond that.
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -148,10 +149,44 @@ void all(std::mt19937& rng) {
     }
 }
 
+// column_finish_kernel's contract, bit for bit: lane l adds chunks l, l +
+// lanes, ... in order, the lanes are added in lane order, then dst once. The
+// partials span 2^-30..2^30, so another order or a chunk read twice or not at
+// all changes the double sum; counts below, at and past the kernel's batch of
+// loads and its multiples, on 1, 3 and 8 lanes, and a tile partly outside.
+void finish_order(std::mt19937& rng) {
+  std::uniform_real_distribution<double> mant(1, 2);
+  std::uniform_int_distribution<int> expo(-30, 30), sign(0, 1);
+  const i64 cols = 37;
+  for (const i64 chunks : {1, 2, 7, 8, 9, 16, 23, 64, 67, 133, 256})
+    for (const unsigned threads : {32u, 96u, 256u}) {
+      const int lanes = static_cast<int>(threads / dk::kTileGroups);
+      std::vector<double> partial(static_cast<std::size_t>(chunks * cols)), dst(static_cast<std::size_t>(cols));
+      for (auto& v : partial) v = (sign(rng) ? -1 : 1) * std::ldexp(mant(rng), expo(rng));
+      for (auto& v : dst) v = mant(rng);
+      std::vector<double> want = dst;
+      for (i64 c = 0; c < cols; ++c) {
+        double total = 0;
+        for (int l = 0; l < lanes; ++l) {
+          double lane = 0;
+          for (i64 k = l; k < chunks; k += lanes) lane += partial[static_cast<std::size_t>(k * cols + c)];
+          total = l == 0 ? lane : total + lane;
+        }
+        want[static_cast<std::size_t>(c)] += total;
+      }
+      finish<double>(partial, cols, chunks, dst.data(), threads);
+      for (i64 c = 0; c < cols; ++c)
+        check(dst[static_cast<std::size_t>(c)] == want[static_cast<std::size_t>(c)],
+              "column_finish_kernel: the lane-order sums, bit for bit", dst[static_cast<std::size_t>(c)],
+              want[static_cast<std::size_t>(c)], static_cast<std::size_t>(c));
+    }
+}
+
 }  // namespace
 
 int main() {
   std::mt19937 rng(2026);
+  finish_order(rng);
   all<DType::F32>(rng);
   all<DType::BF16>(rng);
   all<DType::F16>(rng);

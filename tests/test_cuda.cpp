@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <random>
+#include <utility>
 
 #include "layers/gpt_model.h"
 #include "megazero/comm/virtual_communicator.h"
@@ -233,37 +234,42 @@ TEST_F(Cuda, CausalSoftmaxInPlaceAndBackward) {
 }
 
 TEST_F(Cuda, DropoutMaskIsTheCpuMaskBitForBit) {
-  for (DType dt : kTypes) {
-    k::DropoutLayout l;
-    l.samples = 3, l.groups = 2, l.matrix_rows = 9, l.matrix_cols = 11;  // 9 x 11 odd: Philox blocks straddle rows
-    l.sample_offset = 5, l.group_offset = 1, l.global_groups = 4;
-    auto x = random({l.samples * l.groups * l.matrix_rows * l.matrix_cols}, dt, 0.5,
-                    1.5);  // never 0: a 0 output means dropped
-    auto y = poisoned(x.c.shape(), dt);
-    const RngKey key{1234, 77, 3, kRngAttentionDropout};
-    k::dropout_forward(x.c, 0.3, key, l, y.c);
-    k::dropout_forward(x.g, 0.3, key, l, y.g);
-    const auto a = y.g.to_double_vector(), b = y.c.to_double_vector();
-    int dropped = 0;
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      ASSERT_EQ(a[i] == 0, b[i] == 0) << "mask differs at " << i;
-      dropped += b[i] == 0;
+  // 9 x 11 odd: Philox blocks straddle rows (element by element). 512 x 512:
+  // the packed kernel, ~4 packs a thread of its one wave, so each thread
+  // walks the layout (rows, groups, samples) over several.
+  const k::DropoutLayout layouts[] = {{3, 2, 9, 11, 5, 1, 4}, {4, 4, 512, 512, 3, 2, 8}};
+  for (DType dt : kTypes)
+    for (const k::DropoutLayout& l : layouts) {
+      auto x = random({l.samples * l.groups * l.matrix_rows * l.matrix_cols}, dt, 0.5,
+                      1.5);  // never 0: a 0 output means dropped
+      auto y = poisoned(x.c.shape(), dt);
+      const RngKey key{1234, 77, 3, kRngAttentionDropout};
+      k::dropout_forward(x.c, 0.3, key, l, y.c);
+      k::dropout_forward(x.g, 0.3, key, l, y.g);
+      const auto a = y.g.to_double_vector(), b = y.c.to_double_vector();
+      int dropped = 0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i] == 0, b[i] == 0) << "mask differs at " << i;
+        dropped += b[i] == 0;
+      }
+      EXPECT_GT(dropped, 0);
+      EXPECT_LE(rel_diff(y.g, y.c), tol(dt));
     }
-    EXPECT_GT(dropped, 0);
-    EXPECT_LE(rel_diff(y.g, y.c), tol(dt));
-  }
 }
 
 TEST_F(Cuda, BiasDropoutAddMatchesCpu) {
-  for (DType dt : kTypes) {
-    k::DropoutLayout l{3, 1, 17, 96, 2, 0, 1};
-    const std::int64_t rows = l.samples * l.matrix_rows, cols = l.matrix_cols;
-    auto y = random({rows, cols}, dt), bias = random({cols}, dt), res = random({rows, cols}, dt);
-    const RngKey key{5, 6, 7, kRngAttentionOutputDropout};
-    k::bias_dropout_add(y.c, bias.c, res.c, 0.2, key, l, y.c);  // in place, as the layer does
-    k::bias_dropout_add(y.g, bias.g, res.g, 0.2, key, l, y.g);
-    EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << dtype_name(dt);
-  }
+  // The second layout has ~4x as many packs as the packed kernel's one wave
+  // of threads, so each thread walks the layout and the bias over several.
+  for (DType dt : kTypes)
+    for (const k::DropoutLayout& l :
+         {k::DropoutLayout{3, 1, 17, 96, 2, 0, 1}, k::DropoutLayout{8, 1, 512, 1024, 3, 0, 1}}) {
+      const std::int64_t rows = l.samples * l.matrix_rows, cols = l.matrix_cols;
+      auto y = random({rows, cols}, dt), bias = random({cols}, dt), res = random({rows, cols}, dt);
+      const RngKey key{5, 6, 7, kRngAttentionOutputDropout};
+      k::bias_dropout_add(y.c, bias.c, res.c, 0.2, key, l, y.c);  // in place, as the layer does
+      k::bias_dropout_add(y.g, bias.g, res.g, 0.2, key, l, y.g);
+      EXPECT_LE(rel_diff(y.g, y.c), tol(dt)) << dtype_name(dt);
+    }
 }
 
 TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
@@ -329,10 +335,13 @@ TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
 // The dropout backward with the bias gradient in one pass (a row of the layout
 // shorter than a row of the tensor, so threads' columns cross layout rows).
 TEST_F(Cuda, DropoutBackwardWithBiasGradientMatchesCpu) {
+  // Whole groups of four (the aligned kernel: four-column accesses, the layout
+  // walked) and rows of 35 (element by element).
+  const std::pair<k::DropoutLayout, std::int64_t> cases[] = {
+      {{4, 1, 64, 96, 0, 0, 1}, 96}, {{8, 2, 1, 48, 1, 3, 9}, 96}, {{3, 1, 20, 7, 2, 0, 1}, 35}};
   for (DType dt : kTypes)
-    for (const k::DropoutLayout& l :
-         {k::DropoutLayout{4, 1, 64, 96, 0, 0, 1}, k::DropoutLayout{8, 2, 1, 48, 1, 3, 9}}) {
-      const std::int64_t cols = 96, rows = l.samples * l.groups * l.matrix_rows * l.matrix_cols / cols;
+    for (const auto& [l, cols] : cases) {
+      const std::int64_t rows = l.samples * l.groups * l.matrix_rows * l.matrix_cols / cols;
       const RngKey key{5, 9, 1, 2};
       for (double p : {0.0, 0.1}) {
         auto dy = random({rows, cols}, dt), dx = poisoned({rows, cols}, dt), db = random({cols}, acc_of(dt));

@@ -5,7 +5,10 @@
 // multiple of 4 long (a Philox block split between threads and rows) or
 // shorter than a tensor row (a thread's four columns cross a layout row), with
 // offsets (sample_offset, group_offset of global_groups) as a TP or DP split has them; p = 0; several row
-// chunks; dx written over dy; blocks of 1, 3 and 8 row lanes; then the
+// chunks; dx written over dy; blocks of 1, 3 and 8 row lanes; where the
+// layout allows, the aligned kernel too (its partials must be the element-by-
+// element kernel's bit for bit; walks whose step spans layout rows, groups
+// and samples); then the
 // launcher's finish (column_finish_kernel of column_tiles.cuh, over partials
 // pre-filled with garbage). dx must be the CPU's bit for bit, dbias within one
 // fp32 rounding. The same layouts run the forward kernels (dropout and
@@ -39,6 +42,8 @@ struct Case {
   double p;
 };
 
+int aligned_runs = 0;  // cases the aligned backward ran on (main insists on some)
+
 template <DType T>
 void dropout_bias_grad(std::mt19937& rng, const Case& c, unsigned threads) {
   using S = typename Storage<T>::type;
@@ -56,20 +61,34 @@ void dropout_bias_grad(std::mt19937& rng, const Case& c, unsigned threads) {
   kernels::bias_grad(dxc, dbc);
 
   // The emulated GPU, dx written over dy, then the launcher's finish; blocks
-  // of `threads` (1, 3 or 8 row lanes: the kernels read blockDim).
-  Tensor g = tensor_of({rows, c.cols}, dv, T);
+  // of `threads` (1, 3 or 8 row lanes: the kernels read blockDim). Element by
+  // element always; the aligned kernel (four-column accesses, rows in
+  // batches, the layout walked without dividing) where the launcher takes it.
   const auto ch = gs::dropout_column_chunks(rows, c.cols);
-  std::vector<double> partial(gs::dropout_bias_grad_bytes(rows, c.cols) / sizeof(double), -1e300);
-  emu_launch(dim3{static_cast<unsigned>(ch.col_blocks), static_cast<unsigned>(ch.used), 1}, threads, 0, [&] {
-    dk::dropout_backward_partial_kernel<S>(raw<S>(g), c.p, dk::philox_key(key), c.l, rows, c.cols, ch.per_chunk,
-                                           raw<S>(g), partial.data());
-  });
-  Tensor dbt = tensor_of({c.cols}, bv, DType::F32);
-  emu_launch(dim3{dk::finish_blocks(c.cols), 1, 1}, threads, 0,
-             [&] { dk::column_finish_kernel<float>(c.cols, ch.used, partial.data(), dbt.host_data<float>()); });
-  const std::vector<double> dbg = values(dbt);
-  expect_close(values(g), values(dxc), 0, 0, "dx (the CPU's mask and rounding: bit for bit)");
-  expect_close(dbg, values(dbc), 0x1p-23, 1e-30, "dbias (double sums, one fp32 rounding)");
+  std::vector<double> first_partial;
+  auto run = [&](auto aligned, const char* dx_what, const char* db_what) {
+    Tensor g = tensor_of({rows, c.cols}, dv, T);
+    std::vector<double> partial(gs::dropout_bias_grad_bytes(rows, c.cols) / sizeof(double), -1e300);
+    emu_launch(dim3{static_cast<unsigned>(ch.col_blocks), static_cast<unsigned>(ch.used), 1}, threads, 0, [&] {
+      dk::dropout_backward_partial_kernel<S, decltype(aligned)::value>(raw<S>(g), c.p, dk::philox_key(key), c.l, rows,
+                                                                       c.cols, ch.per_chunk, raw<S>(g), partial.data());
+    });
+    if (first_partial.empty())
+      first_partial = partial;
+    else  // the same rows in the same order: the same partials, bit for bit
+      expect_close(partial, first_partial, 0, 0, "aligned partials vs element by element (bit for bit)");
+    Tensor dbt = tensor_of({c.cols}, bv, DType::F32);
+    emu_launch(dim3{dk::finish_blocks(c.cols), 1, 1}, threads, 0,
+               [&] { dk::column_finish_kernel<float>(c.cols, ch.used, partial.data(), dbt.host_data<float>()); });
+    expect_close(values(g), values(dxc), 0, 0, dx_what);
+    expect_close(values(dbt), values(dbc), 0x1p-23, 1e-30, db_what);
+  };
+  run(std::false_type{}, "dx (the CPU's mask and rounding: bit for bit)", "dbias (double sums, one fp32 rounding)");
+  const i64 inner = c.l.matrix_rows * c.l.matrix_cols;
+  if (c.cols % 4 == 0 && inner % 4 == 0) {
+    run(std::true_type{}, "dx, aligned kernel (bit for bit)", "dbias, aligned kernel (one fp32 rounding)");
+    ++aligned_runs;
+  }
 }
 
 // The forward kernels (dropout and bias-dropout-add) in every variant the
@@ -152,6 +171,11 @@ int main() {
       {{6, 2, 1, 5, 1, 3, 9}, 10, 0.4},     // layout rows of 5 inside tensor rows of 10: a thread's columns cross one
       {{4, 1, 2, 16, 0, 0, 1}, 32, 0.3},    // packed forward, bias packs
       {{2, 1, 4, 12, 1, 0, 1}, 12, 0.2},    // packed forward; bf16/fp16 bias not a whole number of packs
+      // The aligned backward's layout walk: a step (lanes x cols) of several
+      // layout rows, groups and samples, with carries in each coordinate.
+      {{6, 3, 1, 8, 2, 1, 7}, 16, 0.3},    // layout rows of 8 in tensor rows of 16, 3 of 7 groups
+      {{3, 5, 3, 4, 4, 2, 9}, 20, 0.5},    // layout rows of 12 inside and across tensor rows of 20
+      {{2, 1, 40, 36, 3, 0, 1}, 36, 0.1},  // 80 rows of 36: rows per lane not a multiple of the batch
   };
   for (const Case& c : cases)
     for (const unsigned threads : {32u, 96u, 256u}) {
@@ -162,6 +186,10 @@ int main() {
       dropout_forward<DType::BF16>(rng, c, threads);
       dropout_forward<DType::F16>(rng, c, threads);
     }
+  if (aligned_runs == 0) {
+    std::printf("FAIL no case ran the aligned dropout backward\n");
+    ++failures;
+  }
   if (failures) {
     std::printf("dropout_kernels_emulated: %d checks failed\n", failures);
     return 1;

@@ -131,7 +131,25 @@ __global__ void column_partial_packed_kernel(const S* dy, const S* x, const floa
   const i64 q = me.group;
   double ab[V] = {}, ag[V] = {};
   if (q * V < cols) {
-    for (i64 r = chunk_begin(rows_per_chunk) + me.lane; r < chunk_end(rows, rows_per_chunk); r += me.lanes) {
+    const i64 end = chunk_end(rows, rows_per_chunk), lanes = me.lanes;
+    i64 r = chunk_begin(rows_per_chunk) + me.lane;
+    if constexpr (!LN) {
+      // The bias sums load U rows' packs before adding any:
+      // with one 16-byte load in flight a thread the SMs held too few bytes
+      // in flight for the memory's latency. Same order of sums. (Not LN's
+      // loop: batched it needs 72 registers, one block an SM fewer.)
+      constexpr int U = 4;
+      for (; r + (U - 1) * lanes < end; r += U * lanes) {
+        Pack<S> d[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) d[u] = reinterpret_cast<const Pack<S>*>(dy + (r + u * lanes) * cols)[q];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int j = 0; j < V; ++j) ab[j] += ld(d[u].v[j]);
+      }
+    }
+    for (; r < end; r += lanes) {
       const Pack<S> d = reinterpret_cast<const Pack<S>*>(dy + r * cols)[q];
       if constexpr (LN) {
         const Pack<S> xv = reinterpret_cast<const Pack<S>*>(x + r * cols)[q];

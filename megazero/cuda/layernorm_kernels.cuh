@@ -91,14 +91,21 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     const i64 r = first + i * lanes + lane;
     const bool live = r < rows;
     const i64 row = (live ? r : 0) * cols;
-    Pack<S> pd[P], px[P];
+    // One pack a thread: the residual gradient is loaded with dy and x,
+    // before the lane's sums (loaded after them it is a second memory round
+    // trip a row, in series with the first and the barrier). Two packs: after
+    // them, as early it costs 16-bit rows ~90 bytes of spills under the bound.
+    constexpr bool kEarlyAdd = P == 1;
+    Pack<S> pd[P], px[P], pa[P];
     float m = 0.f, rs = 0.f;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+      pa[q] = Pack<S>{};
       if (live && c0 < cols) {
         pd[q] = *reinterpret_cast<const Pack<S>*>(dy + row + c0);
         px[q] = *reinterpret_cast<const Pack<S>*>(x + row + c0);
+        if (kEarlyAdd && add) pa[q] = *reinterpret_cast<const Pack<S>*>(add + row + c0);
       }
     }
     if (live) {
@@ -129,12 +136,12 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
       if (c0 >= cols) continue;
       const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
-      Pack<S> o, a{};
-      if (add) a = *reinterpret_cast<const Pack<S>*>(add + row + c0);
+      Pack<S> o;
+      if (!kEarlyAdd && add) pa[q] = *reinterpret_cast<const Pack<S>*>(add + row + c0);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xh = (ld(px[q].v[j]) - m) * rs, g = ld(pd[q].v[j]) * ld(gm.v[j]);
-        o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(a.v[j]) : 0.f));
+        o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(pa[q].v[j]) : 0.f));
       }
       *reinterpret_cast<Pack<S>*>(dx + row + c0) = o;
     }

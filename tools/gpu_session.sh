@@ -55,7 +55,9 @@
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given (MZ_PEERS_QUICK=1: the peers phases time only
 # cuDNN attention, with and without the epilogues, against torch.compile), e.g.
-#   MZ_PEERS_QUICK=1 MZ_BUDGET_S=540 tools/gpu_session.sh kernels peers-gpt profile-gpt cudnn-engines peers-layer profile cudnn-tests zero3
+#   MZ_PEERS_QUICK=1 MZ_BUDGET_S=540 tools/gpu_session.sh kernels peers-gpt peers-layer profile-gpt profile zero3
+# (2026-11-26's second lease: kernels ~10 s, peers-gpt ~260 s with three of ours, profile-gpt ~110 s;
+# cuDNN's engine configurations 0 and 1 tied on the layer, so cudnn-engines can wait.)
 set -uo pipefail
 out=${OUT:-gpu-out}
 mkdir -p "$out" /tmp/mz
@@ -331,17 +333,18 @@ for phase in "$@"; do
         if [ "$phase" != peers-layer ]; then
           # --gemm-epilogues is the forward's epilogues only since 2026-11-26 (=all adds the backward's,
           # which cost the H200's 355M backward 5.1 ms while the forward's saved 1.1 ms).
+          # =all lost on both H200 leases (0.99x at 355M): only outside MZ_PEERS_QUICK now.
           ours_gpt cudnn; theirs_gpt --compile; ours_gpt cudnn +epilogues --gemm-epilogues
-          ours_gpt cudnn +epilogues-all --gemm-epilogues=all
           if [ -z "${MZ_PEERS_QUICK:-}" ]; then  # MZ_PEERS_QUICK=1: the rows above only (a short lease)
+            ours_gpt cudnn +epilogues-all --gemm-epilogues=all
             ours_gpt unfused; ours_gpt fused; theirs_gpt
             ours_gpt unfused +epilogues --gemm-epilogues  # the epilogues' gain without cuDNN, should cuDNN refuse
           fi
         fi
         if [ "$phase" != peers-gpt ]; then
           ours_layer cudnn; theirs_layer --compile; ours_layer cudnn --gemm-epilogues
-          ours_layer cudnn --gemm-epilogues=all
-          [ -z "${MZ_PEERS_QUICK:-}" ] && { ours_layer unfused; ours_layer fused; theirs_layer; }
+          [ -z "${MZ_PEERS_QUICK:-}" ] &&
+            { ours_layer cudnn --gemm-epilogues=all; ours_layer unfused; ours_layer fused; theirs_layer; }
         fi
       } > "$out/$phase.txt" 2>&1
       grep -E "^== |median|iteration +30/|timers|^peer_ratios|Error|error" "$out/$phase.txt" | tail -50

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/packs.cuh"
 #include "megazero/kernels/adamw_formula.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/optimizer_kernels.h"
@@ -151,6 +152,7 @@ __global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, 
 // speed; one element at a time, 264 x 256 threads kept ~1 KB in flight per
 // SM: ~0.2 TB/s on an H100.
 constexpr int kNormRun = 16;
+static_assert(kNormRun % 8 == 0, "a run is whole 16-byte packs of 16-bit, fp32 or fp64 values");
 
 // partial[blockIdx.x] = the block's sum of squares over the table, in double.
 // Thread t of block b takes the runs starting at (b * blockDim + t) * kNormRun,
@@ -167,13 +169,30 @@ __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double*
   int k = 0;
   for (i64 j0 = (static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x) * kNormRun; j0 < total; j0 += stride) {
     L x[kNormRun];
+    while (j0 >= t.end[k]) ++k;
+    const G* run = g + j0 + t.offset[k];
+    if (j0 + kNormRun <= t.end[k] && (reinterpret_cast<std::uintptr_t>(run) & 15u) == 0) {
+      // The run lies in one segment and starts on a 16-byte boundary (nearly
+      // all do where the parameters' sizes are multiples of 8, as GPT's are:
+      // the flat buffer packs them end to end): whole packs. Element by
+      // element, a warp's 16 loads each touched 32 sectors 32 bytes apart
+      // (the 2026-11-26 H200 bench: 0.50 ms, 1435 GB/s, for 355M bf16 values).
+      constexpr int V = kVec<G>;
 #pragma unroll
-    for (int u = 0; u < kNormRun; ++u) {
-      const i64 j = j0 + u;
-      x[u] = 0;
-      if (j < total) {
-        while (j >= t.end[k]) ++k;
-        x[u] = ld(g[j + t.offset[k]]);
+      for (int q = 0; q < kNormRun / V; ++q) {
+        const Pack<G> pk = reinterpret_cast<const Pack<G>*>(run)[q];
+#pragma unroll
+        for (int v = 0; v < V; ++v) x[q * V + v] = ld(pk.v[v]);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kNormRun; ++u) {
+        const i64 j = j0 + u;
+        x[u] = 0;
+        if (j < total) {
+          while (j >= t.end[k]) ++k;
+          x[u] = ld(g[j + t.offset[k]]);
+        }
       }
     }
 #pragma unroll

@@ -116,6 +116,27 @@ int run(int argc, char** argv) {
              kernels::bias_dropout_add(g, hbias, x, 0.1, RngKey{1, 1, 0, 0}, hid, dx);
            }),
            3);
+    // The same two dropout passes over hidden - 2 columns, where rows of a
+    // length not a multiple of 4 (8 for the forward's packs) take the kernels'
+    // element-by-element paths: an A/B of the packed, division-free kernels
+    // against the general ones at ~the same bytes.
+    if (hidden > 8) {
+      const std::int64_t h2 = hidden - 2;
+      Tensor g2 = Tensor::zeros(dev, {rows, h2}, t, C), x2 = Tensor::zeros(dev, {rows, h2}, t, C);
+      Tensor dx2 = Tensor::zeros(dev, {rows, h2}, t, C), db2 = Tensor::zeros(dev, {h2}, DType::F32, C);
+      Tensor hbias2 = Tensor::zeros(dev, {h2}, t, C);
+      kernels::DropoutLayout hid2 = hid;
+      hid2.matrix_cols = h2;
+      const double scale = static_cast<double>(h2) / static_cast<double>(hidden);
+      report("  same, element by element (h - 2)", best_ms([&] {
+               kernels::dropout_backward_bias_grad(g2, 0.1, RngKey{1, 1, 0, 0}, hid2, dx2, db2);
+             }),
+             2 * scale);
+      report("  bias-dropout-add, element by el.", best_ms([&] {
+               kernels::bias_dropout_add(g2, hbias2, x2, 0.1, RngKey{1, 1, 0, 0}, hid2, dx2);
+             }),
+             3 * scale);
+    }
     // One pass (dx, dgamma, dbeta together: the default) against the split
     // one (the sums' pass, then dx's), with the pre-LN residual gradient added
     // as the transformer layer does; GB/s counts one read of dy, x and the

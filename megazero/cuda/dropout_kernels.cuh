@@ -94,21 +94,32 @@ __global__ void dropout_kernel(const S* y, const S* bias, const S* res, double p
     LayoutWalk walk(l, g * G, stride * G);
     i64 c = FUSED ? (g * G) % cols : 0;  // the group's first bias column
     const i64 dc = FUSED ? (stride * G) % cols : 0;
+    // Software-pipelined: the next group's packs are loaded before this
+    // group's mask (two Philox blocks for 16-bit packs) is computed, so a
+    // thread keeps a load in flight while it computes. out may alias y or
+    // the residual: the next group is other elements.
+    constexpr int NP = G / kVec<S>;
+    Pack<S> yn[NP], rn[NP];
+    const auto load = [&](i64 e, Pack<S>(&ya)[NP], Pack<S>(&ra)[NP]) {
+#pragma unroll
+      for (int q = 0; q < NP; ++q) {
+        ya[q] = reinterpret_cast<const Pack<S>*>(y + e)[q];
+        if constexpr (FUSED) ra[q] = reinterpret_cast<const Pack<S>*>(res + e)[q];
+      }
+    };
+    load(g * G, yn, rn);
     for (; g < total_groups; g += stride) {
       const i64 e0 = g * G;
       S yv[G], rv[G];
       C bv[G];
 #pragma unroll
-      for (int q = 0; q < G / kVec<S>; ++q) {
-        const Pack<S> a = reinterpret_cast<const Pack<S>*>(y + e0)[q];
+      for (int q = 0; q < NP; ++q)
 #pragma unroll
-        for (int j = 0; j < kVec<S>; ++j) yv[q * kVec<S> + j] = a.v[j];
-        if constexpr (FUSED) {
-          const Pack<S> b = reinterpret_cast<const Pack<S>*>(res + e0)[q];
-#pragma unroll
-          for (int j = 0; j < kVec<S>; ++j) rv[q * kVec<S> + j] = b.v[j];
+        for (int j = 0; j < kVec<S>; ++j) {
+          yv[q * kVec<S> + j] = yn[q].v[j];
+          if constexpr (FUSED) rv[q * kVec<S> + j] = rn[q].v[j];
         }
-      }
+      if (g + stride < total_groups) load(e0 + stride * G, yn, rn);
       if constexpr (FUSED) {
         if constexpr (BIAS_VEC) {
 #pragma unroll

@@ -11,6 +11,7 @@
 #include "megazero/core/dtype.h"
 #include "megazero/core/error.h"
 #include "megazero/cuda/kernel_common.cuh"
+#include "megazero/cuda/map_kernels.cuh"
 #include "megazero/cuda/packs.cuh"
 
 namespace megazero::cuda::detail_k {
@@ -69,33 +70,6 @@ __global__ void map_scalar_kernel(S* out, const S* a, const S* b, i64 n, F f) {
   const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
   for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
     out[i] = st<S>(f(ld(a[i]), b ? ld(b[i]) : C(0), i));
-}
-
-// out[i] = round(f(a[i], p[i % period])) for a periodic operand p (a bias:
-// period = cols; position embeddings: seq * H). The period is whole packs, so
-// each pack has one p pack: one division per pack, not a 64-bit modulo per
-// element (the GPU emulates those in software). out may be a.
-template <typename S, typename F>
-__global__ void periodic_map_kernel(S* out, const S* a, const S* p, i64 packs, i64 period_packs, F f) {
-  constexpr int V = kVec<S>;
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 t = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; t < packs; t += stride) {
-    const i64 q = t - (t / period_packs) * period_packs;
-    const Pack<S> pa = reinterpret_cast<const Pack<S>*>(a)[t];
-    const Pack<S> pp = reinterpret_cast<const Pack<S>*>(p)[q];
-    Pack<S> po;
-#pragma unroll
-    for (int j = 0; j < V; ++j) po.v[j] = st<S>(f(ld(pa.v[j]), ld(pp.v[j])));
-    reinterpret_cast<Pack<S>*>(out)[t] = po;
-  }
-}
-
-// The same with a scalar loop (unaligned pointers, a period of partial packs).
-template <typename S, typename F>
-__global__ void periodic_map_scalar_kernel(S* out, const S* a, const S* p, i64 n, i64 period, F f) {
-  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
-  for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-    out[i] = st<S>(f(ld(a[i]), ld(p[i % period])));
 }
 
 template <typename S, typename F>

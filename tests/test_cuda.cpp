@@ -136,7 +136,7 @@ TEST_F(Cuda, LayerNormForwardAndBackward) {
 
 // The one-pass backward at the benchmarks' widths over enough rows for many
 // blocks and many rows a lane (GPT-2 medium: 4 lanes of 128 threads; the
-// 100B layer: two packs a thread, 64 KB of shared memory a block), against the
+// 100B layer: two packs a thread, 96 KB of shared memory a block), against the
 // split path on the same GPU and against the CPU.
 TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
   for (const auto& [rows, cols] : std::vector<std::pair<std::int64_t, std::int64_t>>{{5000, 1024}, {2000, 8192}}) {

@@ -227,7 +227,7 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
     const i64 threads = plan.lanes * plan.threads_per_row;
     const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>);
     const auto launch = [&](auto kernel) {
-      // Up to 64 KB (8192 16-bit columns): over the 48 KB a launch gets
+      // Up to 96 KB (8192 16-bit columns): over the 48 KB a launch gets
       // unasked, so ask (per call: it is per device, and costs microseconds).
       if (smem > std::size_t{48} << 10)
         check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),

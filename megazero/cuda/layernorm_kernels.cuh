@@ -15,6 +15,8 @@
 // LayerNorm backward keeps fp32 partials the same way.)
 #pragma once
 
+#include <cuda_pipeline_primitives.h>
+
 #include <cstdint>
 
 #include "megazero/cuda/kernel_common.cuh"
@@ -60,12 +62,20 @@ __device__ __forceinline__ void lane_sums(float& a, float& b, int T, float (*par
 // fast forward's). The lanes run in step (each row ends in a block barrier),
 // a lane past the last row with zeros.
 //
-// Registers hold the row as 16-byte packs, converted where used; the column
-// sums live in dynamic shared memory, layernorm_fused_smem_bytes of it, at
-// [sum][k][thread] (each thread only ever touches its own slots until the
-// end: no bank conflicts, no barriers). In registers they took the 8192-column
-// kernel to 122 registers a thread, one 512-thread block an SM; this way the
-// kernel needs what the split path's dx kernel needs.
+// Registers hold the row's dy and x as 16-byte packs, converted where used;
+// the rest lives in dynamic shared memory, layernorm_fused_smem_bytes of it,
+// in slots each thread alone touches (no bank conflicts, no barriers):
+// - the column sums, [sum][k][thread] floats. In registers they took the
+//   8192-column kernel to 122 registers a thread, one 512-thread block an SM;
+//   this way the kernel needs what the split path's dx kernel needs;
+// - the thread's gamma packs, [q][thread], copied once: the row loop read
+//   them from L2 twice a row;
+// - the row's residual-gradient packs, [q][thread], copied asynchronously
+//   (cp.async: no registers held) when the row's dy and x are loaded, and
+//   waited for after the lane's barrier. Loaded after the barrier (two packs
+//   a thread have no registers to spare before it), they were a second
+//   memory round trip a row in series with the first: at the 100B layer's
+//   width the one-pass backward ran ~5.5 us a row, latency-bound.
 template <typename S, int P>
 __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     layernorm_backward_fused_kernel(const S* dy, const S* x, const S* gamma, const float* mean, const float* rstd,
@@ -75,9 +85,12 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   constexpr int N = P * V;
   __shared__ float parts[2][kLayerNormFusedMaxThreads / 32][2];
   // [2][N][kLayerNormFusedMaxThreads]: dgamma's, then dbeta's; a constant
-  // stride, so the slots' addresses are immediates, not registers.
+  // stride, so the slots' addresses are immediates, not registers. Then
+  // gamma's and the residual gradient's [P][kLayerNormFusedMaxThreads] packs.
   constexpr int kStride = kLayerNormFusedMaxThreads;
   float* const sums = dynamic_shared<float>() + threadIdx.x;
+  Pack<S>* const gam = reinterpret_cast<Pack<S>*>(dynamic_shared<float>() + 2 * N * kStride) + threadIdx.x;
+  Pack<S>* const res = gam + P * kStride;
   const unsigned bd = blockDim.x, me = threadIdx.x;
   const int T = threads_per_row;
   const int lanes = static_cast<int>(bd) / T;
@@ -87,27 +100,27 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   const float inv = 1.f / static_cast<float>(cols);
 #pragma unroll
   for (int k = 0; k < 2 * N; ++k) sums[k * kStride] = 0.f;
+#pragma unroll
+  for (int q = 0; q < P; ++q) {
+    const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+    if (c0 < cols) gam[q * kStride] = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+  }
   for (i64 i = 0; i < rows_per_lane; ++i) {
     const i64 r = first + i * lanes + lane;
     const bool live = r < rows;
     const i64 row = (live ? r : 0) * cols;
-    // One pack a thread: the residual gradient is loaded with dy and x,
-    // before the lane's sums (loaded after them it is a second memory round
-    // trip a row, in series with the first and the barrier). Two packs: after
-    // them, as early it costs 16-bit rows ~90 bytes of spills under the bound.
-    constexpr bool kEarlyAdd = P == 1;
-    Pack<S> pd[P], px[P], pa[P];
+    Pack<S> pd[P], px[P];
     float m = 0.f, rs = 0.f;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
-      pa[q] = Pack<S>{};
       if (live && c0 < cols) {
         pd[q] = *reinterpret_cast<const Pack<S>*>(dy + row + c0);
         px[q] = *reinterpret_cast<const Pack<S>*>(x + row + c0);
-        if (kEarlyAdd && add) pa[q] = *reinterpret_cast<const Pack<S>*>(add + row + c0);
+        if (add) __pipeline_memcpy_async(res + q * kStride, add + row + c0, sizeof(Pack<S>));
       }
     }
+    __pipeline_commit();
     if (live) {
       m = mean[r];
       rs = rstd[r];
@@ -117,7 +130,7 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
       if (!live || c0 >= cols) continue;
-      const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+      const Pack<S> gm = gam[q * kStride];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const int k = q * V + j;
@@ -129,19 +142,20 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
       }
     }
     lane_sums(sg, sgx, T, parts[i & 1]);
-    if (!live) continue;
+    if (!live) continue;       // it copied nothing
+    __pipeline_wait_prior(0);  // this row's residual-gradient packs are in res
     const float mean_g = sg * inv, mean_gx = sgx * inv;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
       if (c0 >= cols) continue;
-      const Pack<S> gm = *reinterpret_cast<const Pack<S>*>(gamma + c0);
+      const Pack<S> gm = gam[q * kStride];
+      const Pack<S> a = add ? res[q * kStride] : Pack<S>{};
       Pack<S> o;
-      if (!kEarlyAdd && add) pa[q] = *reinterpret_cast<const Pack<S>*>(add + row + c0);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xh = (ld(px[q].v[j]) - m) * rs, g = ld(pd[q].v[j]) * ld(gm.v[j]);
-        o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(pa[q].v[j]) : 0.f));
+        o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(a.v[j]) : 0.f));
       }
       *reinterpret_cast<Pack<S>*>(dx + row + c0) = o;
     }
@@ -162,9 +176,11 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   }
 }
 
-// The dynamic shared memory the kernel above needs.
+// The dynamic shared memory the kernel above needs: the column sums, then
+// gamma's and the residual gradient's packs (16 bytes each).
 inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec) {
-  return static_cast<std::size_t>(2 * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float);
+  return static_cast<std::size_t>(2 * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float) +
+         static_cast<std::size_t>(2 * packs_per_thread * kLayerNormFusedMaxThreads) * 16;
 }
 
 }  // namespace megazero::cuda::detail_k

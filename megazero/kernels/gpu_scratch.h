@@ -129,9 +129,10 @@ inline std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums
 
 // LayerNorm's one-pass backward (megazero/cuda/layernorm_kernels.cuh): a
 // thread holds `packs_per_thread` 16-byte packs of a row (1 or 2: at two, 64
-// registers a thread and 64 KB of shared memory for the columns' fp32
-// dgamma/dbeta sums a 512-thread block, so two blocks still fit an SM at
-// 8192 16-bit columns); `lanes` rows run at once in a
+// registers a thread and 96 KB of shared memory a 512-thread block, 64 KB for
+// the columns' fp32 dgamma/dbeta sums and 32 KB for gamma's and the residual
+// gradient's packs, so two blocks still fit an SM at 8192 16-bit columns);
+// `lanes` rows run at once in a
 // block of lanes * threads_per_row <= 512 threads (several only with one pack
 // a thread), each lane over rows_per_lane rows: at least 8, so a block's
 // partial row (cols doubles a sum) costs at most 1/8 of the rows it read, and

@@ -1,0 +1,43 @@
+// The asynchronous global-to-shared copies of <cuda_pipeline_primitives.h>
+// for the emulation, strict about waiting: a copy lands in shared memory
+// only when a __pipeline_wait_prior(k) call retires its batch (every batch
+// committed before the last k), as the hardware guarantees no earlier; a
+// kernel that reads a slot before waiting sees what was there before (the
+// emulated block's shared memory starts as 0xff bytes). Per emulated thread,
+// as the hardware's copies are.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <deque>
+#include <vector>
+
+namespace emu_pipeline {
+struct Copy {
+  void* dst;
+  const void* src;
+  std::size_t bytes, zfill;
+};
+inline thread_local std::vector<Copy> pending;              // issued, not yet committed
+inline thread_local std::deque<std::vector<Copy>> batches;  // committed, not yet waited for
+}  // namespace emu_pipeline
+
+inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align,
+                                    std::size_t zfill = 0) {
+  emu_pipeline::pending.push_back({dst_shared, src_global, size_and_align, zfill});
+}
+
+inline void __pipeline_commit() {
+  emu_pipeline::batches.push_back(std::move(emu_pipeline::pending));
+  emu_pipeline::pending.clear();
+}
+
+inline void __pipeline_wait_prior(std::size_t prior) {
+  while (emu_pipeline::batches.size() > prior) {
+    for (const auto& c : emu_pipeline::batches.front()) {
+      std::memcpy(c.dst, c.src, c.bytes - c.zfill);
+      std::memset(static_cast<char*>(c.dst) + (c.bytes - c.zfill), 0, c.zfill);
+    }
+    emu_pipeline::batches.pop_front();
+  }
+}

@@ -90,7 +90,16 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   constexpr int kStride = kLayerNormFusedMaxThreads;
   float* const sums = dynamic_shared<float>() + threadIdx.x;
   Pack<S>* const gam = reinterpret_cast<Pack<S>*>(dynamic_shared<float>() + 2 * N * kStride) + threadIdx.x;
-  Pack<S>* const res = gam + P * kStride;
+  // Row i's copies land in buffer b: with one pack a thread (kPrefetch) dy, x
+  // and the residual gradient, issued a row ahead, so they are in flight
+  // while the previous row is computed; with two, only this row's residual
+  // gradient (dy and x go to registers: double buffers for them would leave
+  // one block an SM).
+  constexpr bool kPrefetch = P == 1;
+  constexpr int kBuffers = kPrefetch ? 2 : 1;
+  Pack<S>* const res = gam + P * kStride;             // [kBuffers][P][kStride]
+  Pack<S>* const dyb = res + kBuffers * P * kStride;  // kPrefetch: [2][P][kStride]
+  Pack<S>* const xb = dyb + kBuffers * P * kStride;   // kPrefetch: [2][P][kStride]
   const unsigned bd = blockDim.x, me = threadIdx.x;
   const int T = threads_per_row;
   const int lanes = static_cast<int>(bd) / T;
@@ -105,22 +114,49 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     const i64 c0 = (static_cast<i64>(q) * T + t) * V;
     if (c0 < cols) gam[q * kStride] = *reinterpret_cast<const Pack<S>*>(gamma + c0);
   }
+  const auto issue = [&](i64 i, int b) {  // one commit group, empty past the lane's rows
+    const i64 r = first + i * lanes + lane;
+    if (i < rows_per_lane && r < rows) {
+#pragma unroll
+      for (int q = 0; q < P; ++q) {
+        const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+        if (c0 >= cols) continue;
+        const int slot = (b * P + q) * kStride;
+        if constexpr (kPrefetch) {
+          __pipeline_memcpy_async(dyb + slot, dy + r * cols + c0, sizeof(Pack<S>));
+          __pipeline_memcpy_async(xb + slot, x + r * cols + c0, sizeof(Pack<S>));
+        }
+        if (add) __pipeline_memcpy_async(res + slot, add + r * cols + c0, sizeof(Pack<S>));
+      }
+    }
+    __pipeline_commit();
+  };
+  if constexpr (kPrefetch) issue(0, 0);
   for (i64 i = 0; i < rows_per_lane; ++i) {
     const i64 r = first + i * lanes + lane;
     const bool live = r < rows;
     const i64 row = (live ? r : 0) * cols;
+    const int b = kPrefetch ? static_cast<int>(i & 1) : 0;
+    if constexpr (kPrefetch) {
+      issue(i + 1, b ^ 1);       // buffer b ^ 1 was row i - 1's, read to the end last iteration
+      __pipeline_wait_prior(1);  // row i's copies have landed
+    }
     Pack<S> pd[P], px[P];
     float m = 0.f, rs = 0.f;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
       if (live && c0 < cols) {
-        pd[q] = *reinterpret_cast<const Pack<S>*>(dy + row + c0);
-        px[q] = *reinterpret_cast<const Pack<S>*>(x + row + c0);
-        if (add) __pipeline_memcpy_async(res + q * kStride, add + row + c0, sizeof(Pack<S>));
+        if constexpr (kPrefetch) {
+          pd[q] = dyb[(b * P + q) * kStride];
+          px[q] = xb[(b * P + q) * kStride];
+        } else {
+          pd[q] = *reinterpret_cast<const Pack<S>*>(dy + row + c0);
+          px[q] = *reinterpret_cast<const Pack<S>*>(x + row + c0);
+        }
       }
     }
-    __pipeline_commit();
+    if constexpr (!kPrefetch) issue(i, 0);
     if (live) {
       m = mean[r];
       rs = rstd[r];
@@ -142,15 +178,15 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
       }
     }
     lane_sums(sg, sgx, T, parts[i & 1]);
-    if (!live) continue;       // it copied nothing
-    __pipeline_wait_prior(0);  // this row's residual-gradient packs are in res
+    if (!live) continue;                                 // it copied nothing
+    if constexpr (!kPrefetch) __pipeline_wait_prior(0);  // this row's residual-gradient packs
     const float mean_g = sg * inv, mean_gx = sgx * inv;
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
       if (c0 >= cols) continue;
       const Pack<S> gm = gam[q * kStride];
-      const Pack<S> a = add ? res[q * kStride] : Pack<S>{};
+      const Pack<S> a = add ? res[(b * P + q) * kStride] : Pack<S>{};
       Pack<S> o;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -177,10 +213,13 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
 }
 
 // The dynamic shared memory the kernel above needs: the column sums, then
-// gamma's and the residual gradient's packs (16 bytes each).
+// 16-byte packs a thread: gamma's, and the residual gradient's (one pack a
+// thread: dy's, x's and the residual gradient's, double-buffered). GPT-2
+// medium: 32 + 56 KB; the 100B layer: 64 + 32 KB; two blocks an SM either way.
 inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec) {
+  const int packs = packs_per_thread == 1 ? 1 + 3 * 2 : packs_per_thread * 2;
   return static_cast<std::size_t>(2 * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float) +
-         static_cast<std::size_t>(2 * packs_per_thread * kLayerNormFusedMaxThreads) * 16;
+         static_cast<std::size_t>(packs * kLayerNormFusedMaxThreads) * 16;
 }
 
 }  // namespace megazero::cuda::detail_k

@@ -131,7 +131,8 @@ inline std::size_t column_sums_bytes(DType storage, i64 rows, i64 cols, int sums
 // thread holds `packs_per_thread` 16-byte packs of a row (1 or 2: at two, 64
 // registers a thread and 96 KB of shared memory a 512-thread block, 64 KB for
 // the columns' fp32 dgamma/dbeta sums and 32 KB for gamma's and the residual
-// gradient's packs, so two blocks still fit an SM at 8192 16-bit columns);
+// gradient's packs, so two blocks still fit an SM at 8192 16-bit columns; at
+// one, 88 KB with dy, x and the residual gradient double-buffered);
 // `lanes` rows run at once in a
 // block of lanes * threads_per_row <= 512 threads (several only with one pack
 // a thread), each lane over rows_per_lane rows: at least 8, so a block's

@@ -31,6 +31,18 @@ Tensor LayerNorm::backward(const Tensor& dy, const Tensor* residual_grad) {
   return dx;
 }
 
+Tensor LayerNorm::backward_dropout(const Tensor& dy, const Tensor* residual_grad,
+                                   const kernels::DropoutBackwardOf& then) {
+  MZ_CHECK(input_.defined(), "LayerNorm::backward_dropout before forward");
+  Tensor dx = ctx_.activation(input_.shape());
+  NormGradients grads(ctx_, {&gamma_->grad, &beta_->grad});
+  kernels::layernorm_backward_dropout(dy, input_, gamma_->value, mean_, rstd_, dx, grads.grad(0), grads.grad(1),
+                                      residual_grad, then);
+  grads.finish();
+  release();
+  return dx;
+}
+
 void LayerNorm::release() {
   input_ = Tensor();
   mean_ = Tensor();

@@ -12,6 +12,8 @@ class LayerNorm final : public Normalization {
   Tensor forward(const Tensor& x) override;  // [N, hidden]
   // dx (+ *residual_grad, in the same pass, when given); accumulates dgamma, dbeta.
   Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) override;
+  Tensor backward_dropout(const Tensor& dy, const Tensor* residual_grad,
+                          const kernels::DropoutBackwardOf& then) override;
   void release() override;
 
  private:

@@ -11,6 +11,7 @@
 #include "layers/gpt_config.h"
 #include "layers/parameter.h"
 #include "layers/tp_context.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::layers {
 
@@ -21,6 +22,16 @@ class Normalization {
   // dx (+ *residual_grad, in the same pass, when given); accumulates the
   // parameters' gradients.
   virtual Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) = 0;
+  // backward, then *then.out = the dropout backward of dx (the residual
+  // stream's gradient entering the sub-block below the norm) and its bias
+  // gradient: in the same pass where the norm's kernels can
+  // (kernels::layernorm_backward_dropout), else one call after the other.
+  virtual Tensor backward_dropout(const Tensor& dy, const Tensor* residual_grad,
+                                  const kernels::DropoutBackwardOf& then) {
+    Tensor dx = backward(dy, residual_grad);
+    kernels::dropout_backward_of(dx, then);
+    return dx;
+  }
   virtual void release() = 0;
 };
 

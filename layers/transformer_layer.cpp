@@ -31,19 +31,11 @@ Tensor TransformerLayer::hidden_dropout(const Tensor& x, RngSite site) const {
   return y;
 }
 
-Tensor TransformerLayer::hidden_dropout_backward(const Tensor& dy, RngSite site, Parameter* bias) const {
-  const double p = step_.training ? cfg_.hidden_dropout : 0.0;
-  Tensor dx = ctx_.activation(dy.shape());  // not in place: dy is also the residual's gradient
-  const kernels::DropoutLayout l = layout_of(dy);
-  const RngKey key{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site};
-  if (bias) {
-    kernels::dropout_backward_bias_grad(dy, p, key, l, dx, bias->grad);
-  } else if (p == 0) {
-    dx.copy_from(dy);
-  } else {
-    kernels::dropout_backward(dy, p, key, l, dx);
-  }
-  return dx;
+kernels::DropoutBackwardOf TransformerLayer::hidden_dropout_backward_of(const Tensor& dy, RngSite site, Parameter* bias,
+                                                                        Tensor& out) const {
+  return {step_.training ? cfg_.hidden_dropout : 0.0,
+          RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), site}, layout_of(dy), &out,
+          bias ? &bias->grad : nullptr};
 }
 
 // residual + dropout(y + bias) in one pass (bias-dropout-add), written over y.
@@ -90,11 +82,17 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
   // in bias-dropout-add). Not under sequence parallelism: that pass sees this
   // rank's rows only; the linear sums the gathered rows instead.
   Parameter* mlp_bias = ctx_.sequence_parallel ? nullptr : mlp_.output_bias();
-  Tensor dm = hidden_dropout_backward(dy, kRngMlpOutputDropout, mlp_bias);
-  Tensor dx1 =
-      ln2_->backward(mlp_.backward(dm, mlp_bias != nullptr), &dy);  // + the residual's gradient, in the same pass
+  Tensor dm = ctx_.activation(dy.shape());  // not in place: dy is also the residual's gradient
+  kernels::dropout_backward_of(dy, hidden_dropout_backward_of(dy, kRngMlpOutputDropout, mlp_bias, dm));
+  // dx1 = LN2's input gradient + the residual's (dy), and the attention
+  // output dropout's backward of it (da), in one pass where the device can.
   Parameter* attention_bias = ctx_.sequence_parallel ? nullptr : attention_.output_bias();
-  Tensor da = hidden_dropout_backward(dx1, kRngAttentionOutputDropout, attention_bias);
+  Tensor dln2 = mlp_.backward(dm, mlp_bias != nullptr);
+  dm = Tensor();  // each gradient released once read: a [rows, hidden] activation each
+  Tensor da = ctx_.activation(dy.shape());
+  Tensor dx1 =
+      ln2_->backward_dropout(dln2, &dy, hidden_dropout_backward_of(dy, kRngAttentionOutputDropout, attention_bias, da));
+  dln2 = Tensor();
   return ln1_->backward(attention_.backward(da, attention_bias != nullptr), &dx1);
 }
 

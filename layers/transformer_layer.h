@@ -32,9 +32,12 @@ class TransformerLayer {
   kernels::DropoutLayout layout_of(const Tensor& hidden) const;  // of this rank's residual-stream rows
   Tensor hidden_dropout(const Tensor& x, RngSite site) const;
   Tensor bias_dropout_add(const Tensor& y, const Parameter* bias, const Tensor& residual, RngSite site) const;
-  // With `bias` (the sub-block's output bias, added before the dropout), its
-  // gradient is summed in the same pass (kernels::dropout_backward_bias_grad).
-  Tensor hidden_dropout_backward(const Tensor& dy, RngSite site, Parameter* bias) const;
+  // The backward of the dropout at `site` over residual-stream rows shaped
+  // like `dy`, into `out`. With `bias` (the sub-block's output bias, added
+  // before the dropout), its gradient is summed in the same pass
+  // (kernels::dropout_backward_bias_grad).
+  kernels::DropoutBackwardOf hidden_dropout_backward_of(const Tensor& dy, RngSite site, Parameter* bias,
+                                                        Tensor& out) const;
   void release();
 
   GPTConfig cfg_;

@@ -173,6 +173,59 @@ TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
   }
 }
 
+// The attention output dropout's backward in LayerNorm's backward pass
+// (kernels::layernorm_backward_dropout): dx the one-pass kernel's bits, the
+// dropout's gradient the separate dropout backward's bits (same mask), the
+// bias gradient its sums in another order. Shapes: one pack a thread (the bias
+// summed in the kernel), two (summed after it), a width the one-pass kernel
+// does not take and mixed accumulator dtypes (both: the two calls).
+TEST_F(Cuda, LayerNormBackwardWithTheDropoutBackwardInOnePass) {
+  struct Case {
+    std::int64_t rows, cols;
+    DType dt, bias_acc;
+  };
+  for (const Case& c : std::vector<Case>{{5000, 1024, DType::BF16, DType::F32},
+                                         {2000, 8192, DType::BF16, DType::F32},
+                                         {777, 1024, DType::F32, DType::F32},
+                                         {300, 1002, DType::BF16, DType::F32},
+                                         {600, 1024, DType::BF16, DType::BF16}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " " + std::string(dtype_name(c.dt)));
+    const DType dt = c.dt;
+    const std::int64_t rows = c.rows, cols = c.cols;
+    auto x = random({rows, cols}, dt), gamma = random({cols}, dt, 0.5, 1.5), beta = random({cols}, dt);
+    auto y = zeros({rows, cols}, dt), mean = zeros({rows}, DType::F32), rstd = zeros({rows}, DType::F32);
+    k::layernorm_forward(x.g, gamma.g, beta.g, 1e-5, y.g, mean.g, rstd.g);
+    auto dy = random({rows, cols}, dt), res = random({rows, cols}, dt);
+    auto dgamma = random({cols}, DType::F32), dbeta = random({cols}, DType::F32), dbias = random({cols}, c.bias_acc);
+    Tensor dg2 = dgamma.g.clone(MemoryCategory::Other), db2 = dbeta.g.clone(MemoryCategory::Other),
+           dbias2 = dbias.g.clone(MemoryCategory::Other);
+    const k::DropoutLayout layout{rows, 1, 1, cols, 4 * rows + 3, 1, 2};  // global rows 2 (4 rows + 3) + 1 + 2 r
+    const RngKey key{7, 1234, 5, kRngAttentionOutputDropout};
+    auto dx = poisoned({rows, cols}, dt), dd = poisoned({rows, cols}, dt);
+    k::layernorm_backward_dropout(dy.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g, &res.g,
+                                  k::DropoutBackwardOf{0.1, key, layout, &dd.g, &dbias.g});
+    // The two calls on the GPU.
+    auto dx2 = poisoned({rows, cols}, dt), dd2 = poisoned({rows, cols}, dt);
+    k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg2, db2, &res.g);
+    k::dropout_backward_bias_grad(dx2.g, 0.1, key, layout, dd2.g, dbias2);
+    EXPECT_EQ(dx.g.to_double_vector(), dx2.g.to_double_vector());
+    EXPECT_EQ(dd.g.to_double_vector(), dd2.g.to_double_vector());
+    EXPECT_EQ(dgamma.g.to_double_vector(), dg2.to_double_vector());
+    EXPECT_EQ(dbeta.g.to_double_vector(), db2.to_double_vector());
+    EXPECT_LE(rel_diff(dbias.g, dbias2), c.bias_acc == DType::F32 ? 1e-6 : 8e-3);
+    // And the CPU's dropout of the GPU's dx: the same mask and rounding.
+    dx.c.copy_from(dx.g);
+    k::dropout_backward_bias_grad(dx.c, 0.1, key, layout, dd.c, dbias.c);
+    EXPECT_EQ(dd.g.to_double_vector(), dd.c.to_double_vector());
+    EXPECT_LE(rel_diff(dbias.g, dbias.c), c.bias_acc == DType::F32 ? 1e-6 : 8e-3);
+    // Without a bias: the dropout's gradient alone.
+    auto dd3 = poisoned({rows, cols}, dt);
+    k::layernorm_backward_dropout(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg2, db2, &res.g,
+                                  k::DropoutBackwardOf{0.1, key, layout, &dd3.g, nullptr});
+    EXPECT_EQ(dd3.g.to_double_vector(), dd.g.to_double_vector());
+  }
+}
+
 TEST_F(Cuda, ElementwiseKernels) {
   for (DType dt : kTypes) {
     const Shape sh{53, 300};

@@ -62,6 +62,16 @@ TEST(LayerKernels, GpuScratchIsAllocatedThroughTheDeviceOnlyForCudaKernels) {
          layernorm_backward(x, x, g, st, st, dx, dg, db);
        },
        gs::layernorm_backward_bytes(DType::BF16, rows, cols)},
+      {"layernorm_backward_dropout",
+       [&](const std::shared_ptr<Device>& dev) {
+         Tensor x = t(dev, {rows, cols}, DType::BF16), g = t(dev, {cols}, DType::BF16);
+         Tensor st = t(dev, {rows}, DType::F32), dg = t(dev, {cols}, DType::F32), db = t(dev, {cols}, DType::F32);
+         Tensor dx = t(dev, {rows, cols}, DType::BF16), dd = t(dev, {rows, cols}, DType::BF16);
+         Tensor dbias = t(dev, {cols}, DType::F32);
+         layernorm_backward_dropout(x, x, g, st, st, dx, dg, db, nullptr,
+                                    {0.1, RngKey{}, DropoutLayout{rows, 1, 1, cols, 0, 0, 1}, &dd, &dbias});
+       },
+       gs::layernorm_dropout_backward_bytes(DType::BF16, rows, cols)},
       {"bias_gelu_backward",
        [&](const std::shared_ptr<Device>& dev) {
          Tensor dy = t(dev, {rows, cols}, DType::BF16), b = t(dev, {cols}, DType::BF16);

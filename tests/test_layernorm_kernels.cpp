@@ -15,6 +15,7 @@
 
 #include "kernel_test_util.h"
 #include "megazero/kernels/layernorm.h"
+#include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gelu_bias.h"
 
 using namespace megazero;
@@ -125,6 +126,67 @@ TEST(LayerNorm, BackwardAddsTheResidualGradientInTheSamePass) {
   Tensor wrong = empty({c.rows(), c.cols() + 1});
   expect_rejected([&] { layernorm_backward(tensor(c.shape, w), x, gamma, mean, rstd, dx, dg, db, &wrong); },
                   "add_to_dx");
+}
+
+// layernorm_backward_dropout is layernorm_backward, then the dropout backward
+// of its dx (what the CPU runs, and what the GPU's one pass must equal:
+// test_cuda); its output may not share dx's or dy's storage.
+TEST(LayerNorm, BackwardDropoutIsTheBackwardThenTheDropoutBackward) {
+  auto c = layernorm_case({6, 16}, 5, 1.0);
+  std::mt19937 rng(41);
+  const Vec w = randn(c.x.size(), rng), r = randn(c.x.size(), rng), b0 = randn(usize(c.cols()), rng);
+  for (const DType t : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor x = tensor(c.shape, c.x, t), gamma = tensor({c.cols()}, c.gamma, t), beta = tensor({c.cols()}, c.beta, t);
+    Tensor y = empty(c.shape, t), mean = empty({c.rows()}, DType::F32), rstd = empty({c.rows()}, DType::F32);
+    layernorm_forward(x, gamma, beta, c.eps, y, mean, rstd);
+    const Tensor dy = tensor(c.shape, w, t), res = tensor(c.shape, r, t);
+    const DropoutLayout layout{c.rows(), 1, 1, c.cols(), 12, 0, 1};
+    const RngKey key{3, 9, 2, kRngAttentionOutputDropout};
+    Tensor dg = tensor({c.cols()}, b0, DType::F32), db = dg.clone(MC::Other), dbias = dg.clone(MC::Other);
+    Tensor dg2 = dg.clone(MC::Other), db2 = dg.clone(MC::Other), dbias2 = dg.clone(MC::Other);
+    Tensor dx = empty(c.shape, t), dd = empty(c.shape, t), dx2 = empty(c.shape, t), dd2 = empty(c.shape, t);
+    layernorm_backward_dropout(dy, x, gamma, mean, rstd, dx, dg, db, &res, {0.25, key, layout, &dd, &dbias});
+    layernorm_backward(dy, x, gamma, mean, rstd, dx2, dg2, db2, &res);
+    dropout_backward_bias_grad(dx2, 0.25, key, layout, dd2, dbias2);
+    EXPECT_EQ(vals(dx), vals(dx2));
+    EXPECT_EQ(vals(dd), vals(dd2));
+    EXPECT_EQ(vals(dg), vals(dg2));
+    EXPECT_EQ(vals(db), vals(db2));
+    EXPECT_EQ(vals(dbias), vals(dbias2));
+    std::size_t dropped = 0;
+    for (const double v : vals(dd)) dropped += v == 0.0;
+    EXPECT_GT(dropped, 0u);  // p = 0.25 over 96 values: the mask did drop
+    // No bias: the dropout alone, the same values.
+    Tensor dd3 = empty(c.shape, t);
+    layernorm_backward_dropout(dy, x, gamma, mean, rstd, dx2, dg2, db2, &res, {0.25, key, layout, &dd3, nullptr});
+    EXPECT_EQ(vals(dd3), vals(dd));
+    // The output over dx or dy, a wrong bias, a layout of other rows: refused.
+    expect_rejected(
+        [&] {
+          layernorm_backward_dropout(dy, x, gamma, mean, rstd, dx, dg, db, &res, {0.25, key, layout, &dx, nullptr});
+        },
+        "must not share dx's or dy's storage");
+    Tensor dy_copy = dy.clone(MC::Other);
+    expect_rejected(
+        [&] {
+          layernorm_backward_dropout(dy_copy, x, gamma, mean, rstd, dx, dg, db, &res,
+                                     {0.25, key, layout, &dy_copy, nullptr});
+        },
+        "must not share dx's or dy's storage");
+    Tensor short_bias = empty({c.cols() - 1}, DType::F32);
+    expect_rejected(
+        [&] {
+          layernorm_backward_dropout(dy, x, gamma, mean, rstd, dx, dg, db, &res, {0.25, key, layout, &dd, &short_bias});
+        },
+        "dbias");
+    const DropoutLayout fewer{c.rows() - 1, 1, 1, c.cols(), 0, 0, 1};
+    expect_rejected(
+        [&] {
+          layernorm_backward_dropout(dy, x, gamma, mean, rstd, dx, dg, db, &res, {0.25, key, fewer, &dd, nullptr});
+        },
+        "does not cover");
+  }
 }
 
 TEST(LayerNorm, Fp32BackwardMatchesFp64) {

@@ -10,6 +10,7 @@
 #include <initializer_list>
 
 #include "megazero/cuda/column_sums.cuh"
+#include "megazero/cuda/dropout.h"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_helpers.cuh"
 #include "megazero/cuda/layernorm.h"
@@ -209,41 +210,76 @@ void layernorm_param_grads_t(const void* dy, const void* x, const void* mean, co
       ws, s, "layernorm_backward dgamma");
 }
 
-// dx, dgamma and dbeta in one pass over dy and x, then the partials' finish;
-// false when the plan or the operands' alignment rule it out.
+// The dropout backward layernorm_backward_dropout adds to the one-pass kernel.
+struct FusedDropout {
+  double p = 0;
+  RngKey key;
+  kernels::DropoutLayout layout;
+  void* dd = nullptr;
+  void* dbias = nullptr;  // none: no bias gradient
+};
+
+// dx, dgamma and dbeta in one pass over dy and x (and, with `drop`, dx's
+// dropout backward and its bias gradient), then the partials' finish; false
+// when the plan or the operands' alignment rule it out.
 template <typename S, typename G>
 bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
                                 const void* rstd, void* dx, void* dgamma, void* dbeta, const void* add, i64 rows,
-                                i64 cols, kernels::GpuScratch ws, cudaStream_t s) {
+                                i64 cols, const FusedDropout* drop, kernels::GpuScratch ws, cudaStream_t s) {
   if constexpr (std::is_same_v<S, double>) {
     return false;
   } else {
     const auto plan = kernels::gpu_scratch::layernorm_fused_plan(t, rows, cols);
     if (!plan.fused()) return false;
-    for (const void* p : std::initializer_list<const void*>{dy, x, gamma, dx, add ? add : dx})
+    for (const void* p : std::initializer_list<const void*>{dy, x, gamma, dx, add ? add : dx, drop ? drop->dd : dx})
       if (!aligned16(p)) return false;
-    double* pg = scratch_as<double>(ws, plan.partial_bytes(cols), "layernorm_backward partials");
+    // The bias gradient's sums join the kernel's with one pack a thread; with
+    // two they would take its shared memory to 128 KB (one block an SM).
+    RowDropout<S> rd{};
+    const bool sums = drop && drop->dbias && plan.packs_per_thread == 1;
+    const int nsums = sums ? 3 : 2;
+    double* pg = scratch_as<double>(ws, plan.partial_bytes(cols, nsums), "layernorm_backward partials");
     double* pb = pg + plan.blocks * cols;
+    if (drop && !row_dropout(drop->layout, rows, cols, static_cast<S*>(drop->dd), pb + plan.blocks * cols, drop->p,
+                             philox_key(drop->key), rd))
+      return false;
     const i64 threads = plan.lanes * plan.threads_per_row;
-    const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>);
+    const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums);
     const auto launch = [&](auto kernel) {
-      // Up to 96 KB (8192 16-bit columns): over the 48 KB a launch gets
-      // unasked, so ask (per call: it is per device, and costs microseconds).
+      // Up to 104 KB (1024 16-bit columns with the bias sums): over the 48 KB
+      // a launch gets unasked, so ask (per call: it is per device, and costs
+      // microseconds).
       if (smem > std::size_t{48} << 10)
         check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                    "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
       kernel<<<static_cast<unsigned>(plan.blocks), static_cast<unsigned>(threads), smem, s>>>(
           static_cast<const S*>(dy), static_cast<const S*>(x), static_cast<const S*>(gamma),
           static_cast<const float*>(mean), static_cast<const float*>(rstd), static_cast<S*>(dx),
-          static_cast<const S*>(add), rows, cols, static_cast<int>(plan.threads_per_row), plan.rows_per_lane, pg, pb);
+          static_cast<const S*>(add), rows, cols, static_cast<int>(plan.threads_per_row), plan.rows_per_lane, pg, pb,
+          rd);
     };
-    if (plan.packs_per_thread == 1)
-      launch(layernorm_backward_fused_kernel<S, 1>);
-    else
-      launch(layernorm_backward_fused_kernel<S, 2>);
-    check_launch("layernorm_backward (fused)");
+    if (plan.packs_per_thread == 1) {
+      if (sums)
+        launch(layernorm_backward_fused_kernel<S, 1, true, true>);
+      else if (drop)
+        launch(layernorm_backward_fused_kernel<S, 1, true>);
+      else
+        launch(layernorm_backward_fused_kernel<S, 1>);
+    } else {
+      if (drop)
+        launch(layernorm_backward_fused_kernel<S, 2, true>);
+      else
+        launch(layernorm_backward_fused_kernel<S, 2>);
+    }
+    check_launch(drop ? "layernorm_backward_dropout (fused)" : "layernorm_backward (fused)");
     finish_columns(static_cast<G*>(dgamma), cols, plan.blocks, pg, s, "layernorm_backward dgamma");
     finish_columns(static_cast<G*>(dbeta), cols, plan.blocks, pb, s, "layernorm_backward dbeta");
+    if (sums) {
+      finish_columns(static_cast<G*>(drop->dbias), cols, plan.blocks, rd.partial, s,
+                     "layernorm_backward_dropout dbias");
+    } else if (drop && drop->dbias) {  // after the finishes on the stream: the scratch is free again
+      sum_rows_t<S, G>(drop->dd, drop->dbias, rows, cols, ws, s, "layernorm_backward_dropout dbias");
+    }
     return true;
   }
 }
@@ -279,7 +315,7 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
       using S = decltype(tag);
       const auto run = [&](auto acc) {
         done = layernorm_backward_fused_t<S, decltype(acc)>(t, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add, rows,
-                                                            cols, ws, s);
+                                                            cols, nullptr, ws, s);
       };
       if (dgamma_type == DType::F32)
         run(float{});
@@ -333,6 +369,32 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
           cols);
   });
   check_launch("layernorm_backward");
+}
+
+void layernorm_backward_dropout(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
+                                const void* rstd, void* dx, void* dgamma, void* dbeta, DType acc_type, const void* add,
+                                i64 rows, i64 cols, double p, const RngKey& key, const kernels::DropoutLayout& layout,
+                                void* dd, void* dbias, kernels::GpuScratch ws, cudaStream_t s) {
+  if (rows == 0) return;
+  const FusedDropout drop{p, key, layout, dd, dbias};
+  bool done = false;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    const auto run = [&](auto acc) {
+      done = layernorm_backward_fused_t<S, decltype(acc)>(t, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add, rows,
+                                                          cols, &drop, ws, s);
+    };
+    if (acc_type == DType::F32)
+      run(float{});
+    else if (acc_type == t)
+      run(S{});
+  });
+  if (done) return;
+  layernorm_backward(t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols, true, ws, s);
+  if (dbias)
+    dropout_backward_bias_grad(t, dx, p, key, layout, dd, dbias, acc_type, rows, cols, ws, s);
+  else
+    dropout(t, dx, p, key, layout, dd, s);
 }
 
 }  // namespace megazero::cuda

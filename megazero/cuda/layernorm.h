@@ -3,6 +3,7 @@
 #pragma once
 
 #include "megazero/cuda/launchers.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::cuda {
 
@@ -13,5 +14,14 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
                         i64 rows, i64 cols, bool one_pass, kernels::GpuScratch ws,
                         cudaStream_t s);  // ws: gpu_scratch::layernorm_backward_bytes(t, rows, cols); one_pass: where
                                           // layernorm_fused_plan allows
+// layernorm_backward, then dd = the dropout backward of dx and dbias (when not
+// null) += its column sums (kernels::layernorm_backward_dropout): one pass
+// where the fused plan and the layout (one layout row a row) allow, else the
+// two launchers. dgamma, dbeta and dbias are all acc_type. ws:
+// gpu_scratch::layernorm_dropout_backward_bytes(t, rows, cols).
+void layernorm_backward_dropout(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
+                                const void* rstd, void* dx, void* dgamma, void* dbeta, DType acc_type, const void* add,
+                                i64 rows, i64 cols, double p, const RngKey& key, const kernels::DropoutLayout& layout,
+                                void* dd, void* dbias, kernels::GpuScratch ws, cudaStream_t s);
 
 }  // namespace megazero::cuda

@@ -21,6 +21,8 @@
 
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/packs.cuh"
+#include "megazero/cuda/philox.cuh"
+#include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gpu_scratch.h"
 
 namespace megazero::cuda::detail_k {
@@ -53,6 +55,47 @@ __device__ __forceinline__ void lane_sums(float& a, float& b, int T, float (*par
   }
 }
 
+// The dropout backward of the kernel's dx (the residual stream's gradient as
+// it enters the sub-block below, e.g. a transformer layer's attention output
+// dropout), written in the same pass: dd = dx * keep / (1 - p), dx's rounded
+// values with dropout_backward's mask, formula and rounding (bit for bit), for
+// a layout whose layout rows are the tensor's rows: row r's element c has the
+// global index (row0 + r * row_step) * cols + c. Saves the dropout backward's
+// own pass (a read of dx, 512 MB at the 100B layer's [32768, 8192]) and
+// launch. partial (the kernel's SUMS): dd's column sums, written as dgamma's.
+// keep_scale and threshold come computed (row_dropout below): as kernel
+// parameters they stay in the constant bank, where the two-pack kernel has no
+// registers to hold them.
+template <typename S>
+struct RowDropout {
+  S* dd = nullptr;
+  double* partial = nullptr;
+  PhiloxKey key{};
+  i64 row0 = 0, row_step = 1;
+  compute_t<S> keep_scale = 1;  // dropout_backward_partial_kernel's 1 / (1 - p), rounded the same way
+  std::uint32_t threshold = 0;  // keep_threshold(p)
+  bool on = false;              // p > 0
+};
+
+// RowDropout for a dropout layout of `rows` rows of `cols`: false unless each
+// layout row is one of them (a hidden-state layout: one group, a sample a
+// row), whose global row is then (sample_offset + r) * global_groups +
+// group_offset.
+template <typename S>
+bool row_dropout(const kernels::DropoutLayout& l, i64 rows, i64 cols, S* dd, double* partial, double p,
+                 const PhiloxKey& key, RowDropout<S>& out) {
+  if (l.groups != 1 || l.samples != rows || l.matrix_rows * l.matrix_cols != cols) return false;
+  out = {dd,
+         partial,
+         key,
+         l.sample_offset * l.global_groups + l.group_offset,
+         l.global_groups,
+         static_cast<compute_t<S>>(1.0 / (1.0 - p)),
+         keep_threshold(p),
+         p > 0};
+  return true;
+}
+
 // dx (over dy, + add when given) for the rows of this block, and its partial
 // dgamma/dbeta sums: partial_g[blockIdx.x * cols + c] = sum over the block's
 // rows of dy * xhat, partial_b likewise of dy. Block b covers rows
@@ -76,20 +119,27 @@ __device__ __forceinline__ void lane_sums(float& a, float& b, int T, float (*par
 //   a thread have no registers to spare before it), they were a second
 //   memory round trip a row in series with the first: at the 100B layer's
 //   width the one-pass backward ran ~5.5 us a row, latency-bound.
-template <typename S, int P>
+// DROP: dx's dropout backward too (RowDropout; dd must not alias dx or dy);
+// SUMS: and dd's column sums, a third [N][thread] array of shared memory
+// (+16 KB at one pack a thread: 104 KB, still two blocks an SM; at two packs
+// it would be 128 KB, one block an SM, so the launcher sums dd afterwards).
+template <typename S, int P, bool DROP = false, bool SUMS = false>
 __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     layernorm_backward_fused_kernel(const S* dy, const S* x, const S* gamma, const float* mean, const float* rstd,
                                     S* dx, const S* add, i64 rows, i64 cols, int threads_per_row, i64 rows_per_lane,
-                                    double* partial_g, double* partial_b) {
+                                    double* partial_g, double* partial_b, RowDropout<S> drop) {
+  static_assert(DROP || !SUMS, "dd's sums need dd");
   constexpr int V = kVec<S>;
   constexpr int N = P * V;
+  constexpr int NS = SUMS ? 3 : 2;  // column sums a column: dgamma's, dbeta's (, dd's)
+  static_assert(V % 4 == 0, "a pack is whole Philox blocks");
   __shared__ float parts[2][kLayerNormFusedMaxThreads / 32][2];
-  // [2][N][kLayerNormFusedMaxThreads]: dgamma's, then dbeta's; a constant
-  // stride, so the slots' addresses are immediates, not registers. Then
-  // gamma's and the residual gradient's [P][kLayerNormFusedMaxThreads] packs.
+  // [NS][N][kLayerNormFusedMaxThreads]: dgamma's, then dbeta's (, dd's); a
+  // constant stride, so the slots' addresses are immediates, not registers.
+  // Then gamma's and the residual gradient's [P][kLayerNormFusedMaxThreads] packs.
   constexpr int kStride = kLayerNormFusedMaxThreads;
   float* const sums = dynamic_shared<float>() + threadIdx.x;
-  Pack<S>* const gam = reinterpret_cast<Pack<S>*>(dynamic_shared<float>() + 2 * N * kStride) + threadIdx.x;
+  Pack<S>* const gam = reinterpret_cast<Pack<S>*>(dynamic_shared<float>() + NS * N * kStride) + threadIdx.x;
   // Row i's copies land in buffer b: with one pack a thread (kPrefetch) dy, x
   // and the residual gradient, issued a row ahead, so they are in flight
   // while the previous row is computed; with two, only this row's residual
@@ -107,8 +157,9 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   const i64 t = static_cast<i64>(me) % T;
   const i64 first = static_cast<i64>(blockIdx.x) * lanes * rows_per_lane;
   const float inv = 1.f / static_cast<float>(cols);
+  using C = compute_t<S>;
 #pragma unroll
-  for (int k = 0; k < 2 * N; ++k) sums[k * kStride] = 0.f;
+  for (int k = 0; k < NS * N; ++k) sums[k * kStride] = 0.f;
 #pragma unroll
   for (int q = 0; q < P; ++q) {
     const i64 c0 = (static_cast<i64>(q) * T + t) * V;
@@ -194,13 +245,44 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
         o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(a.v[j]) : 0.f));
       }
       *reinterpret_cast<Pack<S>*>(dx + row + c0) = o;
+      if constexpr (DROP) res[(b * P + q) * kStride] = o;  // its slot, read above: kept for the dropout below
+    }
+    if constexpr (DROP) {
+      // After all of the row's dx, its packs from shared memory and one pack
+      // at a time: dy's and x's packs are dead by then, which leaves the
+      // Philox rounds registers. (ptxas, sm_90: no spills, except 16 bytes
+      // with two bf16 packs a thread at its 64 registers; 46 with dx's packs
+      // held in registers and the loop unrolled.)
+      const std::uint64_t row_index =
+          static_cast<std::uint64_t>(drop.row0 + r * drop.row_step) * static_cast<std::uint64_t>(cols);
+#pragma unroll 1
+      for (int q = 0; q < P; ++q) {
+        const i64 c0 = (static_cast<i64>(q) * T + t) * V;
+        if (c0 >= cols) continue;
+        // c0 and cols are multiples of V, so of 4: the pack is V / 4 whole Philox blocks.
+        const std::uint64_t block0 = (row_index + static_cast<std::uint64_t>(c0)) >> 2;
+        const Pack<S> o = res[(b * P + q) * kStride];
+        Pack<S> od;
+#pragma unroll
+        for (int w4 = 0; w4 < V / 4; ++w4) {
+          const uint4 w = drop.on ? philox(block0 + static_cast<std::uint64_t>(w4), drop.key) : uint4{};
+#pragma unroll
+          for (int u = 0; u < 4; ++u) {
+            const int j = 4 * w4 + u;
+            const bool keep = !drop.on || kept(word(w, static_cast<unsigned>(u)), drop.threshold);
+            od.v[j] = keep ? st<S>(ld(o.v[j]) * drop.keep_scale) : st<S>(C(0));
+            if constexpr (SUMS) sums[(2 * N + q * V + j) * kStride] += ld(od.v[j]);
+          }
+        }
+        *reinterpret_cast<Pack<S>*>(drop.dd + row + c0) = od;
+      }
     }
   }
   // Lane 0's threads add the other lanes' sums in lane order, in double.
   __syncthreads();
   if (lane != 0) return;
-  for (int s = 0; s < 2; ++s) {
-    double* out = (s == 0 ? partial_g : partial_b) + static_cast<i64>(blockIdx.x) * cols;
+  for (int s = 0; s < NS; ++s) {
+    double* out = (s == 0 ? partial_g : s == 1 ? partial_b : drop.partial) + static_cast<i64>(blockIdx.x) * cols;
     for (int k = 0; k < N; ++k) {
       const i64 c = (static_cast<i64>(k / V) * T + t) * V + k % V;
       if (c >= cols) continue;
@@ -212,13 +294,14 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   }
 }
 
-// The dynamic shared memory the kernel above needs: the column sums, then
-// 16-byte packs a thread: gamma's, and the residual gradient's (one pack a
-// thread: dy's, x's and the residual gradient's, double-buffered). GPT-2
-// medium: 32 + 56 KB; the 100B layer: 64 + 32 KB; two blocks an SM either way.
-inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec) {
+// The dynamic shared memory the kernel above needs: the column sums (`sums`
+// of them: 2, or 3 with SUMS), then 16-byte packs a thread: gamma's, and the
+// residual gradient's (one pack a thread: dy's, x's and the residual
+// gradient's, double-buffered). GPT-2 medium: 32 + 56 KB (48 + 56 with
+// SUMS); the 100B layer: 64 + 32 KB; two blocks an SM in each case.
+inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec, int sums = 2) {
   const int packs = packs_per_thread == 1 ? 1 + 3 * 2 : packs_per_thread * 2;
-  return static_cast<std::size_t>(2 * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float) +
+  return static_cast<std::size_t>(sums * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float) +
          static_cast<std::size_t>(packs * kLayerNormFusedMaxThreads) * 16;
 }
 

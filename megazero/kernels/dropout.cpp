@@ -135,4 +135,12 @@ void dropout_backward_bias_grad(const Tensor& dy, double p, const RngKey& key, c
   bias_grad(dx, dbias);
 }
 
+void dropout_backward_of(const Tensor& dy, const DropoutBackwardOf& d) {
+  MZ_CHECK(d.out != nullptr, "dropout_backward_of: no output tensor");
+  if (d.dbias)
+    dropout_backward_bias_grad(dy, d.p, d.key, d.layout, *d.out, *d.dbias);
+  else
+    dropout_backward(dy, d.p, d.key, d.layout, *d.out);
+}
+
 }  // namespace megazero::kernels

@@ -41,6 +41,23 @@ void dropout_backward(const Tensor& dy, double p, const RngKey& key, const Dropo
 void dropout_backward_bias_grad(const Tensor& dy, double p, const RngKey& key, const DropoutLayout& layout, Tensor& dx,
                                 Tensor& dbias);
 
+// A dropout backward to run on a gradient another kernel has just written,
+// in that kernel's pass where the device can (layernorm_backward_dropout):
+// *out = dropout_backward(that gradient) for (p, key, layout), and *dbias,
+// when given, += *out's column sums as dropout_backward_bias_grad's. A
+// transformer layer's residual stream: the gradient LayerNorm's backward
+// writes is the one the sub-block below it drops out.
+struct DropoutBackwardOf {
+  double p = 0;
+  RngKey key;
+  DropoutLayout layout;
+  Tensor* out = nullptr;    // the dropout's input gradient: not dy's storage
+  Tensor* dbias = nullptr;  // the gradient of a bias added before the dropout, or none
+};
+// The unfused form: dropout_backward_bias_grad(dy, ...) with a bias, else
+// dropout_backward (a copy at p == 0).
+void dropout_backward_of(const Tensor& dy, const DropoutBackwardOf& d);
+
 // Megatron's fused bias-dropout-add, the end of each sub-block:
 //   out = residual + dropout(y + bias)   (bias [cols] along the last dimension)
 // with dropout_forward's mask for the same key and layout, computed in the

@@ -147,9 +147,10 @@ struct LayerNormFusedPlan {
   int packs_per_thread = 0;
   i64 threads_per_row = 0, lanes = 0, rows_per_lane = 0, blocks = 0;
   bool fused() const { return packs_per_thread > 0; }
-  // dgamma's partials, then dbeta's: a row of cols doubles a block each.
-  std::size_t partial_bytes(i64 cols) const {
-    return fused() ? static_cast<std::size_t>(2 * blocks * cols) * sizeof(double) : 0;
+  // dgamma's partials, then dbeta's (then a dropout's bias gradient's, for
+  // sums = 3): a row of cols doubles a block each.
+  std::size_t partial_bytes(i64 cols, int sums = 2) const {
+    return fused() ? static_cast<std::size_t>(sums * blocks * cols) * sizeof(double) : 0;
   }
 };
 inline LayerNormFusedPlan layernorm_fused_plan(DType storage, i64 rows, i64 cols) {
@@ -173,6 +174,17 @@ inline LayerNormFusedPlan layernorm_fused_plan(DType storage, i64 rows, i64 cols
 inline std::size_t layernorm_backward_bytes(DType storage, i64 rows, i64 cols) {
   return std::max(column_sums_bytes(storage, rows, cols, 2),
                   layernorm_fused_plan(storage, rows, cols).partial_bytes(cols));
+}
+
+// layernorm_backward_dropout's scratch, whichever way the launcher goes: the
+// one-pass kernel's partials with the bias gradient's as a third sum (one
+// pack a thread), the bias's column sums after the kernel (two), or
+// layernorm_backward's and then dropout_backward_bias_grad's (not fused),
+// each reusing it one after the other on the stream.
+inline std::size_t layernorm_dropout_backward_bytes(DType storage, i64 rows, i64 cols) {
+  return std::max({layernorm_backward_bytes(storage, rows, cols), dropout_bias_grad_bytes(rows, cols),
+                   column_sums_bytes(storage, rows, cols, 1),
+                   layernorm_fused_plan(storage, rows, cols).partial_bytes(cols, 3)});
 }
 
 // Launches of a multi-segment optimizer kernel over `segments` ranges: a

@@ -202,6 +202,14 @@ inline bool on_host(const char* op, const Tensor& t) {
   throw InternalError(::megazero::detail::concat(op, " has no CUDA kernel yet (device ", t.device().name(), ")"));
 }
 
+// Whether two tensors' bytes overlap (never on the meta device: no storage).
+inline bool storage_overlaps(const Tensor& a, const Tensor& b) {
+  if (!a.device().has_storage() || a.nbytes() == 0 || b.nbytes() == 0) return false;
+  const auto* a0 = static_cast<const unsigned char*>(a.data());
+  const auto* b0 = static_cast<const unsigned char*>(b.data());
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
 // ---- dropout layouts (dropout.h: DropoutLayout) ----
 
 inline void check_layout(const char* op, const DropoutLayout& l, i64 numel) {

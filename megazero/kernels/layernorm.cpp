@@ -118,10 +118,12 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   });
 }
 
-void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
-                        [[maybe_unused]] LayerNormBackwardPasses passes) {
-  constexpr const char* op = "layernorm_backward";
+namespace {
+
+// layernorm_backward's argument checks; its rows and columns.
+Rows check_backward(const char* op, const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                    const Tensor& rstd, const Tensor& dx, const Tensor& dgamma, const Tensor& dbeta,
+                    const Tensor* add_to_dx) {
   check_float(op, "x", x);
   const DType dt = x.dtype();
   const Rows s = rows_of(op, "x", x);
@@ -138,6 +140,17 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
   check_shapes(op, {s.cols}, {{"gamma", &gamma}, {"dgamma", &dgamma}, {"dbeta", &dbeta}});
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
+  return s;
+}
+
+}  // namespace
+
+void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
+                        Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
+                        [[maybe_unused]] LayerNormBackwardPasses passes) {
+  constexpr const char* op = "layernorm_backward";
+  const Rows s = check_backward(op, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx);
+  const DType dt = x.dtype();
   const Tensor ws =
       allocate_gpu_scratch(x, gpu_scratch::layernorm_backward_bytes(dt, s.rows, s.cols), "layernorm_backward scratch");
   MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
@@ -154,6 +167,42 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
     layernorm_backward_dx_cpu<S>(ptr<const S>(dy), ptr<const S>(x), ptr<const S>(gamma), ptr<const C>(mean),
                                  ptr<const C>(rstd), ptr<S>(dx), add_to_dx ? ptr<const S>(*add_to_dx) : nullptr, s);
   });
+}
+
+void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
+                                const DropoutBackwardOf& then) {
+  constexpr const char* op = "layernorm_backward_dropout";
+  MZ_CHECK(then.out != nullptr, op, ": no tensor for the dropout's gradient (DropoutBackwardOf::out)");
+  const Rows s = check_backward(op, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx);
+  const DType dt = x.dtype();
+  Tensor& out = *then.out;
+  check_operand(op, "the dropout's gradient", out, x, dt);
+  check_shape(op, "the dropout's gradient", out, x.shape());
+  MZ_CHECK(!storage_overlaps(out, dx) && !storage_overlaps(out, dy), op,
+           ": the dropout's gradient must not share dx's or dy's storage (dx is read as the residual's gradient after "
+           "it)");
+  if (then.dbias) {
+    check_accumulator(op, "dbias", *then.dbias, x, dt);
+    check_shape(op, "dbias", *then.dbias, {s.cols});
+  }
+  MZ_CHECK(then.p >= 0.0 && then.p < 1.0, op, ": dropout probability ", then.p, " must be in [0, 1)");
+  check_layout(op, then.layout, x.numel());
+  // One kernel writes dx and the dropout's gradient and sums three columns'
+  // worth into accumulators of one dtype; anything else is the two calls.
+  const DType acc = dgamma.dtype();
+  if (runs_cuda_kernels(x.device()) && dbeta.dtype() == acc && (!then.dbias || then.dbias->dtype() == acc)) {
+    const Tensor ws = allocate_gpu_scratch(x, gpu_scratch::layernorm_dropout_backward_bytes(dt, s.rows, s.cols),
+                                           "layernorm_backward_dropout scratch");
+    MZ_ON_CUDA(
+        x, cuda::layernorm_backward_dropout(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
+                                            dgamma.data(), dbeta.data(), acc, add_to_dx ? add_to_dx->data() : nullptr,
+                                            s.rows, s.cols, then.p, then.key, then.layout, out.data(),
+                                            then.dbias ? then.dbias->data() : nullptr, scratch_of(ws), stream_of(x)));
+    if (!on_host(op, x)) return;  // the meta device standing in for a GPU: sizes only
+  }
+  layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx);
+  dropout_backward_of(dx, then);
 }
 
 }  // namespace megazero::kernels

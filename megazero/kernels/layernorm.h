@@ -4,6 +4,7 @@
 
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/conventions.h"
+#include "megazero/kernels/dropout.h"
 
 namespace megazero::kernels {
 
@@ -26,5 +27,18 @@ enum class LayerNormBackwardPasses { Auto, Split };
 void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
                         Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx = nullptr,
                         LayerNormBackwardPasses passes = LayerNormBackwardPasses::Auto);
+
+// layernorm_backward (with add_to_dx), then then.out = the dropout backward
+// of dx and *then.dbias += its column sums (DropoutBackwardOf): the same
+// values as layernorm_backward followed by dropout_backward_of(dx, then),
+// which is what the CPU runs. On a GPU one pass where the one-pass backward
+// applies and the layout's rows are dx's rows (a hidden-state layout): dx and
+// *then.out are written by the same kernel, *then.dbias summed in it with one
+// pack a thread (else right after it), dgamma/dbeta/dbias in the same
+// accumulator dtype; otherwise the two calls. *then.out must not share dx's
+// or dy's storage.
+void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
+                                const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
+                                const DropoutBackwardOf& then);
 
 }  // namespace megazero::kernels

@@ -9,12 +9,19 @@
 // - with and without the residual gradient added to dx, dx written over dy;
 // - fp32/bf16/fp16 storage, fp32 accumulators (Megatron's main grads), the
 //   partials pre-filled with garbage (every slot the finish reads is written).
+// - with dx's dropout backward in the same pass (the kernel's DROP, and SUMS:
+//   the bias gradient's column sums too), over a layout with other groups'
+//   rows in between (row_dropout's mapping), p = 0.1 and p = 0: dd must be the CPU's
+//   dropout_backward of the kernel's own dx bit for bit (the same mask, scale
+//   and rounding), its sums within the dbeta bound.
 // dx: within two storage roundings plus fp32 noise (the kernel's statistics
 // and row sums are fp32, the CPU's double). dgamma/dbeta: within one fp32
 // rounding plus (rows a lane sums + lanes) fp32 roundings of the sum of the
 // terms' magnitudes — the lanes' fp32 sums. A row or lane indexed wrong is
 // off by O(1). Exit code 1 on any difference beyond that.
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -23,6 +30,7 @@
 #include "megazero/cuda/column_tiles.cuh"
 #include "megazero/cuda/layernorm_kernels.cuh"
 #include "megazero/kernels/gpu_scratch.h"
+#include "megazero/kernels/gelu_bias.h"
 #include "megazero/kernels/layernorm.h"
 
 using namespace megazero;
@@ -48,8 +56,11 @@ Launch from_plan(DType t, i64 rows, i64 cols) {
   return {p.packs_per_thread, p.threads_per_row, p.lanes, p.rows_per_lane, p.blocks};
 }
 
+enum class Drop { None, Out, OutAndSums };
+
 template <DType T>
-void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, bool in_place) {
+void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, bool in_place, Drop drop = Drop::None,
+         double p = 0.1) {
   using S = typename Storage<T>::type;
   const auto xv = randn(static_cast<std::size_t>(rows * cols), rng, 2.0), dv = randn(xv.size(), rng),
              rv = randn(xv.size(), rng), gv = randn(static_cast<std::size_t>(cols), rng),
@@ -72,25 +83,79 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
          gg = gamma.clone(MemoryCategory::Other), rg = res.clone(MemoryCategory::Other);
   Tensor dxg = in_place ? dyg : tensor_of({rows, cols}, std::vector<double>(xv.size(), std::nan("")), T);
   Tensor dgg = tensor_of({cols}, g0, DType::F32), dbg = tensor_of({cols}, b0, DType::F32);
-  std::vector<double> partial(static_cast<std::size_t>(2 * l.blocks * cols), -1e300);
+  const bool sums = drop == Drop::OutAndSums;
+  const int nsums = sums ? 3 : 2;
+  std::vector<double> partial(static_cast<std::size_t>(nsums * l.blocks * cols), -1e300);
   double* pg = partial.data();
   double* pb = pg + l.blocks * cols;
+  double* pd = pb + l.blocks * cols;
+  // The dropout's layout: rows of other groups in between (3 groups, this
+  // tensor the third), from sample 7: global row (7 * 3 + 2) + r * 3.
+  const kernels::DropoutLayout layout{rows, 1, 1, cols, 7, 2, 3};
+  const RngKey key{2026, 11, 3, kRngAttentionOutputDropout};
+  Tensor ddg = tensor_of({rows, cols}, std::vector<double>(xv.size(), std::nan("")), T);
+  dk::RowDropout<S> rd{};
+  if (drop != Drop::None && !dk::row_dropout(layout, rows, cols, raw<S>(ddg), pd, p, dk::philox_key(key), rd)) {
+    std::printf("FAIL the layout's rows are not taken as the tensor's\n");
+    ++failures;
+  }
   const unsigned threads = static_cast<unsigned>(l.lanes * l.threads_per_row);
-  const std::size_t smem = dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>);
+  const std::size_t smem = dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>, nsums);
   emu_launch(dim3{static_cast<unsigned>(l.blocks), 1, 1}, threads, smem, [&] {
     const auto go = [&](auto kernel) {
       kernel(raw<S>(dyg), raw<S>(xg), raw<S>(gg), mean.host_data<float>(), rstd.host_data<float>(), raw<S>(dxg),
-             residual ? raw<S>(rg) : nullptr, rows, cols, static_cast<int>(l.threads_per_row), l.rows_per_lane, pg, pb);
+             residual ? raw<S>(rg) : nullptr, rows, cols, static_cast<int>(l.threads_per_row), l.rows_per_lane, pg, pb,
+             rd);
     };
-    if (l.packs_per_thread == 1)
-      go(dk::layernorm_backward_fused_kernel<S, 1>);
-    else
-      go(dk::layernorm_backward_fused_kernel<S, 2>);
+    if (l.packs_per_thread == 1) {
+      if (sums)
+        go(dk::layernorm_backward_fused_kernel<S, 1, true, true>);
+      else if (drop == Drop::Out)
+        go(dk::layernorm_backward_fused_kernel<S, 1, true>);
+      else
+        go(dk::layernorm_backward_fused_kernel<S, 1>);
+    } else {
+      if (sums)
+        go(dk::layernorm_backward_fused_kernel<S, 2, true, true>);
+      else if (drop == Drop::Out)
+        go(dk::layernorm_backward_fused_kernel<S, 2, true>);
+      else
+        go(dk::layernorm_backward_fused_kernel<S, 2>);
+    }
   });
   for (Tensor* dst : {&dgg, &dbg}) {
     double* part = dst == &dgg ? pg : pb;
     emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, 64, 0,  // 2 row lanes: small, still in lane order
                [&] { dk::column_finish_kernel<float>(cols, l.blocks, part, dst->host_data<float>()); });
+  }
+
+  if (drop != Drop::None) {
+    // dd: the CPU's dropout backward of the kernel's own dx, bit for bit.
+    Tensor want = tensor_of({rows, cols}, std::vector<double>(xv.size(), 0.0), T);
+    kernels::dropout_backward(dxg, p, key, layout, want);
+    const auto got_d = values(ddg), want_d = values(want);
+    std::size_t dropped = 0;
+    for (std::size_t k = 0; k < got_d.size(); ++k) {
+      check(std::memcmp(&got_d[k], &want_d[k], sizeof(double)) == 0, "dd", got_d[k], want_d[k], k);
+      dropped += want_d[k] == 0.0;
+    }
+    // A mask that keeps everything would pass the comparison for p = 0 only.
+    const double frac = static_cast<double>(dropped) / static_cast<double>(got_d.size());
+    check(p == 0 ? dropped == 0 : std::fabs(frac - p) < 0.05 + 3.0 / std::sqrt(static_cast<double>(got_d.size())),
+          "dropped fraction", frac, p, 0);
+    if (sums) {
+      Tensor db = tensor_of({cols}, b0, DType::F32), want_db = tensor_of({cols}, b0, DType::F32);
+      emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, 64, 0,
+                 [&] { dk::column_finish_kernel<float>(cols, l.blocks, pd, db.host_data<float>()); });
+      kernels::bias_grad(want, want_db);
+      std::vector<double> mag(static_cast<std::size_t>(cols));
+      for (std::size_t k = 0; k < want_d.size(); ++k) mag[k % static_cast<std::size_t>(cols)] += std::fabs(want_d[k]);
+      const double steps = static_cast<double>(l.rows_per_lane + l.lanes + 2) * 0x1p-24;
+      const auto got_b = values(db), want_b = values(want_db);
+      for (std::size_t c = 0; c < got_b.size(); ++c)
+        check(std::fabs(got_b[c] - want_b[c]) <= 0x1p-23 * std::fabs(want_b[c]) + steps * mag[c], "dbias", got_b[c],
+              want_b[c], c);
+    }
   }
 
   double dx_max = 0;
@@ -137,6 +202,13 @@ void all(std::mt19937& rng) {
   const Launch two{2, 64, 1, 8, 3};
   run<T>(rng, 20, 100 * V, two, true, false);
   run<T>(rng, 20, 100 * V, two, false, true);
+  // - with the dropout backward: one pack a thread with and without the
+  //   bias sums, two packs (the launcher sums the bias after), p = 0 too.
+  run<T>(rng, 37, 29 * V, four, true, false, Drop::OutAndSums);
+  run<T>(rng, 50, 50 * V, three, true, true, Drop::Out);
+  run<T>(rng, 50, 50 * V, three, false, false, Drop::OutAndSums, 0.0);
+  run<T>(rng, 20, 100 * V, two, true, false, Drop::Out);
+  run<T>(rng, 20, 100 * V, two, true, true, Drop::OutAndSums);
 }
 
 }  // namespace
@@ -149,12 +221,31 @@ int main() {
   // The plan's own launch for GPT-2 medium's rows (4 lanes of 128 threads), on
   // fewer rows: one block of 512 threads, 8 rows a lane.
   run<DType::BF16>(rng, 30, 1024, from_plan(DType::BF16, 30, 1024), true, false);
+  run<DType::BF16>(rng, 30, 1024, from_plan(DType::BF16, 30, 1024), true, false, Drop::OutAndSums);
+  // Layouts the one pass must not take: rows of several groups, fewer samples.
+  {
+    dk::RowDropout<float> rd{};
+    check(!dk::row_dropout(kernels::DropoutLayout{10, 2, 1, 64, 0, 0, 2}, 20, 64, static_cast<float*>(nullptr), nullptr,
+                           0.1, dk::PhiloxKey{}, rd),
+          "row_dropout took a two-group layout", 1, 0, 0);
+    check(!dk::row_dropout(kernels::DropoutLayout{10, 1, 2, 64, 0, 0, 1}, 20, 64, static_cast<float*>(nullptr), nullptr,
+                           0.1, dk::PhiloxKey{}, rd),
+          "row_dropout took a layout of two rows a sample", 1, 0, 0);
+  }
+  // Two blocks an SM (228 KB of shared memory, 1 KB reserved a block, the
+  // kernel's 256 static bytes) at each launch the launcher makes: one pack a
+  // thread with the bias sums, two packs without.
+  for (const auto& [packs, sums] : {std::pair{1, 3}, std::pair{2, 2}}) {
+    const std::size_t smem = dk::layernorm_fused_smem_bytes(packs, 8, sums);
+    check(2 * (smem + 1024 + 256) <= 228 * 1024, "shared memory for two blocks an SM", static_cast<double>(smem),
+          114 * 1024, static_cast<std::size_t>(packs));
+  }
   if (failures) {
     std::printf("layernorm_kernels_emulated: %d checks failed\n", failures);
     return 1;
   }
   std::printf(
-      "layernorm_kernels_emulated: the one-pass LayerNorm backward (dx, dgamma, dbeta) matches the CPU (fp32, bf16, "
-      "fp16; 1, 3 and 4 lanes a block; one and two packs a thread)\n");
+      "layernorm_kernels_emulated: the one-pass LayerNorm backward (dx, dgamma, dbeta; dx's dropout backward and its "
+      "bias sums) matches the CPU (fp32, bf16, fp16; 1, 3 and 4 lanes a block; one and two packs a thread)\n");
   return 0;
 }

@@ -2,7 +2,8 @@
 // (the fc1 output of one rank): forward (bias add + GeLU) and backward (GeLU
 // backward + bias gradient); the memory-bound backward passes that sum a
 // parameter gradient over the rows of a [rows, hidden] tensor (a bias
-// gradient, dropout backward + bias gradient, LayerNorm backward) and the
+// gradient, dropout backward + bias gradient, LayerNorm backward, and the
+// LayerNorm backward with the dropout backward in its pass) and the
 // forward's bias-dropout-add over the same shape, each with the bandwidth it
 // reached; and the vocab-parallel cross-entropy forward and
 // backward on [ce-rows, ce-vocab] logits; the optimizer step's two passes over
@@ -146,6 +147,26 @@ int run(int argc, char** argv) {
       report(passes == kernels::LayerNormBackwardPasses::Auto ? "layernorm backward, one pass"
                                                               : "layernorm backward, split",
              best_ms([&] { kernels::layernorm_backward(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res, passes); }), 4);
+    // The transformer layer's LN2 backward and its attention output dropout's
+    // backward (with the bias gradient): the two calls against the one pass
+    // (kernels::layernorm_backward_dropout), over the hidden-state layout the
+    // layer uses (a layout row a row). GB/s: dy, x, the residual read, dx and
+    // the dropout's gradient written (5 tensors) for both.
+    {
+      const kernels::DropoutLayout rows_layout{rows, 1, 1, hidden, 0, 0, 1};
+      const RngKey key{1, 1, 0, kRngAttentionOutputDropout};
+      Tensor dd = Tensor::zeros(dev, {rows, hidden}, t, C), dbias = db.clone(C);
+      report("layernorm + dropout bwd, two calls", best_ms([&] {
+               kernels::layernorm_backward(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res);
+               kernels::dropout_backward_bias_grad(dx, 0.1, key, rows_layout, dd, dbias);
+             }),
+             5);
+      report("layernorm + dropout bwd, one pass", best_ms([&] {
+               kernels::layernorm_backward_dropout(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res,
+                                                   {0.1, key, rows_layout, &dd, &dbias});
+             }),
+             5);
+    }
   }
 
   // The forward reads the logits (one sweep, nothing written); the backward

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "megazero/cuda/column_tiles.cuh"
@@ -45,6 +46,22 @@ __global__ void column_direct_kernel(i64 rows, i64 cols, Term term, G* dst) {
 template <typename G>
 void finish_columns(G* dst, i64 cols, i64 chunks, const double* partial, cudaStream_t s, const char* what) {
   column_finish_kernel<G><<<finish_blocks(cols), kThreads, 0, s>>>(cols, chunks, partial, dst);
+  check_launch(what);
+}
+
+// finish_columns for the sums whose partials lie back to back in `partial`
+// ([dsts.size()][chunks][cols]), dsts[y] the y-th: one launch.
+template <typename G>
+void finish_columns(std::initializer_list<G*> dsts, i64 cols, i64 chunks, const double* partial, cudaStream_t s,
+                    const char* what) {
+  FinishTargets<G> t;
+  int n = 0;
+  for (G* d : dsts) {
+    MZ_CHECK(n < kMaxFinishSums, what, ": more than ", kMaxFinishSums, " sums to finish in one launch");
+    t.dst[n++] = d;
+  }
+  column_finish_many_kernel<G>
+      <<<dim3(finish_blocks(cols), static_cast<unsigned>(n)), kThreads, 0, s>>>(cols, chunks, partial, t);
   check_launch(what);
 }
 
@@ -88,6 +105,12 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
       column_partial_packed_kernel<S, false>
           <<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
     check_launch("column sums");
+    if constexpr (std::is_same_v<GB, GG>) {
+      if (dgamma) {
+        finish_columns({dbeta, dgamma}, cols, used, pb, s, "column sums");  // pg follows pb
+        return true;
+      }
+    }
     finish_columns(dbeta, cols, used, pb, s, "column sums");
     if (dgamma) finish_columns(dgamma, cols, used, pg, s, "column sums");
     return true;

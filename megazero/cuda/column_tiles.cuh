@@ -89,7 +89,7 @@ __device__ void store_tile_sums(const double (&acc)[N], i64 cols, double* partia
 // additions keep their order, so the sums are the same bits.
 constexpr int kFinishBatch = 8;
 template <typename G>
-__global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
+__device__ void finish_column_sums(i64 cols, i64 chunks, const double* partial, G* dst) {
   __shared__ double lane_sums[kRowLanes][kTileGroups];
   const TileSeat me = tile_seat();
   const int t = static_cast<int>(threadIdx.x % kTileGroups);
@@ -115,6 +115,28 @@ __global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial
     for (int l = 1; l < me.lanes; ++l) s += lane_sums[l][t];
     dst[c] = st<G>(static_cast<double>(ld(dst[c])) + s);
   }
+}
+
+template <typename G>
+__global__ void column_finish_kernel(i64 cols, i64 chunks, const double* partial, G* dst) {
+  finish_column_sums(cols, chunks, partial, dst);
+}
+
+// Up to three sums over the same chunks in one launch, sum y by blockIdx.y:
+// partials [y][chunks][cols] (back to back, as the LayerNorm backward and
+// the packed column sums write them) into dst[y]; each one as
+// column_finish_kernel adds it. One launch and 2-3x the blocks: a finish
+// of 1024 columns is 32 blocks, far from filling a GPU, and LayerNorm's
+// backward made two or three of them a call (the H200 profile: 194
+// finishes a GPT-2 medium step).
+constexpr int kMaxFinishSums = 3;
+template <typename G>
+struct FinishTargets {
+  G* dst[kMaxFinishSums] = {};
+};
+template <typename G>
+__global__ void column_finish_many_kernel(i64 cols, i64 chunks, const double* partial, FinishTargets<G> targets) {
+  finish_column_sums(cols, chunks, partial + static_cast<i64>(blockIdx.y) * chunks * cols, targets.dst[blockIdx.y]);
 }
 
 inline unsigned finish_blocks(i64 cols) { return static_cast<unsigned>((cols + kTileGroups - 1) / kTileGroups); }

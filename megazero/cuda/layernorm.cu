@@ -272,13 +272,16 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
         launch(layernorm_backward_fused_kernel<S, 2>);
     }
     check_launch(drop ? "layernorm_backward_dropout (fused)" : "layernorm_backward (fused)");
-    finish_columns(static_cast<G*>(dgamma), cols, plan.blocks, pg, s, "layernorm_backward dgamma");
-    finish_columns(static_cast<G*>(dbeta), cols, plan.blocks, pb, s, "layernorm_backward dbeta");
+    // The partials lie back to back: dgamma's, dbeta's (, the bias's).
     if (sums) {
-      finish_columns(static_cast<G*>(drop->dbias), cols, plan.blocks, rd.partial, s,
-                     "layernorm_backward_dropout dbias");
-    } else if (drop && drop->dbias) {  // after the finishes on the stream: the scratch is free again
-      sum_rows_t<S, G>(drop->dd, drop->dbias, rows, cols, ws, s, "layernorm_backward_dropout dbias");
+      finish_columns({static_cast<G*>(dgamma), static_cast<G*>(dbeta), static_cast<G*>(drop->dbias)}, cols, plan.blocks,
+                     pg, s, "layernorm_backward_dropout sums");
+    } else {
+      finish_columns({static_cast<G*>(dgamma), static_cast<G*>(dbeta)}, cols, plan.blocks, pg, s,
+                     "layernorm_backward sums");
+      // After the finish on the stream: the scratch is free again.
+      if (drop && drop->dbias)
+        sum_rows_t<S, G>(drop->dd, drop->dbias, rows, cols, ws, s, "layernorm_backward_dropout dbias");
     }
     return true;
   }

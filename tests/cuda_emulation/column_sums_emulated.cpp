@@ -182,11 +182,49 @@ void finish_order(std::mt19937& rng) {
     }
 }
 
+// column_finish_many_kernel: two or three sums whose partials lie back to
+// back, each finished as column_finish_kernel finishes it alone, bit for bit
+// (a sum taken from the wrong slice of partials, or written to the wrong
+// target, differs at every column).
+void finish_many(std::mt19937& rng) {
+  std::uniform_real_distribution<double> mant(1, 2);
+  std::uniform_int_distribution<int> expo(-30, 30), sign(0, 1);
+  const i64 cols = 45;
+  for (const int n : {2, 3})
+    for (const i64 chunks : {1, 9, 64}) {
+      std::vector<double> partial(static_cast<std::size_t>(n * chunks * cols));
+      for (auto& v : partial) v = (sign(rng) ? -1 : 1) * std::ldexp(mant(rng), expo(rng));
+      std::vector<std::vector<double>> got(static_cast<std::size_t>(n)), want(got.size());
+      dk::FinishTargets<double> targets;
+      for (int y = 0; y < n; ++y) {
+        auto& g = got[static_cast<std::size_t>(y)];
+        g.resize(static_cast<std::size_t>(cols));
+        for (auto& v : g) v = mant(rng);
+        want[static_cast<std::size_t>(y)] = g;
+        targets.dst[y] = g.data();
+        const double* mine = partial.data() + y * chunks * cols;
+        emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, 256, 0, [&] {
+          dk::column_finish_kernel<double>(cols, chunks, mine, want[static_cast<std::size_t>(y)].data());
+        });
+      }
+      emu_launch(dim3{dk::finish_blocks(cols), static_cast<unsigned>(n), 1}, 256, 0,
+                 [&] { dk::column_finish_many_kernel<double>(cols, chunks, partial.data(), targets); });
+      for (int y = 0; y < n; ++y)
+        for (i64 c = 0; c < cols; ++c) {
+          const double a = got[static_cast<std::size_t>(y)][static_cast<std::size_t>(c)],
+                       b = want[static_cast<std::size_t>(y)][static_cast<std::size_t>(c)];
+          check(a == b, "column_finish_many_kernel: each sum as column_finish_kernel's", a, b,
+                static_cast<std::size_t>(y * cols + c));
+        }
+    }
+}
+
 }  // namespace
 
 int main() {
   std::mt19937 rng(2026);
   finish_order(rng);
+  finish_many(rng);
   all<DType::F32>(rng);
   all<DType::BF16>(rng);
   all<DType::F16>(rng);

@@ -1,6 +1,6 @@
 // LayerNorm's one-pass backward (megazero/cuda/layernorm_kernels.cuh: dx and
-// the dgamma/dbeta partials in one kernel, then column_finish_kernel as the
-// launcher layernorm.cu runs it), on the CPU through the emulation in shim/,
+// the dgamma/dbeta partials in one kernel, then column_finish_many_kernel as
+// the launcher layernorm.cu runs it), on the CPU through the emulation in shim/,
 // against kernels::layernorm_backward on the same inputs and statistics:
 // - launches of 1, 3 and 4 lanes a block, one and two packs a thread, rows
 //   that leave the last block's lanes idle at different steps, rows shorter
@@ -123,11 +123,15 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
         go(dk::layernorm_backward_fused_kernel<S, 2>);
     }
   });
-  for (Tensor* dst : {&dgg, &dbg}) {
-    double* part = dst == &dgg ? pg : pb;
-    emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, 64, 0,  // 2 row lanes: small, still in lane order
-               [&] { dk::column_finish_kernel<float>(cols, l.blocks, part, dst->host_data<float>()); });
-  }
+  // The launcher's one finish for dgamma, dbeta (and the dropout's bias):
+  // 2 row lanes, small, still in lane order.
+  Tensor db = tensor_of({cols}, b0, DType::F32);
+  dk::FinishTargets<float> targets;
+  targets.dst[0] = dgg.host_data<float>();
+  targets.dst[1] = dbg.host_data<float>();
+  targets.dst[2] = sums ? db.host_data<float>() : nullptr;
+  emu_launch(dim3{dk::finish_blocks(cols), static_cast<unsigned>(nsums), 1}, 64, 0,
+             [&] { dk::column_finish_many_kernel<float>(cols, l.blocks, pg, targets); });
 
   if (drop != Drop::None) {
     // dd: the CPU's dropout backward of the kernel's own dx, bit for bit.
@@ -144,9 +148,7 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
     check(p == 0 ? dropped == 0 : std::fabs(frac - p) < 0.05 + 3.0 / std::sqrt(static_cast<double>(got_d.size())),
           "dropped fraction", frac, p, 0);
     if (sums) {
-      Tensor db = tensor_of({cols}, b0, DType::F32), want_db = tensor_of({cols}, b0, DType::F32);
-      emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, 64, 0,
-                 [&] { dk::column_finish_kernel<float>(cols, l.blocks, pd, db.host_data<float>()); });
+      Tensor want_db = tensor_of({cols}, b0, DType::F32);
       kernels::bias_grad(want, want_db);
       std::vector<double> mag(static_cast<std::size_t>(cols));
       for (std::size_t k = 0; k < want_d.size(); ++k) mag[k % static_cast<std::size_t>(cols)] += std::fabs(want_d[k]);

@@ -244,9 +244,9 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
                              philox_key(drop->key), rd))
       return false;
     const i64 threads = plan.lanes * plan.threads_per_row;
-    const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums);
+    const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums, drop != nullptr);
     const auto launch = [&](auto kernel) {
-      // Up to 104 KB (1024 16-bit columns with the bias sums): over the 48 KB
+      // Up to 112 KB (8192 16-bit columns with the dropout): over the 48 KB
       // a launch gets unasked, so ask (per call: it is per device, and costs
       // microseconds).
       if (smem > std::size_t{48} << 10)

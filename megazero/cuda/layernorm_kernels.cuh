@@ -150,6 +150,12 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   Pack<S>* const res = gam + P * kStride;             // [kBuffers][P][kStride]
   Pack<S>* const dyb = res + kBuffers * P * kStride;  // kPrefetch: [2][P][kStride]
   Pack<S>* const xb = dyb + kBuffers * P * kStride;   // kPrefetch: [2][P][kStride]
+  // DROP with two packs a thread: the row's dx packs wait here ([P][kStride],
+  // where the prefetch buffers would be) while the Philox rounds run; held in
+  // registers they spilled. Not the residual gradient's slots: cp.async
+  // writes those again, unordered with this thread's own stores.
+  constexpr bool kStash = DROP && !kPrefetch;
+  Pack<S>* const stash = dyb;
   const unsigned bd = blockDim.x, me = threadIdx.x;
   const int T = threads_per_row;
   const int lanes = static_cast<int>(bd) / T;
@@ -232,6 +238,7 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     if (!live) continue;                                 // it copied nothing
     if constexpr (!kPrefetch) __pipeline_wait_prior(0);  // this row's residual-gradient packs
     const float mean_g = sg * inv, mean_gx = sgx * inv;
+    Pack<S> kept_dx[kStash ? 1 : P];  // one pack a thread: dx's pack stays in registers
 #pragma unroll
     for (int q = 0; q < P; ++q) {
       const i64 c0 = (static_cast<i64>(q) * T + t) * V;
@@ -245,14 +252,16 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
         o.v[j] = st<S>(rs * (g - mean_g - xh * mean_gx) + (add ? ld(a.v[j]) : 0.f));
       }
       *reinterpret_cast<Pack<S>*>(dx + row + c0) = o;
-      if constexpr (DROP) res[(b * P + q) * kStride] = o;  // its slot, read above: kept for the dropout below
+      if constexpr (kStash)
+        stash[q * kStride] = o;
+      else if constexpr (DROP)
+        kept_dx[q] = o;
     }
     if constexpr (DROP) {
-      // After all of the row's dx, its packs from shared memory and one pack
-      // at a time: dy's and x's packs are dead by then, which leaves the
-      // Philox rounds registers. (ptxas, sm_90: no spills, except 16 bytes
-      // with two bf16 packs a thread at its 64 registers; 46 with dx's packs
-      // held in registers and the loop unrolled.)
+      // After all of the row's dx, one pack at a time: dy's and x's packs
+      // are dead by then, which leaves the Philox rounds registers. (ptxas,
+      // sm_90, 64 registers: 16 bytes spilled with two bf16 packs a thread,
+      // 26 unrolled; none in the other instances.)
       const std::uint64_t row_index =
           static_cast<std::uint64_t>(drop.row0 + r * drop.row_step) * static_cast<std::uint64_t>(cols);
 #pragma unroll 1
@@ -261,7 +270,7 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
         if (c0 >= cols) continue;
         // c0 and cols are multiples of V, so of 4: the pack is V / 4 whole Philox blocks.
         const std::uint64_t block0 = (row_index + static_cast<std::uint64_t>(c0)) >> 2;
-        const Pack<S> o = res[(b * P + q) * kStride];
+        const Pack<S> o = kStash ? stash[q * kStride] : kept_dx[kStash ? 0 : q];
         Pack<S> od;
 #pragma unroll
         for (int w4 = 0; w4 < V / 4; ++w4) {
@@ -297,10 +306,12 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
 // The dynamic shared memory the kernel above needs: the column sums (`sums`
 // of them: 2, or 3 with SUMS), then 16-byte packs a thread: gamma's, and the
 // residual gradient's (one pack a thread: dy's, x's and the residual
-// gradient's, double-buffered). GPT-2 medium: 32 + 56 KB (48 + 56 with
-// SUMS); the 100B layer: 64 + 32 KB; two blocks an SM in each case.
-inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec, int sums = 2) {
-  const int packs = packs_per_thread == 1 ? 1 + 3 * 2 : packs_per_thread * 2;
+// gradient's, double-buffered; two with `drop`, DROP: dx's stash too).
+// GPT-2 medium: 32 + 56 KB (48 + 56 with SUMS); the 100B layer: 64 + 32 KB
+// (64 + 48 with DROP: 112 KB, the most that still fits two blocks an SM of
+// 228 KB with the 1 KB a block the driver keeps).
+inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec, int sums = 2, bool drop = false) {
+  const int packs = packs_per_thread == 1 ? 1 + 3 * 2 : packs_per_thread * (drop ? 3 : 2);
   return static_cast<std::size_t>(sums * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float) +
          static_cast<std::size_t>(packs * kLayerNormFusedMaxThreads) * 16;
 }

@@ -100,7 +100,7 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
     ++failures;
   }
   const unsigned threads = static_cast<unsigned>(l.lanes * l.threads_per_row);
-  const std::size_t smem = dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>, nsums);
+  const std::size_t smem = dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>, nsums, drop != Drop::None);
   emu_launch(dim3{static_cast<unsigned>(l.blocks), 1, 1}, threads, smem, [&] {
     const auto go = [&](auto kernel) {
       kernel(raw<S>(dyg), raw<S>(xg), raw<S>(gg), mean.host_data<float>(), rstd.host_data<float>(), raw<S>(dxg),
@@ -235,10 +235,10 @@ int main() {
           "row_dropout took a layout of two rows a sample", 1, 0, 0);
   }
   // Two blocks an SM (228 KB of shared memory, 1 KB reserved a block, the
-  // kernel's 256 static bytes) at each launch the launcher makes: one pack a
-  // thread with the bias sums, two packs without.
+  // kernel's 256 static bytes) at each launch the launcher makes with the
+  // dropout: one pack a thread with the bias sums, two packs without.
   for (const auto& [packs, sums] : {std::pair{1, 3}, std::pair{2, 2}}) {
-    const std::size_t smem = dk::layernorm_fused_smem_bytes(packs, 8, sums);
+    const std::size_t smem = dk::layernorm_fused_smem_bytes(packs, 8, sums, true);
     check(2 * (smem + 1024 + 256) <= 228 * 1024, "shared memory for two blocks an SM", static_cast<double>(smem),
           114 * 1024, static_cast<std::size_t>(packs));
   }

@@ -12,6 +12,8 @@
 #include <deque>
 #include <vector>
 
+#include "emu_runtime.h"
+
 namespace emu_pipeline {
 struct Copy {
   void* dst;
@@ -20,10 +22,16 @@ struct Copy {
 };
 inline thread_local std::vector<Copy> pending;              // issued, not yet committed
 inline thread_local std::deque<std::vector<Copy>> batches;  // committed, not yet waited for
+// The block's end: copies never waited for land in no later block's memory.
+inline void drop_all() {
+  pending.clear();
+  batches.clear();
+}
 }  // namespace emu_pipeline
 
 inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align,
                                     std::size_t zfill = 0) {
+  emu_block_exit = &emu_pipeline::drop_all;
   emu_pipeline::pending.push_back({dst_shared, src_global, size_and_align, zfill});
 }
 

@@ -102,39 +102,52 @@ inline __nv_bfloat16 to_bf16(float f) {
   u += 0x7fff + ((u >> 16) & 1);
   return {(uint16_t)(u >> 16)};
 }
+// Per-thread state a block leaves behind (the asynchronous copies of
+// cuda_pipeline_primitives.h) is dropped when an emulated thread moves on to
+// its next block, as a fresh hardware thread starts with none.
+inline thread_local void (*emu_block_exit)() = nullptr;
 inline thread_local std::size_t emu_smem_bytes = 0;
 inline thread_local unsigned char* emu_smem_base;
-// Launch: blocks sequentially, threads concurrent.
+// Launch: blocks sequentially, threads concurrent. blockDim.x host threads
+// run every block in turn (block y-major, x-minor), meeting at a barrier
+// between blocks, where the shared memory is filled with 0xff again, as a
+// fresh block's would be: a thread per emulated thread per block made thread
+// creation most of the emulated tests' time (CI minutes of system time).
 template <typename F>
 void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel) {
-  for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-      void* raw = nullptr;
-      if (posix_memalign(&raw, 128, smem_bytes ? smem_bytes : 128)) std::abort();
-      std::unique_ptr<unsigned char, void (*)(void*)> sm(static_cast<unsigned char*>(raw), std::free);
-      unsigned char* base = sm.get();
-      std::memset(base, 0xff, smem_bytes);
-      EmuBlock blk;
-      std::barrier<> bb(threads);
-      std::vector<std::unique_ptr<std::barrier<>>> wb;
-      for (unsigned w = 0; w < threads / 32; ++w) {
-        wb.emplace_back(new std::barrier<>(32));
-        blk.warp_bar[w] = wb.back().get();
+  const unsigned blocks = grid.x * grid.y;
+  if (blocks == 0) return;
+  void* raw = nullptr;
+  if (posix_memalign(&raw, 128, smem_bytes ? smem_bytes : 128)) std::abort();
+  std::unique_ptr<unsigned char, void (*)(void*)> sm(static_cast<unsigned char*>(raw), std::free);
+  unsigned char* base = sm.get();
+  std::memset(base, 0xff, smem_bytes);
+  EmuBlock blk;
+  std::barrier<> bb(threads);
+  std::vector<std::unique_ptr<std::barrier<>>> wb;
+  for (unsigned w = 0; w < threads / 32; ++w) {
+    wb.emplace_back(new std::barrier<>(32));
+    blk.warp_bar[w] = wb.back().get();
+  }
+  blk.block_bar = &bb;
+  const auto refill = [base, smem_bytes]() noexcept { std::memset(base, 0xff, smem_bytes); };
+  std::barrier<decltype(refill)> between(threads, refill);
+  std::vector<std::thread> ts;
+  for (unsigned t = 0; t < threads; ++t)
+    ts.emplace_back([&, t] {
+      threadIdx = {t, 0, 0};
+      gridDim = grid;
+      blockDim = {threads, 1, 1};
+      emu_smem = base;
+      emu_smem_base = base;
+      emu_smem_bytes = smem_bytes;
+      emu_blk = &blk;
+      for (unsigned k = 0; k < blocks; ++k) {
+        blockIdx = {k % grid.x, k / grid.x, 0};
+        kernel();
+        if (emu_block_exit) emu_block_exit();
+        between.arrive_and_wait();
       }
-      blk.block_bar = &bb;
-      std::vector<std::thread> ts;
-      for (unsigned t = 0; t < threads; ++t)
-        ts.emplace_back([&, t] {
-          threadIdx = {t, 0, 0};
-          blockIdx = {bx, by, 0};
-          gridDim = grid;
-          blockDim = {threads, 1, 1};
-          emu_smem = base;
-          emu_smem_base = base;
-          emu_smem_bytes = smem_bytes;
-          emu_blk = &blk;
-          kernel();
-        });
-      for (auto& t : ts) t.join();
-    }
+    });
+  for (auto& t : ts) t.join();
 }

@@ -4,9 +4,9 @@
 // parameter gradient over the rows of a [rows, hidden] tensor (a bias
 // gradient, dropout backward + bias gradient, LayerNorm backward, and the
 // LayerNorm backward with the dropout backward in its pass) and the
-// forward's bias-dropout-add over the same shape, each with the bandwidth it
-// reached; and the vocab-parallel cross-entropy forward and
-// backward on [ce-rows, ce-vocab] logits; the optimizer step's two passes over
+// forward's bias-dropout-add over the same shape (alone and in LN's pass),
+// each with the bandwidth it reached; and the vocab-parallel cross-entropy
+// forward and backward on [ce-rows, ce-vocab] logits; the optimizer step's two passes over
 // --adam-elements parameters (the gradient norm's sum of squares, and AdamW
 // writing the working-precision parameters in the same pass), with their GB/s.
 // Best of --steps calls each, after a warm-up call; on a GPU each timing
@@ -166,6 +166,20 @@ int run(int argc, char** argv) {
                                                    {0.1, key, rows_layout, &dd, &dbias});
              }),
              5);
+      // The forward's counterpart: the attention output's bias-dropout-add
+      // and LN2 (y and the residual read, the sum and LN2's output written: 4
+      // tensors), not in place so that repeated calls see the same inputs.
+      Tensor hb = Tensor::zeros(dev, {hidden}, t, C), beta = gamma.clone(C);
+      report("bias-dropout-add + LN, two calls", best_ms([&] {
+               kernels::bias_dropout_add(g, hb, x, 0.1, key, rows_layout, dx);
+               kernels::layernorm_forward(dx, gamma, beta, 1e-5, dd, mean, rstd);
+             }),
+             4);
+      report("bias-dropout-add + LN, one pass", best_ms([&] {
+               kernels::bias_dropout_add_layernorm(g, {&hb, &x, 0.1, key, rows_layout, &dx}, gamma, beta, 1e-5, dd,
+                                                   mean, rstd);
+             }),
+             4);
     }
   }
 

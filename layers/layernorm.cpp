@@ -21,6 +21,16 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return y;
 }
 
+Tensor LayerNorm::forward_bias_dropout_add(const Tensor& y, const kernels::BiasDropoutAddOf& before) {
+  MZ_CHECK(before.out != nullptr, "LayerNorm::forward_bias_dropout_add: no tensor for the sum");
+  input_ = *before.out;  // what the backward normalised: the sum
+  mean_ = ctx_.row_stats({y.size(0)});
+  rstd_ = ctx_.row_stats({y.size(0)});
+  Tensor out = ctx_.activation(y.shape());
+  kernels::bias_dropout_add_layernorm(y, before, gamma_->value, beta_->value, eps_, out, mean_, rstd_);
+  return out;
+}
+
 Tensor LayerNorm::backward(const Tensor& dy, const Tensor* residual_grad) {
   MZ_CHECK(input_.defined(), "LayerNorm::backward before forward");
   Tensor dx = ctx_.activation(input_.shape());

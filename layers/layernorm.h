@@ -10,6 +10,7 @@ class LayerNorm final : public Normalization {
  public:
   LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
   Tensor forward(const Tensor& x) override;  // [N, hidden]
+  Tensor forward_bias_dropout_add(const Tensor& y, const kernels::BiasDropoutAddOf& before) override;
   // dx (+ *residual_grad, in the same pass, when given); accumulates dgamma, dbeta.
   Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) override;
   Tensor backward_dropout(const Tensor& dy, const Tensor* residual_grad,

@@ -19,6 +19,14 @@ class Normalization {
  public:
   virtual ~Normalization() = default;
   virtual Tensor forward(const Tensor& x) = 0;  // [N, hidden]
+  // *before.out = the bias-dropout-add of y (the residual stream: the
+  // previous sub-block's output added in), then forward of it: in one pass
+  // where the norm's kernels can (kernels::bias_dropout_add_layernorm), else
+  // one call after the other.
+  virtual Tensor forward_bias_dropout_add(const Tensor& y, const kernels::BiasDropoutAddOf& before) {
+    kernels::bias_dropout_add(y, *before.bias, *before.residual, before.p, before.key, before.layout, *before.out);
+    return forward(*before.out);
+  }
   // dx (+ *residual_grad, in the same pass, when given); accumulates the
   // parameters' gradients.
   virtual Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) = 0;

@@ -56,8 +56,22 @@ Tensor TransformerLayer::bias_dropout_add(const Tensor& y, const Parameter* bias
 
 Tensor TransformerLayer::forward_impl(const Tensor& x) {
   Tensor a = attention_.forward(ln1_->forward(x), step_, false);
-  Tensor x1 = bias_dropout_add(a, attention_.output_bias(), x, kRngAttentionOutputDropout);
-  Tensor m = mlp_.forward(ln2_->forward(x1), false);
+  // x1 = x + dropout(a + bias), written over a, and LN2 of it: one pass
+  // where the device can (the LayerNorm's read of x1 saved).
+  Tensor x1, h;
+  if (const Parameter* bias = attention_.output_bias()) {
+    x1 = a;
+    h = ln2_->forward_bias_dropout_add(
+        a, {&bias->value, &x, step_.training ? cfg_.hidden_dropout : 0.0,
+            RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionOutputDropout},
+            layout_of(a), &x1});
+  } else {
+    x1 = bias_dropout_add(a, nullptr, x, kRngAttentionOutputDropout);
+    h = ln2_->forward(x1);
+  }
+  a = Tensor();
+  Tensor m = mlp_.forward(h, false);
+  h = Tensor();
   return bias_dropout_add(m, mlp_.output_bias(), x1, kRngMlpOutputDropout);
 }
 

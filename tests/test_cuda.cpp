@@ -226,6 +226,49 @@ TEST_F(Cuda, LayerNormBackwardWithTheDropoutBackwardInOnePass) {
   }
 }
 
+// The attention output's bias-dropout-add in LN2's forward pass
+// (kernels::bias_dropout_add_layernorm): the sum, the output and the
+// statistics the two calls' bits, in place over y as the layer runs it and
+// apart; a width the fast forward does not take (the two calls).
+TEST_F(Cuda, BiasDropoutAddInTheLayerNormForwardPass) {
+  struct Case {
+    std::int64_t rows, cols;
+    DType dt;
+    bool in_place;
+  };
+  for (const Case& c : std::vector<Case>{{5000, 1024, DType::BF16, true},
+                                         {300, 8192, DType::BF16, false},
+                                         {777, 1024, DType::F32, true},
+                                         {300, 1002, DType::BF16, true}}) {
+    SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " " + std::string(dtype_name(c.dt)));
+    const DType dt = c.dt;
+    const std::int64_t rows = c.rows, cols = c.cols;
+    auto y = random({rows, cols}, dt), res = random({rows, cols}, dt), bias = random({cols}, dt);
+    auto gamma = random({cols}, dt, 0.5, 1.5), beta = random({cols}, dt);
+    const k::DropoutLayout layout{rows, 1, 1, cols, 2 * rows + 1, 0, 1};
+    const RngKey key{11, 99, 4, kRngAttentionOutputDropout};
+    // The two calls.
+    auto sum2 = poisoned({rows, cols}, dt), out2 = poisoned({rows, cols}, dt);
+    auto mean2 = poisoned({rows}, DType::F32), rstd2 = poisoned({rows}, DType::F32);
+    k::bias_dropout_add(y.g, bias.g, res.g, 0.1, key, layout, sum2.g);
+    k::layernorm_forward(sum2.g, gamma.g, beta.g, 1e-5, out2.g, mean2.g, rstd2.g);
+    // One pass.
+    Tensor yg = y.g.clone(MemoryCategory::Other);
+    auto apart = poisoned({rows, cols}, dt);
+    Tensor sum = c.in_place ? yg : apart.g;
+    auto out = poisoned({rows, cols}, dt), mean = poisoned({rows}, DType::F32), rstd = poisoned({rows}, DType::F32);
+    k::bias_dropout_add_layernorm(yg, k::BiasDropoutAddOf{&bias.g, &res.g, 0.1, key, layout, &sum}, gamma.g, beta.g,
+                                  1e-5, out.g, mean.g, rstd.g);
+    EXPECT_EQ(sum.to_double_vector(), sum2.g.to_double_vector());
+    EXPECT_EQ(out.g.to_double_vector(), out2.g.to_double_vector());
+    EXPECT_EQ(mean.g.to_double_vector(), mean2.g.to_double_vector());
+    EXPECT_EQ(rstd.g.to_double_vector(), rstd2.g.to_double_vector());
+    // And the CPU's sum: the same mask and rounding.
+    k::bias_dropout_add(y.c, bias.c, res.c, 0.1, key, layout, sum2.c);
+    EXPECT_EQ(sum.to_double_vector(), sum2.c.to_double_vector());
+  }
+}
+
 TEST_F(Cuda, ElementwiseKernels) {
   for (DType dt : kTypes) {
     const Shape sh{53, 300};

@@ -189,6 +189,50 @@ TEST(LayerNorm, BackwardDropoutIsTheBackwardThenTheDropoutBackward) {
   }
 }
 
+// bias_dropout_add_layernorm is bias_dropout_add, then layernorm_forward of
+// the sum (what the CPU runs; the GPU's one pass must equal it: test_cuda);
+// the LayerNorm's output may not share the sum's storage.
+TEST(LayerNorm, BiasDropoutAddLayerNormIsTheTwoCalls) {
+  auto c = layernorm_case({6, 16}, 7, 1.0);
+  std::mt19937 rng(43);
+  const Vec yv = randn(c.x.size(), rng), bv = randn(usize(c.cols()), rng);
+  for (const DType t : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor y = tensor(c.shape, yv, t), res = tensor(c.shape, c.x, t), bias = tensor({c.cols()}, bv, t);
+    const Tensor gamma = tensor({c.cols()}, c.gamma, t), beta = tensor({c.cols()}, c.beta, t);
+    const DropoutLayout layout{c.rows(), 1, 1, c.cols(), 3, 0, 1};
+    const RngKey key{5, 8, 1, kRngAttentionOutputDropout};
+    Tensor sum = y.clone(MC::Other), out = empty(c.shape, t), mean = empty({c.rows()}, DType::F32),
+           rstd = empty({c.rows()}, DType::F32);
+    bias_dropout_add_layernorm(sum, {&bias, &res, 0.25, key, layout, &sum}, gamma, beta, c.eps, out, mean, rstd);
+    Tensor sum2 = empty(c.shape, t), out2 = empty(c.shape, t), mean2 = empty({c.rows()}, DType::F32),
+           rstd2 = empty({c.rows()}, DType::F32);
+    bias_dropout_add(y, bias, res, 0.25, key, layout, sum2);
+    layernorm_forward(sum2, gamma, beta, c.eps, out2, mean2, rstd2);
+    EXPECT_EQ(vals(sum), vals(sum2));
+    EXPECT_EQ(vals(out), vals(out2));
+    EXPECT_EQ(vals(mean), vals(mean2));
+    EXPECT_EQ(vals(rstd), vals(rstd2));
+    std::size_t dropped = 0;
+    const Vec s = vals(sum2), r = vals(res);
+    for (std::size_t i = 0; i < s.size(); ++i) dropped += s[i] == r[i];
+    EXPECT_GT(dropped, 0u);  // p = 0.25: the mask did drop (the sum is the residual there)
+    Tensor y2 = y.clone(MC::Other);
+    expect_rejected(
+        [&] {
+          bias_dropout_add_layernorm(y, {&bias, &res, 0.25, key, layout, &y2}, gamma, beta, c.eps, y2, mean, rstd);
+        },
+        "must not share the sum's storage");
+    const Tensor short_bias = empty({c.cols() - 1}, t);
+    expect_rejected(
+        [&] {
+          bias_dropout_add_layernorm(y, {&short_bias, &res, 0.25, key, layout, &y2}, gamma, beta, c.eps, out, mean,
+                                     rstd);
+        },
+        "bias");
+  }
+}
+
 TEST(LayerNorm, Fp32BackwardMatchesFp64) {
   auto c = layernorm_case({5, 40}, 4, 0.0);
   std::mt19937 rng(40);

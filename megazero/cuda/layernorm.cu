@@ -14,6 +14,7 @@
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_helpers.cuh"
 #include "megazero/cuda/layernorm.h"
+#include "megazero/cuda/layernorm_forward_kernels.cuh"
 #include "megazero/cuda/layernorm_kernels.cuh"
 
 namespace megazero::cuda {
@@ -67,62 +68,7 @@ __global__ void layernorm_backward_dx_kernel(const S* dy, const S* x, const S* g
 }
 
 // ---------------------------------------------------------------- fast paths for 16-bit and fp32 rows
-// LayerNorm with the row held in registers: read once, written once, fp32
-// statistics (the CPU takes them in double; the difference is rounding).
-// P packs of kVec<S> values per thread; blockDim.x * P * kVec<S> >= cols.
-
-template <typename S, int P>
-__device__ __forceinline__ void load_row(const S* row, i64 cols, float (&v)[P * kVec<S>]) {
-#pragma unroll
-  for (int q = 0; q < P; ++q) {
-    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * kVec<S>;
-    if (c0 < cols) {
-      const Pack<S> pk = *reinterpret_cast<const Pack<S>*>(row + c0);
-#pragma unroll
-      for (int j = 0; j < kVec<S>; ++j) v[q * kVec<S> + j] = static_cast<float>(ld(pk.v[j]));
-    } else {
-#pragma unroll
-      for (int j = 0; j < kVec<S>; ++j) v[q * kVec<S> + j] = 0.f;
-    }
-  }
-}
-
-template <typename S, int P>
-__global__ void layernorm_forward_fast_kernel(const S* x, const S* gamma, const S* beta, float eps, S* y, float* mean,
-                                              float* rstd, i64 cols) {
-  constexpr int V = kVec<S>;
-  const i64 r = blockIdx.x;
-  float v[P * V];
-  load_row<S, P>(x + r * cols, cols, v);
-  float sum = 0;
-#pragma unroll
-  for (int k = 0; k < P * V; ++k) sum += v[k];
-  const float m = block_sum(sum) / static_cast<float>(cols);
-  float sq = 0;
-#pragma unroll
-  for (int q = 0; q < P; ++q) {
-    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
-    if (c0 < cols)
-#pragma unroll
-      for (int j = 0; j < V; ++j) sq += (v[q * V + j] - m) * (v[q * V + j] - m);
-  }
-  const float rs = 1.f / sqrtf(block_sum(sq) / static_cast<float>(cols) + eps);
-#pragma unroll
-  for (int q = 0; q < P; ++q) {
-    const i64 c0 = (static_cast<i64>(q) * blockDim.x + threadIdx.x) * V;
-    if (c0 >= cols) continue;
-    const Pack<S> g = *reinterpret_cast<const Pack<S>*>(gamma + c0);
-    const Pack<S> b = *reinterpret_cast<const Pack<S>*>(beta + c0);
-    Pack<S> o;
-#pragma unroll
-    for (int j = 0; j < V; ++j) o.v[j] = st<S>((v[q * V + j] - m) * rs * ld(g.v[j]) + ld(b.v[j]));
-    *reinterpret_cast<Pack<S>*>(y + r * cols + c0) = o;
-  }
-  if (threadIdx.x == 0) {
-    mean[r] = m;
-    rstd[r] = rs;
-  }
-}
+// load_row and the fast forward: layernorm_forward_kernels.cuh.
 
 template <typename S, int P>
 __global__ void layernorm_backward_dx_fast_kernel(const S* dy, const S* x, const S* gamma, const float* mean,
@@ -240,9 +186,11 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
     const int nsums = sums ? 3 : 2;
     double* pg = scratch_as<double>(ws, plan.partial_bytes(cols, nsums), "layernorm_backward partials");
     double* pb = pg + plan.blocks * cols;
-    if (drop && !row_dropout(drop->layout, rows, cols, static_cast<S*>(drop->dd), pb + plan.blocks * cols, drop->p,
-                             philox_key(drop->key), rd))
-      return false;
+    if (drop) {
+      if (!row_mask(drop->layout, rows, cols, drop->p, philox_key(drop->key), rd.mask)) return false;
+      rd.dd = static_cast<S*>(drop->dd);
+      rd.partial = pb + plan.blocks * cols;
+    }
     const i64 threads = plan.lanes * plan.threads_per_row;
     const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums, drop != nullptr);
     const auto launch = [&](auto kernel) {
@@ -298,7 +246,7 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
     const bool fast = with_row_packs<S>(cols, {x, gamma, beta, y}, [&](auto per, unsigned threads) {
       layernorm_forward_fast_kernel<S, decltype(per)::value><<<static_cast<unsigned>(rows), threads, 0, s>>>(
           static_cast<const S*>(x), static_cast<const S*>(gamma), static_cast<const S*>(beta), static_cast<float>(eps),
-          static_cast<S*>(y), static_cast<float*>(mean), static_cast<float*>(rstd), cols);
+          static_cast<S*>(y), static_cast<float*>(mean), static_cast<float*>(rstd), cols, RowBiasDropoutAdd<S>{});
     });
     if (!fast)
       layernorm_forward_kernel<S, C><<<static_cast<unsigned>(rows), row_threads(cols), 0, s>>>(
@@ -306,6 +254,33 @@ void layernorm_forward(DType t, const void* x, const void* gamma, const void* be
           static_cast<C*>(mean), static_cast<C*>(rstd), cols);
   });
   check_launch("layernorm_forward");
+}
+
+void bias_dropout_add_layernorm(DType t, const void* y, const void* bias, const void* residual, double p,
+                                const RngKey& key, const kernels::DropoutLayout& layout, void* sum, const void* gamma,
+                                const void* beta, double eps, void* y_ln, void* mean, void* rstd, i64 rows, i64 cols,
+                                cudaStream_t s) {
+  if (rows == 0) return;
+  bool done = false;
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    if constexpr (!std::is_same_v<S, double>) {
+      RowBiasDropoutAdd<S> bda{static_cast<const S*>(residual), static_cast<const S*>(bias), static_cast<S*>(sum), {}};
+      if (!row_mask(layout, rows, cols, p, philox_key(key), bda.mask)) return;
+      done = with_row_packs<S>(cols, {y, bias, residual, sum, gamma, beta, y_ln}, [&](auto per, unsigned threads) {
+        layernorm_forward_fast_kernel<S, decltype(per)::value, true><<<static_cast<unsigned>(rows), threads, 0, s>>>(
+            static_cast<const S*>(y), static_cast<const S*>(gamma), static_cast<const S*>(beta),
+            static_cast<float>(eps), static_cast<S*>(y_ln), static_cast<float*>(mean), static_cast<float*>(rstd), cols,
+            bda);
+      });
+    }
+  });
+  if (done) {
+    check_launch("bias_dropout_add_layernorm");
+    return;
+  }
+  bias_dropout_add(t, y, bias, residual, p, key, layout, sum, cols, s);
+  layernorm_forward(t, sum, gamma, beta, eps, y_ln, mean, rstd, rows, cols, s);
 }
 
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,

@@ -9,6 +9,14 @@ namespace megazero::cuda {
 
 void layernorm_forward(DType t, const void* x, const void* gamma, const void* beta, double eps, void* y, void* mean,
                        void* rstd, i64 rows, i64 cols, cudaStream_t s);
+// sum = residual + dropout(y + bias) (bias_dropout_add), then
+// layernorm_forward(sum) into y_ln, mean, rstd (kernels::bias_dropout_add_layernorm):
+// one pass where the fast forward and the layout (one layout row a row)
+// allow, else the two launchers.
+void bias_dropout_add_layernorm(DType t, const void* y, const void* bias, const void* residual, double p,
+                                const RngKey& key, const kernels::DropoutLayout& layout, void* sum, const void* gamma,
+                                const void* beta, double eps, void* y_ln, void* mean, void* rstd, i64 rows, i64 cols,
+                                cudaStream_t s);
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
                         i64 rows, i64 cols, bool one_pass, kernels::GpuScratch ws,

@@ -21,7 +21,7 @@
 
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/packs.cuh"
-#include "megazero/cuda/philox.cuh"
+#include "megazero/cuda/row_mask.cuh"
 #include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gpu_scratch.h"
 
@@ -59,42 +59,16 @@ __device__ __forceinline__ void lane_sums(float& a, float& b, int T, float (*par
 // it enters the sub-block below, e.g. a transformer layer's attention output
 // dropout), written in the same pass: dd = dx * keep / (1 - p), dx's rounded
 // values with dropout_backward's mask, formula and rounding (bit for bit), for
-// a layout whose layout rows are the tensor's rows: row r's element c has the
-// global index (row0 + r * row_step) * cols + c. Saves the dropout backward's
-// own pass (a read of dx, 512 MB at the 100B layer's [32768, 8192]) and
-// launch. partial (the kernel's SUMS): dd's column sums, written as dgamma's.
-// keep_scale and threshold come computed (row_dropout below): as kernel
-// parameters they stay in the constant bank, where the two-pack kernel has no
-// registers to hold them.
+// a layout whose layout rows are the tensor's rows (row_mask.cuh). Saves the
+// dropout backward's own pass (a read of dx, 512 MB at the 100B layer's
+// [32768, 8192]) and launch. partial (the kernel's SUMS): dd's column sums,
+// written as dgamma's.
 template <typename S>
 struct RowDropout {
   S* dd = nullptr;
   double* partial = nullptr;
-  PhiloxKey key{};
-  i64 row0 = 0, row_step = 1;
-  compute_t<S> keep_scale = 1;  // dropout_backward_partial_kernel's 1 / (1 - p), rounded the same way
-  std::uint32_t threshold = 0;  // keep_threshold(p)
-  bool on = false;              // p > 0
+  RowMask<S> mask;
 };
-
-// RowDropout for a dropout layout of `rows` rows of `cols`: false unless each
-// layout row is one of them (a hidden-state layout: one group, a sample a
-// row), whose global row is then (sample_offset + r) * global_groups +
-// group_offset.
-template <typename S>
-bool row_dropout(const kernels::DropoutLayout& l, i64 rows, i64 cols, S* dd, double* partial, double p,
-                 const PhiloxKey& key, RowDropout<S>& out) {
-  if (l.groups != 1 || l.samples != rows || l.matrix_rows * l.matrix_cols != cols) return false;
-  out = {dd,
-         partial,
-         key,
-         l.sample_offset * l.global_groups + l.group_offset,
-         l.global_groups,
-         static_cast<compute_t<S>>(1.0 / (1.0 - p)),
-         keep_threshold(p),
-         p > 0};
-  return true;
-}
 
 // dx (over dy, + add when given) for the rows of this block, and its partial
 // dgamma/dbeta sums: partial_g[blockIdx.x * cols + c] = sum over the block's
@@ -260,28 +234,19 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
     if constexpr (DROP) {
       // After all of the row's dx, one pack at a time: dy's and x's packs
       // are dead by then, which leaves the Philox rounds registers. (ptxas,
-      // sm_90, 64 registers: 16 bytes spilled with two bf16 packs a thread,
-      // 26 unrolled; none in the other instances.)
-      const std::uint64_t row_index =
-          static_cast<std::uint64_t>(drop.row0 + r * drop.row_step) * static_cast<std::uint64_t>(cols);
+      // sm_90, 64 registers: 22 bytes spilled with two bf16 packs a thread,
+      // more unrolled; none in the other instances.)
 #pragma unroll 1
       for (int q = 0; q < P; ++q) {
         const i64 c0 = (static_cast<i64>(q) * T + t) * V;
         if (c0 >= cols) continue;
-        // c0 and cols are multiples of V, so of 4: the pack is V / 4 whole Philox blocks.
-        const std::uint64_t block0 = (row_index + static_cast<std::uint64_t>(c0)) >> 2;
         const Pack<S> o = kStash ? stash[q * kStride] : kept_dx[kStash ? 0 : q];
+        const unsigned keep = keep_bits(drop.mask, r, cols, c0);
         Pack<S> od;
 #pragma unroll
-        for (int w4 = 0; w4 < V / 4; ++w4) {
-          const uint4 w = drop.on ? philox(block0 + static_cast<std::uint64_t>(w4), drop.key) : uint4{};
-#pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int j = 4 * w4 + u;
-            const bool keep = !drop.on || kept(word(w, static_cast<unsigned>(u)), drop.threshold);
-            od.v[j] = keep ? st<S>(ld(o.v[j]) * drop.keep_scale) : st<S>(C(0));
-            if constexpr (SUMS) sums[(2 * N + q * V + j) * kStride] += ld(od.v[j]);
-          }
+        for (int j = 0; j < V; ++j) {
+          od.v[j] = (keep >> j) & 1u ? st<S>(ld(o.v[j]) * drop.mask.keep_scale) : st<S>(C(0));
+          if constexpr (SUMS) sums[(2 * N + q * V + j) * kStride] += ld(od.v[j]);
         }
         *reinterpret_cast<Pack<S>*>(drop.dd + row + c0) = od;
       }

@@ -58,6 +58,18 @@ struct DropoutBackwardOf {
 // dropout_backward (a copy at p == 0).
 void dropout_backward_of(const Tensor& dy, const DropoutBackwardOf& d);
 
+// A bias-dropout-add whose output another kernel reads next, done in that
+// kernel's pass where the device can (bias_dropout_add_layernorm):
+// *out = residual + dropout(y + bias), as bias_dropout_add.
+struct BiasDropoutAddOf {
+  const Tensor* bias = nullptr;
+  const Tensor* residual = nullptr;
+  double p = 0;
+  RngKey key;
+  DropoutLayout layout;
+  Tensor* out = nullptr;  // may be y's or the residual's storage
+};
+
 // Megatron's fused bias-dropout-add, the end of each sub-block:
 //   out = residual + dropout(y + bias)   (bias [cols] along the last dimension)
 // with dropout_forward's mask for the same key and layout, computed in the

@@ -92,9 +92,11 @@ void layernorm_backward_dx_cpu(const S* dy, const S* x, const S* gamma, const C*
 
 }  // namespace
 
-void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& mean,
-                       Tensor& rstd) {
-  constexpr const char* op = "layernorm_forward";
+namespace {
+
+// layernorm_forward's argument checks; its rows and columns.
+Rows check_forward(const char* op, const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps,
+                   const Tensor& y, const Tensor& mean, const Tensor& rstd) {
   check_float(op, "x", x);
   const DType dt = x.dtype();
   const Rows s = rows_of(op, "x", x);
@@ -107,6 +109,16 @@ void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta,
   check_shape(op, "y", y, x.shape());
   check_rows(op, "mean", mean, s.rows);
   check_rows(op, "rstd", rstd, s.rows);
+  return s;
+}
+
+}  // namespace
+
+void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& mean,
+                       Tensor& rstd) {
+  constexpr const char* op = "layernorm_forward";
+  const Rows s = check_forward(op, x, gamma, beta, eps, y, mean, rstd);
+  const DType dt = x.dtype();
   MZ_ON_CUDA(x, cuda::layernorm_forward(dt, x.data(), gamma.data(), beta.data(), eps, y.data(), mean.data(),
                                         rstd.data(), s.rows, s.cols, stream_of(x)));
   if (!on_host(op, x)) return;
@@ -203,6 +215,34 @@ void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor&
   }
   layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx);
   dropout_backward_of(dx, then);
+}
+
+void bias_dropout_add_layernorm(const Tensor& y, const BiasDropoutAddOf& before, const Tensor& gamma,
+                                const Tensor& beta, double eps, Tensor& y_ln, Tensor& mean, Tensor& rstd) {
+  constexpr const char* op = "bias_dropout_add_layernorm";
+  MZ_CHECK(before.bias && before.residual && before.out, op,
+           ": the bias-dropout-add needs its bias, residual and output (BiasDropoutAddOf)");
+  Tensor& sum = *before.out;
+  MZ_CHECK(!storage_overlaps(y_ln, sum), op,
+           ": the LayerNorm's output must not share the sum's storage (the sum is the residual stream)");
+  if (y.device().kind() == DeviceKind::CUDA) {
+    // bias_dropout_add's checks, then layernorm_forward's on the sum.
+    check_float(op, "y", y);
+    const Rows s = rows_of(op, "y", y);
+    check_operands(op, y, y.dtype(),
+                   {{"y", &y}, {"bias", before.bias}, {"residual", before.residual}, {"the sum", &sum}});
+    check_shape(op, "bias", *before.bias, {s.cols});
+    check_shapes(op, y.shape(), {{"residual", before.residual}, {"the sum", &sum}});
+    MZ_CHECK(before.p >= 0.0 && before.p < 1.0, op, ": dropout probability ", before.p, " must be in [0, 1)");
+    check_layout(op, before.layout, y.numel());
+    check_forward(op, sum, gamma, beta, eps, y_ln, mean, rstd);
+    MZ_ON_CUDA(
+        y, cuda::bias_dropout_add_layernorm(y.dtype(), y.data(), before.bias->data(), before.residual->data(), before.p,
+                                            before.key, before.layout, sum.data(), gamma.data(), beta.data(), eps,
+                                            y_ln.data(), mean.data(), rstd.data(), s.rows, s.cols, stream_of(y)));
+  }
+  bias_dropout_add(y, *before.bias, *before.residual, before.p, before.key, before.layout, sum);
+  layernorm_forward(sum, gamma, beta, eps, y_ln, mean, rstd);
 }
 
 }  // namespace megazero::kernels

@@ -12,6 +12,15 @@ namespace megazero::kernels {
 // row_stat_dtype(x.dtype())). y may alias x.
 void layernorm_forward(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps, Tensor& y, Tensor& mean,
                        Tensor& rstd);
+// bias_dropout_add(y, *before.bias, *before.residual, ...) into *before.out,
+// then layernorm_forward of it into y_ln, mean, rstd: the same values as the
+// two calls, which is what the CPU runs. On a GPU one pass where the fast
+// forward applies and the layout's rows are y's rows (a hidden-state layout):
+// a transformer layer's attention output bias-dropout-add and LN2 (the
+// LayerNorm's read of the sum saved). y_ln must not share the sum's storage.
+void bias_dropout_add_layernorm(const Tensor& y, const BiasDropoutAddOf& before, const Tensor& gamma,
+                                const Tensor& beta, double eps, Tensor& y_ln, Tensor& mean, Tensor& rstd);
+
 // How the CUDA backward reads dy and x: once (dx, dgamma and dbeta in one
 // pass, wherever gpu_scratch::layernorm_fused_plan allows: the default) or
 // twice (the column sums, then dx: what ran before, kept so bench_kernels

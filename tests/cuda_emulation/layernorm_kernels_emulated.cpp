@@ -11,9 +11,13 @@
 //   partials pre-filled with garbage (every slot the finish reads is written).
 // - with dx's dropout backward in the same pass (the kernel's DROP, and SUMS:
 //   the bias gradient's column sums too), over a layout with other groups'
-//   rows in between (row_dropout's mapping), p = 0.1 and p = 0: dd must be the CPU's
+//   rows in between (row_mask's mapping), p = 0.1 and p = 0: dd must be the CPU's
 //   dropout_backward of the kernel's own dx bit for bit (the same mask, scale
 //   and rounding), its sums within the dbeta bound.
+// And the fast forward with the bias-dropout-add before it
+// (layernorm_forward_kernels.cuh): the sum must be the CPU's bias_dropout_add
+// bit for bit, and the output, mean and rstd the plain fast kernel's on that
+// sum bit for bit; in place over y too, p = 0.1 and 0.
 // dx: within two storage roundings plus fp32 noise (the kernel's statistics
 // and row sums are fp32, the CPU's double). dgamma/dbeta: within one fp32
 // rounding plus (rows a lane sums + lanes) fp32 roundings of the sum of the
@@ -28,6 +32,7 @@
 #include "emu_checks.h"
 #include "emu_runtime.h"
 #include "megazero/cuda/column_tiles.cuh"
+#include "megazero/cuda/layernorm_forward_kernels.cuh"
 #include "megazero/cuda/layernorm_kernels.cuh"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/gelu_bias.h"
@@ -94,8 +99,8 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
   const kernels::DropoutLayout layout{rows, 1, 1, cols, 7, 2, 3};
   const RngKey key{2026, 11, 3, kRngAttentionOutputDropout};
   Tensor ddg = tensor_of({rows, cols}, std::vector<double>(xv.size(), std::nan("")), T);
-  dk::RowDropout<S> rd{};
-  if (drop != Drop::None && !dk::row_dropout(layout, rows, cols, raw<S>(ddg), pd, p, dk::philox_key(key), rd)) {
+  dk::RowDropout<S> rd{raw<S>(ddg), pd, {}};
+  if (drop != Drop::None && !dk::row_mask(layout, rows, cols, p, dk::philox_key(key), rd.mask)) {
     std::printf("FAIL the layout's rows are not taken as the tensor's\n");
     ++failures;
   }
@@ -184,6 +189,66 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
 }
 
 template <DType T>
+void forward_bda(std::mt19937& rng, i64 rows, i64 cols, unsigned threads, int packs, bool in_place, double p) {
+  using S = typename Storage<T>::type;
+  const auto yv = randn(static_cast<std::size_t>(rows * cols), rng), rv = randn(yv.size(), rng, 2.0),
+             bv = randn(static_cast<std::size_t>(cols), rng), gv = randn(static_cast<std::size_t>(cols), rng),
+             tv = randn(static_cast<std::size_t>(cols), rng);
+  Tensor y = tensor_of({rows, cols}, yv, T), res = tensor_of({rows, cols}, rv, T), bias = tensor_of({cols}, bv, T);
+  Tensor gamma = tensor_of({cols}, gv, T), beta = tensor_of({cols}, tv, T);
+  const kernels::DropoutLayout layout{rows, 1, 1, cols, 5, 1, 2};  // global rows 11 + 2 r
+  const RngKey key{2026, 7, 2, kRngAttentionOutputDropout};
+  // The CPU's sum, then the plain fast kernel on it.
+  Tensor sum_c = tensor_of({rows, cols}, std::vector<double>(yv.size(), 0.0), T);
+  kernels::bias_dropout_add(y, bias, res, p, key, layout, sum_c);
+  const auto nan_rows = [&](i64 n) {
+    return tensor_of({n}, std::vector<double>(static_cast<std::size_t>(n), std::nan("")), DType::F32);
+  };
+  Tensor want = tensor_of({rows, cols}, std::vector<double>(yv.size(), std::nan("")), T), want_m = nan_rows(rows),
+         want_r = nan_rows(rows);
+  const auto run = [&](auto kernel, const S* x, S* out, float* m, float* r, const dk::RowBiasDropoutAdd<S>& bda) {
+    emu_launch(dim3{static_cast<unsigned>(rows), 1, 1}, threads, 0,
+               [&] { kernel(x, raw<S>(gamma), raw<S>(beta), 1e-5f, out, m, r, cols, bda); });
+  };
+  const auto pick = [&](auto bda_flag, auto&& go) {
+    constexpr bool B = decltype(bda_flag)::value;
+    if (packs == 1)
+      go(dk::layernorm_forward_fast_kernel<S, 1, B>);
+    else
+      go(dk::layernorm_forward_fast_kernel<S, 2, B>);
+  };
+  pick(std::false_type{},
+       [&](auto k) { run(k, raw<S>(sum_c), raw<S>(want), want_m.host_data<float>(), want_r.host_data<float>(), {}); });
+  // The fused pass, the sum written over y (as the layer does) or apart.
+  Tensor yg = y.clone(MemoryCategory::Other);
+  Tensor sum_g = in_place ? yg : tensor_of({rows, cols}, std::vector<double>(yv.size(), std::nan("")), T);
+  Tensor got = tensor_of({rows, cols}, std::vector<double>(yv.size(), std::nan("")), T), got_m = nan_rows(rows),
+         got_r = nan_rows(rows);
+  dk::RowBiasDropoutAdd<S> bda{raw<S>(res), raw<S>(bias), raw<S>(sum_g), {}};
+  if (!dk::row_mask(layout, rows, cols, p, dk::philox_key(key), bda.mask)) {
+    std::printf("FAIL the forward's layout is not taken as rows\n");
+    ++failures;
+  }
+  pick(std::true_type{},
+       [&](auto k) { run(k, raw<S>(yg), raw<S>(got), got_m.host_data<float>(), got_r.host_data<float>(), bda); });
+  const auto same = [&](const Tensor& a, const Tensor& b, const char* what) {
+    const auto va = values(a), vb = values(b);
+    for (std::size_t k = 0; k < va.size(); ++k)
+      check(std::memcmp(&va[k], &vb[k], sizeof(double)) == 0, what, va[k], vb[k], k);
+  };
+  same(sum_g, sum_c, "forward: the bias-dropout-add's sum");
+  same(got, want, "forward: the LayerNorm of the sum");
+  same(got_m, want_m, "forward: mean");
+  same(got_r, want_r, "forward: rstd");
+  // The mask did drop (and kept all at p = 0): the sum is the residual where dropped.
+  std::size_t dropped = 0;
+  const auto sums = values(sum_c), rs = values(res);
+  for (std::size_t k = 0; k < sums.size(); ++k) dropped += sums[k] == rs[k];
+  const double frac = static_cast<double>(dropped) / static_cast<double>(sums.size());
+  check(p == 0 ? frac < 0.02 : std::fabs(frac - p) < 0.05, "forward: dropped fraction", frac, p, 0);
+}
+
+template <DType T>
 void all(std::mt19937& rng) {
   using S = typename Storage<T>::type;
   constexpr i64 V = dk::kVec<S>;
@@ -211,6 +276,11 @@ void all(std::mt19937& rng) {
   run<T>(rng, 50, 50 * V, three, false, false, Drop::OutAndSums, 0.0);
   run<T>(rng, 20, 100 * V, two, true, false, Drop::Out);
   run<T>(rng, 20, 100 * V, two, true, true, Drop::OutAndSums);
+  // The forward with the bias-dropout-add: one pack a thread (29 packs on 32
+  // threads), two (100 packs on 64: the second only for the first 36).
+  forward_bda<T>(rng, 9, 29 * V, 32, 1, true, 0.1);
+  forward_bda<T>(rng, 7, 100 * V, 64, 2, false, 0.1);
+  forward_bda<T>(rng, 5, 100 * V, 64, 2, true, 0.0);
 }
 
 }  // namespace
@@ -226,13 +296,11 @@ int main() {
   run<DType::BF16>(rng, 30, 1024, from_plan(DType::BF16, 30, 1024), true, false, Drop::OutAndSums);
   // Layouts the one pass must not take: rows of several groups, fewer samples.
   {
-    dk::RowDropout<float> rd{};
-    check(!dk::row_dropout(kernels::DropoutLayout{10, 2, 1, 64, 0, 0, 2}, 20, 64, static_cast<float*>(nullptr), nullptr,
-                           0.1, dk::PhiloxKey{}, rd),
-          "row_dropout took a two-group layout", 1, 0, 0);
-    check(!dk::row_dropout(kernels::DropoutLayout{10, 1, 2, 64, 0, 0, 1}, 20, 64, static_cast<float*>(nullptr), nullptr,
-                           0.1, dk::PhiloxKey{}, rd),
-          "row_dropout took a layout of two rows a sample", 1, 0, 0);
+    dk::RowMask<float> m{};
+    check(!dk::row_mask(kernels::DropoutLayout{10, 2, 1, 64, 0, 0, 2}, 20, 64, 0.1, dk::PhiloxKey{}, m),
+          "row_mask took a two-group layout", 1, 0, 0);
+    check(!dk::row_mask(kernels::DropoutLayout{10, 1, 2, 64, 0, 0, 1}, 20, 64, 0.1, dk::PhiloxKey{}, m),
+          "row_mask took a layout of two rows a sample", 1, 0, 0);
   }
   // Two blocks an SM (228 KB of shared memory, 1 KB reserved a block, the
   // kernel's 256 static bytes) at each launch the launcher makes with the
@@ -248,6 +316,7 @@ int main() {
   }
   std::printf(
       "layernorm_kernels_emulated: the one-pass LayerNorm backward (dx, dgamma, dbeta; dx's dropout backward and its "
-      "bias sums) matches the CPU (fp32, bf16, fp16; 1, 3 and 4 lanes a block; one and two packs a thread)\n");
+      "bias sums) and the forward with the bias-dropout-add match the CPU (fp32, bf16, fp16; 1, 3 and 4 lanes a block; "
+      "one and two packs a thread)\n");
   return 0;
 }

@@ -155,15 +155,15 @@ int run(int argc, char** argv) {
     {
       const kernels::DropoutLayout rows_layout{rows, 1, 1, hidden, 0, 0, 1};
       const RngKey key{1, 1, 0, kRngAttentionOutputDropout};
-      Tensor dd = Tensor::zeros(dev, {rows, hidden}, t, C), dbias = db.clone(C);
+      Tensor dd = Tensor::zeros(dev, {rows, hidden}, t, C), dbias_h = db.clone(C);
       report("layernorm + dropout bwd, two calls", best_ms([&] {
                kernels::layernorm_backward(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res);
-               kernels::dropout_backward_bias_grad(dx, 0.1, key, rows_layout, dd, dbias);
+               kernels::dropout_backward_bias_grad(dx, 0.1, key, rows_layout, dd, dbias_h);
              }),
              5);
       report("layernorm + dropout bwd, one pass", best_ms([&] {
                kernels::layernorm_backward_dropout(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res,
-                                                   {0.1, key, rows_layout, &dd, &dbias});
+                                                   {0.1, key, rows_layout, &dd, &dbias_h});
              }),
              5);
       // The forward's counterpart: the attention output's bias-dropout-add

@@ -143,9 +143,14 @@ int run(int argc, char** argv) {
     // as the transformer layer does; GB/s counts one read of dy, x and the
     // residual and one write of dx, so the split path's second read of dy and
     // x shows as a lower figure.
-    for (const auto passes : {kernels::LayerNormBackwardPasses::Auto, kernels::LayerNormBackwardPasses::Split})
-      report(passes == kernels::LayerNormBackwardPasses::Auto ? "layernorm backward, one pass"
-                                                              : "layernorm backward, split",
+    // The third: the one pass with every row's dy, x and residual gradient
+    // copied a row ahead (the default does so with one pack a thread; with
+    // two, GPT's widths from 4104 to 8192, it halves the blocks an SM).
+    using LNP = kernels::LayerNormBackwardPasses;
+    for (const auto passes : {LNP::Auto, LNP::Split, LNP::OnePassPrefetched})
+      report(passes == LNP::Auto    ? "layernorm backward, one pass"
+             : passes == LNP::Split ? "layernorm backward, split"
+                                    : "layernorm backward, all prefetched",
              best_ms([&] { kernels::layernorm_backward(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res, passes); }), 4);
     // The transformer layer's LN2 backward and its attention output dropout's
     // backward (with the bias gradient): the two calls against the one pass

@@ -170,6 +170,14 @@ TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
     EXPECT_EQ(dg1.to_double_vector(), dg2.to_double_vector());
     EXPECT_EQ(db1.to_double_vector(), db2.to_double_vector());
     EXPECT_EQ(dx2.g.to_double_vector(), dx.g.to_double_vector());
+    // The prefetched alternative (bench_kernels): the same arithmetic, the same bits.
+    auto dx3 = poisoned({rows, cols}, dt);
+    Tensor dg3 = dg1.clone(MemoryCategory::Other), db3 = db1.clone(MemoryCategory::Other);
+    k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx3.g, dg3, db3, &res.g,
+                          k::LayerNormBackwardPasses::OnePassPrefetched);
+    EXPECT_EQ(dx3.g.to_double_vector(), dx.g.to_double_vector());
+    EXPECT_EQ(dg3.to_double_vector(), dg2.to_double_vector());
+    EXPECT_EQ(db3.to_double_vector(), db2.to_double_vector());
   }
 }
 

@@ -171,7 +171,8 @@ struct FusedDropout {
 template <typename S, typename G>
 bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
                                 const void* rstd, void* dx, void* dgamma, void* dbeta, const void* add, i64 rows,
-                                i64 cols, const FusedDropout* drop, kernels::GpuScratch ws, cudaStream_t s) {
+                                i64 cols, const FusedDropout* drop, bool prefetch, kernels::GpuScratch ws,
+                                cudaStream_t s) {
   if constexpr (std::is_same_v<S, double>) {
     return false;
   } else {
@@ -192,10 +193,12 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
       rd.partial = pb + plan.blocks * cols;
     }
     const i64 threads = plan.lanes * plan.threads_per_row;
-    const std::size_t smem = layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums, drop != nullptr);
+    prefetch = prefetch && !drop;  // the bench's alternative is the LayerNorm's alone
+    const std::size_t smem =
+        layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums, drop != nullptr, prefetch);
     const auto launch = [&](auto kernel) {
-      // Up to 112 KB (8192 16-bit columns with the dropout): over the 48 KB
-      // a launch gets unasked, so ask (per call: it is per device, and costs
+      // Up to 112 KB (8192 16-bit columns with the dropout; 176 KB for the
+      // prefetched alternative): over the 48 KB a launch gets unasked, so ask (per call: it is per device, and costs
       // microseconds).
       if (smem > std::size_t{48} << 10)
         check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
@@ -216,6 +219,8 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
     } else {
       if (drop)
         launch(layernorm_backward_fused_kernel<S, 2, true>);
+      else if (prefetch)
+        launch(layernorm_backward_fused_kernel<S, 2, false, false, true>);
       else
         launch(layernorm_backward_fused_kernel<S, 2>);
     }
@@ -285,15 +290,17 @@ void bias_dropout_add_layernorm(DType t, const void* y, const void* bias, const 
 
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
-                        i64 rows, i64 cols, bool one_pass, kernels::GpuScratch ws, cudaStream_t s) {
+                        i64 rows, i64 cols, kernels::LayerNormBackwardPasses passes, kernels::GpuScratch ws,
+                        cudaStream_t s) {
   if (rows == 0) return;
-  if (one_pass && dgamma_type == dbeta_type) {
+  if (passes != kernels::LayerNormBackwardPasses::Split && dgamma_type == dbeta_type) {
+    const bool prefetch = passes == kernels::LayerNormBackwardPasses::OnePassPrefetched;
     bool done = false;
     with_storage(t, [&](auto tag) {
       using S = decltype(tag);
       const auto run = [&](auto acc) {
         done = layernorm_backward_fused_t<S, decltype(acc)>(t, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add, rows,
-                                                            cols, nullptr, ws, s);
+                                                            cols, nullptr, prefetch, ws, s);
       };
       if (dgamma_type == DType::F32)
         run(float{});
@@ -360,7 +367,7 @@ void layernorm_backward_dropout(DType t, const void* dy, const void* x, const vo
     using S = decltype(tag);
     const auto run = [&](auto acc) {
       done = layernorm_backward_fused_t<S, decltype(acc)>(t, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add, rows,
-                                                          cols, &drop, ws, s);
+                                                          cols, &drop, false, ws, s);
     };
     if (acc_type == DType::F32)
       run(float{});
@@ -368,7 +375,8 @@ void layernorm_backward_dropout(DType t, const void* dy, const void* x, const vo
       run(S{});
   });
   if (done) return;
-  layernorm_backward(t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols, true, ws, s);
+  layernorm_backward(t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols,
+                     kernels::LayerNormBackwardPasses::Auto, ws, s);
   if (dbias)
     dropout_backward_bias_grad(t, dx, p, key, layout, dd, dbias, acc_type, rows, cols, ws, s);
   else

@@ -4,6 +4,7 @@
 
 #include "megazero/cuda/launchers.h"
 #include "megazero/kernels/dropout.h"
+#include "megazero/kernels/layernorm.h"
 
 namespace megazero::cuda {
 
@@ -19,9 +20,9 @@ void bias_dropout_add_layernorm(DType t, const void* y, const void* bias, const 
                                 cudaStream_t s);
 void layernorm_backward(DType t, const void* dy, const void* x, const void* gamma, const void* mean, const void* rstd,
                         void* dx, void* dgamma, DType dgamma_type, void* dbeta, DType dbeta_type, const void* add,
-                        i64 rows, i64 cols, bool one_pass, kernels::GpuScratch ws,
-                        cudaStream_t s);  // ws: gpu_scratch::layernorm_backward_bytes(t, rows, cols); one_pass: where
-                                          // layernorm_fused_plan allows
+                        i64 rows, i64 cols, kernels::LayerNormBackwardPasses passes, kernels::GpuScratch ws,
+                        cudaStream_t s);  // ws: gpu_scratch::layernorm_backward_bytes(t, rows, cols); one pass
+                                          // (not Split) where layernorm_fused_plan allows
 // layernorm_backward, then dd = the dropout backward of dx and dbias (when not
 // null) += its column sums (kernels::layernorm_backward_dropout): one pass
 // where the fused plan and the layout (one layout row a row) allow, else the

@@ -97,8 +97,12 @@ struct RowDropout {
 // SUMS: and dd's column sums, a third [N][thread] array of shared memory
 // (+16 KB at one pack a thread: 104 KB, still two blocks an SM; at two packs
 // it would be 128 KB, one block an SM, so the launcher sums dd afterwards).
-template <typename S, int P, bool DROP = false, bool SUMS = false>
-__global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
+// PF: dy, x and the residual gradient copied a row ahead into double buffers
+// (the default with one pack a thread; with two, 176 KB of shared memory a
+// block, one block an SM, so up to 128 registers: 91 for bf16, no spills; an
+// alternative bench_kernels times against the default's two blocks without it).
+template <typename S, int P, bool DROP = false, bool SUMS = false, bool PF = (P == 1)>
+__global__ void __launch_bounds__(kLayerNormFusedMaxThreads, PF&& P > 1 ? 1 : 2)
     layernorm_backward_fused_kernel(const S* dy, const S* x, const S* gamma, const float* mean, const float* rstd,
                                     S* dx, const S* add, i64 rows, i64 cols, int threads_per_row, i64 rows_per_lane,
                                     double* partial_g, double* partial_b, RowDropout<S> drop) {
@@ -119,7 +123,7 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
   // while the previous row is computed; with two, only this row's residual
   // gradient (dy and x go to registers: double buffers for them would leave
   // one block an SM).
-  constexpr bool kPrefetch = P == 1;
+  constexpr bool kPrefetch = PF;
   constexpr int kBuffers = kPrefetch ? 2 : 1;
   Pack<S>* const res = gam + P * kStride;             // [kBuffers][P][kStride]
   Pack<S>* const dyb = res + kBuffers * P * kStride;  // kPrefetch: [2][P][kStride]
@@ -274,9 +278,12 @@ __global__ void __launch_bounds__(kLayerNormFusedMaxThreads, 2)
 // gradient's, double-buffered; two with `drop`, DROP: dx's stash too).
 // GPT-2 medium: 32 + 56 KB (48 + 56 with SUMS); the 100B layer: 64 + 32 KB
 // (64 + 48 with DROP: 112 KB, the most that still fits two blocks an SM of
-// 228 KB with the 1 KB a block the driver keeps).
-inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec, int sums = 2, bool drop = false) {
-  const int packs = packs_per_thread == 1 ? 1 + 3 * 2 : packs_per_thread * (drop ? 3 : 2);
+// 228 KB with the 1 KB a block the driver keeps; `prefetch` with two packs:
+// 64 + 112 KB, one block an SM).
+inline std::size_t layernorm_fused_smem_bytes(int packs_per_thread, int vec, int sums = 2, bool drop = false,
+                                              bool prefetch = false) {
+  const bool pf = prefetch || packs_per_thread == 1;
+  const int packs = pf ? packs_per_thread * (1 + 3 * 2) : packs_per_thread * (drop ? 3 : 2);
   return static_cast<std::size_t>(sums * packs_per_thread * vec * kLayerNormFusedMaxThreads) * sizeof(float) +
          static_cast<std::size_t>(packs * kLayerNormFusedMaxThreads) * 16;
 }

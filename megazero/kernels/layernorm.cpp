@@ -167,8 +167,8 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
       allocate_gpu_scratch(x, gpu_scratch::layernorm_backward_bytes(dt, s.rows, s.cols), "layernorm_backward scratch");
   MZ_ON_CUDA(x, cuda::layernorm_backward(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
                                          dgamma.data(), dgamma.dtype(), dbeta.data(), dbeta.dtype(),
-                                         add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols,
-                                         passes == LayerNormBackwardPasses::Auto, scratch_of(ws), stream_of(x)));
+                                         add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, passes,
+                                         scratch_of(ws), stream_of(x)));
   if (!on_host(op, x)) return;
   with_storage_type(dt, [&](auto tag) {
     using S = decltype(tag);

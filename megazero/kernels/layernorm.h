@@ -24,8 +24,11 @@ void bias_dropout_add_layernorm(const Tensor& y, const BiasDropoutAddOf& before,
 // How the CUDA backward reads dy and x: once (dx, dgamma and dbeta in one
 // pass, wherever gpu_scratch::layernorm_fused_plan allows: the default) or
 // twice (the column sums, then dx: what ran before, kept so bench_kernels
-// times one against the other). The CPU kernel has one way.
-enum class LayerNormBackwardPasses { Auto, Split };
+// times one against the other). OnePassPrefetched: the one pass with the next
+// row's dy, x and residual gradient always copied ahead (the default does
+// that only with one pack a thread; with two it costs half the blocks an
+// SM), for bench_kernels to time against Auto. The CPU kernel has one way.
+enum class LayerNormBackwardPasses { Auto, Split, OnePassPrefetched };
 
 // dx = overwritten (may alias dy); dgamma, dbeta accumulated. With add_to_dx,
 // dx = (LayerNorm's input gradient) + *add_to_dx, rounded once: a pre-LN

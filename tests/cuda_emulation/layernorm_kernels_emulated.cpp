@@ -65,7 +65,7 @@ enum class Drop { None, Out, OutAndSums };
 
 template <DType T>
 void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, bool in_place, Drop drop = Drop::None,
-         double p = 0.1) {
+         double p = 0.1, bool prefetch = false) {
   using S = typename Storage<T>::type;
   const auto xv = randn(static_cast<std::size_t>(rows * cols), rng, 2.0), dv = randn(xv.size(), rng),
              rv = randn(xv.size(), rng), gv = randn(static_cast<std::size_t>(cols), rng),
@@ -105,7 +105,8 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
     ++failures;
   }
   const unsigned threads = static_cast<unsigned>(l.lanes * l.threads_per_row);
-  const std::size_t smem = dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>, nsums, drop != Drop::None);
+  const std::size_t smem =
+      dk::layernorm_fused_smem_bytes(l.packs_per_thread, dk::kVec<S>, nsums, drop != Drop::None, prefetch);
   emu_launch(dim3{static_cast<unsigned>(l.blocks), 1, 1}, threads, smem, [&] {
     const auto go = [&](auto kernel) {
       kernel(raw<S>(dyg), raw<S>(xg), raw<S>(gg), mean.host_data<float>(), rstd.host_data<float>(), raw<S>(dxg),
@@ -124,6 +125,8 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
         go(dk::layernorm_backward_fused_kernel<S, 2, true, true>);
       else if (drop == Drop::Out)
         go(dk::layernorm_backward_fused_kernel<S, 2, true>);
+      else if (prefetch)
+        go(dk::layernorm_backward_fused_kernel<S, 2, false, false, true>);
       else
         go(dk::layernorm_backward_fused_kernel<S, 2>);
     }
@@ -275,6 +278,9 @@ void all(std::mt19937& rng) {
   run<T>(rng, 50, 50 * V, three, true, true, Drop::Out);
   run<T>(rng, 50, 50 * V, three, false, false, Drop::OutAndSums, 0.0);
   run<T>(rng, 20, 100 * V, two, true, false, Drop::Out);
+  // - two packs a thread with every row prefetched (bench_kernels' alternative).
+  run<T>(rng, 20, 100 * V, two, true, false, Drop::None, 0.1, true);
+  run<T>(rng, 20, 100 * V, two, false, true, Drop::None, 0.1, true);
   run<T>(rng, 20, 100 * V, two, true, true, Drop::OutAndSums);
   // The forward with the bias-dropout-add: one pack a thread (29 packs on 32
   // threads), two (100 packs on 64: the second only for the first 36).

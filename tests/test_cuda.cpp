@@ -165,6 +165,7 @@ TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
     auto dx2 = poisoned({rows, cols}, dt);
     Tensor dg2 = dgamma.g.clone(MemoryCategory::Other), db2 = dbeta.g.clone(MemoryCategory::Other);
     Tensor dg1 = dgamma.g.clone(MemoryCategory::Other), db1 = dbeta.g.clone(MemoryCategory::Other);
+    Tensor dg3 = dgamma.g.clone(MemoryCategory::Other), db3 = dbeta.g.clone(MemoryCategory::Other);
     k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg1, db1, &res.g);
     k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg2, db2, &res.g);
     EXPECT_EQ(dg1.to_double_vector(), dg2.to_double_vector());
@@ -172,7 +173,6 @@ TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
     EXPECT_EQ(dx2.g.to_double_vector(), dx.g.to_double_vector());
     // The prefetched alternative (bench_kernels): the same arithmetic, the same bits.
     auto dx3 = poisoned({rows, cols}, dt);
-    Tensor dg3 = dg1.clone(MemoryCategory::Other), db3 = db1.clone(MemoryCategory::Other);
     k::layernorm_backward(dy.g, x.g, gamma.g, mean.g, rstd.g, dx3.g, dg3, db3, &res.g,
                           k::LayerNormBackwardPasses::OnePassPrefetched);
     EXPECT_EQ(dx3.g.to_double_vector(), dx.g.to_double_vector());

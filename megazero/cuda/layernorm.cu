@@ -198,8 +198,8 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
         layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums, drop != nullptr, prefetch);
     const auto launch = [&](auto kernel) {
       // Up to 112 KB (8192 16-bit columns with the dropout; 176 KB for the
-      // prefetched alternative): over the 48 KB a launch gets unasked, so ask (per call: it is per device, and costs
-      // microseconds).
+      // prefetched alternative): over the 48 KB a launch gets unasked, so
+      // ask (per call: it is per device, and costs microseconds).
       if (smem > std::size_t{48} << 10)
         check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                    "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");

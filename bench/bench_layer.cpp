@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "megazero/kernels/cudnn_attention.h"
@@ -94,7 +95,7 @@ int run(int argc, char** argv) {
   StepInfo step;
   step.micro_batch = B;
   step.seq = S;
-  std::vector<double> ms;
+  std::vector<double> ms;  // in the order run (printed so: a trend in it shows clocks, not kernels)
   for (int s = 0; s < warmup + steps; ++s) {
     step.iteration = static_cast<std::uint64_t>(s);
     device->synchronize();
@@ -104,6 +105,12 @@ int run(int argc, char** argv) {
     device->synchronize();
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s >= warmup) ms.push_back(sec * 1e3);
+  }
+  std::string in_order;
+  for (double t : ms) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%s%.3f", in_order.empty() ? "" : " ", t);
+    in_order += buf;
   }
   std::sort(ms.begin(), ms.end());
   const double med = ms[ms.size() / 2];
@@ -129,6 +136,7 @@ int run(int argc, char** argv) {
       "activations %.0f MiB\n",
       med, ms.front(), ms.back(), steps, tflops, 100.0 * tflops / peak_tflops, peak_tflops,
       static_cast<double>(device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
+  std::printf("steps in order (ms): %s\n", in_order.c_str());
   std::printf(
       "{\"bench\": \"layer\", \"impl\": \"megazero\", \"attention\": \"%s\", \"dtype\": \"%s\", "
       "\"ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f}\n",

@@ -232,6 +232,7 @@ def main(argv=None):
           f"MFU {100 * tflops / a.peak_tflops:.1f}% of {a.peak_tflops:.0f}, "
           f"peak memory {'n/a' if peak_mib is None else f'{peak_mib:.0f} MiB'}, "
           f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+    print("steps in order (ms): " + " ".join(f"{t:.2f}" for t in times))
     print(json.dumps({"bench": "gpt", "impl": name, "dtype": a.dtype, "layers": a.num_layers,
                       "hidden": a.hidden_size, "heads": a.num_attention_heads, "seq": S, "micro_batch": B,
                       "vocab": V, "ms": round(med, 4), "tokens_per_s": round(tokens / (med * 1e-3), 1),

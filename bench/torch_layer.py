@@ -103,6 +103,7 @@ def main():
         print(f"torch {torch.__version__} {variant}: median {med:.3f} ms (min {min(times):.3f}, max {max(times):.3f}), "
               f"{tflops:.1f} TFLOP/s, MFU {100 * tflops / a.peak_tflops:.1f}% of {a.peak_tflops:.0f}, "
               f"peak memory {peak_mib:.0f} MiB")
+        print("steps in order (ms): " + " ".join(f"{t:.3f}" for t in times))
         print(json.dumps({"bench": "layer", "impl": f"torch-{variant}", "dtype": a.dtype, "ms": round(med, 4),
                           "tflops": round(tflops, 2), "mfu": round(tflops / a.peak_tflops, 4),
                           "peak_mib": round(peak_mib, 1)}))

@@ -96,6 +96,21 @@ peer() {
   [ -n "$host_ld" ] && path=(LD_LIBRARY_PATH="$host_ld")
   bounded "$t" env "${path[@]}" TORCH_LOGS=recompiles python3 "$@"
 }
+# The GPU's clocks, power and throttle reasons every 100 ms while a phase runs
+# ($out/$phase-telemetry.csv), and stamp, the run headers' time in nvidia-smi's
+# format: tools/gpu_telemetry.py puts the two together, run by run, so a spread
+# of step times that follows the SM clock shows as the machine's.
+stamp() { date +'%Y/%m/%d %H:%M:%S.%3N'; }
+telemetry_start() {
+  local q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_event_reasons.active
+  nvidia-smi --query-gpu=$q --format=csv,nounits > /dev/null 2>&1 || q=${q%,*}  # an older driver's names
+  nvidia-smi --query-gpu=$q --format=csv,nounits -lms 100 > "$out/$phase-telemetry.csv" 2>&1 &
+  telemetry_pid=$!
+}
+telemetry_stop() {
+  [ -n "${telemetry_pid:-}" ] || return 0
+  kill "$telemetry_pid" 2> /dev/null; wait "$telemetry_pid" 2> /dev/null; telemetry_pid=
+}
 # Every CUDA kernel against the CPU's (test_cuda), GEMMs, and the kernel suites.
 kernel_suites() {
   echo "== test_cuda"; mpi 1 $B/test_cuda
@@ -298,6 +313,7 @@ for phase in "$@"; do
       # Each run bounded by MZ_PEER_TIMEOUT (ours under mpi by MZ_RUN_TIMEOUT); a failed or
       # timed-out run leaves no JSON line and shows as n/a in the table.
       pt=${MZ_PEER_TIMEOUT:-420}
+      telemetry_start
       gpt=(--num-layers 24 --hidden-size 1024 --num-attention-heads 16 --seq-length 1024
            --micro-batch-size 8 --vocab-size 50257)
       {
@@ -308,7 +324,7 @@ for phase in "$@"; do
           local backend=$1 name="megazero-$1${2:-}"; shift; [ $# -gt 0 ] && shift
           local m="$out/$phase-metrics-$name.jsonl"
           rm -f "$m"
-          echo "== ours: pretrain_gpt 355M bf16, attention $backend $*"
+          echo "== @$(stamp) ours: pretrain_gpt 355M bf16, attention $backend $*"
           mpi 1 $B/pretrain_gpt --device cuda "${gpt[@]}" --max-position-embeddings 1024 --global-batch-size 8 \
             --bf16 --mock-data --train-iters 30 --log-interval 10 --lr 1e-4 --attention-backend "$backend" \
             --eval-iters 0 --metrics-file "$m" "$@"  # no final evaluation (nor its cuDNN plans): theirs has none
@@ -316,17 +332,17 @@ for phase in "$@"; do
           python3 tools/peer_ratios.py --from-metrics "$m" --impl "$name"
         }
         theirs_gpt() {
-          echo "== theirs: bench/torch_gpt.py 355M bf16 $*"
+          echo "== @$(stamp) theirs: bench/torch_gpt.py 355M bf16 $*"
           peer "$pt" bench/torch_gpt.py "${gpt[@]}" --dtype bf16 --warmup 20 --steps 10 "$@"
           echo "== exit $?"
         }
         ours_layer() {  # ours_layer BACKEND [FLAG...]
-          echo "== ours: bench_layer 100B layer (TP-16 rank) bf16, attention $*"
+          echo "== @$(stamp) ours: bench_layer 100B layer (TP-16 rank) bf16, attention $*"
           bounded "$pt" $B/bench_layer --device cuda --dtype bf16 --steps 10 --attention-backend "$@"
           echo "== exit $?"
         }
         theirs_layer() {
-          echo "== theirs: bench/torch_layer.py sdpa bf16 $*"
+          echo "== @$(stamp) theirs: bench/torch_layer.py sdpa bf16 $*"
           peer "$pt" bench/torch_layer.py --dtype bf16 --steps 10 --attention sdpa "$@"
           echo "== exit $?"
         }
@@ -347,7 +363,9 @@ for phase in "$@"; do
             { ours_layer cudnn --gemm-epilogues=all; ours_layer unfused; ours_layer fused; theirs_layer; }
         fi
       } > "$out/$phase.txt" 2>&1
+      telemetry_stop
       grep -E "^== |median|iteration +30/|timers|^peer_ratios|Error|error" "$out/$phase.txt" | tail -50
+      python3 tools/gpu_telemetry.py "$out/$phase.txt" "$out/$phase-telemetry.csv" | tee "$out/$phase-clocks.txt"
       tables=gpt,layer
       [ "$phase" = peers-gpt ] && tables=gpt
       [ "$phase" = peers-layer ] && tables=layer

@@ -171,6 +171,14 @@ int run(int argc, char** argv) {
                                                    {0.1, key, rows_layout, &dd, &dbias_h});
              }),
              5);
+      // Every row copied ahead, the bias summed in the kernel at any width
+      // (one block an SM with two packs a thread): the alternative to time.
+      report("layernorm + dropout bwd, all prefetched", best_ms([&] {
+               kernels::layernorm_backward_dropout(g, x, gamma, mean, rstd, dx, dgamma, db, &y_res,
+                                                   {0.1, key, rows_layout, &dd, &dbias_h},
+                                                   kernels::LayerNormBackwardPasses::OnePassPrefetched);
+             }),
+             5);
       // The forward's counterpart: the attention output's bias-dropout-add
       // and LN2 (y and the residual read, the sum and LN2's output written: 4
       // tensors), not in place so that repeated calls see the same inputs.

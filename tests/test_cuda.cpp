@@ -185,8 +185,10 @@ TEST_F(Cuda, LayerNormOnePassBackwardMatchesTheSplitOne) {
 // (kernels::layernorm_backward_dropout): dx the one-pass kernel's bits, the
 // dropout's gradient the separate dropout backward's bits (same mask), the
 // bias gradient its sums in another order. Shapes: one pack a thread (the bias
-// summed in the kernel), two (summed after it), a width the one-pass kernel
-// does not take and mixed accumulator dtypes (both: the two calls).
+// summed in the kernel), two (summed after it; bf16 and fp32), a width the
+// one-pass kernel does not take and mixed accumulator dtypes (both: the two
+// calls). Then the prefetched alternative (bench_kernels): the same bits but
+// the bias's, which it sums in the kernel with two packs a thread too.
 TEST_F(Cuda, LayerNormBackwardWithTheDropoutBackwardInOnePass) {
   struct Case {
     std::int64_t rows, cols;
@@ -195,6 +197,7 @@ TEST_F(Cuda, LayerNormBackwardWithTheDropoutBackwardInOnePass) {
   for (const Case& c : std::vector<Case>{{5000, 1024, DType::BF16, DType::F32},
                                          {2000, 8192, DType::BF16, DType::F32},
                                          {777, 1024, DType::F32, DType::F32},
+                                         {1000, 4096, DType::F32, DType::F32},
                                          {300, 1002, DType::BF16, DType::F32},
                                          {600, 1024, DType::BF16, DType::BF16}}) {
     SCOPED_TRACE(std::to_string(c.rows) + " x " + std::to_string(c.cols) + " " + std::string(dtype_name(c.dt)));
@@ -207,6 +210,8 @@ TEST_F(Cuda, LayerNormBackwardWithTheDropoutBackwardInOnePass) {
     auto dgamma = random({cols}, DType::F32), dbeta = random({cols}, DType::F32), dbias = random({cols}, c.bias_acc);
     Tensor dg2 = dgamma.g.clone(MemoryCategory::Other), db2 = dbeta.g.clone(MemoryCategory::Other),
            dbias2 = dbias.g.clone(MemoryCategory::Other);
+    Tensor dg4 = dgamma.g.clone(MemoryCategory::Other), db4 = dbeta.g.clone(MemoryCategory::Other),
+           dbias4 = dbias.g.clone(MemoryCategory::Other);
     const k::DropoutLayout layout{rows, 1, 1, cols, 4 * rows + 3, 1, 2};  // global rows 2 (4 rows + 3) + 1 + 2 r
     const RngKey key{7, 1234, 5, kRngAttentionOutputDropout};
     auto dx = poisoned({rows, cols}, dt), dd = poisoned({rows, cols}, dt);
@@ -231,6 +236,16 @@ TEST_F(Cuda, LayerNormBackwardWithTheDropoutBackwardInOnePass) {
     k::layernorm_backward_dropout(dy.g, x.g, gamma.g, mean.g, rstd.g, dx2.g, dg2, db2, &res.g,
                                   k::DropoutBackwardOf{0.1, key, layout, &dd3.g, nullptr});
     EXPECT_EQ(dd3.g.to_double_vector(), dd.g.to_double_vector());
+    // Every row prefetched, from the same accumulators' start.
+    auto dx4 = poisoned({rows, cols}, dt), dd4 = poisoned({rows, cols}, dt);
+    k::layernorm_backward_dropout(dy.g, x.g, gamma.g, mean.g, rstd.g, dx4.g, dg4, db4, &res.g,
+                                  k::DropoutBackwardOf{0.1, key, layout, &dd4.g, &dbias4},
+                                  k::LayerNormBackwardPasses::OnePassPrefetched);
+    EXPECT_EQ(dx4.g.to_double_vector(), dx.g.to_double_vector());
+    EXPECT_EQ(dd4.g.to_double_vector(), dd.g.to_double_vector());
+    EXPECT_EQ(dg4.to_double_vector(), dgamma.g.to_double_vector());
+    EXPECT_EQ(db4.to_double_vector(), dbeta.g.to_double_vector());
+    EXPECT_LE(rel_diff(dbias4, dbias.g), c.bias_acc == DType::F32 ? 1e-6 : 8e-3);
   }
 }
 

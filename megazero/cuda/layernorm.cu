@@ -180,10 +180,12 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
     if (!plan.fused()) return false;
     for (const void* p : std::initializer_list<const void*>{dy, x, gamma, dx, add ? add : dx, drop ? drop->dd : dx})
       if (!aligned16(p)) return false;
-    // The bias gradient's sums join the kernel's with one pack a thread; with
-    // two they would take its shared memory to 128 KB (one block an SM).
+    // The bias gradient's sums join the kernel's with one pack a thread, and
+    // with two when every row is prefetched (208 KB: one block an SM either
+    // way); with two and no prefetch they would take the default's two blocks
+    // an SM to one (144 KB).
     RowDropout<S> rd{};
-    const bool sums = drop && drop->dbias && plan.packs_per_thread == 1;
+    const bool sums = drop && drop->dbias && (plan.packs_per_thread == 1 || prefetch);
     const int nsums = sums ? 3 : 2;
     double* pg = scratch_as<double>(ws, plan.partial_bytes(cols, nsums), "layernorm_backward partials");
     double* pb = pg + plan.blocks * cols;
@@ -193,12 +195,12 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
       rd.partial = pb + plan.blocks * cols;
     }
     const i64 threads = plan.lanes * plan.threads_per_row;
-    prefetch = prefetch && !drop;  // the bench's alternative is the LayerNorm's alone
     const std::size_t smem =
         layernorm_fused_smem_bytes(plan.packs_per_thread, kVec<S>, nsums, drop != nullptr, prefetch);
     const auto launch = [&](auto kernel) {
       // Up to 112 KB (8192 16-bit columns with the dropout; 176 KB for the
-      // prefetched alternative): over the 48 KB a launch gets unasked, so
+      // prefetched alternative, 208 KB with the dropout and its bias sums):
+      // over the 48 KB a launch gets unasked, so
       // ask (per call: it is per device, and costs microseconds).
       if (smem > std::size_t{48} << 10)
         check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
@@ -216,11 +218,16 @@ bool layernorm_backward_fused_t(DType t, const void* dy, const void* x, const vo
         launch(layernorm_backward_fused_kernel<S, 1, true>);
       else
         launch(layernorm_backward_fused_kernel<S, 1>);
+    } else if (prefetch) {
+      if (sums)
+        launch(layernorm_backward_fused_kernel<S, 2, true, true, true>);
+      else if (drop)
+        launch(layernorm_backward_fused_kernel<S, 2, true, false, true>);
+      else
+        launch(layernorm_backward_fused_kernel<S, 2, false, false, true>);
     } else {
       if (drop)
         launch(layernorm_backward_fused_kernel<S, 2, true>);
-      else if (prefetch)
-        launch(layernorm_backward_fused_kernel<S, 2, false, false, true>);
       else
         launch(layernorm_backward_fused_kernel<S, 2>);
     }
@@ -359,7 +366,7 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
 void layernorm_backward_dropout(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
                                 const void* rstd, void* dx, void* dgamma, void* dbeta, DType acc_type, const void* add,
                                 i64 rows, i64 cols, double p, const RngKey& key, const kernels::DropoutLayout& layout,
-                                void* dd, void* dbias, kernels::GpuScratch ws, cudaStream_t s) {
+                                void* dd, void* dbias, bool prefetch, kernels::GpuScratch ws, cudaStream_t s) {
   if (rows == 0) return;
   const FusedDropout drop{p, key, layout, dd, dbias};
   bool done = false;
@@ -367,7 +374,7 @@ void layernorm_backward_dropout(DType t, const void* dy, const void* x, const vo
     using S = decltype(tag);
     const auto run = [&](auto acc) {
       done = layernorm_backward_fused_t<S, decltype(acc)>(t, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add, rows,
-                                                          cols, &drop, false, ws, s);
+                                                          cols, &drop, prefetch, ws, s);
     };
     if (acc_type == DType::F32)
       run(float{});
@@ -376,7 +383,9 @@ void layernorm_backward_dropout(DType t, const void* dy, const void* x, const vo
   });
   if (done) return;
   layernorm_backward(t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols,
-                     kernels::LayerNormBackwardPasses::Auto, ws, s);
+                     prefetch ? kernels::LayerNormBackwardPasses::OnePassPrefetched
+                              : kernels::LayerNormBackwardPasses::Auto,
+                     ws, s);
   if (dbias)
     dropout_backward_bias_grad(t, dx, p, key, layout, dd, dbias, acc_type, rows, cols, ws, s);
   else

@@ -26,11 +26,12 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
 // layernorm_backward, then dd = the dropout backward of dx and dbias (when not
 // null) += its column sums (kernels::layernorm_backward_dropout): one pass
 // where the fused plan and the layout (one layout row a row) allow, else the
-// two launchers. dgamma, dbeta and dbias are all acc_type. ws:
+// two launchers. dgamma, dbeta and dbias are all acc_type. prefetch:
+// LayerNormBackwardPasses::OnePassPrefetched. ws:
 // gpu_scratch::layernorm_dropout_backward_bytes(t, rows, cols).
 void layernorm_backward_dropout(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
                                 const void* rstd, void* dx, void* dgamma, void* dbeta, DType acc_type, const void* add,
                                 i64 rows, i64 cols, double p, const RngKey& key, const kernels::DropoutLayout& layout,
-                                void* dd, void* dbias, kernels::GpuScratch ws, cudaStream_t s);
+                                void* dd, void* dbias, bool prefetch, kernels::GpuScratch ws, cudaStream_t s);
 
 }  // namespace megazero::cuda

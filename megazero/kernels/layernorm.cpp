@@ -183,7 +183,7 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 
 void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                 const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
-                                const DropoutBackwardOf& then) {
+                                const DropoutBackwardOf& then, LayerNormBackwardPasses passes) {
   constexpr const char* op = "layernorm_backward_dropout";
   MZ_CHECK(then.out != nullptr, op, ": no tensor for the dropout's gradient (DropoutBackwardOf::out)");
   const Rows s = check_backward(op, dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx);
@@ -203,17 +203,20 @@ void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor&
   // One kernel writes dx and the dropout's gradient and sums three columns'
   // worth into accumulators of one dtype; anything else is the two calls.
   const DType acc = dgamma.dtype();
-  if (runs_cuda_kernels(x.device()) && dbeta.dtype() == acc && (!then.dbias || then.dbias->dtype() == acc)) {
+  if (runs_cuda_kernels(x.device()) && passes != LayerNormBackwardPasses::Split && dbeta.dtype() == acc &&
+      (!then.dbias || then.dbias->dtype() == acc)) {
     const Tensor ws = allocate_gpu_scratch(x, gpu_scratch::layernorm_dropout_backward_bytes(dt, s.rows, s.cols),
                                            "layernorm_backward_dropout scratch");
     MZ_ON_CUDA(
         x, cuda::layernorm_backward_dropout(dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(),
                                             dgamma.data(), dbeta.data(), acc, add_to_dx ? add_to_dx->data() : nullptr,
                                             s.rows, s.cols, then.p, then.key, then.layout, out.data(),
-                                            then.dbias ? then.dbias->data() : nullptr, scratch_of(ws), stream_of(x)));
+                                            then.dbias ? then.dbias->data() : nullptr,
+                                            passes == LayerNormBackwardPasses::OnePassPrefetched, scratch_of(ws),
+                                            stream_of(x)));
     if (!on_host(op, x)) return;  // the meta device standing in for a GPU: sizes only
   }
-  layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx);
+  layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx, passes);
   dropout_backward_of(dx, then);
 }
 

@@ -27,7 +27,9 @@ void bias_dropout_add_layernorm(const Tensor& y, const BiasDropoutAddOf& before,
 // times one against the other). OnePassPrefetched: the one pass with the next
 // row's dy, x and residual gradient always copied ahead (the default does
 // that only with one pack a thread; with two it costs half the blocks an
-// SM), for bench_kernels to time against Auto. The CPU kernel has one way.
+// SM, and in layernorm_backward_dropout it sums the bias gradient in the
+// kernel too), for bench_kernels to time against Auto. The CPU kernel has one
+// way.
 enum class LayerNormBackwardPasses { Auto, Split, OnePassPrefetched };
 
 // dx = overwritten (may alias dy); dgamma, dbeta accumulated. With add_to_dx,
@@ -46,11 +48,12 @@ void layernorm_backward(const Tensor& dy, const Tensor& x, const Tensor& gamma, 
 // which is what the CPU runs. On a GPU one pass where the one-pass backward
 // applies and the layout's rows are dx's rows (a hidden-state layout): dx and
 // *then.out are written by the same kernel, *then.dbias summed in it with one
-// pack a thread (else right after it), dgamma/dbeta/dbias in the same
-// accumulator dtype; otherwise the two calls. *then.out must not share dx's
-// or dy's storage.
+// pack a thread or OnePassPrefetched (else right after it), dgamma/dbeta/dbias
+// in the same accumulator dtype; otherwise (or with Split) the two calls.
+// *then.out must not share dx's or dy's storage.
 void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor& gamma, const Tensor& mean,
                                 const Tensor& rstd, Tensor& dx, Tensor& dgamma, Tensor& dbeta, const Tensor* add_to_dx,
-                                const DropoutBackwardOf& then);
+                                const DropoutBackwardOf& then,
+                                LayerNormBackwardPasses passes = LayerNormBackwardPasses::Auto);
 
 }  // namespace megazero::kernels

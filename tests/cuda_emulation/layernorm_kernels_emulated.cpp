@@ -120,13 +120,18 @@ void run(std::mt19937& rng, i64 rows, i64 cols, const Launch& l, bool residual, 
         go(dk::layernorm_backward_fused_kernel<S, 1, true>);
       else
         go(dk::layernorm_backward_fused_kernel<S, 1>);
+    } else if (prefetch) {
+      if (sums)
+        go(dk::layernorm_backward_fused_kernel<S, 2, true, true, true>);
+      else if (drop == Drop::Out)
+        go(dk::layernorm_backward_fused_kernel<S, 2, true, false, true>);
+      else
+        go(dk::layernorm_backward_fused_kernel<S, 2, false, false, true>);
     } else {
       if (sums)
         go(dk::layernorm_backward_fused_kernel<S, 2, true, true>);
       else if (drop == Drop::Out)
         go(dk::layernorm_backward_fused_kernel<S, 2, true>);
-      else if (prefetch)
-        go(dk::layernorm_backward_fused_kernel<S, 2, false, false, true>);
       else
         go(dk::layernorm_backward_fused_kernel<S, 2>);
     }
@@ -278,9 +283,15 @@ void all(std::mt19937& rng) {
   run<T>(rng, 50, 50 * V, three, true, true, Drop::Out);
   run<T>(rng, 50, 50 * V, three, false, false, Drop::OutAndSums, 0.0);
   run<T>(rng, 20, 100 * V, two, true, false, Drop::Out);
-  // - two packs a thread with every row prefetched (bench_kernels' alternative).
+  // - two packs a thread with every row prefetched (bench_kernels' alternative),
+  //   alone and with the dropout backward (the bias summed in the kernel too);
   run<T>(rng, 20, 100 * V, two, true, false, Drop::None, 0.1, true);
   run<T>(rng, 20, 100 * V, two, false, true, Drop::None, 0.1, true);
+  run<T>(rng, 20, 100 * V, two, true, false, Drop::OutAndSums, 0.1, true);
+  run<T>(rng, 20, 100 * V, two, false, true, Drop::Out, 0.1, true);
+  run<T>(rng, 20, 100 * V, two, true, true, Drop::OutAndSums, 0.0, true);
+  // - two packs with the bias sums and no prefetch (the launcher sums after it
+  //   instead, but the instance is the prefetched one's arithmetic).
   run<T>(rng, 20, 100 * V, two, true, true, Drop::OutAndSums);
   // The forward with the bias-dropout-add: one pack a thread (29 packs on 32
   // threads), two (100 packs on 64: the second only for the first 36).
@@ -315,6 +326,14 @@ int main() {
     const std::size_t smem = dk::layernorm_fused_smem_bytes(packs, 8, sums, true);
     check(2 * (smem + 1024 + 256) <= 228 * 1024, "shared memory for two blocks an SM", static_cast<double>(smem),
           114 * 1024, static_cast<std::size_t>(packs));
+  }
+  // The prefetched alternative's largest launch (two 16-bit packs a thread,
+  // the dropout and its bias sums) within a block's 227 KB of dynamic shared
+  // memory (sm_90's most; the kernel's 256 static bytes on top).
+  for (const int vec : {8, 4}) {
+    const std::size_t smem = dk::layernorm_fused_smem_bytes(2, vec, 3, true, true);
+    check(smem + 256 <= 227 * 1024, "shared memory for one prefetched block", static_cast<double>(smem), 227 * 1024,
+          static_cast<std::size_t>(vec));
   }
   if (failures) {
     std::printf("layernorm_kernels_emulated: %d checks failed\n", failures);

@@ -8,9 +8,14 @@
 // each with the bandwidth it reached; and the vocab-parallel cross-entropy
 // forward and backward on [ce-rows, ce-vocab] logits; the optimizer step's two passes over
 // --adam-elements parameters (the gradient norm's sum of squares, and AdamW
-// writing the working-precision parameters in the same pass), with their GB/s.
-// Best of --steps calls each, after a warm-up call; on a GPU each timing
-// synchronises the device.
+// writing the working-precision parameters in the same pass), with their GB/s;
+// and the floor a kernel costs on a queue (a tiny one, back to back).
+// A call's time is what it takes on a queue of calls, as in a training step:
+// the best of --steps samples, each of R calls between two synchronisations
+// divided by R (R: enough calls for ~2 ms, 1 to 200; printed), after a
+// warm-up call. One call between two synchronisations (before 2026-11-26,
+// later) also timed the launch and the host's wait, ~10-20 us on a GPU, which
+// swamped the calls over GPT-2 medium's [8192, 1024] tensors (20-60 us).
 //   bench_kernels [--device cpu|cuda --dtype fp32|bf16|fp16 --rows 8192 --cols 2048 --hidden 8192
 //                  --steps 20 --ce-rows 1024 --ce-vocab 25216 --adam-elements 50331648]
 // Defaults: the paper's 100B MLP slice on a TP-16 rank (ffn 32768 / 16, seq
@@ -18,6 +23,7 @@
 // (50432 / 2); the parameters of one 100B layer on a TP-16 rank (12 x 8192^2 /
 // 16). GPT-2 medium on one GPU (B 8): --cols 4096 --hidden 1024 --ce-rows 8192
 // --ce-vocab 50304 --adam-elements 354871296 (its parameters, vocabulary padded).
+#include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
@@ -56,18 +62,29 @@ int run(int argc, char** argv) {
   Tensor y = Tensor::zeros(dev, {rows, cols}, t, C), bias = Tensor::zeros(dev, {cols}, t, C);
   Tensor act = Tensor::zeros(dev, {rows, cols}, t, C), pre = Tensor::zeros(dev, {rows, cols}, t, C);
   Tensor dy = Tensor::zeros(dev, {rows, cols}, t, C), dbias = Tensor::zeros(dev, {cols}, DType::F32, C);
+  int last_reps = 1;
   auto best_ms = [&](const std::function<void()>& f) {
-    f();
-    dev->synchronize();
-    double best = 1e30;
-    for (int i = 0; i < steps; ++i) {
+    const auto timed = [&](int reps) {  // ms a call over `reps` calls queued back to back
       const auto t0 = std::chrono::steady_clock::now();
-      f();
+      for (int r = 0; r < reps; ++r) f();
       dev->synchronize();
-      best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
+      return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / reps;
+    };
+    f();  // warm-up: plans, attributes, first touches
+    dev->synchronize();
+    last_reps = std::clamp(static_cast<int>(2.0 / std::max(timed(1), 1e-3)), 1, 200);
+    double best = 1e30;
+    for (int i = 0; i < steps; ++i) best = std::min(best, timed(last_reps));
     return best;
   };
+  {
+    // The floor: a kernel over 8 elements, so its time is the launch's and
+    // the queue's (what every pass of a step pays on top of its bytes).
+    Tensor tiny = Tensor::zeros(dev, {1, 8}, t, C), tiny_bias = Tensor::zeros(dev, {8}, t, C);
+    const double floor_ms = best_ms([&] { kernels::add_bias(tiny, tiny_bias); });
+    std::printf("a tiny kernel (a bias added to 8 elements) on a queue: %.2f us a call (%d back to back a sample)\n",
+                floor_ms * 1e3, last_reps);
+  }
   // Unfused forward: fc1 added its bias in place (pre = y + bias), then GeLU.
   const double copy = best_ms([&] { pre.copy_from(y); });
   const double fwd_unfused = best_ms([&] {
@@ -83,8 +100,9 @@ int run(int argc, char** argv) {
   });
   const double bwd_fused = best_ms([&] { kernels::bias_gelu_backward(dy, y, bias, act, dbias); });
   const double mib = static_cast<double>(y.nbytes()) / 1048576.0;
-  std::printf("bias-GeLU [%lld, %lld] %s on %s (%.1f MiB per tensor), best of %d\n", static_cast<long long>(rows),
-              static_cast<long long>(cols), dtype_arg.c_str(), dev->name().c_str(), mib, steps);
+  std::printf("bias-GeLU [%lld, %lld] %s on %s (%.1f MiB per tensor), best of %d samples of up to 200 calls\n",
+              static_cast<long long>(rows), static_cast<long long>(cols), dtype_arg.c_str(), dev->name().c_str(), mib,
+              steps);
   std::printf("forward:  unfused %.3f ms, fused %.3f ms (%.2fx)\n", fwd_unfused, fwd_fused, fwd_unfused / fwd_fused);
   std::printf("backward: unfused %.3f ms, fused %.3f ms (%.2fx), fused %.0f GB/s (dy, y read; dx written)\n",
               bwd_unfused, bwd_fused, bwd_unfused / bwd_fused, 3 * static_cast<double>(y.nbytes()) / bwd_fused / 1e6);
@@ -101,7 +119,7 @@ int run(int argc, char** argv) {
     hid.matrix_cols = hidden;
     const double tensor_gb = static_cast<double>(g.nbytes()) / 1e9;
     const auto report = [&](const char* what, double ms, double tensors) {
-      std::printf("  %-34s %.3f ms, %.0f GB/s\n", what, ms, tensors * tensor_gb / (ms * 1e-3));
+      std::printf("  %-40s %.3f ms, %.0f GB/s\n", what, ms, tensors * tensor_gb / (ms * 1e-3));
     };
     std::printf("gradient sums and bias-dropout-add over [%lld, %lld] %s:\n", static_cast<long long>(rows),
                 static_cast<long long>(hidden), dtype_arg.c_str());

@@ -211,6 +211,9 @@ int run(int argc, char** argv) {
                                                    mean, rstd);
              }),
              4);
+      // LN1's forward (and the final LayerNorm's): x read, y written.
+      report("layernorm forward", best_ms([&] { kernels::layernorm_forward(x, gamma, beta, 1e-5, dd, mean, rstd); }),
+             2);
     }
   }
 

@@ -40,7 +40,7 @@ int run(int argc, char** argv) {
   int tp_size = 16, steps = 10, warmup = 2;
   std::string device_spec = "cuda", dtype_name_arg = "bf16";
   double dropout = 0.1, peak_tflops = 989.0;
-  bool no_bias_gelu_fusion = false;
+  bool no_bias_gelu_fusion = false, profile = false;
   std::string epilogues = "none";
   po::options_description d("bench_layer");
   d.add_options()("hidden-size", po::value(&cfg.hidden_size))(
@@ -49,7 +49,8 @@ int run(int argc, char** argv) {
       "micro-batch-size", po::value(&micro_batch))("dtype", po::value(&dtype_name_arg), "fp32, bf16 or fp16")(
       "device", po::value(&device_spec), "cpu or cuda[:N]")("dropout", po::value(&dropout))(
       "recompute-activations", po::bool_switch(&cfg.recompute_activations))("steps", po::value(&steps))(
-      "warmup", po::value(&warmup))("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
+      "warmup", po::value(&warmup))("profile", po::bool_switch(&profile),
+                                    "trace the timed steps' kernels (CUPTI; cuda) and print where the time went")("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
       "attention-backend", po::value(&cfg.attention_backend), "unfused, fused or cudnn (CUDA only)")(
       "deterministic-mode", po::bool_switch(&cfg.deterministic), "cudnn: cuDNN's deterministic backward")(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes")(
@@ -62,6 +63,8 @@ int run(int argc, char** argv) {
   MZ_REQUIRE(dtype_name_arg == "fp32" || dtype_name_arg == "bf16" || dtype_name_arg == "fp16",
              "--dtype must be fp32, bf16 or fp16, got '", dtype_name_arg, "'");
   MZ_REQUIRE(steps > 0, "--steps must be positive");
+  MZ_REQUIRE(!profile || device_spec.rfind("cuda", 0) == 0,
+             "--profile traces the GPU's kernels (CUPTI): it needs --device cuda, got --device ", device_spec);
   cfg.max_position_embeddings = cfg.seq_length;
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
   cfg.validate(tp_size);
@@ -98,6 +101,7 @@ int run(int argc, char** argv) {
   std::vector<double> ms;  // in the order run (printed so: a trend in it shows clocks, not kernels)
   for (int s = 0; s < warmup + steps; ++s) {
     step.iteration = static_cast<std::uint64_t>(s);
+    if (profile && s == warmup) device->start_kernel_trace();  // the timed steps only
     device->synchronize();
     const auto t0 = std::chrono::steady_clock::now();
     Tensor y = layer.forward(x, step);
@@ -137,6 +141,10 @@ int run(int argc, char** argv) {
       med, ms.front(), ms.back(), steps, tflops, 100.0 * tflops / peak_tflops, peak_tflops,
       static_cast<double>(device->memory().peak(MemoryCategory::Activations)) / 1048576.0);
   std::printf("steps in order (ms): %s\n", in_order.c_str());
+  if (profile)
+    std::printf("%s", format_summary(summarize(device->stop_kernel_trace()),
+                                     detail::concat("the timed steps (", steps, ")"), 40)
+                          .c_str());
   std::printf(
       "{\"bench\": \"layer\", \"impl\": \"megazero\", \"attention\": \"%s\", \"dtype\": \"%s\", "
       "\"ms\": %.4f, \"tflops\": %.2f, \"mfu\": %.4f}\n",

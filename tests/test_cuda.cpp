@@ -577,6 +577,39 @@ TEST_F(Cuda, MarksTimeTheDevicesWorkNotTheLaunch) {
   EXPECT_THROW(gpu->seconds_between(*m0, *cpu->mark()), InternalError);
 }
 
+// The kernel trace of pretrain_gpt --profile (CUPTI): 8 GEMMs and a copy
+// queued inside the window are recorded with the device's timestamps, inside
+// the window, the GEMMs under one name 8 times; the busy share is positive and
+// at most the window; a second trace cannot start while one runs.
+TEST_F(Cuda, KernelTraceRecordsTheQueuedKernels) {
+  ASSERT_TRUE(gpu->has_kernel_trace());
+  Tensor a = Tensor::zeros(gpu, {2048, 2048}, DType::BF16, MemoryCategory::Workspace);
+  Tensor c = Tensor::empty(gpu, {2048, 2048}, DType::BF16, MemoryCategory::Workspace);
+  gemm(a, false, a, false, c);  // cuBLAS's first call (its set-up) outside the window
+  gpu->start_kernel_trace();
+  EXPECT_THROW(gpu->start_kernel_trace(), ConfigError);
+  for (int i = 0; i < 8; ++i) gemm(a, false, a, false, c);
+  c.copy_from(a);
+  const KernelTrace t = gpu->stop_kernel_trace();
+  EXPECT_GT(t.window_end_ns, t.window_start_ns);
+  EXPECT_EQ(t.dropped, 0u);
+  const KernelTraceSummary s = summarize(t);
+  EXPECT_GE(s.kernels, 8);
+  EXPECT_GT(s.busy_ns, 0u);
+  EXPECT_LE(s.busy_ns, s.window_ns);
+  ASSERT_FALSE(s.rows.empty());
+  EXPECT_EQ(s.rows[0].calls % 8, 0) << s.rows[0].name;  // the GEMMs: the longest rows
+  for (const TraceRecord& r : t.records) {
+    EXPECT_GE(r.start_ns, t.window_start_ns) << r.name;
+    EXPECT_LE(r.end_ns, t.window_end_ns) << r.name;
+    EXPECT_FALSE(r.name.empty());
+  }
+  std::printf("%s", format_summary(s, "test_cuda", 5).c_str());
+  // Another trace after this one.
+  gpu->start_kernel_trace();
+  EXPECT_EQ(summarize(gpu->stop_kernel_trace()).kernels, 0);
+}
+
 // What the MPI backend stages device tensors with: copies ordered after a
 // mark (taken when a collective is issued) see everything queued before it
 // and do not wait for what was queued after: here ~2 TFLOP of GEMMs on the

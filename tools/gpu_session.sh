@@ -23,9 +23,12 @@
 #   layer  - bench_layer (the paper's 100B layer as one TP-16 rank holds it) with
 #            the unfused and the fused attention, and the same layer in PyTorch
 #            (bench/torch_layer.py), bf16 and fp16
-#   profile- per-kernel times of one layer step (Nsight Compute; cuDNN attention unless MZ_ATTENTION)
-#   profile-gpt - per-kernel times of two 355M iterations with cuDNN attention (Nsight Compute;
-#            MZ_ATTENTION picks another backend): the kernels beside the GEMMs that #21 still pays for
+#   profile- per-kernel times of the layer: bench_layer --profile's CUPTI trace of 4 steps at B 32
+#            (trace-layer.txt), then Nsight Compute on one step at B 8 (cuDNN attention unless MZ_ATTENTION)
+#   profile-gpt - per-kernel times of two 355M iterations with cuDNN attention: pretrain_gpt --profile's
+#            CUPTI trace (real clocks, the device's busy share and idle gaps; trace-gpt.txt/.csv), then
+#            Nsight Compute (MZ_ATTENTION picks another backend): the kernels beside the GEMMs that #21
+#            still pays for
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
 #   peers  - ours and the PyTorch peers back to back on this GPU (issue #21): pretrain_gpt on
 #            GPT-2 medium 355M (bf16, B 8, seq 1024, 30 iterations; attention cudnn, cudnn with
@@ -275,6 +278,17 @@ for phase in "$@"; do
     profile-gpt)
       # Per-kernel GPU time of two 355M iterations with cuDNN attention (the #21 goal's
       # configuration, dropout 0.1): what is left besides the GEMMs, by kernel name.
+      # First our own trace (pretrain_gpt --profile: CUPTI, the GPU's real clocks, kernels
+      # queued as in training, ~20 s): the device's busy share and idle gaps (what launch
+      # overheads cost) and each kernel's time over iterations 11-12. Then Nsight Compute
+      # (base clocks, caches flushed, one kernel at a time) for each kernel's DRAM bytes.
+      {
+        mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+          --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+          --vocab-size 50257 --bf16 --mock-data --train-iters 12 --log-interval 6 --lr 1e-4 --eval-iters 0 \
+          --attention-backend "${MZ_ATTENTION:-cudnn}" --profile --profile-file "$out/trace-gpt.csv"
+      } > "$out/trace-gpt.txt" 2>&1
+      grep -A48 "^kernel trace" "$out/trace-gpt.txt" | head -50
       ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
       {
         bounded 400 "$ncu_bin" --metrics gpu__time_duration.sum,dram__bytes.sum --print-summary per-kernel --csv \
@@ -286,7 +300,11 @@ for phase in "$@"; do
       python3 tools/ncu_summary.py "$out/profile-gpt.csv" | tee "$out/profile-gpt.txt"
       ;;
     profile)
-      # Per-kernel GPU time of one layer step (B = 8), summed by kernel name.
+      # Per-kernel GPU time of one layer step (B = 8), summed by kernel name. First the
+      # CUPTI trace of four timed steps at the paper's B = 32 (bench_layer --profile).
+      bounded 120 $B/bench_layer --device cuda --dtype bf16 --steps 4 --attention-backend "${MZ_ATTENTION:-cudnn}" \
+        --profile > "$out/trace-layer.txt" 2>&1
+      grep -A45 "^kernel trace" "$out/trace-layer.txt" | head -48
       ncu_bin=$(command -v ncu || find / -xdev -name ncu -type f -perm -u+x 2>/dev/null | head -1)
       {
         bounded 300 "$ncu_bin" --metrics gpu__time_duration.sum,dram__bytes.sum --print-summary per-kernel --csv \

@@ -206,6 +206,15 @@ double Device::seconds_between(const Mark& from, const Mark& to) {
   return std::chrono::duration<double>(b->at - a->at).count();
 }
 
+void Device::start_kernel_trace() {
+  throw ConfigError(detail::concat("a kernel trace needs a CUDA device (CUPTI records the GPU's kernels); ", name(),
+                                   " has none: run with --device cuda, or leave --profile out"));
+}
+
+KernelTrace Device::stop_kernel_trace() {
+  throw ConfigError(detail::concat("stop_kernel_trace on ", name(), ", which has no kernel trace"));
+}
+
 void Device::copy_to_host_after(const Mark&, void* host_dst, const void* src, std::size_t bytes) {
   copy_to_host(host_dst, src, bytes);  // work here runs as it is issued: nothing is queued after the mark
 }

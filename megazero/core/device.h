@@ -26,6 +26,7 @@
 #include <string>
 
 #include "megazero/core/dtype.h"
+#include "megazero/core/kernel_trace.h"
 #include "megazero/core/memory_tracker.h"
 
 namespace megazero {
@@ -146,6 +147,16 @@ class Device : public std::enable_shared_from_this<Device> {
   };
   virtual std::shared_ptr<Mark> mark();
   virtual double seconds_between(const Mark& from, const Mark& to);
+
+  // The device's kernel trace (core/kernel_trace.h; pretrain_gpt --profile):
+  // each kernel, copy and fill the device runs from start to stop, with the
+  // device's own timestamps. Both wait for the work queued before them, so
+  // the window holds what was queued in between. One trace at a time in a
+  // process. Only the CUDA device has one (CUPTI's activity records); the
+  // others throw ConfigError.
+  virtual bool has_kernel_trace() const { return false; }
+  virtual void start_kernel_trace();
+  virtual KernelTrace stop_kernel_trace();
 
   // Host copies ordered after `after`, a mark taken when the data's producer
   // was queued, instead of after everything queued since: a communication

@@ -1,5 +1,6 @@
 #include "megazero/cuda/cuda_device.h"
 
+#include "megazero/cuda/kernel_trace.h"
 #include "megazero/cuda/pinned_host_device.h"
 #include "megazero/cuda/strided_copy.h"
 
@@ -241,6 +242,22 @@ cudaStream_t CudaDevice::thread_copy_stream() {
   cudaStream_t& s = copy_streams_[std::this_thread::get_id()];
   if (!s) MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   return s;
+}
+
+// Every stream of the GPU drained (the side streams' copies and NCCL's too),
+// so the window holds exactly the work queued between the two calls.
+void CudaDevice::start_kernel_trace() {
+  CudaDeviceGuard guard(index_);
+  count_host_wait();
+  MZ_CUDA_CHECK(cudaDeviceSynchronize());
+  cuda::trace_start();
+}
+
+KernelTrace CudaDevice::stop_kernel_trace() {
+  CudaDeviceGuard guard(index_);
+  count_host_wait();
+  MZ_CUDA_CHECK(cudaDeviceSynchronize());
+  return cuda::trace_stop();
 }
 
 void CudaDevice::copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) {

@@ -77,6 +77,10 @@ class CudaDevice final : public Device {
   // `to` (cudaEventSynchronize) and reads cudaEventElapsedTime.
   std::shared_ptr<Mark> mark() override;
   double seconds_between(const Mark& from, const Mark& to) override;
+  // CUPTI's activity records (cuda/kernel_trace.h), the queue drained first.
+  bool has_kernel_trace() const override { return true; }
+  void start_kernel_trace() override;
+  KernelTrace stop_kernel_trace() override;
   // On the copy stream, after the mark's event; waits for the copy alone.
   void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) override;
   void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) override;

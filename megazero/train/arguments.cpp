@@ -232,6 +232,15 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "tensorboard-dir", &a.tensorboard_dir,
         "write TensorBoard event files here (the logged scalars: loss, learning rate, grad norm, loss scale, "
         "throughput, memory, timers, validation)");
+  t.flag(G, "profile", &a.profile,
+         "record the GPU's kernels (CUPTI, --device cuda) over the iterations after --profile-step-start up to "
+         "--profile-step-end, then print the device's busy share, its idle gaps and each kernel's time");
+  t.add(G, "profile-step-start", &a.profile_step_start, "with --profile: the iteration after which recording starts");
+  t.add(G, "profile-step-end", &a.profile_step_end, "with --profile: the iteration after which it stops");
+  t.list(G, "profile-ranks", &a.profile_ranks, "with --profile: the world ranks that record (default 0)");
+  t.add(G, "profile-file", &a.profile_file,
+        "with --profile: also write every kernel's row as CSV to this file (.rankN added when several ranks "
+        "record)");
   t.group(O).add_options()("config", po::value(&a.config_file),
                            "read options from FILE (key = value); the command line wins")(
       "dry-run", po::bool_switch(&a.dry_run), "validate and print the configuration, then exit")(
@@ -559,6 +568,21 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(std::isfinite(exit_duration_in_mins) && exit_duration_in_mins >= 0,
              "--exit-duration-in-mins must be a finite non-negative number (0 = off), got ", exit_duration_in_mins);
   MZ_REQUIRE(exit_interval >= 0, "--exit-interval must not be negative (0 = off), got ", exit_interval);
+  MZ_REQUIRE(profile || (profile_step_start == 10 && profile_step_end == 12 &&
+                         profile_ranks == std::vector<std::string>{"0"} && profile_file.empty()),
+             "--profile-step-start, --profile-step-end, --profile-ranks and --profile-file only mean something with "
+             "--profile");
+  MZ_REQUIRE(profile_step_start >= 0, "--profile-step-start must not be negative, got ", profile_step_start);
+  MZ_REQUIRE(profile_step_end > profile_step_start, "--profile-step-end ", profile_step_end,
+             " must be after --profile-step-start ", profile_step_start,
+             " (the iterations after the start, up to and including the end, are recorded)");
+  if (profile) {
+    MZ_REQUIRE(device == "cuda", "--profile records the GPU's kernels (CUPTI's activity records): it needs --device "
+               "cuda, got --device ", device);
+    MZ_REQUIRE(profile_step_end <= train_iters, "--profile-step-end ", profile_step_end, " is past --train-iters ",
+               train_iters, ": the run would end before the trace does; lower it or raise --train-iters");
+    (void)profiled_ranks();  // each a number
+  }
   MZ_REQUIRE(!(use_checkpoint_lr_schedule && override_lr_schedule),
              "--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler conflict; choose one");
   MZ_REQUIRE(!(use_checkpoint_lr_schedule || override_lr_schedule) || !load.empty(),
@@ -606,7 +630,24 @@ void TrainArgs::validate() const {
   }
 }
 
+std::vector<int> TrainArgs::profiled_ranks() const {
+  std::vector<int> out;
+  for (const std::string& r : profile_ranks) {
+    int v = -1;
+    const auto [end, ec] = std::from_chars(r.data(), r.data() + r.size(), v);
+    MZ_REQUIRE(ec == std::errc() && end == r.data() + r.size() && v >= 0,
+               "--profile-ranks takes world ranks (0, 1, ...), got '", r, "'");
+    out.push_back(v);
+  }
+  MZ_REQUIRE(!out.empty(), "--profile-ranks needs at least one rank");
+  return out;
+}
+
 void TrainArgs::validate_layout(int world) const {
+  if (profile)
+    for (const int r : profiled_ranks())
+      MZ_REQUIRE(r < world, "--profile-ranks ", r, " is not a rank of this world of ", world, " (ranks 0 to ",
+                 world - 1, ")");
   const int tp = parallel.tensor_model_parallel_size;
   MZ_REQUIRE(tp > 0 && world % tp == 0, "--tensor-model-parallel-size ", tp, " does not divide the world size ", world);
   const std::int64_t dp = world / tp;

@@ -80,6 +80,14 @@ struct TrainArgs {
   // takes the checkpoint's, --override-opt-param-scheduler the command line's.
   bool use_checkpoint_lr_schedule = false, override_lr_schedule = false;
   std::string tensorboard_dir;  // --tensorboard-dir: TensorBoard event files of the logged scalars
+  // --profile (Megatron's flags): the GPU's kernel trace over the iterations
+  // after --profile-step-start up to --profile-step-end, on --profile-ranks,
+  // summarised when it stops (megazero/trainer/kernel_profile.h).
+  bool profile = false;
+  std::int64_t profile_step_start = 10, profile_step_end = 12;
+  std::vector<std::string> profile_ranks{"0"};
+  std::string profile_file;  // the rows as CSV too
+  std::vector<int> profiled_ranks() const;  // profile_ranks as numbers (checked by validate())
   // Lines printed once at start (what an accepted-but-inert Megatron flag does).
   std::vector<std::string> notes;
   // ZeRO-R (megazero/zero/partitioned_activations.h) and the paper's C1..C5

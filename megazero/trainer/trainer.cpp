@@ -28,6 +28,7 @@
 #include "megazero/train/stop_signals.h"
 #include "megazero/train/tensorboard_writer.h"
 #include "megazero/train/train_step.h"
+#include "megazero/trainer/kernel_profile.h"
 #include "megazero/zero/partitioned_activations.h"
 #include "megazero/zero/zero_engine.h"
 
@@ -111,6 +112,7 @@ struct Trainer::Impl {
   std::int64_t start_iter = 0, consumed_at_start = 0, last_saved = -1;
   std::ofstream metrics;
   std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes, as Megatron's
+  std::unique_ptr<IterationProfile> profile;     // --profile
   double peak = 0, flops_per_iter = 0;
 
   void setup(std::unique_ptr<Communicator> world_comm);
@@ -406,6 +408,11 @@ void Trainer::Impl::build() {
   run_consistently(world, [&] {
     if (root && !args.tensorboard_dir.empty()) tensorboard.emplace(args.tensorboard_dir);
   });
+  if (args.profile)
+    run_consistently(world, [&] {
+      profile = std::make_unique<IterationProfile>(args, world.rank(), world.size(), device, start_iter);
+      profile->check_ready();
+    });
   // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
   peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
   flops_per_iter = model.flops_per_token(args.model.recompute_activations) * static_cast<double>(global * S);
@@ -509,6 +516,7 @@ TrainResult Trainer::Impl::train() {
     std::printf("a stop signal arrived during start-up; stopping after the first step\n");
   for (std::int64_t it = start_iter; it < args.train_iters; ++it) {
     set_activity_iteration(it + 1);
+    if (profile) profile->before(it + 1);
     const auto t0 = Clock::now();
     // Bad data (a token id past --vocab-size) fails one rank's samples: every
     // rank stops alike, with that rank's message (one tiny all-reduce).
@@ -519,6 +527,7 @@ TrainResult Trainer::Impl::train() {
     if (it + 1 == nan_at) r.loss = std::nan("");
     const double t_step = seconds_since(t1);
     window_time += seconds_since(t0);
+    if (profile) profile->after(it + 1);
     ++window_iters;
     window_data += t_data;
     window_step += t_step;
@@ -662,6 +671,7 @@ TrainResult Trainer::Impl::train() {
         args.exit_duration_in_mins > 0 &&
         broadcast_string(world, seconds_since(t_process) / 60.0 >= args.exit_duration_in_mins ? "1" : "0") == "1";
     if ((exit_interval_hit || exit_duration_hit) && it + 1 < args.train_iters) {
+      if (profile) profile->finish(it + 1);
       if (!args.save.empty() && last_saved != it + 1) save(it + 1);
       if (root)
         std::printf("exiting after iteration %lld: %s reached%s\n", static_cast<long long>(it + 1),
@@ -671,6 +681,7 @@ TrainResult Trainer::Impl::train() {
       return result;
     }
     if (stop_requested_anywhere(world)) {
+      if (profile) profile->finish(it + 1);
       if (!args.save.empty() && last_saved != it + 1) save(it + 1);
       if (root)
         std::printf("stopping after iteration %lld on a stop signal (SIGTERM/SIGUSR1)%s; exit code %d\n",

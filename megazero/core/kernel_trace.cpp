@@ -1,0 +1,149 @@
+#include "megazero/core/kernel_trace.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <utility>
+
+namespace megazero {
+namespace {
+
+const char* kind_name(TraceKind k) {
+  switch (k) {
+    case TraceKind::Kernel:
+      return "kernel";
+    case TraceKind::Copy:
+      return "copy";
+    case TraceKind::Fill:
+      return "fill";
+  }
+  return "?";
+}
+
+double ms(std::uint64_t ns) { return static_cast<double>(ns) * 1e-6; }
+
+// CSV: a name with a comma or a quote is quoted, quotes doubled.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+KernelTraceSummary summarize(const KernelTrace& trace) {
+  KernelTraceSummary s;
+  const std::uint64_t lo = trace.window_start_ns, hi = std::max(trace.window_end_ns, trace.window_start_ns);
+  s.window_ns = hi - lo;
+  s.dropped = trace.dropped;
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
+  std::map<std::pair<std::string, TraceKind>, KernelTraceRow> by_name;
+  for (const TraceRecord& r : trace.records) {
+    const std::uint64_t a = std::max(r.start_ns, lo), b = std::min(std::max(r.end_ns, r.start_ns), hi);
+    if (r.end_ns <= lo || r.start_ns >= hi || b <= a) continue;
+    spans.emplace_back(a, b);
+    KernelTraceRow& row = by_name[{r.name, r.kind}];
+    row.name = r.name;
+    row.kind = r.kind;
+    ++row.calls;
+    row.total_ns += b - a;
+    if (r.kind == TraceKind::Kernel) {
+      ++s.kernels;
+      s.kernel_ns += b - a;
+    } else if (r.kind == TraceKind::Copy) {
+      ++s.copies;
+    } else {
+      ++s.fills;
+    }
+  }
+  // The union of the intervals, and the idle stretches between them (the
+  // window's own edges before the first and after the last count too: the
+  // device waited there as much as anywhere).
+  std::sort(spans.begin(), spans.end());
+  std::uint64_t cursor = lo;
+  const auto idle = [&](std::uint64_t from, std::uint64_t to) {
+    if (to <= from) return;
+    const std::uint64_t d = to - from;
+    const int bin = d < 2000 ? 0 : d < 10000 ? 1 : 2;
+    ++s.gaps[bin];
+    s.gap_ns[bin] += d;
+  };
+  for (const auto& [a, b] : spans) {
+    if (a > cursor) idle(cursor, a);
+    if (b > cursor) {
+      s.busy_ns += b - std::max(a, cursor);
+      cursor = b;
+    }
+  }
+  idle(cursor, hi);
+  for (auto& [key, row] : by_name) s.rows.push_back(std::move(row));
+  std::sort(s.rows.begin(), s.rows.end(), [](const KernelTraceRow& x, const KernelTraceRow& y) {
+    return x.total_ns != y.total_ns ? x.total_ns > y.total_ns : x.name < y.name;
+  });
+  return s;
+}
+
+std::string format_summary(const KernelTraceSummary& s, const std::string& what, std::size_t top) {
+  const double window = ms(s.window_ns);
+  const auto share = [&](std::uint64_t ns) {
+    return s.window_ns ? 100.0 * static_cast<double>(ns) / static_cast<double>(s.window_ns) : 0.0;
+  };
+  char line[512];
+  std::string out;
+  std::snprintf(line, sizeof line,
+                "kernel trace, %s: the device busy %.1f%% of %.3f ms (%lld kernels, %.3f ms of them; %lld copies, "
+                "%lld fills)\n",
+                what.c_str(), share(s.busy_ns), window, static_cast<long long>(s.kernels), ms(s.kernel_ns),
+                static_cast<long long>(s.copies), static_cast<long long>(s.fills));
+  out += line;
+  std::snprintf(line, sizeof line,
+                "  idle %.3f ms: %lld gaps under 2 us (%.3f ms), %lld of 2-10 us (%.3f ms), %lld over 10 us "
+                "(%.3f ms)\n",
+                ms(s.gap_ns[0] + s.gap_ns[1] + s.gap_ns[2]), static_cast<long long>(s.gaps[0]), ms(s.gap_ns[0]),
+                static_cast<long long>(s.gaps[1]), ms(s.gap_ns[1]), static_cast<long long>(s.gaps[2]),
+                ms(s.gap_ns[2]));
+  out += line;
+  if (s.dropped)
+    out += "  WARNING: " + std::to_string(s.dropped) +
+           " records were lost (the tracer's buffers ran full): the totals above are short\n";
+  out += "        ms   calls  share  us/call  name\n";
+  for (std::size_t i = 0; i < s.rows.size() && i < top; ++i) {
+    const KernelTraceRow& r = s.rows[i];
+    std::string name = r.kind == TraceKind::Kernel ? r.name : r.name + " (" + kind_name(r.kind) + ")";
+    if (name.size() > 110) name = name.substr(0, 107) + "...";
+    std::snprintf(line, sizeof line, "  %8.3f  %6lld  %4.1f%%  %7.1f  %s\n", ms(r.total_ns),
+                  static_cast<long long>(r.calls), share(r.total_ns),
+                  static_cast<double>(r.total_ns) * 1e-3 / static_cast<double>(r.calls), name.c_str());
+    out += line;
+  }
+  if (s.rows.size() > top) {
+    std::uint64_t rest = 0;
+    std::int64_t calls = 0;
+    for (std::size_t i = top; i < s.rows.size(); ++i) {
+      rest += s.rows[i].total_ns;
+      calls += s.rows[i].calls;
+    }
+    std::snprintf(line, sizeof line, "  %8.3f  %6lld  %4.1f%%           (%zu more names)\n", ms(rest),
+                  static_cast<long long>(calls), share(rest), s.rows.size() - top);
+    out += line;
+  }
+  return out;
+}
+
+std::string summary_csv(const KernelTraceSummary& s) {
+  std::string out = "name,kind,calls,total_ms,ms_per_call,share_of_window\n";
+  char line[128];
+  for (const KernelTraceRow& r : s.rows) {
+    std::snprintf(line, sizeof line, ",%s,%lld,%.6f,%.6f,%.6f\n", kind_name(r.kind), static_cast<long long>(r.calls),
+                  ms(r.total_ns), ms(r.total_ns) / static_cast<double>(r.calls),
+                  s.window_ns ? static_cast<double>(r.total_ns) / static_cast<double>(s.window_ns) : 0.0);
+    out += csv_field(r.name) + line;
+  }
+  return out;
+}
+
+}  // namespace megazero

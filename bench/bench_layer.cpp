@@ -50,7 +50,8 @@ int run(int argc, char** argv) {
       "device", po::value(&device_spec), "cpu or cuda[:N]")("dropout", po::value(&dropout))(
       "recompute-activations", po::bool_switch(&cfg.recompute_activations))("steps", po::value(&steps))(
       "warmup", po::value(&warmup))("profile", po::bool_switch(&profile),
-                                    "trace the timed steps' kernels (CUPTI; cuda) and print where the time went")("peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
+                                    "trace the timed steps' kernels (CUPTI; cuda) and print where the time went")(
+      "peak-tflops", po::value(&peak_tflops), "the device's dense peak for MFU")(
       "attention-backend", po::value(&cfg.attention_backend), "unfused, fused or cudnn (CUDA only)")(
       "deterministic-mode", po::bool_switch(&cfg.deterministic), "cudnn: cuDNN's deterministic backward")(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes")(

@@ -36,15 +36,15 @@ TEST(KernelTrace, BusyTimeIsTheUnionAndGapsAreBinnedByLength) {
   t.window_start_ns = 1000;
   t.window_end_ns = 101000;  // 100 us
   t.records = {
-      rec("gemm", 1500, 21500),                   // idle 500 ns before it (bin 0)
-      rec("gemm", 21500, 41500),                  // back to back: no gap
+      rec("gemm", 1500, 21500),                         // idle 500 ns before it (bin 0)
+      rec("gemm", 21500, 41500),                        // back to back: no gap
       rec("copy HtoD", 30000, 45000, TraceKind::Copy),  // overlaps: union to 45000
-      rec("ln", 48000, 50000),                    // idle 3 us (bin 1)
-      rec("ln", 49000, 49500),                    // inside the previous one
-      rec("small", 51500, 52000),                 // idle 1.5 us (bin 0: under 2 us)
-      rec("tail", 70000, 100000),                 // idle 18 us (bin 2), then 500 ns to the next (bin 0)
-      rec("before", 0, 900),                      // wholly before the window: left out
-      rec("clipped", 100500, 200000),             // clipped to [100500, 101000)
+      rec("ln", 48000, 50000),                          // idle 3 us (bin 1)
+      rec("ln", 49000, 49500),                          // inside the previous one
+      rec("small", 51500, 52000),                       // idle 1.5 us (bin 0: under 2 us)
+      rec("tail", 70000, 100000),                       // idle 18 us (bin 2), then 500 ns to the next (bin 0)
+      rec("before", 0, 900),                            // wholly before the window: left out
+      rec("clipped", 100500, 200000),                   // clipped to [100500, 101000)
   };
   const KernelTraceSummary s = summarize(t);
   EXPECT_EQ(s.window_ns, 100000u);
@@ -102,7 +102,7 @@ TEST(KernelTrace, ReportAndCsv) {
   const std::string text = format_summary(s, "rank 0, iterations 11-12", 5);
   EXPECT_NE(text.find("kernel trace, rank 0, iterations 11-12: the device busy"), std::string::npos) << text;
   EXPECT_NE(text.find("WARNING: 3 records were lost"), std::string::npos) << text;
-  EXPECT_NE(text.find("(36 more names)"), std::string::npos) << text;  // 41 names, 5 shown
+  EXPECT_NE(text.find("(36 more names)"), std::string::npos) << text;     // 41 names, 5 shown
   EXPECT_NE(text.find("a, \"quoted\" name"), std::string::npos) << text;  // the longest, first
   const std::string csv = summary_csv(s);
   std::istringstream lines(csv);
@@ -136,8 +136,8 @@ class TracingCpu final : public CpuDevice {
 };
 
 TrainArgs profile_args(std::vector<std::string> extra) {
-  std::vector<std::string> all = {"pretrain_gpt", "--mock-data", "--device", "cuda", "--profile", "--train-iters",
-                                  "20"};
+  std::vector<std::string> all = {"pretrain_gpt", "--mock-data",   "--device", "cuda",
+                                  "--profile",    "--train-iters", "20"};
   all.insert(all.end(), extra.begin(), extra.end());
   std::vector<char*> argv;
   for (auto& s : all) argv.push_back(s.data());

@@ -16,7 +16,6 @@
 #include "megazero/core/error.h"
 #include "megazero/core/isolated_device.h"
 
-
 namespace megazero {
 
 std::string_view device_kind_name(DeviceKind k) {
@@ -359,6 +358,5 @@ std::shared_ptr<Device> make_device(const std::string& spec) {
   }
   throw ConfigError("--device: unknown device '" + spec + "'; use cpu, cpu-isolated, cuda, cuda:N or meta");
 }
-
 
 }  // namespace megazero

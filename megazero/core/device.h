@@ -309,5 +309,4 @@ struct GpuBackend {
 };
 void register_gpu_backend(const GpuBackend& backend);
 
-
 }  // namespace megazero

@@ -104,8 +104,7 @@ std::string format_summary(const KernelTraceSummary& s, const std::string& what,
                 "  idle %.3f ms: %lld gaps under 2 us (%.3f ms), %lld of 2-10 us (%.3f ms), %lld over 10 us "
                 "(%.3f ms)\n",
                 ms(s.gap_ns[0] + s.gap_ns[1] + s.gap_ns[2]), static_cast<long long>(s.gaps[0]), ms(s.gap_ns[0]),
-                static_cast<long long>(s.gaps[1]), ms(s.gap_ns[1]), static_cast<long long>(s.gaps[2]),
-                ms(s.gap_ns[2]));
+                static_cast<long long>(s.gaps[1]), ms(s.gap_ns[1]), static_cast<long long>(s.gaps[2]), ms(s.gap_ns[2]));
   out += line;
   if (s.dropped)
     out += "  WARNING: " + std::to_string(s.dropped) +

@@ -40,8 +40,8 @@ struct KernelTraceRow {
 // device waited for the host: a synchronisation, a slow launch sequence).
 struct KernelTraceSummary {
   std::uint64_t window_ns = 0;
-  std::uint64_t busy_ns = 0;      // the union of the records' intervals inside the window
-  std::uint64_t kernel_ns = 0;    // kernels' durations summed (over busy_ns if they overlapped)
+  std::uint64_t busy_ns = 0;    // the union of the records' intervals inside the window
+  std::uint64_t kernel_ns = 0;  // kernels' durations summed (over busy_ns if they overlapped)
   std::int64_t kernels = 0, copies = 0, fills = 0;
   std::int64_t gaps[3] = {0, 0, 0};
   std::uint64_t gap_ns[3] = {0, 0, 0};

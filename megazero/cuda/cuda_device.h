@@ -107,7 +107,7 @@ class CudaDevice final : public Device {
 
  private:
   void copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);  // the host waits (counted)
-  void copy_on_stream(void* dst, const void* src, std::size_t bytes);                     // device to device, no wait
+  void copy_on_stream(void* dst, const void* src, std::size_t bytes);                  // device to device, no wait
   void copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
   std::shared_ptr<Transfer> queue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
 

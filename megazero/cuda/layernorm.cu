@@ -382,10 +382,9 @@ void layernorm_backward_dropout(DType t, const void* dy, const void* x, const vo
       run(S{});
   });
   if (done) return;
-  layernorm_backward(t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols,
-                     prefetch ? kernels::LayerNormBackwardPasses::OnePassPrefetched
-                              : kernels::LayerNormBackwardPasses::Auto,
-                     ws, s);
+  layernorm_backward(
+      t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols,
+      prefetch ? kernels::LayerNormBackwardPasses::OnePassPrefetched : kernels::LayerNormBackwardPasses::Auto, ws, s);
   if (dbias)
     dropout_backward_bias_grad(t, dx, p, key, layout, dd, dbias, acc_type, rows, cols, ws, s);
   else

@@ -577,8 +577,10 @@ void TrainArgs::validate() const {
              " must be after --profile-step-start ", profile_step_start,
              " (the iterations after the start, up to and including the end, are recorded)");
   if (profile) {
-    MZ_REQUIRE(device == "cuda", "--profile records the GPU's kernels (CUPTI's activity records): it needs --device "
-               "cuda, got --device ", device);
+    MZ_REQUIRE(device == "cuda",
+               "--profile records the GPU's kernels (CUPTI's activity records): it needs --device "
+               "cuda, got --device ",
+               device);
     MZ_REQUIRE(profile_step_end <= train_iters, "--profile-step-end ", profile_step_end, " is past --train-iters ",
                train_iters, ": the run would end before the trace does; lower it or raise --train-iters");
     (void)profiled_ranks();  // each a number

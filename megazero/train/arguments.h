@@ -86,7 +86,7 @@ struct TrainArgs {
   bool profile = false;
   std::int64_t profile_step_start = 10, profile_step_end = 12;
   std::vector<std::string> profile_ranks{"0"};
-  std::string profile_file;  // the rows as CSV too
+  std::string profile_file;                 // the rows as CSV too
   std::vector<int> profiled_ranks() const;  // profile_ranks as numbers (checked by validate())
   // Lines printed once at start (what an accepted-but-inert Megatron flag does).
   std::vector<std::string> notes;

@@ -115,8 +115,8 @@ void IterationProfile::report(std::int64_t last) {
   if (ok && !ec)
     std::printf("  kernel trace rows written to %s\n", path.c_str());
   else
-    std::printf("WARNING: rank %d: --profile-file: could not write %s%s%s\n", rank_, path.c_str(),
-                ec ? ": " : "", ec ? ec.message().c_str() : "");
+    std::printf("WARNING: rank %d: --profile-file: could not write %s%s%s\n", rank_, path.c_str(), ec ? ": " : "",
+                ec ? ec.message().c_str() : "");
   std::fflush(stdout);
 }
 

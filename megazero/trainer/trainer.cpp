@@ -298,8 +298,8 @@ void Trainer::Impl::build() {
     std::ostringstream base;
     base << m.rotary_base;
     const std::string architecture =
-        m.position_embedding_type + " positions" + (m.rope() ? " (base " + base.str() + ")" : "") +
-        ", " + m.normalization + ", " + (m.swiglu ? "SwiGLU" : "GeLU") + " MLP, " +
+        m.position_embedding_type + " positions" + (m.rope() ? " (base " + base.str() + ")" : "") + ", " +
+        m.normalization + ", " + (m.swiglu ? "SwiGLU" : "GeLU") + " MLP, " +
         (m.query_groups() == m.num_attention_heads ? std::string("one key/value head per head")
                                                    : std::to_string(m.query_groups()) + " query groups") +
         (m.add_bias_linear ? "" : ", no linear biases") +

@@ -132,10 +132,13 @@ void trace_start() {
     g_records.clear();
     g_dropped = 0;
     register_now = !g_registered;
-    g_registered = true;
   }
   try {
-    if (register_now) check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "register callbacks");
+    if (register_now) {
+      check(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "register callbacks");
+      std::lock_guard<std::mutex> lock(g_mu);
+      g_registered = true;
+    }
     for (CUpti_ActivityKind k : kKinds) check(cuptiActivityEnable(k), "enable activity records");
     std::uint64_t now = 0;
     check(cuptiGetTimestamp(&now), "timestamp");

@@ -27,8 +27,24 @@ using namespace megazero::train;
 
 namespace {
 
+// A kernel's library as the CUDA recorder sets it: from the full name.
 TraceRecord rec(const std::string& name, std::uint64_t a, std::uint64_t b, TraceKind k = TraceKind::Kernel) {
-  return {name, k, a, b};
+  return {name, k, a, b, k == TraceKind::Kernel ? kernel_library(name) : ""};
+}
+
+TEST(KernelTrace, KernelsAreTheirLibrarysByName) {
+  EXPECT_EQ(kernel_library("void megazero::cuda::detail_k::layernorm_backward_fused_kernel<__nv_bfloat16, 2>(x)"),
+            "megazero");
+  EXPECT_EQ(kernel_library("void megazero::cuda::(anonymous namespace)::row_copy_kernel<float>(float const*)"),
+            "megazero");
+  EXPECT_EQ(kernel_library("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"), "cuBLAS");
+  EXPECT_EQ(kernel_library("void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_64x4_nn>"),
+            "cuBLAS");
+  EXPECT_EQ(kernel_library("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7"), "cuDNN");
+  EXPECT_EQ(kernel_library("void cudnn::compute_dot_do_o_specialized<1, 64>(...)"), "cuDNN");
+  EXPECT_EQ(kernel_library("ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)"), "NCCL");
+  EXPECT_EQ(kernel_library("void cub::CUB_300001_SM_900::detail::radix_sort::DeviceRadixSortOnesweepKernel<>"), "CUB");
+  EXPECT_EQ(kernel_library("some_kernel"), "other");
 }
 
 TEST(KernelTrace, BusyTimeIsTheUnionAndGapsAreBinnedByLength) {
@@ -72,6 +88,9 @@ TEST(KernelTrace, BusyTimeIsTheUnionAndGapsAreBinnedByLength) {
   EXPECT_EQ(s.rows[4].name, "clipped");  // 500 ns each: by name
   EXPECT_EQ(s.rows[4].total_ns, 500u);
   EXPECT_EQ(s.rows[5].name, "small");
+  // By library: the "gemm" kernels are cuBLAS's (40 us), the rest other (33.5 us), then the copy.
+  using Lib = std::pair<std::string, std::uint64_t>;
+  EXPECT_EQ(s.by_library, (std::vector<Lib>{{"cuBLAS", 40000u}, {"other", 33500u}, {"copies", 15000u}}));
 }
 
 TEST(KernelTrace, AnEmptyWindowIsAllIdle) {
@@ -109,8 +128,8 @@ TEST(KernelTrace, ReportAndCsv) {
   std::string header, first;
   std::getline(lines, header);
   std::getline(lines, first);
-  EXPECT_EQ(header, "name,kind,calls,total_ms,ms_per_call,share_of_window");
-  EXPECT_EQ(first, "\"a, \"\"quoted\"\" name\",kernel,1,0.050000,0.050000,0.012500");
+  EXPECT_EQ(header, "name,library,kind,calls,total_ms,ms_per_call,share_of_window");
+  EXPECT_EQ(first, "\"a, \"\"quoted\"\" name\",other,kernel,1,0.050000,0.050000,0.012500");
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 42);  // header + 41 rows
 }
 
@@ -128,7 +147,7 @@ class TracingCpu final : public CpuDevice {
     KernelTrace t;
     t.window_start_ns = 0;
     t.window_end_ns = 1000000;
-    t.records = {rec("gemm", 0, 600000), rec("layernorm", 700000, 800000)};
+    t.records = {rec("nvjet_sm90_gemm", 0, 600000), rec("megazero::layernorm", 700000, 800000)};
     return t;
   }
   int starts = 0, stops = 0;
@@ -174,6 +193,7 @@ TEST(IterationProfile, RecordsTheIterationsAfterTheStartUpToTheEnd) {
             std::string::npos)
       << out;
   EXPECT_NE(out.find("per iteration: 0.500 ms, the device busy 0.350 ms of it"), std::string::npos) << out;
+  EXPECT_NE(out.find("by library: cuBLAS 0.600 ms (60.0%), megazero 0.100 ms (10.0%)"), std::string::npos) << out;
 }
 
 TEST(IterationProfile, OnlyTheListedRanksRecord) {
@@ -216,8 +236,8 @@ TEST(IterationProfile, WritesTheRowsAsCsvWithARankSuffixWhenSeveralRecord) {
     std::string header, first;
     std::getline(in, header);
     std::getline(in, first);
-    EXPECT_EQ(header, "name,kind,calls,total_ms,ms_per_call,share_of_window");
-    EXPECT_EQ(first, "gemm,kernel,1,0.600000,0.600000,0.600000");
+    EXPECT_EQ(header, "name,library,kind,calls,total_ms,ms_per_call,share_of_window");
+    EXPECT_EQ(first, "nvjet_sm90_gemm,cuBLAS,kernel,1,0.600000,0.600000,0.600000");
     EXPECT_FALSE(fs::exists(dir / (name + ".tmp")));
     fs::remove(dir / name);
   }

@@ -1,6 +1,7 @@
 #include "megazero/core/kernel_trace.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <map>
 #include <utility>
@@ -33,7 +34,23 @@ std::string csv_field(const std::string& s) {
   return out + "\"";
 }
 
+bool contains_nocase(const std::string& s, const char* what) {
+  const std::string w(what);
+  return std::search(s.begin(), s.end(), w.begin(), w.end(),
+                     [](char a, char b) { return std::tolower(static_cast<unsigned char>(a)) == b; }) != s.end();
+}
+
 }  // namespace
+
+std::string kernel_library(const std::string& n) {
+  if (n.find("megazero::") != std::string::npos) return "megazero";
+  if (contains_nocase(n, "cudnn")) return "cuDNN";
+  if (contains_nocase(n, "nccl")) return "NCCL";
+  for (const char* p : {"nvjet", "cutlass", "cublas", "gemm", "xmma"})
+    if (contains_nocase(n, p)) return "cuBLAS";
+  if (n.find("cub::") != std::string::npos) return "CUB";
+  return "other";
+}
 
 KernelTraceSummary summarize(const KernelTrace& trace) {
   KernelTraceSummary s;
@@ -49,6 +66,9 @@ KernelTraceSummary summarize(const KernelTrace& trace) {
     KernelTraceRow& row = by_name[{r.name, r.kind}];
     row.name = r.name;
     row.kind = r.kind;
+    row.library = r.kind == TraceKind::Kernel ? (r.library.empty() ? "other" : r.library)
+                  : r.kind == TraceKind::Copy ? "copies"
+                                              : "fills";
     ++row.calls;
     row.total_ns += b - a;
     if (r.kind == TraceKind::Kernel) {
@@ -80,7 +100,15 @@ KernelTraceSummary summarize(const KernelTrace& trace) {
     }
   }
   idle(cursor, hi);
-  for (auto& [key, row] : by_name) s.rows.push_back(std::move(row));
+  std::map<std::string, std::uint64_t> libraries;
+  for (auto& [key, row] : by_name) {
+    libraries[row.library] += row.total_ns;
+    s.rows.push_back(std::move(row));
+  }
+  s.by_library.assign(libraries.begin(), libraries.end());
+  std::sort(s.by_library.begin(), s.by_library.end(), [](const auto& x, const auto& y) {
+    return x.second != y.second ? x.second > y.second : x.first < y.first;
+  });
   std::sort(s.rows.begin(), s.rows.end(), [](const KernelTraceRow& x, const KernelTraceRow& y) {
     return x.total_ns != y.total_ns ? x.total_ns > y.total_ns : x.name < y.name;
   });
@@ -106,6 +134,15 @@ std::string format_summary(const KernelTraceSummary& s, const std::string& what,
                 ms(s.gap_ns[0] + s.gap_ns[1] + s.gap_ns[2]), static_cast<long long>(s.gaps[0]), ms(s.gap_ns[0]),
                 static_cast<long long>(s.gaps[1]), ms(s.gap_ns[1]), static_cast<long long>(s.gaps[2]), ms(s.gap_ns[2]));
   out += line;
+  if (!s.by_library.empty()) {
+    out += "  by library:";
+    for (std::size_t i = 0; i < s.by_library.size(); ++i) {
+      std::snprintf(line, sizeof line, "%s %s %.3f ms (%.1f%%)", i ? "," : "", s.by_library[i].first.c_str(),
+                    ms(s.by_library[i].second), share(s.by_library[i].second));
+      out += line;
+    }
+    out += "\n";
+  }
   if (s.dropped)
     out += "  WARNING: " + std::to_string(s.dropped) +
            " records were lost (the tracer's buffers ran full): the totals above are short\n";
@@ -134,11 +171,11 @@ std::string format_summary(const KernelTraceSummary& s, const std::string& what,
 }
 
 std::string summary_csv(const KernelTraceSummary& s) {
-  std::string out = "name,kind,calls,total_ms,ms_per_call,share_of_window\n";
+  std::string out = "name,library,kind,calls,total_ms,ms_per_call,share_of_window\n";
   char line[128];
   for (const KernelTraceRow& r : s.rows) {
-    std::snprintf(line, sizeof line, ",%s,%lld,%.6f,%.6f,%.6f\n", kind_name(r.kind), static_cast<long long>(r.calls),
-                  ms(r.total_ns), ms(r.total_ns) / static_cast<double>(r.calls),
+    std::snprintf(line, sizeof line, ",%s,%s,%lld,%.6f,%.6f,%.6f\n", r.library.c_str(), kind_name(r.kind),
+                  static_cast<long long>(r.calls), ms(r.total_ns), ms(r.total_ns) / static_cast<double>(r.calls),
                   s.window_ns ? static_cast<double>(r.total_ns) / static_cast<double>(s.window_ns) : 0.0);
     out += csv_field(r.name) + line;
   }

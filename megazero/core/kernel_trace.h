@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace megazero {
@@ -20,7 +21,15 @@ struct TraceRecord {
   std::string name;  // a kernel's demangled name without its parameters; "memcpy HtoD" etc.
   TraceKind kind = TraceKind::Kernel;
   std::uint64_t start_ns = 0, end_ns = 0;  // the device's clock
+  // Whose kernel: "megazero", "cuBLAS", "cuDNN", "NCCL", "CUB" or "other"
+  // (kernel_library); copies and fills need none.
+  std::string library;
 };
+
+// Whose kernel a full demangled name is, by its namespace or prefix: ours
+// live in namespace megazero, cuBLAS's are nvjet/cutlass/gemm kernels,
+// cuDNN's carry "cudnn", NCCL's "nccl", CUB's namespace cub.
+std::string kernel_library(const std::string& demangled);
 
 struct KernelTrace {
   std::uint64_t window_start_ns = 0, window_end_ns = 0;  // same clock as the records
@@ -29,7 +38,7 @@ struct KernelTrace {
 };
 
 struct KernelTraceRow {
-  std::string name;
+  std::string name, library;
   TraceKind kind = TraceKind::Kernel;
   std::int64_t calls = 0;
   std::uint64_t total_ns = 0;
@@ -47,6 +56,8 @@ struct KernelTraceSummary {
   std::uint64_t gap_ns[3] = {0, 0, 0};
   std::uint64_t dropped = 0;
   std::vector<KernelTraceRow> rows;  // by total time, longest first; ties by name
+  // Kernels' time by library, then "copies" and "fills": longest first.
+  std::vector<std::pair<std::string, std::uint64_t>> by_library;
 };
 
 // Records are clipped to the window; records wholly outside it are left out.
@@ -57,7 +68,7 @@ KernelTraceSummary summarize(const KernelTrace& trace);
 // (e.g. "rank 0, iterations 11-12").
 std::string format_summary(const KernelTraceSummary& s, const std::string& what, std::size_t top = 30);
 
-// Every row as CSV: name,kind,calls,total_ms,ms_per_call,share_of_window.
+// Every row as CSV: name,library,kind,calls,total_ms,ms_per_call,share_of_window.
 std::string summary_csv(const KernelTraceSummary& s);
 
 }  // namespace megazero

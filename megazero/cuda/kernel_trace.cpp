@@ -35,14 +35,18 @@ void check(CUptiResult r, const char* what) {
                                    "which must match the driver; leave --profile out to train without it)"));
 }
 
-// "void megazero::cuda::(anonymous namespace)::k<float, 2>(float const*, long)"
-// -> "k<float, 2>": the names a reader knows from the source.
-std::string kernel_name(const char* mangled) {
+std::string demangled(const char* mangled) {
   if (!mangled) return "(unnamed kernel)";
   int status = 0;
   char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = status == 0 && d ? d : mangled;
   std::free(d);
+  return s;
+}
+
+// "void megazero::cuda::(anonymous namespace)::k<float, 2>(float const*, long)"
+// -> "k<float, 2>": the names a reader knows from the source.
+std::string kernel_name(std::string s) {
   if (!s.empty() && s.back() == ')') {  // the parameter list, brackets balanced from the end
     int depth = 0;
     for (std::size_t i = s.size(); i-- > 0;) {
@@ -92,17 +96,18 @@ void CUPTIAPI buffer_completed(CUcontext context, std::uint32_t stream, std::uin
       case CUPTI_ACTIVITY_KIND_KERNEL:
       case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
         const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-        got.push_back({kernel_name(k->name), TraceKind::Kernel, k->start, k->end});
+        const std::string full = demangled(k->name);
+        got.push_back({kernel_name(full), TraceKind::Kernel, k->start, k->end, kernel_library(full)});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMCPY: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(rec);
-        got.push_back({copy_name(m->copyKind), TraceKind::Copy, m->start, m->end});
+        got.push_back({copy_name(m->copyKind), TraceKind::Copy, m->start, m->end, ""});
         break;
       }
       case CUPTI_ACTIVITY_KIND_MEMSET: {
         const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-        got.push_back({"memset", TraceKind::Fill, m->start, m->end});
+        got.push_back({"memset", TraceKind::Fill, m->start, m->end, ""});
         break;
       }
       default:

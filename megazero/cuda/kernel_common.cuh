@@ -1,6 +1,6 @@
 // Device-side helpers shared by the CUDA kernel files: storage <-> compute
-// conversion with the CPU kernels' rounding rules, block reductions, launch
-// sizing and launch checks. Included only by .cu files.
+// conversion with the CPU kernels' rounding rules and block reductions; with
+// launch_common.h's launch sizing and checks. Included only by .cu files.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -12,52 +12,9 @@
 #include <type_traits>
 
 #include "megazero/core/dtype.h"
-#include "megazero/core/error.h"
-#include "megazero/kernels/gpu_scratch.h"
+#include "megazero/cuda/launch_common.h"
 
 namespace megazero::cuda::detail_k {
-
-using i64 = std::int64_t;
-
-constexpr unsigned kThreads = 256;
-static_assert(kThreads == kernels::gpu_scratch::kThreads, "the scratch sizing assumes this block size");
-// Enough blocks to fill an H100 (132 SMs) many times over; grid-stride loops
-// cover the rest, so no grid dimension ever overflows.
-constexpr i64 kMaxBlocks = 132 * 32;
-
-inline unsigned blocks_for(i64 n, unsigned threads = kThreads) {
-  return static_cast<unsigned>(std::max<i64>(1, std::min<i64>((n + threads - 1) / threads, kMaxBlocks)));
-}
-
-inline void check_launch(const char* what) {
-  const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw InternalError(::megazero::detail::concat("CUDA kernel launch failed in ", what, ": ", cudaGetErrorName(err),
-                                                   " (", cudaGetErrorString(err), ")"));
-}
-
-// A library call on the stream (CUB, cuBLAS's runtime helpers) that returns a cudaError_t.
-inline void check_call(cudaError_t err, const char* what) {
-  if (err != cudaSuccess)
-    throw InternalError(::megazero::detail::concat("CUDA call failed in ", what, ": ", cudaGetErrorName(err), " (",
-                                                   cudaGetErrorString(err), ")"));
-}
-
-// The grid of a grid-stride kernel that streams memory: as many blocks as
-// the current device holds at once (the SMs times the blocks of `threads`
-// the kernel's registers let one SM keep resident), fewer when n elements
-// need fewer. One resident wave, so no block waits for a later one and no
-// wave runs part-empty at the end (kMaxBlocks over 5 resident blocks an SM
-// would leave the last of 6.4 waves 40% full).
-template <typename Kernel>
-unsigned resident_grid(Kernel kernel, i64 n, unsigned threads, const char* what) {
-  int device = 0, sms = 0, per_sm = 0;
-  check_call(cudaGetDevice(&device), what);
-  check_call(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), what);
-  check_call(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, static_cast<int>(threads), 0), what);
-  const i64 resident = std::max<i64>(1, static_cast<i64>(sms) * per_sm);
-  return static_cast<unsigned>(std::max<i64>(1, std::min<i64>((n + threads - 1) / threads, resident)));
-}
 
 // The compute type of a storage type: fp32 for 16-bit storage, else itself
 // (the CPU kernels' compute_t).
@@ -103,27 +60,6 @@ __device__ __forceinline__ S st(double v) {
     return v;
 }
 
-// Calls fn(S{}) with the device storage type of a float dtype.
-template <typename Fn>
-void with_storage(DType t, Fn&& fn) {
-  switch (t) {
-    case DType::F64:
-      fn(double{});
-      break;
-    case DType::BF16:
-      fn(__nv_bfloat16{});
-      break;
-    case DType::F16:
-      fn(__half{});
-      break;
-    case DType::F32:
-      fn(float{});
-      break;
-    default:
-      throw InternalError(::megazero::detail::concat("CUDA kernel: unsupported dtype ", dtype_name(t)));
-  }
-}
-
 // Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread
 // gets the result. The order is fixed, so the result is reproducible.
 template <typename T>
@@ -166,17 +102,6 @@ template <typename T>
 __device__ __forceinline__ T* dynamic_shared() {
   extern __shared__ __align__(16) unsigned char mz_dynamic_smem[];
   return reinterpret_cast<T*>(mz_dynamic_smem);
-}
-
-// The caller's scratch (megazero/kernels/gpu_scratch.h: allocated through the
-// device, so counted and planned) as T*, after checking it holds `need` bytes.
-template <typename T>
-T* scratch_as(kernels::GpuScratch ws, std::size_t need, const char* what) {
-  if (need == 0) return static_cast<T*>(ws.data);
-  if (ws.data == nullptr || ws.bytes < need)
-    throw InternalError(::megazero::detail::concat(what, ": given ", ws.bytes, " bytes of scratch, needs ", need,
-                                                   " (megazero/kernels/gpu_scratch.h sizes it)"));
-  return static_cast<T*>(ws.data);
 }
 
 }  // namespace megazero::cuda::detail_k

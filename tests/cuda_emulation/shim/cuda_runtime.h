@@ -1,2 +1,3 @@
 #pragma once
 #include "emu_runtime.h"
+#include "emu_host.h"

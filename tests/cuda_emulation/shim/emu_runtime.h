@@ -5,6 +5,9 @@
 // buffer per block filled with NaN-like 0xff bytes, so unwritten padding
 // shows. See tests/cuda_emulation/README.md for what this does and does not prove.
 #pragma once
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <barrier>
 #include <cassert>
 #include <cmath>
@@ -31,6 +34,7 @@ struct uint3 {
 };
 struct dim3 {
   unsigned x = 1, y = 1, z = 1;
+  dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
 struct uint4 {
   unsigned x, y, z, w;
@@ -108,6 +112,13 @@ inline __nv_bfloat16 to_bf16(float f) {
 inline thread_local void (*emu_block_exit)() = nullptr;
 inline thread_local std::size_t emu_smem_bytes = 0;
 inline thread_local unsigned char* emu_smem_base;
+// Unreadable bytes after an emulated block's shared memory and after each
+// emulated device buffer (emu_host.h): more than a block's largest shared
+// memory (227 KB), so an access far past the end still lands in them.
+inline constexpr std::size_t kEmuGuardBytes = std::size_t{256} << 10;
+// The guard just past the running launch's shared memory (emu_host.h's fault
+// report names it).
+inline unsigned char* emu_smem_guard = nullptr;
 // Launch: blocks sequentially, threads concurrent. blockDim.x host threads
 // run every block in turn (block y-major, x-minor), meeting at a barrier
 // between blocks, where the shared memory is filled with 0xff again, as a
@@ -117,10 +128,18 @@ template <typename F>
 void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel) {
   const unsigned blocks = grid.x * grid.y;
   if (blocks == 0) return;
-  void* raw = nullptr;
-  if (posix_memalign(&raw, 128, smem_bytes ? smem_bytes : 128)) std::abort();
-  std::unique_ptr<unsigned char, void (*)(void*)> sm(static_cast<unsigned char*>(raw), std::free);
-  unsigned char* base = sm.get();
+  // The block's shared memory ends (128-byte rounded) at kEmuGuardBytes
+  // that are never readable: a kernel reading or writing past the launch's
+  // dynamic size (a launcher asking for too little) faults.
+  const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const std::size_t rounded = (smem_bytes + 127) / 128 * 128, len = (rounded + page - 1) / page * page;
+  void* raw = mmap(nullptr, len + kEmuGuardBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED || mprotect(static_cast<unsigned char*>(raw) + len, kEmuGuardBytes, PROT_NONE) != 0)
+    std::abort();
+  const auto unmap = [len](unsigned char* p) { munmap(p, len + kEmuGuardBytes); };
+  std::unique_ptr<unsigned char, decltype(unmap)> sm(static_cast<unsigned char*>(raw), unmap);
+  unsigned char* base = sm.get() + len - rounded;
+  emu_smem_guard = sm.get() + len;
   std::memset(base, 0xff, smem_bytes);
   EmuBlock blk;
   std::barrier<> bb(threads);

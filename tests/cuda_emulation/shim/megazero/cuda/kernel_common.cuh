@@ -1,12 +1,13 @@
 // Stand-in for megazero/cuda/kernel_common.cuh in the CPU emulation: the
-// pieces the emulated kernels use (element load/store with the real rounding
-// of bf16/fp16, the index type, the compute type, the block reductions — the
-// last copied from the real header, whose shuffles and barriers the shim
-// emulates).
+// device pieces the emulated kernels use (element load/store with the real
+// rounding of bf16/fp16, the compute type, the block reductions — the last
+// copied from the real header, whose shuffles and barriers the shim
+// emulates), and the real header's host half, launch_common.h, itself.
 #pragma once
 #include <type_traits>
 
 #include "emu_runtime.h"
+#include "megazero/cuda/launch_common.h"
 #include "megazero/kernels/dropout.h"
 
 namespace megazero::cuda::detail_k {

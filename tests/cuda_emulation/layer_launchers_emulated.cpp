@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "emu_checks.h"
+#include "emu_device_checks.h"
 #include "emu_host.h"
 #include "megazero/cuda/dropout.h"
 #include "megazero/cuda/layernorm.h"
@@ -49,71 +50,11 @@
 
 using namespace megazero;
 using namespace emu_checks;
+using namespace emu_device_checks;
 namespace gs = megazero::kernels::gpu_scratch;
 using Passes = kernels::LayerNormBackwardPasses;
 
 namespace {
-
-// A tensor's bytes in emulated device memory, `shift` bytes past a 256-byte
-// boundary (an element's size: an operand the 16-byte paths must refuse).
-struct OnDevice {
-  std::unique_ptr<emu::DeviceBuffer<unsigned char>> buf;
-  std::size_t shift = 0;
-  void* ptr() const { return buf->get() + shift; }
-};
-
-OnDevice put(const Tensor& t, std::size_t shift = 0) {
-  OnDevice d{std::make_unique<emu::DeviceBuffer<unsigned char>>(t.nbytes() + shift), shift};
-  std::vector<unsigned char> bytes(t.nbytes() + shift, 0);
-  std::memcpy(bytes.data() + shift, t.data(), t.nbytes());
-  d.buf->upload(bytes);
-  return d;
-}
-
-// `like`'s shape and dtype with every byte 0xff (NaN): an output.
-OnDevice poisoned(const Tensor& like, std::size_t shift = 0) {
-  OnDevice d{std::make_unique<emu::DeviceBuffer<unsigned char>>(like.nbytes() + shift), shift};
-  d.buf->fill_bytes(0xff);
-  return d;
-}
-
-Tensor get(const OnDevice& d, const Tensor& like) {
-  Tensor t = like.clone(MemoryCategory::Other);
-  const auto bytes = d.buf->download();
-  std::memcpy(t.data(), bytes.data() + d.shift, t.nbytes());
-  return t;
-}
-
-// Scratch of exactly `bytes`, ending at the guard page.
-std::unique_ptr<emu::DeviceBuffer<unsigned char>> scratch(std::size_t bytes) {
-  auto b = std::make_unique<emu::DeviceBuffer<unsigned char>>(bytes, 8);
-  b->fill_bytes(0xff);
-  return b;
-}
-
-double ulp(DType t) { return t == DType::F64 ? 0x1p-50 : ulp_of(t); }
-
-void expect_bits(const Tensor& got, const Tensor& want, const char* what) {
-  const auto g = values(got), w = values(want);
-  for (std::size_t i = 0; i < g.size(); ++i) check(std::memcmp(&g[i], &w[i], sizeof(double)) == 0, what, g[i], w[i], i);
-}
-
-// |got - want| <= ulp(acc) |want| + (rows + 8) 2^-24 mag[c]: a sum over rows
-// in fp32 pieces, rounded once into the accumulator.
-void expect_sums(const Tensor& got, const Tensor& want, const std::vector<double>& mag, i64 rows, const char* what) {
-  const auto g = values(got), w = values(want);
-  const double steps = static_cast<double>(rows + 8) * 0x1p-24;
-  for (std::size_t c = 0; c < g.size(); ++c)
-    check(std::fabs(g[c] - w[c]) <= ulp(got.dtype()) * std::fabs(w[c]) + steps * mag[c], what, g[c], w[c], c);
-}
-
-// y within two storage roundings plus 1e-5 of the largest |want|.
-void expect_rows(const Tensor& got, const Tensor& want, const char* what) {
-  double most = 0;
-  for (const double v : values(want)) most = std::max(most, std::fabs(v));
-  const double slack = want.dtype() == DType::F64 ? 1e-12 : 1e-5;
-  expect_close(values(got), values(want), 2 * ulp(want.dtype()), slack * most, what);
-}
 
 // The layouts: a hidden-state one (the tensor's rows are the layout's rows,
 // other groups' rows in between) and one whose rows are half a tensor row
@@ -124,7 +65,9 @@ kernels::DropoutLayout split_layout(i64 rows, i64 cols) { return {rows, 1, 2, co
 kernels::DropoutLayout paired_layout(i64 rows, i64 cols) { return {rows / 2, 1, 2, cols, 5, 0, 1}; }
 enum class Layout { Hidden, HalfRows, Paired };
 kernels::DropoutLayout layout_of(Layout l, i64 rows, i64 cols) {
-  return l == Layout::Hidden ? hidden_layout(rows, cols) : l == Layout::HalfRows ? split_layout(rows, cols) : paired_layout(rows, cols);
+  return l == Layout::Hidden     ? hidden_layout(rows, cols)
+         : l == Layout::HalfRows ? split_layout(rows, cols)
+                                 : paired_layout(rows, cols);
 }
 
 const RngKey kKey{2026, 11, 3, kRngAttentionOutputDropout};
@@ -147,13 +90,15 @@ void forward(DType t, i64 rows, i64 cols, std::size_t shift, std::mt19937& rng) 
 }
 
 void bda_forward(DType t, i64 rows, i64 cols, bool hidden, std::size_t shift, std::mt19937& rng) {
-  const Tensor y = tensor_of({rows, cols}, randn(rows * cols, rng), t), res = tensor_of({rows, cols}, randn(rows * cols, rng), t);
+  const Tensor y = tensor_of({rows, cols}, randn(rows * cols, rng), t),
+               res = tensor_of({rows, cols}, randn(rows * cols, rng), t);
   const Tensor bias = tensor_of({cols}, randn(cols, rng), t);
   const Tensor gamma = tensor_of({cols}, randn(cols, rng), t), beta = tensor_of({cols}, randn(cols, rng), t);
   const auto layout = hidden ? hidden_layout(rows, cols) : split_layout(rows, cols);
   const double p = 0.1;
   Tensor sum = Tensor::zeros(cpu(), {rows, cols}, t, MemoryCategory::Other), y_ln = sum.clone(MemoryCategory::Other);
-  Tensor mean = Tensor::zeros(cpu(), {rows}, DType::F32, MemoryCategory::Other), rstd = mean.clone(MemoryCategory::Other);
+  Tensor mean = Tensor::zeros(cpu(), {rows}, DType::F32, MemoryCategory::Other),
+         rstd = mean.clone(MemoryCategory::Other);
   kernels::bias_dropout_add(y, bias, res, p, kKey, layout, sum);
   kernels::layernorm_forward(sum, gamma, beta, 1e-5, y_ln, mean, rstd);
 
@@ -219,8 +164,7 @@ void backward(const Backward& c, Passes passes, std::mt19937& rng) {
              dres = put(in.res), ddx = poisoned(dx, c.shift), dgam = put(in.g0), dbet = put(in.b0);
   const auto ws = scratch(gs::layernorm_backward_bytes(c.t, c.rows, c.cols));
   cuda::layernorm_backward(c.t, ddy.ptr(), dxx.ptr(), dg.ptr(), dm.ptr(), dr.ptr(), ddx.ptr(), dgam.ptr(), c.acc,
-                           dbet.ptr(), c.acc, c.add ? dres.ptr() : nullptr, c.rows, c.cols, passes,
-                           {ws->get(), ws->size()}, nullptr);
+                           dbet.ptr(), c.acc, c.add ? dres.ptr() : nullptr, c.rows, c.cols, passes, ws.ws(), nullptr);
   expect_rows(get(ddx, dx), dx, "layernorm_backward dx");
   expect_sums(get(dgam, dgamma), dgamma, in.mag_g, c.rows, "layernorm_backward dgamma");
   expect_sums(get(dbet, dbeta), dbeta, in.mag_b, c.rows, "layernorm_backward dbeta");
@@ -239,8 +183,7 @@ void backward_dropout(const Backward& c, bool with_bias, bool prefetch, bool hid
   const auto ws = scratch(gs::layernorm_dropout_backward_bytes(c.t, c.rows, c.cols));
   cuda::layernorm_backward_dropout(c.t, ddy.ptr(), dxx.ptr(), dg.ptr(), dm.ptr(), dr.ptr(), ddx.ptr(), dgam.ptr(),
                                    dbet.ptr(), c.acc, c.add ? dres.ptr() : nullptr, c.rows, c.cols, p, kKey, layout,
-                                   ddd.ptr(), with_bias ? dbias.ptr() : nullptr, prefetch, {ws->get(), ws->size()},
-                                   nullptr);
+                                   ddd.ptr(), with_bias ? dbias.ptr() : nullptr, prefetch, ws.ws(), nullptr);
   // dx and the parameters' sums: the CPU's layernorm_backward.
   Tensor dx = Tensor::zeros(cpu(), {c.rows, c.cols}, c.t, MemoryCategory::Other);
   Tensor dgamma = in.g0.clone(MemoryCategory::Other), dbeta = in.b0.clone(MemoryCategory::Other);
@@ -275,7 +218,8 @@ void backward_dropout(const Backward& c, bool with_bias, bool prefetch, bool hid
 void dropouts(DType t, i64 rows, i64 cols, Layout l, std::size_t shift, std::mt19937& rng) {
   const double p = 0.25;
   const auto layout = layout_of(l, rows, cols);
-  const Tensor x = tensor_of({rows, cols}, randn(rows * cols, rng), t), res = tensor_of({rows, cols}, randn(rows * cols, rng), t);
+  const Tensor x = tensor_of({rows, cols}, randn(rows * cols, rng), t),
+               res = tensor_of({rows, cols}, randn(rows * cols, rng), t);
   const Tensor bias = tensor_of({cols}, randn(cols, rng), t);
   const auto dx = put(x, shift), dres = put(res), dbias = put(bias);
 
@@ -298,8 +242,8 @@ void dropouts(DType t, i64 rows, i64 cols, Layout l, std::size_t shift, std::mt1
     kernels::bias_grad(dgrad, db);
     const auto ddg = poisoned(dgrad, shift), ddb = put(b0);
     const auto ws = scratch(gs::dropout_bias_grad_bytes(rows, cols));
-    cuda::dropout_backward_bias_grad(t, dx.ptr(), p, kKey, layout, ddg.ptr(), ddb.ptr(), acc, rows, cols,
-                                     {ws->get(), ws->size()}, nullptr);
+    cuda::dropout_backward_bias_grad(t, dx.ptr(), p, kKey, layout, ddg.ptr(), ddb.ptr(), acc, rows, cols, ws.ws(),
+                                     nullptr);
     expect_bits(get(ddg, dgrad), dgrad, "dropout_backward_bias_grad dx");
     std::vector<double> mag = values(b0);
     for (auto& v : mag) v = std::fabs(v);
@@ -350,9 +294,7 @@ void emulation_rules() {
   };
   check(dies([&] { touch(buf.get()); }), "a host write to device memory did not fault", 0, 0, 0);
   check(dies([&] { std::printf("%g\n", buf.get()[3]); }), "a host read of device memory did not fault", 0, 0, 0);
-  check(dies([&] {
-          emu::launch(emu::LaunchConfig(1, 32, 0, nullptr), [&] { buf.get()[buf.size()] = 1; });
-        }),
+  check(dies([&] { emu::launch(emu::LaunchConfig(1, 32, 0, nullptr), [&] { buf.get()[buf.size()] = 1; }); }),
         "a kernel writing past its buffer did not fault", 0, 0, 0);
 }
 

@@ -67,11 +67,13 @@ inline DeviceModel& device() {
   return d;
 }
 
+struct LaunchConfig;
 // Per host thread, as the runtime's error state is.
 struct HostState {
   cudaError_t last_error = cudaSuccess;
   std::size_t smem_allowed = 48 << 10;  // since the previous launch
   long launches = 0, refused = 0;
+  std::vector<LaunchConfig>* log = nullptr;  // if set, each launch that runs is appended (its grid, block, smem)
 };
 inline thread_local HostState host;
 
@@ -158,7 +160,7 @@ inline void report_faults() {
     const unsigned char* a = static_cast<const unsigned char*>(info->si_addr);
     const int kind = DeviceMemory::get().classify(a);
     const char* why =
-        kind == 1 ? "emulated GPU: host code touched device memory outside a kernel or a copy\n"
+        kind == 1   ? "emulated GPU: host code touched device memory outside a kernel or a copy\n"
         : kind == 2 ? "emulated GPU: an access past the end of a device buffer (an operand or scratch too small)\n"
         : emu_smem_guard && a >= emu_smem_guard && a < emu_smem_guard + kEmuGuardBytes
             ? "emulated GPU: a kernel used more dynamic shared memory than its launch asked for\n"
@@ -225,6 +227,7 @@ void launch(const LaunchConfig& c, F&& kernel) {
     return refuse(cudaErrorInvalidValue,
                   "dynamic shared memory over 48 KB without cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   ++host.launches;
+  if (host.log) host.log->push_back(c);
   DeviceMemory::Open open;
   emu_launch(c.grid, c.block.x, c.smem, kernel);
 }

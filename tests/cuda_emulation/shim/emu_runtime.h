@@ -8,7 +8,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <barrier>
+#include <deque>
+#include <semaphore>
 #include <cassert>
 #include <cmath>
 #include <cstdint>
@@ -119,11 +122,50 @@ inline constexpr std::size_t kEmuGuardBytes = std::size_t{256} << 10;
 // The guard just past the running launch's shared memory (emu_host.h's fault
 // report names it).
 inline unsigned char* emu_smem_guard = nullptr;
-// Launch: blocks sequentially, threads concurrent. blockDim.x host threads
-// run every block in turn (block y-major, x-minor), meeting at a barrier
-// between blocks, where the shared memory is filled with 0xff again, as a
-// fresh block's would be: a thread per emulated thread per block made thread
-// creation most of the emulated tests' time (CI minutes of system time).
+// The host threads that play a block's threads, kept between launches:
+// creating blockDim.x threads per launch was most of the launcher tests' time
+// (tens of thousands of launches). Worker i runs the launch's body(i) when its
+// semaphore is released; the last to finish releases the launcher. Launches
+// come from one host thread at a time. A forked child (a test checking that
+// something faults) has none of its parent's workers, so it starts its own.
+class EmuThreadPool {
+ public:
+  static EmuThreadPool& get() {
+    static EmuThreadPool* pool = nullptr;
+    if (!pool || pool->pid_ != getpid()) pool = new EmuThreadPool;  // a fork's parent's pool is left alone
+    return *pool;
+  }
+  void run(unsigned n, const std::function<void(unsigned)>& body) {
+    while (workers_.size() < n) {
+      workers_.emplace_back(new std::binary_semaphore(0));
+      const auto i = static_cast<unsigned>(workers_.size() - 1);
+      std::thread([this, i, go = workers_.back().get()] { serve(i, *go); }).detach();
+    }
+    job_ = &body;
+    remaining_.store(n);
+    for (unsigned i = 0; i < n; ++i) workers_[i]->release();
+    done_.acquire();
+  }
+
+ private:
+  void serve(unsigned i, std::binary_semaphore& go) {
+    for (;;) {
+      go.acquire();
+      (*job_)(i);
+      if (remaining_.fetch_sub(1) == 1) done_.release();
+    }
+  }
+  pid_t pid_ = getpid();
+  std::deque<std::unique_ptr<std::binary_semaphore>> workers_;  // a deque: growing moves no semaphore
+  const std::function<void(unsigned)>* job_ = nullptr;
+  std::atomic<unsigned> remaining_{0};
+  std::binary_semaphore done_{0};
+};
+
+// Launch: blocks sequentially, threads concurrent. blockDim.x pooled host
+// threads run every block in turn (block y-major, x-minor), meeting at a
+// barrier between blocks, where the shared memory is filled with 0xff again,
+// as a fresh block's would be.
 template <typename F>
 void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel) {
   const unsigned blocks = grid.x * grid.y;
@@ -151,22 +193,21 @@ void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel)
   blk.block_bar = &bb;
   const auto refill = [base, smem_bytes]() noexcept { std::memset(base, 0xff, smem_bytes); };
   std::barrier<decltype(refill)> between(threads, refill);
-  std::vector<std::thread> ts;
-  for (unsigned t = 0; t < threads; ++t)
-    ts.emplace_back([&, t] {
-      threadIdx = {t, 0, 0};
-      gridDim = grid;
-      blockDim = {threads, 1, 1};
-      emu_smem = base;
-      emu_smem_base = base;
-      emu_smem_bytes = smem_bytes;
-      emu_blk = &blk;
-      for (unsigned k = 0; k < blocks; ++k) {
-        blockIdx = {k % grid.x, k / grid.x, 0};
-        kernel();
-        if (emu_block_exit) emu_block_exit();
-        between.arrive_and_wait();
-      }
-    });
-  for (auto& t : ts) t.join();
+  const std::function<void(unsigned)> body = [&](unsigned t) {
+    threadIdx = {t, 0, 0};
+    gridDim = grid;
+    blockDim = {threads, 1, 1};
+    emu_smem = base;
+    emu_smem_base = base;
+    emu_smem_bytes = smem_bytes;
+    emu_blk = &blk;
+    for (unsigned k = 0; k < blocks; ++k) {
+      blockIdx = {k % grid.x, k / grid.x, 0};
+      kernel();
+      if (emu_block_exit) emu_block_exit();
+      between.arrive_and_wait();
+    }
+    emu_blk = nullptr;
+  };
+  EmuThreadPool::get().run(threads, body);
 }

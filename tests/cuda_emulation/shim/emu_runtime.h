@@ -109,6 +109,13 @@ inline __nv_bfloat16 to_bf16(float f) {
   u += 0x7fff + ((u >> 16) & 1);
   return {(uint16_t)(u >> 16)};
 }
+// The conversion intrinsics of cuda_fp16.h/cuda_bf16.h the launcher files
+// use (megazero/cuda/cuda_kernels.cu): each rounds once, to nearest even.
+inline float __half2float(__half v) { return ld(v); }
+inline float __bfloat162float(__nv_bfloat16 v) { return ld(v); }
+inline float __double2float_rn(double v) { return static_cast<float>(v); }
+inline __half __float2half_rn(float v) { return __half{static_cast<_Float16>(v)}; }
+inline __nv_bfloat16 __float2bfloat16_rn(float v) { return to_bf16(v); }
 // Per-thread state a block leaves behind (the asynchronous copies of
 // cuda_pipeline_primitives.h) is dropped when an emulated thread moves on to
 // its next block, as a fresh hardware thread starts with none.

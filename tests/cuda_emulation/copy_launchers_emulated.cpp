@@ -269,23 +269,13 @@ void strided_copies(std::mt19937& rng) {
 
 }  // namespace
 
-int main() try {
-  emu::report_faults();
-  emu::device().sms = 3;
-  std::mt19937 rng(2028);
-  conversions(rng);
-  for (const DType t : kFloats)
-    for (const float beta : {0.0f, 0.375f, -1.7f}) scale_matrix(t, beta, rng);
-  int64_pair();
-  strided_copies(rng);
-  std::printf("%ld emulated launches, %ld refused\n", emu::host.launches, emu::host.refused);
-  if (failures) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("all launchers match the host's conversions\n");
-  return 0;
-} catch (const std::exception& e) {
-  std::printf("FAIL: %s\n", e.what());
-  return 1;
+int main() {
+  return run_launcher_test([] {
+    std::mt19937 rng(2028);
+    conversions(rng);
+    for (const DType t : kFloats)
+      for (const float beta : {0.0f, 0.375f, -1.7f}) scale_matrix(t, beta, rng);
+    int64_pair();
+    strided_copies(rng);
+  });
 }

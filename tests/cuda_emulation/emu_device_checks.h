@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <exception>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -113,5 +115,28 @@ struct LaunchLog {
   LaunchLog(const LaunchLog&) = delete;
   LaunchLog& operator=(const LaunchLog&) = delete;
 };
+
+// A launcher test's main: the fault report on, a device of 3 SMs (resident
+// grids of a few blocks, so grid-stride loops take turns), then `body`;
+// exit code 1 on any failed check or exception (a refused launch throws in
+// the launcher's check_launch).
+template <typename Body>
+int run_launcher_test(Body&& body) {
+  emu::report_faults();
+  emu::device().sms = 3;
+  try {
+    body();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+  std::printf("%ld emulated launches, %ld refused\n", emu::host.launches, emu::host.refused);
+  if (failures) {
+    std::printf("%d failures\n", failures);
+    return 1;
+  }
+  std::printf("every launcher matches its reference\n");
+  return 0;
+}
 
 }  // namespace emu_device_checks

@@ -225,48 +225,38 @@ void cross_entropy(DType t, i64 rows, i64 cols, i64 valid, i64 vocab_start, std:
 
 }  // namespace
 
-int main() try {
-  emu::report_faults();
-  emu::device().sms = 3;
-  std::mt19937 rng(2027);
-  for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
-    const i64 v = 16 / static_cast<i64>(dtype_size(t));
-    const std::size_t e = dtype_size(t);
-    elementwise(t, 300 * v, 0, rng);      // packs
-    elementwise(t, 300 * v + 3, 0, rng);  // packs and a scalar tail
-    elementwise(t, 300 * v, e, rng);      // unaligned: scalar
-    bias_maps(t, 9, 24 * v, 0, rng);      // whole packs a period
-    bias_maps(t, 9, 24 * v + 2, 0, rng);  // a period of part packs: scalar
-    bias_maps(t, 9, 24 * v, e, rng);      // unaligned
-    for (const DType acc : {DType::F32, t}) {
-      // fp64 activations take fp64 accumulators only.
-      if ((acc == t && t == DType::F32) || (t == DType::F64 && acc != t)) continue;
-      bias_gelu_backward(t, acc, 150, 16 * v, true, 0, rng);   // several chunks: packed
-      bias_gelu_backward(t, acc, 150, 16 * v, false, 0, rng);  // no bias
-      bias_gelu_backward(t, acc, 40, 16 * v, true, 0, rng);    // one chunk
-      bias_gelu_backward(t, acc, 150, 16 * v + 1, true, 0, rng);
-      bias_gelu_backward(t, acc, 150, 16 * v, true, e, rng);
-      column_sums(t, acc, 150, 40 * v, 0, rng);
-      column_sums(t, acc, 20, 40 * v + 3, 0, rng);
+int main() {
+  return run_launcher_test([] {
+    std::mt19937 rng(2027);
+    for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+      const i64 v = 16 / static_cast<i64>(dtype_size(t));
+      const std::size_t e = dtype_size(t);
+      elementwise(t, 300 * v, 0, rng);      // packs
+      elementwise(t, 300 * v + 3, 0, rng);  // packs and a scalar tail
+      elementwise(t, 300 * v, e, rng);      // unaligned: scalar
+      bias_maps(t, 9, 24 * v, 0, rng);      // whole packs a period
+      bias_maps(t, 9, 24 * v + 2, 0, rng);  // a period of part packs: scalar
+      bias_maps(t, 9, 24 * v, e, rng);      // unaligned
+      for (const DType acc : {DType::F32, t}) {
+        // fp64 activations take fp64 accumulators only.
+        if ((acc == t && t == DType::F32) || (t == DType::F64 && acc != t)) continue;
+        bias_gelu_backward(t, acc, 150, 16 * v, true, 0, rng);   // several chunks: packed
+        bias_gelu_backward(t, acc, 150, 16 * v, false, 0, rng);  // no bias
+        bias_gelu_backward(t, acc, 40, 16 * v, true, 0, rng);    // one chunk
+        bias_gelu_backward(t, acc, 150, 16 * v + 1, true, 0, rng);
+        bias_gelu_backward(t, acc, 150, 16 * v, true, e, rng);
+        column_sums(t, acc, 150, 40 * v, 0, rng);
+        column_sums(t, acc, 20, 40 * v + 3, 0, rng);
+      }
+      // Each warp width class; fp64 takes a block a row (a block a row costs
+      // the emulation ~30 ms, so fp32's rows over 1024 are left to test_cuda).
+      if (t == DType::F64)
+        for (const i64 n : {5, 40}) softmax(t, 1, n, rng);
+      else
+        for (const i64 n : {20, 33, 65, 129, 257, 513}) softmax(t, 1, n, rng);  // just over each class's bottom
+      cross_entropy(t, 6, 64 * v, 64 * v, 64 * v, rng);                         // 16-byte path, no padding
+      cross_entropy(t, 6, 64 * v, 64 * v - 5, 0, rng);                          // padding columns
+      cross_entropy(t, 6, 64 * v + 3, 64 * v + 3, 128, rng);                    // odd width
     }
-    // Each warp width class; fp64 takes a block a row (a block a row costs
-    // the emulation ~30 ms, so fp32's rows over 1024 are left to test_cuda).
-    if (t == DType::F64)
-      for (const i64 n : {5, 40}) softmax(t, 1, n, rng);
-    else
-      for (const i64 n : {20, 33, 65, 129, 257, 513}) softmax(t, 1, n, rng);  // just over each class's bottom
-    cross_entropy(t, 6, 64 * v, 64 * v, 64 * v, rng);                         // 16-byte path, no padding
-    cross_entropy(t, 6, 64 * v, 64 * v - 5, 0, rng);                          // padding columns
-    cross_entropy(t, 6, 64 * v + 3, 64 * v + 3, 128, rng);                    // odd width
-  }
-  std::printf("%ld emulated launches, %ld refused\n", emu::host.launches, emu::host.refused);
-  if (failures) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("all launchers match the CPU kernels\n");
-  return 0;
-} catch (const std::exception& e) {
-  std::printf("FAIL: %s\n", e.what());
-  return 1;
+  });
 }

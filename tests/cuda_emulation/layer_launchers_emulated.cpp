@@ -300,62 +300,52 @@ void emulation_rules() {
 
 }  // namespace
 
-int main() try {
-  emu::report_faults();
-  emu::device().sms = 3;  // resident grids of a few blocks: grid-stride loops take turns
-  std::mt19937 rng(2026);
-  emulation_rules();
-  emu::host = {};
+int main() {
+  return run_launcher_test([] {
+    std::mt19937 rng(2026);
+    emulation_rules();
+    emu::host = {};
 
-  for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
-    const i64 v = 16 / static_cast<i64>(dtype_size(t));
-    const std::size_t e = dtype_size(t);
-    // Packs a thread 1, 2, 4 and 8 (128..512 threads), an odd width, an
-    // unaligned x: the fast kernel's instances, then the general kernel.
-    for (const i64 packs : {100, 250, 1000, 1500}) forward(t, 3, packs * v, 0, rng);
-    forward(t, 3, 100 * v + 1, 0, rng);
-    forward(t, 2, 100 * v, e, rng);
-    if (t == DType::F64) continue;
-    bda_forward(t, 3, 64 * v, true, 0, rng);
-    bda_forward(t, 3, 64 * v, false, 0, rng);  // a layout of half rows: two calls
-    bda_forward(t, 3, 64 * v, true, e, rng);   // unaligned: two calls
-    dropouts(t, 5, 40 * v, Layout::Hidden, 0, rng);
-    dropouts(t, 5, 40 * v, Layout::HalfRows, 0, rng);
-    dropouts(t, 5, 40 * v + 1, Layout::Hidden, 0, rng);    // odd rows: element by element
-    dropouts(t, 5, 40 * v + 2, Layout::HalfRows, 0, rng);  // odd layout rows
-    dropouts(t, 6, 40 * v + 2, Layout::Paired, 0, rng);    // layout rows of 4k elements, rows of 4k + 2
-    dropouts(t, 5, 40 * v, Layout::Hidden, e, rng);        // unaligned
-  }
-  for (const DType t : {DType::F32, DType::BF16, DType::F16}) {
-    const i64 v = 16 / static_cast<i64>(dtype_size(t));
-    const std::size_t e = dtype_size(t);
-    // One pack a thread (several lanes a block) and two (one lane, 288
-    // threads); rows that leave lanes idle.
-    for (const i64 cols : {48 * v, 520 * v})
-      for (const DType acc : {DType::F32, t}) {
-        if (acc == t && t == DType::F32) continue;
-        for (const Passes passes : {Passes::Auto, Passes::Split, Passes::OnePassPrefetched})
-          backward({t, 7, cols, acc, true, 0}, passes, rng);
-        backward({t, 5, cols, acc, false, 0}, Passes::Auto, rng);
-        for (const bool with_bias : {true, false})
-          for (const bool prefetch : {false, true})
-            backward_dropout({t, 7, cols, acc, true, 0}, with_bias, prefetch, true, rng);
-      }
-    backward({t, 4, 48 * v, DType::F32, true, e}, Passes::Auto, rng);  // unaligned dy: split
-    backward({t, 4, 48 * v, DType::F32, false, 0}, Passes::Auto, rng);
-    backward_dropout({t, 4, 48 * v, DType::F32, true, e}, true, false, true, rng);   // unaligned
-    backward_dropout({t, 4, 48 * v, DType::F32, true, 0}, true, false, false, rng);  // half-row layout
-    backward_dropout({t, 4, 48 * v, DType::F32, false, 0}, false, true, false, rng);
-  }
-  backward({DType::F64, 3, 70, DType::F64, true, 0}, Passes::Auto, rng);
-  std::printf("%ld emulated launches, %ld refused\n", emu::host.launches, emu::host.refused);
-  if (failures) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("all launchers match the CPU kernels\n");
-  return 0;
-} catch (const std::exception& e) {
-  std::printf("FAIL: %s\n", e.what());
-  return 1;
+    for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+      const i64 v = 16 / static_cast<i64>(dtype_size(t));
+      const std::size_t e = dtype_size(t);
+      // Packs a thread 1, 2, 4 and 8 (128..512 threads), an odd width, an
+      // unaligned x: the fast kernel's instances, then the general kernel.
+      for (const i64 packs : {100, 250, 1000, 1500}) forward(t, 3, packs * v, 0, rng);
+      forward(t, 3, 100 * v + 1, 0, rng);
+      forward(t, 2, 100 * v, e, rng);
+      if (t == DType::F64) continue;
+      bda_forward(t, 3, 64 * v, true, 0, rng);
+      bda_forward(t, 3, 64 * v, false, 0, rng);  // a layout of half rows: two calls
+      bda_forward(t, 3, 64 * v, true, e, rng);   // unaligned: two calls
+      dropouts(t, 5, 40 * v, Layout::Hidden, 0, rng);
+      dropouts(t, 5, 40 * v, Layout::HalfRows, 0, rng);
+      dropouts(t, 5, 40 * v + 1, Layout::Hidden, 0, rng);    // odd rows: element by element
+      dropouts(t, 5, 40 * v + 2, Layout::HalfRows, 0, rng);  // odd layout rows
+      dropouts(t, 6, 40 * v + 2, Layout::Paired, 0, rng);    // layout rows of 4k elements, rows of 4k + 2
+      dropouts(t, 5, 40 * v, Layout::Hidden, e, rng);        // unaligned
+    }
+    for (const DType t : {DType::F32, DType::BF16, DType::F16}) {
+      const i64 v = 16 / static_cast<i64>(dtype_size(t));
+      const std::size_t e = dtype_size(t);
+      // One pack a thread (several lanes a block) and two (one lane, 288
+      // threads); rows that leave lanes idle.
+      for (const i64 cols : {48 * v, 520 * v})
+        for (const DType acc : {DType::F32, t}) {
+          if (acc == t && t == DType::F32) continue;
+          for (const Passes passes : {Passes::Auto, Passes::Split, Passes::OnePassPrefetched})
+            backward({t, 7, cols, acc, true, 0}, passes, rng);
+          backward({t, 5, cols, acc, false, 0}, Passes::Auto, rng);
+          for (const bool with_bias : {true, false})
+            for (const bool prefetch : {false, true})
+              backward_dropout({t, 7, cols, acc, true, 0}, with_bias, prefetch, true, rng);
+        }
+      backward({t, 4, 48 * v, DType::F32, true, e}, Passes::Auto, rng);  // unaligned dy: split
+      backward({t, 4, 48 * v, DType::F32, false, 0}, Passes::Auto, rng);
+      backward_dropout({t, 4, 48 * v, DType::F32, true, e}, true, false, true, rng);   // unaligned
+      backward_dropout({t, 4, 48 * v, DType::F32, true, 0}, true, false, false, rng);  // half-row layout
+      backward_dropout({t, 4, 48 * v, DType::F32, false, 0}, false, true, false, rng);
+    }
+    backward({DType::F64, 3, 70, DType::F64, true, 0}, Passes::Auto, rng);
+  });
 }

@@ -196,58 +196,48 @@ void swiglu(DType t, i64 rows, i64 f, std::mt19937& rng) {
 
 }  // namespace
 
-int main() try {
-  emu::report_faults();
-  emu::device().sms = 3;  // as the other launcher tests (these launchers size their grids without it)
-  std::mt19937 rng(2026);
+int main() {
+  return run_launcher_test([] {
+    std::mt19937 rng(2026);
 
-  for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
-    // RMSNorm: 128 threads a row over fewer columns and over several turns,
-    // 256 and 512 threads; y over x.
-    rmsnorm_forward(t, 3, 33, false, rng);
-    rmsnorm_forward(t, 4, 300, true, rng);
-    rmsnorm_forward(t, 3, 512, false, rng);
-    rmsnorm_forward(t, 2, 2049, true, rng);
-    // dgamma's accumulators: fp32 and the storage type (fp64 for fp64).
-    for (const DType acc : {DType::F32, t}) {
-      if (acc == DType::F32 && t == DType::F64) continue;
-      if (acc == t && t == DType::F32) continue;
-      rmsnorm_backward({t, 5, 70, acc, true, false}, rng);  // one chunk: straight into dgamma
-      rmsnorm_backward({t, 33, 70, acc, true, true}, rng);  // 2 chunks (17 and 16 rows), dx over dy
-      rmsnorm_no_rows(t, acc, 70, rng);
+    for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+      // RMSNorm: 128 threads a row over fewer columns and over several turns,
+      // 256 and 512 threads; y over x.
+      rmsnorm_forward(t, 3, 33, false, rng);
+      rmsnorm_forward(t, 4, 300, true, rng);
+      rmsnorm_forward(t, 3, 512, false, rng);
+      rmsnorm_forward(t, 2, 2049, true, rng);
+      // dgamma's accumulators: fp32 and the storage type (fp64 for fp64).
+      for (const DType acc : {DType::F32, t}) {
+        if (acc == DType::F32 && t == DType::F64) continue;
+        if (acc == t && t == DType::F32) continue;
+        rmsnorm_backward({t, 5, 70, acc, true, false}, rng);  // one chunk: straight into dgamma
+        rmsnorm_backward({t, 33, 70, acc, true, true}, rng);  // 2 chunks (17 and 16 rows), dx over dy
+        rmsnorm_no_rows(t, acc, 70, rng);
+      }
+      rmsnorm_backward({t, 2, 2049, t == DType::F64 ? t : DType::F32, false, true},
+                       rng);  // 9 column blocks, 512 threads
+      // RoPE: heads of 260 pairs (two tiles), one head a block, 256 threads;
+      // one position, one pair.
+      for (const bool backward : {false, true}) {
+        rope(t, 3, 9, 520, backward, backward, rng);
+        rope(t, 2, 1, 2, backward, !backward, rng);
+      }
+      // SwiGLU: one column block, partly used; two; exactly one; one column.
+      swiglu(t, 7, 45, rng);
+      swiglu(t, 3, 300, rng);
+      swiglu(t, 2, 256, rng);
+      swiglu(t, 5, 1, rng);
     }
-    rmsnorm_backward({t, 2, 2049, t == DType::F64 ? t : DType::F32, false, true}, rng);  // 9 column blocks, 512 threads
-    // RoPE: heads of 260 pairs (two tiles), one head a block, 256 threads;
-    // one position, one pair.
-    for (const bool backward : {false, true}) {
-      rope(t, 3, 9, 520, backward, backward, rng);
-      rope(t, 2, 1, 2, backward, !backward, rng);
-    }
-    // SwiGLU: one column block, partly used; two; exactly one; one column.
-    swiglu(t, 7, 45, rng);
-    swiglu(t, 3, 300, rng);
-    swiglu(t, 2, 256, rng);
-    swiglu(t, 5, 1, rng);
-  }
-  // dgamma over 3 chunks (24, 24, 22 rows) of 2 column blocks, and over 9
-  // (the finish's 8 lanes: lane 0 adds two).
-  rmsnorm_backward({DType::BF16, 70, 300, DType::BF16, false, false}, rng);
-  rmsnorm_backward({DType::F32, 257, 3, DType::F32, true, true}, rng);
-  // RoPE with chunks of 2 heads a block: 6 block rows where 9 were asked
-  // for, the last of one head, half of 3 pairs, 128 threads; and chunks of 4
-  // heads at 256 threads.
-  rope(DType::F32, 11, 60, 6, false, false, rng);
-  rope(DType::F16, 11, 60, 6, true, true, rng);
-  rope(DType::BF16, 8, 264, 128, true, false, rng);
-
-  std::printf("%ld emulated launches, %ld refused\n", emu::host.launches, emu::host.refused);
-  if (failures) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("all launchers match the CPU kernels\n");
-  return 0;
-} catch (const std::exception& e) {
-  std::printf("FAIL: %s\n", e.what());
-  return 1;
+    // dgamma over 3 chunks (24, 24, 22 rows) of 2 column blocks, and over 9
+    // (the finish's 8 lanes: lane 0 adds two).
+    rmsnorm_backward({DType::BF16, 70, 300, DType::BF16, false, false}, rng);
+    rmsnorm_backward({DType::F32, 257, 3, DType::F32, true, true}, rng);
+    // RoPE with chunks of 2 heads a block: 6 block rows where 9 were asked
+    // for, the last of one head, half of 3 pairs, 128 threads; and chunks of 4
+    // heads at 256 threads.
+    rope(DType::F32, 11, 60, 6, false, false, rng);
+    rope(DType::F16, 11, 60, 6, true, true, rng);
+    rope(DType::BF16, 8, 264, 128, true, false, rng);
+  });
 }

@@ -351,34 +351,23 @@ void sum_of_squares_edges() {
 
 }  // namespace
 
-int main() try {
-  emu::report_faults();
-  emu::device().sms = 3;  // resident grids of a few blocks: grid-stride loops take turns
-  std::mt19937 rng(2027);
-  emu::host = {};
+int main() {
+  return run_launcher_test([] {
+    std::mt19937 rng(2027);
+    emu::host = {};
 
-  adamw_nothing();
-  for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) adamw({t, false, DType::F32}, rng);
-  // With the published parameters: every output dtype, 16-bit gradients with both 16-bit outputs.
-  for (const AdamCase& c : {AdamCase{DType::BF16, true, DType::BF16}, AdamCase{DType::F16, true, DType::F16},
-                            AdamCase{DType::F32, true, DType::F32}, AdamCase{DType::F64, true, DType::F64},
-                            AdamCase{DType::F32, true, DType::BF16}, AdamCase{DType::BF16, true, DType::F16}})
-    adamw(c, rng);
+    adamw_nothing();
+    for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) adamw({t, false, DType::F32}, rng);
+    // With the published parameters: every output dtype, 16-bit gradients with both 16-bit outputs.
+    for (const AdamCase& c : {AdamCase{DType::BF16, true, DType::BF16}, AdamCase{DType::F16, true, DType::F16},
+                              AdamCase{DType::F32, true, DType::F32}, AdamCase{DType::F64, true, DType::F64},
+                              AdamCase{DType::F32, true, DType::BF16}, AdamCase{DType::BF16, true, DType::F16}})
+      adamw(c, rng);
 
-  sum_of_squares_edges();
-  sum_of_squares(DType::F32, 560, 2, 0, rng);
-  sum_of_squares(DType::BF16, 200, 1, 2, rng);  // one element off: the kernel's 16-byte packs refused
-  sum_of_squares(DType::F16, 200, 1, 0, rng);
-  sum_of_squares(DType::F64, 200, 1, 0, rng);
-
-  std::printf("%ld emulated launches, %ld refused\n", emu::host.launches, emu::host.refused);
-  if (failures) {
-    std::printf("%d failures\n", failures);
-    return 1;
-  }
-  std::printf("the optimizer's launchers match the CPU kernels\n");
-  return 0;
-} catch (const std::exception& e) {
-  std::printf("FAIL: %s\n", e.what());
-  return 1;
+    sum_of_squares_edges();
+    sum_of_squares(DType::F32, 560, 2, 0, rng);
+    sum_of_squares(DType::BF16, 200, 1, 2, rng);  // one element off: the kernel's 16-byte packs refused
+    sum_of_squares(DType::F16, 200, 1, 0, rng);
+    sum_of_squares(DType::F64, 200, 1, 0, rng);
+  });
 }

@@ -14,8 +14,13 @@
 //   kernel or a cudaMemcpy runs, so host code that dereferences a device
 //   pointer — a launcher reading a device scalar, say — dies with SIGSEGV
 //   here as it would fault (or read garbage) on a GPU;
+// - every device buffer ends just before kEmuGuardBytes that are never
+//   readable (as each block's shared memory does, emu_runtime.h), so an
+//   operand or scratch sized too small faults; emu::report_faults() names the
+//   fence an access hit;
 // - the device reports `emu::device().sms` SMs (settable: tests use a few, so
-//   the grid-stride loops of resident grids take many turns).
+//   the grid-stride loops of resident grids take many turns);
+// - each launch that runs is counted, and logged on request (host.log).
 // Streams are synchronous: a launch returns when its blocks have run.
 #pragma once
 

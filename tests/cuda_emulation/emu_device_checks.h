@@ -88,12 +88,17 @@ inline void expect_sums(const Tensor& got, const Tensor& want, const std::vector
     check(std::fabs(g[c] - w[c]) <= ulp(got.dtype()) * std::fabs(w[c]) + steps * mag[c], what, g[c], w[c], c);
 }
 
+// The largest |element|.
+inline double largest(const Tensor& t) {
+  double m = 0;
+  for (const double v : values(t)) m = std::max(m, std::fabs(v));
+  return m;
+}
+
 // Within two storage roundings plus 1e-5 (fp64: 1e-12) of the largest |want|.
 inline void expect_rows(const Tensor& got, const Tensor& want, const char* what) {
-  double most = 0;
-  for (const double v : values(want)) most = std::max(most, std::fabs(v));
   const double slack = want.dtype() == DType::F64 ? 1e-12 : 1e-5;
-  expect_close(values(got), values(want), 2 * ulp(want.dtype()), slack * most, what);
+  expect_close(values(got), values(want), 2 * ulp(want.dtype()), slack * largest(want), what);
 }
 
 // How many launches one call made (a refused one throws in the launcher's

@@ -49,12 +49,6 @@ namespace {
 
 Tensor like(const Tensor& t) { return t.clone(MemoryCategory::Other); }
 
-double largest(const Tensor& t) {
-  double m = 0;
-  for (const double v : values(t)) m = std::max(m, std::fabs(v));
-  return m;
-}
-
 // Two storage roundings plus `slack` ulps of the largest |want|.
 void expect_elements(const Tensor& got, const Tensor& want, double slack, const char* what) {
   expect_close(values(got), values(want), 2 * ulp(want.dtype()), slack * ulp(want.dtype()) * largest(want), what);

@@ -1,8 +1,11 @@
 // Collective bandwidth vs message size over the MPI backend, nccl-tests style:
 // algorithm bandwidth = bytes / time, bus bandwidth = algbw x 2(n-1)/n for
 // all-reduce and x (n-1)/n for reduce-scatter / all-gather (bytes = the full
-// buffer). Median of --iters timed runs after a warm-up.
+// buffer). Median of --iters timed runs after a warm-up. --distributed-backend
+// shm times the shared-memory transport instead of MPI's messages; --device
+// cuda times GPU tensors (ranks sharing a GPU: staged through host memory).
 //   mpiexec -n 2 bench_collectives [--min-bytes 4096] [--max-bytes 67108864] [--iters 5] [--dtype fp32]
+//                                  [--distributed-backend mpi|shm] [--device cpu|cuda]
 #include <algorithm>
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -21,20 +24,26 @@ namespace {
 int run(int argc, char** argv) {
   std::int64_t min_bytes = 4096, max_bytes = 64 << 20;
   int iters = 5;
-  std::string dtype_s = "fp32";
+  std::string dtype_s = "fp32", backend = "mpi", device_spec = "cpu";
   po::options_description d("bench_collectives");
   d.add_options()("min-bytes", po::value(&min_bytes), "smallest message")(
       "max-bytes", po::value(&max_bytes), "largest message")("iters", po::value(&iters), "timed runs per size")(
-      "dtype", po::value(&dtype_s), "fp32, bf16 or fp16");
+      "dtype", po::value(&dtype_s), "fp32, bf16 or fp16")("distributed-backend", po::value(&backend),
+                                                          "mpi (messages) or shm (one shared-memory segment)")(
+      "device", po::value(&device_spec), "where the tensors live: cpu, cpu-isolated or cuda");
   parse_command_line(argc, argv, d, "bench_collectives");
   const DType t = parse_dtype(dtype_s, "--dtype");
-  auto world = MpiCommunicator::world();
-  auto cpu = make_device(DeviceKind::CPU);
+  MZ_REQUIRE(backend == "mpi" || backend == "shm", "--distributed-backend must be mpi or shm, got '", backend, "'");
+  auto bootstrap = MpiCommunicator::world();
+  auto world =
+      backend == "shm" ? MpiCommunicator::with_shared_memory(*bootstrap, "world-shm") : MpiCommunicator::world("world");
+  auto cpu = make_device(device_spec);
   const int n = world->size();
   const double nd = n;
   if (world->rank() == 0)
-    std::printf("# ranks %d, dtype %s, median of %d\n%-14s %12s %12s %12s %12s\n", n, dtype_s.c_str(), iters,
-                "collective", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
+    std::printf("# ranks %d, dtype %s, %s on %s, median of %d\n%-14s %12s %12s %12s %12s\n", n, dtype_s.c_str(),
+                backend.c_str(), cpu->name().c_str(), iters, "collective", "bytes", "time_us", "algbw_GB/s",
+                "busbw_GB/s");
   for (std::int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::int64_t count = bytes / static_cast<std::int64_t>(dtype_size(t)) / n * n;
     Tensor full = Tensor::zeros(cpu, {count}, t, MemoryCategory::CommBuffers);

@@ -6,11 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <random>
 
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/mpi_communicator.h"
+#include "megazero/comm/shm_collectives.h"
 #include "megazero/kernels/gemm.h"
 
 using namespace megazero;
@@ -59,14 +61,31 @@ Tensor filled(const std::shared_ptr<Device>& dev, std::int64_t n, DType t, int r
   return out;
 }
 
+// MZ_TEST_COMM=shm (CTest's test_collectives_shm.*) runs every test on the
+// shared-memory transport, MZ_TEST_DEVICE=cpu-isolated on device memory host
+// code cannot touch; otherwise MPI's messages on host tensors.
+bool shm_run() {
+  const char* v = std::getenv("MZ_TEST_COMM");
+  return v && std::string(v) == "shm";
+}
+
 class Collectives : public testing::Test {
  protected:
   void SetUp() override {
-    world = MpiCommunicator::world("test-world");
-    dev = make_device(DeviceKind::CPU);
+    const char* d = std::getenv("MZ_TEST_DEVICE");
+    dev = make_device(d && *d ? d : "cpu");
+    if (shm_run()) {
+      bootstrap = MpiCommunicator::world("test-bootstrap");
+      world = MpiCommunicator::with_shared_memory(*bootstrap, "test-world");
+    } else {
+      world = MpiCommunicator::world("test-world");
+    }
   }
-  void TearDown() override { world.reset(); }
-  std::unique_ptr<MpiCommunicator> world;
+  void TearDown() override {
+    world.reset();
+    bootstrap.reset();
+  }
+  std::unique_ptr<MpiCommunicator> bootstrap, world;
   std::shared_ptr<Device> dev;
 };
 
@@ -299,8 +318,9 @@ TEST_F(Collectives, RecordsFingerprintsAndCountsBytes) {
   EXPECT_EQ(world->stats()[CollectiveType::AllGather].elements, 10L * world->size());
   // Every rank issued the same fingerprints: compare with rank 0's.
   Tensor fp = Tensor::empty(dev, {3}, DType::I64, MC::CommBuffers);
-  for (std::int64_t i = 0; i < 3; ++i)
-    fp.host_data<std::int64_t>()[i] = world->records()[static_cast<std::size_t>(i)].count;
+  std::vector<double> counts;
+  for (std::size_t i = 0; i < 3; ++i) counts.push_back(static_cast<double>(world->records()[i].count));
+  fp.copy_from_doubles(counts);
   Tensor ref = fp.clone(MC::CommBuffers);
   world->set_record_hook(nullptr);
   world->broadcast(ref, 0).wait();
@@ -333,4 +353,92 @@ TEST_F(Collectives, MisuseIsCaughtBeforeAnyCommunication) {
   EXPECT_THROW(world->reduce_scatter(x, out), InternalError);  // 16 != 3 * size (for any size >= 1 here)
   EXPECT_THROW(world->broadcast(x, world->size()), InternalError);
   EXPECT_EQ(world->collectives_issued(), 0u);
+}
+
+TEST_F(Collectives, RunsOnTheTransportAsked) {
+  EXPECT_EQ(world->backend(), shm_run() ? "shm" : "mpi");
+  auto half = world->split(world->rank() % 2, world->rank(), "test-half");
+  EXPECT_EQ(half->backend(), world->backend()) << "a split keeps its parent's transport";
+}
+
+// Parts of several rounds of the shared-memory transport's slot (rounds of a
+// reduce-scatter are a slot's 1/size section), uneven, one empty: every
+// element lands where it belongs, with the exact sum and max.
+TEST_F(Collectives, UnevenPartsOfManyRounds) {
+  const int n = world->size(), me = world->rank();
+  const char* env = std::getenv("MEGAZERO_SHM_SLOT_BYTES");
+  const std::int64_t slot = env && *env ? std::atoll(env) : 4096;
+  for (DType t : {DType::F32, DType::BF16, DType::F64}) {
+    const std::int64_t per = slot / n / 64 * 64 / static_cast<std::int64_t>(dtype_size(t));
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) counts[static_cast<std::size_t>(r)] = r == 1 ? 0 : (2 + r % 3) * per + 3 * r + 1;
+    std::vector<std::int64_t> displ(static_cast<std::size_t>(n), 0);
+    for (int r = 1; r < n; ++r)
+      displ[static_cast<std::size_t>(r)] =
+          displ[static_cast<std::size_t>(r - 1)] + counts[static_cast<std::size_t>(r - 1)];
+    const std::int64_t total = displ.back() + counts.back(), mine = counts[static_cast<std::size_t>(me)];
+    const std::int64_t offset = displ[static_cast<std::size_t>(me)];
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " " << reduce_op_name(op));
+      Tensor input = filled(dev, total, t, me);
+      Tensor output = Tensor::empty(dev, {mine}, t, MC::CommBuffers);
+      world->reduce_scatter(input, output, op, counts).wait();
+      const auto got = output.to_double_vector();
+      for (std::int64_t i = 0; i < mine; ++i)
+        ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(op, n, offset + i, t)) << "element " << i;
+      Tensor gathered = Tensor::zeros(dev, {total}, t, MC::CommBuffers);
+      world->all_gather(output, gathered, counts).wait();
+      const auto all = gathered.to_double_vector();
+      for (std::int64_t g = 0; g < total; ++g)
+        ASSERT_EQ(all[static_cast<std::size_t>(g)], expected(op, n, g, t)) << "gathered element " << g;
+    }
+    // A broadcast and an all-reduce of several rounds too.
+    const std::int64_t long_count = 3 * slot / static_cast<std::int64_t>(dtype_size(t)) + 5;
+    Tensor b = filled(dev, long_count, t, me);
+    world->broadcast(b, n - 1).wait();
+    const auto bv = b.to_double_vector();
+    for (std::int64_t i = 0; i < long_count; i += 13)
+      ASSERT_EQ(bv[static_cast<std::size_t>(i)], round_to(t, value(n - 1, i)));
+    Tensor a = filled(dev, long_count, t, me);
+    world->all_reduce(a, ReduceOp::Sum).wait();
+    const auto av = a.to_double_vector();
+    for (std::int64_t i = 0; i < long_count; ++i)
+      ASSERT_EQ(av[static_cast<std::size_t>(i)], expected(ReduceOp::Sum, n, i, t)) << "all-reduced element " << i;
+  }
+}
+
+// The shared-memory transport's reduction: in rank order, in fp32 (fp64 for
+// fp64, exact integers), rounded once.
+TEST(ReduceHost, SumsInFp32AndRoundsOnce) {
+  // 1 + 2^-8 + 2^-8 in bf16: rounding after each add (ties to even) gives 1,
+  // rounding once gives 1 + 2^-7, which bf16 holds.
+  std::vector<BFloat16> x{float_to_bf16(1.0f)}, y{float_to_bf16(std::ldexp(1.0f, -8))}, out(1);
+  reduce_host(DType::BF16, ReduceOp::Sum, out.data(), {x.data(), y.data(), y.data()}, 1, 3);
+  EXPECT_EQ(bf16_to_float(out[0]), 1.0f + std::ldexp(1.0f, -7));
+  // Avg: the rounded sum, one fp32 division, rounded once.
+  std::vector<float> f{1.0f}, g{2.0f}, h{4.0f}, fo(1);
+  reduce_host(DType::F32, ReduceOp::Avg, fo.data(), {f.data(), g.data(), h.data()}, 1, 3);
+  EXPECT_EQ(fo[0], 7.0f / 3.0f);
+  // Integers: exact beyond 2^53.
+  std::vector<std::int64_t> i1{(std::int64_t{1} << 60) + 1}, i2{1}, io(1);
+  reduce_host(DType::I64, ReduceOp::Sum, io.data(), {i1.data(), i2.data()}, 1, 2);
+  EXPECT_EQ(io[0], (std::int64_t{1} << 60) + 2);
+  // Max propagates NaN from any rank; dst may be a source.
+  std::vector<float> m1{1.0f, NAN, 3.0f}, m2{NAN, 2.0f, -1.0f};
+  reduce_host(DType::F32, ReduceOp::Max, m1.data(), {m1.data(), m2.data()}, 3, 2);
+  EXPECT_TRUE(std::isnan(m1[0]));
+  EXPECT_TRUE(std::isnan(m1[1]));
+  EXPECT_EQ(m1[2], 3.0f);
+  // Blocks of 1024 and a tail, every element its own sum.
+  std::vector<Half> a(2500), b(2500), c(2500);
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    a[i] = float_to_half(static_cast<float>(i % 97));
+    b[i] = float_to_half(-0.5f * static_cast<float>(i % 13));
+  }
+  reduce_host(DType::F16, ReduceOp::Sum, c.data(), {a.data(), b.data()}, a.size(), 2);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_EQ(half_to_float(c[i]), static_cast<float>(i % 97) - 0.5f * static_cast<float>(i % 13)) << i;
+  std::vector<std::uint8_t> u(1), v(1);
+  EXPECT_THROW(reduce_host(DType::U8, ReduceOp::Sum, v.data(), {u.data()}, 1, 1), InternalError);
+  EXPECT_THROW(reduce_host(DType::I32, ReduceOp::Avg, v.data(), {u.data()}, 1, 1), InternalError);
 }

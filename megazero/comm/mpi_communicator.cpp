@@ -10,6 +10,7 @@
 
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_dtypes.h"
+#include "megazero/comm/shm_collectives.h"
 #include "megazero/core/error.h"
 
 namespace megazero {
@@ -291,6 +292,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::enqueue(std::function<void()> fn, std
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, ReduceOp op) {
+  if (shm_)
+    return enqueue([this, t, op, issued = issue_mark(t)] { shm_->all_reduce(t, op, issued.get()); }, watch_ticket());
   return enqueue(
       [this, t, op, issued = issue_mark(t)] {
         HostView h(t, true, issued);
@@ -329,6 +332,10 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_reduce(const Tensor& t, Reduce
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                                              const std::vector<std::int64_t>& counts) {
+  if (shm_)
+    return enqueue([this, input, output, op, counts,
+                    issued = issue_mark(input)] { shm_->reduce_scatter(input, output, op, counts, issued.get()); },
+                   watch_ticket());
   return enqueue(
       [this, input, output, op, counts, issued = issue_mark(input)] {
         HostView in(input, true, issued);
@@ -363,6 +370,10 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce_scatter(const Tensor& input
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, const Tensor& output,
                                                          const std::vector<std::int64_t>& counts) {
+  if (shm_)
+    return enqueue([this, input, output, counts,
+                    issued = issue_mark(output)] { shm_->all_gather(input, output, counts, issued.get()); },
+                   watch_ticket());
   return enqueue(
       [this, input, output, counts, issued = issue_mark(output)] {
         HostView out(output, false, issued);
@@ -410,6 +421,8 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_all_gather(const Tensor& input, co
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int root) {
+  if (shm_)
+    return enqueue([this, t, root, issued = issue_mark(t)] { shm_->broadcast(t, root, issued.get()); }, watch_ticket());
   return enqueue(
       [this, t, root, issued = issue_mark(t)] {
         HostView h(t, rank() == root, issued);
@@ -422,6 +435,9 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_broadcast(const Tensor& t, int roo
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, ReduceOp op) {
+  if (shm_)
+    return enqueue([this, t, root, op, issued = issue_mark(t)] { shm_->reduce(t, root, op, issued.get()); },
+                   watch_ticket());
   return enqueue(
       [this, t, root, op, issued = issue_mark(t)] {
         HostView h(t, true, issued);
@@ -439,14 +455,14 @@ std::shared_ptr<WorkImpl> MpiCommunicator::do_reduce(const Tensor& t, int root, 
       watch_ticket());
 }
 
+void MpiCommunicator::barrier_now() {
+  MPI_Request req;
+  mpi::check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", name());
+  wait_for(req, "MPI_Ibarrier", name());
+}
+
 std::shared_ptr<WorkImpl> MpiCommunicator::do_barrier() {
-  return enqueue(
-      [this] {
-        MPI_Request req;
-        mpi::check(MPI_Ibarrier(comm_, &req), "MPI_Ibarrier", name());
-        wait_for(req, "MPI_Ibarrier", name());
-      },
-      watch_ticket());
+  return enqueue([this] { barrier_now(); }, watch_ticket());
 }
 
 std::shared_ptr<WorkImpl> MpiCommunicator::do_send(const Tensor& t, int peer, int tag) {
@@ -470,7 +486,66 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, cons
   MPI_Comm out = MPI_COMM_NULL;
   enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); }, watch_ticket())
       ->wait();
-  return std::make_unique<MpiCommunicator>(out, name);
+  auto child = std::make_unique<MpiCommunicator>(out, name);
+  if (shared_memory_) child->attach_shared_memory();
+  return child;
+}
+
+std::unique_ptr<MpiCommunicator> MpiCommunicator::with_shared_memory(const MpiCommunicator& group,
+                                                                     const std::string& name) {
+  MPI_Comm dup = MPI_COMM_NULL;
+  mpi::check(MPI_Comm_dup(group.comm_, &dup), "MPI_Comm_dup", group.name());
+  auto comm = std::make_unique<MpiCommunicator>(dup, name);
+  comm->attach_shared_memory();
+  return comm;
+}
+
+void MpiCommunicator::attach_shared_memory() {
+  shared_memory_ = true;
+  // Every rank of the group on one machine, or every rank refuses alike.
+  // A refusal is the caller's to throw: the worker ends the job on errors.
+  MPI_Comm local = MPI_COMM_NULL;
+  std::exception_ptr refused;
+  auto ticket = watch_split();
+  enqueue(
+      [&] {
+        try {
+          mpi::check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank(), MPI_INFO_NULL, &local),
+                     "MPI_Comm_split_type", name());
+          int local_size = 0, all_local = 0;
+          MPI_Comm_size(local, &local_size);
+          MPI_Comm_free(&local);
+          int mine = local_size == size() ? 1 : 0;
+          mpi::check(MPI_Allreduce(&mine, &all_local, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce", name());
+          if (!all_local)
+            throw ConfigError(detail::concat("--distributed-backend shm: group '", name(),
+                                             "' has ranks on more than one ", "machine (this one, ", host_name(),
+                                             ", holds ", local_size, " of its ", size(),
+                                             "); shared memory joins the ranks of one machine; use ",
+                                             "--distributed-backend mpi, or nccl with a GPU per rank"));
+          if (size() < 2) return;  // nothing to share (on every rank of the group alike)
+          ShmBootstrap boot;
+          boot.broadcast_from_0 = [this](const std::string& text) {
+            long long len = static_cast<long long>(text.size());
+            mpi::check(MPI_Bcast(&len, 1, MPI_LONG_LONG, 0, comm_), "MPI_Bcast", name());
+            std::string out = rank() == 0 ? text : std::string(static_cast<std::size_t>(len), '\0');
+            mpi::check(MPI_Bcast(out.data(), static_cast<int>(len), MPI_CHAR, 0, comm_), "MPI_Bcast", name());
+            return out;
+          };
+          boot.all_ok = [this](bool ok) {
+            int in = ok ? 1 : 0, all = 0;
+            mpi::check(MPI_Allreduce(&in, &all, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce", name());
+            return all != 0;
+          };
+          boot.barrier = [this] { barrier_now(); };
+          shm_ = std::make_unique<ShmCollectives>(rank(), size(), name(), boot);
+        } catch (const ConfigError&) {
+          refused = std::current_exception();
+        }
+      },
+      ticket)
+      ->wait();
+  if (refused) std::rethrow_exception(refused);
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split_node_local(const std::string& name) {

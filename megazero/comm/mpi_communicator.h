@@ -21,6 +21,8 @@
 
 namespace megazero {
 
+class ShmCollectives;
+
 // Owns MPI's lifetime: initialises MPI with MPI_THREAD_MULTIPLE unless already
 // initialised (then checks the level), finalises in the destructor if it
 // initialised. Create it first in main(); destroy communicators before it.
@@ -44,7 +46,14 @@ class MpiCommunicator final : public Communicator {
   MpiCommunicator(MPI_Comm comm, std::string name);
   ~MpiCommunicator() override;
 
-  std::string_view backend() const override { return "mpi"; }
+  // --distributed-backend shm: a communicator of `group`'s ranks (collective
+  // over them) whose collectives move data through one shared-memory segment
+  // (shm_collectives.h) instead of MPI messages; barriers, send/recv and
+  // splits stay MPI's, and its splits use shared memory too. All of the
+  // group's ranks must share a machine: ConfigError on every rank otherwise.
+  static std::unique_ptr<MpiCommunicator> with_shared_memory(const MpiCommunicator& group, const std::string& name);
+
+  std::string_view backend() const override { return shared_memory_ ? "shm" : "mpi"; }
   MPI_Comm native() const { return comm_; }
 
   // Ranks that share this rank's machine (MPI_COMM_TYPE_SHARED).
@@ -75,6 +84,9 @@ class MpiCommunicator final : public Communicator {
   // worker then reports `ticket` (the watchdog's, see watch_ticket) done.
   std::shared_ptr<WorkImpl> enqueue(std::function<void()> fn, std::uint64_t ticket);
   void worker_loop();
+  // Makes the shared-memory segment (collective; on the worker thread).
+  void attach_shared_memory();
+  void barrier_now();  // MPI barrier, on the worker thread
 
   MPI_Comm comm_;
   std::thread worker_;
@@ -87,6 +99,8 @@ class MpiCommunicator final : public Communicator {
   };
   std::deque<Task> queue_;
   bool stop_ = false;
+  bool shared_memory_ = false;
+  std::unique_ptr<ShmCollectives> shm_;  // groups of two or more ranks with shared memory
 };
 
 }  // namespace megazero

@@ -249,6 +249,8 @@ std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {
   return std::shared_ptr<void>(p, [](void* q) { std::free(q); });
 }
 
+std::shared_ptr<void> Device::pin_host_memory(void*, std::size_t) { return nullptr; }
+
 // ---- CPU ----
 namespace {
 // Activations of the same sizes are allocated and freed every step. glibc

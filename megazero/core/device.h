@@ -197,6 +197,12 @@ class Device : public std::enable_shared_from_this<Device> {
   // page-locked on a GPU, so copies into it are DMA transfers. Not device
   // memory: neither the tracker nor the arena sees it.
   virtual std::shared_ptr<void> allocate_host_staging(std::size_t bytes);
+  // Host memory allocated elsewhere (a shared-memory segment the shm
+  // collectives copy through) made page-locked for this device's copies until
+  // the handle is dropped: registered with the driver on a GPU, so copies to
+  // and from it are DMA transfers. nullptr where nothing needs doing (host
+  // devices) or the registration failed (then copies still work, slower).
+  virtual std::shared_ptr<void> pin_host_memory(void* p, std::size_t bytes);
 
  protected:
   friend class Buffer;

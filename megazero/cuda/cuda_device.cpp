@@ -180,6 +180,21 @@ std::shared_ptr<void> CudaDevice::allocate_host_staging(std::size_t bytes) {
   return std::shared_ptr<void>(p, [](void* q) { (void)cudaFreeHost(q); });
 }
 
+std::shared_ptr<void> CudaDevice::pin_host_memory(void* p, std::size_t bytes) {
+  if (!p || bytes == 0) return nullptr;
+  CudaDeviceGuard guard(index_);
+  const cudaError_t err = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    std::fprintf(stderr,
+                 "megazero: note: could not page-lock %s of shared host memory for %s (%s); its copies go through "
+                 "the driver's staging, slower\n",
+                 mib(bytes).c_str(), name().c_str(), cudaGetErrorString(err));
+    return nullptr;
+  }
+  return std::shared_ptr<void>(p, [](void* q) { (void)cudaHostUnregister(q); });
+}
+
 void CudaDevice::synchronize() {
   CudaDeviceGuard guard(index_);
   count_host_wait();

@@ -210,7 +210,8 @@ void define(OptionTable& t, TrainArgs& a) {
         "MPI (--distributed-backend); cpu-isolated: a test device, the CPU kernels over memory host code cannot touch");
   t.add(G, "distributed-backend", &a.distributed_backend,
         "collectives of the TP and DP groups: auto (nccl with --device cuda when every rank has its own GPU, "
-        "else mpi), nccl, or mpi (GPU tensors staged through host memory)");
+        "else mpi), nccl, mpi (GPU tensors staged through host memory), or shm (every rank on one machine: data "
+        "through one shared-memory segment a group, no MPI messages; ranks sharing a GPU copy straight to it)");
   t.add(C, "save", &a.save, "checkpoint directory: saved every --save-interval, at the end and on SIGTERM/SIGUSR1");
   t.add(C, "load", &a.load, "resume from the newest good checkpoint in DIR (any TP/DP/stage); none yet = fresh start");
   t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints; 0 = only at the end and on a signal");
@@ -612,8 +613,9 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(on_nan_loss == "stop" || on_nan_loss == "skip", "--on-nan-loss must be stop or skip, got '", on_nan_loss,
              "'");
   zero_r.validate(model.recompute_activations);
-  MZ_REQUIRE(distributed_backend == "auto" || distributed_backend == "mpi" || distributed_backend == "nccl",
-             "--distributed-backend must be auto, mpi or nccl, got '", distributed_backend, "'");
+  MZ_REQUIRE(distributed_backend == "auto" || distributed_backend == "mpi" || distributed_backend == "nccl" ||
+                 distributed_backend == "shm",
+             "--distributed-backend must be auto, mpi, nccl or shm, got '", distributed_backend, "'");
   MZ_REQUIRE(device == "cpu" || device == "cuda" || device == "cpu-isolated",
              "--device must be cpu, cuda or cpu-isolated (a test device: the CPU kernels over memory host code cannot "
              "touch), got '",

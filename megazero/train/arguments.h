@@ -47,7 +47,9 @@ struct TrainArgs {
   double peak_tflops = 0;      // for MFU; 0 = the device default (docs/PERFORMANCE.md)
   std::string device = "cpu";  // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
   // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
-  // GPU per rank), or auto (nccl when --device cuda gives every rank its own GPU).
+  // GPU per rank), shm (one machine: MPI's groups with the shared-memory
+  // transport, comm/shm_collectives.h), or auto (nccl when --device cuda gives
+  // every rank its own GPU, else mpi).
   std::string distributed_backend = "auto";
   // --device-arena: MD for all device memory (Device::reserve_arena), sized by
   // this rank's memory plan (its first-fit heap peak).

@@ -243,7 +243,21 @@ void Trainer::Impl::build() {
                " visible GPUs) and NCCL takes one GPU per rank; start fewer ranks per node or use "
                "--distributed-backend mpi");
   });
-  const bool use_nccl = on_gpu && !any_shares && args.distributed_backend != "mpi";
+  const bool use_shm = args.distributed_backend == "shm";
+  if (use_shm) {
+    run_consistently(world, [&] {
+      MZ_REQUIRE(local_ranks == world.size(), "--distributed-backend shm: the job's ", world.size(),
+                 " ranks run on more than one machine (", local_ranks, " on ", host_name,
+                 "); shared memory joins the ranks of one machine; use --distributed-backend mpi, or nccl with a GPU "
+                 "per rank");
+    });
+    groups->use_device_groups([&](Communicator& bootstrap, const std::string& name) -> std::unique_ptr<Communicator> {
+      auto* mpi = dynamic_cast<MpiCommunicator*>(&bootstrap);
+      MZ_CHECK(mpi, "--distributed-backend shm: the groups' bootstrap is not MPI");
+      return MpiCommunicator::with_shared_memory(*mpi, name);
+    });
+  }
+  const bool use_nccl = on_gpu && !any_shares && args.distributed_backend != "mpi" && !use_shm;
   if (use_nccl) {
 #ifdef MEGAZERO_WITH_CUDA
     auto gpu = std::dynamic_pointer_cast<CudaDevice>(device);
@@ -256,7 +270,9 @@ void Trainer::Impl::build() {
   if (root)
     std::printf("collectives: tp %s, dp %s, world %s%s\n", std::string(groups->tp().backend()).c_str(),
                 std::string(groups->dp().backend()).c_str(), std::string(world.backend()).c_str(),
-                on_gpu && !use_nccl ? " (GPU tensors staged through host memory)" : "");
+                on_gpu && use_shm     ? " (GPU tensors copied through shared host memory)"
+                : on_gpu && !use_nccl ? " (GPU tensors staged through host memory)"
+                                      : "");
   model_ =
       std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   auto& model = *model_;

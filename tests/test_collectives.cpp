@@ -442,3 +442,23 @@ TEST(ReduceHost, SumsInFp32AndRoundsOnce) {
   EXPECT_THROW(reduce_host(DType::U8, ReduceOp::Sum, v.data(), {u.data()}, 1, 1), InternalError);
   EXPECT_THROW(reduce_host(DType::I32, ReduceOp::Avg, v.data(), {u.data()}, 1, 1), InternalError);
 }
+
+// --check-collectives exchanges each collective's fingerprint through the
+// communicator's own all-gather first: on either transport, matching
+// collectives pass and every one is checked.
+TEST_F(Collectives, CheckedCollectivesPassWhenTheyMatch) {
+  world->enable_collective_checking(true);
+  const int n = world->size(), me = world->rank();
+  Tensor x = filled(dev, 37, DType::F32, me);
+  Tensor all = Tensor::empty(dev, {37L * n}, DType::F32, MC::CommBuffers);
+  Tensor part = Tensor::empty(dev, {37}, DType::F32, MC::CommBuffers);
+  EXPECT_NO_THROW(world->all_reduce(x, ReduceOp::Sum).wait());
+  EXPECT_NO_THROW(world->all_gather(x, all).wait());
+  EXPECT_NO_THROW(world->reduce_scatter(all, part, ReduceOp::Max).wait());
+  EXPECT_NO_THROW(world->barrier().wait());
+  EXPECT_EQ(world->fingerprints_checked(), 4u);
+  const auto got = part.to_double_vector();
+  for (std::int64_t i = 0; i < 37; ++i)
+    ASSERT_EQ(got[static_cast<std::size_t>(i)], expected(ReduceOp::Sum, n, i, DType::F32));
+  world->enable_collective_checking(false);
+}

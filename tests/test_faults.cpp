@@ -16,6 +16,7 @@
 #include "megazero/comm/collective_check.h"
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
+#include "megazero/comm/virtual_communicator.h"
 
 using namespace megazero;
 using testing::HasSubstr;
@@ -283,6 +284,24 @@ TEST_F(CheckCollectives, SplitsAndNewCommunicatorsInherit) {
   set_check_collectives_default(false);
   child->all_reduce(filled(3, DType::F32, 1)).wait();
   EXPECT_EQ(child->fingerprints_checked(), 1u);
+}
+
+// The memory planner's virtual communicators (a rank of a virtual world, no
+// peers) never exchange fingerprints: with --check-collectives on by default
+// (the trainer sets it before planning) an exchange that moves nothing read an
+// unwritten buffer as every peer's fingerprint and stopped the run.
+TEST(CheckCollectivesVirtual, ThePlannersCommunicatorsAreNotChecked) {
+  set_check_collectives_default(true);
+  VirtualCommunicator v(1, 4, "dp");
+  set_check_collectives_default(false);
+  EXPECT_FALSE(v.collective_checking());
+  auto meta = make_device(DeviceKind::Meta);
+  Tensor part = Tensor::empty(meta, {8}, DType::BF16, MemoryCategory::CommBuffers);
+  Tensor full = Tensor::empty(meta, {32}, DType::BF16, MemoryCategory::CommBuffers);
+  EXPECT_NO_THROW(v.all_gather(part, full).wait());
+  EXPECT_NO_THROW(v.reduce_scatter(full, part).wait());
+  EXPECT_EQ(v.fingerprints_checked(), 0u);
+  EXPECT_EQ(v.collectives_issued(), 2u);
 }
 
 // Each case: the last rank issues something else than the others. Every rank

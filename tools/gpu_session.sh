@@ -51,9 +51,13 @@
 #            for the attention (MEGAZERO_CUDNN_ENGINE=k), against its first choice
 #   cudnn-bench - bench_layer (the 100B layer) unfused, fused, cudnn, cudnn + epilogues, cudnn
 #            deterministic.
-#   zero3  - ZeRO stages 0-3 on 2 ranks sharing the GPU (MPI backend), step time and the exposed
-#            DP communication that stage 3's prefetch leaves (issue #21's last goal); then
-#            recompute with and without Pa+cpu (its queued offload's cost).
+#   zero3  - ZeRO on 2 ranks sharing the GPU (issue #21's last goal): first bench_collectives on GPU
+#            tensors over MPI's messages and over the shared-memory transport (--distributed-backend
+#            shm: DMA to one page-locked segment, no MPICH in the data path); then stages 0-3 and
+#            stage 3 without its prefetch over shm, stages 0 and 3 (with and without the prefetch)
+#            over MPI: step time and the exposed DP communication the prefetch leaves; recompute
+#            with and without Pa+cpu; last, tests/cli/shm_backend_e2e.sh on cuda (4 ranks: shm's
+#            losses are MPI's).
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given (MZ_PEERS_QUICK=1: the peers phases time only
@@ -399,13 +403,23 @@ for phase in "$@"; do
         # staging copies wait only for the point a collective was issued.
         echo "== test_cuda marks and staged copies"
         mpi 1 $B/test_cuda --gtest_filter='Cuda.MarksTimeTheDevicesWorkNotTheLaunch:Cuda.CopiesAfterAMarkDoNotWaitForLaterCompute'
-        # Stage 3 twice: with its prefetch and without (--stage3-prefetch false), so the
-        # difference in step time is what the prefetch hides.
-        for st in 0 1 2 3 "3 --stage3-prefetch false"; do
-          echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, ZeRO stage $st"
+        # The two transports on GPU tensors, 2 ranks sharing the GPU (bf16, 1-64 MiB).
+        for be in mpi shm; do
+          echo "== bench_collectives --device cuda --distributed-backend $be, 2 ranks sharing the GPU"
+          mpi 2 $B/bench_collectives --device cuda --distributed-backend $be --dtype bf16 --min-bytes 1048576 \
+            --max-bytes 67108864 --iters 5
+          echo "== exit $?"
+        done
+        # Stage 3 with its prefetch and without (--stage3-prefetch false), so the difference in
+        # step time is what the prefetch hides; over shm first, then over MPI's messages.
+        for run in "shm 0" "shm 1" "shm 2" "shm 3" "shm 3 --stage3-prefetch false" "mpi 0" "mpi 3" \
+          "mpi 3 --stage3-prefetch false"; do
+          read -r be stage <<<"$run"
+          echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, --distributed-backend $be, ZeRO stage $stage"
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
-            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 --zero-stage $st
+            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 \
+            --distributed-backend $be --zero-stage $stage
           echo "== exit $?"
         done
         # Pa+cpu's offload, queued behind the compute since 2026-11-26: its cost over plain recompute.
@@ -414,11 +428,15 @@ for phase in "$@"; do
           mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
             --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 --zero-stage 2 \
-            --recompute-activations $zr
+            --recompute-activations $zr --distributed-backend shm
           echo "== exit $?"
         done
+        echo "== shm_backend_e2e on cuda (4 ranks sharing the GPU)"
+        MZ_E2E_RUN_TIMEOUT=${MZ_E2E_RUN_TIMEOUT:-120} bounded 600 bash tests/cli/shm_backend_e2e.sh $B/pretrain_gpt \
+          configs/gpt_tiny.cfg cuda
+        echo "== exit $?"
       } > "$out/zero3.txt" 2>&1
-      grep -E "^==|iteration +20/|timers|error|PASSED|FAILED" "$out/zero3.txt" | tail -30
+      grep -E "^==|iteration +20/|timers|error|PASSED|FAILED|^all_|^reduce_|shm_backend_e2e" "$out/zero3.txt" | tail -60
       ;;
     *) echo "unknown phase $phase" ;;
   esac

@@ -95,47 +95,59 @@ T narrow_to(A v) {
     return static_cast<T>(v);
 }
 
-// In blocks of 1024 (an L1-resident accumulator, loops that vectorise); the
-// blocks are shared among the process's OpenMP threads (OMP_NUM_THREADS) from
-// 2^18 elements: a GPU's host cores are idle while its ranks reduce. Each
-// element's sum is the same whatever the thread count.
+// One block of at most kBlock elements: an L1-resident accumulator and loops
+// that vectorise, cloned per ISA (picked at load time; only adds, divisions
+// and conversions, so every clone gives the same bits).
+constexpr std::size_t kBlock = 1024;
+
 template <typename T>
-void reduce_typed(ReduceOp op, void* dst_v, const std::vector<const void*>& srcs, std::size_t n, int ranks) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void reduce_block(ReduceOp op, T* dst,
+                                                                               const T* const* srcs, std::size_t nsrc,
+                                                                               std::size_t len, int ranks) {
   using A = typename Acc<T>::type;
-  constexpr std::size_t kBlock = 1024;
-  auto* dst = static_cast<T*>(dst_v);
-  const auto blocks = static_cast<std::int64_t>((n + kBlock - 1) / kBlock);
-#pragma omp parallel for schedule(static) if (n >= (std::size_t{1} << 18))
-  for (std::int64_t blk = 0; blk < blocks; ++blk) {
-    A acc[kBlock];
-    const std::size_t b = static_cast<std::size_t>(blk) * kBlock;
-    const std::size_t len = std::min(kBlock, n - b);
-    const T* s0 = static_cast<const T*>(srcs[0]) + b;
-    for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(wide(s0[i]));
-    for (std::size_t q = 1; q < srcs.size(); ++q) {
-      const T* s = static_cast<const T*>(srcs[q]) + b;
-      if (op == ReduceOp::Max) {
-        for (std::size_t i = 0; i < len; ++i) {
-          const A v = static_cast<A>(wide(s[i]));
-          acc[i] = (v != v || v > acc[i]) ? v : acc[i];  // NaN-propagating, as the MPI and NCCL paths
-        }
-      } else {
-        for (std::size_t i = 0; i < len; ++i) acc[i] += static_cast<A>(wide(s[i]));
-      }
-    }
-    if (op == ReduceOp::Avg) {
-      if constexpr (std::is_floating_point_v<A>) {
-        for (std::size_t i = 0; i < len; ++i) {
-          if constexpr (std::is_same_v<T, double>) {
-            dst[b + i] = acc[i] / ranks;
-          } else {
-            const float rounded = static_cast<float>(wide(narrow_to<T>(acc[i])));
-            dst[b + i] = narrow_to<T>(rounded / static_cast<float>(ranks));
-          }
-        }
+  A acc[kBlock];
+  for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(wide(srcs[0][i]));
+  for (std::size_t q = 1; q < nsrc; ++q) {
+    const T* s = srcs[q];
+    if (op == ReduceOp::Max) {
+      for (std::size_t i = 0; i < len; ++i) {
+        const A v = static_cast<A>(wide(s[i]));
+        acc[i] = (v != v || v > acc[i]) ? v : acc[i];  // NaN-propagating, as the MPI and NCCL paths
       }
     } else {
-      for (std::size_t i = 0; i < len; ++i) dst[b + i] = narrow_to<T>(acc[i]);
+      for (std::size_t i = 0; i < len; ++i) acc[i] += static_cast<A>(wide(s[i]));
+    }
+  }
+  if (op == ReduceOp::Avg) {
+    if constexpr (std::is_same_v<T, double>) {
+      for (std::size_t i = 0; i < len; ++i) dst[i] = acc[i] / ranks;
+    } else if constexpr (std::is_floating_point_v<A>) {
+      const float by = static_cast<float>(ranks);
+      for (std::size_t i = 0; i < len; ++i) {
+        const float rounded = static_cast<float>(wide(narrow_to<T>(acc[i])));
+        dst[i] = narrow_to<T>(rounded / by);
+      }
+    }
+  } else {
+    for (std::size_t i = 0; i < len; ++i) dst[i] = narrow_to<T>(acc[i]);
+  }
+}
+
+// The blocks are shared among the process's OpenMP threads (OMP_NUM_THREADS)
+// from 2^18 elements: a GPU's host cores are idle while its ranks reduce.
+// Each element's sum is the same whatever the thread count.
+template <typename T>
+void reduce_typed(ReduceOp op, void* dst_v, const std::vector<const void*>& srcs, std::size_t n, int ranks) {
+  auto* dst = static_cast<T*>(dst_v);
+  const auto blocks = static_cast<std::int64_t>((n + kBlock - 1) / kBlock);
+#pragma omp parallel if (n >= (std::size_t{1} << 18))
+  {
+    std::vector<const T*> at(srcs.size());
+#pragma omp for schedule(static)
+    for (std::int64_t blk = 0; blk < blocks; ++blk) {
+      const std::size_t b = static_cast<std::size_t>(blk) * kBlock;
+      for (std::size_t q = 0; q < srcs.size(); ++q) at[q] = static_cast<const T*>(srcs[q]) + b;
+      reduce_block<T>(op, dst + b, at.data(), at.size(), std::min(kBlock, n - b), ranks);
     }
   }
 }

@@ -251,10 +251,14 @@ void Trainer::Impl::build() {
                  "); shared memory joins the ranks of one machine; use --distributed-backend mpi, or nccl with a GPU "
                  "per rank");
     });
-    groups->use_device_groups([&](Communicator& bootstrap, const std::string& name) -> std::unique_ptr<Communicator> {
-      auto* mpi = dynamic_cast<MpiCommunicator*>(&bootstrap);
-      MZ_CHECK(mpi, "--distributed-backend shm: the groups' bootstrap is not MPI");
-      return MpiCommunicator::with_shared_memory(*mpi, name);
+    // A refusal (MEGAZERO_SHM_SLOT_BYTES, /dev/shm too small) comes from
+    // every rank of a group alike; agreed on the world, it is printed once.
+    run_consistently(world, [&] {
+      groups->use_device_groups([&](Communicator& bootstrap, const std::string& name) -> std::unique_ptr<Communicator> {
+        auto* mpi = dynamic_cast<MpiCommunicator*>(&bootstrap);
+        MZ_CHECK(mpi, "--distributed-backend shm: the groups' bootstrap is not MPI");
+        return MpiCommunicator::with_shared_memory(*mpi, name);
+      });
     });
   }
   const bool use_nccl = on_gpu && !any_shares && args.distributed_backend != "mpi" && !use_shm;

@@ -124,7 +124,7 @@ def cases():
         "on-nan-loss": [("ignore", "--on-nan-loss must be stop or skip, got 'ignore'"), ("STOP", "must be stop or skip")],
         "device": [("gpu", "--device must be cpu, cuda or cpu-isolated"), ("CPU", "--device must be cpu"),
                    ("cuda:0", "--device must be cpu")],
-        "distributed-backend": [("gloo", "--distributed-backend must be auto, mpi or nccl"),
+        "distributed-backend": [("gloo", "--distributed-backend must be auto, mpi, nccl or shm"),
                                 ("nccl", "--distributed-backend nccl needs --device cuda")],
         "attention-backend": [("flash", "--attention-backend must be unfused, fused or cudnn"),
                               ("cudnn", "--attention-backend cudnn runs on --device cuda only")],

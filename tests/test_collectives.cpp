@@ -438,6 +438,16 @@ TEST(ReduceHost, SumsInFp32AndRoundsOnce) {
   reduce_host(DType::F16, ReduceOp::Sum, c.data(), {a.data(), b.data()}, a.size(), 2);
   for (std::size_t i = 0; i < a.size(); ++i)
     ASSERT_EQ(half_to_float(c[i]), static_cast<float>(i % 97) - 0.5f * static_cast<float>(i % 13)) << i;
+  // Shared among threads (from 2^18 elements): the same bits as one thread.
+  const std::size_t big = (std::size_t{1} << 19) + 77;
+  std::vector<BFloat16> p(big), q(big), one(big), three(big);
+  for (std::size_t i = 0; i < big; ++i) {
+    p[i] = float_to_bf16(std::sin(static_cast<float>(i)));
+    q[i] = float_to_bf16(std::cos(static_cast<float>(i) * 0.7f));
+  }
+  reduce_host(DType::BF16, ReduceOp::Sum, one.data(), {p.data(), q.data(), p.data()}, big, 3, 1);
+  reduce_host(DType::BF16, ReduceOp::Sum, three.data(), {p.data(), q.data(), p.data()}, big, 3, 3);
+  for (std::size_t i = 0; i < big; ++i) ASSERT_EQ(one[i].bits, three[i].bits) << i;
   std::vector<std::uint8_t> u(1), v(1);
   EXPECT_THROW(reduce_host(DType::U8, ReduceOp::Sum, v.data(), {u.data()}, 1, 1), InternalError);
   EXPECT_THROW(reduce_host(DType::I32, ReduceOp::Avg, v.data(), {u.data()}, 1, 1), InternalError);

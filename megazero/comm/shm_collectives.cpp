@@ -10,6 +10,9 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+
+#include <omp.h>
 
 #include "megazero/core/error.h"
 
@@ -57,26 +60,10 @@ std::string choose_slot_bytes(int ranks, const std::string& group) {
 }
 
 // ---------------------------------------------------------------- reductions
+// The accumulator: fp32 for fp32 and the 16-bit types, fp64 for fp64, int64 for integers.
 template <typename T>
-struct Acc {
-  using type = float;
-};
-template <>
-struct Acc<double> {
-  using type = double;
-};
-template <>
-struct Acc<std::int32_t> {
-  using type = std::int64_t;
-};
-template <>
-struct Acc<std::int64_t> {
-  using type = std::int64_t;
-};
-template <>
-struct Acc<std::uint8_t> {
-  using type = std::int64_t;
-};
+using Acc = std::conditional_t<std::is_integral_v<T>, std::int64_t,
+                               std::conditional_t<std::is_same_v<T, double>, double, float>>;
 
 template <typename T>
 auto wide(T v) {
@@ -104,7 +91,7 @@ template <typename T>
 __attribute__((target_clones("avx512f", "avx2", "default"))) void reduce_block(ReduceOp op, T* dst,
                                                                                const T* const* srcs, std::size_t nsrc,
                                                                                std::size_t len, int ranks) {
-  using A = typename Acc<T>::type;
+  using A = Acc<T>;
   A acc[kBlock];
   for (std::size_t i = 0; i < len; ++i) acc[i] = static_cast<A>(wide(srcs[0][i]));
   for (std::size_t q = 1; q < nsrc; ++q) {
@@ -133,14 +120,14 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void reduce_block(R
   }
 }
 
-// The blocks are shared among the process's OpenMP threads (OMP_NUM_THREADS)
-// from 2^18 elements: a GPU's host cores are idle while its ranks reduce.
+// The blocks are shared among `threads` OpenMP threads from 2^18 elements.
 // Each element's sum is the same whatever the thread count.
 template <typename T>
-void reduce_typed(ReduceOp op, void* dst_v, const std::vector<const void*>& srcs, std::size_t n, int ranks) {
+void reduce_typed(ReduceOp op, void* dst_v, const std::vector<const void*>& srcs, std::size_t n, int ranks,
+                  int threads) {
   auto* dst = static_cast<T*>(dst_v);
   const auto blocks = static_cast<std::int64_t>((n + kBlock - 1) / kBlock);
-#pragma omp parallel if (n >= (std::size_t{1} << 18))
+#pragma omp parallel num_threads(threads) if (threads > 1 && n >= (std::size_t{1} << 18))
   {
     std::vector<const T*> at(srcs.size());
 #pragma omp for schedule(static)
@@ -154,31 +141,37 @@ void reduce_typed(ReduceOp op, void* dst_v, const std::vector<const void*>& srcs
 
 }  // namespace
 
-void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks) {
+void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks,
+                 int threads) {
   MZ_CHECK(!srcs.empty(), "reduce_host: no sources");
   MZ_CHECK(op != ReduceOp::Avg || is_floating(t), "avg of a ", dtype_name(t), " tensor; use sum");
   MZ_CHECK(t != DType::U8 || op == ReduceOp::Max, "uint8 tensors reduce with max only");
   switch (t) {
     case DType::F32:
-      return reduce_typed<float>(op, dst, srcs, n, ranks);
+      return reduce_typed<float>(op, dst, srcs, n, ranks, threads);
     case DType::F64:
-      return reduce_typed<double>(op, dst, srcs, n, ranks);
+      return reduce_typed<double>(op, dst, srcs, n, ranks, threads);
     case DType::BF16:
-      return reduce_typed<BFloat16>(op, dst, srcs, n, ranks);
+      return reduce_typed<BFloat16>(op, dst, srcs, n, ranks, threads);
     case DType::F16:
-      return reduce_typed<Half>(op, dst, srcs, n, ranks);
+      return reduce_typed<Half>(op, dst, srcs, n, ranks, threads);
     case DType::I32:
-      return reduce_typed<std::int32_t>(op, dst, srcs, n, ranks);
+      return reduce_typed<std::int32_t>(op, dst, srcs, n, ranks, threads);
     case DType::I64:
-      return reduce_typed<std::int64_t>(op, dst, srcs, n, ranks);
+      return reduce_typed<std::int64_t>(op, dst, srcs, n, ranks, threads);
     case DType::U8:
-      return reduce_typed<std::uint8_t>(op, dst, srcs, n, ranks);
+      return reduce_typed<std::uint8_t>(op, dst, srcs, n, ranks, threads);
   }
 }
 
 // ---------------------------------------------------------------- the segment
 ShmCollectives::ShmCollectives(int rank, int size, const std::string& group, const ShmBootstrap& boot)
     : rank_(rank), size_(size), group_(group), barrier_(boot.barrier) {
+  // The host's cores shared by the group's ranks (all on this machine), at
+  // most OMP_NUM_THREADS: the reductions of device tensors, while the GPU
+  // computes and the host's cores have nothing else to do.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  device_reduce_threads_ = std::max(1, std::min(omp_get_max_threads(), cores / size));
   static std::atomic<int> segments{0};
   std::string shared;  // "<slot bytes> <name>" from rank 0, or "!<why not>"
   std::string name, why;
@@ -289,7 +282,7 @@ void ShmCollectives::all_reduce(const Tensor& t, ReduceOp op, const Device::Mark
     if (count > 0) {
       std::vector<const void*> srcs(static_cast<std::size_t>(size_));
       for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q) + first * es;
-      reduce_host(t.dtype(), op, result_area() + first * es, srcs, count, size_);
+      reduce_host(t.dtype(), op, result_area() + first * es, srcs, count, size_, threads_for(t));
     }
     barrier_();
     from_host(t, s * es, result_area(), len * es, issued);
@@ -317,10 +310,10 @@ void ShmCollectives::reduce_scatter(const Tensor& input, const Tensor& output, R
       // Host tensors take the sum directly (the output may be a part of the
       // input: its bytes of this round are in the slot already).
       if (output.device().host_accessible()) {
-        reduce_host(input.dtype(), op, static_cast<char*>(output.data()) + s * es, srcs, len, size_);
+        reduce_host(input.dtype(), op, static_cast<char*>(output.data()) + s * es, srcs, len, size_, 1);
       } else {
         char* mine = result_area() + me * section;
-        reduce_host(input.dtype(), op, mine, srcs, len, size_);
+        reduce_host(input.dtype(), op, mine, srcs, len, size_, threads_for(output));
         from_host(output, s * es, mine, len * es, issued);
       }
     }
@@ -374,7 +367,7 @@ void ShmCollectives::reduce(const Tensor& t, int root, ReduceOp op, const Device
     if (rank_ == root) {
       std::vector<const void*> srcs(static_cast<std::size_t>(size_));
       for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q);
-      reduce_host(t.dtype(), op, result_area(), srcs, len, size_);
+      reduce_host(t.dtype(), op, result_area(), srcs, len, size_, threads_for(t));
       from_host(t, s * es, result_area(), len * es, issued);
     }
     barrier_();

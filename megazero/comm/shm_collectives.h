@@ -25,7 +25,10 @@
 // for compute queued after the collective (a stage-3 prefetch overlaps the
 // layer it runs beside). Reductions run on the host, in rank order, in fp32 (fp64
 // for fp64, integers exactly) and round once: every rank gets the same bits, on
-// any device. Avg divides the rounded sum once, as the MPI path does.
+// any device. Avg divides the rounded sum once, as the MPI path does. Host
+// tensors reduce on the communication thread alone (the rank's compute threads
+// run beside it); device tensors with the host's cores shared by the group's
+// ranks, at most OMP_NUM_THREADS.
 #pragma once
 
 #include <cstddef>
@@ -81,12 +84,16 @@ class ShmCollectives {
   void from_host(const Tensor& t, std::size_t offset, const void* src, std::size_t bytes, const Device::Mark* issued);
   // Registers the segment with the tensor's device once (page-locked on a GPU).
   void pin_for(const Tensor& t);
+  // Threads for a reduction into t: one for host tensors (the rank's own
+  // compute threads are busy beside it), the host's idle cores for a device's.
+  int threads_for(const Tensor& t) const { return t.device().host_accessible() ? 1 : device_reduce_threads_; }
 
   int rank_, size_;
   std::string group_;
   std::function<void()> barrier_;
   std::size_t slot_bytes_ = 0, mapped_bytes_ = 0;
   char* base_ = nullptr;
+  int device_reduce_threads_ = 1;
   bool pin_tried_ = false;
   std::shared_ptr<void> pinned_;  // released before the segment is unmapped
 };
@@ -94,7 +101,9 @@ class ShmCollectives {
 // dst[i] = src[0][i] (op) src[1][i] ... in the order given, in fp32 (fp64 for
 // fp64, exact integers), rounded once to t; Avg then divides by `ranks` as
 // the MPI backend does (the rounded sum, one fp32 division, rounded once).
-// dst may be one of the sources. Exposed for tests.
-void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks);
+// dst may be one of the sources. `threads` OpenMP threads share it from 2^18
+// elements, with the same bits. Exposed for tests.
+void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks,
+                 int threads = 1);
 
 }  // namespace megazero

@@ -519,11 +519,13 @@ void MpiCommunicator::attach_shared_memory() {
           mpi::check(MPI_Allreduce(&mine, &all_local, 1, MPI_INT, MPI_LAND, comm_), "MPI_Allreduce", name());
           if (!all_local)
             throw ConfigError(detail::concat("--distributed-backend shm: group '", name(),
-                                             "' has ranks on more than one ", "machine (this one, ", host_name(),
+                                             "' has ranks on more than one machine (this one, ", host_name(),
                                              ", holds ", local_size, " of its ", size(),
                                              "); shared memory joins the ranks of one machine; use ",
                                              "--distributed-backend mpi, or nccl with a GPU per rank"));
           if (size() < 2) return;  // nothing to share (on every rank of the group alike)
+          // Raw MPI, not broadcast_string() and friends (consensus.h): this
+          // runs on the worker, which this communicator's own collectives wait for.
           ShmBootstrap boot;
           boot.broadcast_from_0 = [this](const std::string& text) {
             long long len = static_cast<long long>(text.size());

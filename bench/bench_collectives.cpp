@@ -34,9 +34,9 @@ int run(int argc, char** argv) {
   parse_command_line(argc, argv, d, "bench_collectives");
   const DType t = parse_dtype(dtype_s, "--dtype");
   MZ_REQUIRE(backend == "mpi" || backend == "shm", "--distributed-backend must be mpi or shm, got '", backend, "'");
-  auto bootstrap = MpiCommunicator::world();
-  auto world =
-      backend == "shm" ? MpiCommunicator::with_shared_memory(*bootstrap, "world-shm") : MpiCommunicator::world("world");
+  // shm: a communicator of the same ranks (made over a duplicate of the world) with the transport.
+  auto world = MpiCommunicator::world();
+  if (backend == "shm") world = MpiCommunicator::with_shared_memory(*world, "world-shm");
   auto cpu = make_device(device_spec);
   const int n = world->size();
   const double nd = n;

@@ -90,7 +90,7 @@ class CudaDevice final : public Device {
   // Page-locked (cudaHostAlloc), so device-to-host copies into it are DMA.
   std::shared_ptr<void> allocate_host_staging(std::size_t bytes) override;
   // cudaHostRegister (portable: every context of the process); a failure is
-  // reported once on stderr and the copies go on through the driver's staging.
+  // noted on stderr and the copies go on through the driver's staging.
   std::shared_ptr<void> pin_host_memory(void* p, std::size_t bytes) override;
   // On the offload stream, after an event recorded now on the compute stream;
   // the handle is an event recorded after the copy. queue_after: the compute

@@ -36,13 +36,13 @@ int run(int argc, char** argv) {
   MZ_REQUIRE(backend == "mpi" || backend == "shm", "--distributed-backend must be mpi or shm, got '", backend, "'");
   // shm: a communicator of the same ranks (made over a duplicate of the world) with the transport.
   auto world = MpiCommunicator::world();
-  if (backend == "shm") world = MpiCommunicator::with_shared_memory(*world, "world-shm");
   auto cpu = make_device(device_spec);
+  if (backend == "shm") world = MpiCommunicator::with_shared_memory(*world, "world-shm", cpu);
   const int n = world->size();
   const double nd = n;
   if (world->rank() == 0)
-    std::printf("# ranks %d, dtype %s, %s on %s, median of %d\n%-14s %12s %12s %12s %12s\n", n, dtype_s.c_str(),
-                backend.c_str(), cpu->name().c_str(), iters, "collective", "bytes", "time_us", "algbw_GB/s",
+    std::printf("# ranks %d, dtype %s, %s%s on %s, median of %d\n%-14s %12s %12s %12s %12s\n", n, dtype_s.c_str(),
+                backend.c_str(), world->has_device_slots() ? " (device slots)" : "", cpu->name().c_str(), iters, "collective", "bytes", "time_us", "algbw_GB/s",
                 "busbw_GB/s");
   for (std::int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::int64_t count = bytes / static_cast<std::int64_t>(dtype_size(t)) / n * n;

@@ -76,7 +76,9 @@ class Collectives : public testing::Test {
     dev = make_device(d && *d ? d : "cpu");
     if (shm_run()) {
       bootstrap = MpiCommunicator::world("test-bootstrap");
-      world = MpiCommunicator::with_shared_memory(*bootstrap, "test-world");
+      // The device's tensors through device slots where it shares memory
+      // (the isolated device emulates a GPU's), unless MEGAZERO_SHM_DEVICE_SLOTS=0.
+      world = MpiCommunicator::with_shared_memory(*bootstrap, "test-world", dev);
     } else {
       world = MpiCommunicator::world("test-world");
     }
@@ -359,6 +361,15 @@ TEST_F(Collectives, RunsOnTheTransportAsked) {
   EXPECT_EQ(world->backend(), shm_run() ? "shm" : "mpi");
   auto half = world->split(world->rank() % 2, world->rank(), "test-half");
   EXPECT_EQ(half->backend(), world->backend()) << "a split keeps its parent's transport";
+  // Device slots for a device that shares memory between processes (the
+  // isolated device's emulation of CUDA IPC), unless turned off; never for
+  // host memory, which the segment holds directly.
+  const char* off = std::getenv("MEGAZERO_SHM_DEVICE_SLOTS");
+  const bool want = shm_run() && world->size() > 1 && !dev->host_accessible() && !(off && std::string(off) == "0");
+  EXPECT_EQ(world->has_device_slots(), want);
+  if (auto* h = dynamic_cast<MpiCommunicator*>(half.get()); h && half->size() > 1) {
+    EXPECT_EQ(h->has_device_slots(), want) << "a split keeps its parent's device slots";
+  }
 }
 
 // Parts of several rounds of the shared-memory transport's slot (rounds of a

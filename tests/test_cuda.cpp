@@ -10,10 +10,12 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <utility>
 
 #include "layers/gpt_model.h"
+#include "megazero/comm/shm_collectives.h"
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/cuda/cuda_device.h"
 #include "megazero/cuda/optimizer.h"
@@ -634,6 +636,50 @@ TEST_F(Cuda, CopiesAfterAMarkDoNotWaitForLaterCompute) {
   const auto want = small.c.to_double_vector(), got = small.g.to_double_vector();
   for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], 2 * want[i]) << i;
   EXPECT_THROW(gpu->copy_to_host_after(*cpu->mark(), staged.data(), small.g.data(), 4), InternalError);
+}
+
+// The shm transport's device slots (comm/shm_collectives.h), the parts one
+// process can check: the slot reduction on the GPU gives reduce_host's bits
+// (every source rounded in, a source written over, an offset that is not a
+// whole 16-byte pack), a copy after a mark moves device bytes, an IPC block
+// has a handle and a handle of nothing is refused. (Opening a block needs a
+// second process: shm_backend_e2e.sh on cuda, 4 ranks sharing the GPU.)
+TEST_F(Cuda, SlotReductionGivesTheHostsBitsAndSharedBlocksExport) {
+  const std::int64_t n = (1 << 16) + 3;
+  for (DType dt : {DType::F32, DType::BF16, DType::F16})
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max})
+      for (std::int64_t offset : {0, 1}) {
+        SCOPED_TRACE(testing::Message() << dtype_name(dt) << " " << reduce_op_name(op) << " offset " << offset);
+        std::vector<Pair> src;
+        for (int q = 0; q < 3; ++q) src.push_back(random({n}, dt, -1000, 1000));
+        const std::size_t es = dtype_size(dt), len = static_cast<std::size_t>(n - offset);
+        std::vector<const void*> on_host, on_gpu;
+        for (auto& p : src) {
+          on_host.push_back(static_cast<const char*>(p.c.data()) + offset * es);
+          on_gpu.push_back(static_cast<const char*>(p.g.data()) + offset * es);
+        }
+        auto out = poisoned({n}, dt);
+        reduce_host(dt, op, static_cast<char*>(out.c.data()) + offset * es, on_host, len, 3);
+        reduce_on_device(*gpu, *gpu->mark(), dt, op, static_cast<char*>(out.g.data()) + offset * es, on_gpu, len, 3, 1);
+        std::vector<unsigned char> want(out.c.nbytes()), got(out.g.nbytes());
+        std::memcpy(want.data(), out.c.data(), want.size());
+        gpu->copy_to_host(got.data(), out.g.data(), got.size());
+        EXPECT_TRUE(want == got) << "the GPU's slot reduction differs from reduce_host";
+        // Written over its second source.
+        reduce_on_device(*gpu, *gpu->mark(), dt, op, const_cast<void*>(on_gpu[1]), on_gpu, len, 3, 1);
+        std::memcpy(want.data() + 0, src[1].c.data(), offset * es);
+        gpu->copy_to_host(got.data(), src[1].g.data(), got.size());
+        EXPECT_TRUE(want == got) << "written over a source";
+      }
+  auto a = random({4096}, DType::F32);
+  auto b = zeros({4096}, DType::F32);
+  gpu->copy_within_after(*gpu->mark(), b.g.data(), a.g.data(), a.g.nbytes());
+  EXPECT_EQ(b.g.to_double_vector(), a.c.to_double_vector());
+  auto block = gpu->allocate_shared(1 << 20);
+  ASSERT_TRUE(block);
+  EXPECT_EQ(block->handle().rfind("cuda-ipc:", 0), 0u) << block->handle();
+  EXPECT_THROW(gpu->open_shared("cuda-ipc:00", 1 << 20), ConfigError);
+  EXPECT_THROW(gpu->open_shared("/megazero-isolated-1-0", 1 << 20), ConfigError);
 }
 
 // Host waits as the step reports them (Device::host_waits): blocking copies

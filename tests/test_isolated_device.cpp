@@ -277,6 +277,46 @@ TEST(IsolatedDevice, CopiesAfterAMarkMoveTheBytes) {
   for (std::size_t i = 0; i < back.size(); ++i) EXPECT_EQ(back[i], -want[i]) << i;
 }
 
+// Shared blocks (the shm transport's device slots; CUDA IPC on a GPU): a block
+// opened by its handle — in another process in the transport, here through a
+// second device object — is the same memory at another device address; both
+// are device memory (host code faults on them, the copies and kernels reach
+// them); the handle's name goes once every peer opened it, and a handle that
+// names nothing, or a block smaller than asked, is a ConfigError.
+TEST(IsolatedDevice, SharedBlocksAreOneMemoryAtTwoDeviceAddresses) {
+  auto a = isolated(), b = isolated();
+  auto mine = a->allocate_shared(1000);
+  ASSERT_TRUE(mine);
+  ASSERT_FALSE(mine->handle().empty());
+  auto theirs = b->open_shared(mine->handle(), 1000);
+  EXPECT_NE(theirs->data(), mine->data());
+  EXPECT_EQ(theirs->bytes(), 1000u);
+  std::vector<float> in(250), out(250, 0.0f);
+  for (std::size_t i = 0; i < in.size(); ++i) in[i] = static_cast<float>(i) * 0.5f;
+  a->copy_from_host(mine->data(), in.data(), 1000);
+  b->copy_to_host(out.data(), theirs->data(), 1000);
+  EXPECT_EQ(out, in);
+  // A device-to-device copy after a mark, from a tensor into the peer's view.
+  Tensor t = values(b, {250}, DType::F32, 2.0);
+  b->copy_within_after(*b->mark(), theirs->data(), t.data(), 1000);
+  a->copy_to_host(out.data(), mine->data(), 1000);
+  const auto want = t.to_double_vector();
+  for (std::size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], static_cast<float>(want[i])) << i;
+  EXPECT_THROW(b->open_shared(mine->handle(), 1 << 20), ConfigError) << "a block smaller than asked";
+  mine->opened_by_all();
+  EXPECT_THROW(b->open_shared(mine->handle(), 1000), ConfigError) << "the name is gone once every peer opened it";
+  EXPECT_THROW(b->open_shared("cuda-ipc:00", 1000), ConfigError);
+  EXPECT_EQ(host()->allocate_shared(1000), nullptr) << "host memory is shared as it is";
+}
+
+TEST(IsolatedDeviceDeathTest, HostCodeTouchingAnOpenedSharedBlockDiesSayingSo) {
+  auto a = isolated(), b = isolated();
+  auto mine = a->allocate_shared(4096);
+  auto theirs = b->open_shared(mine->handle(), 4096);
+  const auto* raw = static_cast<const volatile float*>(theirs->data());
+  EXPECT_DEATH((void)raw[3], "host code touched cpu-isolated device memory");
+}
+
 // Host waits (Device::host_waits), counted as a GPU would drain its queue:
 // blocking copies to and from the host and synchronize() count; copies within
 // the device, strided copies, zero fills and the *_after copies (a GPU's side

@@ -7,6 +7,8 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_dtypes.h"
@@ -487,18 +489,25 @@ std::unique_ptr<Communicator> MpiCommunicator::do_split(int color, int key, cons
   enqueue([&] { mpi::check(MPI_Comm_split(comm_, color, key, &out), "MPI_Comm_split", this->name()); }, watch_ticket())
       ->wait();
   auto child = std::make_unique<MpiCommunicator>(out, name);
-  if (shared_memory_) child->attach_shared_memory();
+  if (shared_memory_) {
+    child->shm_device_ = shm_device_;
+    child->attach_shared_memory();
+  }
   return child;
 }
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::with_shared_memory(const MpiCommunicator& group,
-                                                                     const std::string& name) {
+                                                                     const std::string& name,
+                                                                     std::shared_ptr<Device> device) {
   MPI_Comm dup = MPI_COMM_NULL;
   mpi::check(MPI_Comm_dup(group.comm_, &dup), "MPI_Comm_dup", group.name());
   auto comm = std::make_unique<MpiCommunicator>(dup, name);
+  comm->shm_device_ = std::move(device);
   comm->attach_shared_memory();
   return comm;
 }
+
+bool MpiCommunicator::has_device_slots() const { return shm_ && shm_->has_device_slots(); }
 
 void MpiCommunicator::attach_shared_memory() {
   shared_memory_ = true;
@@ -540,7 +549,21 @@ void MpiCommunicator::attach_shared_memory() {
             return all != 0;
           };
           boot.barrier = [this] { barrier_now(); };
-          shm_ = std::make_unique<ShmCollectives>(rank(), size(), name(), boot);
+          boot.all_gather = [this](const std::string& text) {
+            const int own_len = static_cast<int>(text.size());
+            std::vector<int> lens(static_cast<std::size_t>(size())), displs(lens.size(), 0);
+            mpi::check(MPI_Allgather(&own_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_), "MPI_Allgather", name());
+            for (std::size_t q = 1; q < lens.size(); ++q) displs[q] = displs[q - 1] + lens[q - 1];
+            std::string all(static_cast<std::size_t>(displs.back() + lens.back()), '\0');
+            mpi::check(MPI_Allgatherv(text.data(), own_len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
+                                      comm_),
+                       "MPI_Allgatherv", name());
+            std::vector<std::string> out;
+            for (std::size_t q = 0; q < lens.size(); ++q)
+              out.push_back(all.substr(static_cast<std::size_t>(displs[q]), static_cast<std::size_t>(lens[q])));
+            return out;
+          };
+          shm_ = std::make_unique<ShmCollectives>(rank(), size(), name(), boot, shm_device_);
         } catch (const ConfigError&) {
           refused = std::current_exception();
         }

@@ -51,7 +51,13 @@ class MpiCommunicator final : public Communicator {
   // (shm_collectives.h) instead of MPI messages; barriers, send/recv and
   // splits stay MPI's, and its splits use shared memory too. All of the
   // group's ranks must share a machine: ConfigError on every rank otherwise.
-  static std::unique_ptr<MpiCommunicator> with_shared_memory(const MpiCommunicator& group, const std::string& name);
+  // `device`: the device whose tensors this group moves; where it can share
+  // memory between processes (CUDA IPC), they move through device slots
+  // (shm_collectives.h), else through the segment.
+  static std::unique_ptr<MpiCommunicator> with_shared_memory(const MpiCommunicator& group, const std::string& name,
+                                                             std::shared_ptr<Device> device = nullptr);
+  // Whether this group's device tensors move through device slots.
+  bool has_device_slots() const;
 
   std::string_view backend() const override { return shared_memory_ ? "shm" : "mpi"; }
   MPI_Comm native() const { return comm_; }
@@ -100,6 +106,7 @@ class MpiCommunicator final : public Communicator {
   std::deque<Task> queue_;
   bool stop_ = false;
   bool shared_memory_ = false;
+  std::shared_ptr<Device> shm_device_;  // the device of with_shared_memory, for the splits too
   std::unique_ptr<ShmCollectives> shm_;  // groups of two or more ranks with shared memory
 };
 

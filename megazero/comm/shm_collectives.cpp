@@ -165,8 +165,9 @@ void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>
 }
 
 // ---------------------------------------------------------------- the segment
-ShmCollectives::ShmCollectives(int rank, int size, const std::string& group, const ShmBootstrap& boot)
-    : rank_(rank), size_(size), group_(group), barrier_(boot.barrier) {
+ShmCollectives::ShmCollectives(int rank, int size, const std::string& group, const ShmBootstrap& boot,
+                               std::shared_ptr<Device> device)
+    : rank_(rank), size_(size), group_(group), barrier_(boot.barrier), device_(std::move(device)) {
   // The host's cores shared by the group's ranks (all on this machine), at
   // most OMP_NUM_THREADS: the reductions of device tensors, while the GPU
   // computes and the host's cores have nothing else to do.
@@ -222,9 +223,13 @@ ShmCollectives::ShmCollectives(int rank, int size, const std::string& group, con
                        " of group '", group, "' could not map its shared memory (", mapped_bytes_, " bytes)",
                        why.empty() ? "" : ": " + why, "; use --distributed-backend mpi"));
   }
+  if (device_) attach_device_slots(boot);
 }
 
 ShmCollectives::~ShmCollectives() {
+  device_slot_.clear();
+  peer_blocks_.clear();  // the peers' blocks closed before this rank's own is freed
+  device_block_.reset();
   pinned_.reset();  // the device lets go of the pages before they are unmapped
   if (base_) munmap(base_, mapped_bytes_);
 }
@@ -235,45 +240,60 @@ void ShmCollectives::pin_for(const Tensor& t) {
   pinned_ = t.device().pin_host_memory(base_, mapped_bytes_);
 }
 
-void ShmCollectives::to_host(const Tensor& t, std::size_t offset, void* dst, std::size_t bytes,
-                             const Device::Mark* issued) {
+void ShmCollectives::put(const Tensor& t, std::size_t offset, char* slot_at, std::size_t bytes,
+                          const Device::Mark* issued, bool dev) {
   if (bytes == 0) return;
   const char* src = static_cast<const char*>(t.data()) + offset;
   Device& d = t.device();
-  if (d.host_accessible()) {
-    std::memcpy(dst, src, bytes);
-    return;
+  if (dev) {
+    MZ_CHECK(issued, "shm transport: a device tensor's collective without its issue mark");
+    d.copy_within_after(*issued, slot_at, src, bytes);
+  } else if (d.host_accessible()) {
+    std::memcpy(slot_at, src, bytes);
+  } else {
+    pin_for(t);
+    if (issued)
+      d.copy_to_host_after(*issued, slot_at, src, bytes);
+    else
+      d.copy_to_host(slot_at, src, bytes);
   }
-  pin_for(t);
-  if (issued)
-    d.copy_to_host_after(*issued, dst, src, bytes);
-  else
-    d.copy_to_host(dst, src, bytes);
 }
 
-void ShmCollectives::from_host(const Tensor& t, std::size_t offset, const void* src, std::size_t bytes,
-                               const Device::Mark* issued) {
+void ShmCollectives::get(const Tensor& t, std::size_t offset, const char* slot_at, std::size_t bytes,
+                          const Device::Mark* issued, bool dev) {
   if (bytes == 0) return;
   char* dst = static_cast<char*>(t.data()) + offset;
   Device& d = t.device();
-  if (d.host_accessible()) {
-    std::memcpy(dst, src, bytes);
-    return;
+  if (dev) {
+    MZ_CHECK(issued, "shm transport: a device tensor's collective without its issue mark");
+    d.copy_within_after(*issued, dst, slot_at, bytes);
+  } else if (d.host_accessible()) {
+    std::memcpy(dst, slot_at, bytes);
+  } else {
+    pin_for(t);
+    if (issued)
+      d.copy_from_host_after(*issued, dst, slot_at, bytes);
+    else
+      d.copy_from_host(dst, slot_at, bytes);
   }
-  pin_for(t);
-  if (issued)
-    d.copy_from_host_after(*issued, dst, src, bytes);
+}
+
+void ShmCollectives::reduce(const Tensor& t, ReduceOp op, char* dst, const std::vector<const void*>& srcs,
+                            std::size_t n, const Device::Mark* issued, bool dev) {
+  if (dev)
+    reduce_on_device(t.device(), *issued, t.dtype(), op, dst, srcs, n, size_, device_reduce_threads_);
   else
-    d.copy_from_host(dst, src, bytes);
+    reduce_host(t.dtype(), op, dst, srcs, n, size_, threads_for(t));
 }
 
 // ---------------------------------------------------------------- collectives
 void ShmCollectives::all_reduce(const Tensor& t, ReduceOp op, const Device::Mark* issued) {
+  const bool dev = on_device(t);
   const std::size_t es = dtype_size(t.dtype()), n = static_cast<std::size_t>(t.numel());
   const std::size_t per_round = slot_bytes_ / es;
   for (std::size_t s = 0; s < n; s += per_round) {
     const std::size_t len = std::min(per_round, n - s);
-    to_host(t, s * es, slot(rank_), len * es, issued);
+    put(t, s * es, slot(rank_, dev), len * es, issued, dev);
     barrier_();
     // This rank's column of the round: an even share, the first len % size one longer.
     const std::size_t share = len / static_cast<std::size_t>(size_), extra = len % static_cast<std::size_t>(size_);
@@ -281,16 +301,17 @@ void ShmCollectives::all_reduce(const Tensor& t, ReduceOp op, const Device::Mark
     const std::size_t first = me * share + std::min(me, extra), count = share + (me < extra ? 1 : 0);
     if (count > 0) {
       std::vector<const void*> srcs(static_cast<std::size_t>(size_));
-      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q) + first * es;
-      reduce_host(t.dtype(), op, result_area() + first * es, srcs, count, size_, threads_for(t));
+      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q, dev) + first * es;
+      reduce(t, op, result_area(dev) + first * es, srcs, count, issued, dev);
     }
     barrier_();
-    from_host(t, s * es, result_area(), len * es, issued);
+    get(t, s * es, result_area(dev), len * es, issued, dev);
   }
 }
 
 void ShmCollectives::reduce_scatter(const Tensor& input, const Tensor& output, ReduceOp op,
                                     const std::vector<std::int64_t>& counts, const Device::Mark* issued) {
+  const bool dev = on_device(input) && on_device(output);
   const std::size_t es = dtype_size(input.dtype());
   const std::size_t section = section_bytes(slot_bytes_, size_), per_round = section / es;
   std::vector<std::size_t> displ(counts.size(), 0);
@@ -302,19 +323,20 @@ void ShmCollectives::reduce_scatter(const Tensor& input, const Tensor& output, R
   };
   for (std::size_t s = 0; s < most; s += per_round) {
     for (std::size_t i = 0; i < counts.size(); ++i)
-      to_host(input, (displ[i] + s) * es, slot(rank_) + i * section, part(i, s) * es, issued);
+      put(input, (displ[i] + s) * es, slot(rank_, dev) + i * section, part(i, s) * es, issued, dev);
     barrier_();
     if (const std::size_t len = part(me, s); len > 0) {
       std::vector<const void*> srcs(static_cast<std::size_t>(size_));
-      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q) + me * section;
-      // Host tensors take the sum directly (the output may be a part of the
-      // input: its bytes of this round are in the slot already).
-      if (output.device().host_accessible()) {
-        reduce_host(input.dtype(), op, static_cast<char*>(output.data()) + s * es, srcs, len, size_, 1);
+      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q, dev) + me * section;
+      // Outputs the reduction reaches (host tensors; device tensors over the
+      // device's slots) take the sum directly: the output may be a part of the
+      // input, whose bytes of this round are in the slot already.
+      if (dev || output.device().host_accessible()) {
+        reduce(output, op, static_cast<char*>(output.data()) + s * es, srcs, len, issued, dev);
       } else {
-        char* mine = result_area() + me * section;
-        reduce_host(input.dtype(), op, mine, srcs, len, size_, threads_for(output));
-        from_host(output, s * es, mine, len * es, issued);
+        char* mine = result_area(false) + me * section;
+        reduce(output, op, mine, srcs, len, issued, false);
+        get(output, s * es, mine, len * es, issued, false);
       }
     }
     barrier_();
@@ -323,6 +345,7 @@ void ShmCollectives::reduce_scatter(const Tensor& input, const Tensor& output, R
 
 void ShmCollectives::all_gather(const Tensor& input, const Tensor& output, const std::vector<std::int64_t>& counts,
                                 const Device::Mark* issued) {
+  const bool dev = on_device(input) && on_device(output);
   const std::size_t es = dtype_size(output.dtype()), per_round = slot_bytes_ / es;
   std::vector<std::size_t> displ(counts.size(), 0);
   for (std::size_t i = 1; i < counts.size(); ++i) displ[i] = displ[i - 1] + static_cast<std::size_t>(counts[i - 1]);
@@ -336,39 +359,41 @@ void ShmCollectives::all_gather(const Tensor& input, const Tensor& output, const
     return std::min(per_round, static_cast<std::size_t>(counts[i]) - std::min<std::size_t>(counts[i], s));
   };
   for (std::size_t s = 0; s < most; s += per_round) {
-    to_host(input, s * es, slot(rank_), part(me, s) * es, issued);
+    put(input, s * es, slot(rank_, dev), part(me, s) * es, issued, dev);
     barrier_();
     for (std::size_t q = 0; q < counts.size(); ++q)
       if (q != me || !in_place)
-        from_host(output, (displ[q] + s) * es, slot(static_cast<int>(q)), part(q, s) * es, issued);
+        get(output, (displ[q] + s) * es, slot(static_cast<int>(q), dev), part(q, s) * es, issued, dev);
     barrier_();
   }
 }
 
 void ShmCollectives::broadcast(const Tensor& t, int root, const Device::Mark* issued) {
+  const bool dev = on_device(t);
   const std::size_t es = dtype_size(t.dtype()), n = static_cast<std::size_t>(t.numel());
   const std::size_t per_round = slot_bytes_ / es;
   for (std::size_t s = 0; s < n; s += per_round) {
     const std::size_t len = std::min(per_round, n - s);
-    if (rank_ == root) to_host(t, s * es, slot(root), len * es, issued);
+    if (rank_ == root) put(t, s * es, slot(root, dev), len * es, issued, dev);
     barrier_();
-    if (rank_ != root) from_host(t, s * es, slot(root), len * es, issued);
+    if (rank_ != root) get(t, s * es, slot(root, dev), len * es, issued, dev);
     barrier_();
   }
 }
 
 void ShmCollectives::reduce(const Tensor& t, int root, ReduceOp op, const Device::Mark* issued) {
+  const bool dev = on_device(t);
   const std::size_t es = dtype_size(t.dtype()), n = static_cast<std::size_t>(t.numel());
   const std::size_t per_round = slot_bytes_ / es;
   for (std::size_t s = 0; s < n; s += per_round) {
     const std::size_t len = std::min(per_round, n - s);
-    to_host(t, s * es, slot(rank_), len * es, issued);
+    put(t, s * es, slot(rank_, dev), len * es, issued, dev);
     barrier_();
     if (rank_ == root) {
       std::vector<const void*> srcs(static_cast<std::size_t>(size_));
-      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q);
-      reduce_host(t.dtype(), op, result_area(), srcs, len, size_, threads_for(t));
-      from_host(t, s * es, result_area(), len * es, issued);
+      for (int q = 0; q < size_; ++q) srcs[static_cast<std::size_t>(q)] = slot(q, dev);
+      reduce(t, op, result_area(dev), srcs, len, issued, dev);
+      get(t, s * es, result_area(dev), len * es, issued, dev);
     }
     barrier_();
   }

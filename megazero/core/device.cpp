@@ -251,6 +251,16 @@ std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {
 
 std::shared_ptr<void> Device::pin_host_memory(void*, std::size_t) { return nullptr; }
 
+void Device::copy_within_after(const Mark&, void* dst, const void* src, std::size_t bytes) {
+  copy_within(dst, src, bytes);  // work here runs as it is issued
+}
+
+std::shared_ptr<Device::SharedMemory> Device::allocate_shared(std::size_t) { return nullptr; }
+
+std::shared_ptr<Device::SharedMemory> Device::open_shared(const std::string&, std::size_t) {
+  throw ConfigError(detail::concat(name(), " cannot map another process's device memory"));
+}
+
 // ---- CPU ----
 namespace {
 // Activations of the same sizes are allocated and freed every step. glibc

@@ -204,6 +204,45 @@ class Device : public std::enable_shared_from_this<Device> {
   // devices) or the registration failed (then copies still work, slower).
   virtual std::shared_ptr<void> pin_host_memory(void* p, std::size_t bytes);
 
+  // A device-to-device copy ordered after `after` as the *_after host copies
+  // are (a communication thread's copy does not wait for compute queued since
+  // the mark); synchronous for the calling thread. Both addresses may be
+  // another process's memory mapped with open_shared.
+  virtual void copy_within_after(const Mark& after, void* dst, const void* src, std::size_t bytes);
+
+  // Device memory other processes of this machine map too: the shm
+  // transport's device slots (comm/shm_collectives.h), through which ranks
+  // that share a GPU exchange tensors at the device's own speed instead of
+  // through host memory. A CUDA IPC allocation on a GPU (plain cudaMalloc:
+  // the stream-ordered pool's memory cannot be exported); on the isolated
+  // device a shared-memory object mapped as its own allocations are, so the
+  // transport's device path runs, isolation and all, on a machine without a
+  // GPU. Outside the memory tracker and the arena, as NCCL's buffers are.
+  class SharedMemory {
+   public:
+    virtual ~SharedMemory() = default;
+    void* data() const { return data_; }  // this process's (device) address of it
+    std::size_t bytes() const { return bytes_; }
+    // What open_shared takes in another process (empty for an opened block).
+    const std::string& handle() const { return handle_; }
+    // Called on the allocating process once every peer has opened the block:
+    // the isolated device removes the name it was published under, so a job
+    // that dies leaves nothing behind.
+    virtual void opened_by_all() {}
+
+   protected:
+    void* data_ = nullptr;
+    std::size_t bytes_ = 0;
+    std::string handle_;
+  };
+  // nullptr where the device has nothing to share this way (host memory, whose
+  // tensors the shm segment holds directly; the meta device).
+  virtual std::shared_ptr<SharedMemory> allocate_shared(std::size_t bytes);
+  // Maps another process's allocate_shared block of `bytes` bytes into this
+  // one; ConfigError saying why when it cannot (another GPU without peer
+  // access, a handle of another kind of device).
+  virtual std::shared_ptr<SharedMemory> open_shared(const std::string& handle, std::size_t bytes);
+
  protected:
   friend class Buffer;
   void count_host_wait() { host_waits_.fetch_add(1, std::memory_order_relaxed); }

@@ -1,10 +1,14 @@
 #include "megazero/core/isolated_device.h"
 
 #include <execinfo.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -280,6 +284,82 @@ void IsolatedCpuDevice::copy_within(void* dst, const void* src, std::size_t byte
   if (bytes && dst != src)
     std::memmove(alias_of(dst, bytes, "copy_within"), alias_of(src, bytes, "copy_within"), bytes);
 }
+void IsolatedCpuDevice::copy_within_after(const Mark&, void* dst, const void* src, std::size_t bytes) {
+  copy_within(dst, src, bytes);  // work here runs as it is issued: nothing is queued after the mark
+}
+
+namespace {
+// A shared block: the object's two mappings, registered as a region while it lives.
+class IsolatedSharedMemory final : public Device::SharedMemory {
+ public:
+  IsolatedSharedMemory(const std::string& name, std::size_t bytes, bool create) {
+    const std::size_t mapped = (std::max<std::size_t>(bytes, 1) + page_size() - 1) / page_size() * page_size();
+    const int fd = ::shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
+    if (fd < 0)
+      throw ConfigError(detail::concat("cpu-isolated: cannot ", create ? "create" : "open", " shared device memory ",
+                                       name, ": ", std::strerror(errno)));
+    struct stat st {};
+    int rc = create ? posix_fallocate(fd, 0, static_cast<off_t>(mapped)) : (::fstat(fd, &st) == 0 ? 0 : errno);
+    if (rc == 0 && !create && static_cast<std::size_t>(st.st_size) < mapped) rc = EINVAL;
+    void* dev = MAP_FAILED;
+    void* alias = MAP_FAILED;
+    if (rc == 0) {
+      dev = ::mmap(nullptr, mapped, PROT_NONE, MAP_SHARED, fd, 0);
+      alias = ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (dev == MAP_FAILED || alias == MAP_FAILED) rc = errno;
+    }
+    ::close(fd);  // the mappings keep the memory
+    if (rc != 0) {
+      if (dev != MAP_FAILED) ::munmap(dev, mapped);
+      if (alias != MAP_FAILED) ::munmap(alias, mapped);
+      if (create) ::shm_unlink(name.c_str());
+      throw ConfigError(detail::concat("cpu-isolated: cannot map ", bytes, " bytes of shared device memory ", name,
+                                       ": ", std::strerror(rc)));
+    }
+    data_ = dev;
+    bytes_ = bytes;
+    mapped_ = mapped;
+    alias_ = static_cast<char*>(alias);
+    if (create) {
+      handle_ = name;
+      name_ = name;
+    }
+    std::unique_lock lock(g_mu);
+    regions()[static_cast<const char*>(dev)] = Region{alias_, bytes, mapped};
+  }
+  ~IsolatedSharedMemory() override {
+    {
+      std::unique_lock lock(g_mu);
+      regions().erase(static_cast<const char*>(data_));
+    }
+    ::munmap(data_, mapped_);
+    ::munmap(alias_, mapped_);
+    opened_by_all();
+  }
+  void opened_by_all() override {
+    if (!name_.empty()) ::shm_unlink(name_.c_str());
+    name_.clear();
+  }
+
+ private:
+  std::size_t mapped_ = 0;
+  char* alias_ = nullptr;
+  std::string name_;  // still published under it (the allocating process only)
+};
+}  // namespace
+
+std::shared_ptr<Device::SharedMemory> IsolatedCpuDevice::allocate_shared(std::size_t bytes) {
+  static std::atomic<int> blocks{0};
+  return std::make_shared<IsolatedSharedMemory>(
+      detail::concat("/megazero-isolated-", ::getpid(), "-", blocks.fetch_add(1)), bytes, true);
+}
+
+std::shared_ptr<Device::SharedMemory> IsolatedCpuDevice::open_shared(const std::string& handle, std::size_t bytes) {
+  if (handle.rfind("/megazero-isolated-", 0) != 0)
+    throw ConfigError(detail::concat("cpu-isolated: '", handle, "' is not a cpu-isolated device's shared block"));
+  return std::make_shared<IsolatedSharedMemory>(handle, bytes, false);
+}
+
 void IsolatedCpuDevice::fill_zero(void* dst, std::size_t bytes) {
   if (bytes) std::memset(alias_of(dst, bytes, "fill_zero"), 0, bytes);
 }

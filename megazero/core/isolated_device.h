@@ -51,7 +51,15 @@ class IsolatedCpuDevice final : public Device {
   void queue_after(const Transfer& t) override;
   void wait(const Transfer& t) override;
   void copy_within(void* dst, const void* src, std::size_t bytes) override;
+  void copy_within_after(const Mark& after, void* dst, const void* src, std::size_t bytes) override;
   void fill_zero(void* dst, std::size_t bytes) override;
+  // A named POSIX shared-memory object mapped twice as every allocation here
+  // is (PROT_NONE where host code would touch it, a read-write twin for the
+  // kernels); the handle is its name, which opened_by_all() removes. A
+  // peer's block is registered as this device's memory: copies and kernels
+  // reach it, host code faults on it, as with CUDA IPC memory on a GPU.
+  std::shared_ptr<SharedMemory> allocate_shared(std::size_t bytes) override;
+  std::shared_ptr<SharedMemory> open_shared(const std::string& handle, std::size_t bytes) override;
 
  protected:
   void* raw_allocate(std::size_t bytes) override;

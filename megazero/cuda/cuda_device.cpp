@@ -233,22 +233,100 @@ double CudaDevice::seconds_between(const Mark& from, const Mark& to) {
 }
 
 void CudaDevice::copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  const auto* m = dynamic_cast<const EventMark*>(&after);
-  MZ_CHECK(m && m->device == index_, "copy after a mark on ", name(), ": a mark of another device");
   if (bytes == 0) return;
+  run_after(after, [&](cudaStream_t copy_stream) {
+    MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream));
+  });
+}
+
+void CudaDevice::run_after(const Mark& after, const std::function<void(cudaStream_t)>& launch) {
+  const auto* m = dynamic_cast<const EventMark*>(&after);
+  MZ_CHECK(m && m->device == index_, "work after a mark on ", name(), ": a mark of another device");
   CudaDeviceGuard guard(index_);
   // The copy stream waits for the point the mark recorded on the compute
   // stream (every write to, and every earlier use of, these device bytes),
   // not for what the compute stream was given since.
   const cudaStream_t copy_stream = thread_copy_stream();
   MZ_CUDA_CHECK(cudaStreamWaitEvent(copy_stream, m->event, 0));
-  MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream));
+  launch(copy_stream);
   cudaEvent_t done = nullptr;
   MZ_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
   const cudaError_t recorded = cudaEventRecord(done, copy_stream);
   const cudaError_t waited = recorded == cudaSuccess ? cudaEventSynchronize(done) : recorded;
   (void)cudaEventDestroy(done);
   MZ_CUDA_CHECK(waited);
+}
+
+void CudaDevice::copy_within_after(const Mark& after, void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  copy_after(after, dst, src, bytes, cudaMemcpyDeviceToDevice);
+}
+
+namespace {
+constexpr const char* kIpcPrefix = "cuda-ipc:";
+
+// An exported cudaMalloc block, or a peer's block opened here.
+class CudaIpcMemory final : public Device::SharedMemory {
+ public:
+  CudaIpcMemory(int device, void* p, std::size_t bytes, std::string handle, bool owned)
+      : device_(device), owned_(owned) {
+    data_ = p;
+    bytes_ = bytes;
+    handle_ = std::move(handle);
+  }
+  ~CudaIpcMemory() override {
+    // No throw, no report: at exit the runtime may be unloading.
+    int current = -1;
+    (void)cudaGetDevice(&current);
+    (void)cudaSetDevice(device_);
+    (void)(owned_ ? cudaFree(data_) : cudaIpcCloseMemHandle(data_));
+    if (current >= 0) (void)cudaSetDevice(current);
+  }
+
+ private:
+  int device_;
+  bool owned_;
+};
+}  // namespace
+
+std::shared_ptr<Device::SharedMemory> CudaDevice::allocate_shared(std::size_t bytes) {
+  CudaDeviceGuard guard(index_);
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, std::max<std::size_t>(bytes, 1));
+  cudaIpcMemHandle_t h{};
+  if (err == cudaSuccess) err = cudaIpcGetMemHandle(&h, p);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    if (p) (void)cudaFree(p);
+    throw ConfigError(detail::concat("cannot allocate ", mib(bytes), " of shared (CUDA IPC) memory on ", name(), ": ",
+                                     cudaGetErrorString(err)));
+  }
+  std::string handle = kIpcPrefix;
+  static const char* hex = "0123456789abcdef";
+  for (unsigned char c : std::string_view(h.reserved, sizeof(h.reserved))) {
+    handle += hex[c >> 4];
+    handle += hex[c & 15];
+  }
+  return std::make_shared<CudaIpcMemory>(index_, p, bytes, std::move(handle), true);
+}
+
+std::shared_ptr<Device::SharedMemory> CudaDevice::open_shared(const std::string& handle, std::size_t bytes) {
+  cudaIpcMemHandle_t h{};
+  const std::size_t prefix = std::string_view(kIpcPrefix).size();
+  if (handle.rfind(kIpcPrefix, 0) != 0 || handle.size() != prefix + 2 * sizeof(h.reserved))
+    throw ConfigError(detail::concat(name(), ": '", handle.substr(0, 40), "' is not a CUDA IPC handle"));
+  auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (std::size_t i = 0; i < sizeof(h.reserved); ++i)
+    h.reserved[i] = static_cast<char>(nibble(handle[prefix + 2 * i]) << 4 | nibble(handle[prefix + 2 * i + 1]));
+  CudaDeviceGuard guard(index_);
+  void* p = nullptr;
+  const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw ConfigError(detail::concat(name(), " cannot open another process's device memory (CUDA IPC): ",
+                                     cudaGetErrorString(err)));
+  }
+  return std::make_shared<CudaIpcMemory>(index_, p, bytes, std::string(), false);
 }
 
 // Called with this device current (copy_after's guard).

@@ -11,6 +11,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -84,6 +85,19 @@ class CudaDevice final : public Device {
   // On the copy stream, after the mark's event; waits for the copy alone.
   void copy_to_host_after(const Mark& after, void* host_dst, const void* src, std::size_t bytes) override;
   void copy_from_host_after(const Mark& after, void* dst, const void* host_src, std::size_t bytes) override;
+  // Device to device on the calling thread's copy stream, after the mark's
+  // event; waits for the copy alone.
+  void copy_within_after(const Mark& after, void* dst, const void* src, std::size_t bytes) override;
+  // Runs `launch` (kernels queued on the stream it is given) on the calling
+  // thread's copy stream after the mark's event and waits for what it queued
+  // alone: a communication thread's device work (the shm transport's slot
+  // reductions) ordered as its copies are, off the compute stream.
+  void run_after(const Mark& after, const std::function<void(cudaStream_t)>& launch);
+  // CUDA IPC: cudaMalloc'd memory and its cudaIpcGetMemHandle, opened by
+  // another process with cudaIpcOpenMemHandle (peer access enabled when its
+  // GPU is another one; refused, with the driver's reason, without it).
+  std::shared_ptr<SharedMemory> allocate_shared(std::size_t bytes) override;
+  std::shared_ptr<SharedMemory> open_shared(const std::string& handle, std::size_t bytes) override;
   // cudaMemGetInfo: free bytes as the driver sees them (the memory pool's
   // reserve counts as used).
   std::optional<MemoryInfo> memory_info() override;

@@ -244,6 +244,7 @@ void Trainer::Impl::build() {
                "--distributed-backend mpi");
   });
   const bool use_shm = args.distributed_backend == "shm";
+  int shm_groups = 0, shm_device_groups = 0;  // of two or more ranks; those with device slots
   if (use_shm) {
     run_consistently(world, [&] {
       MZ_REQUIRE(local_ranks == world.size(), "--distributed-backend shm: the job's ", world.size(),
@@ -257,7 +258,10 @@ void Trainer::Impl::build() {
       groups->use_device_groups([&](Communicator& bootstrap, const std::string& name) -> std::unique_ptr<Communicator> {
         auto* mpi = dynamic_cast<MpiCommunicator*>(&bootstrap);
         MZ_CHECK(mpi, "--distributed-backend shm: the groups' bootstrap is not MPI");
-        return MpiCommunicator::with_shared_memory(*mpi, name);
+        auto comm = MpiCommunicator::with_shared_memory(*mpi, name, device);
+        shm_groups += comm->size() > 1 ? 1 : 0;
+        shm_device_groups += comm->has_device_slots() ? 1 : 0;
+        return comm;
       });
     });
   }
@@ -274,9 +278,11 @@ void Trainer::Impl::build() {
   if (root)
     std::printf("collectives: tp %s, dp %s, world %s%s\n", std::string(groups->tp().backend()).c_str(),
                 std::string(groups->dp().backend()).c_str(), std::string(world.backend()).c_str(),
-                on_gpu && use_shm     ? " (GPU tensors copied through shared host memory)"
-                : on_gpu && !use_nccl ? " (GPU tensors staged through host memory)"
-                                      : "");
+                !device->host_accessible() && use_shm && shm_groups > 0 && shm_device_groups == shm_groups
+                    ? " (device tensors through shared device memory)"
+                : !device->host_accessible() && use_shm && shm_groups > 0 ? " (device tensors through shared host memory)"
+                : on_gpu && !use_nccl                                      ? " (GPU tensors staged through host memory)"
+                                                                           : "");
   model_ =
       std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   auto& model = *model_;

@@ -10,7 +10,11 @@
 #  3. DP 4: within 1e-5 of MPI's (four-rank sums in another order);
 #  4. a checkpoint saved over shm resumes over MPI exactly;
 #  5. a slot size the transport cannot use (MEGAZERO_SHM_SLOT_BYTES) is refused
-#     on every rank alike, exit 2, the variable named once.
+#     on every rank alike, exit 2, the variable named once; so is a bad
+#     MEGAZERO_SHM_DEVICE_SLOTS.
+# On a device (not host memory) the shm runs move device tensors through
+# device slots (CUDA IPC; the isolated device's emulation of it), and stage 3
+# with MEGAZERO_SHM_DEVICE_SLOTS=0 through the host segment: both with MPI's bits.
 set -u
 train=$1 cfg=$2 device=$3
 work=$(mktemp -d /tmp/mz-shm-e2e-XXXXXX)
@@ -26,7 +30,12 @@ rc() { cat "$work/$1.rc"; }
 losses() { grep -E "^ iteration" "$work/$1.log" | sed -E 's/^ iteration +([0-9]+)\/.*lm loss ([0-9.E+-]+) .*/\1 \2/'; }
 fail() { echo "shm_backend_e2e ($device): FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 12 "$f"; done >&2; exit 1; }
 ok() { [ "$(rc "$1")" = 0 ] || fail "$1 exited with $(rc "$1")"; }
-on_shm() { grep -q "collectives: tp shm, dp shm" "$work/$1.log" || fail "$1 did not run on the shm transport"; }
+on_shm() {  # on_shm NAME [device|host]: the transport, and on a device the slots it used
+  grep -q "collectives: tp shm, dp shm" "$work/$1.log" || fail "$1 did not run on the shm transport"
+  [ "$device" = cpu ] && return
+  grep -q "device tensors through shared ${2:-device} memory" "$work/$1.log" ||
+    fail "$1 did not move $device tensors through ${2:-device} slots: $(grep "collectives:" "$work/$1.log")"
+}
 same() {  # same A B: identical losses, at least one
   [ -n "$(losses "$1")" ] || fail "$1 logged no iterations"
   diff <(losses "$1") <(losses "$2") >/dev/null || fail "$2 differs from $1: $(paste -d'|' <(losses "$1") <(losses "$2") | tr '\n' ' ')"
@@ -56,6 +65,12 @@ done
 run z3-shm-noprefetch --tensor-model-parallel-size 2 --zero-stage 3 --stage3-prefetch false --distributed-backend shm
 ok z3-shm-noprefetch
 same z3-shm z3-shm-noprefetch
+if [ "$device" != cpu ]; then
+  MEGAZERO_SHM_DEVICE_SLOTS=0 run z3-shm-hostslots --tensor-model-parallel-size 2 --zero-stage 3 --distributed-backend shm
+  ok z3-shm-hostslots
+  on_shm z3-shm-hostslots host
+  same z3-mpi z3-shm-hostslots
+fi
 
 # 3. Four-rank sums.
 for be in mpi shm; do run "dp4-$be" --zero-stage 2 --distributed-backend "$be"; ok "dp4-$be"; done
@@ -76,4 +91,8 @@ MEGAZERO_SHM_SLOT_BYTES=1000 run bad-slot --tensor-model-parallel-size 2 --distr
 [ "$(rc bad-slot)" = 2 ] || fail "a bad MEGAZERO_SHM_SLOT_BYTES exited $(rc bad-slot), expected 2"
 [ "$(grep -c "MEGAZERO_SHM_SLOT_BYTES='1000' is not a byte count" "$work/bad-slot.log")" = 1 ] ||
   fail "the refusal should name MEGAZERO_SHM_SLOT_BYTES once"
+MEGAZERO_SHM_DEVICE_SLOTS=yes run bad-device-slots --tensor-model-parallel-size 2 --distributed-backend shm
+[ "$(rc bad-device-slots)" = 2 ] || fail "a bad MEGAZERO_SHM_DEVICE_SLOTS exited $(rc bad-device-slots), expected 2"
+[ "$(grep -c "MEGAZERO_SHM_DEVICE_SLOTS='yes' is neither" "$work/bad-device-slots.log")" = 1 ] ||
+  fail "the refusal should name MEGAZERO_SHM_DEVICE_SLOTS once"
 echo "shm_backend_e2e ($device): every check passed"

@@ -53,9 +53,11 @@
 #            deterministic.
 #   zero3  - ZeRO on 2 ranks sharing the GPU (issue #21's last goal): first bench_collectives on GPU
 #            tensors over MPI's messages and over the shared-memory transport (--distributed-backend
-#            shm: DMA to one page-locked segment, no MPICH in the data path); then stages 0-3 and
-#            stage 3 without its prefetch over shm, stages 0 and 3 (with and without the prefetch)
-#            over MPI: step time and the exposed DP communication the prefetch leaves; recompute
+#            shm: device slots in CUDA IPC memory, and with MEGAZERO_SHM_DEVICE_SLOTS=0 DMA to one
+#            page-locked host segment; no MPICH in the data path); then stages 0-3 and stage 3
+#            without its prefetch over shm, stage 3 (with and without) over shm's host slots,
+#            stages 0 and 3 (with and without the prefetch) over MPI: step time and the exposed DP
+#            communication the prefetch leaves; recompute
 #            with and without Pa+cpu; last, tests/cli/shm_backend_e2e.sh on cuda (4 ranks: shm's
 #            losses are MPI's).
 #   tools/gpu_session.sh paths cudnn tests layer train
@@ -401,25 +403,29 @@ for phase in "$@"; do
       {
         # First what the phase's numbers rest on: device marks time the GPU's work, and the
         # staging copies wait only for the point a collective was issued.
-        echo "== test_cuda marks and staged copies"
-        mpi 1 $B/test_cuda --gtest_filter='Cuda.MarksTimeTheDevicesWorkNotTheLaunch:Cuda.CopiesAfterAMarkDoNotWaitForLaterCompute'
-        # The two transports on GPU tensors, 2 ranks sharing the GPU (bf16, 1-64 MiB).
-        for be in mpi shm; do
+        echo "== test_cuda marks, staged copies and the device slots' reduction"
+        mpi 1 $B/test_cuda --gtest_filter='Cuda.MarksTimeTheDevicesWorkNotTheLaunch:Cuda.CopiesAfterAMarkDoNotWaitForLaterCompute:Cuda.SlotReductionGivesTheHostsBitsAndSharedBlocksExport'
+        # The transports on GPU tensors, 2 ranks sharing the GPU (bf16, 1-64 MiB): MPI's messages,
+        # shm through device slots (CUDA IPC, the default) and through the host segment
+        # (MEGAZERO_SHM_DEVICE_SLOTS=0).
+        for be in mpi shm shm-hostslots; do
           echo "== bench_collectives --device cuda --distributed-backend $be, 2 ranks sharing the GPU"
-          mpi 2 $B/bench_collectives --device cuda --distributed-backend $be --dtype bf16 --min-bytes 1048576 \
-            --max-bytes 67108864 --iters 5
+          MEGAZERO_SHM_DEVICE_SLOTS=$([ $be = shm-hostslots ] && echo 0 || echo 1) \
+            mpi 2 $B/bench_collectives --device cuda --distributed-backend ${be%-hostslots} --dtype bf16 \
+            --min-bytes 1048576 --max-bytes 67108864 --iters 5
           echo "== exit $?"
         done
         # Stage 3 with its prefetch and without (--stage3-prefetch false), so the difference in
         # step time is what the prefetch hides; over shm first, then over MPI's messages.
-        for run in "shm 0" "shm 1" "shm 2" "shm 3" "shm 3 --stage3-prefetch false" "mpi 0" "mpi 3" \
-          "mpi 3 --stage3-prefetch false"; do
+        for run in "shm 0" "shm 1" "shm 2" "shm 3" "shm 3 --stage3-prefetch false" "shm-hostslots 3" \
+          "shm-hostslots 3 --stage3-prefetch false" "mpi 0" "mpi 3" "mpi 3 --stage3-prefetch false"; do
           read -r be stage <<<"$run"
           echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, --distributed-backend $be, ZeRO stage $stage"
-          mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
+          MEGAZERO_SHM_DEVICE_SLOTS=$([ $be = shm-hostslots ] && echo 0 || echo 1) \
+            mpi 2 $B/pretrain_gpt --device cuda --num-layers 12 --hidden-size 768 --num-attention-heads 12 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 4 --global-batch-size 8 \
             --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 \
-            --distributed-backend $be --zero-stage $stage
+            --distributed-backend ${be%-hostslots} --zero-stage $stage
           echo "== exit $?"
         done
         # Pa+cpu's offload, queued behind the compute since 2026-11-26: its cost over plain recompute.

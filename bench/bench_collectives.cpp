@@ -42,8 +42,8 @@ int run(int argc, char** argv) {
   const double nd = n;
   if (world->rank() == 0)
     std::printf("# ranks %d, dtype %s, %s%s on %s, median of %d\n%-14s %12s %12s %12s %12s\n", n, dtype_s.c_str(),
-                backend.c_str(), world->has_device_slots() ? " (device slots)" : "", cpu->name().c_str(), iters, "collective", "bytes", "time_us", "algbw_GB/s",
-                "busbw_GB/s");
+                backend.c_str(), world->has_device_slots() ? " (device slots)" : "", cpu->name().c_str(), iters,
+                "collective", "bytes", "time_us", "algbw_GB/s", "busbw_GB/s");
   for (std::int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     const std::int64_t count = bytes / static_cast<std::int64_t>(dtype_size(t)) / n * n;
     Tensor full = Tensor::zeros(cpu, {count}, t, MemoryCategory::CommBuffers);

@@ -555,9 +555,9 @@ void MpiCommunicator::attach_shared_memory() {
             mpi::check(MPI_Allgather(&own_len, 1, MPI_INT, lens.data(), 1, MPI_INT, comm_), "MPI_Allgather", name());
             for (std::size_t q = 1; q < lens.size(); ++q) displs[q] = displs[q - 1] + lens[q - 1];
             std::string all(static_cast<std::size_t>(displs.back() + lens.back()), '\0');
-            mpi::check(MPI_Allgatherv(text.data(), own_len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR,
-                                      comm_),
-                       "MPI_Allgatherv", name());
+            mpi::check(
+                MPI_Allgatherv(text.data(), own_len, MPI_CHAR, all.data(), lens.data(), displs.data(), MPI_CHAR, comm_),
+                "MPI_Allgatherv", name());
             std::vector<std::string> out;
             for (std::size_t q = 0; q < lens.size(); ++q)
               out.push_back(all.substr(static_cast<std::size_t>(displs[q]), static_cast<std::size_t>(lens[q])));

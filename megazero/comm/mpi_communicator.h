@@ -106,7 +106,7 @@ class MpiCommunicator final : public Communicator {
   std::deque<Task> queue_;
   bool stop_ = false;
   bool shared_memory_ = false;
-  std::shared_ptr<Device> shm_device_;  // the device of with_shared_memory, for the splits too
+  std::shared_ptr<Device> shm_device_;   // the device of with_shared_memory, for the splits too
   std::unique_ptr<ShmCollectives> shm_;  // groups of two or more ranks with shared memory
 };
 

@@ -241,7 +241,7 @@ void ShmCollectives::pin_for(const Tensor& t) {
 }
 
 void ShmCollectives::put(const Tensor& t, std::size_t offset, char* slot_at, std::size_t bytes,
-                          const Device::Mark* issued, bool dev) {
+                         const Device::Mark* issued, bool dev) {
   if (bytes == 0) return;
   const char* src = static_cast<const char*>(t.data()) + offset;
   Device& d = t.device();
@@ -260,7 +260,7 @@ void ShmCollectives::put(const Tensor& t, std::size_t offset, char* slot_at, std
 }
 
 void ShmCollectives::get(const Tensor& t, std::size_t offset, const char* slot_at, std::size_t bytes,
-                          const Device::Mark* issued, bool dev) {
+                         const Device::Mark* issued, bool dev) {
   if (bytes == 0) return;
   char* dst = static_cast<char*>(t.data()) + offset;
   Device& d = t.device();

@@ -92,12 +92,11 @@ void reduce_on_device(Device& d, const Device::Mark& issued, DType t, ReduceOp o
   if (n == 0) return;
 #ifdef MEGAZERO_WITH_CUDA
   if (d.kind() == DeviceKind::CUDA) {
-    const auto o = op == ReduceOp::Max ? cuda::SlotReduce::Max
+    const auto o = op == ReduceOp::Max   ? cuda::SlotReduce::Max
                    : op == ReduceOp::Avg ? cuda::SlotReduce::Avg
                                          : cuda::SlotReduce::Sum;
     as_cuda_device(d).run_after(issued, [&](cudaStream_t s) {
-      cuda::reduce_slots(t, o, dst, srcs.data(), static_cast<int>(srcs.size()), static_cast<std::int64_t>(n), ranks,
-                         s);
+      cuda::reduce_slots(t, o, dst, srcs.data(), static_cast<int>(srcs.size()), static_cast<std::int64_t>(n), ranks, s);
     });
     return;
   }

@@ -234,9 +234,8 @@ double CudaDevice::seconds_between(const Mark& from, const Mark& to) {
 
 void CudaDevice::copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;
-  run_after(after, [&](cudaStream_t copy_stream) {
-    MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream));
-  });
+  run_after(after,
+            [&](cudaStream_t copy_stream) { MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, copy_stream)); });
 }
 
 void CudaDevice::run_after(const Mark& after, const std::function<void(cudaStream_t)>& launch) {
@@ -323,8 +322,8 @@ std::shared_ptr<Device::SharedMemory> CudaDevice::open_shared(const std::string&
   const cudaError_t err = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    throw ConfigError(detail::concat(name(), " cannot open another process's device memory (CUDA IPC): ",
-                                     cudaGetErrorString(err)));
+    throw ConfigError(
+        detail::concat(name(), " cannot open another process's device memory (CUDA IPC): ", cudaGetErrorString(err)));
   }
   return std::make_shared<CudaIpcMemory>(index_, p, bytes, std::string(), false);
 }

@@ -22,8 +22,8 @@ void launch(SlotReduce op, void* dst, const void* const* srcs, int nsrc, i64 n, 
   const SlotOp o = op == SlotReduce::Sum ? SlotOp::Sum : op == SlotReduce::Avg ? SlotOp::Avg : SlotOp::Max;
   if (packed) {
     const i64 units = n / kVec<S>;
-    slot_reduce_kernel<S, kVec<S>><<<blocks_for(units), kThreads, 0, s>>>(static_cast<S*>(dst), in, nsrc, units, o,
-                                                                          ranks);
+    slot_reduce_kernel<S, kVec<S>>
+        <<<blocks_for(units), kThreads, 0, s>>>(static_cast<S*>(dst), in, nsrc, units, o, ranks);
   } else {
     slot_reduce_kernel<S, 1><<<blocks_for(n), kThreads, 0, s>>>(static_cast<S*>(dst), in, nsrc, n, o, ranks);
   }

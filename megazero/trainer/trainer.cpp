@@ -280,9 +280,10 @@ void Trainer::Impl::build() {
                 std::string(groups->dp().backend()).c_str(), std::string(world.backend()).c_str(),
                 !device->host_accessible() && use_shm && shm_groups > 0 && shm_device_groups == shm_groups
                     ? " (device tensors through shared device memory)"
-                : !device->host_accessible() && use_shm && shm_groups > 0 ? " (device tensors through shared host memory)"
-                : on_gpu && !use_nccl                                      ? " (GPU tensors staged through host memory)"
-                                                                           : "");
+                : !device->host_accessible() && use_shm && shm_groups > 0
+                    ? " (device tensors through shared host memory)"
+                : on_gpu && !use_nccl ? " (GPU tensors staged through host memory)"
+                                      : "");
   model_ =
       std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   auto& model = *model_;

@@ -103,8 +103,9 @@ void run_kernel(void* dst, const std::vector<void*>& srcs, i64 n, dk::SlotOp op,
   dk::SlotSources in{};
   for (std::size_t q = 0; q < srcs.size(); ++q) in.p[q] = srcs[q];
   const i64 units = n / V;
-  emu_launch(dim3{blocks, 1, 1}, 64, 0,
-             [&] { dk::slot_reduce_kernel<S, V>(static_cast<S*>(dst), in, static_cast<int>(srcs.size()), units, op, ranks); });
+  emu_launch(dim3{blocks, 1, 1}, 64, 0, [&] {
+    dk::slot_reduce_kernel<S, V>(static_cast<S*>(dst), in, static_cast<int>(srcs.size()), units, op, ranks);
+  });
 }
 
 template <typename S>

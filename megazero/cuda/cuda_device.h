@@ -4,9 +4,10 @@
 // result" semantics as the CPU device without a device-wide synchronisation;
 // the NCCL backend orders its own stream against this one with events.
 //
-// Host-visible calls (copy_to_host, copy_from_host, copy_within) return only
-// when the copy is complete, as on the CPU. Create one CudaDevice per process
-// and GPU and share it: operands of one kernel must live on the same object.
+// Copies to and from the host return only when the copy is complete, as on
+// the CPU; copies within the device are queued on the compute stream like a
+// kernel (later work and read-backs see them). Create one CudaDevice per
+// process and GPU and share it: operands of one kernel must live on the same object.
 #pragma once
 
 #include <cuda_runtime_api.h>

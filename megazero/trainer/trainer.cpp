@@ -282,6 +282,9 @@ void Trainer::Impl::build() {
                     ? " (device tensors through shared device memory)"
                 : !device->host_accessible() && use_shm && shm_groups > 0
                     ? " (device tensors through shared host memory)"
+                : on_gpu && !use_nccl && any_shares
+                    ? " (GPU tensors staged through host memory; for ranks sharing a GPU, --distributed-backend "
+                      "shm moves them without MPI's messages)"
                 : on_gpu && !use_nccl ? " (GPU tensors staged through host memory)"
                                       : "");
   model_ =

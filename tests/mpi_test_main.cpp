@@ -2,12 +2,21 @@
 // MPI is initialised around RUN_ALL_TESTS; a failure on any rank makes every rank
 // exit non-zero (the result is all-reduced), so CTest sees it however mpiexec
 // reports exit codes. Ranks other than 0 print only their failures.
+//
+// Multi-rank binaries run under the collective watchdog (fault_tolerance.h):
+// a test whose ranks diverge — one rank's ASSERT leaves a test early while its
+// peers wait in a collective — would otherwise hang, silent, until CTest's
+// timeout; the watchdog ends the job after MEGAZERO_TEST_COLLECTIVE_TIMEOUT
+// seconds (default 300, far above any test's legitimate wait; 0: off) with one
+// line naming the rank and the stuck collective, exit code 4.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include "megazero/comm/fault_tolerance.h"
 #include "megazero/runtime/entry.h"
 
 #include <cstdio>
+#include <cstdlib>
 
 namespace {
 
@@ -35,6 +44,12 @@ int main(int argc, char** argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   testing::InitGoogleTest(&argc, argv);
+  int size = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size > 1) {
+    const char* t = std::getenv("MEGAZERO_TEST_COLLECTIVE_TIMEOUT");
+    megazero::set_collective_timeout(t && *t ? std::atof(t) : 300.0);
+  }
   if (rank != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();
     delete listeners.Release(listeners.default_result_printer());

@@ -13,7 +13,12 @@
 // - strided_copy: contiguous (a copy, or the cast kernel), rows of a head
 //   split (a warp a row: rows >= 1024 of >= 16 elements), element by element
 //   (a transpose), integers byte for byte, a cast on the strided path; every
-//   destination element not in the copy keeps its poison.
+//   destination element not in the copy keeps its poison;
+// - reduce_slots (slot_reduce.cu, the shm transport's reduction over device
+//   slots): reduce_host's bytes for every dtype and op, 2 and 3 sources, one
+//   launch, 16-byte packs exactly when every pointer is aligned and the length
+//   a whole number of packs (else element by element: the grid says which),
+//   nothing written past the result; 0 or 33 sources refused.
 // Exit code 1 on any failure.
 #include <cmath>
 #include <cstdio>
@@ -25,7 +30,11 @@
 #include "emu_checks.h"
 #include "emu_device_checks.h"
 #include "emu_host.h"
+#include "megazero/comm/shm_collectives.h"
+#include "megazero/core/error.h"
 #include "megazero/cuda/cuda_kernels.h"
+#include "megazero/cuda/launch_common.h"
+#include "megazero/cuda/slot_reduce.h"
 #include "megazero/cuda/strided_copy.h"
 
 using namespace megazero;
@@ -269,6 +278,79 @@ void strided_copies(std::mt19937& rng) {
 
 }  // namespace
 
+// ------------------------------------------------------------ reduce_slots
+std::vector<unsigned char> random_elements(DType t, std::size_t n, std::mt19937& rng) {
+  std::vector<unsigned char> out(n * dtype_size(t));
+  if (is_floating(t)) {
+    std::normal_distribution<double> d(0.0, 50.0);
+    std::vector<double> v(n);
+    for (auto& x : v) x = d(rng);
+    return bytes_of(v, t);
+  }
+  std::uniform_int_distribution<std::int64_t> d(-(std::int64_t{1} << 40), std::int64_t{1} << 40);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::int64_t x = d(rng);
+    std::memcpy(&out[i * dtype_size(t)], &x, dtype_size(t));  // the low bytes: any value of t
+  }
+  return out;
+}
+
+void slot_reduction(DType t, ReduceOp op, int nsrc, std::size_t n, std::size_t shift, std::mt19937& rng) {
+  const std::size_t e = dtype_size(t), bytes = n * e;
+  std::vector<std::vector<unsigned char>> host(static_cast<std::size_t>(nsrc));
+  std::vector<std::unique_ptr<emu::DeviceBuffer<unsigned char>>> dev;
+  std::vector<const void*> host_ptrs, dev_ptrs;
+  for (auto& h : host) {
+    h = random_elements(t, n, rng);
+    std::vector<unsigned char> shifted(shift, 0);
+    shifted.insert(shifted.end(), h.begin(), h.end());
+    dev.push_back(on_device(shifted));
+    host_ptrs.push_back(h.data());
+    dev_ptrs.push_back(dev.back()->get() + shift);
+  }
+  std::vector<unsigned char> want(bytes);
+  reduce_host(t, op, want.data(), host_ptrs, n, nsrc);
+  const auto out = poison(bytes + shift);
+  const cuda::SlotReduce o = op == ReduceOp::Max   ? cuda::SlotReduce::Max
+                             : op == ReduceOp::Avg ? cuda::SlotReduce::Avg
+                                                   : cuda::SlotReduce::Sum;
+  LaunchLog log;
+  cuda::reduce_slots(t, o, out->get() + shift, dev_ptrs.data(), nsrc, static_cast<i64>(n), nsrc, nullptr);
+  const std::size_t vec = 16 / e;
+  const bool packed = shift == 0 && n % vec == 0;
+  check(log.launches.size() == 1, "reduce_slots: one launch", static_cast<double>(log.launches.size()), 1, 0);
+  if (log.launches.size() == 1)
+    check(log.launches[0].grid.x == cuda::detail_k::blocks_for(static_cast<i64>(packed ? n / vec : n)),
+          packed ? "reduce_slots: a grid of 16-byte packs" : "reduce_slots: a grid of elements",
+          log.launches[0].grid.x, cuda::detail_k::blocks_for(static_cast<i64>(packed ? n / vec : n)), 0);
+  const auto got = out->download();
+  for (std::size_t i = 0; i < n; ++i)
+    check(std::memcmp(&got[shift + i * e], &want[i * e], e) == 0, "reduce_slots: reduce_host's bytes", 0, 0, i);
+  for (std::size_t i = 0; i < shift; ++i) check(got[i] == 0xff, "reduce_slots wrote before its result", got[i], 255, i);
+}
+
+void slot_reductions(std::mt19937& rng) {
+  for (const DType t : {DType::F32, DType::F16, DType::BF16, DType::F64, DType::I32, DType::I64, DType::U8}) {
+    std::vector<ReduceOp> ops = {ReduceOp::Max};
+    if (t != DType::U8) ops.push_back(ReduceOp::Sum);
+    if (is_floating(t)) ops.push_back(ReduceOp::Avg);
+    for (const ReduceOp op : ops)
+      for (const int nsrc : {2, 3})
+        for (const std::size_t n : {std::size_t{4096}, std::size_t{4099}})
+          for (const std::size_t shift : {std::size_t{0}, dtype_size(t)}) slot_reduction(t, op, nsrc, n, shift, rng);
+  }
+  for (const int nsrc : {0, 33}) {
+    bool refused = false;
+    try {
+      const void* none[33] = {};
+      cuda::reduce_slots(DType::F32, cuda::SlotReduce::Sum, nullptr, none, nsrc, 1, 1, nullptr);
+    } catch (const InternalError&) {
+      refused = true;
+    }
+    check(refused, "reduce_slots: a source count outside 1-32 is refused", nsrc, 0, 0);
+  }
+}
+
 int main() {
   return run_launcher_test([] {
     std::mt19937 rng(2028);
@@ -277,5 +359,6 @@ int main() {
       for (const float beta : {0.0f, 0.375f, -1.7f}) scale_matrix(t, beta, rng);
     int64_pair();
     strided_copies(rng);
+    slot_reductions(rng);
   });
 }

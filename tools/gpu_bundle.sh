@@ -45,6 +45,10 @@ ldd "$stage"/bin/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$stage/lib/ucx/" 2>/dev/null || true
+# Which commit the binaries are (the GPU session prints it first in env.txt), "-dirty" when the
+# working tree had changes then.
+echo "commit $(git describe --always --dirty 2>/dev/null || echo unknown), built $(date -u +%Y-%m-%dT%H:%MZ)" \
+  > "$stage/BUILD_INFO"
 mkdir -p .gpu
 tar -C "$stage" -cf - . | xz -T0 -6 > .gpu/bundle.tar.xz
 rm -rf "$stage"

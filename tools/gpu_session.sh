@@ -133,6 +133,7 @@ kernel_suites() {
   done
 }
 {
+  echo "bundle: $(cat /tmp/mz/BUILD_INFO 2>/dev/null || echo 'no BUILD_INFO (packed before 2026-11-27)')"
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
   echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ldd $B/test_cuda | grep -E "not found|cublas|cudnn|nccl|cudart" || true

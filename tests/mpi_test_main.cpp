@@ -7,8 +7,9 @@
 // a test whose ranks diverge — one rank's ASSERT leaves a test early while its
 // peers wait in a collective — would otherwise hang, silent, until CTest's
 // timeout; the watchdog ends the job after MEGAZERO_TEST_COLLECTIVE_TIMEOUT
-// seconds (default 300, far above any test's legitimate wait; 0: off) with one
-// line naming the rank and the stuck collective, exit code 4.
+// seconds (default 120: the longest multi-rank test binary runs ~22 s in all
+// on the 2-core CI machine; 0: off) with one line naming the rank and the
+// stuck collective, exit code 4.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -48,7 +49,7 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size > 1) {
     const char* t = std::getenv("MEGAZERO_TEST_COLLECTIVE_TIMEOUT");
-    megazero::set_collective_timeout(t && *t ? std::atof(t) : 300.0);
+    megazero::set_collective_timeout(t && *t ? std::atof(t) : 120.0);
   }
   if (rank != 0) {
     auto& listeners = testing::UnitTest::GetInstance()->listeners();

@@ -321,8 +321,8 @@ void slot_reduction(DType t, ReduceOp op, int nsrc, std::size_t n, std::size_t s
   check(log.launches.size() == 1, "reduce_slots: one launch", static_cast<double>(log.launches.size()), 1, 0);
   if (log.launches.size() == 1)
     check(log.launches[0].grid.x == cuda::detail_k::blocks_for(static_cast<i64>(packed ? n / vec : n)),
-          packed ? "reduce_slots: a grid of 16-byte packs" : "reduce_slots: a grid of elements",
-          log.launches[0].grid.x, cuda::detail_k::blocks_for(static_cast<i64>(packed ? n / vec : n)), 0);
+          packed ? "reduce_slots: a grid of 16-byte packs" : "reduce_slots: a grid of elements", log.launches[0].grid.x,
+          cuda::detail_k::blocks_for(static_cast<i64>(packed ? n / vec : n)), 0);
   const auto got = out->download();
   for (std::size_t i = 0; i < n; ++i)
     check(std::memcmp(&got[shift + i * e], &want[i * e], e) == 0, "reduce_slots: reduce_host's bytes", 0, 0, i);

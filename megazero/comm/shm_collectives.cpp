@@ -141,11 +141,15 @@ void reduce_typed(ReduceOp op, void* dst_v, const std::vector<const void*>& srcs
 
 }  // namespace
 
-void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks,
-                 int threads) {
-  MZ_CHECK(!srcs.empty(), "reduce_host: no sources");
+void check_slot_reduction(DType t, ReduceOp op, std::size_t sources) {
+  MZ_CHECK(sources > 0, "a slot reduction without sources");
   MZ_CHECK(op != ReduceOp::Avg || is_floating(t), "avg of a ", dtype_name(t), " tensor; use sum");
   MZ_CHECK(t != DType::U8 || op == ReduceOp::Max, "uint8 tensors reduce with max only");
+}
+
+void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks,
+                 int threads) {
+  check_slot_reduction(t, op, srcs.size());
   switch (t) {
     case DType::F32:
       return reduce_typed<float>(op, dst, srcs, n, ranks, threads);

@@ -142,6 +142,10 @@ class ShmCollectives {
 void reduce_host(DType t, ReduceOp op, void* dst, const std::vector<const void*>& srcs, std::size_t n, int ranks,
                  int threads = 1);
 
+// InternalError unless the reductions below can run: sources, Avg of a
+// floating type, uint8 by Max only.
+void check_slot_reduction(DType t, ReduceOp op, std::size_t sources);
+
 // reduce_host's formula by `d`'s own kernels on device addresses, after
 // `issued` and off its compute stream (a GPU: the slot reduction kernel on the
 // calling thread's side stream; the isolated device: reduce_host at its

@@ -86,9 +86,7 @@ void ShmCollectives::attach_device_slots(const ShmBootstrap& boot) {
 
 void reduce_on_device(Device& d, const Device::Mark& issued, DType t, ReduceOp op, void* dst,
                       const std::vector<const void*>& srcs, std::size_t n, int ranks, int threads) {
-  MZ_CHECK(!srcs.empty(), "reduce_on_device: no sources");
-  MZ_CHECK(op != ReduceOp::Avg || is_floating(t), "avg of a ", dtype_name(t), " tensor; use sum");
-  MZ_CHECK(t != DType::U8 || op == ReduceOp::Max, "uint8 tensors reduce with max only");
+  check_slot_reduction(t, op, srcs.size());
   if (n == 0) return;
 #ifdef MEGAZERO_WITH_CUDA
   if (d.kind() == DeviceKind::CUDA) {

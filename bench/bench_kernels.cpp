@@ -230,13 +230,22 @@ int run(int argc, char** argv) {
   Tensor dlogits = Tensor::zeros(dev, {ce_rows, ce_vocab}, t, C);
   const double ce_bwd =
       best_ms([&] { kernels::cross_entropy_backward(logits, row_max, sum_exp, targets, 0, ce_vocab, 1.0, dlogits); });
+  // One TP rank: both in one call (one pass over the logits where the row
+  // fits in shared memory twice an SM), against the two above.
+  bool fused = false;
+  const double ce_one = best_ms([&] {
+    fused = kernels::cross_entropy_forward_backward(logits, targets, ce_vocab, 1.0, row_max, sum_exp, target_logit,
+                                                    dlogits);
+  });
   const double logits_gb = static_cast<double>(logits.nbytes()) / 1e9;
   std::printf(
       "cross-entropy [%lld, %lld] %s: forward %.3f ms (%.2f ns per logit, %.0f GB/s: read once), "
-      "backward %.3f ms (%.0f GB/s: read once, written once)\n",
+      "backward %.3f ms (%.0f GB/s: read once, written once); TP 1 forward + backward in one call %.3f ms "
+      "(%s, %.0f GB/s: read once, written once; %.2fx the two)\n",
       static_cast<long long>(ce_rows), static_cast<long long>(ce_vocab), dtype_arg.c_str(), ce_fwd,
       ce_fwd * 1e6 / static_cast<double>(ce_rows * ce_vocab), logits_gb / (ce_fwd * 1e-3), ce_bwd,
-      2 * logits_gb / (ce_bwd * 1e-3));
+      2 * logits_gb / (ce_bwd * 1e-3), ce_one, fused ? "one pass" : "two kernels", 2 * logits_gb / (ce_one * 1e-3),
+      (ce_fwd + ce_bwd) / ce_one);
   logits = dlogits = Tensor();
 
   // The optimizer step's passes over one flat partition: gradients and

@@ -8,7 +8,16 @@
 // (Megatron's in-place softmax gradient): the head holds one [N, V/tp]
 // tensor, not two, and writes it once. The per-token losses
 // stay on the device; only the TP all-reduces wait (on MPI, for the host copy).
+//
+// With one TP rank and the backward's scale known at the forward (training:
+// train_step sets StepInfo::backward_scale), there is no all-reduce between
+// the statistics and the gradient, so the forward writes the gradient too, in
+// the same pass over the logits (kernels::cross_entropy_forward_backward: the
+// two kernels' bits, the logits read once instead of twice); the backward
+// then only hands it over.
 #pragma once
+
+#include <optional>
 
 #include "layers/tp_context.h"
 
@@ -21,9 +30,15 @@ class VocabParallelCrossEntropy {
   // of which the first `valid` are real; kept for the backward, which
   // overwrites them with their gradient. Returns the per-token losses [N] on the logits' device
   // (kernels::row_stat_dtype of the logits).
-  Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid);
-  // d(scale * mean loss) / d logits, in the forward's logits tensor.
+  // backward_scale: the scale the backward will be called with, where known
+  // (the gradient is then written by the forward where it can be).
+  Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+                 std::optional<double> backward_scale = std::nullopt);
+  // d(scale * mean loss) / d logits, in the forward's logits tensor. A
+  // forward given backward_scale takes only that scale.
   Tensor backward(double scale);
+  // Whether the last forward wrote the gradient (the logits are gone).
+  bool gradient_ready() const { return fused_scale_.has_value(); }
   // Drops what forward kept for the backward (evaluation has none).
   void release();
 
@@ -33,6 +48,7 @@ class VocabParallelCrossEntropy {
   // in the middle of the next step's allocations (and of a device arena).
   Tensor logits_, targets_, global_max_, sum_exp_;
   std::int64_t vocab_start_ = 0, valid_ = 0;
+  std::optional<double> fused_scale_;  // set: logits_ holds the gradient for this backward scale
 };
 
 }  // namespace megazero::layers

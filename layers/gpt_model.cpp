@@ -117,7 +117,8 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   gemm(final_hidden_, false, output_weight().value, true, logits);
   hooks_->post_forward(logits_group);
   kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
-  Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows());
+  Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows(),
+                                step.training ? step.backward_scale : std::nullopt);
   if (!step.training) {  // evaluation: nothing kept for a backward (see TransformerLayer::forward)
     loss_.release();
     final_ln_->release();

@@ -6,6 +6,7 @@
 #include "megazero/kernels/dropout.h"
 
 #include <cstdint>
+#include <optional>
 
 namespace megazero::layers {
 
@@ -17,6 +18,11 @@ struct StepInfo {
   std::int64_t micro_batch = 1;  // samples in this micro-batch (B)
   std::int64_t seq = 1;          // sequence length (S)
   bool training = true;          // false: evaluation (no dropout, nothing kept for a backward)
+  // The scale the backward of this forward will be given (train_step knows it
+  // before the forward: the loss scale over the micro-batches and DP ranks).
+  // Set, it lets the cross-entropy write its gradient in the forward's pass
+  // over the logits (layers/cross_entropy.h); the backward must then use it.
+  std::optional<double> backward_scale;
 };
 
 // Dropout coordinates of residual-stream activations [rows, hidden] whose

@@ -547,6 +547,34 @@ TEST_F(Cuda, VocabParallelCrossEntropyPieces) {
     }
 }
 
+// One TP rank: the forward and backward in one pass (the row kept in shared
+// memory) give the two kernels' bits on the GPU and the CPU's within the
+// backward's rounding; GPT-2's 16-bit rows fuse on an H100/H200, its fp32
+// rows (201 KB, not twice in an SM) take the two kernels.
+TEST_F(Cuda, CrossEntropyForwardBackwardInOnePass) {
+  const std::int64_t N = 64, V = 50304, valid = 50257;
+  for (DType dt : kTypes) {
+    SCOPED_TRACE(dtype_name(dt));
+    auto logits = random({N, V}, dt, -8, 8);
+    auto tgt = ids(N, 0, valid);
+    const DType st = k::row_stat_dtype(dt);
+    auto mx = poisoned({N}, st), se = poisoned({N}, st), tl = poisoned({N}, st);
+    Tensor two = logits.g.clone(MemoryCategory::Activations);
+    k::cross_entropy_forward(two, tgt.g, 0, valid, mx.g, se.g, tl.g);
+    k::cross_entropy_backward(two, mx.g, se.g, tgt.g, 0, valid, 0.25, two);
+    auto fmx = poisoned({N}, st), fse = poisoned({N}, st), ftl = poisoned({N}, st);
+    Tensor one = logits.g.clone(MemoryCategory::Activations);
+    const bool fused = k::cross_entropy_forward_backward(one, tgt.g, valid, 0.25, fmx.g, fse.g, ftl.g, one);
+    EXPECT_EQ(fused, dtype_size(dt) == 2);
+    EXPECT_EQ(rel_diff(fmx.g, mx.g), 0.0);
+    EXPECT_EQ(rel_diff(fse.g, se.g), 0.0);
+    EXPECT_EQ(rel_diff(ftl.g, tl.g), 0.0);
+    EXPECT_EQ(rel_diff(one, two), 0.0);
+    k::cross_entropy_forward_backward(logits.c, tgt.c, valid, 0.25, mx.c, se.c, tl.c, logits.c);
+    EXPECT_LE(rel_diff(one, logits.c), tol(dt));
+  }
+}
+
 TEST_F(Cuda, StridedCopiesWithCasts) {
   auto src = random({4, 6, 3, 5}, DType::F32);
   for (DType to : {DType::F32, DType::BF16, DType::F16}) {

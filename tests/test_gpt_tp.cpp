@@ -46,12 +46,24 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
     c.hidden_size = 64;
     c.num_attention_heads = 16;
     switch (g_only_option) {
-      case 0: c.position_embedding_type = "rope"; break;
-      case 1: c.normalization = "RMSNorm"; break;
-      case 2: c.swiglu = true, c.ffn_hidden_size = 48; break;
-      case 3: c.num_query_groups = 8; break;
-      case 4: c.add_bias_linear = false; break;
-      case 5: c.untie_embeddings = true; break;
+      case 0:
+        c.position_embedding_type = "rope";
+        break;
+      case 1:
+        c.normalization = "RMSNorm";
+        break;
+      case 2:
+        c.swiglu = true, c.ffn_hidden_size = 48;
+        break;
+      case 3:
+        c.num_query_groups = 8;
+        break;
+      case 4:
+        c.add_bias_linear = false;
+        break;
+      case 5:
+        c.untie_embeddings = true;
+        break;
     }
   }
   if (g_llama) {
@@ -75,8 +87,10 @@ struct Run {
   double loss = 0;
 };
 
+// scale_known: the forward is told the backward's scale (train_step does
+// so), which lets a TP-1 cross-entropy write its gradient in the forward.
 Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention,
-              GemmEpilogues epilogues = GemmEpilogues::None) {
+              GemmEpilogues epilogues = GemmEpilogues::None, bool scale_known = false) {
   TpContext ctx{&tp, test_support::test_device(), dtype};
   Run r;
   r.params = std::make_unique<ParameterSet>();
@@ -91,6 +105,7 @@ Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& 
   step.seq = cfg.seq_length;
   step.iteration = 7;
   step.sample_offset = 4;
+  if (scale_known) step.backward_scale = 1.0;
   const std::int64_t n = step.micro_batch * step.seq;
   Tensor ids = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 37 + 11) % 101; });
   Tensor targets = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 53 + 2) % 101; });
@@ -181,8 +196,7 @@ TEST(GptTensorParallel, LlamaStyleModelMatchesTpOne) {
   g_llama = true;
   for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5);
   compare(world_size(), DType::F64, false, 1e-12);
-  if (test_support::test_device()->kind() != DeviceKind::CUDA)
-    compare(world_size(), DType::F32, false, 1e-5, "fused");
+  if (test_support::test_device()->kind() != DeviceKind::CUDA) compare(world_size(), DType::F32, false, 1e-5, "fused");
   g_llama = false;
 }
 
@@ -206,8 +220,7 @@ TEST(GptTensorParallel, SequenceParallelMatchesTpOne) {
     SCOPED_TRACE(llama ? "llama" : "gpt2");
     for (bool recompute : {false, true}) compare(world_size(), DType::F32, recompute, 1e-5);
     compare(world_size(), DType::F64, false, 1e-12);
-    if (test_support::test_device()->kind() != DeviceKind::CUDA)
-      compare(world_size(), DType::F32, true, 1e-5, "fused");
+    if (test_support::test_device()->kind() != DeviceKind::CUDA) compare(world_size(), DType::F32, true, 1e-5, "fused");
   }
   g_llama = g_sp = false;
 }
@@ -254,6 +267,40 @@ TEST(GptTensorParallel, GemmEpiloguesMatchTpOne) {
     compare(world_size(), DType::F64, false, 1e-12, "unfused", e);
     g_only_option = -1;
   }
+}
+
+// Told the backward's scale, a TP-1 model's cross-entropy writes the logits'
+// gradient in its forward (one pass over the logits): the loss and every
+// gradient are the bits of the forward-then-backward path. At TP > 1 the
+// all-reduce between the statistics and the gradient keeps them apart, and
+// the same hint changes nothing. A backward asking another scale than the
+// forward was told is refused (the logits are gone).
+TEST(GptTensorParallel, CrossEntropyGradientInTheForwardMatches) {
+  auto world = MpiCommunicator::world();
+  const int me = world->rank(), n = world->size();
+  auto self = world->split(me, 0, "self");
+  auto all = world->split(0, me, "tp");
+  for (Communicator* tp : {self.get(), all.get()}) {
+    SCOPED_TRACE(testing::Message() << "tp " << tp->size());
+    ::Run told = run_model(*tp, DType::F32, false, "unfused", GemmEpilogues::None, true);
+    ::Run plain = run_model(*tp, DType::F32, false, "unfused");
+    EXPECT_EQ(told.loss, plain.loss);
+    for (auto* p : told.params->all())
+      EXPECT_EQ(p->grad.to_double_vector(), plain.params->get(p->name).grad.to_double_vector()) << p->name;
+    if (n == 1) break;
+  }
+  TpContext ctx{self.get(), test_support::test_device(), DType::F32};
+  ParameterSet params;
+  GPTModel model(small_config(false, "unfused"), ctx, params);
+  params.allocate(ctx.device, DType::F32);
+  params.initialize(3);
+  StepInfo step;
+  step.micro_batch = 2;
+  step.seq = 12;
+  step.backward_scale = 0.5;
+  Tensor ids = test_support::int64_tensor(ctx.device, 24, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+  model.forward(ids, ids, step);
+  EXPECT_THROW(model.backward(0.25), std::exception) << "the gradient was written for 0.5";
 }
 
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {

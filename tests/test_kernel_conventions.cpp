@@ -357,6 +357,10 @@ TEST(HalfStorage, StatisticsMustBeFp32AndAccumulatorsStorageOrFp32) {
                     "cross_entropy_backward: global_max must be fp32");
     expect_rejected([&] { cross_entropy_backward(x, m, m, ids, 0, 8, 1.0, y_other); },
                     std::string("cross_entropy_backward: dlogits must be ") + std::string(dtype_name(t)));
+    expect_rejected([&] { cross_entropy_forward_backward(x, ids, 8, 1.0, m, m16, m, x); },
+                    "cross_entropy_forward_backward: sum_exp must be fp32");
+    expect_rejected([&] { cross_entropy_forward_backward(x, ids, 8, 1.0, m, m, m, y_other); },
+                    std::string("cross_entropy_forward_backward: dlogits must be ") + std::string(dtype_name(t)));
   }
   // fp32/fp64 storage: statistics and accumulators keep the storage dtype.
   Tensor x = empty({4, 8}, DType::F32), dbias16 = empty({8}, DType::BF16);

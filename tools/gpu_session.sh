@@ -204,8 +204,8 @@ for phase in "$@"; do
         unset CUDNN_LOGLEVEL_DBG CUDNN_LOGDEST_DBG
         echo "== test_linear_epilogues (GPU half: cuBLASLt epilogues against the definitions)"
         mpi 1 $B/test_linear_epilogues
-        echo "== test_gpt_tp on cuda, GEMM epilogues (fp32 through cuBLASLt, fp64 the plain passes)"
-        MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/test_gpt_tp --gtest_filter='*GemmEpilogues*'
+        echo "== test_gpt_tp on cuda, GEMM epilogues (fp32 through cuBLASLt, fp64 the plain passes), the one-pass cross-entropy"
+        MEGAZERO_TEST_DEVICE=cuda mpi 1 $B/test_gpt_tp --gtest_filter='*GemmEpilogues*:*CrossEntropyGradient*'
         echo "== test_layer_gradients"; mpi 1 $B/test_layer_gradients
         # Dropout 0, one seed: the losses of the four agree to rounding (cuDNN and cuBLASLt against ours, end to end).
         # cudnn-tests: the tests and the small TP runs only (seconds, not minutes).

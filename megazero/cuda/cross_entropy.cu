@@ -100,4 +100,46 @@ void cross_entropy_backward(DType t, const void* logits, const void* global_max,
   check_launch("cross_entropy_backward");
 }
 
+bool cross_entropy_fuses(DType t, i64 cols) {
+  // Two blocks an SM (at most half the opt-in maximum each), or the two
+  // kernels: a block alone on its SM would leave its reads idle through the
+  // reductions and the writes (a 16-bit GPT-2 row, 100.6 KB, fits twice in an
+  // H100's 227 KB; a 128K-token vocabulary's does not).
+  int device = 0, optin = 0;
+  check_call(cudaGetDevice(&device), "cudaGetDevice");
+  check_call(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  return 2 * cols * static_cast<i64>(dtype_size(t)) <= optin;
+}
+
+bool cross_entropy_forward_backward(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows,
+                                    i64 cols, i64 valid, double scale, void* row_max, void* sum_exp, void* target_logit,
+                                    void* dlogits, cudaStream_t s) {
+  if (rows == 0) return true;
+  if (!cross_entropy_fuses(t, cols)) {
+    cross_entropy_forward(t, logits, targets, vocab_start, rows, cols, valid, row_max, sum_exp, target_logit, s);
+    cross_entropy_backward(t, logits, row_max, sum_exp, targets, vocab_start, rows, cols, valid, scale, dlogits, s);
+    return false;
+  }
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    using C = compute_t<S>;
+    const std::size_t smem = static_cast<std::size_t>(cols) * sizeof(S);
+    const auto launch = [&](auto kernel) {
+      if (smem > std::size_t{48} << 10)  // over what a launch gets unasked
+        check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
+                   "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      kernel<<<static_cast<unsigned>(rows), 512, smem, s>>>(
+          static_cast<const S*>(logits), targets, vocab_start, cols, valid, scale, static_cast<C*>(row_max),
+          static_cast<C*>(sum_exp), static_cast<C*>(target_logit), static_cast<S*>(dlogits));
+    };
+    if (cols % kVec<S> == 0 && aligned16(logits) && aligned16(dlogits))
+      launch(cross_entropy_fused_kernel<S, kVec<S>>);
+    else
+      launch(cross_entropy_fused_kernel<S, 1>);
+  });
+  check_launch("cross_entropy_forward_backward");
+  return true;
+}
+
 }  // namespace megazero::cuda

@@ -88,19 +88,14 @@ __global__ void embedding_backward_runs_kernel(const S* g, const int* keys, cons
 // the sum (in double) when a pack raises the max; the threads' sums are then
 // rescaled to the row's max and added. (Two sweeps read a GPT-2 row of 100 KB
 // twice and wrote it once, with ~500 rows in flight: more than L2 holds.)
+// Returns the row's max (every thread) and sum (double, every thread). With
+// `kept`, each pack read is also stored there at its index (the fused kernel's
+// copy of the row in shared memory).
 template <typename S, int V>
-__global__ void cross_entropy_forward_kernel(const S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
-                                             i64 valid, compute_t<S>* row_max, compute_t<S>* sum_exp,
-                                             compute_t<S>* target_logit) {
+__device__ __forceinline__ compute_t<S> row_max_and_sum(const Vec<S, V>* pr, i64 packs, i64 valid, double& sum_out,
+                                                        Vec<S, V>* kept) {
   using C = compute_t<S>;
   using P = Vec<S, V>;
-  const i64 r = blockIdx.x, packs = cols / V;
-  const S* lr = logits + r * cols;
-  const P* pr = reinterpret_cast<const P*>(lr);
-  if (threadIdx.x == 0) {
-    const i64 t = local_column(targets[r], vocab_start, valid);
-    target_logit[r] = t >= 0 ? ld(lr[t]) : C(0);  // 0: the all-reduce sums over ranks
-  }
   C mx = -INFINITY;  // a slice of only padding contributes nothing
   double sum = 0;
   // The next pack is loaded before this one's exponentials are computed (in
@@ -114,6 +109,7 @@ __global__ void cross_entropy_forward_kernel(const S* logits, const std::int64_t
   for (; q < packs; q += step) {
     const P p = next;
     if (q + step < packs) next = pr[q + step];
+    if (kept) kept[q] = p;
     C pm = -INFINITY;
 #pragma unroll
     for (int j = 0; j < V; ++j)
@@ -128,10 +124,54 @@ __global__ void cross_entropy_forward_kernel(const S* logits, const std::int64_t
   }
   const C row = block_max(mx);
   sum = mx == -INFINITY ? 0.0 : sum * exp(static_cast<double>(mx) - static_cast<double>(row));
-  sum = block_sum(sum);
+  sum_out = block_sum(sum);
+  return row;
+}
+
+template <typename S, int V>
+__global__ void cross_entropy_forward_kernel(const S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
+                                             i64 valid, compute_t<S>* row_max, compute_t<S>* sum_exp,
+                                             compute_t<S>* target_logit) {
+  using C = compute_t<S>;
+  using P = Vec<S, V>;
+  const i64 r = blockIdx.x, packs = cols / V;
+  const S* lr = logits + r * cols;
+  if (threadIdx.x == 0) {
+    const i64 t = local_column(targets[r], vocab_start, valid);
+    target_logit[r] = t >= 0 ? ld(lr[t]) : C(0);  // 0: the all-reduce sums over ranks
+  }
+  double sum;
+  const C row = row_max_and_sum<S, V>(reinterpret_cast<const P*>(lr), packs, valid, sum, nullptr);
   if (threadIdx.x == 0) {
     row_max[r] = row;
     sum_exp[r] = static_cast<C>(sum);
+  }
+}
+
+// The gradient of one row from its packs `src` (the logits, or the fused
+// kernel's copy of them) into `dst`: the CPU kernel's expression, operation
+// for operation — exp(logit - gm) in the compute type, times f = scale /
+// sum_exp in double, the target's column (t, -1 off the slice) `target_grad`,
+// padding 0. A thread writes only the packs it reads.
+template <typename S, int V>
+__device__ __forceinline__ void write_row_gradient(const Vec<S, V>* src, Vec<S, V>* dst, i64 packs, i64 valid, i64 t,
+                                                   compute_t<S> gm, double f, double target_grad) {
+  using C = compute_t<S>;
+  using P = Vec<S, V>;
+  for (i64 q = threadIdx.x; q < packs; q += blockDim.x) {
+    const P e = src[q];
+    P d;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const i64 c = q * V + j;
+      if (c >= valid)
+        d.v[j] = st<S>(C(0));
+      else if (c == t)
+        d.v[j] = st<S>(target_grad);
+      else
+        d.v[j] = st<S>(static_cast<double>(exp(ld(e.v[j]) - gm)) * f);
+    }
+    dst[q] = d;
   }
 }
 
@@ -145,30 +185,48 @@ __global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S
   using P = Vec<S, V>;
   const i64 r = blockIdx.x, packs = cols / V;
   const S* lr = logits + r * cols;
-  const P* pe = reinterpret_cast<const P*>(lr);
-  P* pd = reinterpret_cast<P*>(dlogits + r * cols);
-  // The CPU kernel's expression, operation for operation.
   const double f = scale / static_cast<double>(sum_exp[r]);
   const C gm = global_max[r];
   const i64 t = local_column(targets[r], vocab_start, valid);
   // Every thread reads the target's logit before any thread writes (dlogits may alias the logits).
   const double target_grad = t >= 0 ? static_cast<double>(exp(ld(lr[t]) - gm)) * f - scale : 0.0;
   __syncthreads();
-  for (i64 q = threadIdx.x; q < packs; q += blockDim.x) {
-    const P e = pe[q];
-    P d;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const i64 c = q * V + j;
-      if (c >= valid)
-        d.v[j] = st<S>(C(0));
-      else if (c == t)
-        d.v[j] = st<S>(target_grad);
-      else
-        d.v[j] = st<S>(static_cast<double>(exp(ld(e.v[j]) - gm)) * f);
-    }
-    pd[q] = d;
+  write_row_gradient<S, V>(reinterpret_cast<const P*>(lr), reinterpret_cast<P*>(dlogits + r * cols), packs, valid, t,
+                           gm, f, target_grad);
+}
+
+// The forward and the backward of a row in one pass, for a slice that is the
+// whole vocabulary (tensor parallel size 1: the row's max and sum are the
+// global ones, no all-reduce between them). The forward kernel's statistics,
+// then the backward kernel's gradient with global_max = the row's max and
+// sum_exp = the rounded sum: both kernels' bits. The row is read from memory
+// once: each thread keeps the packs it reads in the block's dynamic shared
+// memory (cols * sizeof(S) bytes) and computes its gradient from them, where
+// the two kernels read the [N, V] logits twice (GPT-2's 824 MB at B=8). The
+// target's logit is read by every thread before the reductions' barriers, so
+// dlogits may alias the logits.
+template <typename S, int V>
+__global__ void cross_entropy_fused_kernel(const S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
+                                           i64 valid, double scale, compute_t<S>* row_max, compute_t<S>* sum_exp,
+                                           compute_t<S>* target_logit, S* dlogits) {
+  using C = compute_t<S>;
+  using P = Vec<S, V>;
+  const i64 r = blockIdx.x, packs = cols / V;
+  const S* lr = logits + r * cols;
+  const i64 t = local_column(targets[r], vocab_start, valid);
+  const C tl = t >= 0 ? ld(lr[t]) : C(0);
+  P* kept = dynamic_shared<P>();
+  double sum;
+  const C row = row_max_and_sum<S, V>(reinterpret_cast<const P*>(lr), packs, valid, sum, kept);
+  const C se = static_cast<C>(sum);
+  if (threadIdx.x == 0) {
+    row_max[r] = row;
+    sum_exp[r] = se;
+    target_logit[r] = tl;
   }
+  const double f = scale / static_cast<double>(se);
+  const double target_grad = t >= 0 ? static_cast<double>(exp(tl - row)) * f - scale : 0.0;
+  write_row_gradient<S, V>(kept, reinterpret_cast<P*>(dlogits + r * cols), packs, valid, t, row, f, target_grad);
 }
 
 }  // namespace megazero::cuda::detail_k

@@ -212,4 +212,28 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, cons
   });
 }
 
+bool cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, std::int64_t valid, double scale,
+                                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits) {
+  constexpr const char* op = "cross_entropy_forward_backward";
+  const VocabSlice s = check_logits(op, logits, valid);
+  check_operand(op, "targets", targets, logits, DType::I64);
+  check_rows(op, "targets", targets, s.rows);
+  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}}) {
+    check_stat(op, name, *t, logits, logits.dtype());
+    check_rows(op, name, *t, s.rows);
+  }
+  check_operand(op, "dlogits", dlogits, logits, logits.dtype());
+  check_shape(op, "dlogits", dlogits, logits.shape());
+#ifdef MEGAZERO_WITH_CUDA
+  if (logits.device().kind() == DeviceKind::CUDA)
+    return cuda::cross_entropy_forward_backward(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets), 0,
+                                                s.rows, s.cols, s.valid, scale, row_max.data(), sum_exp.data(),
+                                                target_logit.data(), dlogits.data(), stream_of(logits));
+#endif
+  if (!on_host(op, logits)) return false;
+  cross_entropy_forward(logits, targets, 0, valid, row_max, sum_exp, target_logit);
+  cross_entropy_backward(logits, row_max, sum_exp, targets, 0, valid, scale, dlogits);
+  return false;
+}
+
 }  // namespace megazero::kernels

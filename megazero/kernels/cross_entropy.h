@@ -38,4 +38,14 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, cons
                             const Tensor& targets, std::int64_t vocab_start, std::int64_t valid, double scale,
                             Tensor& dlogits);
 
+// Tensor parallel size 1 (this rank's columns are the whole vocabulary, so
+// the row statistics are the global ones): cross_entropy_forward, then
+// cross_entropy_backward with global_max = row_max, in one call. The CUDA
+// kernel reads each row once where it fits in shared memory (returns true:
+// fused), which the two calls read twice (the logits are the largest tensor
+// of a GPT step); the CPU runs the two kernels. dlogits may alias logits; the
+// statistics are the forward's, as if the backward had not run.
+bool cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, std::int64_t valid, double scale,
+                                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits);
+
 }  // namespace megazero::kernels

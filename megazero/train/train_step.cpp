@@ -36,7 +36,9 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
     const auto& mb = micro_batches[i];
     fwd_begin.push_back(dev.mark());
     set_activity("forward");
-    const Tensor losses = model.forward_losses(mb.ids, mb.targets, mb.step);
+    layers::StepInfo step = mb.step;
+    step.backward_scale = per_micro;  // the backward's, below
+    const Tensor losses = model.forward_losses(mb.ids, mb.targets, step);
     if (!loss_sum.defined())
       loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
     kernels::column_sums(losses.view({losses.numel(), 1}), loss_sum);  // one column: loss_sum += the sum of the losses

@@ -21,7 +21,9 @@
 //   columns, targets on and off this rank's slice, widths that take the
 //   16-byte path and not: row_max and target_logit bit for bit, sum_exp and
 //   loss within 1e-6 relative, dlogits within two storage roundings plus
-//   1e-7 of the scale.
+//   1e-7 of the scale; and the one-TP-rank forward + backward launcher, fused
+//   (one launch) and where the row does not fit (two), bit for bit against
+//   the two launchers.
 // Exit code 1 on any failure.
 #include <cmath>
 #include <cstdio>
@@ -215,6 +217,32 @@ void cross_entropy(DType t, i64 rows, i64 cols, i64 valid, i64 vocab_start, std:
   cuda::cross_entropy_backward(t, dl.ptr(), dgm.ptr(), drs2.ptr(), static_cast<const std::int64_t*>(dt.ptr()),
                                vocab_start, rows, cols, valid, scale, dd.ptr(), nullptr);
   expect_close(values(get(dd, logits)), values(dlogits), 2 * ulp(t), 1e-7 * scale, "cross_entropy_backward");
+
+  // One TP rank: the fused launcher in place, against the two launchers with
+  // global_max = row_max, bit for bit; one launch where the row fits in
+  // shared memory twice an SM, else the two kernels (an opt-in maximum cut
+  // below twice the row).
+  const auto du = put(logits);
+  cuda::cross_entropy_backward(t, dl.ptr(), dm.ptr(), dse.ptr(), static_cast<const std::int64_t*>(dt.ptr()),
+                               vocab_start, rows, cols, valid, scale, du.ptr(), nullptr);
+  const Tensor want_d = get(du, logits);
+  const int optin = emu::device().smem_optin;
+  for (const bool fits : {true, false}) {
+    emu::device().smem_optin = fits ? optin : static_cast<int>(2 * cols * static_cast<i64>(dtype_size(t)) - 1);
+    const auto df = put(logits), dmf = poisoned(zero), dsf = poisoned(zero), dtf = poisoned(zero);
+    const Launches n;
+    const bool fused =
+        cuda::cross_entropy_forward_backward(t, df.ptr(), static_cast<const std::int64_t*>(dt.ptr()), vocab_start, rows,
+                                             cols, valid, scale, dmf.ptr(), dsf.ptr(), dtf.ptr(), df.ptr(), nullptr);
+    const char* how = fits ? "cross_entropy_forward_backward (fused)" : "cross_entropy_forward_backward (two kernels)";
+    check(fused == fits, how, fused, fits, 0);
+    n.expect(fits ? 1 : 2, how);
+    expect_bits(get(dmf, zero), get(dm, zero), how);
+    expect_bits(get(dsf, zero), get(dse, zero), how);
+    expect_bits(get(dtf, zero), get(dtl, zero), how);
+    expect_bits(get(df, logits), want_d, how);
+  }
+  emu::device().smem_optin = optin;
 }
 
 }  // namespace

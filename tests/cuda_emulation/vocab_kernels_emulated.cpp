@@ -81,6 +81,36 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41, i64 wide = 0) {
   for (i64 r = 0; r < n; ++r)
     for (i64 c = valid; c < cols; ++c)
       check(values(lg)[static_cast<std::size_t>(r * cols + c)] == 0.0, "padding gradient", values(lg)[0], 0, c);
+
+  // One TP rank: the fused kernel (the row kept in shared memory, cols *
+  // sizeof(S) bytes: the launch gives exactly that, so a read past it
+  // faults) against the two kernels with global_max = the row's max, bit for
+  // bit: in place, and into another tensor (the logits left as they were).
+  Tensor lu = tensor_of({n, cols}, lv, T), mu = stats(), su = stats(), tu = stats();
+  emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
+    dk::cross_entropy_forward_kernel<S, V>(raw<S>(lu), tp, start, cols, valid, mu.host_data<float>(),
+                                           su.host_data<float>(), tu.host_data<float>());
+  });
+  emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
+    dk::cross_entropy_backward_kernel<S, V>(raw<S>(lu), mu.host_data<float>(), su.host_data<float>(), tp, start, cols,
+                                            valid, 0.375, raw<S>(lu));
+  });
+  const std::size_t smem = static_cast<std::size_t>(cols) * sizeof(S);
+  for (const bool in_place : {true, false}) {
+    Tensor lf = tensor_of({n, cols}, lv, T), df = tensor_of({n, cols}, std::vector<double>(lv.size(), 7.0), T);
+    Tensor mf = stats(), sf = stats(), tf = stats();
+    Tensor& out = in_place ? lf : df;
+    emu_launch(dim3{blocks, 1, 1}, threads, smem, [&] {
+      dk::cross_entropy_fused_kernel<S, V>(raw<S>(lf), tp, start, cols, valid, 0.375, mf.host_data<float>(),
+                                           sf.host_data<float>(), tf.host_data<float>(), raw<S>(out));
+    });
+    const char* how = in_place ? "fused, in place" : "fused, into another tensor";
+    expect_close(values(mf), values(mu), 0, 0, how);
+    expect_close(values(sf), values(su), 0, 0, how);
+    expect_close(values(tf), values(tu), 0, 0, how);
+    expect_close(values(out), values(lu), 0, 0, how);
+    if (!in_place) expect_close(values(lf), before, 0, 0, "fused: logits left as they were");
+  }
 }
 
 // Ids in [lo, hi]; the slice holds rows [20, 57). lo == hi: one long run.

@@ -99,11 +99,9 @@ void cross_entropy_backward_cpu(const S* logits, const C* global_max, const C* s
   }
 }
 
-}  // namespace
-
-void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
-                           Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
-  constexpr const char* op = "cross_entropy_forward";
+// The forward's operands: logits, targets and the three row statistics.
+VocabSlice check_forward(const char* op, const Tensor& logits, const Tensor& targets, i64 valid, const Tensor& row_max,
+                         const Tensor& sum_exp, const Tensor& target_logit) {
   const VocabSlice s = check_logits(op, logits, valid);
   check_operand(op, "targets", targets, logits, DType::I64);
   check_rows(op, "targets", targets, s.rows);
@@ -111,6 +109,15 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int
     check_stat(op, name, *t, logits, logits.dtype());
     check_rows(op, name, *t, s.rows);
   }
+  return s;
+}
+
+}  // namespace
+
+void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
+                           Tensor& row_max, Tensor& sum_exp, Tensor& target_logit) {
+  constexpr const char* op = "cross_entropy_forward";
+  const VocabSlice s = check_forward(op, logits, targets, valid, row_max, sum_exp, target_logit);
   MZ_ON_CUDA(logits, cuda::cross_entropy_forward(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets),
                                                  vocab_start, s.rows, s.cols, s.valid, row_max.data(), sum_exp.data(),
                                                  target_logit.data(), stream_of(logits)));
@@ -215,13 +222,7 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, cons
 bool cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, std::int64_t valid, double scale,
                                     Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits) {
   constexpr const char* op = "cross_entropy_forward_backward";
-  const VocabSlice s = check_logits(op, logits, valid);
-  check_operand(op, "targets", targets, logits, DType::I64);
-  check_rows(op, "targets", targets, s.rows);
-  for (const auto& [name, t] : {Named{"row_max", &row_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}}) {
-    check_stat(op, name, *t, logits, logits.dtype());
-    check_rows(op, name, *t, s.rows);
-  }
+  const VocabSlice s = check_forward(op, logits, targets, valid, row_max, sum_exp, target_logit);
   check_operand(op, "dlogits", dlogits, logits, logits.dtype());
   check_shape(op, "dlogits", dlogits, logits.shape());
 #ifdef MEGAZERO_WITH_CUDA

@@ -46,7 +46,7 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
 
 Tensor VocabParallelCrossEntropy::backward(double scale) {
   MZ_CHECK(logits_.defined(), "cross-entropy backward before forward");
-  Tensor dlogits = logits_;  // in place: the logits are read once more, here
+  Tensor dlogits = logits_;  // in place: written here, or already by the forward
   if (fused_scale_) {
     // Exact: the same double the caller computed for both.
     MZ_CHECK(scale == *fused_scale_, "cross-entropy backward with scale ", scale, " after a forward that wrote the ",

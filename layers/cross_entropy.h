@@ -37,8 +37,6 @@ class VocabParallelCrossEntropy {
   // d(scale * mean loss) / d logits, in the forward's logits tensor. A
   // forward given backward_scale takes only that scale.
   Tensor backward(double scale);
-  // Whether the last forward wrote the gradient (the logits are gone).
-  bool gradient_ready() const { return fused_scale_.has_value(); }
   // Drops what forward kept for the backward (evaluation has none).
   void release();
 

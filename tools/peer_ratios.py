@@ -91,9 +91,16 @@ def pct(v):
     return "n/a" if v is None else f"{100 * v:.1f}%"
 
 
+def mean_or(r, key):
+    """A GPT line's value over the mean step where it has one (bench/torch_gpt.py's mean_*: tokens/s
+    over the timed steps, the statistic pretrain_gpt's window reports for ours), else its own."""
+    v = num(r, "mean_" + key)
+    return v if v is not None else num(r, key)
+
+
 def speed(r):
     """Higher is better: tokens/s where the bench has it, else 1 / ms."""
-    t = num(r, "tokens_per_s")
+    t = mean_or(r, "tokens_per_s")
     if t is not None:
         return t
     ms = num(r, "ms")
@@ -107,8 +114,9 @@ def table(bench, recs):
     title = {"gpt": "GPT end to end (one training iteration: forward, backward, clip, AdamW)",
              "layer": "one layer, forward + backward"}.get(bench, bench)
     print(f"\n== {title}")
-    print("   ours: pretrain_gpt's mean over its last --log-interval window; theirs: the median of the timed "
-          "iterations; peak memory: bytes allocated (ours: megazero's accounting; theirs: max_memory_allocated)"
+    print("   both: the mean step (ours: pretrain_gpt's last --log-interval window; theirs: the timed "
+          "iterations, or their median in a log from before bench/torch_gpt.py printed the mean); peak memory: "
+          "bytes allocated (ours: megazero's accounting; theirs: max_memory_allocated)"
           if bench == "gpt" else "   both: the median after warm-up (bench_layer's JSON has no peak memory)")
     hdr = ["ours", "theirs", "ours ms", "theirs ms", "speed ours/theirs", "ours MFU", "theirs MFU"]
     if bench == "gpt":
@@ -122,11 +130,11 @@ def table(bench, recs):
                 continue
             so, st = speed(ro), speed(rt)
             ratio = so / st if so and st else None
-            row = [o, t, fmt(num(ro, "ms"), ".2f"), fmt(num(rt, "ms"), ".2f"),
-                   "n/a" if ratio is None else f"{ratio:.3f}x", pct(num(ro, "mfu")), pct(num(rt, "mfu"))]
+            row = [o, t, fmt(mean_or(ro, "ms"), ".2f"), fmt(mean_or(rt, "ms"), ".2f"),
+                   "n/a" if ratio is None else f"{ratio:.3f}x", pct(mean_or(ro, "mfu")), pct(mean_or(rt, "mfu"))]
             if bench == "gpt":
                 mo, mt = num(ro, "peak_mib"), num(rt, "peak_mib")
-                row += [fmt(num(ro, "tokens_per_s"), ".0f"), fmt(num(rt, "tokens_per_s"), ".0f"), fmt(mo, ".0f"),
+                row += [fmt(speed(ro), ".0f"), fmt(speed(rt), ".0f"), fmt(mo, ".0f"),
                         fmt(mt, ".0f"), fmt(mo / mt if mo is not None and mt else None, ".3f")]
             rows.append(row)
     widths = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)]

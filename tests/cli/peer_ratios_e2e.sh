@@ -28,15 +28,20 @@ assert abs(ours["mfu"] - last["mfu"]) < 1e-4 and ours["iteration"] == 4, (ours, 
 assert abs(ours["peak_mib"] - last["peak_memory_bytes"] / 2**20) < 0.1, (ours, last)
 PY
 
-# The peers, scaled from ours: torch.compile 1.25x slower (goal met), eager 1.1x faster.
+# The peers, scaled from ours: torch.compile's median step 1.25x ours and its mean step 1.3x
+# (the mean is compared: ours is a mean too), eager 1.1x faster (a line from before torch_gpt.py
+# printed the mean: its median is taken).
 python3 - "$work/ours.jsonl" > "$work/peers.log" <<'PY'
 import json, sys
 o = json.loads(open(sys.argv[1]).read())
-def peer(impl, f, peak):
-    return json.dumps({"bench": "gpt", "impl": impl, "ms": o["ms"] * f, "tokens_per_s": o["tokens_per_s"] / f,
-                       "mfu": o["mfu"] / f, "peak_mib": peak, "dtype": "bf16"})
+def peer(impl, f, peak, mean_f=None):
+    r = {"bench": "gpt", "impl": impl, "ms": o["ms"] * f, "tokens_per_s": o["tokens_per_s"] / f,
+         "mfu": o["mfu"] / f, "peak_mib": peak, "dtype": "bf16"}
+    if mean_f:
+        r.update(mean_ms=o["ms"] * mean_f, mean_tokens_per_s=o["tokens_per_s"] / mean_f, mean_mfu=o["mfu"] / mean_f)
+    return json.dumps(r)
 print("== theirs: some log text around the lines")
-print(peer("torch-compile", 1.25, o["peak_mib"] * 2))
+print(peer("torch-compile", 1.25, o["peak_mib"] * 2, 1.3))
 print(peer("torch-eager", 1 / 1.1, o["peak_mib"] * 2))
 print(json.dumps({"bench": "layer", "impl": "megazero", "attention": "fused", "ms": 20.0, "mfu": 0.55, "dtype": "bf16"}))
 print(json.dumps({"bench": "layer", "impl": "torch-sdpa-compile", "ms": 22.0, "mfu": 0.5, "dtype": "bf16"}))
@@ -44,10 +49,10 @@ PY
 cat "$work/ours.jsonl" >> "$work/peers.log"
 python3 "$tool" "$work/peers.log" > "$work/table.txt"
 cat "$work/table.txt"
-grep -Eq "megazero-cudnn +torch-compile .* 1\.250x" "$work/table.txt" || fail "speed ratio vs torch-compile"
+grep -Eq "megazero-cudnn +torch-compile .* 1\.300x" "$work/table.txt" || fail "speed ratio vs torch-compile (the mean)"
 grep -Eq "megazero-cudnn +torch-eager .* 0\.909x" "$work/table.txt" || fail "speed ratio vs torch-eager"
 # The CPU run's MFU is far below 40%: the speed part is met, the goal as a whole is not.
-grep -Eq "goal #21, megazero-cudnn: speed vs torch-compile 1\.2500x .* -> not met" "$work/table.txt" ||
+grep -Eq "goal #21, megazero-cudnn: speed vs torch-compile 1\.3000x .* -> not met" "$work/table.txt" ||
   fail "the 355M goal verdict"
 grep -Eq "goal #21, megazero-unfused: .* -> n/a" "$work/table.txt" || fail "a missing run's verdict"
 grep -Eq "megazero-fused +torch-sdpa-compile .* 1\.100x" "$work/table.txt" || fail "layer ratio"

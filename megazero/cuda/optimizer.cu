@@ -34,7 +34,7 @@ void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p
       for (const SegmentTable& t : tables) {
         const auto kernel = adamw_segments_kernel<G, P>;
         const unsigned grid =
-            resident_grid(kernel, (t.end[t.count - 1] + kAdamUnroll - 1) / kAdamUnroll, kThreads, "adamw");
+            resident_grid(kernel, (t.end[t.count - 1] + kAdamPerThread - 1) / kAdamPerThread, kThreads, "adamw");
         kernel<<<grid, kThreads, 0, s>>>(w, m, v, static_cast<const G*>(g), out, t, c);
       }
     };

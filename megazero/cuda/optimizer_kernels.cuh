@@ -91,54 +91,127 @@ inline std::vector<SegmentTable> range_tables(const std::vector<std::pair<i64, i
 // adamw_segments_kernel<G, NoParams>: AdamW without the params output.
 struct NoParams {};
 
-// Elements a thread of adamw_segments_kernel updates per step: it loads all
-// of their w, m, v and g before computing any, so each thread keeps
-// kAdamUnroll x 14 bytes (bf16 gradients) in flight instead of 14; element u
-// of a step lies blockDim.x after element u - 1, so every load and store of a
-// warp stays one coalesced run.
-constexpr int kAdamUnroll = 4;
+// A thread of adamw_segments_kernel updates kAdamUnroll runs of kAdamRun
+// adjacent elements per step, loading all their w, m, v and g before it
+// computes any: 8 x 14 bytes in flight a thread for bf16 gradients. A run that
+// lies in one segment with every operand 16-byte aligned (w, m, v: one fp32
+// pack each) is loaded and stored whole; the 2026-11-26 H200 profile had the
+// element-by-element kernel (4-byte loads, 4 elements a thread) at 3.1 TB/s,
+// below what a packed stream reaches there (~3.3 TB/s for the cross-entropy's
+// backward). Any other run (a segment's edge, an offset that is not a multiple
+// of 4) goes element by element, so every list is served. Run u of a step lies
+// blockDim x kAdamRun elements after run u - 1: each load of a warp is one
+// coalesced 512-byte run of fp32 values.
+constexpr int kAdamRun = 4;
+constexpr int kAdamUnroll = 2;
+constexpr int kAdamPerThread = kAdamRun * kAdamUnroll;  // elements a thread takes per step
+
+// Whether V values of S starting at p can be one access: Vec<S, V>'s alignment.
+template <typename S, int V>
+__device__ __forceinline__ bool vec_aligned(const S* p) {
+  return (reinterpret_cast<std::uintptr_t>(p) % alignof(Vec<S, V>)) == 0;
+}
 
 // AdamW, element by element, the CPU kernel's formula (kernels/adamw_formula.h,
-// fp32, each operation rounded on its own: the same bits as the CPU). P
-// (float, __nv_bfloat16, __half or double) also stores the new weight into
-// p[i], rounded from its fp32 value by st<P>(float) (__float2bfloat16_rn /
-// __float2half_rn), the conversion of the cast kernel behind Tensor::copy_from
-// (cuda_kernels.cu). Block b's step s covers the flat indices
-// [(s x gridDim + b) x tile, + tile), tile = blockDim x kAdamUnroll.
+// fp32, each operation rounded on its own: the same bits as the CPU, packed
+// or not). P (float, __nv_bfloat16, __half or double) also stores the new
+// weight into p[i], rounded from its fp32 value by st<P>(float)
+// (__float2bfloat16_rn / __float2half_rn), the conversion of the cast kernel
+// behind Tensor::copy_from (cuda_kernels.cu). Block b's step s covers the
+// flat indices [(s x gridDim + b) x tile, + tile), tile = blockDim x
+// kAdamPerThread.
+// ptxas (sm_90) gives it 80 registers, three blocks of kThreads an SM: ~86 KB
+// in flight an SM for bf16 gradients. Bounded to four blocks it spills.
 template <typename G, typename P>
 __global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, P* p, const SegmentTable t,
                                       const kernels::AdamCoefficients c) {
+  constexpr int R = kAdamRun;
+  constexpr bool kParams = !std::is_same_v<P, NoParams>;
   const i64 total = t.end[t.count - 1];
-  const i64 tile = static_cast<i64>(blockDim.x) * kAdamUnroll;
+  const i64 tile = static_cast<i64>(blockDim.x) * kAdamPerThread;
   const i64 stride = static_cast<i64>(gridDim.x) * tile;
   int k = 0;
-  for (i64 j0 = static_cast<i64>(blockIdx.x) * tile + threadIdx.x; j0 < total; j0 += stride) {
-    i64 idx[kAdamUnroll];
-    float wi[kAdamUnroll], mi[kAdamUnroll], vi[kAdamUnroll], gi[kAdamUnroll], df[kAdamUnroll];
+  for (i64 base = static_cast<i64>(blockIdx.x) * tile; base < total; base += stride) {
+    i64 idx[kAdamUnroll][R];  // buffer index of each element, -1 past the end
+    bool packed[kAdamUnroll];
+    float wi[kAdamUnroll][R], mi[kAdamUnroll][R], vi[kAdamUnroll][R], gi[kAdamUnroll][R], df[kAdamUnroll][R];
 #pragma unroll
     for (int u = 0; u < kAdamUnroll; ++u) {
-      const i64 j = j0 + static_cast<i64>(u) * blockDim.x;
-      idx[u] = -1;
-      if (j < total) {
+      const i64 j0 = base + (static_cast<i64>(u) * blockDim.x + threadIdx.x) * R;
+      packed[u] = false;
+#pragma unroll
+      for (int r = 0; r < R; ++r) idx[u][r] = -1;
+      if (j0 >= total) continue;
+      while (j0 >= t.end[k]) ++k;
+      const i64 i0 = j0 + t.offset[k];
+      if constexpr (kParams)
+        packed[u] = j0 + R <= t.end[k] && vec_aligned<float, R>(w + i0) && vec_aligned<float, R>(m + i0) &&
+                    vec_aligned<float, R>(v + i0) && vec_aligned<G, R>(g + i0) && vec_aligned<P, R>(p + i0);
+      else
+        packed[u] = j0 + R <= t.end[k] && vec_aligned<float, R>(w + i0) && vec_aligned<float, R>(m + i0) &&
+                    vec_aligned<float, R>(v + i0) && vec_aligned<G, R>(g + i0);
+      if (packed[u]) {
+        const float d = (t.decay[k >> 5] >> (k & 31)) & 1u ? c.decay_factor : 1.0f;
+        const Vec<float, R> wp = *reinterpret_cast<const Vec<float, R>*>(w + i0);
+        const Vec<float, R> mp = *reinterpret_cast<const Vec<float, R>*>(m + i0);
+        const Vec<float, R> vp = *reinterpret_cast<const Vec<float, R>*>(v + i0);
+        const Vec<G, R> gp = *reinterpret_cast<const Vec<G, R>*>(g + i0);
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          idx[u][r] = i0 + r;
+          df[u][r] = d;
+          wi[u][r] = wp.v[r];
+          mi[u][r] = mp.v[r];
+          vi[u][r] = vp.v[r];
+          gi[u][r] = static_cast<float>(ld(gp.v[r]));
+        }
+        continue;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const i64 j = j0 + r;
+        if (j >= total) break;
         while (j >= t.end[k]) ++k;
         const i64 i = j + t.offset[k];
-        idx[u] = i;
-        df[u] = (t.decay[k >> 5] >> (k & 31)) & 1u ? c.decay_factor : 1.0f;
-        wi[u] = w[i];
-        mi[u] = m[i];
-        vi[u] = v[i];
-        gi[u] = static_cast<float>(ld(g[i]));
+        idx[u][r] = i;
+        df[u][r] = (t.decay[k >> 5] >> (k & 31)) & 1u ? c.decay_factor : 1.0f;
+        wi[u][r] = w[i];
+        mi[u][r] = m[i];
+        vi[u][r] = v[i];
+        gi[u][r] = static_cast<float>(ld(g[i]));
       }
     }
 #pragma unroll
     for (int u = 0; u < kAdamUnroll; ++u) {
-      if (idx[u] < 0) continue;
-      const i64 i = idx[u];
-      kernels::adamw_element(wi[u], mi[u], vi[u], gi[u], df[u], c);
-      m[i] = mi[u];
-      v[i] = vi[u];
-      w[i] = wi[u];
-      if constexpr (!std::is_same_v<P, NoParams>) p[i] = st<P>(wi[u]);
+#pragma unroll
+      for (int r = 0; r < R; ++r)
+        if (idx[u][r] >= 0) kernels::adamw_element(wi[u][r], mi[u][r], vi[u][r], gi[u][r], df[u][r], c);
+      if (packed[u]) {
+        const i64 i0 = idx[u][0];
+        Vec<float, R> wp, mp, vp;
+        [[maybe_unused]] Vec<P, R> pp;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          wp.v[r] = wi[u][r];
+          mp.v[r] = mi[u][r];
+          vp.v[r] = vi[u][r];
+          if constexpr (kParams) pp.v[r] = st<P>(wi[u][r]);
+        }
+        *reinterpret_cast<Vec<float, R>*>(m + i0) = mp;
+        *reinterpret_cast<Vec<float, R>*>(v + i0) = vp;
+        *reinterpret_cast<Vec<float, R>*>(w + i0) = wp;
+        if constexpr (kParams) *reinterpret_cast<Vec<P, R>*>(p + i0) = pp;
+        continue;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const i64 i = idx[u][r];
+        if (i < 0) continue;
+        m[i] = mi[u][r];
+        v[i] = vi[u][r];
+        w[i] = wi[u][r];
+        if constexpr (kParams) p[i] = st<P>(wi[u][r]);
+      }
     }
   }
 }

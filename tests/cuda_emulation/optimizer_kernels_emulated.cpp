@@ -126,7 +126,7 @@ void adamw(std::mt19937& rng) {
     a.bc2 = 1 - std::pow(a.beta2, step);
     kernels::adamw(wc, mc, vc, g, segs, a, pc);
     // 3 blocks of 64 threads: each thread strides over ~470 flat indices per
-    // table (in steps of kAdamUnroll indices 64 apart, the last step part
+    // table (in steps of kAdamUnroll runs of kAdamRun indices, 64 runs apart, the last step part
     // past the end), crossing many segments, some inside one step.
     for (const auto& t : tables)
       emu_launch(dim3{3, 1, 1}, 64, 0, [&] {

@@ -131,13 +131,13 @@ std::vector<Segment> shuffled_runs(const std::vector<Segment>& segs, std::mt1993
 }
 
 // One launch per table, each of kThreads threads, no shared memory, on
-// resident_grid's blocks: the table's tiles of kThreads x kAdamUnroll
+// resident_grid's blocks: the table's tiles of kThreads x kAdamPerThread
 // elements, at most the resident blocks.
 void expect_adamw_launches(const LaunchLog& log, const std::vector<Segment>& segs, bool& capped, bool& uncapped) {
   const auto lengths = table_lengths(segs);
   check(log.launches.size() == lengths.size(), "adamw: one launch per table", static_cast<double>(log.launches.size()),
         static_cast<double>(lengths.size()), 0);
-  const i64 tile = gs::kThreads * megazero::cuda::detail_k::kAdamUnroll;
+  const i64 tile = gs::kThreads * megazero::cuda::detail_k::kAdamPerThread;
   for (std::size_t k = 0; k < std::min(lengths.size(), log.launches.size()); ++k) {
     const auto& c = log.launches[k];
     const i64 tiles = (lengths[k] + tile - 1) / tile, want = std::min(tiles, resident());

@@ -118,7 +118,9 @@ int run(int argc, char** argv) {
     in_order += buf;
   }
   std::sort(ms.begin(), ms.end());
-  const double med = ms[ms.size() / 2];
+  // statistics.median's median (torch_layer.py's): the mean of the middle two of an even count.
+  const std::size_t mid = ms.size() / 2;
+  const double med = ms.size() % 2 == 1 ? ms[mid] : 0.5 * (ms[mid - 1] + ms[mid]);
   const double Bd = static_cast<double>(B), Sd = static_cast<double>(S), hd = static_cast<double>(h);
   const double ffn_ratio = static_cast<double>(cfg.ffn()) / hd;  // 4 for GPT
   // fwd GEMMs: QKV 6BSh^2, scores+context 4BS^2h, dense 2BSh^2, MLP 4*ffn_ratio*BSh^2; bwd twice fwd.

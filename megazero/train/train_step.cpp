@@ -13,7 +13,8 @@ namespace megazero::train {
 
 StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communicator& dp,
                       const std::vector<MicroBatch>& micro_batches, const OptimizerSettings& opt,
-                      optim::LossScaler& scaler, std::int64_t iteration) {
+                      optim::LossScaler& scaler, std::int64_t iteration,
+                      const std::function<void()>& while_optimizer_runs) {
   MZ_CHECK(!micro_batches.empty(), "train_step without micro-batches");
   model.set_param_hooks(&engine);
   engine.zero_grad();
@@ -56,6 +57,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1);
   const auto opt_end = dev.mark();
   scaler.update(r.stats.skipped);
+  if (while_optimizer_runs) while_optimizer_runs();
   // The logged loss: mean over every token of every micro-batch of every DP
   // rank (all micro-batches hold the same number of tokens).
   double local = 0;

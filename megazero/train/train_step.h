@@ -7,6 +7,7 @@
 // is also multiplied by the loss scale, which the optimizer divides out.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "layers/gpt_model.h"
@@ -46,8 +47,15 @@ struct OptimizerSettings {
   double clip_grad = 1.0;  // --clip-grad; 0 = off
 };
 
+// while_optimizer_runs, when given, is called once the optimizer step is
+// issued and before the step's one read-back of the loss waits for it: on a
+// GPU the host's work in it (the trainer makes the next iteration's batch
+// there) overlaps the device's AdamW instead of leaving the device idle
+// between steps. It runs on every rank at the same point of the step, so it
+// may hold collectives.
 StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communicator& dp,
                       const std::vector<MicroBatch>& micro_batches, const OptimizerSettings& opt,
-                      optim::LossScaler& scaler, std::int64_t iteration);
+                      optim::LossScaler& scaler, std::int64_t iteration,
+                      const std::function<void()>& while_optimizer_runs = {});
 
 }  // namespace megazero::train

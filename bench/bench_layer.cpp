@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "megazero/kernels/gemm.h"
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/kernels/linear_epilogues.h"
 #include "layers/transformer_layer.h"
@@ -40,7 +41,7 @@ int run(int argc, char** argv) {
   int tp_size = 16, steps = 10, warmup = 2;
   std::string device_spec = "cuda", dtype_name_arg = "bf16";
   double dropout = 0.1, peak_tflops = 989.0;
-  bool no_bias_gelu_fusion = false, profile = false;
+  bool no_bias_gelu_fusion = false, profile = false, autotune = false;
   std::string epilogues = "none";
   po::options_description d("bench_layer");
   d.add_options()("hidden-size", po::value(&cfg.hidden_size))(
@@ -56,7 +57,10 @@ int run(int argc, char** argv) {
       "deterministic-mode", po::bool_switch(&cfg.deterministic), "cudnn: cuDNN's deterministic backward")(
       "no-bias-gelu-fusion", po::bool_switch(&no_bias_gelu_fusion), "GeLU and fc1's bias in separate passes")(
       "gemm-epilogues", po::value(&epilogues)->implicit_value("forward"),
-      "none, forward (bias, bias + GeLU in the GEMMs) or all (also the bias gradients): pretrain_gpt's flag");
+      "none, forward (bias, bias + GeLU in the GEMMs) or all (also the bias gradients): pretrain_gpt's flag")(
+      "gemm-autotune", po::bool_switch(&autotune),
+      "time cuBLASLt's algorithms for each GEMM problem in the warm-up and keep the fastest (cuda; "
+      "pretrain_gpt's flag); prints what it kept");
   parse_command_line(argc, argv, d, "bench_layer");
   cfg.bias_gelu_fusion = !no_bias_gelu_fusion;
   cfg.gemm_epilogues = parse_gemm_epilogues(epilogues);
@@ -66,6 +70,11 @@ int run(int argc, char** argv) {
   MZ_REQUIRE(steps > 0, "--steps must be positive");
   MZ_REQUIRE(!profile || device_spec.rfind("cuda", 0) == 0,
              "--profile traces the GPU's kernels (CUPTI): it needs --device cuda, got --device ", device_spec);
+  MZ_REQUIRE(!autotune || device_spec.rfind("cuda", 0) == 0,
+             "--gemm-autotune times cuBLASLt's algorithms: it needs --device cuda, got --device ", device_spec);
+  MZ_REQUIRE(!(autotune && cfg.deterministic), "--gemm-autotune and --deterministic-mode: drop one of the two");
+  MZ_REQUIRE(warmup > 0 || !autotune, "--gemm-autotune times in the first step: give it --warmup 1 or more");
+  set_gemm_autotune(autotune);
   cfg.max_position_embeddings = cfg.seq_length;
   cfg.hidden_dropout = cfg.attention_dropout = dropout;
   cfg.validate(tp_size);
@@ -129,10 +138,14 @@ int run(int argc, char** argv) {
   const double tflops = flops / (med * 1e-3) / 1e12;
   // The JSON's "attention" names the variant (peer_ratios' row): "+epilogues"
   // with --gemm-epilogues (forward), "+epilogues-all" with --gemm-epilogues=all.
-  const std::string variant = cfg.attention_backend + (backward_epilogues(cfg.gemm_epilogues)  ? "+epilogues-all"
-                                                       : forward_epilogues(cfg.gemm_epilogues) ? "+epilogues"
-                                                                                               : "");
+  // "+autotune" with --gemm-autotune.
+  const std::string variant = cfg.attention_backend +
+                              (backward_epilogues(cfg.gemm_epilogues)  ? "+epilogues-all"
+                               : forward_epilogues(cfg.gemm_epilogues) ? "+epilogues"
+                                                                       : "") +
+                              (autotune ? "+autotune" : "");
   if (forward_epilogues(cfg.gemm_epilogues)) std::printf("%s\n", kernels::linear_epilogues_report(*device).c_str());
+  if (autotune) std::printf("%s\n", gemm_autotune_report(true).c_str());
   std::printf(
       "layer h=%lld heads=%lld/%d ffn=%lld/%d S=%lld B=%lld %s on %s, dropout %.2f, recompute %d, attention %s\n",
       static_cast<long long>(h), static_cast<long long>(cfg.num_attention_heads), tp_size,

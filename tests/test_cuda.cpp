@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <utility>
@@ -794,6 +795,34 @@ TEST_F(Cuda, GemmAgreesWithCpu) {
     gemm(a.g, false, bt.g, true, c2.g);
     EXPECT_LE(rel_diff(c2.g, c2.c), tol(dt)) << dtype_name(dt);
   }
+}
+
+// --gemm-autotune: a problem's first call times cuBLASLt's candidates (into a
+// scratch D) before it computes, so an accumulating GEMM (beta 1, as the
+// weight gradients are) adds its product once, and a plain one overwrites; the
+// cached choice then serves the next call. Every dtype, both transposes.
+TEST_F(Cuda, GemmAutotuneComputesEachCallOnce) {
+  set_gemm_autotune(true);
+  for (DType dt : kTypes)
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(dt) << (tb ? " B^T" : " B"));
+      auto a = random({1024, 768}, dt, -1, 1);
+      auto b = tb ? random({512, 768}, dt, -1, 1) : random({768, 512}, dt, -1, 1);
+      auto acc = random({1024, 512}, dt), out = random({1024, 512}, dt);
+      for (int call = 0; call < 2; ++call) {  // the first timed, the second from the cache
+        gemm(a.c, false, b.c, tb, acc.c, 1.0f, 1.0f);
+        gemm(a.g, false, b.g, tb, acc.g, 1.0f, 1.0f);
+        EXPECT_LE(rel_diff(acc.g, acc.c), tol(dt)) << "call " << call << ": accumulated once";
+        gemm(a.c, false, b.c, tb, out.c, 0.5f, 0.0f);
+        gemm(a.g, false, b.g, tb, out.g, 0.5f, 0.0f);
+        EXPECT_LE(rel_diff(out.g, out.c), tol(dt)) << "call " << call;
+      }
+    }
+  set_gemm_autotune(false);
+  const std::string report = gemm_autotune_report(true);
+  EXPECT_NE(report.find("problems timed"), std::string::npos)
+      << "cuBLASLt offered one algorithm for every problem, so nothing was timed: " << report;
+  std::printf("%s\n", report.c_str());
 }
 
 TEST_F(Cuda, AdamWAndGradNorm) {

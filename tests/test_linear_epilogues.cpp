@@ -26,11 +26,13 @@
 #include "megazero/core/device.h"
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/gemm.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/linear_epilogues.h"
 
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/cuda_device.h"
+#include "megazero/cuda/gemm_cuda.h"
 #include "megazero/cuda/lt_matmul.h"
 #endif
 
@@ -279,6 +281,9 @@ void interpret(const cuda::LtMatmul& p) {
       const double a = acc[static_cast<std::size_t>(i + j * p.m)];
       double& d = D[i + j * p.ldd];
       switch (p.epilogue) {
+        case cuda::LtEpilogue::None:
+          d = a;
+          break;
         case cuda::LtEpilogue::Bias:
           d = a + bias[i];
           break;
@@ -376,6 +381,60 @@ TEST(LtProblems, DescribedProblemsComputeTheDefinitionsByCublasLtSemantics) {
   }
 }
 
+// megazero::gemm's plain problem as cuBLASLt sees it (--gemm-autotune's
+// path): every transpose, operands that are narrowed views (row strides above
+// their widths) or transposed views (a unit stride in the other dimension),
+// alpha and an accumulating beta, interpreted by cuBLASLt's semantics against
+// the CPU's gemm over the same fp64 tensors.
+TEST(LtProblems, DescribedGemmComputesWhatGemmComputes) {
+  auto cpu = make_device(DeviceKind::CPU);
+  std::mt19937_64 g(7);
+  std::normal_distribution<double> n;
+  const auto filled = [&](const Shape& s) {
+    std::vector<double> v(static_cast<std::size_t>(shape_numel(s)));
+    for (double& x : v) x = n(g);
+    Tensor t = Tensor::empty(cpu, s, DType::F64, MemoryCategory::Other);
+    t.copy_from_doubles(v);
+    return t;
+  };
+  const i64 m = 13, k = 9, nn = 11;
+  int cases = 0;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (int view = 0; view < 3; ++view) {  // 0 contiguous, 1 narrowed, 2 transposed views
+        SCOPED_TRACE(testing::Message() << "trans_a " << ta << " trans_b " << tb << " view " << view);
+        const Shape sa = ta ? Shape{k, m} : Shape{m, k}, sb = tb ? Shape{nn, k} : Shape{k, nn};
+        const auto operand = [&](const Shape& s) {
+          if (view == 1) return filled({s[0], s[1] + 5}).narrow(1, 2, s[1]);
+          if (view == 2) return filled({s[1], s[0]}).transpose(0, 1);
+          return filled(s);
+        };
+        const Tensor a = operand(sa), b = operand(sb);
+        Tensor c_wide = filled({m, nn + 3});
+        Tensor c = view == 1 ? c_wide.narrow(1, 1, nn) : filled({m, nn});
+        Tensor want = Tensor::empty(cpu, {m, nn}, DType::F64, MemoryCategory::Other);
+        want.copy_from(c);
+        gemm(a, ta, b, tb, want, 0.75f, 0.5f);
+        const cuda::LtMatmul p = cuda::describe_gemm(a, ta, b, tb, c, 0.75f, 0.5f);
+        EXPECT_EQ(p.epilogue, cuda::LtEpilogue::None);
+        cuda::LtMatmul p16 = p;  // fp64 is cuBLAS's; the same problem in bf16 is cuBLASLt's to take
+        p16.in = p16.out = DType::BF16;
+        EXPECT_TRUE(cuda::lt_eligible(p16));
+        interpret(p);
+        EXPECT_LE(max_rel(c.to_double_vector(), want.to_double_vector()), 1e-13);
+        ++cases;
+      }
+  EXPECT_EQ(cases, 12);
+}
+
+TEST(LtProblems, AutotuneKeepsTheFastestCandidateThatRan) {
+  EXPECT_EQ(cuda::fastest_candidate({}), 0) << "nothing timed: the heuristics' first";
+  EXPECT_EQ(cuda::fastest_candidate({-1, -1}), 0) << "none ran: the heuristics' first";
+  EXPECT_EQ(cuda::fastest_candidate({0.5, 0.4, 0.45}), 1);
+  EXPECT_EQ(cuda::fastest_candidate({0.5, -1, 0.3, 0.3}), 2) << "a failed one skipped; the earlier of equals";
+  EXPECT_EQ(cuda::fastest_candidate({-1, 0.9}), 1);
+}
+
 // Problems as the entry points make them, in each dtype cuBLASLt takes.
 std::vector<cuda::LtMatmul> sample_problems(DType t) {
   static double dummy[64];  // alignment only: nothing is read
@@ -384,7 +443,12 @@ std::vector<cuda::LtMatmul> sample_problems(DType t) {
                                         {dummy, 3072}, t, t),
           cuda::describe_linear_forward(cuda::LtEpilogue::GeluAuxBias, 8192, 1024, 4096, x, w, dummy, y, y, t, t),
           cuda::describe_linear_dgelu(8192, 4096, 1024, dy, {dummy, 4096}, y, y, dummy, t),
-          cuda::describe_linear_wgrad(8192, 1024, 3072, {dummy, 3072}, x, w, dummy, t)};
+          cuda::describe_linear_wgrad(8192, 1024, 3072, {dummy, 3072}, x, w, dummy, t),
+          [&] {  // a plain GEMM (--gemm-autotune's): no bias pointer, no aux
+            cuda::LtMatmul p = cuda::describe_linear_wgrad(8192, 1024, 3072, {dummy, 3072}, x, w, nullptr, t);
+            p.epilogue = cuda::LtEpilogue::None;
+            return p;
+          }()};
 }
 
 TEST(LtProblems, CublasLtCreatesEveryDescriptor) {

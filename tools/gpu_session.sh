@@ -32,7 +32,7 @@
 #   train  - pretrain_gpt --device cuda on a GPT-2 350M-class model (mock data)
 #   peers  - ours and the PyTorch peers back to back on this GPU (issue #21): pretrain_gpt on
 #            GPT-2 medium 355M (bf16, B 8, seq 1024, 30 iterations; attention cudnn, cudnn with
-#            --gemm-epilogues, unfused, fused) against bench/torch_gpt.py eager and --compile (the
+#            --gemm-epilogues, with --gemm-epilogues --gemm-autotune, unfused, fused) against bench/torch_gpt.py eager and --compile (the
 #            last 10 of 30 iterations each); bench_layer (the 100B layer as one TP-16 rank holds
 #            it, bf16, the same variants)
 #            against bench/torch_layer.py SDPA eager and --compile. Log in peers.txt, the ratio
@@ -376,6 +376,9 @@ for phase in "$@"; do
           # which cost the H200's 355M backward 5.1 ms while the forward's saved 1.1 ms).
           # =all lost on both H200 leases (0.99x at 355M): only outside MZ_PEERS_QUICK now.
           ours_gpt cudnn; theirs_gpt --compile; ours_gpt cudnn +epilogues --gemm-epilogues
+          # --gemm-autotune (2026-11-27): each GEMM problem's cuBLASLt candidates timed once, the fastest
+          # kept; its log line says how much the kept ones beat the heuristics' first.
+          ours_gpt cudnn +epilogues+autotune --gemm-epilogues --gemm-autotune
           if [ -z "${MZ_PEERS_QUICK:-}" ]; then  # MZ_PEERS_QUICK=1: the rows above only (a short lease)
             ours_gpt cudnn +epilogues-all --gemm-epilogues=all
             ours_gpt unfused; ours_gpt fused; theirs_gpt
@@ -384,12 +387,13 @@ for phase in "$@"; do
         fi
         if [ "$phase" != peers-gpt ]; then
           ours_layer cudnn; theirs_layer --compile; ours_layer cudnn --gemm-epilogues
+          ours_layer cudnn --gemm-epilogues --gemm-autotune  # prints each GEMM's first and kept times
           [ -z "${MZ_PEERS_QUICK:-}" ] &&
             { ours_layer cudnn --gemm-epilogues=all; ours_layer unfused; ours_layer fused; theirs_layer; }
         fi
       } > "$out/$phase.txt" 2>&1
       telemetry_stop
-      grep -E "^== |median|iteration +30/|timers|^peer_ratios|Error|error" "$out/$phase.txt" | tail -50
+      grep -E "^== |median|iteration +30/|timers|GEMM autotune|^peer_ratios|Error|error" "$out/$phase.txt" | tail -50
       python3 tools/gpu_telemetry.py "$out/$phase.txt" "$out/$phase-telemetry.csv" | tee "$out/$phase-clocks.txt"
       tables=gpt,layer
       [ "$phase" = peers-gpt ] && tables=gpt

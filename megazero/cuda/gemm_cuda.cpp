@@ -15,6 +15,8 @@
 #include "megazero/cuda/blas_types.h"
 #include "megazero/cuda/cuda_device.h"
 #include "megazero/cuda/cuda_kernels.h"
+#include "megazero/cuda/gemm_cuda.h"
+#include "megazero/cuda/lt_matmul.h"
 #include "megazero/kernels/gemm.h"
 
 namespace megazero::cuda {
@@ -88,7 +90,33 @@ Operand describe(const Tensor& x, const char* what) {
 
 cudaDataType_t cuda_type(DType t) { return blas_type(t, "gemm (cuda)"); }
 
+// C's leading dimension as cuBLAS counts it: C is row-major with a unit last
+// stride (checked by gemm()), i.e. C^T in column-major with ldc = its row stride.
+std::int64_t ldc_of(const Tensor& c) {
+  return std::max<std::int64_t>({c.strides()[static_cast<std::size_t>(c.dim() - 2)], c.size(-1), 1});
+}
+
+// cuBLAS's first operand must be op(B)^T (N x K). Memory of a row-major B is
+// B^T already, so it needs no transpose unless trans_b asks for one; a
+// transposed view flips that. Likewise A, which must become op(A)^T.
+bool transposed(const Operand& o, bool trans) { return trans != !o.row_major; }
+
 }  // namespace
+
+LtMatmul describe_gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha,
+                       float beta) {
+  MZ_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2, "describe_gemm: 2-D operands only");
+  const Operand oa = describe(a, "A"), ob = describe(b, "B");
+  LtMatmul p;
+  p.epilogue = LtEpilogue::None;
+  p.m = c.size(-1), p.n = c.size(-2), p.k = a.size(trans_a ? -2 : -1);
+  p.trans_a = transposed(ob, trans_b), p.a = ob.data, p.lda = ob.ld;
+  p.trans_b = transposed(oa, trans_a), p.b = oa.data, p.ldb = oa.ld;
+  p.d = c.data(), p.ldd = ldc_of(c);
+  p.in = a.dtype(), p.out = c.dtype();
+  p.alpha = alpha, p.beta = beta;
+  return p;
+}
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta,
           kernels::GpuScratch ws) {
@@ -101,9 +129,7 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
 
   CudaDevice& dev = as_cuda_device(c.device());
   CudaDeviceGuard guard(dev.index());
-  // C is row-major with a unit last stride (checked by gemm()), i.e. C^T in
-  // column-major with ldc = its row stride.
-  const std::int64_t ldc = std::max<std::int64_t>({c.strides()[static_cast<std::size_t>(c.dim() - 2)], n, 1});
+  const std::int64_t ldc = ldc_of(c);
   const long long stride_c = c.dim() == 3 ? static_cast<long long>(c.strides()[0]) : 0;
   if (k == 0) {
     // An empty inner dimension (e.g. an empty shard) leaves C = beta * C; do
@@ -113,14 +139,17 @@ void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& 
                  dev.stream());
     return;
   }
+  // Autotuned (lt_matmul.h): 2-D problems through cuBLASLt, the same
+  // column-major problem as below; cuBLAS where cuBLASLt has no algorithm.
+  if (lt_autotune() && batch == 1 && a.dim() == 2 && a.dtype() != DType::F64) {
+    const LtMatmul p = describe_gemm(a, trans_a, b, trans_b, c, alpha, beta);
+    if (lt_eligible(p) && lt_matmul(p, ws, dev.stream(), dev.index())) return;
+  }
   cublasHandle_t h = handle_for(dev, ws);
 
   const Operand oa = describe(a, "A"), ob = describe(b, "B");
-  // cuBLAS's first operand must be op(B)^T (N x K). Memory of a row-major B is
-  // B^T already, so it needs no transpose unless trans_b asks for one; a
-  // transposed view flips that. Likewise A, which must become op(A)^T.
-  const cublasOperation_t op_b = (trans_b != !ob.row_major) ? CUBLAS_OP_T : CUBLAS_OP_N;
-  const cublasOperation_t op_a = (trans_a != !oa.row_major) ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = transposed(ob, trans_b) ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_a = transposed(oa, trans_a) ? CUBLAS_OP_T : CUBLAS_OP_N;
 
   if (a.dtype() == DType::F64) {
     const double alpha64 = alpha, beta64 = beta;

@@ -6,6 +6,8 @@
 
 #include <cublasLt.h>
 
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -25,6 +27,8 @@ cudaDataType_t lt_type(DType t) { return blas_type(t, "cuBLASLt epilogue"); }
 
 cublasLtEpilogue_t lt_code(LtEpilogue e) {
   switch (e) {
+    case LtEpilogue::None:
+      return CUBLASLT_EPILOGUE_DEFAULT;
     case LtEpilogue::Bias:
       return CUBLASLT_EPILOGUE_BIAS;
     case LtEpilogue::GeluAuxBias:
@@ -38,6 +42,7 @@ cublasLtEpilogue_t lt_code(LtEpilogue e) {
 }
 
 bool has_aux(LtEpilogue e) { return e == LtEpilogue::GeluAuxBias || e == LtEpilogue::DGeluBGrad; }
+bool has_bias(LtEpilogue e) { return e != LtEpilogue::None; }
 
 // The largest power of two up to 256 dividing the address: what the
 // heuristics assume of a pointer (they read its value) and what the
@@ -95,7 +100,7 @@ std::string build(const LtMatmul& p, std::size_t workspace_bytes, Descriptors& d
   const std::uint32_t epilogue = lt_code(p.epilogue);
   if (!set(CUBLASLT_MATMUL_DESC_TRANSA, ta, "TRANSA") || !set(CUBLASLT_MATMUL_DESC_TRANSB, tb, "TRANSB") ||
       !set(CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue, "EPILOGUE") ||
-      !set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "BIAS_POINTER"))
+      (has_bias(p.epilogue) && !set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "BIAS_POINTER")))
     return error;
   if (has_aux(p.epilogue)) {
     const std::int64_t aux_ld = p.aux_ld;
@@ -164,7 +169,8 @@ std::string plan_key(const LtMatmul& p, std::size_t ws_bytes, int device) {
                             alignment(p.bias),
                             alignment(p.aux),
                             static_cast<std::int64_t>(ws_bytes),
-                            device};
+                            device,
+                            lt_autotune()};
   std::string key(sizeof(v), '\0');
   std::memcpy(key.data(), v, sizeof(v));
   float ab[2] = {p.alpha, p.beta};
@@ -200,11 +206,81 @@ class ThreadState {
 // Every problem seen, for lt_report (all threads).
 std::mutex report_mutex;
 std::set<std::string> fused_seen, refused_seen;
+struct Tuned {
+  std::string problem;
+  int kept, candidates;
+  double first_ms, kept_ms;
+};
+std::vector<Tuned> tuned;
+
+constexpr int kAutotuneReps = 3;  // timed runs of each candidate, after one untimed
+
+// The heuristics' candidates for `plan`, each run once untimed and then
+// kAutotuneReps times between two events, D (and C when beta is 0) in a
+// scratch buffer: an accumulating problem reads its C from p.d and never writes
+// it. A candidate whose launch fails is skipped (-1 ms). Empty when the scratch
+// cannot be had (the heuristics' first is kept then).
+std::vector<double> time_candidates(cublasLtHandle_t h, Plan& plan, const LtMatmul& p,
+                                    const std::vector<cublasLtMatmulHeuristicResult_t>& candidates,
+                                    kernels::GpuScratch ws, cudaStream_t stream) {
+  const std::size_t elem = dtype_size(p.out);
+  const std::size_t d_bytes =
+      (static_cast<std::size_t>(p.ldd) * static_cast<std::size_t>(p.n - 1) + static_cast<std::size_t>(p.m)) * elem;
+  MZ_CUDA_CHECK(cudaStreamSynchronize(stream));
+  void* raw = nullptr;
+  if (cudaMalloc(&raw, d_bytes) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {};
+  }
+  const std::unique_ptr<void, void (*)(void*)> scratch(raw, [](void* q) { (void)cudaFree(q); });
+  const auto event = [] {
+    cudaEvent_t e = nullptr;
+    MZ_CUDA_CHECK(cudaEventCreate(&e));
+    return std::unique_ptr<CUevent_st, void (*)(cudaEvent_t)>(e, [](cudaEvent_t q) { (void)cudaEventDestroy(q); });
+  };
+  const auto begin = event(), end = event();
+  const void* c = p.beta != 0.0f ? static_cast<const void*>(p.d) : raw;
+  std::vector<double> ms;
+  for (const auto& r : candidates) {
+    const auto run = [&] {
+      return cublasLtMatmul(h, plan.ds.matmul, &p.alpha, p.a, plan.ds.a, p.b, plan.ds.b, &p.beta, c, plan.ds.d, raw,
+                            plan.ds.d, &r.algo, ws.data, ws.bytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) {
+      ms.push_back(-1);
+      continue;
+    }
+    MZ_CUDA_CHECK(cudaEventRecord(begin.get(), stream));
+    for (int k = 0; k < kAutotuneReps; ++k) (void)run();
+    MZ_CUDA_CHECK(cudaEventRecord(end.get(), stream));
+    MZ_CUDA_CHECK(cudaEventSynchronize(end.get()));
+    float t = 0;
+    MZ_CUDA_CHECK(cudaEventElapsedTime(&t, begin.get(), end.get()));
+    ms.push_back(static_cast<double>(t) / kAutotuneReps);
+  }
+  MZ_CUDA_CHECK(cudaStreamSynchronize(stream));  // the scratch is freed after the runs that write it
+  return ms;
+}
 
 }  // namespace
 
+namespace {
+std::atomic<bool> autotune_on{false};
+}  // namespace
+void set_lt_autotune(bool on) { autotune_on.store(on); }
+bool lt_autotune() { return autotune_on.load(); }
+
+int fastest_candidate(const std::vector<double>& ms) {
+  int best = -1;
+  for (std::size_t i = 0; i < ms.size(); ++i)
+    if (ms[i] >= 0 && (best < 0 || ms[i] < ms[static_cast<std::size_t>(best)])) best = static_cast<int>(i);
+  return best < 0 ? 0 : best;
+}
+
 const char* lt_epilogue_name(LtEpilogue e) {
   switch (e) {
+    case LtEpilogue::None:
+      return "none";
     case LtEpilogue::Bias:
       return "bias";
     case LtEpilogue::GeluAuxBias:
@@ -296,13 +372,30 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
     // Cached only once built: a failed build throws again on the next call instead of falling back unreported.
     if (!error.empty()) throw InternalError(detail::concat("cuBLASLt descriptors for ", describe(p), ": ", error));
     plan = std::move(built);
-    cublasLtMatmulHeuristicResult_t result{};
+    const bool tune = lt_autotune();
+    std::vector<cublasLtMatmulHeuristicResult_t> results(tune ? kAutotuneCandidates : 1);
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, plan->ds.matmul, plan->ds.a, plan->ds.b, plan->ds.d,
-                                                             plan->ds.d, plan->ds.pref, 1, &result, &found);
-    plan->supported = st == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS &&
-                      result.workspaceSize <= ws_bytes;
-    if (plan->supported) plan->algo = result.algo;
+    const cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(h, plan->ds.matmul, plan->ds.a, plan->ds.b, plan->ds.d, plan->ds.d,
+                                       plan->ds.pref, static_cast<int>(results.size()), results.data(), &found);
+    // The usable ones, in the heuristics' order.
+    std::vector<cublasLtMatmulHeuristicResult_t> usable;
+    for (int i = 0; st == CUBLAS_STATUS_SUCCESS && i < found; ++i)
+      if (results[static_cast<std::size_t>(i)].state == CUBLAS_STATUS_SUCCESS &&
+          results[static_cast<std::size_t>(i)].workspaceSize <= ws_bytes)
+        usable.push_back(results[static_cast<std::size_t>(i)]);
+    plan->supported = !usable.empty();
+    if (plan->supported) plan->algo = usable.front().algo;
+    if (plan->supported && tune && usable.size() > 1) {
+      const std::vector<double> ms = time_candidates(h, *plan, p, usable, {ws.data, ws_bytes}, stream);
+      if (!ms.empty()) {
+        const int kept = fastest_candidate(ms);
+        plan->algo = usable[static_cast<std::size_t>(kept)].algo;
+        std::lock_guard<std::mutex> lock(report_mutex);
+        tuned.push_back(
+            {describe(p), kept, static_cast<int>(usable.size()), ms.front(), ms[static_cast<std::size_t>(kept)]});
+      }
+    }
     std::lock_guard<std::mutex> lock(report_mutex);
     (plan->supported ? fused_seen : refused_seen)
         .insert(describe(p) + (plan->supported ? ""
@@ -314,7 +407,7 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
   const auto set = [&](auto attribute, void* value, const char* name) {
     check_lt(cublasLtMatmulDescSetAttribute(plan->ds.matmul, attribute, &value, sizeof(value)), name, p);
   };
-  set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "set BIAS_POINTER");
+  if (has_bias(p.epilogue)) set(CUBLASLT_MATMUL_DESC_BIAS_POINTER, p.bias, "set BIAS_POINTER");
   if (has_aux(p.epilogue)) set(CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, p.aux, "set EPILOGUE_AUX_POINTER");
   check_lt(cublasLtMatmul(h, plan->ds.matmul, &p.alpha, p.a, plan->ds.a, p.b, plan->ds.b, &p.beta, p.d, plan->ds.d, p.d,
                           plan->ds.d, &plan->algo, ws.data, ws_bytes, stream),
@@ -325,8 +418,22 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
 LtReport lt_report() {
   std::lock_guard<std::mutex> lock(report_mutex);
   LtReport r;
-  r.fused_problems = fused_seen.size();
-  for (const std::string& s : refused_seen) r.refused += (r.refused.empty() ? "" : "; ") + s;
+  r.fused_problems = 0;
+  for (const std::string& s : fused_seen) r.fused_problems += s.rfind("none ", 0) == 0 ? 0 : 1;
+  for (const std::string& s : refused_seen)  // a plain GEMM refused is cuBLAS's (gemm_cuda.cpp), not unfused
+    if (s.rfind("none ", 0) != 0) r.refused += (r.refused.empty() ? "" : "; ") + s;
+  for (const Tuned& t : tuned) {
+    ++r.autotuned;
+    if (t.kept != 0) ++r.autotune_changed;
+    if (t.first_ms >= 0) {  // the first ran: the sums compare like with like
+      r.autotune_first_ms += t.first_ms;
+      r.autotune_best_ms += t.kept_ms;
+    }
+    char times[160];
+    std::snprintf(times, sizeof times, ": heuristics' first %.4f ms, kept #%d of %d %.4f ms (%.3fx)", t.first_ms,
+                  t.kept, t.candidates, t.kept_ms, t.kept_ms > 0 ? t.first_ms / t.kept_ms : 0.0);
+    r.autotune_lines.push_back(t.problem + times);
+  }
   return r;
 }
 

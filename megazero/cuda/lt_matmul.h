@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "megazero/core/dtype.h"
 #include "megazero/kernels/gpu_scratch.h"
@@ -24,6 +25,7 @@
 namespace megazero::cuda {
 
 enum class LtEpilogue {
+  None,         // D = alpha op(A) op(B) + beta D: a plain GEMM (gemm_cuda.cpp's, when autotuned)
   Bias,         // D += bias[i] (bias: [m], input)
   GeluAuxBias,  // aux = D + bias[i]; D = gelu(aux) (tanh approximation; aux: output)
   DGeluBGrad,   // D = D * gelu'(aux); bias[i] = sum_j D[i, j] (aux: input; bias: [m], output)
@@ -82,13 +84,34 @@ std::string lt_descriptors_error(const LtMatmul& p, std::size_t workspace_bytes)
 // algorithm for it (the heuristics' first, cached per problem and pointer
 // alignment); returns false without touching memory when it has none, so the
 // caller computes the same by other kernels. Throws on a failing launch.
+//
+// With autotuning on (set_lt_autotune, which megazero::set_gemm_autotune sets), a problem's
+// first call times up to kAutotuneCandidates of the heuristics' algorithms on
+// its own operands and keeps the fastest: each runs into a scratch D (an
+// accumulating problem reads C from p.d and never writes it), so the call then
+// computes its result once, with the chosen algorithm. Epilogue outputs other
+// than D (aux, the bias gradient) are written by the timing runs too and
+// overwritten by the call. The stream is drained for the timing.
 bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, int device);
+constexpr int kAutotuneCandidates = 8;
+void set_lt_autotune(bool on);
+bool lt_autotune();
+
+// Which of `ms` (a candidate's milliseconds; a negative value: it failed) is
+// the fastest, the earliest of equal ones; 0 when none ran (the heuristics'
+// first, as without autotuning).
+int fastest_candidate(const std::vector<double>& ms);
 
 // What this process has run: problems cuBLASLt took, problems it refused (one
-// line each: the epilogue, shape and dtypes), for the trainer's log.
+// line each: the epilogue, shape and dtypes), for the trainer's log; and what
+// autotuning chose.
 struct LtReport {
-  std::size_t fused_problems = 0;
-  std::string refused;  // "" when none
+  std::size_t fused_problems = 0;                      // with an epilogue
+  std::string refused;                                 // "" when none
+  std::size_t autotuned = 0;                           // problems timed
+  std::size_t autotune_changed = 0;                    // ... that kept another algorithm than the heuristics' first
+  double autotune_first_ms = 0, autotune_best_ms = 0;  // one call of each timed problem, summed
+  std::vector<std::string> autotune_lines;  // one a timed problem: its shape, the first's and the kept one's time
 };
 LtReport lt_report();
 

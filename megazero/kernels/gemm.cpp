@@ -4,8 +4,46 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/gpu_scratch.h"
+#ifdef MEGAZERO_WITH_CUDA
+#include "megazero/cuda/lt_matmul.h"
+#endif
+
+#include <atomic>
+#include <cstdio>
 
 namespace megazero {
+
+namespace {
+std::atomic<bool> autotune{false};
+}  // namespace
+
+void set_gemm_autotune(bool on) {
+  autotune.store(on);
+#ifdef MEGAZERO_WITH_CUDA
+  cuda::set_lt_autotune(on);
+#endif
+}
+bool gemm_autotune() { return autotune.load(); }
+
+std::string gemm_autotune_report(bool detail) {
+#ifdef MEGAZERO_WITH_CUDA
+  const cuda::LtReport r = cuda::lt_report();
+  if (r.autotuned == 0) return "";
+  char head[256];
+  std::snprintf(head, sizeof head,
+                "GEMM autotune: %zu problems timed, %zu kept another algorithm than cuBLASLt's heuristics' first; "
+                "one call of each: %.3f ms with the first, %.3f ms with the kept (%.3fx)",
+                r.autotuned, r.autotune_changed, r.autotune_first_ms, r.autotune_best_ms,
+                r.autotune_best_ms > 0 ? r.autotune_first_ms / r.autotune_best_ms : 0.0);
+  std::string out = head;
+  if (detail)
+    for (const std::string& line : r.autotune_lines) out += "\n  " + line;
+  return out;
+#else
+  (void)detail;
+  return "";
+#endif
+}
 
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha, float beta) {
   MZ_CHECK(a.dim() == 2 || a.dim() == 3, "gemm: A must be 2-D or 3-D, got ", a.to_string());

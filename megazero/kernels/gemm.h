@@ -23,6 +23,20 @@ namespace megazero {
 void gemm(const Tensor& a, bool trans_a, const Tensor& b, bool trans_b, Tensor& c, float alpha = 1.0f,
           float beta = 0.0f);
 
+// GEMM autotuning on the GPU (--gemm-autotune, TunableOp-like): every 2-D
+// GEMM goes through cuBLASLt, and each new problem (shape, layouts, dtypes,
+// pointer alignment) times the heuristics' candidate algorithms once on its
+// own operands and keeps the fastest for the process (cuda/lt_matmul.h). Off by
+// default: the choice follows the timings, so two runs may keep different
+// algorithms and differ in the last bits (hence refused with
+// --deterministic-mode). Batched GEMMs and the CPU are untouched. Process-wide.
+void set_gemm_autotune(bool on);
+bool gemm_autotune();
+// One line for the log: how many problems were timed, how many kept another
+// algorithm than the heuristics' first, and one call of each summed before
+// and after; "" when nothing was timed. With `detail`, a line a problem follows.
+std::string gemm_autotune_report(bool detail = false);
+
 // How the CPU backend computes (A dtype) -> (C dtype): "openblas" (fp32, fp64),
 // "onednn" (native 16-bit) or "fp32-widened-openblas" (16-bit widened). For reports.
 std::string cpu_gemm_path(DType in, DType out);

@@ -136,6 +136,10 @@ void define(OptionTable& t, TrainArgs& a) {
                    "cuBLASLt epilogues on --device cuda; elsewhere the same math in separate passes) or all (also "
                    "the backward's GeLU and bias gradients: slower on the H200, docs/PERFORMANCE.md); write "
                    "--gemm-epilogues=all");
+  t.flag(M, "gemm-autotune", &a.gemm_autotune,
+         "time cuBLASLt's candidate algorithms for each GEMM problem on its first call and keep the fastest "
+         "(--device cuda; the log says what it kept; runs may then differ in the last bits, so not with "
+         "--deterministic-mode)");
   t.add(M, "position-embedding-type", &a.model.position_embedding_type,
         "learned_absolute (a trained position table, GPT-2) or rope (rotary embeddings of q and k, Llama)");
   t.add(M, "norm-epsilon", &a.model.layernorm_epsilon,
@@ -577,6 +581,13 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(profile_step_end > profile_step_start, "--profile-step-end ", profile_step_end,
              " must be after --profile-step-start ", profile_step_start,
              " (the iterations after the start, up to and including the end, are recorded)");
+  if (gemm_autotune) {
+    MZ_REQUIRE(device == "cuda", "--gemm-autotune times cuBLASLt's algorithms: it needs --device cuda, got --device ",
+               device);
+    MZ_REQUIRE(!model.deterministic,
+               "--gemm-autotune keeps whichever algorithm timed fastest, so reruns may differ in the last bits; "
+               "--deterministic-mode promises the same bits: drop one of the two");
+  }
   if (profile) {
     MZ_REQUIRE(device == "cuda",
                "--profile records the GPU's kernels (CUPTI's activity records): it needs --device "

@@ -58,6 +58,9 @@ struct TrainArgs {
   bool no_bias_gelu_fusion = false;
   // --gemm-epilogues[=none|forward|all], resolved into model.gemm_epilogues.
   std::string gemm_epilogues = "none";
+  // --gemm-autotune: each GEMM problem's cuBLASLt algorithms timed once, the
+  // fastest kept (kernels/gemm.h); --device cuda, not with --deterministic-mode.
+  bool gemm_autotune = false;
   // Megatron's spellings of the model's query groups and linear biases,
   // resolved into model.num_query_groups / model.add_bias_linear.
   bool group_query_attention = false;

@@ -20,6 +20,7 @@
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/kernels/cudnn_attention.h"
+#include "megazero/kernels/gemm.h"
 #include "megazero/kernels/linear_epilogues.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/comm/nccl_communicator.h"
@@ -187,6 +188,7 @@ void Trainer::Impl::build() {
     return make_device(DeviceKind::CUDA, local_index % gpus);
   });
   on_gpu = device->kind() == DeviceKind::CUDA;
+  set_gemm_autotune(args.gemm_autotune);  // process-wide; validate() allowed it on cuda only
   // This rank's plan (the model, the engine and two iterations on the meta
   // device, in the order this run allocates), made once if the pre-flight or
   // the arena needs it.
@@ -550,7 +552,7 @@ TrainResult Trainer::Impl::train() {
   double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
   double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0, window_waits = 0, window_issue = 0;
   std::int64_t nan_total = 0, window_iters = 0;
-  bool epilogues_reported = false;
+  bool epilogues_reported = false, autotune_reported = false;
   const std::int64_t nan_at = nan_loss_at();
   bool first = true;
   std::optional<std::vector<MicroBatch>> next_mbs;  // the next iteration's, made during this step
@@ -686,6 +688,11 @@ TrainResult Trainer::Impl::train() {
             !epilogues_reported) {  // once: which GEMMs cuBLASLt took
           std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
           epilogues_reported = true;
+        }
+        if (args.gemm_autotune && !autotune_reported) {  // once: what timing the GEMMs' algorithms kept
+          const std::string line = gemm_autotune_report();
+          std::printf("   %s\n", line.empty() ? "GEMM autotune: no problem timed yet" : line.c_str());
+          autotune_reported = !line.empty();
         }
         std::fflush(stdout);
         if (metrics.is_open())

@@ -44,6 +44,7 @@ GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& par
     output_ = &params.add("output_layer.weight", word.global_shape, 0, ctx_.rank(), ctx_.size(), Init::Normal,
                           cfg.init_method_std);
     output_->padding_from_row = cfg.vocab_size;
+    output_->grad_overwritable = true;  // written only by the logits' weight-gradient GEMM (backward)
   }
 }
 
@@ -134,7 +135,7 @@ void GPTModel::backward(double loss_scale) {
   // the lookup (last): it stays in backward for the whole pass.
   hooks_->pre_backward(output_ ? output_group_ : embedding_group_);
   auto& w = output_weight();
-  gemm(dlogits, true, final_hidden_, false, w.grad, 1.0f, 1.0f);  // tied weight: logits part
+  gemm(dlogits, true, final_hidden_, false, w.grad, 1.0f, take_grad_beta(w));  // tied weight: logits part
   Tensor dh = ctx_.activation(final_hidden_.shape());
   gemm(dlogits, false, w.value, false, dh);
   dlogits = Tensor();  // the largest activation: not held through the layers' backward

@@ -21,6 +21,7 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterSet& params, const std::stri
     weight_ = &params.add(name + ".weight", {stacked, out, in}, 1, ctx.rank(), ctx.size(), Init::Normal, init_std);
     if (bias) bias_ = &params.add(name + ".bias", {stacked, out}, 1, ctx.rank(), ctx.size(), Init::Zeros, 0, false);
   }
+  weight_->grad_overwritable = true;  // written only by the weight-gradient GEMM (backward), first with beta 0
 }
 
 Tensor ColumnParallelLinear::weight() const {
@@ -70,12 +71,13 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) 
                           ? GatherFromSequenceParallelRegion::forward(*ctx_.tp, input_, MemoryCategory::Activations)
                           : input_;
   Tensor dweight = weight_->grad.view({local_out_, full.size(1)});
+  const float beta = take_grad_beta(*weight_);  // 0: the first write of this backward overwrites
   const bool bias_grad = bias_ && !bias_grad_done;
   if (bias_grad && backward_epilogues(ctx_.gemm_epilogues)) {
     Tensor dbias = bias_->grad.view({local_out_});
-    kernels::linear_weight_bias_grad(dy, full, dweight, dbias);  // both in the weight-gradient GEMM
+    kernels::linear_weight_bias_grad(dy, full, dweight, dbias, beta);  // both in the weight-gradient GEMM
   } else {
-    gemm(dy, true, full, false, dweight, 1.0f, 1.0f);  // dW += dy^T x
+    gemm(dy, true, full, false, dweight, 1.0f, beta);  // dW (+)= dy^T x
     if (bias_grad) {
       Tensor dbias = bias_->grad.view({local_out_});
       kernels::bias_grad(dy, dbias);
@@ -84,7 +86,8 @@ Tensor ColumnParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done) 
   Tensor dx = ctx_.activation(full.shape());
   gemm(dy, false, weight(), false, dx);  // partial: this rank's outputs only
   release();
-  if (ctx_.sequence_parallel) return GatherFromSequenceParallelRegion::backward(*ctx_.tp, dx, MemoryCategory::Activations);
+  if (ctx_.sequence_parallel)
+    return GatherFromSequenceParallelRegion::backward(*ctx_.tp, dx, MemoryCategory::Activations);
   CopyToTpRegion::backward(*ctx_.tp, dx);
   return dx;
 }
@@ -93,6 +96,7 @@ RowParallelLinear::RowParallelLinear(ParameterSet& params, const std::string& na
                                      bool bias, const TpContext& ctx, double init_std)
     : ctx_(ctx) {
   weight_ = &params.add(name + ".weight", {out, in}, 1, ctx.rank(), ctx.size(), Init::Normal, init_std);
+  weight_->grad_overwritable = true;  // written only by the weight-gradient GEMM (backward), first with beta 0
   if (bias) bias_ = &params.add(name + ".bias", {out}, -1, 0, 1, Init::Zeros, 0, false);
 }
 
@@ -118,7 +122,7 @@ Tensor RowParallelLinear::backward(const Tensor& dy_in, bool bias_grad_done, con
   // Under sequence parallelism the bias's gradient is summed here, over the
   // gathered rows (the whole batch), so it needs no reduction of its own.
   if (bias_ && !bias_grad_done) kernels::bias_grad(dy, bias_->grad);
-  gemm(dy, true, input_, false, weight_->grad, 1.0f, 1.0f);
+  gemm(dy, true, input_, false, weight_->grad, 1.0f, take_grad_beta(*weight_));
   Tensor dx = ctx_.activation(input_.shape());
   if (gelu != nullptr) {
     MZ_CHECK(gelu->pre != nullptr && gelu->dbias != nullptr, "RowParallelLinear::backward: incomplete GeluInput");

@@ -1,5 +1,7 @@
 #include "layers/parameter.h"
 
+#include "megazero/kernels/optimizer_kernels.h"
+
 #include "megazero/core/error.h"
 #include "megazero/kernels/rng.h"
 
@@ -110,11 +112,49 @@ void ParameterSet::initialize(std::uint64_t seed) {
 
 void ParameterSet::zero_grad() {
   if (flat_grads_.defined()) {
-    flat_grads_.zero_();
+    std::vector<GradAt> at;
+    std::int64_t offset = 0;
+    for (auto& p : params_) {
+      at.push_back({&p, offset});
+      offset += p.local_numel();
+    }
+    clear_grads(flat_grads_, at);
     return;
   }
   for (auto& p : params_)
-    if (p.grad.defined()) p.grad.zero_();
+    if (p.grad.defined()) {
+      p.grad.zero_();
+      p.grad_unset = false;
+    }
+}
+
+float take_grad_beta(Parameter& p) {
+  if (!p.grad_unset) return 1.0f;
+  p.grad_unset = false;
+  return 0.0f;
+}
+
+void settle_grad(Parameter& p) {
+  if (!p.grad_unset) return;
+  if (p.grad.defined()) p.grad.zero_();
+  p.grad_unset = false;
+}
+
+void clear_grads(const Tensor& flat, const std::vector<GradAt>& at) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> kept;  // the overwritable gradients, left as they are
+  for (const GradAt& g : at) {
+    g.param->grad_unset = g.param->grad_overwritable;
+    if (g.param->grad_overwritable) kept.emplace_back(g.offset, g.offset + g.param->local_numel());
+  }
+  std::sort(kept.begin(), kept.end());
+  std::vector<std::pair<std::int64_t, std::int64_t>> cleared;  // everything else, gaps included
+  std::int64_t from = 0;
+  for (const auto& [b, e] : kept) {
+    if (b > from) cleared.emplace_back(from, b);
+    from = std::max(from, e);
+  }
+  if (from < flat.numel()) cleared.emplace_back(from, flat.numel());
+  kernels::zero_ranges(flat, cleared);
 }
 
 }  // namespace megazero::layers

@@ -34,6 +34,16 @@ struct Parameter {
   Tensor value;  // views into storage bound by the owner (ParameterSet::allocate or ZeRO)
   Tensor grad;
 
+  // Gradients a GEMM writes first (PyTorch's zero_grad(set_to_none=True)
+  // gain: no memset of them before a backward, no read of those zeros in the
+  // weight-gradient GEMM). A layer sets grad_overwritable on a parameter whose
+  // every gradient write is a GEMM taking its beta from take_grad_beta (the
+  // linear layers' weights). clear_grads leaves such a gradient as it was and
+  // sets grad_unset: the next write overwrites (beta 0), later ones add.
+  // settle_grad zeroes one still unset before anything else reads it.
+  bool grad_overwritable = false;
+  bool grad_unset = false;
+
   bool tp_replicated() const { return split_dim < 0; }
   std::int64_t local_numel() const { return shape_numel(local_shape); }
   // Stable id from the name: the RNG stream of this parameter's init, the
@@ -45,6 +55,24 @@ struct Parameter {
   // only, so every layout (TP shard, ZeRO partition) computes the same value.
   double init_value(std::uint64_t seed, std::int64_t local_flat) const;
 };
+
+// The beta of the next GEMM that writes p.grad: 0 while the gradient is unset
+// (the GEMM overwrites it, and it is set from then on), else 1 (it adds).
+float take_grad_beta(Parameter& p);
+// Zeroes p.grad if it is still unset (a parameter no GEMM wrote this
+// backward), so it reads as zero; a no-op otherwise.
+void settle_grad(Parameter& p);
+
+// A parameter whose gradient lies at `offset` elements into a flat buffer.
+struct GradAt {
+  Parameter* param;
+  std::int64_t offset;
+};
+// Prepares `flat` (a gradient buffer) for a backward, zero_grad's job: every
+// element is zeroed (one kernels::zero_ranges call) except the gradients of
+// the overwritable parameters in `at`, which are flagged unset instead; the
+// others in `at` are flagged set.
+void clear_grads(const Tensor& flat, const std::vector<GradAt>& at);
 
 // All parameters of a model on this rank, in registration (= forward) order.
 class ParameterSet {

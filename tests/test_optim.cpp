@@ -278,8 +278,8 @@ TEST(AdamW, ParamsOutputIsTheCopyFromOfTheNewMasterBitForBit) {
   for (DType gt : {DType::BF16, DType::F32, DType::F16}) {
     for (DType pt : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
       for (int threads : {1, 4}) {
-        SCOPED_TRACE(::testing::Message() << "grads " << dtype_name(gt) << ", params " << dtype_name(pt) << ", "
-                                          << threads << " threads");
+        SCOPED_TRACE(::testing::Message()
+                     << "grads " << dtype_name(gt) << ", params " << dtype_name(pt) << ", " << threads << " threads");
         set_cpu_math_threads(threads);
         const Tensor g = make(g0, gt);
         Tensor w = make(w0, DType::F32), m = make(m0, DType::F32), v = make(v0, DType::F32);
@@ -395,6 +395,31 @@ TEST(SumOfSquares, ManyRangesMatchADoubleReferenceWhereverTheBufferSits) {
   out.copy_from_doubles({5.0});
   kernels::sum_of_squares(g, {}, out);
   EXPECT_EQ(out.to_double_vector()[0], 0.0) << "no ranges: zero";
+}
+
+// zero_grad's clearing pass: unordered, overlapping and empty ranges zeroed,
+// every other element untouched, in every dtype; out-of-range refused.
+TEST(ZeroRanges, ClearsTheRangesAndNothingElse) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
+    SCOPED_TRACE(dtype_name(t));
+    auto dev = make_device(DeviceKind::CPU);
+    const std::int64_t n = 5003;
+    std::vector<double> v(static_cast<std::size_t>(n));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = 1.0 + static_cast<double>(i % 97);
+    Tensor x = Tensor::empty(dev, {n}, t, MemoryCategory::Gradients);
+    x.copy_from_doubles(v);
+    const std::vector<std::pair<std::int64_t, std::int64_t>> ranges{{4000, 4100}, {0, 3},       {10, 10},  {50, 70},
+                                                                    {60, 90},     {5000, 5003}, {300, 301}};
+    kernels::zero_ranges(x, ranges);
+    const auto got = x.to_double_vector();
+    for (std::int64_t i = 0; i < n; ++i) {
+      bool cleared = false;
+      for (const auto& [b, e] : ranges) cleared = cleared || (i >= b && i < e);
+      ASSERT_EQ(got[static_cast<std::size_t>(i)], cleared ? 0.0 : v[static_cast<std::size_t>(i)]) << "element " << i;
+    }
+    EXPECT_THROW(kernels::zero_ranges(x, {{5000, 5004}}), InternalError);
+    EXPECT_THROW(kernels::zero_ranges(x, {{7, 6}}), InternalError);
+  }
 }
 
 TEST(LrSchedule, WarmupThenCosineLinearConstant) {

@@ -163,6 +163,61 @@ TEST(Zero, AccumulationWithFewLargeBucketsIsCorrectAndDeterministic) {
     }
 }
 
+// zero_grad leaves the gradients a GEMM writes first (the linear layers'
+// weights, layers/parameter.h) as they are, and that GEMM overwrites them:
+// gradients poisoned with NaN before training give the same bits as a run
+// that zeroes every gradient and adds into it, with 4 micro-batches accumulated, at stages 0 and 1 (one flat buffer
+// cleared once a step) and 2 and 3 (a group buffer a micro-batch, reused
+// across groups, so it holds another group's gradients).
+TEST(Zero, GradientsAGemmWritesFirstNeedNoZeroing) {
+  auto self = world().split(world().rank(), 0, "self");
+  for (int stage : {0, 1, 2, 3}) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage);
+    ZeroRunSpec s;
+    s.stage = stage;
+    s.micro_batch = 2;  // of a global batch of 8: 4 micro-batches
+    s.steps = 2;
+    ZeroRun clean(*self, s), poisoned(*self, s);
+    for (auto* p : clean.params->all()) p->grad_overwritable = false;  // the reference: every gradient zeroed
+    int overwritable = 0, cleared = 0;
+    for (auto* p : poisoned.params->all()) {
+      (p->grad_overwritable ? overwritable : cleared)++;
+      if (p->grad_overwritable) EXPECT_EQ(p->name.substr(p->name.size() - 7), ".weight") << p->name;
+      if (p->grad.defined())  // stages 0 and 1 bind every gradient at once
+        p->grad.copy_from_doubles(std::vector<double>(static_cast<std::size_t>(p->local_numel()), std::nan("")));
+    }
+    EXPECT_GT(overwritable, 0);
+    EXPECT_GT(cleared, 0) << "biases and norms are cleared";
+    const auto want = clean.train(), got = poisoned.train();
+    for (double l : got) EXPECT_TRUE(std::isfinite(l));
+    EXPECT_EQ(got, want);
+  }
+}
+
+// A gradient flagged unset (zero_grad left it, no GEMM wrote it yet):
+// take_grad_beta hands the first writer 0 and every later one 1; settle_grad
+// zeroes one nothing wrote; zero_grad of a ParameterSet clears all others.
+TEST(Zero, UnsetGradientsAreOverwrittenOnceOrSettledToZero) {
+  layers::ParameterSet ps;
+  auto& w = ps.add("w", {3, 4}, -1, 0, 1, layers::Init::Normal, 0.02);
+  auto& b = ps.add("b", {4}, -1, 0, 1, layers::Init::Zeros);
+  auto& u = ps.add("u", {5}, -1, 0, 1, layers::Init::Normal, 0.02);
+  w.grad_overwritable = u.grad_overwritable = true;
+  ps.allocate(make_device(DeviceKind::CPU), DType::F32);
+  Tensor flat = ps.flat_grads();  // a view of the same storage
+  flat.copy_from_doubles(std::vector<double>(21, 7.0));
+  ps.zero_grad();
+  EXPECT_TRUE(w.grad_unset && u.grad_unset && !b.grad_unset);
+  for (double v : b.grad.to_double_vector()) EXPECT_EQ(v, 0.0);
+  for (double v : w.grad.to_double_vector()) EXPECT_EQ(v, 7.0) << "left for its GEMM to overwrite";
+  EXPECT_EQ(layers::take_grad_beta(w), 0.0f);
+  EXPECT_EQ(layers::take_grad_beta(w), 1.0f);
+  EXPECT_EQ(layers::take_grad_beta(b), 1.0f);
+  layers::settle_grad(u);
+  EXPECT_FALSE(u.grad_unset);
+  for (double v : u.grad.to_double_vector()) EXPECT_EQ(v, 0.0);
+}
+
 // Stage 3's prefetch changes when a group is gathered, never what is
 // computed: without it (--stage3-prefetch false) training gives the same bits
 // and no gather is issued ahead; with it, every step after the first (which

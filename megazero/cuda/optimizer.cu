@@ -7,6 +7,7 @@
 // launches, not a few per parameter.
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -60,6 +61,32 @@ void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64
   check_launch("grad norm");
   sum_partials_kernel<double><<<1, 1024, 0, s>>>(p, static_cast<i64>(tables.size()) * kNormBlocks, out);
   check_launch("grad norm");
+}
+
+void zero_ranges(void* x, DType t, const std::vector<std::pair<i64, i64>>& ranges, cudaStream_t s) {
+  const std::vector<SegmentTable> tables = range_tables(ranges);
+  const auto launch = [&](auto* words) {
+    using W = std::remove_pointer_t<decltype(words)>;
+    for (const SegmentTable& table : tables) {
+      const auto kernel = zero_segments_kernel<W>;
+      const unsigned grid = resident_grid(kernel, table.end[table.count - 1], kThreads, "zero_ranges");
+      kernel<<<grid, kThreads, 0, s>>>(words, table);
+    }
+  };
+  switch (dtype_size(t)) {
+    case 2:
+      launch(static_cast<std::uint16_t*>(x));
+      break;
+    case 4:
+      launch(static_cast<std::uint32_t*>(x));
+      break;
+    case 8:
+      launch(static_cast<std::uint64_t*>(x));
+      break;
+    default:
+      throw InternalError(::megazero::detail::concat("zero_ranges: unsupported dtype ", dtype_name(t)));
+  }
+  check_launch("zero_ranges");
 }
 
 }  // namespace megazero::cuda

@@ -24,4 +24,8 @@ void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p
 void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
                     double* out, cudaStream_t s);
 
+// Zeroes x's elements (of `t`, any float dtype) in the ranges: one launch a
+// table of ranges (adjacent ones merged), none for an empty list.
+void zero_ranges(void* x, DType t, const std::vector<std::pair<i64, i64>>& ranges, cudaStream_t s);
+
 }  // namespace megazero::cuda

@@ -278,6 +278,21 @@ __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double*
   if (threadIdx.x == 0) partial[blockIdx.x] = acc;
 }
 
+// Zeroes every element of the table's segments (kernels::zero_ranges: the
+// gradients zero_grad clears) as a W-byte unsigned word (the zero word is 0.0
+// in every float dtype of that width), a grid-stride loop over the flat
+// indices. Overlapping ranges write the same zero twice: harmless.
+template <typename W>
+__global__ void zero_segments_kernel(W* x, const SegmentTable t) {
+  const i64 total = t.end[t.count - 1];
+  const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+  int k = 0;
+  for (i64 j = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; j < total; j += stride) {
+    while (j >= t.end[k]) ++k;
+    x[j + t.offset[k]] = W{0};
+  }
+}
+
 // *out = the sum of the n partials (one block; a thread's strided sum, then
 // block_sum): the launches' block sums added in a fixed order. n = 0: *out = 0.
 template <typename T>

@@ -162,7 +162,7 @@ void linear_dgelu_bias_grad(const Tensor& dy, const Tensor& w, const Tensor& pre
   bias_grad(dpre, dbias);
 }
 
-void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias) {
+void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias, float beta_dw) {
   constexpr const char* op = "linear_weight_bias_grad";
   const auto [rows, in, out] = check_backward(op, dy, "x", x, /*other_is_w=*/false, dbias, /*dbias_len_of_in=*/false);
   check_matrix(op, "dw", dw, dy, out, in);
@@ -171,13 +171,15 @@ void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tens
     if (is_meta(dy)) return log_gemm(dy, out, in, rows);
 #ifdef MEGAZERO_WITH_CUDA
     Tensor grad = s.bias_grad;
-    if (run_lt(cuda::describe_linear_wgrad(rows, in, out, rm(dy), rm(x), rm(dw), grad.data(), dy.dtype()), s, dw)) {
+    cuda::LtMatmul p = cuda::describe_linear_wgrad(rows, in, out, rm(dy), rm(x), rm(dw), grad.data(), dy.dtype());
+    p.beta = beta_dw;
+    if (run_lt(p, s, dw)) {
       add(dbias, grad, dbias);
       return;
     }
 #endif
   }
-  gemm(dy, true, x, false, dw, 1.0f, 1.0f);
+  gemm(dy, true, x, false, dw, 1.0f, beta_dw);
   bias_grad(dy, dbias);
 }
 

@@ -30,7 +30,9 @@ namespace megazero::kernels {
 void linear_bias_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& y);
 void linear_bias_gelu_forward(const Tensor& x, const Tensor& w, const Tensor& bias, Tensor& pre, Tensor& out);
 void linear_dgelu_bias_grad(const Tensor& dy, const Tensor& w, const Tensor& pre, Tensor& dpre, Tensor& dbias);
-void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias);
+// beta_dw: 1 adds into dw (dw += dy^T x), 0 overwrites it (a gradient not yet
+// written this backward: layers/parameter.h's take_grad_beta).
+void linear_weight_bias_grad(const Tensor& dy, const Tensor& x, Tensor& dw, Tensor& dbias, float beta_dw = 1.0f);
 
 // For the trainer's log: on `device`, how the epilogues run ("cuBLASLt: n
 // problems fused" plus any cuBLASLt refused, computed unfused), or that they

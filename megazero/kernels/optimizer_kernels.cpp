@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <type_traits>
 
 #include "megazero/kernels/adamw_formula.h"
@@ -156,6 +157,20 @@ void sum_of_squares(const Tensor& grads, const std::vector<std::pair<i64, i64>>&
     using G = decltype(tag);
     ptr<double>(out)[0] = sum_of_squares_cpu(ptr<const G>(grads), ranges);
   });
+}
+
+void zero_ranges(const Tensor& flat, const std::vector<std::pair<i64, i64>>& ranges) {
+  constexpr const char* op = "zero_ranges";
+  check_float(op, "flat", flat);
+  check_operand(op, "flat", flat, flat, flat.dtype());
+  for (const auto& [b, e] : ranges)
+    MZ_CHECK(b >= 0 && b <= e && e <= flat.numel(), op, ": range [", b, ", ", e, ") outside ", flat.numel());
+  MZ_ON_CUDA(flat, cuda::zero_ranges(flat.data(), flat.dtype(), ranges, stream_of(flat)));
+  if (!on_host(op, flat)) return;
+  auto* base = static_cast<unsigned char*>(flat.device().compute_address(flat.data()));  // bytes: any dtype
+  const auto elem = static_cast<i64>(dtype_size(flat.dtype()));
+  for (const auto& [b, e] : ranges)
+    if (e > b) std::memset(base + b * elem, 0, static_cast<std::size_t>((e - b) * elem));
 }
 
 }  // namespace megazero::kernels

@@ -59,4 +59,11 @@ void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq
 void sum_of_squares(const Tensor& grads, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges,
                     const Tensor& out);
 
+// Sets flat's elements in the [begin, end) ranges to zero (any dtype,
+// contiguous): what zero_grad clears of a gradient buffer, the parameters a
+// GEMM will not overwrite (layers/parameter.h). Ranges may come in any order,
+// be empty or overlap; elements outside every range are untouched. A GPU
+// clears all of them in one launch (one per 240 after merging adjacent ranges).
+void zero_ranges(const Tensor& flat, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges);
+
 }  // namespace megazero::kernels

@@ -156,10 +156,23 @@ void ZeroEngine::publish_params() {
 }
 
 // ---------------------------------------------------------------- gradients
+// The parameters whose gradients lie wholly in `within` of the flat layout,
+// with their offsets from its start (what layers::clear_grads takes).
+std::vector<layers::GradAt> ZeroEngine::grads_in(Range within) const {
+  std::vector<layers::GradAt> at;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const Range r = layout_.param(i);
+    if (r.intersect(within).size() == r.size() && !r.empty()) at.push_back({params_[i], r.begin - within.begin});
+  }
+  return at;
+}
+
+// The full gradients: zeroed but for the ones a GEMM overwrites first
+// (layers/parameter.h); the partition's accumulator: zeroed.
 void ZeroEngine::zero_grad() {
   flush();
   comm_waits_.clear();
-  if (grads_full_.defined()) grads_full_.zero_();
+  if (grads_full_.defined()) layers::clear_grads(grads_full_, grads_in({0, layout_.numel()}));
   if (grads_part_.defined()) grads_part_.zero_();
 }
 
@@ -186,17 +199,19 @@ void ZeroEngine::pre_backward(int group) {
       for (const auto& [other, t] : group_grads_)
         MZ_CHECK(group == 0 || other == 0, "groups ", other, " and ", group, " would share the gradient arena");
       g = arena.narrow(0, 0, r.size());
-      g.zero_();
       ++arena_fills_;
     } else {
-      g = Tensor::zeros(device_, {r.size()}, cfg_.param_dtype, MemoryCategory::Gradients, "group-grads");
+      g = Tensor::empty(device_, {r.size()}, cfg_.param_dtype, MemoryCategory::Gradients, "group-grads");
     }
+    layers::clear_grads(g, grads_in(r));  // each micro-batch's group gradients start afresh
     bind_full(&Parameter::grad, g, r);
     group_grads_[group] = g;
   }
 }
 
 void ZeroEngine::post_backward(int group) {
+  for (auto* p : params_)  // one no GEMM wrote (none in a GPT) reads as zero before it is reduced
+    if (p->group == group) layers::settle_grad(*p);
   if (cfg_.stage >= 2) stage_group_grads(group);
   if (reduce_now_) launch_ready_buckets(layout_.group(group).begin);
   if (cfg_.stage == 3) release(group);

@@ -140,6 +140,7 @@ class ZeroEngine final : public layers::ParamHooks {
   void sum_of_squares(const Tensor& grads, Tensor& out) const;
 
   std::vector<layers::Parameter*> params_;
+  std::vector<layers::GradAt> grads_in(Range within) const;
   Communicator& dp_;
   Communicator& tp_;
   std::shared_ptr<Device> device_;

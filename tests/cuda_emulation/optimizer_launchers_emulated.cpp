@@ -349,6 +349,44 @@ void sum_of_squares_edges() {
   check(std::isnan(out.download()[0]), "sum_of_squares: *out untouched on short scratch", out.download()[0], 0, 0);
 }
 
+// zero_grad's clearing pass through cuda::zero_ranges: ~400 unordered,
+// overlapping, partly empty ranges (two tables after merging) over a buffer of
+// t, one element past a 256-byte boundary: exactly the CPU's kernels::zero_ranges
+// (the ranges zero, every other byte as it was), one launch of kThreads a table
+// on at most the resident grid; an empty list launches nothing.
+void zero_ranges(DType t, std::mt19937& rng) {
+  const i64 n = 30011;
+  std::vector<double> v(static_cast<std::size_t>(n));
+  std::normal_distribution<double> normal;
+  for (auto& x : v) x = normal(rng) + 3.0;
+  const Tensor x = tensor_of({n}, v, t);
+  Ranges ranges;
+  std::uniform_int_distribution<i64> at(0, n - 1), len(0, 90);
+  for (int k = 0; k < 400; ++k) {
+    const i64 b = at(rng);
+    ranges.emplace_back(b, k % 23 == 0 ? b : std::min(n, b + len(rng)));
+  }
+  const auto tables = megazero::cuda::detail_k::range_tables(ranges);
+  check(tables.size() == 2, "zero_ranges: the list's tables", static_cast<double>(tables.size()), 2, 0);
+  const auto dx = put(x, dtype_size(t));  // one element off a 256-byte boundary
+  LaunchLog log;
+  cuda::zero_ranges(dx.ptr(), t, ranges, nullptr);
+  Tensor want = x.clone(MemoryCategory::Other);
+  kernels::zero_ranges(want, ranges);
+  expect_bits(get(dx, x), want, "zero_ranges vs the CPU kernel");
+  check(log.launches.size() == tables.size(), "zero_ranges: a launch a table", static_cast<double>(log.launches.size()),
+        static_cast<double>(tables.size()), 0);
+  for (std::size_t k = 0; k < log.launches.size(); ++k)
+    check(log.launches[k].block.x == static_cast<unsigned>(gs::kThreads) && log.launches[k].grid.x >= 1 &&
+              static_cast<i64>(log.launches[k].grid.x) <= resident(),
+          "zero_ranges: kThreads a block, at most the resident grid", log.launches[k].grid.x,
+          static_cast<double>(resident()), k);
+  LaunchLog none;
+  cuda::zero_ranges(dx.ptr(), t, {{5, 5}}, nullptr);
+  check(none.launches.empty(), "zero_ranges over nothing launches nothing", static_cast<double>(none.launches.size()),
+        0, 0);
+}
+
 }  // namespace
 
 int main() {
@@ -369,5 +407,6 @@ int main() {
     sum_of_squares(DType::BF16, 200, 1, 2, rng);  // one element off: the kernel's 16-byte packs refused
     sum_of_squares(DType::F16, 200, 1, 0, rng);
     sum_of_squares(DType::F64, 200, 1, 0, rng);
+    for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) zero_ranges(t, rng);
   });
 }

@@ -111,6 +111,10 @@ int run(int argc, char** argv) {
   std::vector<double> ms;  // in the order run (printed so: a trend in it shows clocks, not kernels)
   for (int s = 0; s < warmup + steps; ++s) {
     step.iteration = static_cast<std::uint64_t>(s);
+    // Before each step, outside the timed span (and the trace), as a training
+    // step clears its gradients and torch_layer.py sets them to None: the
+    // weight-gradient GEMMs then write (beta 0) rather than add, as theirs do.
+    params.zero_grad();
     if (profile && s == warmup) device->start_kernel_trace();  // the timed steps only
     device->synchronize();
     const auto t0 = std::chrono::steady_clock::now();

@@ -171,27 +171,29 @@ TEST(Zero, AccumulationWithFewLargeBucketsIsCorrectAndDeterministic) {
 // across groups, so it holds another group's gradients).
 TEST(Zero, GradientsAGemmWritesFirstNeedNoZeroing) {
   auto self = world().split(world().rank(), 0, "self");
-  for (int stage : {0, 1, 2, 3}) {
-    SCOPED_TRACE(testing::Message() << "stage " << stage);
-    ZeroRunSpec s;
-    s.stage = stage;
-    s.micro_batch = 2;  // of a global batch of 8: 4 micro-batches
-    s.steps = 2;
-    ZeroRun clean(*self, s), poisoned(*self, s);
-    for (auto* p : clean.params->all()) p->grad_overwritable = false;  // the reference: every gradient zeroed
-    int overwritable = 0, cleared = 0;
-    for (auto* p : poisoned.params->all()) {
-      (p->grad_overwritable ? overwritable : cleared)++;
-      if (p->grad_overwritable) EXPECT_EQ(p->name.substr(p->name.size() - 7), ".weight") << p->name;
-      if (p->grad.defined())  // stages 0 and 1 bind every gradient at once
-        p->grad.copy_from_doubles(std::vector<double>(static_cast<std::size_t>(p->local_numel()), std::nan("")));
+  for (DType dtype : {DType::F32, DType::BF16})  // BLAS's beta 0, and the 16-bit paths' (oneDNN, widened)
+    for (int stage : {0, 1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << "stage " << stage << " " << dtype_name(dtype));
+      ZeroRunSpec s;
+      s.dtype = dtype;
+      s.stage = stage;
+      s.micro_batch = 2;  // of a global batch of 8: 4 micro-batches
+      s.steps = 2;
+      ZeroRun clean(*self, s), poisoned(*self, s);
+      for (auto* p : clean.params->all()) p->grad_overwritable = false;  // the reference: every gradient zeroed
+      int overwritable = 0, cleared = 0;
+      for (auto* p : poisoned.params->all()) {
+        (p->grad_overwritable ? overwritable : cleared)++;
+        if (p->grad_overwritable) EXPECT_EQ(p->name.substr(p->name.size() - 7), ".weight") << p->name;
+        if (p->grad.defined())  // stages 0 and 1 bind every gradient at once
+          p->grad.copy_from_doubles(std::vector<double>(static_cast<std::size_t>(p->local_numel()), std::nan("")));
+      }
+      EXPECT_GT(overwritable, 0);
+      EXPECT_GT(cleared, 0) << "biases and norms are cleared";
+      const auto want = clean.train(), got = poisoned.train();
+      for (double l : got) EXPECT_TRUE(std::isfinite(l));
+      EXPECT_EQ(got, want);
     }
-    EXPECT_GT(overwritable, 0);
-    EXPECT_GT(cleared, 0) << "biases and norms are cleared";
-    const auto want = clean.train(), got = poisoned.train();
-    for (double l : got) EXPECT_TRUE(std::isfinite(l));
-    EXPECT_EQ(got, want);
-  }
 }
 
 // A gradient flagged unset (zero_grad left it, no GEMM wrote it yet):

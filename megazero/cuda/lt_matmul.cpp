@@ -397,10 +397,12 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
       }
     }
     std::lock_guard<std::mutex> lock(report_mutex);
-    (plan->supported ? fused_seen : refused_seen)
-        .insert(describe(p) + (plan->supported ? ""
-                                               : detail::concat(" (heuristics: ", cublasLtGetStatusName(st), ", ",
-                                                                found, " algorithms)")));
+    // The epilogue report's: a plain GEMM (autotuned) cuBLASLt refuses is cuBLAS's (gemm_cuda.cpp), not unfused.
+    if (p.epilogue != LtEpilogue::None)
+      (plan->supported ? fused_seen : refused_seen)
+          .insert(describe(p) + (plan->supported ? ""
+                                                 : detail::concat(" (heuristics: ", cublasLtGetStatusName(st), ", ",
+                                                                  found, " algorithms)")));
   }
   if (!plan->supported) return false;
   // This call's pointers (the key holds their alignment, not their values).
@@ -418,10 +420,8 @@ bool lt_matmul(const LtMatmul& p, kernels::GpuScratch ws, cudaStream_t stream, i
 LtReport lt_report() {
   std::lock_guard<std::mutex> lock(report_mutex);
   LtReport r;
-  r.fused_problems = 0;
-  for (const std::string& s : fused_seen) r.fused_problems += s.rfind("none ", 0) == 0 ? 0 : 1;
-  for (const std::string& s : refused_seen)  // a plain GEMM refused is cuBLAS's (gemm_cuda.cpp), not unfused
-    if (s.rfind("none ", 0) != 0) r.refused += (r.refused.empty() ? "" : "; ") + s;
+  r.fused_problems = fused_seen.size();
+  for (const std::string& s : refused_seen) r.refused += (r.refused.empty() ? "" : "; ") + s;
   for (const Tuned& t : tuned) {
     ++r.autotuned;
     if (t.kept != 0) ++r.autotune_changed;

@@ -8,22 +8,19 @@
 #include "megazero/cuda/lt_matmul.h"
 #endif
 
-#include <atomic>
 #include <cstdio>
 
 namespace megazero {
 
-namespace {
-std::atomic<bool> autotune{false};
-}  // namespace
-
-void set_gemm_autotune(bool on) {
-  autotune.store(on);
+// The switch itself lives with the code it steers (cuda/lt_matmul); a build
+// without CUDA has nothing to tune.
 #ifdef MEGAZERO_WITH_CUDA
-  cuda::set_lt_autotune(on);
+void set_gemm_autotune(bool on) { cuda::set_lt_autotune(on); }
+bool gemm_autotune() { return cuda::lt_autotune(); }
+#else
+void set_gemm_autotune(bool) {}
+bool gemm_autotune() { return false; }
 #endif
-}
-bool gemm_autotune() { return autotune.load(); }
 
 std::string gemm_autotune_report(bool detail) {
 #ifdef MEGAZERO_WITH_CUDA

@@ -30,7 +30,7 @@ int run(int argc, char** argv) {
   cfg.vocab_size = 8192;
   std::int64_t micro_batch = 4, bucket = 1000000;
   int steps = 4, tp_size = 1, stage = 0;
-  bool bf16 = false, prefetch = true;
+  bool bf16 = false, prefetch = true, overlap_param_gather = true;
   po::options_description d("bench_zero");
   d.add_options()("zero-stage", po::value(&stage))("tensor-model-parallel-size", po::value(&tp_size))(
       "bf16", po::bool_switch(&bf16))("num-layers", po::value(&cfg.num_layers))(
@@ -38,7 +38,9 @@ int run(int argc, char** argv) {
       "seq-length", po::value(&cfg.seq_length))("vocab-size", po::value(&cfg.vocab_size))(
       "micro-batch-size", po::value(&micro_batch))("steps", po::value(&steps))(
       "reduce-bucket-size", po::value(&bucket))("prefetch", po::value(&prefetch),
-                                                "stage 3: prefetch the next group (true/false)");
+                                                "stage 3: prefetch the next group (true/false)")(
+      "overlap-param-gather", po::value(&overlap_param_gather),
+      "stages 1-2: the parameter all-gather waited for by the next forward (true/false)");
   parse_command_line(argc, argv, d, "bench_zero");
   cfg.max_position_embeddings = cfg.seq_length;
   auto world = MpiCommunicator::world();
@@ -55,6 +57,7 @@ int run(int argc, char** argv) {
   zc.param_dtype = dtype;
   zc.reduce_bucket_size = bucket;
   zc.prefetch = prefetch;
+  zc.overlap_param_gather = overlap_param_gather;
   zero::ZeroEngine engine(params, *dp, *tp, dev, zc);
   engine.initialize(1);
   train::OptimizerSettings opt;
@@ -72,16 +75,21 @@ int run(int argc, char** argv) {
   mb.step.micro_batch = micro_batch;
   mb.step.seq = cfg.seq_length;
   mb.step.sample_offset = dp->rank() * micro_batch;
-  std::vector<double> times;
+  std::vector<double> times, exposed;
   double loss = 0;
   for (int s = 0; s <= steps; ++s) {
     mb.step.iteration = static_cast<std::uint64_t>(s);
     world->barrier().wait();
     const auto t0 = std::chrono::steady_clock::now();
-    loss = train::train_step(model, engine, *dp, {mb}, opt, scaler, s).loss;
-    if (s > 0) times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    const auto r = train::train_step(model, engine, *dp, {mb}, opt, scaler, s);
+    loss = r.loss;
+    if (s > 0) {
+      times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      exposed.push_back(r.exposed_comm_s);
+    }
   }
   std::sort(times.begin(), times.end());
+  std::sort(exposed.begin(), exposed.end());
   // Peak bytes per category, max over ranks.
   const auto snap = dev->memory().snapshot();
   Tensor peaks = Tensor::empty(make_device(DeviceKind::CPU), {static_cast<std::int64_t>(kNumMemoryCategories) + 1},
@@ -91,9 +99,11 @@ int run(int argc, char** argv) {
   peaks.host_data<std::int64_t>()[kNumMemoryCategories] = snap.total_peak_bytes;
   world->all_reduce(peaks, ReduceOp::Max).wait();
   if (me == 0) {
-    std::printf("stage %d TP %d DP %d %s params/rank %lld: median step %.3f s, loss %.4f, peak MiB (max over ranks):",
-                stage, tp_size, dp->size(), bf16 ? "bf16" : "fp32", static_cast<long long>(params.local_numel()),
-                times[times.size() / 2], loss);
+    std::printf(
+        "stage %d TP %d DP %d %s params/rank %lld: median step %.3f s (exposed DP comm %.3f s on rank 0), loss "
+        "%.4f, peak MiB (max over ranks):",
+        stage, tp_size, dp->size(), bf16 ? "bf16" : "fp32", static_cast<long long>(params.local_numel()),
+        times[times.size() / 2], exposed[exposed.size() / 2], loss);
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) {
       const auto v = peaks.host_data<std::int64_t>()[c];
       if (v)

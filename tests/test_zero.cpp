@@ -184,7 +184,9 @@ TEST(Zero, GradientsAGemmWritesFirstNeedNoZeroing) {
       int overwritable = 0, cleared = 0;
       for (auto* p : poisoned.params->all()) {
         (p->grad_overwritable ? overwritable : cleared)++;
-        if (p->grad_overwritable) EXPECT_EQ(p->name.substr(p->name.size() - 7), ".weight") << p->name;
+        if (p->grad_overwritable) {
+          EXPECT_EQ(p->name.substr(p->name.size() - 7), ".weight") << p->name;
+        }
         if (p->grad.defined())  // stages 0 and 1 bind every gradient at once
           p->grad.copy_from_doubles(std::vector<double>(static_cast<std::size_t>(p->local_numel()), std::nan("")));
       }
@@ -275,6 +277,65 @@ TEST(Zero, EvaluationAtStage3LeavesNothingGatheredAndChangesNoStep) {
     const auto rest = evaluated.train(1, 2);
     got.insert(got.end(), rest.begin(), rest.end());
     EXPECT_EQ(got, want) << "TP " << tp << " DP " << dp;
+  }
+}
+
+// Stages 1-2 leave the step's all-gather of the updated parameters in flight,
+// in runs of whole groups, and each forward waits for its group's run. Over a
+// DP group whose collectives run only when waited for, a forward that read a
+// group before its wait would compute with the last step's parameters: the
+// same bits as gathering at the end of the step prove every wait is in place.
+TEST(Zero, ParameterGatherOverlapsTheNextForwardWithTheSameBits) {
+  for (auto [tp, dp] : layouts_for(world().size())) {
+    if (dp < 2) continue;
+    for (int stage : {1, 2}) {
+      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp << " stage " << stage);
+      ZeroRunSpec s;
+      s.tp = tp;
+      s.dp = dp;
+      s.stage = stage;
+      s.steps = 3;
+      s.overlap_param_gather = false;
+      ZeroRun at_step_end(world(), s);
+      const auto want = at_step_end.train();
+      EXPECT_EQ(at_step_end.engine->param_gather_runs(), 1u);
+      EXPECT_EQ(at_step_end.engine->param_gathers_in_flight(), 0u);
+      s.overlap_param_gather = true;
+      s.deferred_dp = true;
+      ZeroRun overlapped(world(), s);
+      EXPECT_EQ(overlapped.train(), want);
+      // Several runs (the test's buckets hold 1000 elements), all still in flight after the step.
+      const auto runs = overlapped.engine->param_gather_runs();
+      EXPECT_GT(runs, 2u);
+      EXPECT_EQ(overlapped.engine->param_gathers_in_flight(), runs);
+      overlapped.engine->finish_param_gathers();
+      EXPECT_EQ(overlapped.engine->param_gathers_in_flight(), 0u);
+      // The next step trains the same bits too (the first forward waited run by run).
+      const auto more_want = at_step_end.train(3, 1), more = overlapped.train(3, 1);
+      EXPECT_EQ(more, more_want);
+    }
+  }
+}
+
+// Every stage, with accumulation and the stage-3 prefetch, over a DP group whose
+// collectives run only when waited for: a result read before its wait (a
+// gradient bucket, a prefetched gather, the parameter all-gather) would be
+// stale, so the same bits as the plain communicator's mean every read waits.
+TEST(Zero, EveryStageWaitsForEveryCollectiveItReads) {
+  for (auto [tp, dp] : layouts_for(world().size())) {
+    if (dp < 2) continue;
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp << " stage " << stage);
+      ZeroRunSpec s;
+      s.tp = tp;
+      s.dp = dp;
+      s.stage = stage;
+      s.steps = 2;
+      s.micro_batch = 1;  // accumulation over the rank's micro-batches
+      const auto want = ZeroRun(world(), s).train();
+      s.deferred_dp = true;
+      EXPECT_EQ(ZeroRun(world(), s).train(), want);
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "zero_harness.h"
 
+#include "deferred_communicator.h"
+
 #include "megazero/comm/consensus.h"
 #include "test_device.h"
 
@@ -64,6 +66,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   const int me = world.rank();
   tp = world.split(me / s.tp, me % s.tp, "tp");
   dp = world.split(me % s.tp, me / s.tp, "dp");
+  if (s.deferred_dp) dp = std::make_unique<DeferredCommunicator>(std::move(dp));
   device = test_support::test_device();
   params = std::make_unique<layers::ParameterSet>();
   layers::TpContext ctx{tp.get(), device, s.dtype};
@@ -76,6 +79,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.reduce_bucket_size = s.bucket;
   zc.overlap_comm = s.overlap;
   zc.prefetch = s.prefetch;
+  zc.overlap_param_gather = s.overlap_param_gather;
   zc.contiguous_gradients = s.zero_r.contiguous_memory;
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
   engine->initialize(77);

@@ -21,7 +21,11 @@ struct ZeroRunSpec {
   bool recompute = false;
   std::int64_t bucket = 1000;  // elements: small, so models span many buckets
   bool overlap = true;
-  bool prefetch = true;  // stage 3's gather of the next group ahead
+  bool prefetch = true;              // stage 3's gather of the next group ahead
+  bool overlap_param_gather = true;  // stages 1-2: the step's all-gather waited for by the next forward
+  // The DP group's collectives run only when waited for (deferred_communicator.h):
+  // a read of a collective's result without its wait reads stale data, every time.
+  bool deferred_dp = false;
   int steps = 3;
   std::int64_t hidden = 32;  // model width (the memory test uses a wider one: padding < 1%)
   zero::ZeroRConfig zero_r;  // Pa / Pa+cpu / MD (needs recompute)

@@ -56,5 +56,9 @@ for r in expanded:
         "lr = 1e-4",
         "lr-warmup-iters = 100",
     ] + (["allow-tp-across-nodes = true"] if int(r["mp"]) > 16 else [])
+    if zc != "baseline":
+        # The paper's system all-gathered the updated parameters at the end of the step.
+        lines += ["# As the paper ran: the parameter all-gather at the end of the step, not during the next forward.",
+                  "overlap-param-gather = false"]
     (out / f"{name}.cfg").write_text("\n".join(lines) + "\n")
 print(f"wrote {len(expanded)} configs ({len(rows)} rows) to {out}")

@@ -421,8 +421,10 @@ for phase in "$@"; do
           echo "== exit $?"
         done
         # Stage 3 with its prefetch and without (--stage3-prefetch false), so the difference in
-        # step time is what the prefetch hides; over shm first, then over MPI's messages.
-        for run in "shm 0" "shm 1" "shm 2" "shm 3" "shm 3 --stage3-prefetch false" "shm-hostslots 3" \
+        # step time is what the prefetch hides; over shm first, then over MPI's messages. Stage 2
+        # likewise with its parameter all-gather at the end of the step (--overlap-param-gather false).
+        for run in "shm 0" "shm 1" "shm 2" "shm 2 --overlap-param-gather false" "shm 3" \
+          "shm 3 --stage3-prefetch false" "shm-hostslots 3" \
           "shm-hostslots 3 --stage3-prefetch false" "mpi 0" "mpi 3" "mpi 3 --stage3-prefetch false"; do
           read -r be stage <<<"$run"
           echo "== pretrain_gpt 12 x 768 bf16, 2 ranks sharing the GPU, --distributed-backend $be, ZeRO stage $stage"

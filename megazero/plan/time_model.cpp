@@ -135,6 +135,18 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
   // Either compute hides all but the last bucket, or the excess shows.
   const double hidden_part_exposed = window > 0 ? std::max(hideable - window, tail) : hideable;
   e.dp_exposed_s = hidden_part_exposed + (e.dp_comm_s - hideable);
+  // Stages 1-2 with --overlap-param-gather: the step's parameter all-gather
+  // runs during the next step's first forward, each run of groups waited for
+  // by its first layer, so all but the first run (about a bucket: the
+  // embedding's group is its own) may hide behind that forward.
+  if ((plan.stage == 1 || plan.stage == 2) && args.zero.overlap_param_gather) {
+    const double gather = dp_type(CollectiveType::AllGather);
+    const double gather_bytes =
+        static_cast<double>(std::max<std::int64_t>(1, plan.dp_comm[CollectiveType::AllGather].bytes));
+    const double first_run = gather * std::min(1.0, bucket_bytes / gather_bytes);
+    const double forward_window = e.compute_s * (1 - backward_share) / mb;
+    e.dp_exposed_s -= gather - std::max(gather - forward_window, first_run);
+  }
 
   // Adam: read and write fp32 master, m and v; read the gradient, write the 16-bit parameter.
   const double pb = static_cast<double>(dtype_size(args.dtype()));

@@ -164,6 +164,10 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(Z, "zero-stage", &a.zero.stage, "0 plain DP, 1 Pos, 2 Pos+g, 3 Pos+g+p");
   t.add(Z, "reduce-bucket-size", &a.zero.reduce_bucket_size, "gradient bucket, elements (the paper's CB)");
   t.add(Z, "overlap-comm", &a.zero.overlap_comm, "reduce buckets during backward (true/false)");
+  t.optional_value(Z, "overlap-param-gather", &a.overlap_param_gather, "true",
+                   "stages 1-2: the step's all-gather of the updated parameters runs in group-sized pieces during the "
+                   "next forward, each waited for by its first layer (true/false; alone: true; false shows what it "
+                   "hides, in the timers' exposed DP comm)");
   t.add(Z, "stage3-prefetch", &a.zero.prefetch,
         "stage 3: gather the next parameter group while this one computes (true/false; false shows what the "
         "prefetch hides, in the timers' exposed DP comm)");
@@ -508,6 +512,17 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
     if (!v.defaulted()) given.push_back(name);
   expand_zero_config(a, vm, on_command_line);
   apply_megatron_flags(a, megatron, given);
+  MZ_REQUIRE(a.overlap_param_gather == "true" || a.overlap_param_gather == "false",
+             "--overlap-param-gather takes true or false (alone: true), got '", a.overlap_param_gather, "'");
+  a.zero.overlap_param_gather = a.overlap_param_gather == "true";
+  // Refused where it means nothing, if typed (a stored configuration lists every flag).
+  MZ_REQUIRE(!on_command_line.count("overlap-param-gather") || a.zero.stage == 1 || a.zero.stage == 2,
+             "--overlap-param-gather is for --zero-stage 1 or 2 (the step's all-gather of the updated parameters); "
+             "stage ",
+             a.zero.stage,
+             a.zero.stage == 0 ? " gathers nothing (every rank keeps every parameter)"
+                               : " gathers each group before its use and prefetches the next (--stage3-prefetch)",
+             ": drop the flag");
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   // "true"/"false": how configurations stored before the flag took a value
   // spelled it (true then meant every epilogue).

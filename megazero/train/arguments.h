@@ -58,6 +58,8 @@ struct TrainArgs {
   bool no_bias_gelu_fusion = false;
   // --gemm-epilogues[=none|forward|all], resolved into model.gemm_epilogues.
   std::string gemm_epilogues = "none";
+  // --overlap-param-gather[=true|false] (alone: true, Megatron's switch), resolved into zero.overlap_param_gather.
+  std::string overlap_param_gather = "true";
   // --gemm-autotune: each GEMM problem's cuBLASLt algorithms timed once, the
   // fastest kept (kernels/gemm.h); --device cuda, not with --deterministic-mode.
   bool gemm_autotune = false;

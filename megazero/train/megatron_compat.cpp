@@ -60,8 +60,6 @@ const CompatFlag kFlags[] = {
      "gradient reductions follow the parameter dtype; the optimizer works on fp32 partitions"},
     {"use-mcore-models", Kind::Switch, Meaning::NoEffect, "megazero has one model implementation"},
     {"use-legacy-models", Kind::Switch, Meaning::NoEffect, "megazero has one model implementation"},
-    {"overlap-param-gather", Kind::Switch, Meaning::NoEffect,
-     "ZeRO stage 3 prefetches the next group's parameters (--stage3-prefetch, on by default)"},
     {"log-throughput", Kind::Switch, Meaning::NoEffect, "tokens/s, TFLOP/s and MFU are always logged"},
     {"log-timers-to-tensorboard", Kind::Switch, Meaning::NoEffect, "--tensorboard-dir always receives the step timers"},
     {"log-validation-ppl-to-tensorboard", Kind::Switch, Meaning::NoEffect,

@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "megazero/comm/activity.h"
-#include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/gelu_bias.h"
 
@@ -51,6 +50,14 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
     bwd_end.push_back(dev.mark());
   }
   r.host_issue_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - issue_begin).count();
+  // The logged loss: the mean over every token of every micro-batch of every
+  // DP rank (all micro-batches hold the same number of tokens). Its sum over
+  // the DP group is issued here, ahead of the step's collectives: at stages
+  // 1-2 the step leaves the parameter all-gathers in flight for the next
+  // forward, and waiting for the loss must not wait for them.
+  Tensor loss_total = Tensor::empty(loss_sum.device_ptr(), {1}, DType::F64, MemoryCategory::Workspace, "loss sum");
+  loss_total.copy_from(loss_sum);
+  Work loss_reduced = dp.all_reduce(loss_total, ReduceOp::Sum);
   r.lr = opt.lr.at(iteration);
   const auto opt_begin = dev.mark();
   set_activity("optimizer step");
@@ -58,11 +65,9 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   const auto opt_end = dev.mark();
   scaler.update(r.stats.skipped);
   if (while_optimizer_runs) while_optimizer_runs();
-  // The logged loss: mean over every token of every micro-batch of every DP
-  // rank (all micro-batches hold the same number of tokens).
-  double local = 0;
-  if (loss_sum.device().has_storage() && tokens > 0)
-    local = loss_sum.to_double_vector()[0] / static_cast<double>(tokens);
+  loss_reduced.wait();
+  if (loss_total.device().has_storage())
+    r.loss = loss_total.to_double_vector()[0] / (static_cast<double>(tokens) * dp.size());
   r.host_waits = dev.host_waits() - waits_before;
   for (std::size_t i = 0; i < micro_batches.size(); ++i) {
     r.forward_s += dev.seconds_between(*fwd_begin[i], *fwd_end[i]);
@@ -70,7 +75,6 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   }
   r.optimizer_s = dev.seconds_between(*opt_begin, *opt_end);
   r.exposed_comm_s = engine.exposed_comm_seconds();
-  r.loss = all_reduce_value(dp, local, ReduceOp::Avg);
   return r;
 }
 

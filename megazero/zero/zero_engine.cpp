@@ -1,7 +1,8 @@
 #include "megazero/zero/zero_engine.h"
 
-#include <cstdio>
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/gelu_bias.h"
@@ -101,11 +102,30 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
   }
   buckets_ = layout_.buckets(cfg_.reduce_bucket_size);
   slot_of_bucket_.assign(buckets_.size(), -1);
+  if (cfg_.stage == 1 || cfg_.stage == 2) {
+    // Runs of whole groups of about a bucket each (a larger group is a run of
+    // its own), so the first layer's forward waits for its own run only; one
+    // run of everything without the overlap, which waits for it at once.
+    const int groups = layout_.num_groups();
+    for (int g = 0; g < groups; ++g) {
+      const Range r = layout_.group(g);
+      GroupRun* last = gather_runs_.empty() ? nullptr : &gather_runs_.back();
+      if (last && (!cfg_.overlap_param_gather || last->range.size() + r.size() <= cfg_.reduce_bucket_size)) {
+        last->last_group = g;
+        last->range.end = r.end;
+      } else {
+        gather_runs_.push_back({g, g, {last ? last->range.end : 0, r.end}});
+      }
+    }
+    if (gather_runs_.empty()) gather_runs_.push_back({0, groups - 1, {0, 0}});
+    gather_runs_.back().range.end = layout_.numel();  // the padding: constant, but the all-gather has always moved it
+  }
 }
 
 ZeroEngine::~ZeroEngine() {
   try {
     flush();
+    for (auto& g : param_gathers_) g.work.wait();
     for (auto& [g, entry] : gathered_) entry.work.wait();
   } catch (...) {  // a failed collective is reported by whoever waited first
   }
@@ -147,11 +167,38 @@ void ZeroEngine::initialize(std::uint64_t seed) {
 // After initialize and checkpoint loads; step() has AdamW write the target
 // itself and does only the all-gather.
 void ZeroEngine::publish_params() {
+  finish_param_gathers();  // a gather still in flight would land over what is written here
   Tensor mine = publish_target(cfg_.stage, params_full_, part_, params_part_);
   mine.copy_from(master_);
   if (cfg_.stage == 1 || cfg_.stage == 2) {
-    Work w = dp_.all_gather(mine, params_full_);  // in place: each partition is already at its place
-    timed_wait(w);
+    issue_param_gathers();
+    finish_param_gathers();
+  }
+}
+
+// Stages 1-2: every rank's updated partition to every rank, in place (each
+// partition already lies at its place in params_full_), one all-gather per run
+// of groups, in forward order.
+void ZeroEngine::issue_param_gathers() {
+  for (const GroupRun& run : gather_runs_) {
+    const Range r = run.range;
+    // This rank's part of the run: where its chunk of the output starts even
+    // when it contributes nothing (before the run: at its start; after: at its end).
+    const Range mine = r.intersect(part_);
+    const std::int64_t at = mine.empty() ? std::clamp(part_.begin, r.begin, r.end) : mine.begin;
+    Tensor output = flat_slice(params_full_, r);
+    param_gathers_.push_back(
+        {run.first_group, dp_.all_gather(params_full_.narrow(0, at, mine.size()), output, layout_.split_counts(r))});
+  }
+  if (!cfg_.overlap_param_gather) finish_param_gathers();
+}
+
+void ZeroEngine::wait_param_gathers(int up_to_group) {
+  // The runs were issued in group order, and a communicator completes its
+  // operations in issue order: the oldest first.
+  while (!param_gathers_.empty() && param_gathers_.front().first_group <= up_to_group) {
+    timed_wait(param_gathers_.front().work);
+    param_gathers_.pop_front();
   }
 }
 
@@ -190,6 +237,7 @@ void ZeroEngine::begin_backward(bool last_micro_batch) {
 
 void ZeroEngine::pre_backward(int group) {
   if (cfg_.stage == 3) gather(group);
+  wait_param_gathers(group);  // its forward has (a backward alone would not have)
   if (cfg_.stage >= 2) {
     const Range r = layout_.group(group);
     Tensor g;
@@ -308,6 +356,7 @@ void ZeroEngine::flush() {
 // ---------------------------------------------------------------- stage 3
 void ZeroEngine::pre_forward(int group) {
   if (cfg_.stage == 3) gather(group);
+  wait_param_gathers(group);  // stages 1-2: the last step's gather of this group's run
 }
 
 void ZeroEngine::post_forward(int group) {
@@ -386,7 +435,8 @@ Tensor ZeroEngine::partition_grads() {
 StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip_grad, double loss_scale,
                            std::int64_t step_number) {
   flush();
-  recording_ = false;  // the first step recorded the group order
+  finish_param_gathers();  // (the forward waited for them all) AdamW writes this rank's part of their output
+  recording_ = false;      // the first step recorded the group order
   seq_pos_ = 0;
   const Tensor part_grads = partition_grads();
   // The step on a GPU: the sum of squares (one launch per 240 merged ranges,
@@ -394,8 +444,8 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
   // AdamW (one launch per 240 merged owned segments, likewise one; the
   // loss-scale unscale and the clip coefficient are its grad_scale, the
   // overflow check is the sum's finiteness; it writes the published
-  // parameters too), then the all-gather at stages 1-2. Nothing loops over
-  // parameters.
+  // parameters too), then the all-gather at stages 1-2 (in flight when the
+  // step returns, with overlap_param_gather). Nothing loops over parameters.
   // The sum lives on the gradients' device (planned like any other
   // allocation; NCCL reduces it in place) and is read by the host once: the
   // step's one wait (NCCL's Work::wait only orders the compute stream).
@@ -427,10 +477,9 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
            master_.numel(), " master weights");
   optim::adamw_step(master_, exp_avg_, exp_avg_sq_, owned_grads, owned_segments_, adam, lr, step_number,
                     st.clip_coef / loss_scale, published);
-  if (cfg_.stage == 1 || cfg_.stage == 2) {
-    Work w = dp_.all_gather(published, params_full_);  // in place, as publish_params gathers
-    timed_wait(w);
-  }
+  // Stages 1-2: the all-gather, as publish_params gathers; with the overlap
+  // the next forward waits for each run of groups as it reaches it.
+  if (cfg_.stage == 1 || cfg_.stage == 2) issue_param_gathers();
   return st;
 }
 

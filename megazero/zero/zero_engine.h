@@ -5,7 +5,9 @@
 //   stage 0  plain DP: full 16-bit params and grads, full fp32 master + Adam (16 Psi);
 //            gradients all-reduced in buckets.
 //   stage 1  Pos: full params and grads; master + Adam for the own partition
-//            (4 Psi + 12 Psi/Nd); gradients reduce-scattered, params all-gathered.
+//            (4 Psi + 12 Psi/Nd); gradients reduce-scattered, params all-gathered
+//            (stages 1-2: in runs of whole groups, each waited for by its first
+//            forward, so the gather overlaps the next step's compute).
 //   stage 2  Pos+g: full params; gradients exist in full only per group while
 //            that group runs backward, are reduce-scattered in constant-size
 //            buckets as soon as a bucket is complete, and only the partition is
@@ -38,6 +40,11 @@ struct ZeroConfig {
   std::int64_t reduce_bucket_size = 50000000;  // --reduce-bucket-size, elements (the paper's CB)
   bool overlap_comm = true;                    // --overlap-comm: launch buckets during backward
   bool prefetch = true;                        // stage 3: gather the next group ahead (--stage3-prefetch)
+  // Stages 1-2: the step's all-gather of the updated parameters goes out in
+  // runs of whole groups of about reduce_bucket_size elements and each run
+  // is waited for by its first group's pre_forward, not at the end of the
+  // step (Megatron's --overlap-param-gather). Same bits either way.
+  bool overlap_param_gather = true;  // --overlap-param-gather
   // MD for gradients (stages 2-3): the transient full-size gradients of the
   // groups in backward live in two buffers reserved once (the embedding
   // group's, which stays in backward the whole pass, and one sized for the
@@ -95,6 +102,14 @@ class ZeroEngine final : public layers::ParamHooks {
   OwnedState owned_state() { return {master_, exp_avg_, exp_avg_sq_}; }
   // Recomputes the 16-bit parameters from freshly loaded master weights.
   void load_finished() { publish_params(); }
+  // Waits for the step's parameter all-gathers still in flight (stages 1-2
+  // with overlap_param_gather). The forward's hooks wait for each group's
+  // own; anyone reading the parameters outside them calls this first.
+  void finish_param_gathers() { wait_param_gathers(layout_.num_groups()); }
+  // Parameter all-gathers of the last step not yet waited for, and the number
+  // of runs of groups a step gathers in (1 without the overlap).
+  std::size_t param_gathers_in_flight() const { return param_gathers_.size(); }
+  std::size_t param_gather_runs() const { return gather_runs_.size(); }
   const std::vector<layers::Parameter*>& parameters() const { return params_; }
   // This rank's partition of the reduced gradients (valid between the last
   // backward and step(); for diagnostics and fault-injection tests).
@@ -136,6 +151,8 @@ class ZeroEngine final : public layers::ParamHooks {
   void issue_gather(int group);
   void release(int group);
   void publish_params();
+  void issue_param_gathers();
+  void wait_param_gathers(int up_to_group);  // those covering groups <= up_to_group, in issue order
   // out[0] (an fp64 scalar on the gradients' device) = the squared norm of this rank's counted gradients.
   void sum_of_squares(const Tensor& grads, Tensor& out) const;
 
@@ -180,6 +197,20 @@ class ZeroEngine final : public layers::ParamHooks {
   std::size_t seq_pos_ = 0;
   std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0, prefetched_gathers_ = 0;
   std::vector<std::pair<std::shared_ptr<Device::Mark>, std::shared_ptr<Device::Mark>>> comm_waits_;
+
+  // Stages 1-2 with overlap_param_gather: the runs of whole groups the step
+  // gathers (tiling [0, numel()): the padding rides with the last), and the
+  // gathers in flight, oldest first, each with the first group it covers.
+  struct GroupRun {
+    int first_group, last_group;
+    Range range;
+  };
+  std::vector<GroupRun> gather_runs_;
+  struct ParamGather {
+    int first_group;
+    Work work;
+  };
+  std::deque<ParamGather> param_gathers_;
   void timed_wait(Work& w);
 };
 

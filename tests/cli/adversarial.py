@@ -242,6 +242,8 @@ def cases():
         ("norm-epsilon", "1.0000001e-5 --train-iters 1", "norm-epsilon = 1.0000001e-05"),
         ("data-impl", "mmap --train-iters 1", "resolved configuration"),
         ("overlap-grad-reduce", "--train-iters 1", "overlap-comm = 1"),
+        # Megatron's switch alone means true (megazero's own flag takes a value too: below).
+        ("overlap-param-gather", "--use-distributed-optimizer --train-iters 1", "overlap-param-gather = true"),
         ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),
         ("exit-duration-in-mins", "230 --train-iters 10", "exit-duration-in-mins = 230"),
     ]
@@ -250,7 +252,7 @@ def cases():
         add(f"megatron.accepted.{flag}", 0, regex, f"{minimal}{train} --{flag} {value}".rstrip())
     inert = ["no-masked-softmax-fusion", "no-bias-dropout-fusion", "no-gradient-accumulation-fusion",
              "no-async-tensor-model-parallel-allreduce", "attention-softmax-in-fp32",
-             "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models", "overlap-param-gather",
+             "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models",
              "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
              "log-memory-to-tensorboard", "no-load-rng", "no-persist-layer-norm", "apply-query-key-layer-scaling",
              "no-query-key-layer-scaling", "use-cpu-initialization", "log-params-norm", "log-num-zeros-in-grad"]
@@ -287,6 +289,15 @@ def cases():
     add("model.sequence-parallel.odd-seq", E2, "--seq-length 31 is not divisible by --tensor-model-parallel-size 2",
         minimal.replace("--seq-length 32", "--seq-length 31") + " --train-iters 1 --tensor-model-parallel-size 2 "
         "--sequence-parallel")
+    # --overlap-param-gather: stages 1-2 only when typed; a value, or alone.
+    add("zero.overlap-param-gather.false", 0, "overlap-param-gather = false",
+        f"{minimal} --train-iters 1 --zero-stage 2 --overlap-param-gather=false")
+    add("zero.overlap-param-gather.stage0", E2, "--overlap-param-gather is for --zero-stage 1 or 2 .*stage 0 gathers nothing",
+        f"{minimal} --train-iters 1 --overlap-param-gather")
+    add("zero.overlap-param-gather.stage3", E2, "stage 3 gathers each group before its use .*--stage3-prefetch",
+        f"{minimal} --train-iters 1 --zero-stage 3 --overlap-param-gather=true")
+    add("zero.overlap-param-gather.maybe", E2, "--overlap-param-gather takes true or false \\(alone: true\\), got 'maybe'",
+        f"{minimal} --train-iters 1 --zero-stage 1 --overlap-param-gather=maybe")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --finetune.*--no-load-optim",
         f"{minimal} --train-iters 1 --finetune --no-load-optim")
 

@@ -33,7 +33,7 @@ class DeferredWork final : public WorkImpl {
 }  // namespace
 
 DeferredCommunicator::DeferredCommunicator(std::unique_ptr<Communicator> inner)
-    : Communicator(inner->rank(), inner->size(), inner->name() + "-deferred"), inner_(std::move(inner)) {
+    : Communicator(inner->rank(), inner->size(), inner->name()), inner_(std::move(inner)) {
   // The fingerprint exchange would itself be deferred; the wrapped communicator checks what it runs.
   enable_collective_checking(false);
 }

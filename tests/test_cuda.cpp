@@ -667,6 +667,41 @@ TEST_F(Cuda, CopiesAfterAMarkDoNotWaitForLaterCompute) {
   EXPECT_THROW(gpu->copy_to_host_after(*cpu->mark(), staged.data(), small.g.data(), 4), InternalError);
 }
 
+// run_queued (ZeRO stage 0's --overlap-optimizer): AdamW queued beside the
+// compute gives the CPU's bits once ordered; its kernels go to the side
+// stream (the compute stream's GEMMs queued after it do not wait for it, and
+// it does not wait for them); allocating inside the work is refused.
+TEST_F(Cuda, QueuedWorkRunsBesideTheComputeStream) {
+  const std::int64_t n = (1 << 20) + 5;
+  auto w = random({n}, DType::F32), m = random({n}, DType::F32, 0, 1), v = random({n}, DType::F32, 0, 1);
+  auto g = random({n}, DType::BF16);
+  auto p = poisoned({n}, DType::BF16);
+  const std::vector<kernels::AdamSegment> segs{{0, n / 2, true}, {n / 2, n, false}};
+  optim::AdamConfig adam;
+  adam.weight_decay = 0.1;
+  optim::adamw_step(w.c, m.c, v.c, g.c, segs, adam, 1e-3, 3, 0.5, p.c);
+  Tensor a = Tensor::zeros(gpu, {4096, 4096}, DType::BF16, MemoryCategory::Workspace);
+  Tensor c = Tensor::empty(gpu, {4096, 4096}, DType::BF16, MemoryCategory::Workspace);
+  cudaStream_t inside = nullptr;
+  auto& dev = as_cuda_device(*gpu);
+  auto update = gpu->run_queued([&] {
+    inside = dev.stream();
+    optim::adamw_step(w.g, m.g, v.g, g.g, segs, adam, 1e-3, 3, 0.5, p.g);
+  });
+  EXPECT_NE(inside, dev.stream()) << "the work's kernels went to the compute stream";
+  const auto before = gpu->mark();
+  for (int i = 0; i < 8; ++i) gemm(a, false, a, false, c);
+  const auto after = gpu->mark();
+  gpu->queue_after(*update);
+  for (const auto* t : {&w, &m, &v, &p}) {
+    const auto want = t->c.to_double_vector(), got = t->g.to_double_vector();
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << i;
+  }
+  EXPECT_GT(gpu->seconds_between(*before, *after), 0.0);
+  EXPECT_THROW(gpu->wait(*gpu->run_queued([&] { Tensor::empty(gpu, {4}, DType::F32, MemoryCategory::Workspace); })),
+               InternalError);
+}
+
 // The shm transport's device slots (comm/shm_collectives.h), the parts one
 // process can check: the slot reduction on the GPU gives reduce_host's bits
 // (every source rounded in, a source written over, an offset that is not a

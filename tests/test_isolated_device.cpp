@@ -379,6 +379,35 @@ TEST(IsolatedDevice, QueuedTransfersLandAtTheirFirstWait) {
   EXPECT_THROW(d->queue_after(*done), InternalError) << "a transfer of another device";
 }
 
+// run_queued: device work beside the compute stream (a GPU's side stream)
+// runs here at the first queue_after/wait on its handle, so code that reads
+// its result without ordering sees the old values; allocating or copying to
+// the host inside the work is refused on every device (a GPU would race).
+TEST(IsolatedDevice, QueuedWorkRunsAtItsFirstOrderingAndMayNotAllocate) {
+  auto d = isolated();
+  Tensor t = values(d, {16}, DType::F32, 1.0);
+  const auto before = t.to_double_vector();
+  Tensor scaled = t;
+  auto work = d->run_queued([scaled]() mutable { kernels::scale(scaled, 2.0); });
+  EXPECT_EQ(t.to_double_vector(), before) << "nothing ran before an ordering";
+  d->queue_after(*work);
+  for (std::size_t i = 0; i < before.size(); ++i) EXPECT_EQ(t.to_double_vector()[i], 2 * before[i]) << i;
+  d->wait(*work);  // ran once: no second scaling
+  EXPECT_EQ(t.to_double_vector()[1], 2 * before[1]);
+  for (auto dev : {d, host()}) {
+    SCOPED_TRACE(dev->name());
+    // (The host device runs the work at once, the isolated one at the wait.)
+    EXPECT_THROW(dev->wait(*dev->run_queued([dev] { Tensor::empty(dev, {4}, DType::F32, MC::Workspace, "inside"); })),
+                 InternalError)
+        << "an allocation inside queued work";
+    Tensor u = values(dev, {4}, DType::F32, 1.0);
+    EXPECT_NO_THROW(u.to_double_vector()) << "and outside it, allowed again after the throw";
+  }
+  Tensor u = values(d, {4}, DType::F32, 1.0);
+  auto read = d->run_queued([u] { (void)u.to_double_vector(); });
+  EXPECT_THROW(d->queue_after(*read), InternalError) << "a host copy inside queued work";
+}
+
 TEST(IsolatedDevice, CollectivesStageDeviceTensorsThroughTheHost) {
   auto world = MpiCommunicator::world();
   auto d = isolated();

@@ -298,21 +298,68 @@ TEST(Zero, ParameterGatherOverlapsTheNextForwardWithTheSameBits) {
       s.overlap_param_gather = false;
       ZeroRun at_step_end(world(), s);
       const auto want = at_step_end.train();
-      EXPECT_EQ(at_step_end.engine->param_gather_runs(), 1u);
-      EXPECT_EQ(at_step_end.engine->param_gathers_in_flight(), 0u);
+      EXPECT_EQ(at_step_end.engine->step_runs(), 1u);
+      EXPECT_EQ(at_step_end.engine->step_runs_in_flight(), 0u);
       s.overlap_param_gather = true;
       s.deferred_dp = true;
       ZeroRun overlapped(world(), s);
       EXPECT_EQ(overlapped.train(), want);
       // Several runs (the test's buckets hold 1000 elements), all still in flight after the step.
-      const auto runs = overlapped.engine->param_gather_runs();
+      const auto runs = overlapped.engine->step_runs();
       EXPECT_GT(runs, 2u);
-      EXPECT_EQ(overlapped.engine->param_gathers_in_flight(), runs);
-      overlapped.engine->finish_param_gathers();
-      EXPECT_EQ(overlapped.engine->param_gathers_in_flight(), 0u);
+      EXPECT_EQ(overlapped.engine->step_runs_in_flight(), runs);
+      overlapped.engine->finish_step();
+      EXPECT_EQ(overlapped.engine->step_runs_in_flight(), 0u);
       // The next step trains the same bits too (the first forward waited run by run).
       const auto more_want = at_step_end.train(3, 1), more = overlapped.train(3, 1);
       EXPECT_EQ(more, more_want);
+    }
+  }
+}
+
+// Stage 0 with --overlap-optimizer: AdamW runs run by run of groups, queued
+// beside the compute, and each group's next forward waits for its own run. On
+// the isolated device (the cpu_isolated runs of this suite) queued work runs
+// only when something waits for it, so a forward that read a group before its
+// wait, or a gradient cleared under the update, would train other bits; on
+// the CPU the work runs as queued and this checks the split update's bits.
+TEST(Zero, OptimizerBesideTheNextForwardTrainsTheSameBits) {
+  for (auto [tp, dp] : layouts_for(world().size())) {
+    SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp);
+    ZeroRunSpec s;
+    s.tp = tp;
+    s.dp = dp;
+    s.stage = 0;
+    s.steps = 3;
+    s.micro_batch = 1;  // accumulation: the gradients' clear waits for the update
+    ZeroRun at_step_end(world(), s);
+    const auto want = at_step_end.train();
+    EXPECT_EQ(at_step_end.engine->step_runs(), 0u);
+    s.overlap_optimizer = true;
+    ZeroRun beside(world(), s);
+    EXPECT_EQ(beside.train(), want);
+    const auto runs = beside.engine->step_runs();
+    EXPECT_GT(runs, 2u);
+    EXPECT_EQ(beside.engine->step_runs_in_flight(), runs) << "the last update is left to the next forward";
+    // The optimizer states as a checkpoint reads them: every run waited for first.
+    const auto st = beside.engine->owned_state();
+    const auto ref = at_step_end.engine->owned_state();
+    EXPECT_EQ(beside.engine->step_runs_in_flight(), 0u);
+    EXPECT_EQ(st.exp_avg_sq.to_double_vector(), ref.exp_avg_sq.to_double_vector());
+    EXPECT_EQ(beside.train(3, 1), at_step_end.train(3, 1));
+  }
+}
+
+TEST(Zero, OverlapOptimizerIsRefusedBeyondStage0) {
+  for (int stage = 1; stage <= 3; ++stage) {
+    zero::ZeroConfig c;
+    c.stage = stage;
+    c.overlap_optimizer = true;
+    try {
+      c.validate();
+      ADD_FAILURE() << "stage " << stage << " accepted --overlap-optimizer";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--overlap-optimizer is for --zero-stage 0"), std::string::npos) << e.what();
     }
   }
 }

@@ -80,6 +80,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.overlap_comm = s.overlap;
   zc.prefetch = s.prefetch;
   zc.overlap_param_gather = s.overlap_param_gather;
+  zc.overlap_optimizer = s.overlap_optimizer;
   zc.contiguous_gradients = s.zero_r.contiguous_memory;
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
   engine->initialize(77);

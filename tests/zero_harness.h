@@ -23,6 +23,7 @@ struct ZeroRunSpec {
   bool overlap = true;
   bool prefetch = true;              // stage 3's gather of the next group ahead
   bool overlap_param_gather = true;  // stages 1-2: the step's all-gather waited for by the next forward
+  bool overlap_optimizer = false;    // stage 0: AdamW run by run beside the next forward
   // The DP group's collectives run only when waited for (deferred_communicator.h):
   // a read of a collective's result without its wait reads stale data, every time.
   bool deferred_dp = false;

@@ -379,6 +379,9 @@ for phase in "$@"; do
           # --gemm-autotune (2026-11-27): each GEMM problem's cuBLASLt candidates timed once, the fastest
           # kept; its log line says how much the kept ones beat the heuristics' first.
           ours_gpt cudnn +epilogues+autotune --gemm-epilogues --gemm-autotune
+          # --overlap-optimizer (2026-11-27): AdamW run by run of layers on a side stream, each layer's
+          # next forward waiting for its own run; the step's end no longer waits for the update.
+          ours_gpt cudnn +epilogues+overlap-opt --gemm-epilogues --overlap-optimizer true
           if [ -z "${MZ_PEERS_QUICK:-}" ]; then  # MZ_PEERS_QUICK=1: the rows above only (a short lease)
             ours_gpt cudnn +epilogues-all --gemm-epilogues=all
             ours_gpt unfused; ours_gpt fused; theirs_gpt

@@ -54,7 +54,27 @@ std::string Device::name() const {
   return n;
 }
 
+namespace {
+thread_local const Device* t_queued_work_of = nullptr;  // the device whose run_queued work this thread runs
+}  // namespace
+
+void Device::run_as_queued(const std::function<void()>& work) {
+  const Device* outer = t_queued_work_of;
+  t_queued_work_of = this;
+  try {
+    work();
+  } catch (...) {
+    t_queued_work_of = outer;
+    throw;
+  }
+  t_queued_work_of = outer;
+}
+
+bool Device::running_queued_work() const { return t_queued_work_of == this; }
+
 std::shared_ptr<Buffer> Device::allocate(std::size_t bytes, MemoryCategory category, std::string label) {
+  MZ_CHECK(!running_queued_work(), "allocation of '", label, "' (", bytes, " bytes) on ", name(),
+           " inside run_queued work: allocate before queuing it (a GPU orders frees on the compute stream)");
   std::int64_t at = 0;
   const std::uint64_t id = memory_.on_allocate(category, bytes, &at);
   if (arena_ && bytes > 0) {
@@ -238,6 +258,10 @@ std::shared_ptr<Device::Transfer> Device::copy_from_host_queued(void* dst, const
 
 void Device::queue_after(const Transfer&) {}
 void Device::wait(const Transfer&) {}
+std::shared_ptr<Device::Transfer> Device::run_queued(const std::function<void()>& work) {
+  run_as_queued(work);  // devices that run work as it is issued: done already
+  return std::make_shared<DoneTransfer>();
+}
 std::shared_ptr<Device> Device::host_device() { return make_device(DeviceKind::CPU); }
 
 std::shared_ptr<void> Device::allocate_host_staging(std::size_t bytes) {

@@ -19,6 +19,7 @@
 #include <compare>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -188,6 +189,19 @@ class Device : public std::enable_shared_from_this<Device> {
   virtual std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes);
   virtual void queue_after(const Transfer& t);
   virtual void wait(const Transfer& t);
+  // Device work beside the compute stream (the optimizer's update of one
+  // parameter group while the next forward computes another): `work` launches
+  // kernels through kernels:: entry points, which run after everything issued
+  // so far, off the compute stream; the handle orders what must follow, as a
+  // queued transfer's does (queue_after before device work that reads or
+  // writes the same memory, wait before the host does). `work` only launches:
+  // no allocation (the allocator orders frees on the compute stream) and no
+  // host copy. Host devices run it at once; the isolated device defers it to
+  // the first queue_after/wait on its handle, so a missing one shows as stale
+  // data in CI; on a GPU it runs on a side stream, with each grid-stride
+  // kernel cut into short blocks so the compute stream's kernels are not held
+  // back by long ones.
+  virtual std::shared_ptr<Transfer> run_queued(const std::function<void()>& work);
   // A host device for memory this device exchanges with the host (its own
   // counters): page-locked, with freed blocks kept for reuse, on a GPU; plain
   // host memory elsewhere.
@@ -246,6 +260,12 @@ class Device : public std::enable_shared_from_this<Device> {
  protected:
   friend class Buffer;
   void count_host_wait() { host_waits_.fetch_add(1, std::memory_order_relaxed); }
+  // Calls a run_queued `work` with its contract enforced: an allocation on
+  // this device (and, where a device checks running_queued_work(), a host
+  // copy) inside it throws InternalError, on every device, so the CPU tests
+  // catch what would race on a GPU.
+  void run_as_queued(const std::function<void()>& work);
+  bool running_queued_work() const;
   virtual void* raw_allocate(std::size_t bytes) = 0;
   virtual void raw_free(void* p, std::size_t bytes) = 0;
   // Frees the arena: every concrete device's destructor calls it (raw_free is

@@ -222,11 +222,13 @@ void IsolatedCpuDevice::unmap(void* p) {
 // (Device::host_waits); the *_after copies, a GPU's side-stream copies, do not.
 void IsolatedCpuDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
   if (!bytes) return;
+  MZ_CHECK(!running_queued_work(), "copy_to_host on ", name(), " inside run_queued work (the host would wait)");
   count_host_wait();
   std::memcpy(host_dst, alias_of(src, bytes, "copy_to_host"), bytes);
 }
 void IsolatedCpuDevice::copy_from_host(void* dst, const void* host_src, std::size_t bytes) {
   if (!bytes) return;
+  MZ_CHECK(!running_queued_work(), "copy_from_host on ", name(), " inside run_queued work (the host would wait)");
   count_host_wait();
   std::memcpy(alias_of(dst, bytes, "copy_from_host"), host_src, bytes);
 }
@@ -263,6 +265,12 @@ std::shared_ptr<Device::Transfer> IsolatedCpuDevice::copy_from_host_queued(void*
   auto t = std::make_shared<DeferredTransfer>();
   if (bytes)
     t->copy = [dst, host_src, bytes] { std::memcpy(alias_of(dst, bytes, "copy_from_host_queued"), host_src, bytes); };
+  return t;
+}
+
+std::shared_ptr<Device::Transfer> IsolatedCpuDevice::run_queued(const std::function<void()>& work) {
+  auto t = std::make_shared<DeferredTransfer>();
+  t->copy = [this, work] { run_as_queued(work); };
   return t;
 }
 

@@ -50,6 +50,8 @@ class IsolatedCpuDevice final : public Device {
   std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes) override;
   void queue_after(const Transfer& t) override;
   void wait(const Transfer& t) override;
+  // Deferred likewise: the work runs at the first queue_after/wait on the handle.
+  std::shared_ptr<Transfer> run_queued(const std::function<void()>& work) override;
   void copy_within(void* dst, const void* src, std::size_t bytes) override;
   void copy_within_after(const Mark& after, void* dst, const void* src, std::size_t bytes) override;
   void fill_zero(void* dst, std::size_t bytes) override;

@@ -1,5 +1,7 @@
 #include "megazero/cuda/cuda_device.h"
 
+#include "megazero/cuda/launch_common.h"
+
 #include "megazero/cuda/kernel_trace.h"
 #include "megazero/cuda/pinned_host_device.h"
 #include "megazero/cuda/strided_copy.h"
@@ -50,6 +52,7 @@ CudaDevice::CudaDevice(int index) : index_(index) {
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&offload_stream_, cudaStreamNonBlocking));
+  MZ_CUDA_CHECK(cudaStreamCreateWithFlags(&side_stream_, cudaStreamNonBlocking));
   // The device's memory pool keeps what it once reserved (no release
   // threshold): after the first step every allocation is served from memory
   // the pool already holds, with no driver call and no device synchronisation.
@@ -60,6 +63,8 @@ CudaDevice::CudaDevice(int index) : index_(index) {
 }
 
 CudaDevice::~CudaDevice() {
+  (void)cudaStreamSynchronize(side_stream_);  // its work uses memory the arena may hold
+  (void)cudaStreamDestroy(side_stream_);
   release_arena();  // stream-ordered, after everything queued
   // Errors are ignored: at process exit the runtime may already be unloading
   // (cudaErrorCudartUnloading), and a destructor has nobody to report to.
@@ -75,6 +80,7 @@ CudaDevice::~CudaDevice() {
 
 void* CudaDevice::raw_allocate(std::size_t bytes) {
   if (bytes == 0) return nullptr;
+  // (Device::allocate refuses allocations inside run_queued work before this.)
   CudaDeviceGuard guard(index_);
   void* p = nullptr;
   // Stream-ordered: usable by everything queued on the compute stream after
@@ -112,6 +118,7 @@ void CudaDevice::raw_free(void* p, std::size_t) {
 
 void CudaDevice::copy_sync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
   if (bytes == 0) return;
+  MZ_CHECK(!running_queued_work(), "a host copy on ", name(), " inside run_queued work (the host would wait)");
   CudaDeviceGuard guard(index_);
   // On the compute stream, so the copy sees every kernel queued before it.
   MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
@@ -407,6 +414,35 @@ void CudaDevice::queue_after(const Transfer& t) {
   const EventTransfer& e = event_transfer(t, index_, name());
   CudaDeviceGuard guard(index_);
   MZ_CUDA_CHECK(cudaStreamWaitEvent(stream_, e.done, 0));
+}
+
+std::shared_ptr<Device::Transfer> CudaDevice::run_queued(const std::function<void()>& work) {
+  CudaDeviceGuard guard(index_);
+  auto t = std::make_shared<EventTransfer>();
+  t->device = index_;
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&t->done, cudaEventDisableTiming));
+  cudaEvent_t issued = nullptr;  // everything queued on the compute stream so far
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(issued, stream_);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(side_stream_, issued, 0) : recorded;
+  (void)cudaEventDestroy(issued);  // released once reached
+  MZ_CUDA_CHECK(waited);
+  // This thread's launches go to the side stream, in short blocks, until the work returns (or throws).
+  struct Beside {
+    const CudaDevice* outer_device;
+    bool outer_short;
+    explicit Beside(const CudaDevice* d) : outer_device(t_side_of_), outer_short(cuda::detail_k::t_beside_compute) {
+      t_side_of_ = d;
+      cuda::detail_k::t_beside_compute = true;
+    }
+    ~Beside() {
+      t_side_of_ = outer_device;
+      cuda::detail_k::t_beside_compute = outer_short;
+    }
+  } beside(this);
+  run_as_queued(work);
+  MZ_CUDA_CHECK(cudaEventRecord(t->done, side_stream_));
+  return t;
 }
 
 // A host wait (counted) only when the copy has not ended yet: the host blocks then.

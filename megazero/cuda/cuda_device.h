@@ -60,9 +60,11 @@ class CudaDevice final : public Device {
 
   DeviceKind kind() const override { return DeviceKind::CUDA; }
   int index() const override { return index_; }
-  // The compute stream (cudaStreamNonBlocking: never serialised with the
-  // legacy default stream that third-party code may use).
-  cudaStream_t stream() const { return stream_; }
+  // The stream this thread's kernels go to: the compute stream
+  // (cudaStreamNonBlocking: never serialised with the legacy default stream
+  // that third-party code may use), or the side stream while this thread runs
+  // run_queued work.
+  cudaStream_t stream() const { return t_side_of_ == this ? side_stream_ : stream_; }
 
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy_from_host(void* dst, const void* host_src, std::size_t bytes) override;
@@ -115,6 +117,11 @@ class CudaDevice final : public Device {
   std::shared_ptr<Transfer> copy_from_host_queued(void* dst, const void* host_src, std::size_t bytes) override;
   void queue_after(const Transfer& t) override;
   void wait(const Transfer& t) override;
+  // On the side stream, after an event recorded now on the compute stream;
+  // stream() answers the side stream meanwhile, and grid-stride kernels take
+  // one short block per kThreads items (launch_common.h's t_beside_compute).
+  // The handle is an event recorded after the work, as a queued copy's.
+  std::shared_ptr<Transfer> run_queued(const std::function<void()>& work) override;
   // Page-locked host memory (PinnedHostDevice), one per CudaDevice: Pa+cpu's
   // checkpoints and the MPI backend's staging of device tensors.
   std::shared_ptr<Device> host_device() override;
@@ -141,6 +148,9 @@ class CudaDevice final : public Device {
   // The queued transfers' own stream, so a communication thread's staged copy
   // never waits behind an offload that waits for compute.
   cudaStream_t offload_stream_ = nullptr;
+  // run_queued's stream, and the device whose run_queued work this thread is issuing.
+  cudaStream_t side_stream_ = nullptr;
+  static inline thread_local const CudaDevice* t_side_of_ = nullptr;
   std::mutex host_mu_;
   std::shared_ptr<Device> host_;  // made on first use
 };

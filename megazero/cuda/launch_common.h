@@ -44,6 +44,14 @@ inline void check_call(cudaError_t err, const char* what) {
                                                    cudaGetErrorString(err), ")"));
 }
 
+// Set on a thread while a CudaDevice issues run_queued work beside its
+// compute stream (the optimizer's update of a group while the next forward
+// computes). resident_grid then sizes grids to one block per `threads` items,
+// each block short, instead of one resident wave whose blocks live for the
+// whole pass: a compute-stream kernel that starts meanwhile waits for at most
+// one short block an SM.
+inline thread_local bool t_beside_compute = false;
+
 // The grid of a grid-stride kernel that streams memory: as many blocks as
 // the current device holds at once (the SMs times the blocks of `threads`
 // the kernel's registers let one SM keep resident), fewer when n elements
@@ -52,6 +60,7 @@ inline void check_call(cudaError_t err, const char* what) {
 // would leave the last of 6.4 waves 40% full).
 template <typename Kernel>
 unsigned resident_grid(Kernel kernel, i64 n, unsigned threads, const char* what) {
+  if (t_beside_compute) return static_cast<unsigned>(std::clamp<i64>((n + threads - 1) / threads, 1, i64{1} << 30));
   int device = 0, sms = 0, per_sm = 0;
   check_call(cudaGetDevice(&device), what);
   check_call(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), what);

@@ -168,6 +168,9 @@ void define(OptionTable& t, TrainArgs& a) {
                    "stages 1-2: the step's all-gather of the updated parameters runs in group-sized pieces during the "
                    "next forward, each waited for by its first layer (true/false; alone: true; false shows what it "
                    "hides, in the timers' exposed DP comm)");
+  t.add(Z, "overlap-optimizer", &a.zero.overlap_optimizer,
+        "stage 0: AdamW updates the parameters run by run of layers beside the next forward (a side stream on a "
+        "GPU), each layer's forward waiting for its own run only; same bits (true/false)");
   t.add(Z, "stage3-prefetch", &a.zero.prefetch,
         "stage 3: gather the next parameter group while this one computes (true/false; false shows what the "
         "prefetch hides, in the timers' exposed DP comm)");

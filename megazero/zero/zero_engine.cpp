@@ -16,6 +16,11 @@ void ZeroConfig::validate() const {
   MZ_REQUIRE(stage >= 0 && stage <= 3, "--zero-stage must be 0, 1, 2 or 3, got ", stage);
   MZ_REQUIRE(reduce_bucket_size > 0, "--reduce-bucket-size must be positive, got ", reduce_bucket_size);
   MZ_REQUIRE(is_floating(param_dtype), "parameters must be a floating dtype, got ", dtype_name(param_dtype));
+  MZ_REQUIRE(!overlap_optimizer || stage == 0, "--overlap-optimizer is for --zero-stage 0; stage ", stage,
+             stage == 3 ? " updates only this rank's partition, which the next forward gathers group by group"
+                        : " all-gathers the updated parameters right after the update (--overlap-param-gather "
+                          "overlaps that with the next forward)",
+             ": drop the flag");
 }
 
 namespace {
@@ -102,30 +107,31 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
   }
   buckets_ = layout_.buckets(cfg_.reduce_bucket_size);
   slot_of_bucket_.assign(buckets_.size(), -1);
-  if (cfg_.stage == 1 || cfg_.stage == 2) {
+  if (cfg_.stage == 1 || cfg_.stage == 2 || (cfg_.stage == 0 && cfg_.overlap_optimizer)) {
     // Runs of whole groups of about a bucket each (a larger group is a run of
     // its own), so the first layer's forward waits for its own run only; one
-    // run of everything without the overlap, which waits for it at once.
+    // run of everything for a gather without the overlap, waited for at once.
+    const bool split = cfg_.stage == 0 || cfg_.overlap_param_gather;
     const int groups = layout_.num_groups();
     for (int g = 0; g < groups; ++g) {
       const Range r = layout_.group(g);
-      GroupRun* last = gather_runs_.empty() ? nullptr : &gather_runs_.back();
-      if (last && (!cfg_.overlap_param_gather || last->range.size() + r.size() <= cfg_.reduce_bucket_size)) {
+      GroupRun* last = group_runs_.empty() ? nullptr : &group_runs_.back();
+      if (last && (!split || last->range.size() + r.size() <= cfg_.reduce_bucket_size)) {
         last->last_group = g;
         last->range.end = r.end;
       } else {
-        gather_runs_.push_back({g, g, {last ? last->range.end : 0, r.end}});
+        group_runs_.push_back({g, g, {last ? last->range.end : 0, r.end}});
       }
     }
-    if (gather_runs_.empty()) gather_runs_.push_back({0, groups - 1, {0, 0}});
-    gather_runs_.back().range.end = layout_.numel();  // the padding: constant, but the all-gather has always moved it
+    if (group_runs_.empty()) group_runs_.push_back({0, groups - 1, {0, 0}});
+    group_runs_.back().range.end = layout_.numel();  // the padding: constant, but the all-gather has always moved it
   }
 }
 
 ZeroEngine::~ZeroEngine() {
   try {
     flush();
-    for (auto& g : param_gathers_) g.work.wait();
+    finish_step();
     for (auto& [g, entry] : gathered_) entry.work.wait();
   } catch (...) {  // a failed collective is reported by whoever waited first
   }
@@ -167,12 +173,12 @@ void ZeroEngine::initialize(std::uint64_t seed) {
 // After initialize and checkpoint loads; step() has AdamW write the target
 // itself and does only the all-gather.
 void ZeroEngine::publish_params() {
-  finish_param_gathers();  // a gather still in flight would land over what is written here
+  finish_step();  // a gather or an update still in flight would land over what is written here
   Tensor mine = publish_target(cfg_.stage, params_full_, part_, params_part_);
   mine.copy_from(master_);
   if (cfg_.stage == 1 || cfg_.stage == 2) {
     issue_param_gathers();
-    finish_param_gathers();
+    finish_step();
   }
 }
 
@@ -180,25 +186,51 @@ void ZeroEngine::publish_params() {
 // partition already lies at its place in params_full_), one all-gather per run
 // of groups, in forward order.
 void ZeroEngine::issue_param_gathers() {
-  for (const GroupRun& run : gather_runs_) {
+  for (const GroupRun& run : group_runs_) {
     const Range r = run.range;
     // This rank's part of the run: where its chunk of the output starts even
     // when it contributes nothing (before the run: at its start; after: at its end).
     const Range mine = r.intersect(part_);
     const std::int64_t at = mine.empty() ? std::clamp(part_.begin, r.begin, r.end) : mine.begin;
     Tensor output = flat_slice(params_full_, r);
-    param_gathers_.push_back(
-        {run.first_group, dp_.all_gather(params_full_.narrow(0, at, mine.size()), output, layout_.split_counts(r))});
+    pending_.push_back({run.first_group,
+                        dp_.all_gather(params_full_.narrow(0, at, mine.size()), output, layout_.split_counts(r)),
+                        nullptr});
   }
-  if (!cfg_.overlap_param_gather) finish_param_gathers();
+  if (!cfg_.overlap_param_gather) finish_step();
 }
 
-void ZeroEngine::wait_param_gathers(int up_to_group) {
-  // The runs were issued in group order, and a communicator completes its
-  // operations in issue order: the oldest first.
-  while (!param_gathers_.empty() && param_gathers_.front().first_group <= up_to_group) {
-    timed_wait(param_gathers_.front().work);
-    param_gathers_.pop_front();
+// Stage 0: AdamW run by run of groups, each queued beside the compute. Every
+// element's update depends on its own state only, so the runs give the bits
+// of one call over everything.
+void ZeroEngine::queue_updates(const optim::AdamConfig& adam, double lr, std::int64_t step_number, double grad_scale) {
+  for (const GroupRun& run : group_runs_) {
+    const Range r = run.range;  // owned_ is everything at stage 0
+    std::vector<optim::DecaySegment> segments;
+    for (const auto& seg : owned_segments_) {
+      const Range in = Range{seg.begin, seg.end}.intersect(r);
+      if (!in.empty()) segments.push_back({in.begin - r.begin, in.end - r.begin, seg.decay});
+    }
+    const Tensor w = flat_slice(master_, r), m = flat_slice(exp_avg_, r), v = flat_slice(exp_avg_sq_, r);
+    const Tensor g = flat_slice(grads_full_, r), p = flat_slice(params_full_, r);
+    pending_.push_back({run.first_group, Work(), device_->run_queued([=] {
+                          optim::adamw_step(w, m, v, g, segments, adam, lr, step_number, grad_scale, p);
+                        })});
+  }
+}
+
+void ZeroEngine::wait_pending(int up_to_group) {
+  // The runs were issued in group order (and a communicator completes its
+  // operations in issue order): the oldest first. A gather's wait is DP
+  // communication the compute did not hide; an update's orders the device's
+  // later work after it, as a GPU's stream wait does, and the host goes on.
+  while (!pending_.empty() && pending_.front().first_group <= up_to_group) {
+    Pending& p = pending_.front();
+    if (p.update)
+      device_->queue_after(*p.update);
+    else
+      timed_wait(p.gather);
+    pending_.pop_front();
   }
 }
 
@@ -219,8 +251,20 @@ std::vector<layers::GradAt> ZeroEngine::grads_in(Range within) const {
 void ZeroEngine::zero_grad() {
   flush();
   comm_waits_.clear();
-  if (grads_full_.defined()) layers::clear_grads(grads_full_, grads_in({0, layout_.numel()}));
+  // An update still beside the next forward reads these gradients: they are
+  // cleared when the backward begins, once the forward waited for every run.
+  if (grads_full_.defined()) {
+    if (pending_.empty())
+      clear_full_grads();
+    else
+      clear_grads_at_backward_ = true;
+  }
   if (grads_part_.defined()) grads_part_.zero_();
+}
+
+void ZeroEngine::clear_full_grads() {
+  clear_grads_at_backward_ = false;
+  layers::clear_grads(grads_full_, grads_in({0, layout_.numel()}));
 }
 
 void ZeroEngine::set_evaluating(bool on) {
@@ -231,13 +275,17 @@ void ZeroEngine::set_evaluating(bool on) {
 }
 
 void ZeroEngine::begin_backward(bool last_micro_batch) {
+  if (clear_grads_at_backward_) {
+    finish_step();
+    clear_full_grads();
+  }
   reduce_now_ = cfg_.stage >= 2 || last_micro_batch;
   next_bucket_ = static_cast<std::int64_t>(buckets_.size()) - 1;
 }
 
 void ZeroEngine::pre_backward(int group) {
   if (cfg_.stage == 3) gather(group);
-  wait_param_gathers(group);  // its forward has (a backward alone would not have)
+  wait_pending(group);  // its forward has (a backward alone would not have)
   if (cfg_.stage >= 2) {
     const Range r = layout_.group(group);
     Tensor g;
@@ -356,7 +404,7 @@ void ZeroEngine::flush() {
 // ---------------------------------------------------------------- stage 3
 void ZeroEngine::pre_forward(int group) {
   if (cfg_.stage == 3) gather(group);
-  wait_param_gathers(group);  // stages 1-2: the last step's gather of this group's run
+  wait_pending(group);  // the last step's gather (stages 1-2) or update (stage 0) of this group's run
 }
 
 void ZeroEngine::post_forward(int group) {
@@ -429,14 +477,18 @@ void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
 
 Tensor ZeroEngine::partition_grads() {
   flush();
+  if (clear_grads_at_backward_) {  // no backward since zero_grad: cleared now, as they would have been
+    finish_step();
+    clear_full_grads();
+  }
   return cfg_.stage <= 1 ? flat_slice(grads_full_, part_) : grads_part_;
 }
 
 StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip_grad, double loss_scale,
                            std::int64_t step_number) {
   flush();
-  finish_param_gathers();  // (the forward waited for them all) AdamW writes this rank's part of their output
-  recording_ = false;      // the first step recorded the group order
+  finish_step();       // (the forward waited for them all) AdamW writes this rank's part of the gathers' output
+  recording_ = false;  // the first step recorded the group order
   seq_pos_ = 0;
   const Tensor part_grads = partition_grads();
   // The step on a GPU: the sum of squares (one launch per 240 merged ranges,
@@ -475,6 +527,10 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
   Tensor published = publish_target(cfg_.stage, params_full_, part_, params_part_);
   MZ_CHECK(published.numel() == master_.numel(), "ZeRO step: ", published.numel(), " parameters to publish, ",
            master_.numel(), " master weights");
+  if (cfg_.stage == 0 && cfg_.overlap_optimizer) {
+    queue_updates(adam, lr, step_number, st.clip_coef / loss_scale);
+    return st;
+  }
   optim::adamw_step(master_, exp_avg_, exp_avg_sq_, owned_grads, owned_segments_, adam, lr, step_number,
                     st.clip_coef / loss_scale, published);
   // Stages 1-2: the all-gather, as publish_params gathers; with the overlap

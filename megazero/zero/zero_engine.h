@@ -45,6 +45,12 @@ struct ZeroConfig {
   // is waited for by its first group's pre_forward, not at the end of the
   // step (Megatron's --overlap-param-gather). Same bits either way.
   bool overlap_param_gather = true;  // --overlap-param-gather
+  // Stage 0: AdamW updates the parameters in the same runs of whole groups,
+  // each queued beside the compute (Device::run_queued: a side stream on a
+  // GPU), and each group's next forward waits for its own run only, so the
+  // update overlaps the next forward and the host does not wait for it at
+  // the step's end. Same bits either way.
+  bool overlap_optimizer = false;  // --overlap-optimizer
   // MD for gradients (stages 2-3): the transient full-size gradients of the
   // groups in backward live in two buffers reserved once (the embedding
   // group's, which stays in backward the whole pass, and one sized for the
@@ -93,23 +99,32 @@ class ZeroEngine final : public layers::ParamHooks {
   Range owned() const { return owned_; }     // where this rank keeps master + Adam
   Range partition() const { return part_; }  // this rank's DP partition
   int dp_rank() const { return dp_.rank(); }
-  const Tensor& master() const { return master_; }  // fp32, owned().size() elements
+  const Tensor& master() {  // fp32, owned().size() elements
+    finish_step();
+    return master_;
+  }
   // The fp32 optimizer state of owned(): checkpoints read it to save and
   // overwrite it to load, then call load_finished().
   struct OwnedState {
     Tensor master, exp_avg, exp_avg_sq;
   };
-  OwnedState owned_state() { return {master_, exp_avg_, exp_avg_sq_}; }
+  OwnedState owned_state() {
+    finish_step();
+    return {master_, exp_avg_, exp_avg_sq_};
+  }
   // Recomputes the 16-bit parameters from freshly loaded master weights.
   void load_finished() { publish_params(); }
-  // Waits for the step's parameter all-gathers still in flight (stages 1-2
-  // with overlap_param_gather). The forward's hooks wait for each group's
-  // own; anyone reading the parameters outside them calls this first.
-  void finish_param_gathers() { wait_param_gathers(layout_.num_groups()); }
-  // Parameter all-gathers of the last step not yet waited for, and the number
-  // of runs of groups a step gathers in (1 without the overlap).
-  std::size_t param_gathers_in_flight() const { return param_gathers_.size(); }
-  std::size_t param_gather_runs() const { return gather_runs_.size(); }
+  // Waits for the last step's work still in flight: the parameter all-gathers
+  // (stages 1-2 with overlap_param_gather) and the update (stage 0 with
+  // overlap_optimizer). The forward's hooks wait for each group's own run;
+  // whoever reads parameters or optimizer states outside them calls this
+  // first (owned_state, master and the loads do).
+  void finish_step() { wait_pending(layout_.num_groups()); }
+  // Runs of the last step not yet waited for, and the number of runs of
+  // groups a step's all-gather or update is split into (0 where it is one
+  // piece waited for at the end of the step, 1 for a gather so waited).
+  std::size_t step_runs_in_flight() const { return pending_.size(); }
+  std::size_t step_runs() const { return group_runs_.size(); }
   const std::vector<layers::Parameter*>& parameters() const { return params_; }
   // This rank's partition of the reduced gradients (valid between the last
   // backward and step(); for diagnostics and fault-injection tests).
@@ -152,7 +167,9 @@ class ZeroEngine final : public layers::ParamHooks {
   void release(int group);
   void publish_params();
   void issue_param_gathers();
-  void wait_param_gathers(int up_to_group);  // those covering groups <= up_to_group, in issue order
+  void queue_updates(const optim::AdamConfig& adam, double lr, std::int64_t step_number, double grad_scale);
+  void wait_pending(int up_to_group);  // the runs covering groups <= up_to_group, in issue order
+  void clear_full_grads();
   // out[0] (an fp64 scalar on the gradients' device) = the squared norm of this rank's counted gradients.
   void sum_of_squares(const Tensor& grads, Tensor& out) const;
 
@@ -198,19 +215,25 @@ class ZeroEngine final : public layers::ParamHooks {
   std::int64_t gathered_bytes_ = 0, gathered_peak_ = 0, prefetched_gathers_ = 0;
   std::vector<std::pair<std::shared_ptr<Device::Mark>, std::shared_ptr<Device::Mark>>> comm_waits_;
 
-  // Stages 1-2 with overlap_param_gather: the runs of whole groups the step
-  // gathers (tiling [0, numel()): the padding rides with the last), and the
-  // gathers in flight, oldest first, each with the first group it covers.
+  // The runs of whole groups (about reduce_bucket_size elements each, tiling
+  // [0, numel()): the padding rides with the last) that the step's
+  // all-gather (stages 1-2) or update (stage 0, overlap_optimizer) is split
+  // into, and those runs in flight, oldest first, each with the first group it
+  // covers: a gather's Work or an update's handle.
   struct GroupRun {
     int first_group, last_group;
     Range range;
   };
-  std::vector<GroupRun> gather_runs_;
-  struct ParamGather {
+  std::vector<GroupRun> group_runs_;
+  struct Pending {
     int first_group;
-    Work work;
+    Work gather;
+    std::shared_ptr<Device::Transfer> update;
   };
-  std::deque<ParamGather> param_gathers_;
+  std::deque<Pending> pending_;
+  // Stage 0 with overlap_optimizer: zero_grad found the update in flight, so
+  // the full gradients (which it reads) are cleared when the backward begins.
+  bool clear_grads_at_backward_ = false;
   void timed_wait(Work& w);
 };
 

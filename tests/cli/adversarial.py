@@ -298,6 +298,9 @@ def cases():
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-param-gather=true")
     add("zero.overlap-param-gather.maybe", E2, "--overlap-param-gather takes true or false \\(alone: true\\), got 'maybe'",
         f"{minimal} --train-iters 1 --zero-stage 1 --overlap-param-gather=maybe")
+    add("zero.overlap-optimizer.stage3", E2, "--overlap-optimizer is for --zero-stage 0; stage 3 updates only",
+        f"{minimal} --train-iters 1 --zero-stage 3 --overlap-optimizer true")
+    add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --finetune.*--no-load-optim",
         f"{minimal} --train-iters 1 --finetune --no-load-optim")
 

@@ -133,17 +133,22 @@ std::vector<Segment> shuffled_runs(const std::vector<Segment>& segs, std::mt1993
 // One launch per table, each of kThreads threads, no shared memory, on
 // resident_grid's blocks: the table's tiles of kThreads x kAdamPerThread
 // elements, at most the resident blocks.
-void expect_adamw_launches(const LaunchLog& log, const std::vector<Segment>& segs, bool& capped, bool& uncapped) {
+// beside: launched as run_queued work beside the compute stream (launch_common.h's
+// t_beside_compute): one short block per kThreads threads' elements, never capped at
+// the resident wave.
+void expect_adamw_launches(const LaunchLog& log, const std::vector<Segment>& segs, bool& capped, bool& uncapped,
+                           bool beside) {
   const auto lengths = table_lengths(segs);
   check(log.launches.size() == lengths.size(), "adamw: one launch per table", static_cast<double>(log.launches.size()),
         static_cast<double>(lengths.size()), 0);
   const i64 tile = gs::kThreads * megazero::cuda::detail_k::kAdamPerThread;
   for (std::size_t k = 0; k < std::min(lengths.size(), log.launches.size()); ++k) {
     const auto& c = log.launches[k];
-    const i64 tiles = (lengths[k] + tile - 1) / tile, want = std::min(tiles, resident());
+    const i64 tiles = (lengths[k] + tile - 1) / tile, want = beside ? tiles : std::min(tiles, resident());
     capped = capped || tiles > resident();
     uncapped = uncapped || tiles < resident();
-    check(c.grid.x == static_cast<unsigned>(want) && c.grid.y == 1, "adamw: the table's resident grid", c.grid.x,
+    check(c.grid.x == static_cast<unsigned>(want) && c.grid.y == 1,
+          beside ? "adamw beside the compute: a block per tile" : "adamw: the table's resident grid", c.grid.x,
           static_cast<double>(want), k);
     check(c.block.x == static_cast<unsigned>(gs::kThreads) && c.smem == 0,
           "adamw: blocks of kThreads, no shared memory", c.block.x, static_cast<double>(gs::kThreads), k);
@@ -154,6 +159,7 @@ struct AdamCase {
   DType g;
   bool publish;
   DType p;
+  bool beside = false;  // as run_queued work: short blocks
 };
 
 void adamw(const AdamCase& c, std::mt19937& rng) {
@@ -200,9 +206,11 @@ void adamw(const AdamCase& c, std::mt19937& rng) {
           static_cast<double>(nonempty), 0);
     kernels::adamw(w, m, v, g, sorted, a, p);
     LaunchLog log;
+    cuda::detail_k::t_beside_compute = c.beside;
     cuda::adamw(static_cast<float*>(dw.ptr()), static_cast<float*>(dm.ptr()), static_cast<float*>(dv.ptr()), dg.ptr(),
                 c.g, c.publish ? dp.ptr() : nullptr, c.publish ? c.p : DType::F32, segs, a, nullptr);
-    expect_adamw_launches(log, segs, capped, uncapped);
+    cuda::detail_k::t_beside_compute = false;
+    expect_adamw_launches(log, segs, capped, uncapped, c.beside);
   }
   check(capped && uncapped, "adamw: tables both over and under the resident grid", capped, uncapped, 0);
   const Tensor gw = get(dw, w), gm = get(dm, m), gv = get(dv, v);
@@ -401,6 +409,8 @@ int main() {
                               AdamCase{DType::F32, true, DType::F32}, AdamCase{DType::F64, true, DType::F64},
                               AdamCase{DType::F32, true, DType::BF16}, AdamCase{DType::BF16, true, DType::F16}})
       adamw(c, rng);
+    // Beside the compute stream (ZeRO stage 0's --overlap-optimizer): more, shorter blocks, same bits.
+    adamw({DType::BF16, true, DType::BF16, true}, rng);
 
     sum_of_squares_edges();
     sum_of_squares(DType::F32, 560, 2, 0, rng);

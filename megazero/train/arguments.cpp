@@ -518,7 +518,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
   MZ_REQUIRE(a.overlap_param_gather == "true" || a.overlap_param_gather == "false",
              "--overlap-param-gather takes true or false (alone: true), got '", a.overlap_param_gather, "'");
   a.zero.overlap_param_gather = a.overlap_param_gather == "true";
-  // Refused where it means nothing, if typed (a stored configuration lists every flag).
+  // Refused where they mean nothing, if typed (a stored configuration lists every flag).
   MZ_REQUIRE(!on_command_line.count("overlap-param-gather") || a.zero.stage == 1 || a.zero.stage == 2,
              "--overlap-param-gather is for --zero-stage 1 or 2 (the step's all-gather of the updated parameters); "
              "stage ",
@@ -526,6 +526,10 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
              a.zero.stage == 0 ? " gathers nothing (every rank keeps every parameter)"
                                : " gathers each group before its use and prefetches the next (--stage3-prefetch)",
              ": drop the flag");
+  MZ_REQUIRE(!on_command_line.count("stage3-prefetch") || a.zero.stage == 3,
+             "--stage3-prefetch is for --zero-stage 3 (the gather of the next parameter group ahead); stage ",
+             a.zero.stage, " keeps every parameter on every rank", a.zero.stage == 0 ? "" : " of its TP shard",
+             a.zero.stage == 0 ? "" : " (its all-gather after the step: --overlap-param-gather)", ": drop the flag");
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   // "true"/"false": how configurations stored before the flag took a value
   // spelled it (true then meant every epilogue).

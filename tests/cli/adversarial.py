@@ -298,6 +298,10 @@ def cases():
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-param-gather=true")
     add("zero.overlap-param-gather.maybe", E2, "--overlap-param-gather takes true or false \\(alone: true\\), got 'maybe'",
         f"{minimal} --train-iters 1 --zero-stage 1 --overlap-param-gather=maybe")
+    add("zero.stage3-prefetch.stage1", E2, "--stage3-prefetch is for --zero-stage 3 .*--overlap-param-gather",
+        f"{minimal} --train-iters 1 --zero-stage 1 --stage3-prefetch false")
+    add("zero.stage3-prefetch.stage3", 0, "stage3-prefetch = 0",
+        f"{minimal} --train-iters 1 --zero-stage 3 --stage3-prefetch false")
     add("zero.overlap-optimizer.stage3", E2, "--overlap-optimizer is for --zero-stage 0; stage 3 updates only",
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-optimizer true")
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")

@@ -163,8 +163,17 @@ for phase in "$@"; do
           echo "== $t on $dev, 2 ranks"; MEGAZERO_TEST_DEVICE=$dev mpi 2 $B/$t
           echo "== exit $?"
         done
+        # The overlaps on the device (2026-11-27): AdamW on the side stream and the parameter
+        # all-gather during the next forward give the bits of doing them at the step's end.
+        echo "== test_zero's overlap tests on $dev, 2 ranks"
+        MEGAZERO_TEST_DEVICE=$dev mpi 2 $B/test_zero \
+          --gtest_filter='Zero.OptimizerBeside*:Zero.ParameterGather*:Zero.EveryStageWaits*'
+        echo "== exit $?"
+        echo "== overlap_same_bits_e2e on $dev (2 ranks sharing the GPU)"
+        bounded 600 bash tests/cli/overlap_same_bits_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg "$dev"
+        echo "== exit $?"
       } > "$out/paths.txt" 2>&1
-      grep -E "^==|^device_paths_e2e|^checkpoint_e2e|FAIL|PASSED|FAILED" "$out/paths.txt" | tail -60
+      grep -E "^==|^device_paths_e2e|^checkpoint_e2e|^overlap_same_bits_e2e|FAIL|PASSED|FAILED" "$out/paths.txt" | tail -60
       ;;
     kernels)
       {

@@ -386,6 +386,18 @@ void Trainer::Impl::build() {
                 args.zero_r.cpu_checkpointing ? ", in host memory (Pa+cpu)" : "",
                 args.zero_r.contiguous_memory ? ", in one pre-allocated arena (MD)" : "",
                 engine.constant_buffers().c_str());
+    // Where the step's tail goes: the timers read differently when it overlaps the next forward.
+    if (args.zero.stage == 0 && args.zero.overlap_optimizer)
+      std::printf(
+          "optimizer: AdamW beside the next forward, in runs of whole layers (%zu here; --overlap-optimizer); the "
+          "optimizer timer counts the gradient norm only, the update shows in the forward's time where "
+          "it is not hidden\n",
+          engine.step_runs());
+    else if ((args.zero.stage == 1 || args.zero.stage == 2) && args.zero.overlap_param_gather)
+      std::printf(
+          "parameter all-gather: during the next forward, in runs of whole layers (%zu here; --overlap-param-gather); "
+          "what it does not hide is exposed DP comm there\n",
+          engine.step_runs());
     std::fflush(stdout);
   }
   opt = OptimizerSettings{args.adam, args.lr, args.clip_grad};

@@ -382,6 +382,17 @@ const EventTransfer& event_transfer(const Device::Transfer& t, int device, const
 }
 }  // namespace
 
+// `s` waits for everything queued on the compute stream so far (an event
+// recorded now), and nothing later.
+void CudaDevice::after_compute(cudaStream_t s) {
+  cudaEvent_t issued = nullptr;
+  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
+  const cudaError_t recorded = cudaEventRecord(issued, stream_);
+  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(s, issued, 0) : recorded;
+  (void)cudaEventDestroy(issued);  // released once reached
+  MZ_CUDA_CHECK(waited);
+}
+
 std::shared_ptr<Device::Transfer> CudaDevice::queue_copy(void* dst, const void* src, std::size_t bytes,
                                                          cudaMemcpyKind kind) {
   CudaDeviceGuard guard(index_);
@@ -389,12 +400,7 @@ std::shared_ptr<Device::Transfer> CudaDevice::queue_copy(void* dst, const void* 
   t->device = index_;
   MZ_CUDA_CHECK(cudaEventCreateWithFlags(&t->done, cudaEventDisableTiming));
   if (bytes > 0) {
-    cudaEvent_t issued = nullptr;  // everything queued on the compute stream so far
-    MZ_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
-    const cudaError_t recorded = cudaEventRecord(issued, stream_);
-    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(offload_stream_, issued, 0) : recorded;
-    (void)cudaEventDestroy(issued);  // released once reached
-    MZ_CUDA_CHECK(waited);
+    after_compute(offload_stream_);
     MZ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, offload_stream_));
   }
   MZ_CUDA_CHECK(cudaEventRecord(t->done, offload_stream_));
@@ -421,12 +427,7 @@ std::shared_ptr<Device::Transfer> CudaDevice::run_queued(const std::function<voi
   auto t = std::make_shared<EventTransfer>();
   t->device = index_;
   MZ_CUDA_CHECK(cudaEventCreateWithFlags(&t->done, cudaEventDisableTiming));
-  cudaEvent_t issued = nullptr;  // everything queued on the compute stream so far
-  MZ_CUDA_CHECK(cudaEventCreateWithFlags(&issued, cudaEventDisableTiming));
-  const cudaError_t recorded = cudaEventRecord(issued, stream_);
-  const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(side_stream_, issued, 0) : recorded;
-  (void)cudaEventDestroy(issued);  // released once reached
-  MZ_CUDA_CHECK(waited);
+  after_compute(side_stream_);
   // This thread's launches go to the side stream, in short blocks, until the work returns (or throws).
   struct Beside {
     const CudaDevice* outer_device;

@@ -135,6 +135,7 @@ class CudaDevice final : public Device {
   void copy_on_stream(void* dst, const void* src, std::size_t bytes);                  // device to device, no wait
   void copy_after(const Mark& after, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
   std::shared_ptr<Transfer> queue_copy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+  void after_compute(cudaStream_t s);  // s waits for what the compute stream holds now
 
   int index_;
   cudaStream_t stream_ = nullptr;

@@ -59,15 +59,12 @@ thread_local const Device* t_queued_work_of = nullptr;  // the device whose run_
 }  // namespace
 
 void Device::run_as_queued(const std::function<void()>& work) {
-  const Device* outer = t_queued_work_of;
-  t_queued_work_of = this;
-  try {
-    work();
-  } catch (...) {
-    t_queued_work_of = outer;
-    throw;
-  }
-  t_queued_work_of = outer;
+  struct Scope {  // restored on return and on a throw
+    const Device* outer;
+    explicit Scope(const Device* d) : outer(t_queued_work_of) { t_queued_work_of = d; }
+    ~Scope() { t_queued_work_of = outer; }
+  } scope(this);
+  work();
 }
 
 bool Device::running_queued_work() const { return t_queued_work_of == this; }

@@ -267,6 +267,13 @@ void ZeroEngine::clear_full_grads() {
   layers::clear_grads(grads_full_, grads_in({0, layout_.numel()}));
 }
 
+// The clear zero_grad left while an update read the gradients: after every run of it.
+void ZeroEngine::clear_deferred_grads() {
+  if (!clear_grads_at_backward_) return;
+  finish_step();
+  clear_full_grads();
+}
+
 void ZeroEngine::set_evaluating(bool on) {
   evaluating_ = on;
   if (on) return;
@@ -275,10 +282,7 @@ void ZeroEngine::set_evaluating(bool on) {
 }
 
 void ZeroEngine::begin_backward(bool last_micro_batch) {
-  if (clear_grads_at_backward_) {
-    finish_step();
-    clear_full_grads();
-  }
+  clear_deferred_grads();
   reduce_now_ = cfg_.stage >= 2 || last_micro_batch;
   next_bucket_ = static_cast<std::int64_t>(buckets_.size()) - 1;
 }
@@ -477,10 +481,7 @@ void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
 
 Tensor ZeroEngine::partition_grads() {
   flush();
-  if (clear_grads_at_backward_) {  // no backward since zero_grad: cleared now, as they would have been
-    finish_step();
-    clear_full_grads();
-  }
+  clear_deferred_grads();  // no backward since zero_grad: cleared now, as they would have been
   return cfg_.stage <= 1 ? flat_slice(grads_full_, part_) : grads_part_;
 }
 

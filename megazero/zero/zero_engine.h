@@ -170,6 +170,7 @@ class ZeroEngine final : public layers::ParamHooks {
   void queue_updates(const optim::AdamConfig& adam, double lr, std::int64_t step_number, double grad_scale);
   void wait_pending(int up_to_group);  // the runs covering groups <= up_to_group, in issue order
   void clear_full_grads();
+  void clear_deferred_grads();
   // out[0] (an fp64 scalar on the gradients' device) = the squared norm of this rank's counted gradients.
   void sum_of_squares(const Tensor& grads, Tensor& out) const;
 

@@ -63,7 +63,7 @@ int run(int argc, char** argv) {
     const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (s > 0) best = std::min(best, sec);
   }
-  const double flops = model.flops_per_token(cfg.recompute_activations) * static_cast<double>(n) / world->size();
+  const double flops = model.flops_per_token(true) * static_cast<double>(n) / world->size();
   if (world->rank() == 0) {
     std::printf("GPT l=%lld h=%lld heads=%lld s=%lld B=%lld V=%lld TP=%d threads=%d recompute=%d\n",
                 static_cast<long long>(cfg.num_layers), static_cast<long long>(cfg.hidden_size),

@@ -107,6 +107,20 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
 Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   const std::int64_t BG = step_.micro_batch * local_groups_, PS = per_group_ * S;
+  make_probs(p, key);
+  Tensor ctx = ctx_.activation({BH, S, head_dim_});
+  Tensor grouped_ctx = ctx.view({BG, PS, head_dim_});
+  gemm(probs_dropped_.view({BG, PS, S}), false, v_, false, grouped_ctx);
+  // Selective recompute: backward makes them again from q and k (make_probs).
+  if (cfg_.recompute_core_attention) probs_ = probs_dropped_ = Tensor();
+  return ctx;
+}
+
+// probs_ = causal softmax of q k^T (scaled), probs_dropped_ = its dropout:
+// the same bits each time for the same q, k, step and key.
+void ParallelSelfAttention::make_probs(double p, const RngKey& key) {
+  const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
+  const std::int64_t BG = step_.micro_batch * local_groups_, PS = per_group_ * S;
   Tensor scores = ctx_.activation({BH, S, S});
   Tensor grouped_scores = scores.view({BG, PS, S});
   gemm(q_.view({BG, PS, head_dim_}), false, k_, true, grouped_scores);
@@ -118,10 +132,6 @@ Tensor ParallelSelfAttention::attend_unfused(double p, const RngKey& key) {
   } else {
     probs_dropped_ = probs_;
   }
-  Tensor ctx = ctx_.activation({BH, S, head_dim_});
-  Tensor grouped_ctx = ctx.view({BG, PS, head_dim_});
-  gemm(probs_dropped_.view({BG, PS, S}), false, v_, false, grouped_ctx);
-  return ctx;
 }
 
 Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
@@ -271,6 +281,7 @@ void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p
                                                     Tensor& dk, Tensor& dv) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   const std::int64_t BG = step_.micro_batch * local_groups_, PS = per_group_ * S;
+  if (!probs_.defined()) make_probs(p, key);  // selective recompute dropped them after forward
   Tensor dprobs = ctx_.activation({BH, S, S});
   Tensor grouped_dprobs = dprobs.view({BG, PS, S}), grouped_dq = dq.view({BG, PS, head_dim_});
   const Tensor grouped_dctx = dctx.view({BG, PS, head_dim_});

@@ -6,7 +6,10 @@
 // Two backends (--attention-backend), the same function: "unfused" keeps the
 // [S, S] probabilities (before and after dropout) for backward; "fused" keeps
 // only the attention output and a log-sum-exp per row and recomputes the rest
-// (kernels/fused_attention.h). Both draw the same dropout mask.
+// (kernels/fused_attention.h). Both draw the same dropout mask. With
+// --recompute-granularity selective the unfused path drops its probabilities
+// after forward and makes them again in backward (Megatron's core-attention
+// recompute; the same bits).
 //
 // QKV weight layout: global rows ordered [group][q heads of the group..., k,
 // v][head_dim] (Megatron's), so a contiguous TP split of the rows gives each
@@ -59,6 +62,7 @@ class ParallelSelfAttention {
   Tensor sum_groups(const Tensor& dkv) const;
   // q, k, v (saved) -> the attention output [B*local_heads, S, hn], per backend.
   Tensor attend_unfused(double p, const RngKey& key);
+  void make_probs(double p, const RngKey& key);  // unfused: probs_ and probs_dropped_ from q_, k_
   Tensor attend_fused(double p, const RngKey& key);
   // --attention-backend cudnn: q/k/v/context as [B, heads, S, hn] views into
   // the projections' buffers (no head copies); returns the dense input.

@@ -64,6 +64,17 @@ void require_at_most(const char* flag, std::int64_t v, std::int64_t most) {
 }
 }  // namespace
 
+std::string GPTConfig::recompute_summary() const {
+  if (recompute_core_attention)
+    return fused_attention() || cudnn_attention()
+               ? "selective (nothing to drop: the " + attention_backend + " attention keeps no probabilities)"
+               : std::string("selective (the attention probabilities, made again in backward)");
+  if (!recompute_activations) return "off";
+  if (recomputed_layers() == num_layers) return "full, every layer";
+  return "full, the first " + std::to_string(recomputed_layers()) + " of " + std::to_string(num_layers) +
+         " layers (--recompute-method block)";
+}
+
 void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(num_layers > 0, "--num-layers must be positive, got ", num_layers);
   MZ_REQUIRE(hidden_size > 0, "--hidden-size must be positive, got ", hidden_size);
@@ -125,6 +136,16 @@ void GPTConfig::validate(int tp) const {
              "separate passes: drop one of the two");
   MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused" || attention_backend == "cudnn",
              "--attention-backend must be unfused, fused or cudnn, got '", attention_backend, "'");
+  MZ_REQUIRE(recompute_num_layers >= 0 && recompute_num_layers <= num_layers,
+             "--recompute-num-layers with --recompute-method block is how many of the first layers recompute: 1 to "
+             "--num-layers ",
+             num_layers, ", got ", recompute_num_layers);
+  MZ_REQUIRE(recompute_num_layers == 0 || recompute_activations,
+             "--recompute-method block --recompute-num-layers chooses the layers of full recompute: add "
+             "--recompute-activations (or --recompute-granularity full)");
+  MZ_REQUIRE(!(recompute_activations && recompute_core_attention),
+             "--recompute-granularity selective (the attention probabilities only) and full recompute "
+             "(--recompute-activations) are two granularities: choose one");
   MZ_REQUIRE(std::isfinite(layernorm_epsilon) && layernorm_epsilon > 0 && layernorm_epsilon < 1,
              "--norm-epsilon must be a small positive number (GPT-2, Llama 2: 1e-5), got ", layernorm_epsilon);
 }

@@ -33,8 +33,18 @@ struct GPTConfig {
   double hidden_dropout = 0.1;                  // --hidden-dropout
   double attention_dropout = 0.1;               // --attention-dropout
   double layernorm_epsilon = 1e-5;
-  double init_method_std = 0.02;       // GPT-2: normal(0, 0.02)
-  bool recompute_activations = false;  // --recompute-activations
+  double init_method_std = 0.02;  // GPT-2: normal(0, 0.02)
+  // Activation recompute (checkpointing), Megatron's two granularities:
+  // full: a layer keeps only its input and re-runs its forward in backward
+  // (--recompute-activations, --recompute-granularity full), in every layer
+  // or, with --recompute-method block --recompute-num-layers N, in the first N
+  // (recompute_num_layers; 0 = every layer); selective: only the unfused
+  // attention's [S, S] probabilities are dropped after forward and recomputed
+  // from the kept q and k in backward (--recompute-granularity selective;
+  // the fused backends keep none to drop).
+  bool recompute_activations = false;
+  std::int64_t recompute_num_layers = 0;
+  bool recompute_core_attention = false;
   // --attention-backend: "unfused" materialises the [S, S] probabilities (as
   // the paper's Megatron did, and as its activation-memory formula counts);
   // "fused" never does (kernels/fused_attention.h); "cudnn" is cuDNN's fused
@@ -64,8 +74,8 @@ struct GPTConfig {
   // --num-query-groups with --group-query-attention: K/V heads shared by
   // groups of query heads (GQA); 0 = one K/V head per query head (MHA).
   std::int64_t num_query_groups = 0;
-  bool add_bias_linear = true;     // --disable-bias-linear clears it: no bias in any linear layer
-  bool untie_embeddings = false;   // --untie-embeddings-and-output-weights: own output-layer weight
+  bool add_bias_linear = true;    // --disable-bias-linear clears it: no bias in any linear layer
+  bool untie_embeddings = false;  // --untie-embeddings-and-output-weights: own output-layer weight
   // --sequence-parallel (Megatron's; Korthikanti et al. 2022): at TP > 1 the
   // norms, dropouts and residual stream hold 1/TP of the tokens per rank.
   bool sequence_parallel = false;
@@ -78,6 +88,17 @@ struct GPTConfig {
   std::int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   bool rope() const { return position_embedding_type == "rope"; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
+  // Whether layer `layer` (0-based) keeps only its input and recomputes the
+  // rest (full recompute), and how many layers do.
+  bool recomputes_layer(std::int64_t layer) const {
+    return recompute_activations && (recompute_num_layers == 0 || layer < recompute_num_layers);
+  }
+  std::int64_t recomputed_layers() const {
+    return !recompute_activations ? 0 : recompute_num_layers == 0 ? num_layers : recompute_num_layers;
+  }
+  // For the start-up log: "off", "full, every layer", "full, the first 4 of
+  // 24 layers (--recompute-method block)", "selective (...)".
+  std::string recompute_summary() const;
   // Parameters of the whole model (global, unpadded vocabulary): the paper's Psi.
   std::int64_t parameter_count() const;
   bool fused_attention() const { return attention_backend == "fused"; }

@@ -168,15 +168,21 @@ double GPTModel::flops_per_token(bool with_recompute) const {
   // Narayanan et al. (2021) eq. 3 divided by B s, generalised to the model's
   // matrix shapes: a layer's forward is 2 x its GEMM weights per token plus
   // 4 s h for the attention scores and context (for GPT-2 24 h^2 (1 + s/(6h))),
-  // x3 for forward and backward, x4 with recompute; the logits stay 6 h V
-  // (never recomputed); scaling the whole of eq. 3 would count them wrong.
+  // x3 for forward and backward, x4 for a layer that recomputes (full: with
+  // --recompute-method block only the first --recompute-num-layers do); the
+  // logits stay 6 h V (never recomputed); scaling the whole of eq. 3 would
+  // count them wrong. Selective recompute adds the scores' 2 s h per layer.
   const double l = static_cast<double>(cfg_.num_layers), h = static_cast<double>(cfg_.hidden_size);
   const double s = static_cast<double>(step_.seq > 1 ? step_.seq : cfg_.seq_length);
   const double v = static_cast<double>(cfg_.vocab_size), f = static_cast<double>(cfg_.ffn());
   const double kv = 2.0 * static_cast<double>(cfg_.query_groups() * cfg_.head_dim());
   const double weights = h * (h + kv) + h * h + (cfg_.swiglu ? 3.0 : 2.0) * h * f;
   const double layer_forward = 2.0 * weights + 4.0 * s * h;
-  return (with_recompute ? 4.0 : 3.0) * l * layer_forward + 6.0 * h * v;
+  if (!with_recompute) return 3.0 * l * layer_forward + 6.0 * h * v;
+  const double recomputed = static_cast<double>(cfg_.recomputed_layers());
+  const double selective =
+      cfg_.recompute_core_attention && !cfg_.fused_attention() && !cfg_.cudnn_attention() ? l * 2.0 * s * h : 0.0;
+  return 3.0 * l * layer_forward + recomputed * layer_forward + selective + 6.0 * h * v;
 }
 
 }  // namespace megazero::layers

@@ -62,8 +62,9 @@ class GPTModel {
   // Which global vocabulary columns this rank's logits cover.
   std::int64_t vocab_start() const { return embedding_.vocab_start(); }
   std::int64_t vocab_valid() const { return embedding_.valid_rows(); }
-  // Model FLOPs per token for forward + backward, without recompute: 6 x the
-  // parameters touched per token plus attention (Narayanan et al., eq. 3 / B s).
+  // Model FLOPs per token for forward + backward: 6 x the parameters touched
+  // per token plus attention (Narayanan et al., eq. 3 / B s); with_recompute
+  // adds what the configuration recomputes (full, block or selective).
   double flops_per_token(bool with_recompute) const;
 
  private:
@@ -77,7 +78,7 @@ class GPTModel {
   GPTConfig cfg_;
   TpContext ctx_;
   int embedding_group_ = 0, first_layer_group_ = 0, final_group_ = 0;  // before the layers: init order
-  int output_group_ = -1;                                             // untied only
+  int output_group_ = -1;                                              // untied only
   VocabParallelEmbedding embedding_;
   std::unique_ptr<PositionEmbedding> position_;  // learned absolute positions only
   std::vector<std::unique_ptr<TransformerLayer>> layers_;

@@ -82,7 +82,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
     // Evaluation has no backward: keep nothing, or this pass's activations
     // would stay allocated into the next training step (above its plan).
     release();
-  } else if (cfg_.recompute_activations) {
+  } else if (cfg_.recomputes_layer(layer_)) {
     store_->save(layer_, x);
     release();
   }
@@ -90,7 +90,7 @@ Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
 }
 
 Tensor TransformerLayer::backward(const Tensor& dy) {
-  if (cfg_.recompute_activations) forward_impl(store_->restore(layer_));  // same step_, same masks
+  if (cfg_.recomputes_layer(layer_)) forward_impl(store_->restore(layer_));  // same step_, same masks
   // Each output bias's gradient is summed in its dropout backward's pass, so
   // the linear that owns it skips its own sum (the bias was added there too,
   // in bias-dropout-add). Not under sequence parallelism: that pass sees this

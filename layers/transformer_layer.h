@@ -4,6 +4,8 @@
 // With recompute (activation checkpointing) the block keeps only its input
 // after forward and re-runs forward in backward; dropout masks come from the
 // counter-based RNG, so the recomputed masks are the same without saving state.
+// With --recompute-method block only the first --recompute-num-layers layers
+// do (GPTConfig::recomputes_layer); the others keep their activations.
 #pragma once
 
 #include "layers/attention.h"

@@ -8,6 +8,8 @@
 // exactly the predicted (1 - 1/TP) of the residual-stream part.
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/plan/activation_formula.h"
@@ -100,6 +102,34 @@ TEST(ActivationMemory, OneLayerKeepsWhatTheFormulaSaysWithAndWithoutSequencePara
       if (world->rank() == 0 && dtype == DType::F32)
         std::printf("[activations] %-14s TP %d: %lld B per layer, %lld B with sequence parallelism\n", c.name, tp,
                     static_cast<long long>(per_layer[0]), static_cast<long long>(per_layer[1]));
+    }
+  }
+}
+
+// Selective recompute (--recompute-granularity selective) keeps the formula's
+// bytes less the unfused attention's probabilities (twice heads x seq per
+// token with attention dropout); the fused backends keep none to drop.
+TEST(ActivationMemory, SelectiveRecomputeKeepsAllButTheProbabilities) {
+  auto world = MpiCommunicator::world();
+  const int tp = world->size();
+  for (const Case& c : {Case{"gpt2 unfused", false, "unfused"}, Case{"gpt2 fused", false, "fused"},
+                        Case{"llama unfused", true, "unfused"}}) {
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      SCOPED_TRACE(testing::Message() << c.name << " " << dtype_name(dtype) << " TP " << tp);
+      std::int64_t per_layer[2] = {0, 0};
+      for (bool selective : {false, true}) {
+        GPTConfig one = config(c, 1, false), two = config(c, 2, false);
+        one.recompute_core_attention = two.recompute_core_attention = selective;
+        per_layer[selective] =
+            activations_after_forward(*world, two, dtype) - activations_after_forward(*world, one, dtype);
+        const auto predicted = plan::layer_activation_bytes(two, tp, dtype, 2 * two.seq_length, two.seq_length);
+        EXPECT_EQ(per_layer[selective], predicted.total()) << (selective ? "selective" : "none");
+      }
+      const GPTConfig cfg = config(c, 2, false);
+      const std::int64_t tokens = 2 * cfg.seq_length, e = static_cast<std::int64_t>(dtype_size(dtype));
+      const std::int64_t probs =
+          std::string(c.backend) == "unfused" ? 2 * cfg.num_attention_heads * cfg.seq_length * e * tokens / tp : 0;
+      EXPECT_EQ(per_layer[0] - per_layer[1], probs);
     }
   }
 }

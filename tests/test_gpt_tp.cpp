@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
 
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
@@ -301,6 +302,79 @@ TEST(GptTensorParallel, CrossEntropyGradientInTheForwardMatches) {
   Tensor ids = test_support::int64_tensor(ctx.device, 24, [](std::int64_t i) { return (i * 37 + 11) % 101; });
   model.forward(ids, ids, step);
   EXPECT_THROW(model.backward(0.25), std::exception) << "the gradient was written for 0.5";
+}
+
+// Every recompute granularity computes the same bits as none, at this TP
+// layout: full recompute of every layer, of the first 1 or 2 of 3 layers
+// (--recompute-method block) and selective (the unfused attention's
+// probabilities dropped after forward and made again in backward); and each
+// keeps less after the forward than no recompute (and block 2 than block 1,
+// full than block 2).
+TEST(GptTensorParallel, BlockAndSelectiveRecomputeGiveTheSameBits) {
+  auto world = MpiCommunicator::world();
+  struct Mode {
+    const char* name;
+    bool full;
+    std::int64_t first_layers;
+    bool selective;
+  };
+  const Mode modes[] = {{"none", false, 0, false},
+                        {"selective", false, 0, true},
+                        {"block 1", true, 1, false},
+                        {"block 2", true, 2, false},
+                        {"full", true, 0, false}};
+  for (const char* attention : {"unfused", "fused"}) {
+    struct Result {
+      double loss = 0;
+      std::int64_t kept = 0;  // activation bytes live between forward and backward
+      std::map<std::string, std::vector<double>> grads;
+    };
+    std::vector<Result> results;
+    for (const Mode& m : modes) {
+      SCOPED_TRACE(testing::Message() << attention << " attention, recompute " << m.name);
+      GPTConfig cfg = small_config(false, attention);
+      cfg.num_layers = 3;
+      cfg.recompute_activations = m.full;
+      cfg.recompute_num_layers = m.first_layers;
+      cfg.recompute_core_attention = m.selective;
+      cfg.validate(world->size());
+      TpContext ctx{world.get(), test_support::test_device(), DType::F32};
+      ParameterSet params;
+      GPTModel model(cfg, ctx, params);
+      params.allocate(ctx.device, DType::F32);
+      params.initialize(2024);
+      StepInfo step;
+      step.micro_batch = 2;
+      step.seq = cfg.seq_length;
+      step.iteration = 7;
+      const std::int64_t n = step.micro_batch * step.seq;
+      Tensor ids = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+      Tensor targets = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 53 + 2) % 101; });
+      const auto before = ctx.device->memory().live(MemoryCategory::Activations) +
+                          ctx.device->memory().live(MemoryCategory::ActivationCheckpoints);
+      Result r;
+      r.loss = model.forward(ids, targets, step);
+      r.kept = ctx.device->memory().live(MemoryCategory::Activations) +
+               ctx.device->memory().live(MemoryCategory::ActivationCheckpoints) - before;
+      params.zero_grad();
+      model.backward(1.0);
+      for (auto* p : params.all()) r.grads[p->name] = p->grad.to_double_vector();
+      results.push_back(std::move(r));
+    }
+    for (std::size_t i = 1; i < results.size(); ++i) {
+      SCOPED_TRACE(testing::Message() << attention << " attention, recompute " << modes[i].name);
+      EXPECT_EQ(results[i].loss, results[0].loss);
+      for (const auto& [name, g] : results[0].grads) EXPECT_EQ(results[i].grads.at(name), g) << name;
+      // Selective and block 1 against none, block 2 and full against the
+      // mode before them; selective drops nothing where the attention keeps
+      // no probabilities.
+      const std::int64_t than = results[modes[i].selective || modes[i].first_layers == 1 ? 0 : i - 1].kept;
+      if (modes[i].selective && std::string(attention) == "fused")
+        EXPECT_EQ(results[i].kept, than);
+      else
+        EXPECT_LT(results[i].kept, than);
+    }
+  }
 }
 
 TEST(GptTensorParallel, SmallerTpGroupsInsideTheWorld) {

@@ -247,9 +247,14 @@ TEST(Plan, EveryPaperConfigurationFitsWhereThePaperRanIt) {
 // FLOPs of Narayanan et al. eq. 3 that the TFLOP/s figures count: with and
 // without recompute, for TP 1 and the paper's TP 16 (where each rank does 1/16).
 TEST(Plan, CountedGemmFlopsAreTheAnalyticModelFlops) {
-  for (const bool recompute : {true, false})
+  const std::vector<std::vector<std::string>> recomputes = {
+      {},
+      {"--recompute-activations"},
+      {"--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "2"},
+      {"--recompute-granularity", "selective"}};
+  for (const auto& recompute : recomputes)
     for (const int tp : {1, 16}) {
-      SCOPED_TRACE(testing::Message() << "recompute " << recompute << ", TP " << tp);
+      SCOPED_TRACE(testing::Message() << "recompute " << testing::PrintToString(recompute) << ", TP " << tp);
       std::vector<std::string> w = {"pretrain_gpt",
                                     "--mock-data",
                                     "--num-layers",
@@ -271,7 +276,7 @@ TEST(Plan, CountedGemmFlopsAreTheAnalyticModelFlops) {
                                     "--fp16",
                                     "--train-iters",
                                     "1"};
-      if (recompute) w.push_back("--recompute-activations");
+      w.insert(w.end(), recompute.begin(), recompute.end());
       const auto p = plan::plan_rank_memory(parse(w, tp), tp, 0);
       // The code pads the vocabulary to a multiple of 128 x TP; the formula
       // takes the vocabulary as given: the only difference.
@@ -416,4 +421,59 @@ TEST(Preflight, RanksSharingAGpuEachPlanAgainstTheirShare) {
   for (int i : {1, 3}) EXPECT_EQ(plan::ranks_sharing_gpu(5, i, 2), 2) << i;
   EXPECT_EQ(plan::ranks_sharing_gpu(2, 1, 4), 1);  // more GPUs than ranks
   EXPECT_THROW(plan::ranks_sharing_gpu(2, 2, 1), InternalError);
+}
+
+// A run that fits only with recompute is told the fewest of its first layers
+// to recompute (--recompute-method block) rather than all of them, and, with
+// the unfused attention, whether selective recompute alone fits. The advice
+// is exact: its plan fits, one layer fewer does not.
+TEST(Preflight, SuggestsTheFewestRecomputedLayersThatFit) {
+  const std::vector<std::string> model = {"pretrain_gpt",
+                                          "--mock-data",
+                                          "--num-layers",
+                                          "8",
+                                          "--hidden-size",
+                                          "128",
+                                          "--num-attention-heads",
+                                          "4",
+                                          "--seq-length",
+                                          "256",
+                                          "--max-position-embeddings",
+                                          "256",
+                                          "--vocab-size",
+                                          "1000",
+                                          "--micro-batch-size",
+                                          "4",
+                                          "--train-iters",
+                                          "1"};
+  auto planned = [&](std::vector<std::string> extra) {
+    auto w = model;
+    w.insert(w.end(), extra.begin(), extra.end());
+    const auto a = parse(w, 1);
+    return plan::plan_rank_memory(a, 1, 0, DeviceKind::CPU).step_total_peak;
+  };
+  auto block = [&](int n) {
+    return planned(
+        {"--recompute-activations", "--recompute-method", "block", "--recompute-num-layers", std::to_string(n)});
+  };
+  const std::int64_t none = planned({}), full = planned({"--recompute-activations"});
+  const std::int64_t selective = planned({"--recompute-granularity", "selective"});
+  ASSERT_LT(full, block(4));
+  ASSERT_LT(block(4), block(3));
+  ASSERT_LT(block(3), none);
+  ASSERT_LT(selective, none);
+  const auto args = parse(model, 1);
+  const auto plan = plan::plan_rank_memory(args, 1, 0, DeviceKind::CPU);
+  for (const std::int64_t free : {block(4), block(3) - 1}) {
+    const auto v = plan::memory_preflight(args, 1, 0, DeviceKind::CPU, plan, free);
+    SCOPED_TRACE(v.advice);
+    EXPECT_FALSE(v.fits);
+    EXPECT_NE(v.advice.find("--recompute-activations --recompute-method block --recompute-num-layers 4 ("),
+              std::string::npos);
+    EXPECT_EQ(v.advice.find("--recompute-granularity selective") != std::string::npos, selective <= free);
+  }
+  // Every layer must recompute: the plain flag.
+  const auto all = plan::memory_preflight(args, 1, 0, DeviceKind::CPU, plan, full);
+  EXPECT_NE(all.advice.find("--recompute-activations ("), std::string::npos) << all.advice;
+  EXPECT_EQ(all.advice.find("--recompute-method"), std::string::npos) << all.advice;
 }

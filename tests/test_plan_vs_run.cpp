@@ -102,7 +102,7 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
     std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
     if (args.zero_r.any()) {
       checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
-                                                                   static_cast<int>(args.model.num_layers));
+                                                                   static_cast<int>(args.model.recomputed_layers()));
       model.set_checkpoint_store(checkpoints.get());
       checkpoints->reserve(args.checkpoint_elements(), args.dtype());
     }
@@ -201,6 +201,21 @@ std::vector<Case> cases() {
     f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--bf16"});
     out.push_back({"wide TP2 stage 3 bf16", f});
   }
+  // Megatron's recompute choices: the first 2 of 3 layers (block; the
+  // checkpoint arena has their 2 slots, Pa+cpu moves theirs only) and
+  // selective (the probabilities made again in backward).
+  {
+    auto f = wide;
+    f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--recompute-activations",
+                       "--recompute-method", "block", "--recompute-num-layers", "2", "--partition-activations",
+                       "--cpu-checkpointing", "--contiguous-memory-optimization"});
+    out.push_back({"wide TP2 stage 3 block recompute 2 of 3 Pa+cpu MD", f});
+  }
+  {
+    auto f = wide;
+    f.insert(f.end(), {"--zero-stage", "1", "--recompute-granularity", "selective"});
+    out.push_back({"wide TP1 stage 1 selective recompute", f});
+  }
   // Gradient accumulation: global batch = 2 x micro x DP (two micro-batches per rank).
   out.push_back({"TP1 stage 2 accumulation", {"--zero-stage", "2", "--global-batch-size", "16"}});
   out.push_back({"TP2 stage 3 accumulation",
@@ -252,12 +267,13 @@ std::vector<Case> cases() {
   // 1/TP; with recompute the checkpoints are 1/TP already (Pa keeps them
   // whole, Pa+cpu moves them, MD places them); with the paper's presets.
   for (int stage = 0; stage <= 3; ++stage)
-    out.push_back({"SP TP2 stage " + std::to_string(stage),
-                   {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", std::to_string(stage)}});
+    out.push_back(
+        {"SP TP2 stage " + std::to_string(stage),
+         {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", std::to_string(stage)}});
   out.push_back({"SP TP4 stage 1", {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--zero-stage", "1"}});
   for (const char* c : {"C1", "C2", "C4", "C5"})
-    out.push_back({std::string("SP TP4 ") + c, {"--tensor-model-parallel-size", "4", "--sequence-parallel",
-                                                "--zero-config", c}});
+    out.push_back(
+        {std::string("SP TP4 ") + c, {"--tensor-model-parallel-size", "4", "--sequence-parallel", "--zero-config", c}});
   {
     auto f = llama;
     f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-config", "C4", "--bf16"});

@@ -44,8 +44,8 @@ struct Outcome {
   std::int64_t micro_batches_per_step = 1;
 };
 
-Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
-  ZeroRun r(world(), spec_for(tp, dp, zr));
+Outcome run(const ZeroRunSpec& spec) {
+  ZeroRun r(world(), spec);
   r.tp->reset_stats();
   Outcome o;
   o.losses = r.train();
@@ -54,6 +54,7 @@ Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
   o.ckpt_peak = peak(r.device, MemoryCategory::ActivationCheckpoints);
   o.host_ckpt_peak = peak(r.host, MemoryCategory::ActivationCheckpoints);
   o.tp_gathered = r.tp->stats()[CollectiveType::AllGather].elements;
+  const std::int64_t dp = spec.dp;
   o.micro_batches = r.spec.steps * (r.spec.global_batch / dp / r.spec.micro_batch);
   o.grad_arena_fills = r.engine->gradient_arena_fills();
   if (r.checkpoints) o.prefetched = r.checkpoints->stats().prefetched;
@@ -63,6 +64,8 @@ Outcome run(int tp, int dp, zero::ZeroRConfig zr) {
   o.micro_batches_per_step = r.spec.global_batch / dp / r.spec.micro_batch;
   return o;
 }
+
+Outcome run(int tp, int dp, zero::ZeroRConfig zr) { return run(spec_for(tp, dp, zr)); }
 
 }  // namespace
 
@@ -127,6 +130,39 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
           EXPECT_LE(w, most);
         }
       }
+    }
+  }
+}
+
+// --recompute-method block --recompute-num-layers 1: only the first layer
+// keeps just its input (whole, Pa's slice, or in host memory), the second
+// keeps its activations; the same bits as full recompute, and checkpoint
+// memory and Pa's all-gathers for the one layer only (the MD arena has its
+// one slot).
+TEST(ZeroR, BlockRecomputeCheckpointsItsFirstLayersOnly) {
+  for (auto [tp, dp] : {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
+    if (tp * dp != world().size()) continue;
+    SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp);
+    const Outcome full = run(tp, dp, {});
+    const auto cfg = zero_test_model(true, 64);
+    ASSERT_EQ(cfg.num_layers, 2);
+    const std::int64_t n = spec_for(tp, dp, {}).micro_batch * cfg.seq_length * cfg.hidden_size;
+    zero::ZeroRConfig md, pa_cpu_md;
+    md.contiguous_memory = true;
+    pa_cpu_md.partition_activations = pa_cpu_md.cpu_checkpointing = pa_cpu_md.contiguous_memory = true;
+    for (const zero::ZeroRConfig& zr : {md, pa_cpu_md}) {
+      SCOPED_TRACE(zr.partition_activations ? "Pa+cpu MD" : "MD");
+      ZeroRunSpec s = spec_for(tp, dp, zr);
+      s.recompute_first_layers = 1;
+      const Outcome o = run(s);
+      EXPECT_EQ(o.losses, full.losses);
+      EXPECT_EQ(o.norms, full.norms);
+      EXPECT_EQ(o.master, full.master);
+      const std::int64_t one = (zr.partition_activations ? (n + tp - 1) / tp : n) * 4;
+      EXPECT_EQ(o.ckpt_peak, zr.cpu_checkpointing ? 0 : one);
+      EXPECT_EQ(o.host_ckpt_peak, zr.cpu_checkpointing ? one : 0);
+      EXPECT_EQ(o.tp_gathered - full.tp_gathered, zr.partition_activations ? o.micro_batches * n : 0);
+      EXPECT_EQ(o.prefetched, 0) << "one recomputing layer: nothing below it to fetch early";
     }
   }
 }

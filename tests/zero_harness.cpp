@@ -72,6 +72,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   layers::TpContext ctx{tp.get(), device, s.dtype};
   layers::GPTConfig cfg = zero_test_model(s.recompute, s.hidden, s.llama);
   cfg.sequence_parallel = s.sequence_parallel;
+  cfg.recompute_num_layers = s.recompute_first_layers;
   model = std::make_unique<layers::GPTModel>(cfg, ctx, *params);
   zero::ZeroConfig zc;
   zc.stage = s.stage;
@@ -89,7 +90,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
     zero::ZeroRConfig zr = s.zero_r;
     zr.inputs_split_across_tp = s.sequence_parallel && s.tp > 1;
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(zr, *tp, device, host,
-                                                                 static_cast<int>(model->config().num_layers));
+                                                                 static_cast<int>(model->config().recomputed_layers()));
     model->set_checkpoint_store(checkpoints.get());
     checkpoints->reserve(s.micro_batch * model->config().seq_length * model->config().hidden_size /
                              (zr.inputs_split_across_tp ? s.tp : 1),

@@ -19,7 +19,8 @@ struct ZeroRunSpec {
   DType dtype = DType::F32;
   std::int64_t global_batch = 8, micro_batch = 2;
   bool recompute = false;
-  std::int64_t bucket = 1000;  // elements: small, so models span many buckets
+  std::int64_t recompute_first_layers = 0;  // --recompute-method block: only these layers recompute (0: all)
+  std::int64_t bucket = 1000;               // elements: small, so models span many buckets
   bool overlap = true;
   bool prefetch = true;              // stage 3's gather of the next group ahead
   bool overlap_param_gather = true;  // stages 1-2: the step's all-gather waited for by the next forward

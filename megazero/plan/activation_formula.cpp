@@ -21,7 +21,7 @@ LayerActivationBytes layer_activation_bytes(const layers::GPTConfig& cfg, int tp
     split += h * e + heads * stat;
   else if (cfg.cudnn_attention())  // q, k, v views of the QKV output; the context is the dense input
     split += heads * stat;
-  else
+  else if (!cfg.recompute_core_attention)  // selective recompute makes them again in backward
     split += heads * seq * e * (cfg.attention_dropout > 0 ? 2 : 1);
 
   LayerActivationBytes b;

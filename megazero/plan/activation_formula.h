@@ -3,7 +3,7 @@
 // activations per layer sbh(10 + 24/t + 5as/(ht)) without and sbh/t(34 +
 // 5as/h) with sequence parallelism (fp16, dropout masks kept as bytes).
 //
-// Per token of the micro-batch, a layer (training, no recompute) keeps:
+// Per token of the micro-batch, a layer (training, no full recompute) keeps:
 //   residual-stream part (replicated across TP, 1/TP under sequence parallelism):
 //     norm 1's and norm 2's outputs (the QKV and first MLP GEMMs' inputs), the
 //     residual after attention (norm 2's input) and the layer's output (the next
@@ -13,7 +13,8 @@
 //     q (h), k and v (query groups x head size each), the attention output
 //     projection's input (h), the MLP's pre-activation (ffn; SwiGLU 2 ffn) and
 //     activation (ffn); unfused attention: the probabilities (heads x seq),
-//     again after dropout when attention dropout is on; fused attention: its
+//     again after dropout when attention dropout is on (not with selective
+//     recompute, which makes them again in backward); fused attention: its
 //     output (h) and one log-sum-exp per head.
 // Dropout masks are regenerated from their keys, never kept (the paper's
 // 2sbh + sbh mask bytes per layer do not exist here).

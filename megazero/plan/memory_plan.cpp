@@ -48,7 +48,8 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     layers::ParameterSet params;
     layers::GPTModel model(args.model, layers::TpContext{&tp_comm, meta, args.dtype()}, params);
     zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, args.engine_config());
-    zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, host, static_cast<int>(args.model.num_layers));
+    zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, host,
+                                             static_cast<int>(args.model.recomputed_layers()));
     if (args.zero_r.any()) {
       model.set_checkpoint_store(&checkpoints);
       checkpoints.reserve(args.checkpoint_elements(), args.dtype());
@@ -100,7 +101,7 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
     for (const auto& [g, calls] : log.gemms()) p.gemms.push_back({g, calls});
     const double tokens = static_cast<double>(B * S * p.micro_batches);
-    p.model_flops_per_step = model.flops_per_token(args.model.recompute_activations) * tokens / tp;
+    p.model_flops_per_step = model.flops_per_token(true) * tokens / tp;
     p.model_flops_no_recompute = model.flops_per_token(false) * tokens / tp;
     p.tp_comm = tp_comm.stats();
     p.dp_comm = dp_comm.stats();

@@ -24,6 +24,36 @@ std::int64_t needed_by(const train::TrainArgs& args, const RankMemoryPlan& p) {
   return args.device_arena ? p.step_heap_peak : p.step_total_peak;
 }
 
+// Full recompute fits (needing `need`): the fewest of the first layers that
+// still fit when only they recompute (--recompute-method block), found by
+// bisection (the peak falls as more layers recompute), so the advice costs
+// the least recompute. Returns the flags; `need` becomes their plan's.
+std::string fewest_recomputed_layers(const train::TrainArgs& args, int world_size, int rank, DeviceKind kernels,
+                                     std::int64_t free_bytes, std::int64_t& need) {
+  const std::int64_t layers = args.model.num_layers;
+  auto with = [&](std::int64_t n) {
+    train::TrainArgs a = args;
+    a.model.recompute_activations = true;
+    a.model.recompute_core_attention = false;
+    a.model.recompute_num_layers = n;
+    return needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
+  };
+  // lo does not fit (the user's own choice: none, or the first N), hi does (every layer).
+  std::int64_t lo = args.model.recompute_activations ? args.model.recompute_num_layers : 0, hi = layers;
+  std::int64_t hi_need = need;
+  while (hi - lo > 1) {
+    const std::int64_t mid = lo + (hi - lo) / 2;
+    const std::int64_t n = with(mid);
+    if (n <= free_bytes)
+      hi = mid, hi_need = n;
+    else
+      lo = mid;
+  }
+  if (hi == layers) return "--recompute-activations";
+  need = hi_need;
+  return "--recompute-activations --recompute-method block --recompute-num-layers " + std::to_string(hi);
+}
+
 }  // namespace
 
 PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, int rank, DeviceKind kernels,
@@ -42,8 +72,17 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
   std::vector<Change> changes;
   for (int s = args.zero.stage + 1; s <= 3; ++s)
     changes.push_back({"--zero-stage " + std::to_string(s), [s](train::TrainArgs& a) { a.zero.stage = s; }});
-  if (!args.model.recompute_activations)
-    changes.push_back({"--recompute-activations", [](train::TrainArgs& a) { a.model.recompute_activations = true; }});
+  const bool unfused = !args.model.fused_attention() && !args.model.cudnn_attention();
+  if (!args.model.recompute_activations && !args.model.recompute_core_attention && unfused)
+    changes.push_back(
+        {"--recompute-granularity selective", [](train::TrainArgs& a) { a.model.recompute_core_attention = true; }});
+  const bool all_recompute = args.model.recompute_activations && args.model.recompute_num_layers == 0;
+  if (!all_recompute)
+    changes.push_back({"--recompute-activations", [](train::TrainArgs& a) {
+                         a.model.recompute_activations = true;
+                         a.model.recompute_core_attention = false;
+                         a.model.recompute_num_layers = 0;
+                       }});
   const int dp = world_size / args.parallel.tensor_model_parallel_size;
   const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
   for (std::int64_t mb = args.micro_batch_size / 2; mb >= 1; mb /= 2)
@@ -57,9 +96,12 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
   for (const auto& c : changes) {
     train::TrainArgs a = args;
     c.apply(a);
-    const std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
+    std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
+    std::string flags = c.flags;
+    if (need <= free_bytes && c.flags == "--recompute-activations")
+      flags = fewest_recomputed_layers(args, world_size, rank, kernels, free_bytes, need);
     if (need <= free_bytes) {
-      fitting += (fitting.empty() ? "" : ", ") + c.flags + " (" + gib(need) + ")";
+      fitting += (fitting.empty() ? "" : ", ") + flags + " (" + gib(need) + ")";
       if (c.flags.rfind("--micro-batch-size", 0) == 0) break;  // the largest micro-batch that fits is enough
     }
   }
@@ -76,6 +118,8 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
     train::TrainArgs a = args;
     a.zero.stage = s;
     a.model.recompute_activations = true;
+    a.model.recompute_core_attention = false;
+    a.model.recompute_num_layers = 0;
     a.micro_batch_size = 1;
     a.global_batch_size = global;
     const std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));

@@ -105,7 +105,12 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
   // DP: what may hide behind compute, and in which window.
   auto dp_type = [&](CollectiveType t) { return collective_seconds(t, plan.dp_comm[t], dp); };
   e.dp_comm_s = all_seconds(plan.dp_comm, dp);
-  const double backward_share = args.model.recompute_activations ? 0.75 : 2.0 / 3.0;  // recompute + backward of 1+1+2
+  // A layer's forward, recompute and backward are 1 : 1 : 2; R of L layers
+  // recompute (full: all, block: the first N), so the backward's share of the
+  // compute is (2L + R) / (3L + R): 3/4 with every layer, 2/3 with none.
+  const double L = static_cast<double>(args.model.num_layers);
+  const double R = static_cast<double>(args.model.recomputed_layers());
+  const double backward_share = (2 * L + R) / (3 * L + R);
   const double mb = static_cast<double>(plan.micro_batches);
   double hideable = 0, window = 0;
   switch (plan.stage) {

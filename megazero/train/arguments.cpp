@@ -128,7 +128,16 @@ void define(OptionTable& t, TrainArgs& a) {
          "deterministic kernels only: the same bits on every rerun (the other backends always are; with "
          "--attention-backend cudnn its deterministic backward, which needs a [B*heads, S, S] workspace)");
   t.flag(M, "recompute-activations", &a.model.recompute_activations,
-         "keep only each layer's input; recompute in backward");
+         "full recompute: keep only each layer's input; recompute the layer in backward (= --recompute-granularity "
+         "full; Megatron's --recompute-activations means selective)");
+  t.add(M, "recompute-granularity", &a.recompute_granularity,
+        "full (as --recompute-activations) or selective (only the unfused attention's [S, S] probabilities are "
+        "dropped after forward and recomputed in backward: most of the memory for a fraction of the compute)");
+  t.add(M, "recompute-method", &a.recompute_method,
+        "with full recompute: uniform (every layer) or block (only the first --recompute-num-layers layers; the "
+        "rest keep their activations)");
+  t.add(M, "recompute-num-layers", &a.recompute_num_layers,
+        "with --recompute-method block: how many of the first layers recompute (1 to --num-layers)");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
   t.optional_value(M, "gemm-epilogues", &a.gemm_epilogues, "forward",
@@ -429,6 +438,44 @@ std::optional<std::string> shared_config_text(Communicator& comm, int argc, char
   return text;
 }
 
+namespace {
+// Megatron's recompute spellings into the model's fields, each combination
+// that means nothing refused naming the flags; the flags are then rewritten
+// from the fields, so a stored configuration says the same in both spellings.
+void resolve_recompute_flags(TrainArgs& a) {
+  const std::string& g = a.recompute_granularity;
+  MZ_REQUIRE(g.empty() || g == "full" || g == "selective", "--recompute-granularity must be full or selective, got '",
+             g, "'");
+  MZ_REQUIRE(g != "selective" || !a.model.recompute_activations,
+             "--recompute-granularity selective recomputes the attention probabilities only, --recompute-activations "
+             "(or --zero-config, which implies it) whole layers: choose one");
+  if (g == "full") a.model.recompute_activations = true;
+  if (g == "selective") a.model.recompute_core_attention = true;
+  const std::string& m = a.recompute_method;
+  MZ_REQUIRE(m == "uniform" || m == "block", "--recompute-method must be uniform or block, got '", m, "'");
+  MZ_REQUIRE(a.recompute_num_layers >= 0, "--recompute-num-layers must be positive, got ", a.recompute_num_layers);
+  const bool chosen = m == "block" || a.recompute_num_layers > 0;
+  MZ_REQUIRE(
+      !chosen || !a.model.recompute_core_attention,
+      "--recompute-method and --recompute-num-layers choose the layers of full recompute; --recompute-granularity "
+      "selective recomputes the attention probabilities of every layer: drop them or use full");
+  MZ_REQUIRE(!chosen || a.model.recompute_activations,
+             "--recompute-method and --recompute-num-layers choose the layers of full recompute: add "
+             "--recompute-activations (or --recompute-granularity full)");
+  MZ_REQUIRE(m != "uniform" || a.recompute_num_layers <= 1, "--recompute-method uniform --recompute-num-layers ",
+             a.recompute_num_layers,
+             " would recompute chunks of that many layers from one kept input; megazero recomputes each layer from "
+             "its own input (1). To recompute fewer layers, use --recompute-method block --recompute-num-layers N "
+             "(the first N layers)");
+  MZ_REQUIRE(m != "block" || a.recompute_num_layers >= 1,
+             "--recompute-method block needs --recompute-num-layers N: how many of the first layers recompute");
+  a.model.recompute_num_layers = m == "block" ? a.recompute_num_layers : 0;
+  a.recompute_granularity = a.model.recompute_activations      ? "full"
+                            : a.model.recompute_core_attention ? "selective"
+                                                               : "";
+}
+}  // namespace
+
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   return parse_train_args(argc, argv, help_text, std::nullopt);
 }
@@ -515,6 +562,7 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
     if (!v.defaulted()) given.push_back(name);
   expand_zero_config(a, vm, on_command_line);
   apply_megatron_flags(a, megatron, given);
+  resolve_recompute_flags(a);
   MZ_REQUIRE(a.overlap_param_gather == "true" || a.overlap_param_gather == "false",
              "--overlap-param-gather takes true or false (alone: true), got '", a.overlap_param_gather, "'");
   a.zero.overlap_param_gather = a.overlap_param_gather == "true";

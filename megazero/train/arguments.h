@@ -56,6 +56,12 @@ struct TrainArgs {
   bool device_arena = false;
   // --no-bias-gelu-fusion (Megatron's flag): sets model.bias_gelu_fusion = false.
   bool no_bias_gelu_fusion = false;
+  // Megatron's recompute flags, resolved into model.recompute_*:
+  // --recompute-granularity full|selective, --recompute-method uniform|block,
+  // --recompute-num-layers N (0: not given).
+  std::string recompute_granularity;
+  std::string recompute_method = "uniform";
+  std::int64_t recompute_num_layers = 0;
   // --gemm-epilogues[=none|forward|all], resolved into model.gemm_epilogues.
   std::string gemm_epilogues = "none";
   // --overlap-param-gather[=true|false] (alone: true, Megatron's switch), resolved into zero.overlap_param_gather.

@@ -44,9 +44,6 @@ const CompatFlag kFlags[] = {
     {"lr-warmup-samples", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
     {"distributed-timeout-minutes", Kind::Value, Meaning::Translated, "--collective-timeout"},
     {"pipeline-model-parallel-size", Kind::Value, Meaning::Translated, "1 only"},
-    {"recompute-granularity", Kind::Value, Meaning::Translated, "full = --recompute-activations"},
-    {"recompute-method", Kind::Value, Meaning::Translated, "uniform only"},
-    {"recompute-num-layers", Kind::Value, Meaning::Translated, "1 only"},
     {"data-impl", Kind::Value, Meaning::Translated, "mmap only"},
     {"no-masked-softmax-fusion", Kind::Switch, Meaning::NoEffect, "the causal softmax is always one kernel"},
     {"no-bias-dropout-fusion", Kind::Switch, Meaning::NoEffect,
@@ -196,10 +193,6 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   only("pipeline-model-parallel-size", {"1"},
        "megazero has no pipeline parallelism (TP x ZeRO-DP scale the model: raise --zero-stage or "
        "--tensor-model-parallel-size); use 1 or leave it out");
-  only("recompute-granularity", {"full"},
-       "only full recompute exists (every layer keeps its input and recomputes the rest): use full");
-  only("recompute-method", {"uniform"}, "only uniform exists (every layer is its own recompute block)");
-  only("recompute-num-layers", {"1"}, "every layer is its own recompute block: use 1");
   only("rotary-percent", {"1", "1.0"},
        "partial rotary embeddings are not implemented: every dimension of a head rotates (use 1.0)");
   only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
@@ -230,7 +223,7 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                " here), but --attention-backend unfused was given; drop one of them");
     if (!was_given("attention-backend")) a.model.attention_backend = fast;
   }
-  if (value("checkpoint-activations") || value("recompute-granularity")) a.model.recompute_activations = true;
+  if (value("checkpoint-activations")) a.model.recompute_activations = true;
   if (value("overlap-grad-reduce")) a.zero.overlap_comm = true;
   if (value("use-rotary-position-embeddings")) {
     MZ_REQUIRE(!was_given("position-embedding-type") || a.model.position_embedding_type == "rope",

@@ -310,7 +310,7 @@ void Trainer::Impl::build() {
   host = device->host_device();  // host memory for Pa+cpu (page-locked on a GPU), with its own counters
   if (args.zero_r.any()) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
-                                                                 static_cast<int>(args.model.num_layers));
+                                                                 static_cast<int>(args.model.recomputed_layers()));
     model.set_checkpoint_store(checkpoints.get());
     checkpoints->reserve(args.checkpoint_elements(), args.dtype());
   }
@@ -361,7 +361,7 @@ void Trainer::Impl::build() {
                                                             : "in the GEMM (--gemm-epilogues)")
         : m.bias_gelu_fusion ? "on"
                              : "off",
-        m.recompute_activations ? "on" : "off",
+        m.recompute_summary().c_str(),
         !m.sequence_parallel    ? "off"
         : groups->tp_size() > 1 ? "on"
                                 : "off (nothing to split at TP 1)");
@@ -469,7 +469,7 @@ void Trainer::Impl::build() {
     });
   // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
   peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
-  flops_per_iter = model.flops_per_token(args.model.recompute_activations) * static_cast<double>(global * S);
+  flops_per_iter = model.flops_per_token(true) * static_cast<double>(global * S);
 }
 
 void Trainer::Impl::save(std::int64_t iteration) {

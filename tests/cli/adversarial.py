@@ -222,6 +222,9 @@ def cases():
         ("use-flash-attn", "", "attention-backend = fused"),
         ("checkpoint-activations", "", "recompute-activations = true"),
         ("recompute-granularity", "full", "recompute-activations = true"),
+        ("recompute-granularity", "selective --train-iters 1", "recompute-granularity = selective"),
+        ("recompute-method", "block --recompute-num-layers 1 --recompute-granularity full --train-iters 1",
+         "recompute-method = block"),
         ("train-samples", "160", "train-iters = 10"),
         ("lr-warmup-fraction", "0.5 --train-iters 10", "lr-warmup-iters = 5"),
         ("lr-decay-samples", "320 --train-iters 10", "lr-decay-iters = 20"),
@@ -249,7 +252,9 @@ def cases():
     ]
     for flag, value, regex in accepted:
         train = "" if "train-iters" in value or flag == "train-samples" else " --train-iters 10"
-        add(f"megatron.accepted.{flag}", 0, regex, f"{minimal}{train} --{flag} {value}".rstrip())
+        twice = sum(1 for f, _, _ in accepted if f == flag) > 1
+        name = f"megatron.accepted.{flag}" + (f"={value.split()[0]}" if twice else "")
+        add(name, 0, regex, f"{minimal}{train} --{flag} {value}".rstrip())
     inert = ["no-masked-softmax-fusion", "no-bias-dropout-fusion", "no-gradient-accumulation-fusion",
              "no-async-tensor-model-parallel-allreduce", "attention-softmax-in-fp32",
              "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models",
@@ -276,9 +281,21 @@ def cases():
         ("expert-model-parallel-size", "2", "--expert-model-parallel-size: megazero has no mixture-of-experts"),
         ("num-layers-per-virtual-pipeline-stage", "2", "no pipeline parallelism"),
         ("pipeline-model-parallel-size", "2", "--pipeline-model-parallel-size 2: megazero has no pipeline parallelism"),
-        ("recompute-granularity", "selective", "--recompute-granularity selective: only full recompute exists"),
-        ("recompute-method", "block", "--recompute-method block: only uniform exists"),
-        ("recompute-num-layers", "2", "--recompute-num-layers 2: every layer is its own recompute block"),
+        ("recompute-granularity", "partial", "--recompute-granularity must be full or selective, got 'partial'"),
+        ("recompute-method", "block --recompute-activations", "--recompute-method block needs --recompute-num-layers N"),
+        ("recompute-method", "chunked --recompute-activations",
+         "--recompute-method must be uniform or block, got 'chunked'"),
+        ("recompute-num-layers", "2", "--recompute-method and --recompute-num-layers choose the layers of full "
+         "recompute: add --recompute-activations"),
+        ("recompute-num-layers", "2 --recompute-activations",
+         "--recompute-method uniform --recompute-num-layers 2 would recompute chunks of that many layers"),
+        ("recompute-num-layers", "3 --recompute-method block --recompute-activations",
+         "--recompute-num-layers with --recompute-method block is how many of the first layers recompute: 1 to "
+         "--num-layers 2, got 3"),
+        ("recompute-num-layers", "1 --recompute-method block --recompute-granularity selective",
+         "--recompute-granularity selective recomputes the attention probabilities of every layer"),
+        ("recompute-granularity", "selective --recompute-activations",
+         "--recompute-granularity selective recomputes the attention probabilities only, --recompute-activations"),
         ("data-impl", "lazy", "--data-impl lazy: datasets are always memory-mapped"),
         ("tokenizer-type", "SentencePieceTokenizer", "--tokenizer-type SentencePieceTokenizer: the data is tokenized"),
         ("loss-scale", "1024", "--loss-scale: static loss scaling is not implemented"),

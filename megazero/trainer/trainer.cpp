@@ -116,7 +116,9 @@ struct Trainer::Impl {
   std::ofstream metrics;
   std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes, as Megatron's
   std::unique_ptr<IterationProfile> profile;     // --profile
-  double peak = 0, flops_per_iter = 0;
+  // FLOPs an iteration: with what the recompute adds (the TFLOP/s the paper
+  // reports) and without it (the model's FLOPs: MFU, as the planner's).
+  double peak = 0, flops_per_iter = 0, model_flops_per_iter = 0;
 
   void setup(std::unique_ptr<Communicator> world_comm);
   void build();
@@ -470,6 +472,7 @@ void Trainer::Impl::build() {
   // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
   peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
   flops_per_iter = model.flops_per_token(true) * static_cast<double>(global * S);
+  model_flops_per_iter = model.flops_per_token(false) * static_cast<double>(global * S);
 }
 
 void Trainer::Impl::save(std::int64_t iteration) {
@@ -668,6 +671,7 @@ TrainResult Trainer::Impl::train() {
                                          .by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
                                          .peak_bytes));
       const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
+      const double mfu = model_flops_per_iter / per_iter / world.size() / 1e12 / peak;
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
       if (root) {
         std::printf(
@@ -678,8 +682,8 @@ TrainResult Trainer::Impl::train() {
             static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
             static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
             r.loss_scale, r.stats.grad_norm, static_cast<long long>(scaler.skipped_steps()),
-            static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops,
-            100.0 * tflops / peak, peak_mib,
+            static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops, 100.0 * mfu,
+            peak_mib,
             args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str()
                               : "",
             eta);
@@ -713,7 +717,7 @@ TrainResult Trainer::Impl::train() {
                   << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << scaler.skipped_steps()
                   << ", \"nan_iterations\": " << nan_total << ", \"ms_per_iteration\": " << per_iter * 1e3
                   << ", \"tokens_per_s\": " << static_cast<double>(global * S) / per_iter
-                  << ", \"tflops_per_rank\": " << tflops << ", \"mfu\": " << tflops / peak
+                  << ", \"tflops_per_rank\": " << tflops << ", \"mfu\": " << mfu
                   << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0 << ", \"forward_ms\": " << fwd.max * 1e3
                   << ", \"backward_ms\": " << bwd.max * 1e3 << ", \"optimizer_ms\": " << optim_t.max * 1e3
                   << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3 << ", \"host_waits_per_iteration\": " << host_waits
@@ -736,7 +740,7 @@ TrainResult Trainer::Impl::train() {
         scalar("iteration-time-ms", step, per_iter * 1e3);
         scalar("throughput/tokens-per-second", step, static_cast<double>(global * S) / per_iter);
         scalar("throughput/tflops-per-rank", step, tflops);
-        scalar("throughput/mfu", step, tflops / peak);
+        scalar("throughput/mfu", step, mfu);
         scalar("memory/peak-mib", step, peak_mib);
         scalar("timers/data-ms", step, data_spread.max * 1e3);
         scalar("timers/forward-ms", step, fwd.max * 1e3);

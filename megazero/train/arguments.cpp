@@ -563,6 +563,15 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
   expand_zero_config(a, vm, on_command_line);
   apply_megatron_flags(a, megatron, given);
   resolve_recompute_flags(a);
+  // Megatron's --recompute-activations means selective recompute; here (as in
+  // the ZeRO paper's runs) it is full recompute: a Megatron script gets the
+  // same results with more recompute and less memory, and is told the
+  // spelling of what it meant.
+  if (on_command_line.count("recompute-activations") && !on_command_line.count("recompute-method"))
+    a.notes.push_back(
+        "--recompute-activations recomputes whole layers here (full recompute, the ZeRO paper's activation "
+        "checkpointing); in Megatron-LM it means selective recompute, which is --recompute-granularity selective "
+        "here");
   MZ_REQUIRE(a.overlap_param_gather == "true" || a.overlap_param_gather == "false",
              "--overlap-param-gather takes true or false (alone: true), got '", a.overlap_param_gather, "'");
   a.zero.overlap_param_gather = a.overlap_param_gather == "true";

@@ -223,6 +223,8 @@ def cases():
         ("checkpoint-activations", "", "recompute-activations = true"),
         ("recompute-granularity", "full", "recompute-activations = true"),
         ("recompute-granularity", "selective --train-iters 1", "recompute-granularity = selective"),
+        ("recompute-activations", "--train-iters 1",
+         "note: --recompute-activations recomputes whole layers here .*--recompute-granularity selective here"),
         ("recompute-method", "block --recompute-num-layers 1 --recompute-granularity full --train-iters 1",
          "recompute-method = block"),
         ("train-samples", "160", "train-iters = 10"),

@@ -13,6 +13,8 @@
 #     boundary, exits 5, and the resumed run continues exactly; a rank stopped
 #     with SIGSTOP ends the job through the collective watchdog (exit 4);
 #  5. --device-arena with saves: no arena misses, and the save works from it;
+#     5b: block recompute (with Pa+cpu, MD, the arena) and selective recompute
+#     train with no recompute's losses, bit for bit;
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
 #     and DEVICE's logits match the CPU's (1e-4 of the largest);
 #  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
@@ -160,6 +162,21 @@ run arena_resumed 2 --device "$device" --zero-stage 3 --device-arena --train-ite
 ok arena_resumed
 same_tail arena arena_resumed
 echo "device_paths_e2e ($device): --device-arena saves (no misses) and resumes exactly"
+
+# 5b. Megatron's recompute choices on DEVICE give no-recompute's losses bit for
+# bit: the first of 2 layers recomputing with Pa+cpu and MD in the planned
+# arena (no misses), and selective recompute.
+run rc_none 2 --device "$device" --tensor-model-parallel-size 2 --zero-stage 2 --train-iters 3
+run rc_block 2 --device "$device" --tensor-model-parallel-size 2 --zero-stage 2 --train-iters 3 \
+  --recompute-activations --recompute-method block --recompute-num-layers 1 --partition-activations \
+  --cpu-checkpointing --contiguous-memory-optimization --device-arena
+run rc_selective 2 --device "$device" --tensor-model-parallel-size 2 --zero-stage 2 --train-iters 3 \
+  --recompute-granularity selective
+for r in rc_none rc_block rc_selective; do ok $r; done
+grep -qE "iteration +3/ +3 .*arena misses 0 \|" "$work/rc_block.log" || fail "arena misses with block recompute"
+same_tail rc_none rc_block
+same_tail rc_none rc_selective
+echo "device_paths_e2e ($device): block recompute (Pa+cpu, MD, arena) and selective recompute: no recompute's losses"
 
 # 6. Hugging Face export -> import -> export, and logits, on DEVICE.
 tokens=0,5,199,17,42,255,3,100,7,7,7,150,198,1

@@ -31,6 +31,10 @@ struct CompatFlag {
 // script passes, beyond the flags arguments.cpp defines under the same name.
 const CompatFlag kFlags[] = {
     {"use-distributed-optimizer", Kind::Switch, Meaning::Translated, "ZeRO stage 1 (Pos)"},
+    {"use-torch-fsdp2", Kind::Switch, Meaning::Translated, "ZeRO stage 3 (Pos+g+p), what FSDP shards"},
+    {"distribute-saved-activations", Kind::Switch, Meaning::Translated,
+     "--partition-activations (ZeRO-R Pa: each TP rank keeps 1/TP of a recomputing layer's input)"},
+    {"context-parallel-size", Kind::Value, Meaning::Translated, "1 only"},
     {"use-flash-attn", Kind::Switch, Meaning::Translated,
      "--attention-backend cudnn on --device cuda where cuDNN can run it, else fused"},
     {"checkpoint-activations", Kind::Switch, Meaning::Translated, "--recompute-activations"},
@@ -78,6 +82,27 @@ const CompatFlag kFlags[] = {
     {"rampup-batch-size", Kind::Value, Meaning::Refused,
      "batch-size ramp-up is not implemented: the global batch is fixed"},
     {"DDP-impl", Kind::Value, Meaning::NoEffect, "data parallelism is the ZeRO engine's"},
+    {"ckpt-format", Kind::Value, Meaning::NoEffect,
+     "checkpoints are megazero's own sharded format, which loads on any TP x DP layout (docs/CHECKPOINTS.md)"},
+    {"use-dist-ckpt", Kind::Switch, Meaning::NoEffect,
+     "checkpoints are always sharded per rank and load on any TP x DP layout (docs/CHECKPOINTS.md)"},
+    {"async-save", Kind::Switch, Meaning::NoEffect,
+     "a save is written, checked and renamed into place before training goes on"},
+    {"tp-comm-overlap", Kind::Switch, Meaning::NoEffect,
+     "TP collectives run where the math needs them, not split into the GEMMs (the same results)"},
+    {"manual-gc", Kind::Switch, Meaning::NoEffect, "there is no garbage collector to pace"},
+    {"no-shared-storage", Kind::Switch, Meaning::NoEffect,
+     "no dataset cache is built: every rank memory-maps the .bin/.idx pair"},
+    {"cross-entropy-loss-fusion", Kind::Switch, Meaning::NoEffect,
+     "the vocabulary-parallel cross-entropy is always megazero's fused kernels"},
+    {"fp8-format", Kind::Value, Meaning::Refused, "FP8 training is not implemented: use --bf16 or --fp16"},
+    {"qk-layernorm", Kind::Switch, Meaning::Refused, "LayerNorm of the queries and keys is not implemented"},
+    {"apply-layernorm-1p", Kind::Switch, Meaning::Refused,
+     "LayerNorm with a zero-centred gamma (1 + gamma) is not implemented"},
+    {"squared-relu", Kind::Switch, Meaning::Refused, "the squared-ReLU MLP is not implemented (GeLU or --swiglu)"},
+    {"no-save-optim", Kind::Switch, Meaning::Refused,
+     "not supported: --save always writes the optimizer state (tools/convert_checkpoint exports the weights "
+     "alone)"},
     {"num-workers", Kind::Value, Meaning::NoEffect, "samples are read from the memory-mapped dataset in the step"},
     {"transformer-impl", Kind::Value, Meaning::NoEffect, "megazero's own layers"},
     {"timing-log-level", Kind::Value, Meaning::NoEffect, "per-step timers (min/max over ranks) are always logged"},
@@ -193,6 +218,9 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   only("pipeline-model-parallel-size", {"1"},
        "megazero has no pipeline parallelism (TP x ZeRO-DP scale the model: raise --zero-stage or "
        "--tensor-model-parallel-size); use 1 or leave it out");
+  only("context-parallel-size", {"1"},
+       "megazero has no context parallelism (the sequence split over ranks inside attention); "
+       "--sequence-parallel splits the activations outside it: use 1 or leave it out");
   only("rotary-percent", {"1", "1.0"},
        "partial rotary embeddings are not implemented: every dimension of a head rotates (use 1.0)");
   only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
@@ -210,6 +238,22 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                "--use-distributed-optimizer partitions the optimizer "
                "states (ZeRO stage 1) but --zero-stage 0 was given; drop one of them");
     if (!was_given("zero-stage") && a.zero_config.empty()) a.zero.stage = 1;
+  }
+  if (value("use-torch-fsdp2")) {
+    MZ_REQUIRE(!was_given("zero-stage") || a.zero.stage == 3,
+               "--use-torch-fsdp2 shards parameters, gradients and optimizer states (ZeRO stage 3) but --zero-stage ",
+               a.zero.stage, " was given; drop one of them");
+    MZ_REQUIRE(!value("use-distributed-optimizer"),
+               "--use-torch-fsdp2 (ZeRO stage 3) and --use-distributed-optimizer (stage 1) choose two stages; keep "
+               "one");
+    MZ_REQUIRE(a.zero_config.empty(), "--use-torch-fsdp2 (ZeRO stage 3) and --zero-config ", a.zero_config,
+               " choose two stages; keep one");
+    a.zero.stage = 3;
+  }
+  if (value("distribute-saved-activations")) {
+    MZ_REQUIRE(a.zero_config.empty() || a.zero_r.partition_activations, "--distribute-saved-activations is Pa, which ",
+               "--zero-config ", a.zero_config, " does not have; use C2, C4 or C5, or drop the flag");
+    a.zero_r.partition_activations = true;
   }
   if (value("use-flash-attn")) {
     // Megatron's flag asks for a fast fused attention: cuDNN's where it can

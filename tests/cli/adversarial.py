@@ -250,6 +250,10 @@ def cases():
         # Megatron's switch alone means true (megazero's own flag takes a value too: below).
         ("overlap-param-gather", "--use-distributed-optimizer --train-iters 1", "overlap-param-gather = true"),
         ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),
+        ("use-torch-fsdp2", "--train-iters 1", "zero-stage = 3"),
+        ("distribute-saved-activations", "--recompute-granularity full --train-iters 1",
+         "partition-activations = true"),
+        ("context-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("exit-duration-in-mins", "230 --train-iters 10", "exit-duration-in-mins = 230"),
     ]
     for flag, value, regex in accepted:
@@ -262,11 +266,13 @@ def cases():
              "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models",
              "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
              "log-memory-to-tensorboard", "no-load-rng", "no-persist-layer-norm", "apply-query-key-layer-scaling",
-             "no-query-key-layer-scaling", "use-cpu-initialization", "log-params-norm", "log-num-zeros-in-grad"]
+             "no-query-key-layer-scaling", "use-cpu-initialization", "log-params-norm", "log-num-zeros-in-grad",
+             "use-dist-ckpt", "async-save", "tp-comm-overlap", "manual-gc", "no-shared-storage",
+             "cross-entropy-loss-fusion"]
     for flag in inert:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ", f"{minimal} --train-iters 1 --{flag}")
     for flag, value in [("DDP-impl", "local"), ("num-workers", "2"), ("transformer-impl", "local"),
-                        ("timing-log-level", "2")]:
+                        ("timing-log-level", "2"), ("ckpt-format", "torch_dist")]:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ",
             f"{minimal} --train-iters 1 --{flag} {value}")
     refused = [
@@ -301,6 +307,18 @@ def cases():
         ("data-impl", "lazy", "--data-impl lazy: datasets are always memory-mapped"),
         ("tokenizer-type", "SentencePieceTokenizer", "--tokenizer-type SentencePieceTokenizer: the data is tokenized"),
         ("loss-scale", "1024", "--loss-scale: static loss scaling is not implemented"),
+        ("context-parallel-size", "2", "--context-parallel-size 2: megazero has no context parallelism"),
+        ("fp8-format", "hybrid", "--fp8-format: FP8 training is not implemented"),
+        ("qk-layernorm", "", "--qk-layernorm: LayerNorm of the queries and keys is not implemented"),
+        ("apply-layernorm-1p", "", "--apply-layernorm-1p: LayerNorm with a zero-centred gamma"),
+        ("squared-relu", "", "--squared-relu: the squared-ReLU MLP is not implemented"),
+        ("no-save-optim", "", "--no-save-optim: not supported"),
+        ("use-torch-fsdp2", "--zero-stage 1", "--use-torch-fsdp2 shards parameters, gradients and optimizer states "
+         "\\(ZeRO stage 3\\) but --zero-stage 1 was given"),
+        ("distribute-saved-activations", "", "--partition-activations partitions the checkpoints of "
+         "--recompute-activations"),
+        ("distribute-saved-activations", "--zero-config C1", "--distribute-saved-activations is Pa, which "
+         "--zero-config C1 does not have"),
         ("rampup-batch-size", "4", "--rampup-batch-size: batch-size ramp-up is not implemented"),
     ]
     for flag, value, regex in refused:

@@ -17,6 +17,10 @@ class ActivationCheckpointStore {
   // The saved input, whole and on the compute device; forgets it. Collective
   // over the TP group for stores that partition.
   virtual Tensor restore(int layer) = 0;
+  // The backward's first restore will be of `layer`: a store that keeps
+  // checkpoints away from the device (Pa+cpu) may start bringing it back now,
+  // so the copy overlaps the backward of the layers above. The others ignore it.
+  virtual void prefetch(int /*layer*/) {}
 };
 
 // The default: keeps a reference to the whole input (plain activation

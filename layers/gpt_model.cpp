@@ -54,6 +54,7 @@ kernels::DropoutLayout GPTModel::hidden_layout(const Tensor& hidden) const {
 }
 
 void GPTModel::set_checkpoint_store(ActivationCheckpointStore* store) {
+  store_ = store;
   for (auto& l : layers_) l->set_checkpoint_store(store);
 }
 
@@ -139,6 +140,10 @@ void GPTModel::backward(double loss_scale) {
   Tensor dh = ctx_.activation(final_hidden_.shape());
   gemm(dlogits, false, w.value, false, dh);
   dlogits = Tensor();  // the largest activation: not held through the layers' backward
+  // The highest recomputing layer restores first: its checkpoint may start
+  // back now (Pa+cpu), behind the work above and beside the backward of the
+  // final norm and of the layers above it that keep their activations.
+  if (store_ && cfg_.recomputed_layers() > 0) store_->prefetch(static_cast<int>(cfg_.recomputed_layers()) - 1);
   if (output_) hooks_->post_backward(output_group_);
   if (ctx_.sequence_parallel)
     dh = GatherFromSequenceParallelRegion::backward(*ctx_.tp, dh, MemoryCategory::Activations);

@@ -90,6 +90,7 @@ class GPTModel {
   bool keep_logits_ = false;
   ParamHooks no_hooks_;
   ParamHooks* hooks_ = &no_hooks_;
+  ActivationCheckpointStore* store_ = nullptr;  // set_checkpoint_store's (nullptr: each layer keeps its own)
 };
 
 }  // namespace megazero::layers

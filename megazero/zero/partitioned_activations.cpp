@@ -127,6 +127,13 @@ void PartitionedCheckpoints::save(int layer, const Tensor& x) {
   s.present = true;
 }
 
+void PartitionedCheckpoints::prefetch(int layer) {
+  MZ_CHECK(layer >= 0 && layer < num_layers_, "prefetch of layer ", layer);
+  if (!cfg_.cpu_checkpointing || prefetch_.layer == layer || !saved_[static_cast<std::size_t>(layer)].present) return;
+  drop_prefetch();
+  prefetch_ = fetch(layer);
+}
+
 Tensor PartitionedCheckpoints::restore(int layer) {
   MZ_CHECK(layer >= 0 && layer < num_layers_, "restore of layer ", layer);
   Saved& s = saved_[static_cast<std::size_t>(layer)];

@@ -47,6 +47,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
   ~PartitionedCheckpoints() override;
   void save(int layer, const Tensor& x) override;
   Tensor restore(int layer) override;
+  void prefetch(int layer) override;  // Pa+cpu: queues the copy back of `layer`'s slice
   // MD: reserve the arena now, for layer inputs of `elements` (micro-batch x
   // seq x hidden), so it sits with the model states at the bottom of memory
   // instead of being carved out mid-forward among transient activations.
@@ -57,7 +58,7 @@ class PartitionedCheckpoints final : public layers::ActivationCheckpointStore {
     std::int64_t arena_fills = 0;        // checkpoints placed in the arena (allocations avoided)
     std::int64_t gathered_elements = 0;  // Pa: elements all-gathered for recompute
     std::int64_t host_copies_bytes = 0;  // Pa+cpu: bytes moved to and from host memory
-    std::int64_t prefetched = 0;         // Pa+cpu: restores whose copy back was queued a layer early
+    std::int64_t prefetched = 0;         // Pa+cpu: restores whose copy back was queued before they were asked for
   };
   const Stats& stats() const { return stats_; }
   const ZeroRConfig& config() const { return cfg_; }

@@ -1,8 +1,9 @@
 // ZeRO stages 0-3 on every (TP, DP) layout the launched world allows train
 // exactly like plain data parallelism on one rank: same losses (1e-5 relative)
 // and same final weights, with gradient accumulation, clipping, dropout and
-// recompute; communication volumes per step match the paper's (2 Psi for
-// stages 0-2, 3 Psi for stage 3, per DP rank).
+// recompute, and the same gradient and parameter norms; communication
+// volumes per step match the paper's (2 Psi for stages 0-2, 3 Psi for stage
+// 3, per DP rank).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,6 +66,14 @@ void expect_same_training(const ZeroRunSpec& spec) {
   });
   EXPECT_LE(std::sqrt(num / std::max(den, 1e-30)), 1e-5) << "final weights";
   EXPECT_FALSE(run.results.back().stats.skipped);
+  // The params norm (--log-params-norm): every DP partition and TP shard,
+  // TP-replicated parameters counted once, is the one-rank master's norm,
+  // which is the direct sum over its weights.
+  double squares = 0;
+  ref.run->for_each_owned([&](const layers::Parameter&, std::int64_t, double v) { squares += v * v; });
+  const double one_rank = ref.run->engine->params_norm();
+  EXPECT_NEAR(one_rank, std::sqrt(squares), 1e-12 * one_rank) << "params norm on one rank";
+  EXPECT_NEAR(run.engine->params_norm(), one_rank, 1e-5 * one_rank) << "params norm";
 }
 
 std::vector<std::pair<int, int>> layouts_for(int world) {

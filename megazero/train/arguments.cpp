@@ -224,6 +224,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "eval-interval", &a.eval_interval, "iterations between validation runs; 0 = only at the end");
   t.add(G, "eval-iters", &a.eval_iters, "validation micro-batches per evaluation");
   t.add(G, "metrics-file", &a.metrics_file, "JSON-lines metrics, one record per logged iteration");
+  t.flag(G, "log-params-norm", &a.log_params_norm,
+         "log the global L2 norm of the fp32 master weights on each logged iteration (Megatron's flag; a pass over "
+         "each rank's partition and two scalar all-reduces then)");
   t.add(G, "peak-tflops", &a.peak_tflops, "peak TFLOP/s per rank for MFU; 0 = device default");
   t.add(G, "device", &a.device,
         "cpu, or cuda: each rank uses GPU (local rank mod visible GPUs); collectives of GPU tensors go over NCCL or "

@@ -85,6 +85,12 @@ std::string fixed1(double v) {
   return b;
 }
 
+std::string fixed3(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.3f", v);
+  return b;
+}
+
 std::string mib_per_s(double bytes, double seconds) {
   char b[64];
   std::snprintf(b, sizeof b, "%.1f MiB/s", seconds > 0 ? bytes / 1048576.0 / seconds : 0.0);
@@ -673,17 +679,19 @@ TrainResult Trainer::Impl::train() {
       const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
       const double mfu = model_flops_per_iter / per_iter / world.size() / 1e12 / peak;
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
+      const double params_norm = args.log_params_norm ? engine.params_norm() : 0.0;  // collective: every rank
       if (root) {
         std::printf(
             " iteration %8lld/%8lld | consumed samples %10lld | elapsed time per iteration (ms): %.1f | learning rate "
-            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f | number of skipped "
+            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f%s | number of skipped "
             "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
             "peak memory (max over ranks) %.1f MiB%s | ETA %.0f s\n",
             static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
             static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
-            r.loss_scale, r.stats.grad_norm, static_cast<long long>(scaler.skipped_steps()),
-            static_cast<long long>(nan_total), static_cast<double>(global * S) / per_iter, tflops, 100.0 * mfu,
-            peak_mib,
+            r.loss_scale, r.stats.grad_norm,
+            args.log_params_norm ? (" | params norm " + fixed3(params_norm)).c_str() : "",
+            static_cast<long long>(scaler.skipped_steps()), static_cast<long long>(nan_total),
+            static_cast<double>(global * S) / per_iter, tflops, 100.0 * mfu, peak_mib,
             args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str()
                               : "",
             eta);
@@ -714,8 +722,10 @@ TrainResult Trainer::Impl::train() {
         if (metrics.is_open())
           metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
                   << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
-                  << ", \"grad_norm\": " << r.stats.grad_norm << ", \"skipped\": " << scaler.skipped_steps()
-                  << ", \"nan_iterations\": " << nan_total << ", \"ms_per_iteration\": " << per_iter * 1e3
+                  << ", \"grad_norm\": " << r.stats.grad_norm
+                  << (args.log_params_norm ? detail::concat(", \"params_norm\": ", params_norm) : std::string())
+                  << ", \"skipped\": " << scaler.skipped_steps() << ", \"nan_iterations\": " << nan_total
+                  << ", \"ms_per_iteration\": " << per_iter * 1e3
                   << ", \"tokens_per_s\": " << static_cast<double>(global * S) / per_iter
                   << ", \"tflops_per_rank\": " << tflops << ", \"mfu\": " << mfu
                   << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0 << ", \"forward_ms\": " << fwd.max * 1e3
@@ -733,6 +743,7 @@ TrainResult Trainer::Impl::train() {
         scalar("lm loss", step, r.loss);
         scalar("learning-rate", step, r.lr);
         scalar("grad-norm", step, r.stats.grad_norm);
+        if (args.log_params_norm) scalar("params-norm", step, params_norm);
         scalar("loss-scale", step, r.loss_scale);
         scalar("batch-size", step, static_cast<double>(global));
         scalar("skipped-iterations", step, static_cast<double>(scaler.skipped_steps()));

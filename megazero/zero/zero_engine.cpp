@@ -479,6 +479,18 @@ void ZeroEngine::sum_of_squares(const Tensor& grads, Tensor& out) const {
   kernels::sum_of_squares(grads, norm_ranges_, out);
 }
 
+double ZeroEngine::params_norm() {
+  finish_step();
+  // The master covers owned_: this rank's partition, or at stage 0 the whole
+  // buffer, of which the partition is the part norm_ranges_ counts.
+  const Tensor mine = flat_slice(master_, part_, owned_.begin);
+  Tensor sumsq = Tensor::empty(device_, {1}, DType::F64, MemoryCategory::Workspace, "params norm sum");
+  kernels::sum_of_squares(mine, norm_ranges_, sumsq);
+  tp_.all_reduce(sumsq, ReduceOp::Sum).wait();
+  dp_.all_reduce(sumsq, ReduceOp::Sum).wait();
+  return sumsq.device().has_storage() ? std::sqrt(sumsq.to_double_vector()[0]) : 0.0;
+}
+
 Tensor ZeroEngine::partition_grads() {
   flush();
   clear_deferred_grads();  // no backward since zero_grad: cleared now, as they would have been

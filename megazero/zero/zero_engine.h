@@ -112,6 +112,11 @@ class ZeroEngine final : public layers::ParamHooks {
     finish_step();
     return {master_, exp_avg_, exp_avg_sq_};
   }
+  // The global L2 norm of the fp32 master weights (Megatron's params norm):
+  // each rank's partition (a TP-replicated parameter counted on TP rank 0
+  // only, as the grad norm), summed over TP and DP. Collective over both
+  // groups; waits for the last step's work and reads one scalar back.
+  double params_norm();
   // Recomputes the 16-bit parameters from freshly loaded master weights.
   void load_finished() { publish_params(); }
   // Waits for the last step's work still in flight: the parameter all-gathers

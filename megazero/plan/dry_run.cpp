@@ -57,7 +57,7 @@ void plan_virtual_world(train::TrainArgs& args, Communicator& world) {
       std::cout << estimate.to_table();
       json += ", \"estimate\": " + estimate.to_json();
     } else {
-      std::cout << "  (add --hardware dgx2-v100|h100-node|this-machine|FILE for a step-time estimate)\n";
+      std::cout << "  (add --hardware dgx2-v100|h100-node|h200-node|this-machine|FILE for a step-time estimate)\n";
     }
     json += "}";
     std::cout << json << "\n" << std::flush;

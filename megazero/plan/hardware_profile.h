@@ -1,7 +1,7 @@
 // A hardware profile: what the time model (time_model.h) needs to know about
 // a machine — compute peaks, memory and link bandwidths, latencies — as data.
 // Profiles are JSON files (configs/hardware/*.json); the ones shipped there
-// are built in by name (dgx2-v100, h100-node, this-machine), any other file
+// are built in by name (dgx2-v100, h100-node, h200-node, this-machine), any other file
 // is read from its path (--hardware).
 #pragma once
 

@@ -70,6 +70,9 @@ std::string GPTConfig::recompute_summary() const {
                ? "selective (nothing to drop: the " + attention_backend + " attention keeps no probabilities)"
                : std::string("selective (the attention probabilities, made again in backward)");
   if (!recompute_activations) return "off";
+  if (recompute_chunk > 1)
+    return "full, every layer, in chunks of " + std::to_string(recompute_chunk) +
+           " layers from one kept input (--recompute-method uniform)";
   if (recomputed_layers() == num_layers) return "full, every layer";
   return "full, the first " + std::to_string(recomputed_layers()) + " of " + std::to_string(num_layers) +
          " layers (--recompute-method block)";
@@ -143,6 +146,13 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(recompute_num_layers == 0 || recompute_activations,
              "--recompute-method block --recompute-num-layers chooses the layers of full recompute: add "
              "--recompute-activations (or --recompute-granularity full)");
+  MZ_REQUIRE(recompute_chunk >= 1 && recompute_chunk <= num_layers,
+             "--recompute-num-layers with --recompute-method uniform is how many layers recompute together from one "
+             "kept input: 1 to --num-layers ",
+             num_layers, ", got ", recompute_chunk);
+  MZ_REQUIRE(recompute_chunk == 1 || (recompute_activations && recompute_num_layers == 0),
+             "--recompute-method uniform --recompute-num-layers N chunks the layers of full recompute: add "
+             "--recompute-activations (or --recompute-granularity full); it does not combine with block");
   MZ_REQUIRE(!(recompute_activations && recompute_core_attention),
              "--recompute-granularity selective (the attention probabilities only) and full recompute "
              "(--recompute-activations) are two granularities: choose one");

@@ -2,6 +2,7 @@
 // impossible combinations into messages naming the flag.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -38,12 +39,15 @@ struct GPTConfig {
   // full: a layer keeps only its input and re-runs its forward in backward
   // (--recompute-activations, --recompute-granularity full), in every layer
   // or, with --recompute-method block --recompute-num-layers N, in the first N
-  // (recompute_num_layers; 0 = every layer); selective: only the unfused
+  // (recompute_num_layers; 0 = every layer), or with --recompute-method
+  // uniform --recompute-num-layers N in chunks of N layers that keep one
+  // input together (recompute_chunk); selective: only the unfused
   // attention's [S, S] probabilities are dropped after forward and recomputed
   // from the kept q and k in backward (--recompute-granularity selective;
   // the fused backends keep none to drop).
   bool recompute_activations = false;
   std::int64_t recompute_num_layers = 0;
+  std::int64_t recompute_chunk = 1;
   bool recompute_core_attention = false;
   // --attention-backend: "unfused" materialises the [S, S] probabilities (as
   // the paper's Megatron did, and as its activation-memory formula counts);
@@ -95,6 +99,17 @@ struct GPTConfig {
   }
   std::int64_t recomputed_layers() const {
     return !recompute_activations ? 0 : recompute_num_layers == 0 ? num_layers : recompute_num_layers;
+  }
+  // Full recompute keeps one input per chunk of recompute_chunk layers (one
+  // layer each but with --recompute-method uniform --recompute-num-layers N):
+  // the chunk's first layer keeps it, in checkpoint slot layer / chunk, and
+  // the backward remakes the chunk's activations from it once it reaches the
+  // chunk's last layer.
+  std::int64_t checkpoint_slot(std::int64_t layer) const { return layer / recompute_chunk; }
+  std::int64_t checkpoint_slots() const { return (recomputed_layers() + recompute_chunk - 1) / recompute_chunk; }
+  bool keeps_checkpoint(std::int64_t layer) const { return recomputes_layer(layer) && layer % recompute_chunk == 0; }
+  std::int64_t chunk_last_layer(std::int64_t layer) const {
+    return std::min((layer / recompute_chunk + 1) * recompute_chunk, recomputed_layers()) - 1;
   }
   // For the start-up log: "off", "full, every layer", "full, the first 4 of
   // 24 layers (--recompute-method block)", "selective (...)".

@@ -143,7 +143,8 @@ void GPTModel::backward(double loss_scale) {
   // The highest recomputing layer restores first: its checkpoint may start
   // back now (Pa+cpu), behind the work above and beside the backward of the
   // final norm and of the layers above it that keep their activations.
-  if (store_ && cfg_.recomputed_layers() > 0) store_->prefetch(static_cast<int>(cfg_.recomputed_layers()) - 1);
+  if (store_ && cfg_.recomputed_layers() > 0)
+    store_->prefetch(static_cast<int>(cfg_.checkpoint_slot(cfg_.recomputed_layers() - 1)));
   if (output_) hooks_->post_backward(output_group_);
   if (ctx_.sequence_parallel)
     dh = GatherFromSequenceParallelRegion::backward(*ctx_.tp, dh, MemoryCategory::Activations);
@@ -155,6 +156,9 @@ void GPTModel::backward(double loss_scale) {
   hooks_->post_backward(final_group_);
   for (std::size_t i = layers_.size(); i-- > 0;) {
     const int g = first_layer_group_ + static_cast<int>(i);
+    const auto li = static_cast<std::int64_t>(i);
+    if (cfg_.recompute_chunk > 1 && cfg_.recomputes_layer(li) && cfg_.chunk_last_layer(li) == li)
+      recompute_chunk_below(li);
     hooks_->pre_backward(g);
     dh = layers_[i]->backward(dh);
     hooks_->post_backward(g);
@@ -167,6 +171,22 @@ void GPTModel::backward(double loss_scale) {
   const Tensor dsum = embedding_.backward(dh);  // under sequence parallelism: every row, gathered
   if (position_) position_->backward(dsum, step_.seq);
   hooks_->post_backward(embedding_group_);
+}
+
+// A chunk of recompute reached from above (its last layer `last`): its kept
+// input back, the layers below `last` recomputed in order (each with its
+// parameters, as in the forward: stage 3 gathers them again), and `last`
+// given its input to recompute inside its own backward.
+void GPTModel::recompute_chunk_below(std::int64_t last) {
+  const std::int64_t first = cfg_.checkpoint_slot(last) * cfg_.recompute_chunk;
+  Tensor x = layers_[static_cast<std::size_t>(first)]->restore_checkpoint();
+  for (std::int64_t j = first; j < last; ++j) {
+    const int g = first_layer_group_ + static_cast<int>(j);
+    hooks_->pre_forward(g);
+    x = layers_[static_cast<std::size_t>(j)]->recompute(x);
+    hooks_->post_forward(g);
+  }
+  layers_[static_cast<std::size_t>(last)]->set_recompute_input(x);
 }
 
 double GPTModel::flops_per_token(bool with_recompute) const {

@@ -90,7 +90,8 @@ class GPTModel {
   bool keep_logits_ = false;
   ParamHooks no_hooks_;
   ParamHooks* hooks_ = &no_hooks_;
-  ActivationCheckpointStore* store_ = nullptr;  // set_checkpoint_store's (nullptr: each layer keeps its own)
+  void recompute_chunk_below(std::int64_t last);  // --recompute-method uniform --recompute-num-layers N > 1
+  ActivationCheckpointStore* store_ = nullptr;    // set_checkpoint_store's (nullptr: each layer keeps its own)
 };
 
 }  // namespace megazero::layers

@@ -1,5 +1,7 @@
 #include "layers/transformer_layer.h"
 
+#include <utility>
+
 #include "megazero/core/error.h"
 #include "megazero/kernels/dropout.h"
 #include "megazero/kernels/gelu_bias.h"
@@ -83,14 +85,32 @@ Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
     // would stay allocated into the next training step (above its plan).
     release();
   } else if (cfg_.recomputes_layer(layer_)) {
-    store_->save(layer_, x);
+    if (cfg_.keeps_checkpoint(layer_)) store_->save(static_cast<int>(cfg_.checkpoint_slot(layer_)), x);
     release();
   }
   return out;
 }
 
+Tensor TransformerLayer::restore_checkpoint() {
+  MZ_CHECK(cfg_.keeps_checkpoint(layer_), "layer ", layer_, " keeps no checkpoint");
+  return store_->restore(static_cast<int>(cfg_.checkpoint_slot(layer_)));
+}
+
+Tensor TransformerLayer::recompute(const Tensor& x) {
+  MZ_CHECK(cfg_.recomputes_layer(layer_) && !recomputed_, "layer ", layer_, ": recompute out of order");
+  recomputed_ = true;
+  return forward_impl(x);  // same step_, same masks
+}
+
 Tensor TransformerLayer::backward(const Tensor& dy) {
-  if (cfg_.recomputes_layer(layer_)) forward_impl(store_->restore(layer_));  // same step_, same masks
+  if (cfg_.recomputes_layer(layer_)) {
+    if (recomputed_)  // the model remade this layer's activations with the rest of its chunk
+      recomputed_ = false;
+    else if (recompute_input_.defined())  // the chunk's last layer: its input from the layer below
+      forward_impl(std::exchange(recompute_input_, Tensor()));
+    else
+      forward_impl(store_->restore(static_cast<int>(cfg_.checkpoint_slot(layer_))));
+  }
   // Each output bias's gradient is summed in its dropout backward's pass, so
   // the linear that owns it skips its own sum (the bias was added there too,
   // in bias-dropout-add). Not under sequence parallelism: that pass sees this

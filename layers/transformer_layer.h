@@ -5,7 +5,10 @@
 // after forward and re-runs forward in backward; dropout masks come from the
 // counter-based RNG, so the recomputed masks are the same without saving state.
 // With --recompute-method block only the first --recompute-num-layers layers
-// do (GPTConfig::recomputes_layer); the others keep their activations.
+// do (GPTConfig::recomputes_layer); the others keep their activations. With
+// --recompute-method uniform --recompute-num-layers N, N layers share one
+// kept input and the model remakes them together (restore_checkpoint,
+// recompute, set_recompute_input).
 #pragma once
 
 #include "layers/attention.h"
@@ -23,6 +26,15 @@ class TransformerLayer {
   TransformerLayer& operator=(const TransformerLayer&) = delete;
   Tensor forward(const Tensor& x, const StepInfo& step);
   Tensor backward(const Tensor& dy);
+  // Chunks of recompute (--recompute-method uniform --recompute-num-layers N),
+  // driven by the model when its backward reaches a chunk's last layer: the
+  // chunk's first layer hands back the kept input; each layer below the last
+  // recomputes its forward from the one below's output (keeping its
+  // activations for its backward, which then recomputes nothing); the last
+  // layer is given its input and recomputes inside its backward.
+  Tensor restore_checkpoint();
+  Tensor recompute(const Tensor& x);
+  void set_recompute_input(const Tensor& x) { recompute_input_ = x; }
   // Where the checkpointed input goes with recompute (the model's store).
   // nullptr: keep the whole input (the layer's own store).
   void set_checkpoint_store(ActivationCheckpointStore* store) { store_ = store ? store : &own_store_; }
@@ -50,6 +62,8 @@ class TransformerLayer {
   std::unique_ptr<Normalization> ln2_;
   ParallelMLP mlp_;
   StepInfo step_;
+  bool recomputed_ = false;  // recompute() ran since the forward: the backward finds its activations
+  Tensor recompute_input_;   // set_recompute_input's
   KeepWholeCheckpoints own_store_;
   ActivationCheckpointStore* store_ = &own_store_;
 };

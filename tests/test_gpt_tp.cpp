@@ -306,10 +306,12 @@ TEST(GptTensorParallel, CrossEntropyGradientInTheForwardMatches) {
 
 // Every recompute granularity computes the same bits as none, at this TP
 // layout: full recompute of every layer, of the first 1 or 2 of 3 layers
-// (--recompute-method block) and selective (the unfused attention's
-// probabilities dropped after forward and made again in backward); and each
-// keeps less after the forward than no recompute (and block 2 than block 1,
-// full than block 2).
+// (--recompute-method block), of every layer in chunks of 2 or 3 layers that
+// keep one input (--recompute-method uniform) and selective (the unfused
+// attention's probabilities dropped after forward and made again in
+// backward); and each keeps less after the forward than no recompute (and
+// block 2 than block 1, full than block 2, chunks of 2 than full, of 3 than
+// of 2).
 TEST(GptTensorParallel, BlockAndSelectiveRecomputeGiveTheSameBits) {
   auto world = MpiCommunicator::world();
   struct Mode {
@@ -317,12 +319,12 @@ TEST(GptTensorParallel, BlockAndSelectiveRecomputeGiveTheSameBits) {
     bool full;
     std::int64_t first_layers;
     bool selective;
+    std::int64_t chunk = 1;
   };
-  const Mode modes[] = {{"none", false, 0, false},
-                        {"selective", false, 0, true},
-                        {"block 1", true, 1, false},
-                        {"block 2", true, 2, false},
-                        {"full", true, 0, false}};
+  const Mode modes[] = {{"none", false, 0, false},       {"selective", false, 0, true},
+                        {"block 1", true, 1, false},     {"block 2", true, 2, false},
+                        {"full", true, 0, false},        {"uniform 2", true, 0, false, 2},
+                        {"uniform 3", true, 0, false, 3}};
   for (const char* attention : {"unfused", "fused"}) {
     struct Result {
       double loss = 0;
@@ -337,6 +339,7 @@ TEST(GptTensorParallel, BlockAndSelectiveRecomputeGiveTheSameBits) {
       cfg.recompute_activations = m.full;
       cfg.recompute_num_layers = m.first_layers;
       cfg.recompute_core_attention = m.selective;
+      cfg.recompute_chunk = m.chunk;
       cfg.validate(world->size());
       TpContext ctx{world.get(), test_support::test_device(), DType::F32};
       ParameterSet params;

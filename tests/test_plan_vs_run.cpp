@@ -102,7 +102,7 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
     std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
     if (args.zero_r.any()) {
       checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
-                                                                   static_cast<int>(args.model.recomputed_layers()));
+                                                                   static_cast<int>(args.model.checkpoint_slots()));
       model.set_checkpoint_store(checkpoints.get());
       checkpoints->reserve(args.checkpoint_elements(), args.dtype());
     }
@@ -210,6 +210,12 @@ std::vector<Case> cases() {
                        "--recompute-method", "block", "--recompute-num-layers", "2", "--partition-activations",
                        "--cpu-checkpointing", "--contiguous-memory-optimization"});
     out.push_back({"wide TP2 stage 3 block recompute 2 of 3 Pa+cpu MD", f});
+  }
+  {
+    auto f = wide;
+    f.insert(f.end(), {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--recompute-activations",
+                       "--recompute-num-layers", "2", "--partition-activations", "--cpu-checkpointing"});
+    out.push_back({"wide TP2 stage 3 uniform recompute in chunks of 2 Pa+cpu", f});
   }
   {
     auto f = wide;

@@ -170,6 +170,40 @@ TEST(ZeroR, BlockRecomputeCheckpointsItsFirstLayersOnly) {
   }
 }
 
+// --recompute-method uniform --recompute-num-layers 2: both layers recompute
+// from the one input the first keeps (whole, Pa's slice, or in host memory);
+// the same bits as each layer from its own, half the checkpoint memory and
+// half of Pa's all-gathers.
+TEST(ZeroR, ChunkedRecomputeKeepsOneInputPerChunk) {
+  for (auto [tp, dp] : {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
+    if (tp * dp != world().size()) continue;
+    SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp);
+    const Outcome full = run(tp, dp, {});
+    const auto cfg = zero_test_model(true, 64);
+    ASSERT_EQ(cfg.num_layers, 2);
+    const std::int64_t n = spec_for(tp, dp, {}).micro_batch * cfg.seq_length * cfg.hidden_size;
+    zero::ZeroRConfig md, pa_cpu_md;
+    md.contiguous_memory = true;
+    pa_cpu_md.partition_activations = pa_cpu_md.cpu_checkpointing = pa_cpu_md.contiguous_memory = true;
+    for (const zero::ZeroRConfig& zr : {md, pa_cpu_md})
+      for (const int stage : {2, 3}) {
+        SCOPED_TRACE(testing::Message() << (zr.partition_activations ? "Pa+cpu MD" : "MD") << " stage " << stage);
+        ZeroRunSpec s = spec_for(tp, dp, zr);
+        s.recompute_chunk = 2;
+        s.stage = stage;
+        const Outcome o = run(s);
+        EXPECT_EQ(o.losses, full.losses);
+        EXPECT_EQ(o.norms, full.norms);
+        EXPECT_EQ(o.master, full.master);
+        const std::int64_t one = (zr.partition_activations ? (n + tp - 1) / tp : n) * 4;
+        EXPECT_EQ(o.ckpt_peak, zr.cpu_checkpointing ? 0 : one);
+        EXPECT_EQ(o.host_ckpt_peak, zr.cpu_checkpointing ? one : 0);
+        EXPECT_EQ(o.tp_gathered - full.tp_gathered, zr.partition_activations ? o.micro_batches * n : 0);
+        EXPECT_EQ(o.prefetched, zr.cpu_checkpointing ? o.micro_batches : 0);
+      }
+  }
+}
+
 TEST(ZeroR, FlagsNeedTheirPrerequisites) {
   zero::ZeroRConfig pa;
   pa.partition_activations = true;

@@ -73,6 +73,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   layers::GPTConfig cfg = zero_test_model(s.recompute, s.hidden, s.llama);
   cfg.sequence_parallel = s.sequence_parallel;
   cfg.recompute_num_layers = s.recompute_first_layers;
+  cfg.recompute_chunk = s.recompute_chunk;
   model = std::make_unique<layers::GPTModel>(cfg, ctx, *params);
   zero::ZeroConfig zc;
   zc.stage = s.stage;
@@ -90,7 +91,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
     zero::ZeroRConfig zr = s.zero_r;
     zr.inputs_split_across_tp = s.sequence_parallel && s.tp > 1;
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(zr, *tp, device, host,
-                                                                 static_cast<int>(model->config().recomputed_layers()));
+                                                                 static_cast<int>(model->config().checkpoint_slots()));
     model->set_checkpoint_store(checkpoints.get());
     checkpoints->reserve(s.micro_batch * model->config().seq_length * model->config().hidden_size /
                              (zr.inputs_split_across_tp ? s.tp : 1),

@@ -20,6 +20,7 @@ struct ZeroRunSpec {
   std::int64_t global_batch = 8, micro_batch = 2;
   bool recompute = false;
   std::int64_t recompute_first_layers = 0;  // --recompute-method block: only these layers recompute (0: all)
+  std::int64_t recompute_chunk = 1;         // --recompute-method uniform: layers recomputed from one kept input
   std::int64_t bucket = 1000;               // elements: small, so models span many buckets
   bool overlap = true;
   bool prefetch = true;              // stage 3's gather of the next group ahead

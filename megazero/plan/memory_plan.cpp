@@ -49,7 +49,7 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     layers::GPTModel model(args.model, layers::TpContext{&tp_comm, meta, args.dtype()}, params);
     zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, args.engine_config());
     zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, host,
-                                             static_cast<int>(args.model.recomputed_layers()));
+                                             static_cast<int>(args.model.checkpoint_slots()));
     if (args.zero_r.any()) {
       model.set_checkpoint_store(&checkpoints);
       checkpoints.reserve(args.checkpoint_elements(), args.dtype());

@@ -36,6 +36,7 @@ std::string fewest_recomputed_layers(const train::TrainArgs& args, int world_siz
     a.model.recompute_activations = true;
     a.model.recompute_core_attention = false;
     a.model.recompute_num_layers = n;
+    a.model.recompute_chunk = 1;
     return needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
   };
   // lo does not fit (the user's own choice: none, or the first N), hi does (every layer).
@@ -82,6 +83,7 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
                          a.model.recompute_activations = true;
                          a.model.recompute_core_attention = false;
                          a.model.recompute_num_layers = 0;
+                         a.model.recompute_chunk = 1;
                        }});
   const int dp = world_size / args.parallel.tensor_model_parallel_size;
   const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
@@ -120,6 +122,7 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
     a.model.recompute_activations = true;
     a.model.recompute_core_attention = false;
     a.model.recompute_num_layers = 0;
+    a.model.recompute_chunk = 1;
     a.micro_batch_size = 1;
     a.global_batch_size = global;
     const std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));

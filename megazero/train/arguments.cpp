@@ -134,10 +134,12 @@ void define(OptionTable& t, TrainArgs& a) {
         "full (as --recompute-activations) or selective (only the unfused attention's [S, S] probabilities are "
         "dropped after forward and recomputed in backward: most of the memory for a fraction of the compute)");
   t.add(M, "recompute-method", &a.recompute_method,
-        "with full recompute: uniform (every layer) or block (only the first --recompute-num-layers layers; the "
-        "rest keep their activations)");
+        "with full recompute: uniform (every layer; in chunks of --recompute-num-layers layers that keep one input "
+        "together, 1 by default) or block (only the first --recompute-num-layers layers; the rest keep their "
+        "activations)");
   t.add(M, "recompute-num-layers", &a.recompute_num_layers,
-        "with --recompute-method block: how many of the first layers recompute (1 to --num-layers)");
+        "with --recompute-method block: how many of the first layers recompute; with uniform: how many layers "
+        "recompute together from one kept input (1 to --num-layers)");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
          "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
   t.optional_value(M, "gemm-epilogues", &a.gemm_epilogues, "forward",
@@ -465,14 +467,12 @@ void resolve_recompute_flags(TrainArgs& a) {
   MZ_REQUIRE(!chosen || a.model.recompute_activations,
              "--recompute-method and --recompute-num-layers choose the layers of full recompute: add "
              "--recompute-activations (or --recompute-granularity full)");
-  MZ_REQUIRE(m != "uniform" || a.recompute_num_layers <= 1, "--recompute-method uniform --recompute-num-layers ",
-             a.recompute_num_layers,
-             " would recompute chunks of that many layers from one kept input; megazero recomputes each layer from "
-             "its own input (1). To recompute fewer layers, use --recompute-method block --recompute-num-layers N "
-             "(the first N layers)");
   MZ_REQUIRE(m != "block" || a.recompute_num_layers >= 1,
              "--recompute-method block needs --recompute-num-layers N: how many of the first layers recompute");
+  // block N: the first N layers, each from its own input; uniform N: every
+  // layer, N at a time from one kept input (0 or 1: each its own).
   a.model.recompute_num_layers = m == "block" ? a.recompute_num_layers : 0;
+  a.model.recompute_chunk = m == "uniform" ? std::max<std::int64_t>(1, a.recompute_num_layers) : 1;
   a.recompute_granularity = a.model.recompute_activations      ? "full"
                             : a.model.recompute_core_attention ? "selective"
                                                                : "";

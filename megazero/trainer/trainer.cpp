@@ -318,7 +318,7 @@ void Trainer::Impl::build() {
   host = device->host_device();  // host memory for Pa+cpu (page-locked on a GPU), with its own counters
   if (args.zero_r.any()) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
-                                                                 static_cast<int>(args.model.recomputed_layers()));
+                                                                 static_cast<int>(args.model.checkpoint_slots()));
     model.set_checkpoint_store(checkpoints.get());
     checkpoints->reserve(args.checkpoint_elements(), args.dtype());
   }

@@ -227,6 +227,7 @@ def cases():
          "note: --recompute-activations recomputes whole layers here .*--recompute-granularity selective here"),
         ("recompute-method", "block --recompute-num-layers 1 --recompute-granularity full --train-iters 1",
          "recompute-method = block"),
+        ("recompute-num-layers", "2 --recompute-activations --train-iters 1", "recompute-num-layers = 2"),
         ("train-samples", "160", "train-iters = 10"),
         ("lr-warmup-fraction", "0.5 --train-iters 10", "lr-warmup-iters = 5"),
         ("lr-decay-samples", "320 --train-iters 10", "lr-decay-iters = 20"),
@@ -296,8 +297,9 @@ def cases():
          "--recompute-method must be uniform or block, got 'chunked'"),
         ("recompute-num-layers", "2", "--recompute-method and --recompute-num-layers choose the layers of full "
          "recompute: add --recompute-activations"),
-        ("recompute-num-layers", "2 --recompute-activations",
-         "--recompute-method uniform --recompute-num-layers 2 would recompute chunks of that many layers"),
+        ("recompute-num-layers", "3 --recompute-activations",
+         "--recompute-num-layers with --recompute-method uniform is how many layers recompute together from one "
+         "kept input: 1 to --num-layers 2, got 3"),
         ("recompute-num-layers", "3 --recompute-method block --recompute-activations",
          "--recompute-num-layers with --recompute-method block is how many of the first layers recompute: 1 to "
          "--num-layers 2, got 3"),

@@ -136,12 +136,15 @@ TEST(ZeroR, EveryPolicyTrainsBitIdenticallyAndShrinksCheckpointsByTp) {
   }
 }
 
-// --recompute-method block --recompute-num-layers 1: only the first layer
-// keeps just its input (whole, Pa's slice, or in host memory), the second
-// keeps its activations; the same bits as full recompute, and checkpoint
-// memory and Pa's all-gathers for the one layer only (the MD arena has its
-// one slot).
-TEST(ZeroR, BlockRecomputeCheckpointsItsFirstLayersOnly) {
+// Two ways to keep one layer input of the 2 layers' two, each the same bits
+// as recomputing each layer from its own input (on stages 2 and 3, with MD
+// and with Pa+cpu+MD): --recompute-method block --recompute-num-layers 1
+// (only the first layer recomputes; the second keeps its activations) and
+// --recompute-method uniform --recompute-num-layers 2 (both recompute from
+// the first's input). Checkpoint memory (whole, Pa's slice, or in host
+// memory) and Pa's all-gathers are one layer's; the one restore was queued
+// while the layers above ran their backward.
+TEST(ZeroR, BlockAndChunkedRecomputeKeepOneInput) {
   for (auto [tp, dp] : {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
     if (tp * dp != world().size()) continue;
     SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp);
@@ -152,55 +155,27 @@ TEST(ZeroR, BlockRecomputeCheckpointsItsFirstLayersOnly) {
     zero::ZeroRConfig md, pa_cpu_md;
     md.contiguous_memory = true;
     pa_cpu_md.partition_activations = pa_cpu_md.cpu_checkpointing = pa_cpu_md.contiguous_memory = true;
-    for (const zero::ZeroRConfig& zr : {md, pa_cpu_md}) {
-      SCOPED_TRACE(zr.partition_activations ? "Pa+cpu MD" : "MD");
-      ZeroRunSpec s = spec_for(tp, dp, zr);
-      s.recompute_first_layers = 1;
-      const Outcome o = run(s);
-      EXPECT_EQ(o.losses, full.losses);
-      EXPECT_EQ(o.norms, full.norms);
-      EXPECT_EQ(o.master, full.master);
-      const std::int64_t one = (zr.partition_activations ? (n + tp - 1) / tp : n) * 4;
-      EXPECT_EQ(o.ckpt_peak, zr.cpu_checkpointing ? 0 : one);
-      EXPECT_EQ(o.host_ckpt_peak, zr.cpu_checkpointing ? one : 0);
-      EXPECT_EQ(o.tp_gathered - full.tp_gathered, zr.partition_activations ? o.micro_batches * n : 0);
-      // Its one restore was queued while the layer above ran its backward.
-      EXPECT_EQ(o.prefetched, zr.cpu_checkpointing ? o.micro_batches : 0);
-    }
-  }
-}
-
-// --recompute-method uniform --recompute-num-layers 2: both layers recompute
-// from the one input the first keeps (whole, Pa's slice, or in host memory);
-// the same bits as each layer from its own, half the checkpoint memory and
-// half of Pa's all-gathers.
-TEST(ZeroR, ChunkedRecomputeKeepsOneInputPerChunk) {
-  for (auto [tp, dp] : {std::pair{2, 2}, std::pair{4, 1}, std::pair{2, 1}}) {
-    if (tp * dp != world().size()) continue;
-    SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp);
-    const Outcome full = run(tp, dp, {});
-    const auto cfg = zero_test_model(true, 64);
-    ASSERT_EQ(cfg.num_layers, 2);
-    const std::int64_t n = spec_for(tp, dp, {}).micro_batch * cfg.seq_length * cfg.hidden_size;
-    zero::ZeroRConfig md, pa_cpu_md;
-    md.contiguous_memory = true;
-    pa_cpu_md.partition_activations = pa_cpu_md.cpu_checkpointing = pa_cpu_md.contiguous_memory = true;
-    for (const zero::ZeroRConfig& zr : {md, pa_cpu_md})
-      for (const int stage : {2, 3}) {
-        SCOPED_TRACE(testing::Message() << (zr.partition_activations ? "Pa+cpu MD" : "MD") << " stage " << stage);
-        ZeroRunSpec s = spec_for(tp, dp, zr);
-        s.recompute_chunk = 2;
-        s.stage = stage;
-        const Outcome o = run(s);
-        EXPECT_EQ(o.losses, full.losses);
-        EXPECT_EQ(o.norms, full.norms);
-        EXPECT_EQ(o.master, full.master);
-        const std::int64_t one = (zr.partition_activations ? (n + tp - 1) / tp : n) * 4;
-        EXPECT_EQ(o.ckpt_peak, zr.cpu_checkpointing ? 0 : one);
-        EXPECT_EQ(o.host_ckpt_peak, zr.cpu_checkpointing ? one : 0);
-        EXPECT_EQ(o.tp_gathered - full.tp_gathered, zr.partition_activations ? o.micro_batches * n : 0);
-        EXPECT_EQ(o.prefetched, zr.cpu_checkpointing ? o.micro_batches : 0);
-      }
+    for (const bool chunked : {false, true})
+      for (const zero::ZeroRConfig& zr : {md, pa_cpu_md})
+        for (const int stage : {2, 3}) {
+          SCOPED_TRACE(testing::Message() << (chunked ? "uniform 2" : "block 1") << ", "
+                                          << (zr.partition_activations ? "Pa+cpu MD" : "MD") << ", stage " << stage);
+          ZeroRunSpec s = spec_for(tp, dp, zr);
+          if (chunked)
+            s.recompute_chunk = 2;
+          else
+            s.recompute_first_layers = 1;
+          s.stage = stage;
+          const Outcome o = run(s);
+          EXPECT_EQ(o.losses, full.losses);
+          EXPECT_EQ(o.norms, full.norms);
+          EXPECT_EQ(o.master, full.master);
+          const std::int64_t one = (zr.partition_activations ? (n + tp - 1) / tp : n) * 4;
+          EXPECT_EQ(o.ckpt_peak, zr.cpu_checkpointing ? 0 : one);
+          EXPECT_EQ(o.host_ckpt_peak, zr.cpu_checkpointing ? one : 0);
+          EXPECT_EQ(o.tp_gathered - full.tp_gathered, zr.partition_activations ? o.micro_batches * n : 0);
+          EXPECT_EQ(o.prefetched, zr.cpu_checkpointing ? o.micro_batches : 0);
+        }
   }
 }
 

@@ -24,6 +24,14 @@ std::int64_t needed_by(const train::TrainArgs& args, const RankMemoryPlan& p) {
   return args.device_arena ? p.step_heap_peak : p.step_total_peak;
 }
 
+// Full recompute, each layer from its own input, of the first n layers (0: all).
+void recompute_layers(train::TrainArgs& a, std::int64_t n) {
+  a.model.recompute_activations = true;
+  a.model.recompute_core_attention = false;
+  a.model.recompute_num_layers = n;
+  a.model.recompute_chunk = 1;
+}
+
 // Full recompute fits (needing `need`): the fewest of the first layers that
 // still fit when only they recompute (--recompute-method block), found by
 // bisection (the peak falls as more layers recompute), so the advice costs
@@ -33,10 +41,7 @@ std::string fewest_recomputed_layers(const train::TrainArgs& args, int world_siz
   const std::int64_t layers = args.model.num_layers;
   auto with = [&](std::int64_t n) {
     train::TrainArgs a = args;
-    a.model.recompute_activations = true;
-    a.model.recompute_core_attention = false;
-    a.model.recompute_num_layers = n;
-    a.model.recompute_chunk = 1;
+    recompute_layers(a, n);
     return needed_by(a, plan_rank_memory(a, world_size, rank, kernels));
   };
   // lo does not fit (the user's own choice: none, or the first N), hi does (every layer).
@@ -79,12 +84,7 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
         {"--recompute-granularity selective", [](train::TrainArgs& a) { a.model.recompute_core_attention = true; }});
   const bool all_recompute = args.model.recompute_activations && args.model.recompute_num_layers == 0;
   if (!all_recompute)
-    changes.push_back({"--recompute-activations", [](train::TrainArgs& a) {
-                         a.model.recompute_activations = true;
-                         a.model.recompute_core_attention = false;
-                         a.model.recompute_num_layers = 0;
-                         a.model.recompute_chunk = 1;
-                       }});
+    changes.push_back({"--recompute-activations", [](train::TrainArgs& a) { recompute_layers(a, 0); }});
   const int dp = world_size / args.parallel.tensor_model_parallel_size;
   const std::int64_t global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
   for (std::int64_t mb = args.micro_batch_size / 2; mb >= 1; mb /= 2)
@@ -119,10 +119,7 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
   for (int s = args.zero.stage; s <= 3; ++s) {
     train::TrainArgs a = args;
     a.zero.stage = s;
-    a.model.recompute_activations = true;
-    a.model.recompute_core_attention = false;
-    a.model.recompute_num_layers = 0;
-    a.model.recompute_chunk = 1;
+    recompute_layers(a, 0);
     a.micro_batch_size = 1;
     a.global_batch_size = global;
     const std::int64_t need = needed_by(a, plan_rank_memory(a, world_size, rank, kernels));

@@ -1,7 +1,8 @@
 // The product's trainer in-process (megazero/trainer/trainer.h), 2 ranks: the
 // same flags pretrain_gpt takes build, train, save and resume a run without a
 // new process, and a resumed Trainer continues with the losses of the
-// uninterrupted one, bit for bit; a stop signal mid-run saves and reports 5.
+// uninterrupted one, bit for bit; a stop signal mid-run saves and reports 5;
+// Megatron's --finetune, --no-load-optim and --no-save-optim do what they say.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
@@ -17,6 +19,7 @@
 #include "megazero/train/arguments.h"
 #include "megazero/train/stop_signals.h"
 #include "megazero/trainer/trainer.h"
+#include "tools/hf_gpt2.h"
 #include "zero_harness.h"
 
 namespace fs = std::filesystem;
@@ -131,4 +134,151 @@ TEST(Trainer, BadFlagsAreConfigErrorsOnEveryRank) {
   Trainer t(args_of({"--num-layers", "64", "--hidden-size", "16384", "--num-attention-heads", "128"}),
             MpiCommunicator::world());
   EXPECT_THROW(t.build(), AgreedConfigError);
+}
+
+namespace {
+// The message of the AgreedConfigError build() throws, or "".
+std::string build_error(const std::vector<std::string>& flags) {
+  Trainer t(args_of(flags), MpiCommunicator::world());
+  try {
+    t.build();
+  } catch (const AgreedConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// --no-save-optim writes the master weights alone, which a plain --load
+// refuses naming the two ways in; --finetune from them is a new run from
+// those weights: the same losses, bit for bit, as loading an independent
+// iteration-0 checkpoint of them with zero moments (the Hugging Face export
+// re-imported, tools/hf_gpt2.h).
+TEST(Trainer, FinetuneTrainsFromTheWeightsAsANewRun) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = shared_temp_dir();
+  const std::string pre = dir + "/pretrained", ref = dir + "/reimported";
+  ASSERT_EQ(run({"--save", pre, "--no-save-optim", "--train-iters", "3"}).exit_code, 0);
+  std::uintmax_t master_only_bytes = 0;
+  if (world().rank() == 0) {
+    checkpoint::CheckpointReader r(pre + "/iter_0000003");
+    EXPECT_EQ(r.manifest().states, std::vector<std::string>{"master"});
+    EXPECT_FALSE(r.manifest().has_optimizer_state());
+    EXPECT_THROW(r.global_tensor(r.manifest().parameters.front().name, "exp_avg"), ConfigError);
+    for (const auto& f : r.manifest().files) master_only_bytes += f.bytes;
+  }
+  const std::string why = build_error({"--load", pre});
+  EXPECT_NE(why.find("without the optimizer state (saved with --no-save-optim)"), std::string::npos) << why;
+  EXPECT_NE(why.find("--no-load-optim"), std::string::npos) << why;
+  EXPECT_NE(why.find("--finetune"), std::string::npos) << why;
+
+  auto self = world().split(world().rank(), 0, "self");
+  if (world().rank() == 0) {
+    hf::export_checkpoint({pre, dir + "/hf"});
+    hf::ImportOptions io;
+    io.input = dir + "/hf";
+    io.save = ref;
+    hf::import_checkpoint(io, *self);  // iteration 0, Adam's moments zero
+    // A full checkpoint holds three times the floats of a master-only one.
+    std::uintmax_t full_bytes = 0;
+    for (const auto& f : checkpoint::CheckpointReader(checkpoint::find_latest(ref)).manifest().files)
+      full_bytes += f.bytes;
+    EXPECT_GT(full_bytes, 2.9 * static_cast<double>(master_only_bytes));
+  }
+  world().barrier().wait();
+  const TrainResult expected = run({"--load", ref, "--train-iters", "3"});
+  const TrainResult tuned = run({"--load", pre, "--finetune", "--train-iters", "3"});
+  EXPECT_EQ(expected.start_iteration, 0);
+  EXPECT_EQ(tuned.start_iteration, 0);
+  ASSERT_EQ(tuned.losses.size(), 3u);
+  EXPECT_EQ(tuned.losses, expected.losses);
+  EXPECT_EQ(tuned.validation_loss, expected.validation_loss);
+  // Nothing to fine-tune from is an error, not a run from random weights.
+  EXPECT_NE(build_error({"--load", dir + "/none", "--finetune"}).find("--finetune: no checkpoint in"),
+            std::string::npos);
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
+}
+
+// --no-load-optim: the checkpoint's weights, iteration and data position with
+// Adam started afresh. After one step from zero moments, exp_avg^2 /
+// exp_avg_sq is (1 - beta1)^2 / (1 - beta2) for every element, and Adam's
+// first step moves each weight by the learning rate exactly (bias correction
+// of step 1, no weight decay); step 4's correction would move it by ~0.56 lr.
+// A save of such a run records where its optimizer began, so resuming it
+// continues bit for bit.
+TEST(Trainer, NoLoadOptimRestartsAdamAtTheLoadedIteration) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = shared_temp_dir();
+  const std::string pre = dir + "/pretrained", next = dir + "/next";
+  const std::vector<std::string> schedule = {
+      "--lr", "0.001", "--lr-decay-style", "constant", "--lr-decay-iters", "6", "--weight-decay", "0"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), schedule.begin(), schedule.end());
+    return flags;
+  };
+  ASSERT_EQ(run(with({"--save", pre, "--no-save-optim", "--train-iters", "3"})).exit_code, 0);
+  const TrainResult one = run(with({"--load", pre, "--no-load-optim", "--train-iters", "4", "--save", next}));
+  ASSERT_EQ(one.exit_code, 0);
+  EXPECT_EQ(one.start_iteration, 3);
+  ASSERT_EQ(one.losses.size(), 1u);
+  if (world().rank() == 0) {
+    const auto adam = args_of({}).adam;
+    const double lr = 0.001, ratio = (1 - adam.beta1) * (1 - adam.beta1) / (1 - adam.beta2);
+    checkpoint::CheckpointReader before(pre + "/iter_0000003"), after(next + "/iter_0000004");
+    EXPECT_EQ(after.manifest().state.optimizer_start_iteration, 3);
+    EXPECT_TRUE(after.manifest().has_optimizer_state());
+    std::int64_t checked = 0, off = 0;
+    double worst_ratio = 0, worst_step = 0;
+    for (const auto& p : before.manifest().parameters) {
+      const auto m3 = before.global_tensor(p.name, "master"), m4 = after.global_tensor(p.name, "master"),
+                 avg = after.global_tensor(p.name, "exp_avg"), sq = after.global_tensor(p.name, "exp_avg_sq");
+      for (std::size_t i = 0; i < m3.size(); ++i) {
+        // |g| > 1e-4 (eps 1e-8 then changes the step by under 1e-4 of lr).
+        if (!(sq[i] > (1 - adam.beta2) * 1e-8)) continue;
+        ++checked;
+        worst_ratio = std::max(worst_ratio, std::abs(double(avg[i]) * avg[i] / sq[i] / ratio - 1));
+        const double step = std::abs(double(m4[i]) - m3[i]) / lr;
+        worst_step = std::max(worst_step, std::abs(step - 1));
+        off += std::abs(step - 1) > 1e-3;
+      }
+    }
+    EXPECT_GT(checked, 1000);
+    EXPECT_LT(worst_ratio, 1e-4) << "Adam's moments did not start at zero";
+    EXPECT_EQ(off, 0) << "Adam's first step is not lr per weight; worst |step/lr - 1| " << worst_step;
+  }
+  // The straight --no-load-optim run to 6 against a resume of `next` (iteration 4).
+  const TrainResult straight = run(with({"--load", pre, "--no-load-optim", "--train-iters", "6"}));
+  const TrainResult resumed = run(with({"--load", next, "--train-iters", "6"}));
+  ASSERT_EQ(straight.losses.size(), 3u);
+  ASSERT_EQ(resumed.losses.size(), 2u);
+  EXPECT_EQ(straight.losses[0], one.losses[0]);
+  EXPECT_EQ(resumed.losses[0], straight.losses[1]);
+  EXPECT_EQ(resumed.losses[1], straight.losses[2]);
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
+}
+
+TEST(Trainer, FinetuneAndOptimizerFlagsNeedTheirDirectories) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  auto message = [](const std::vector<std::string>& flags) {
+    try {
+      args_of(flags);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message({"--finetune"}).find("--finetune says what to load of a checkpoint: add --load DIR"),
+            std::string::npos);
+  EXPECT_NE(message({"--no-load-optim"}).find("--no-load-optim says what to load"), std::string::npos);
+  EXPECT_NE(message({"--no-save-optim"}).find("--no-save-optim says what to save: add --save DIR"), std::string::npos);
+  EXPECT_NE(message({"--finetune", "--load", "/tmp/a", "--save", "/tmp/a"}).find("writes into the checkpoints it"),
+            std::string::npos);
+  EXPECT_NE(message({"--finetune", "--load", "/tmp/a/iter_0000004", "--save", "/tmp/a/"}).find("writes into the"),
+            std::string::npos);
+  EXPECT_NE(message({"--finetune", "--load", "/tmp/a", "--override-opt-param-scheduler"})
+                .find("--finetune starts a new learning-rate schedule"),
+            std::string::npos);
+  EXPECT_EQ(message({"--finetune", "--load", "/tmp/a", "--save", "/tmp/b"}), "");
 }

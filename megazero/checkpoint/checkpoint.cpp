@@ -165,6 +165,11 @@ void validate(const Manifest& m, const std::string& path) {
       ls.skipped, ", hysteresis left ", ls.hysteresis_left, ")");
   MZ_REQUIRE(m.params_dtype == "fp32" || m.params_dtype == "fp16" || m.params_dtype == "bf16", "'", path,
              "': unknown params_dtype '", m.params_dtype, "'");
+  MZ_REQUIRE(m.states == std::vector<std::string>(std::begin(kStates), std::end(kStates)) ||
+                 m.states == std::vector<std::string>{kStates[0]},
+             "'", path, "': states must be [master, exp_avg, exp_avg_sq] or [master] alone");
+  MZ_REQUIRE(st.optimizer_start_iteration >= 0 && st.optimizer_start_iteration <= st.iteration, "'", path,
+             "': optimizer start iteration ", st.optimizer_start_iteration, " is not within 0..", st.iteration);
   std::set<std::pair<int, int>> seen;
   for (const auto& f : m.files) {
     MZ_REQUIRE(f.tp_rank >= 0 && f.tp_rank < m.tp && f.dp_rank >= 0 && f.dp_rank < m.dp &&
@@ -208,7 +213,7 @@ std::string check_shard_header(const std::string& file_path, const Manifest& m, 
       std::string state, param;
       std::int64_t begin = 0;
       if (!parse_piece_name(name, state, param, begin) ||
-          std::find(std::begin(kStates), std::end(kStates), state) == std::end(kStates))
+          std::find(m.states.begin(), m.states.end(), state) == m.states.end())
         return "'" + file_path + "' holds '" + name + "', which is not a piece of a checkpointed state";
       auto it = params.find(param);
       if (it == params.end())
@@ -271,7 +276,8 @@ std::string Manifest::to_json() const {
                  {"data_parallel_size", dp},
                  {"zero_stage", stage},
                  {"params_dtype", params_dtype}};
-  j["states"] = {"master", "exp_avg", "exp_avg_sq"};
+  j["states"] = states;
+  j["optimizer_start_iteration"] = state.optimizer_start_iteration;
   j["parameters"] = json::array();
   for (const auto& p : parameters)
     j["parameters"].push_back({{"name", p.name},
@@ -315,6 +321,10 @@ Manifest Manifest::parse(const std::string& text, const std::string& path) {
                            ls.at("good_steps").get<std::int64_t>(), ls.at("skipped_iterations").get<std::int64_t>(),
                            ls.at("hysteresis_left").get<int>()};
     m.state.config = j.at("config").get<std::string>();
+    // Both written since 2026-11-27; before, every checkpoint held all three
+    // states and its optimizer started at iteration 0.
+    if (j.contains("states")) m.states = j.at("states").get<std::vector<std::string>>();
+    m.state.optimizer_start_iteration = j.value("optimizer_start_iteration", std::int64_t{0});
     const auto& l = j.at("layout");
     m.tp = l.at("tensor_model_parallel_size").get<int>();
     m.dp = l.at("data_parallel_size").get<int>();
@@ -440,7 +450,7 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
     w.set_metadata("tp_rank", std::to_string(tp_rank));
     w.set_metadata("dp_rank", std::to_string(dp_rank));
     const auto& params = engine.parameters();
-    for (int s = 0; s < 3; ++s)
+    for (int s = 0; s < (options.optimizer_state ? 3 : 1); ++s)
       for (std::size_t i = 0; i < params.size(); ++i) {
         const zero::Range r = layout.param(i).intersect(part);
         if (r.empty()) continue;
@@ -475,6 +485,7 @@ IoReport save_checkpoint(const std::string& dir, const TrainState& state, zero::
     m.dp = engine.layout().dp_size();
     m.stage = engine.config().stage;
     m.params_dtype = std::string(dtype_name(engine.config().param_dtype));
+    if (!options.optimizer_state) m.states = {kStates[0]};
     for (const auto* p : engine.parameters())
       m.parameters.push_back({p->name, p->global_shape, p->split_dim, p->padding_from_row});
     const auto* all = info.host_data<std::int64_t>();
@@ -550,7 +561,8 @@ void check_compatible(const Manifest& m, const std::vector<layers::Parameter*>& 
 
 }  // namespace
 
-LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where) {
+LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where,
+                           const LoadOptions& options) {
   Communicator& world = *where.world;
   const auto t0 = Clock::now();
   LoadResult res;
@@ -595,7 +607,14 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
   }
   if (chosen.empty()) return res;  // nothing saved yet: a fresh start
 
-  run_consistently(world, [&] { check_compatible(m, engine.parameters(), chosen); });
+  run_consistently(world, [&] {
+    check_compatible(m, engine.parameters(), chosen);
+    MZ_REQUIRE(!options.optimizer_state || m.has_optimizer_state(), "checkpoint '", chosen,
+               "' holds the weights without the optimizer state (saved with --no-save-optim): add --no-load-optim "
+               "to go on from its iteration with fresh Adam moments, or --finetune to train from its weights at "
+               "iteration 0");
+  });
+  const int states_loaded = options.optimizer_state ? 3 : 1;
   SavedShards shards(chosen, m);
   run_consistently(world, [&] {
     const zero::FlatLayout& layout = engine.layout();
@@ -618,7 +637,7 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
         Device& device = states[s]->device();
         float* base = static_cast<float*>(states[s]->data()) + (r.begin - owned.begin) - local0;
         for (const auto& run : runs) {
-          if (run.src_part < 0)
+          if (run.src_part < 0 || s >= states_loaded)  // padding, or Adam's moments not loaded: zero
             device.fill_zero(base + run.dst, static_cast<std::size_t>(run.length) * sizeof(float));
           else
             shards.copy(run.src_part, kStates[s], p.name, run.src, run.length, device, base + run.dst);
@@ -663,6 +682,9 @@ std::vector<float> CheckpointReader::global_tensor(const std::string& param, con
   for (const auto& p : manifest_.parameters)
     if (p.name == param) info = &p;
   MZ_REQUIRE(info, "checkpoint '", impl_->dir, "' has no parameter '", param, "'");
+  MZ_REQUIRE(std::find(manifest_.states.begin(), manifest_.states.end(), state) != manifest_.states.end(),
+             "checkpoint '", impl_->dir, "' holds no '", state,
+             "' (saved with --no-save-optim: the master weights only)");
   // The global tensor is shard 0 of the same parameter split into one part.
   const ShardLayout whole{info->global_shape, info->split_dim, 1};
   const std::int64_t n = shard_numel(whole);

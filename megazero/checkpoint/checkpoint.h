@@ -38,10 +38,17 @@ struct TrainState {
   std::uint64_t seed = 0;
   optim::LossScaler::State loss_scaler;
   std::string config;  // the resolved configuration ("key = value" lines)
+  // The iteration the optimizer state began at: 0, or where a run loaded
+  // weights without Adam's moments (--no-load-optim). Adam's bias correction
+  // counts steps from it, so a resume of such a run continues exactly.
+  std::int64_t optimizer_start_iteration = 0;
 };
 
 struct SaveOptions {
   int keep = 0;  // keep this many newest checkpoints (0 = all)
+  // false (--no-save-optim): the master weights only, a third of the bytes;
+  // such a checkpoint loads only without the optimizer state (LoadOptions).
+  bool optimizer_state = true;
   // Fault injection for tests: this world rank dies (SIGKILL) with its shard
   // half written. -1 = never. Set from MEGAZERO_TEST_KILL_IN_SAVE.
   int kill_rank_midway = -1;
@@ -79,11 +86,19 @@ struct LoadResult {
   int saved_tp = 0, saved_dp = 0, saved_stage = 0;
 };
 
+struct LoadOptions {
+  // false (--no-load-optim, --finetune): the master weights only; Adam's
+  // moments start at zero. true on a checkpoint saved without them is a
+  // ConfigError naming both flags.
+  bool optimizer_state = true;
+};
+
 // Collective over where.world. Loads the newest usable checkpoint under
 // `dir` into the engine (master weights, Adam moments; 16-bit params
 // recomputed). A model that does not match the checkpoint (names, shapes) is a
 // ConfigError; so is a directory holding checkpoints none of which is usable.
-LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where);
+LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where,
+                           const LoadOptions& options = {});
 
 // ---- for tools and tests ----
 struct ParameterInfo {
@@ -102,6 +117,10 @@ struct Manifest {
   TrainState state;
   int tp = 1, dp = 1, stage = 0;
   std::string params_dtype;
+  // What the shards hold: "master", "exp_avg", "exp_avg_sq", or "master"
+  // alone (saved with --no-save-optim).
+  std::vector<std::string> states = {"master", "exp_avg", "exp_avg_sq"};
+  bool has_optimizer_state() const { return states.size() == 3; }
   std::vector<ParameterInfo> parameters;
   std::vector<ShardFileInfo> files;
 

@@ -241,6 +241,15 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(C, "load", &a.load, "resume from the newest good checkpoint in DIR (any TP/DP/stage); none yet = fresh start");
   t.add(C, "save-interval", &a.save_interval, "iterations between checkpoints; 0 = only at the end and on a signal");
   t.add(C, "keep-checkpoints", &a.keep_checkpoints, "keep the newest K checkpoints in --save; 0 = all");
+  t.flag(C, "finetune", &a.finetune,
+         "with --load: train from the checkpoint's weights as a new run (iteration 0; a fresh optimizer, LR "
+         "schedule and data position)");
+  t.flag(C, "no-load-optim", &a.no_load_optim,
+         "with --load: the checkpoint's weights, iteration and data position; Adam's moments and step count and the "
+         "fp16 loss scale start afresh, and this command line's LR schedule applies");
+  t.flag(C, "no-save-optim", &a.no_save_optim,
+         "--save writes the fp32 master weights alone (a third of the bytes); such a checkpoint reloads with "
+         "--no-load-optim or --finetune");
   t.add(F, "collective-timeout", &a.collective_timeout,
         "seconds a collective may take before the watchdog ends the job naming the rank; 0 = off");
   t.flag(F, "check-collectives", &a.check_collectives,
@@ -679,6 +688,27 @@ void TrainArgs::validate() const {
                train_iters, ": the run would end before the trace does; lower it or raise --train-iters");
     (void)profiled_ranks();  // each a number
   }
+  for (const auto& [flag, set] : {std::pair{"--finetune", finetune}, std::pair{"--no-load-optim", no_load_optim}})
+    MZ_REQUIRE(!set || !load.empty(), flag, " says what to load of a checkpoint: add --load DIR");
+  MZ_REQUIRE(!no_save_optim || !save.empty(), "--no-save-optim says what to save: add --save DIR");
+  MZ_REQUIRE(!finetune || !(use_checkpoint_lr_schedule || override_lr_schedule),
+             "--finetune starts a new learning-rate schedule at iteration 0: ",
+             use_checkpoint_lr_schedule ? "--use-checkpoint-opt-param-scheduler" : "--override-opt-param-scheduler",
+             " has no schedule to keep or override; drop it");
+  if (finetune && !save.empty()) {
+    // A fine-tuning job saving into the directory it fine-tunes from would, when
+    // requeued with the same flags, fine-tune its own checkpoint again from
+    // iteration 0, and `latest` would no longer name the pretrained weights.
+    auto resolved = [](const std::string& dir) {  // absolute, no symlinks, no trailing '/'
+      std::error_code ec;
+      auto p = std::filesystem::weakly_canonical(dir, ec);
+      return p.has_filename() ? p : p.parent_path();
+    };
+    const auto into = resolved(save), from = resolved(load);
+    MZ_REQUIRE(into != from && into != from.parent_path(), "--finetune with --save '", save,
+               "' writes into the checkpoints it fine-tunes from (--load '", load,
+               "'): save the fine-tuned run to its own directory, and resume it from there without --finetune");
+  }
   MZ_REQUIRE(!(use_checkpoint_lr_schedule && override_lr_schedule),
              "--use-checkpoint-opt-param-scheduler and --override-opt-param-scheduler conflict; choose one");
   MZ_REQUIRE(!(use_checkpoint_lr_schedule || override_lr_schedule) || !load.empty(),
@@ -799,6 +829,10 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
   if (diff.empty()) return "";
   if (args.override_lr_schedule)
     return "--override-opt-param-scheduler: this run's learning-rate schedule replaces the checkpoint's: " + diff;
+  if (args.no_load_optim && !args.use_checkpoint_lr_schedule)
+    return "--no-load-optim: the optimizer and its schedule are not loaded, this run's learning-rate schedule "
+           "applies: " +
+           diff;
   if (args.use_checkpoint_lr_schedule) {
     auto number = [&](const char* k) { return std::stod(saved.at(k)); };
     auto whole = [&](const char* k) { return std::stoll(saved.at(k)); };

@@ -79,6 +79,12 @@ struct TrainArgs {
   std::string save, load;
   std::int64_t save_interval = 0;
   int keep_checkpoints = 0;
+  // Megatron's: --finetune trains from a checkpoint's weights as a new run
+  // (iteration 0: a fresh optimizer, LR schedule and data position);
+  // --no-load-optim goes on from its iteration and data position with Adam's
+  // moments, step count and the fp16 loss scale started afresh; --no-save-optim
+  // saves the fp32 master weights alone (they reload with either of the two).
+  bool finetune = false, no_load_optim = false, no_save_optim = false;
   // faults (megazero/comm/fault_tolerance.h)
   double collective_timeout = 600;  // a generous NCCL-like default: a slow save or eval never trips it
   bool check_collectives = false;

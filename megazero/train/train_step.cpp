@@ -61,7 +61,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.lr = opt.lr.at(iteration);
   const auto opt_begin = dev.mark();
   set_activity("optimizer step");
-  r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1);
+  r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1 - opt.optimizer_start_iteration);
   const auto opt_end = dev.mark();
   scaler.update(r.stats.skipped);
   if (while_optimizer_runs) while_optimizer_runs();

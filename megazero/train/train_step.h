@@ -45,6 +45,9 @@ struct OptimizerSettings {
   optim::AdamConfig adam;
   optim::LrSchedule lr;
   double clip_grad = 1.0;  // --clip-grad; 0 = off
+  // The iteration Adam's moments started from (0, or the checkpoint's with
+  // --no-load-optim): the bias correction counts steps from it.
+  std::int64_t optimizer_start_iteration = 0;
 };
 
 // while_optimizer_runs, when given, is called once the optimizer step is

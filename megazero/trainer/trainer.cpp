@@ -418,13 +418,45 @@ void Trainer::Impl::build() {
   placement = checkpoint::Placement::of(*groups);
   if (!args.load.empty()) {
     Activity activity("loading a checkpoint");
-    const auto res = checkpoint::load_checkpoint(args.load, engine, placement);
+    checkpoint::LoadOptions lo;
+    lo.optimizer_state = !(args.finetune || args.no_load_optim);
+    const auto res = checkpoint::load_checkpoint(args.load, engine, placement, lo);
     if (root)
       for (const auto& r : res.rejected) std::printf(" WARNING: skipped unusable checkpoint %s\n", r.c_str());
-    if (res.loaded) {
+    if (!res.loaded && args.finetune)
+      throw AgreedConfigError(detail::concat("--finetune: no checkpoint in '", args.load,
+                                             "' to fine-tune from; --load names the pretrained run's --save "
+                                             "directory or one of its iter_NNNNNNN directories"));
+    if (res.loaded && args.finetune) {
+      // A new run from these weights: iteration 0, the data from its start, a
+      // fresh optimizer, loss scale and learning-rate schedule.
+      if (root) {
+        std::printf(
+            " --finetune: loaded the weights of %s (iteration %lld, saved at TP %d x DP %d, ZeRO stage %d) in "
+            "%.2f s; training starts at iteration 0 with a fresh optimizer\n",
+            res.io.path.c_str(), static_cast<long long>(res.state.iteration), res.saved_tp, res.saved_dp,
+            res.saved_stage, res.io.max_seconds);
+        const std::string previous = args.save.empty() ? "" : checkpoint::find_latest(args.save);
+        if (!previous.empty())
+          std::printf(
+              " WARNING: --save %s already holds %s; --finetune starts again from --load's weights at iteration 0 "
+              "(to continue that run, load it without --finetune)\n",
+              args.save.c_str(), previous.c_str());
+      }
+    } else if (res.loaded) {
       start_iter = res.state.iteration;
       consumed_at_start = res.state.consumed_samples;
-      scaler.restore(res.state.loss_scaler);
+      if (args.no_load_optim) {
+        // Adam counts its steps from here; the loss scale starts afresh (it is
+        // optimizer state in Megatron too), the count of skipped steps goes on.
+        opt.optimizer_start_iteration = start_iter;
+        auto counts_only = res.state.loss_scaler;
+        counts_only.dynamic = false;
+        scaler.restore(counts_only);
+      } else {
+        opt.optimizer_start_iteration = res.state.optimizer_start_iteration;
+        scaler.restore(res.state.loss_scaler);
+      }
       if (root) {
         std::printf(
             " loaded checkpoint %s: iteration %lld, consumed samples %lld (saved at TP %d x DP %d, ZeRO stage "
@@ -443,7 +475,7 @@ void Trainer::Impl::build() {
       std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
     }
     std::fflush(stdout);
-    if (res.loaded) {  // every rank holds the same manifest: these checks agree by construction
+    if (res.loaded && !args.finetune) {  // every rank holds the same manifest: these checks agree by construction
       if (start_iter > args.train_iters)
         throw AgreedConfigError(detail::concat(
             "--train-iters ", args.train_iters, " but the checkpoint ", res.io.path, " is at iteration ", start_iter,
@@ -457,6 +489,9 @@ void Trainer::Impl::build() {
       }
       opt.lr = args.lr;
       if (root && !note.empty()) std::printf(" note: %s\n", note.c_str());
+      if (root && args.no_load_optim)
+        std::printf(" --no-load-optim: Adam's moments start at zero and count their steps from iteration %lld%s\n",
+                    static_cast<long long>(start_iter), args.fp16 ? "; the loss scale from --initial-loss-scale" : "");
       if (root && start_iter == args.train_iters)
         std::printf(" the checkpoint is at --train-iters %lld already: nothing to train\n",
                     static_cast<long long>(args.train_iters));
@@ -491,8 +526,10 @@ void Trainer::Impl::save(std::int64_t iteration) {
   st.seed = args.seed;
   st.loss_scaler = scaler.state();
   st.config = args.to_config();
+  st.optimizer_start_iteration = opt.optimizer_start_iteration;
   checkpoint::SaveOptions so;
   so.keep = args.keep_checkpoints;
+  so.optimizer_state = !args.no_save_optim;
   so.kill_rank_midway = kill_in_save_rank(iteration);
   const auto io = checkpoint::save_checkpoint(args.save, st, engine, placement, so);
   if (root)

@@ -285,8 +285,6 @@ def cases():
         ("position-embedding-type", "alibi", "--position-embedding-type must be learned_absolute or rope"),
         ("rotary-base", "0.5 --position-embedding-type rope", "--rotary-base must be a number above 1"),
         ("norm-epsilon", "0", "--norm-epsilon must be a small positive number"),
-        ("finetune", "", "--finetune: not supported"),
-        ("no-load-optim", "", "--no-load-optim: not supported"),
         ("num-experts", "8", "--num-experts: megazero has no mixture-of-experts"),
         ("expert-model-parallel-size", "2", "--expert-model-parallel-size: megazero has no mixture-of-experts"),
         ("num-layers-per-virtual-pipeline-stage", "2", "no pipeline parallelism"),
@@ -315,7 +313,6 @@ def cases():
         ("qk-layernorm", "", "--qk-layernorm: LayerNorm of the queries and keys is not implemented"),
         ("apply-layernorm-1p", "", "--apply-layernorm-1p: LayerNorm with a zero-centred gamma"),
         ("squared-relu", "", "--squared-relu: the squared-ReLU MLP is not implemented"),
-        ("no-save-optim", "", "--no-save-optim: not supported"),
         ("use-torch-fsdp2", "--zero-stage 1", "--use-torch-fsdp2 shards parameters, gradients and optimizer states "
          "\\(ZeRO stage 3\\) but --zero-stage 1 was given"),
         ("distribute-saved-activations", "", "--partition-activations partitions the checkpoints of "
@@ -345,8 +342,8 @@ def cases():
     add("zero.overlap-optimizer.stage3", E2, "--overlap-optimizer is for --zero-stage 0; stage 3 updates only",
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-optimizer true")
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
-    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --finetune.*--no-load-optim",
-        f"{minimal} --train-iters 1 --finetune --no-load-optim")
+    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--qk-layernorm",
+        f"{minimal} --train-iters 1 --num-experts 8 --qk-layernorm")
 
     # ---- config files.
     files = [
@@ -429,6 +426,24 @@ def cases():
         ("shard-missing", 0, "skipped unusable checkpoint .*is missing", " --train-iters 6 --load @missing "
          "--use-checkpoint-opt-param-scheduler"),
         ("all-damaged", 2, "no usable checkpoint in", " --train-iters 6 --load @alldamaged"),
+        ("finetune", 0, "--finetune: loaded the weights of .*iter_0000004 \\(iteration 4, saved at TP 1 x DP 2, "
+         "ZeRO stage 1\\).*training starts at iteration 0", " --train-iters 1 --load {CK} --finetune --save {TMP}/ft"),
+        ("finetune-no-checkpoint", 2, "--finetune: no checkpoint in '.*none' to fine-tune from",
+         " --train-iters 1 --load {TMP}/none --finetune"),
+        ("finetune-no-load", 2, "--finetune says what to load of a checkpoint: add --load DIR", " --train-iters 1 --finetune"),
+        ("finetune-into-itself", 2, "--finetune with --save .* writes into the checkpoints it fine-tunes from",
+         " --train-iters 1 --load {CK}/iter_0000002 --save {CK} --finetune"),
+        ("finetune-schedule", 2, "--finetune starts a new learning-rate schedule at iteration 0: "
+         "--use-checkpoint-opt-param-scheduler has no schedule", " --train-iters 1 --load {CK} --finetune "
+         "--use-checkpoint-opt-param-scheduler"),
+        ("no-load-optim", 0, "loaded checkpoint .*iteration 4.*\n(.*\n)*.*--no-load-optim: Adam's moments start at zero "
+         "and count their steps from iteration 4", " --train-iters 5 --load {CK} --no-load-optim"),
+        ("no-load-optim-schedule", 0, "--no-load-optim: the optimizer and its schedule are not loaded, this run's "
+         "learning-rate schedule applies: --lr-decay-iters 8 \\(checkpoint: 4\\)",
+         " --train-iters 8 --load {CK} --no-load-optim"),
+        ("no-load-optim-no-load", 2, "--no-load-optim says what to load of a checkpoint: add --load DIR",
+         " --train-iters 1 --no-load-optim"),
+        ("no-save-optim-no-save", 2, "--no-save-optim says what to save: add --save DIR", " --train-iters 1 --no-save-optim"),
     ]
     for name, code, regex, extra in ck:
         add(f"checkpoint.{name}", code, regex, resume + extra)

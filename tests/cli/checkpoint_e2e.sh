@@ -7,7 +7,9 @@
 #     checkpoint and `latest` are intact, and --load resumes from it with the
 #     losses of the uninterrupted run, bit for bit (as printed);
 #  2. the same checkpoint loads at TP 1 x DP 4 with ZeRO stage 3 and trains on
-#     with the same losses (to the printed precision, 1e-4 relative);
+#     with the same losses (to the printed precision, 1e-4 relative); the
+#     weights alone (--no-save-optim) load with --finetune (at another layout)
+#     or --no-load-optim and are refused by a plain --load;
 #  3. a flipped bit in the newest checkpoint: reported by file name, the
 #     previous one is used;
 #  4. SIGUSR1 to one rank (Slurm's pre-timeout signal): checkpoint at the next
@@ -63,6 +65,30 @@ paste -d' ' <(tail -n 4 "$work/straight.losses") "$work/relayout.losses" |
   awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-4 * $2) bad = 1 } END { exit bad }' ||
   fail "losses after a layout change differ"
 echo "checkpoint_e2e: TP 2 x DP 2 stage 2 -> TP 1 x DP 4 stage 3: losses continue"
+
+# 2b. The weights alone (--no-save-optim): a third of the bytes; a plain --load
+# refuses them naming the flags; --finetune (at another layout) starts at
+# iteration 0, --no-load-optim goes on from iteration 2.
+ITERS=2 run weights $L22 --save "$work/ck5" --no-save-optim
+[ "$(rc weights)" = 0 ] || fail "saving the weights alone failed"
+full=$(cat "$work"/ck/iter_0000002/*.safetensors | wc -c) alone=$(cat "$work"/ck5/iter_0000002/*.safetensors | wc -c)
+awk -v f="$full" -v a="$alone" 'BEGIN { exit !(a * 2.9 < f && a * 3.1 > f) }' ||
+  fail "a weights-only checkpoint holds $alone bytes against $full with the optimizer state"
+run weights_plain $L22 --load "$work/ck5"
+[ "$(rc weights_plain)" = 2 ] || fail "a plain --load of the weights alone gave exit $(rc weights_plain), expected 2"
+grep -q "without the optimizer state (saved with --no-save-optim): add --no-load-optim" "$work/weights_plain.log" ||
+  fail "the refusal does not name --no-load-optim"
+run weights_finetune --tensor-model-parallel-size 1 --zero-stage 3 --load "$work/ck5" --finetune
+[ "$(rc weights_finetune)" = 0 ] || fail "--finetune from the weights failed"
+grep -q "finetune: loaded the weights of .*iter_0000002 (iteration 2, saved at TP 2 x DP 2, ZeRO stage 2)" \
+  "$work/weights_finetune.log" || fail "--finetune did not report the weights it loaded"
+[ "$(losses weights_finetune | wc -l)" = 6 ] || fail "--finetune did not train 6 iterations from iteration 0"
+run weights_resume $L22 --load "$work/ck5" --no-load-optim
+[ "$(rc weights_resume)" = 0 ] || fail "--no-load-optim from the weights failed"
+grep -q "no-load-optim: Adam's moments start at zero and count their steps from iteration 2" \
+  "$work/weights_resume.log" || fail "--no-load-optim did not report the restart"
+[ "$(losses weights_resume | head -n 1 | cut -d' ' -f1)" = 3 ] || fail "--no-load-optim did not go on from iteration 2"
+echo "checkpoint_e2e: weights alone: $alone bytes (with the optimizer state $full); --finetune and --no-load-optim load them"
 
 # 3. A flipped bit in the newest checkpoint (iteration 6): iteration 4 is used instead.
 run series $L22 --save "$work/ck3" --save-interval 2

@@ -282,3 +282,23 @@ TEST(Trainer, FinetuneAndOptimizerFlagsNeedTheirDirectories) {
             std::string::npos);
   EXPECT_EQ(message({"--finetune", "--load", "/tmp/a", "--save", "/tmp/b"}), "");
 }
+
+// Megatron's --loss-scale with bf16: a power of two scales every gradient
+// exactly and the step divides it out exactly, so the run keeps every bit of
+// the unscaled one. With Adam's epsilon this large a missing (or doubled)
+// unscale would show in the update (Adam alone is scale-invariant, and so is
+// clipping to a norm the gradients exceed: no clipping here).
+TEST(Trainer, PowerOfTwoConstantLossScaleChangesNoBit) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::vector<std::string> bf16 = {"--bf16", "--adam-eps", "1e-3", "--clip-grad", "0"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), bf16.begin(), bf16.end());
+    return flags;
+  };
+  const TrainResult plain = run(with({})), scaled = run(with({"--loss-scale", "4096"}));
+  ASSERT_EQ(plain.losses.size(), 6u);
+  EXPECT_EQ(scaled.losses, plain.losses);
+  EXPECT_EQ(scaled.validation_loss, plain.validation_loss);
+  EXPECT_THROW(args_of({"--loss-scale", "4096"}), ConfigError) << "fp32 has no loss scaling";
+  EXPECT_THROW(args_of({"--fp16", "--loss-scale", "4096", "--initial-loss-scale", "65536"}), ConfigError);
+}

@@ -167,3 +167,25 @@ TEST(ZeroPrecision, LossScalerWindowHysteresisAndFloor) {
   EXPECT_EQ(s.scale(), 4);  // grew after a window of good steps
   EXPECT_EQ(s.skipped_steps(), 4);
 }
+
+// Megatron's --loss-scale: a constant scale never grows or backs off (even with
+// dynamic flags around it); overflowing steps are still counted as skipped,
+// and a dynamic checkpoint's scale does not replace it.
+TEST(ZeroPrecision, ConstantLossScaleStaysPut) {
+  optim::LossScalerConfig c;
+  c.constant_scale = 1024;
+  c.window = 1;
+  optim::LossScaler s(c);
+  EXPECT_EQ(s.scale(), 1024);
+  s.update(true);
+  s.update(true);
+  s.update(true);
+  EXPECT_EQ(s.scale(), 1024);
+  for (int i = 0; i < 4; ++i) s.update(false);
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_EQ(s.skipped_steps(), 3);
+  s.restore({true, 65536, 5, 7, 2});
+  EXPECT_EQ(s.scale(), 1024);
+  EXPECT_EQ(s.skipped_steps(), 7);
+  EXPECT_FALSE(s.state().dynamic);
+}

@@ -5,7 +5,11 @@
 namespace megazero::optim {
 
 LossScaler::LossScaler(const LossScalerConfig& cfg)
-    : cfg_(cfg), scale_(cfg.dynamic ? cfg.initial_scale : 1.0), hysteresis_left_(cfg.hysteresis) {}
+    : cfg_(cfg),
+      scale_(cfg.constant_scale > 0 ? cfg.constant_scale
+             : cfg.dynamic          ? cfg.initial_scale
+                                    : 1.0),
+      hysteresis_left_(cfg.hysteresis) {}
 
 void LossScaler::update(bool overflow) {
   if (!cfg_.dynamic) {

@@ -2,7 +2,9 @@
 // by `scale` before backward; if any gradient on any rank overflows, every rank
 // skips the step and the scale backs off; after `window` good steps it grows.
 // Defaults as Megatron/DeepSpeed: window 1000, hysteresis 2, min scale 1;
-// initial scale 2^32 (Megatron; DeepSpeed uses 2^16).
+// initial scale 2^32 (Megatron; DeepSpeed uses 2^16). A constant scale
+// (Megatron's --loss-scale, fp16 or bf16) never changes; an overflowing step
+// is still skipped and counted.
 #pragma once
 
 #include <cstdint>
@@ -10,7 +12,8 @@
 namespace megazero::optim {
 
 struct LossScalerConfig {
-  bool dynamic = false;                 // on for fp16 only
+  bool dynamic = false;                 // on for fp16 without a constant scale
+  double constant_scale = 0;            // --loss-scale (Megatron's): a fixed scale; 0 = none
   double initial_scale = 4294967296.0;  // --initial-loss-scale
   std::int64_t window = 1000;           // --loss-scale-window
   int hysteresis = 2;                   // --hysteresis: overflows tolerated before backing off

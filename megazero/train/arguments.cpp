@@ -216,6 +216,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(X, "loss-scale-window", &a.loss_scale.window, "good steps before the scale grows");
   t.add(X, "hysteresis", &a.loss_scale.hysteresis, "overflows tolerated before the scale backs off");
   t.add(X, "min-loss-scale", &a.loss_scale.min_scale, "floor of the loss scale");
+  t.add(X, "loss-scale", &a.loss_scale.constant_scale,
+        "a constant loss scale for --fp16 or --bf16 (Megatron's): never grown or backed off, an overflowing step is "
+        "skipped; 0 = dynamic scaling with --fp16, none otherwise");
   t.list(D, "data-path", &a.data_path,
          "prefix of a .bin/.idx dataset (tools/preprocess_data), or weight-prefix pairs to blend: 0.3 A 0.7 B");
   t.add(D, "split", &a.split, "train,valid,test weights, e.g. 969,30,1");
@@ -658,6 +661,19 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(loss_scale.min_scale <= loss_scale.initial_scale, "--min-loss-scale ", loss_scale.min_scale,
              " is above --initial-loss-scale ", loss_scale.initial_scale, "; the floor must be at most the start");
   MZ_REQUIRE(loss_scale.window >= 1, "--loss-scale-window must be at least 1, got ", loss_scale.window);
+  MZ_REQUIRE(std::isfinite(loss_scale.constant_scale) && loss_scale.constant_scale >= 0,
+             "--loss-scale must be a positive number (0 = none), got ", loss_scale.constant_scale);
+  if (loss_scale.constant_scale > 0) {
+    MZ_REQUIRE(fp16 || bf16, "--loss-scale ", loss_scale.constant_scale,
+               " scales the loss of 16-bit training (--fp16 or --bf16); an fp32 run has no loss scaling: drop it");
+    const optim::LossScalerConfig d;
+    for (const auto& [flag, changed] : {std::pair{"--initial-loss-scale", loss_scale.initial_scale != d.initial_scale},
+                                        std::pair{"--loss-scale-window", loss_scale.window != d.window},
+                                        std::pair{"--hysteresis", loss_scale.hysteresis != d.hysteresis},
+                                        std::pair{"--min-loss-scale", loss_scale.min_scale != d.min_scale}})
+      MZ_REQUIRE(!changed, "--loss-scale ", loss_scale.constant_scale, " is a constant scale, but ", flag,
+                 " sets dynamic scaling; drop one of them");
+  }
   MZ_REQUIRE(loss_scale.hysteresis >= 1, "--hysteresis must be at least 1, got ", loss_scale.hysteresis);
   MZ_REQUIRE(std::isfinite(peak_tflops) && peak_tflops >= 0, "--peak-tflops must be a finite non-negative number, got ",
              peak_tflops);

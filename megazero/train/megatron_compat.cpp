@@ -76,8 +76,6 @@ const CompatFlag kFlags[] = {
     {"log-num-zeros-in-grad", Kind::Switch, Meaning::NoEffect, "megazero does not log zeros in the gradient"},
     {"empty-unused-memory-level", Kind::Value, Meaning::NoEffect,
      "the allocator keeps freed memory for reuse (--device-arena places it by plan)"},
-    {"loss-scale", Kind::Value, Meaning::Refused,
-     "static loss scaling is not implemented: --fp16 uses dynamic scaling from --initial-loss-scale"},
     {"rampup-batch-size", Kind::Value, Meaning::Refused,
      "batch-size ramp-up is not implemented: the global batch is fixed"},
     {"DDP-impl", Kind::Value, Meaning::NoEffect, "data parallelism is the ZeRO engine's"},

@@ -410,7 +410,7 @@ void Trainer::Impl::build() {
   }
   opt = OptimizerSettings{args.adam, args.lr, args.clip_grad};
   optim::LossScalerConfig lsc = args.loss_scale;
-  lsc.dynamic = args.fp16;
+  lsc.dynamic = args.fp16 && lsc.constant_scale == 0;
   scaler_ = std::make_unique<optim::LossScaler>(lsc);
   auto& scaler = *scaler_;
 

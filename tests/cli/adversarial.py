@@ -307,7 +307,10 @@ def cases():
          "--recompute-granularity selective recomputes the attention probabilities only, --recompute-activations"),
         ("data-impl", "lazy", "--data-impl lazy: datasets are always memory-mapped"),
         ("tokenizer-type", "SentencePieceTokenizer", "--tokenizer-type SentencePieceTokenizer: the data is tokenized"),
-        ("loss-scale", "1024", "--loss-scale: static loss scaling is not implemented"),
+        ("loss-scale", "1024", "--loss-scale 1024 scales the loss of 16-bit training \\(--fp16 or --bf16\\)"),
+        ("loss-scale", "1024 --fp16 --loss-scale-window 10", "--loss-scale 1024 is a constant scale, but "
+         "--loss-scale-window sets dynamic scaling"),
+        ("loss-scale", "-1 --bf16", "--loss-scale must be a positive number \\(0 = none\\), got -1"),
         ("context-parallel-size", "2", "--context-parallel-size 2: megazero has no context parallelism"),
         ("fp8-format", "hybrid", "--fp8-format: FP8 training is not implemented"),
         ("qk-layernorm", "", "--qk-layernorm: LayerNorm of the queries and keys is not implemented"),
@@ -342,6 +345,8 @@ def cases():
     add("zero.overlap-optimizer.stage3", E2, "--overlap-optimizer is for --zero-stage 0; stage 3 updates only",
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-optimizer true")
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
+    add("megatron.loss-scale.fp16", 0, "iteration +1/.*loss scale 1024.0 .*\n(.*\n)*.*iteration +2/.*loss scale 1024.0",
+        "{TRAIN} " + TINY + " --fp16 --loss-scale 1024")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--qk-layernorm",
         f"{minimal} --train-iters 1 --num-experts 8 --qk-layernorm")
 

@@ -8,6 +8,7 @@
 
 #include <cmath>
 
+#include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
 #include "test_device.h"
 #include "zero_harness.h"
@@ -74,6 +75,48 @@ void expect_same_training(const ZeroRunSpec& spec) {
   const double one_rank = ref.run->engine->params_norm();
   EXPECT_NEAR(one_rank, std::sqrt(squares), 1e-12 * one_rank) << "params norm on one rank";
   EXPECT_NEAR(run.engine->params_norm(), one_rank, 1e-5 * one_rank) << "params norm";
+  // The zeros in the last step's gradients (--log-num-zeros-in-grad), over
+  // the whole model: exactly the zeros of every rank's own partition counted
+  // here (TP-replicated parameters on TP rank 0 only) ...
+  const std::int64_t zeros = run.engine->grad_zeros();
+  {
+    const auto g = run.engine->partition_grads().to_double_vector();
+    const auto part = run.engine->partition();
+    const auto all = run.params->all();
+    double mine = 0;
+    for (std::size_t i = 0; i < all.size(); ++i) {
+      if (all[i]->tp_replicated() && run.tp->rank() != 0) continue;
+      const auto r = run.engine->layout().param(i).intersect(part);
+      for (auto f = r.begin; f < r.end; ++f) mine += g[static_cast<std::size_t>(f - part.begin)] == 0;
+    }
+    EXPECT_EQ(zeros, std::llround(all_reduce_value(world(), mine, ReduceOp::Sum))) << "zeros in the grad, by hand";
+  }
+  // ... and the one-rank model's, counted parameter by parameter: the word
+  // embedding's rows of the tokens the last batch did not hold and its padding
+  // rows (a TP layout pads the vocabulary to a multiple of 128 x TP: more
+  // zeros). The keys' bias is the exception: its gradient is zero in exact
+  // arithmetic (softmax ignores a constant added to a row of scores), so its
+  // rounding noise is exactly zero in some reduction orders and not in
+  // others; those elements (|g| below 1e-6 of the largest of their parameter)
+  // may count on either side.
+  std::int64_t direct = 0, either = 0;
+  for (const auto* p : ref.run->params->all()) {
+    const auto g = p->grad.to_double_vector();
+    double largest = 0;
+    for (double v : g) largest = std::max(largest, std::fabs(v));
+    for (double v : g) {
+      direct += v == 0;
+      either += p->name.find("qkv.bias") != std::string::npos && std::fabs(v) < 1e-6 * largest;
+    }
+  }
+  EXPECT_GT(direct, 0) << "the test's batch should leave some token rows unused";
+  EXPECT_EQ(ref.run->engine->grad_zeros(), direct) << "zeros in the grad on one rank";
+  std::int64_t extra_padding = 0;
+  for (const auto* p : run.params->all())
+    if (p->padding_from_row >= 0)
+      for (const auto* q : ref.run->params->all())
+        if (q->name == p->name) extra_padding += shape_numel(p->global_shape) - shape_numel(q->global_shape);
+  EXPECT_LE(std::abs(zeros - (direct + extra_padding)), either) << "zeros in the grad against one rank's";
 }
 
 std::vector<std::pair<int, int>> layouts_for(int world) {

@@ -47,20 +47,32 @@ void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p
   check_launch("adamw");
 }
 
-void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
-                    double* out, cudaStream_t s) {
+namespace {
+template <RangeSum kSum>
+void sum_over_ranges(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
+                     double* out, cudaStream_t s, const char* what) {
   const std::vector<SegmentTable> tables = range_tables(ranges);
-  double* p =
-      scratch_as<double>(ws, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())), "grad norm");
+  double* p = scratch_as<double>(ws, kernels::gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())), what);
   with_storage(t, [&](auto tag) {
     using G = decltype(tag);
     for (std::size_t c = 0; c < tables.size(); ++c)
-      sum_sq_segments_kernel<G>
+      sum_sq_segments_kernel<G, kSum>
           <<<kNormBlocks, kThreads, 0, s>>>(static_cast<const G*>(g), tables[c], p + static_cast<i64>(c) * kNormBlocks);
   });
-  check_launch("grad norm");
+  check_launch(what);
   sum_partials_kernel<double><<<1, 1024, 0, s>>>(p, static_cast<i64>(tables.size()) * kNormBlocks, out);
-  check_launch("grad norm");
+  check_launch(what);
+}
+}  // namespace
+
+void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
+                    double* out, cudaStream_t s) {
+  sum_over_ranges<RangeSum::Squares>(g, t, ranges, ws, out, s, "grad norm");
+}
+
+void count_zeros(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
+                 double* out, cudaStream_t s) {
+  sum_over_ranges<RangeSum::Zeros>(g, t, ranges, ws, out, s, "zeros in grad");
 }
 
 void zero_ranges(void* x, DType t, const std::vector<std::pair<i64, i64>>& ranges, cudaStream_t s) {

@@ -23,6 +23,10 @@ void adamw(float* w, float* m, float* v, const void* g, DType grad_type, void* p
 // block sums. ws: sum_of_squares_bytes(ranges.size()).
 void sum_of_squares(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
                     double* out, cudaStream_t s);
+// *out = how many of g's elements in the ranges are zero, as a double: the same
+// launches as sum_of_squares, the same scratch.
+void count_zeros(const void* g, DType t, const std::vector<std::pair<i64, i64>>& ranges, kernels::GpuScratch ws,
+                 double* out, cudaStream_t s);
 
 // Zeroes x's elements (of `t`, any float dtype) in the ranges: one launch a
 // table of ranges (adjacent ones merged), none for an empty list.

@@ -227,13 +227,18 @@ __global__ void adamw_segments_kernel(float* w, float* m, float* v, const G* g, 
 constexpr int kNormRun = 16;
 static_assert(kNormRun % 8 == 0, "a run is whole 16-byte packs of 16-bit, fp32 or fp64 values");
 
-// partial[blockIdx.x] = the block's sum of squares over the table, in double.
+// What sum_sq_segments_kernel adds up per element: its square (the gradient
+// norm), or 1 for a zero (+0 or -0: Megatron's number of zeros in the grad).
+enum class RangeSum { Squares, Zeros };
+
+// partial[blockIdx.x] = the block's sum of squares (or count of zeros) over
+// the table, in double.
 // Thread t of block b takes the runs starting at (b * blockDim + t) * kNormRun,
 // then every gridDim * blockDim * kNormRun further, adding a run's squares in
 // order (each element widened to double, then squared); then block_sum: a
 // fixed order for a given table and grid (the launcher always runs
 // kNormBlocks x kThreads).
-template <typename G>
+template <typename G, RangeSum kSum = RangeSum::Squares>
 __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double* partial) {
   using L = decltype(ld(g[0]));  // float, or double for fp64 gradients
   const i64 total = t.end[t.count - 1];
@@ -261,7 +266,7 @@ __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double*
 #pragma unroll
       for (int u = 0; u < kNormRun; ++u) {
         const i64 j = j0 + u;
-        x[u] = 0;
+        x[u] = kSum == RangeSum::Zeros ? 1 : 0;  // past the end: adds nothing either way
         if (j < total) {
           while (j >= t.end[k]) ++k;
           x[u] = ld(g[j + t.offset[k]]);
@@ -271,7 +276,7 @@ __global__ void sum_sq_segments_kernel(const G* g, const SegmentTable t, double*
 #pragma unroll
     for (int u = 0; u < kNormRun; ++u) {
       const double d = x[u];
-      acc += d * d;
+      acc += kSum == RangeSum::Zeros ? (d == 0 ? 1.0 : 0.0) : d * d;
     }
   }
   acc = block_sum(acc);

@@ -139,23 +139,46 @@ void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq
   });
 }
 
-void sum_of_squares(const Tensor& grads, const std::vector<std::pair<i64, i64>>& ranges, const Tensor& out) {
-  constexpr const char* op = "sum_of_squares";
+namespace {
+// sum_of_squares' and count_zeros' operands checked, and the GPU kernel's
+// partial sums allocated (a meta device standing in for CUDA plans them too).
+Tensor range_sum_scratch(const char* op, const Tensor& grads, const std::vector<std::pair<i64, i64>>& ranges,
+                         const Tensor& out, const char* what) {
   check_float(op, "grads", grads);
   check_operand(op, "grads", grads, grads, grads.dtype());
   check_operand(op, "out", out, grads, DType::F64);
   check_rows(op, "out", out, 1);
   for (const auto& [b, e] : ranges)
     MZ_CHECK(b >= 0 && b <= e && e <= grads.numel(), op, ": range [", b, ", ", e, ") outside ", grads.numel());
-  // The GPU kernel's partial sums (a meta device standing in for CUDA plans them too).
-  const Tensor ws = allocate_gpu_scratch(grads, gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())),
-                                         "grad norm partials");
+  return allocate_gpu_scratch(grads, gpu_scratch::sum_of_squares_bytes(static_cast<i64>(ranges.size())), what);
+}
+}  // namespace
+
+void sum_of_squares(const Tensor& grads, const std::vector<std::pair<i64, i64>>& ranges, const Tensor& out) {
+  constexpr const char* op = "sum_of_squares";
+  const Tensor ws = range_sum_scratch(op, grads, ranges, out, "grad norm partials");
   MZ_ON_CUDA(grads, cuda::sum_of_squares(grads.data(), grads.dtype(), ranges, scratch_of(ws), ptr<double>(out),
                                          stream_of(grads)));
   if (!on_host(op, grads)) return;
   with_storage_type(grads.dtype(), [&](auto tag) {
     using G = decltype(tag);
     ptr<double>(out)[0] = sum_of_squares_cpu(ptr<const G>(grads), ranges);
+  });
+}
+
+void count_zeros(const Tensor& grads, const std::vector<std::pair<i64, i64>>& ranges, const Tensor& out) {
+  constexpr const char* op = "count_zeros";
+  const Tensor ws = range_sum_scratch(op, grads, ranges, out, "zeros in grad partials");
+  MZ_ON_CUDA(grads, cuda::count_zeros(grads.data(), grads.dtype(), ranges, scratch_of(ws), ptr<double>(out),
+                                      stream_of(grads)));
+  if (!on_host(op, grads)) return;
+  with_storage_type(grads.dtype(), [&](auto tag) {
+    using G = decltype(tag);
+    const G* g = ptr<const G>(grads);
+    i64 zeros = 0;
+    for (const auto& [begin, end] : ranges)
+      for (i64 i = begin; i < end; ++i) zeros += widen(g[i]) == 0;
+    ptr<double>(out)[0] = static_cast<double>(zeros);
   });
 }
 

@@ -59,6 +59,14 @@ void adamw(const Tensor& master, const Tensor& exp_avg, const Tensor& exp_avg_sq
 void sum_of_squares(const Tensor& grads, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges,
                     const Tensor& out);
 
+// out (fp64, one element, on grads' device) = how many elements of grads in
+// the ranges are zero (+0 or -0; NaN is not): Megatron's "number of zeros in
+// the grad". Ranges as sum_of_squares takes them (an element in two ranges
+// counts twice); on a GPU its launches with a count for a square. Exact up to
+// 2^53 elements.
+void count_zeros(const Tensor& grads, const std::vector<std::pair<std::int64_t, std::int64_t>>& ranges,
+                 const Tensor& out);
+
 // Sets flat's elements in the [begin, end) ranges to zero (any dtype,
 // contiguous): what zero_grad clears of a gradient buffer, the parameters a
 // GEMM will not overwrite (layers/parameter.h). Ranges may come in any order,

@@ -232,6 +232,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.flag(G, "log-params-norm", &a.log_params_norm,
          "log the global L2 norm of the fp32 master weights on each logged iteration (Megatron's flag; a pass over "
          "each rank's partition and two scalar all-reduces then)");
+  t.flag(G, "log-num-zeros-in-grad", &a.log_num_zeros_in_grad,
+         "log how many gradient elements are exactly zero on each logged iteration (Megatron's flag: over the "
+         "whole model, TP-replicated parameters once; a pass over each rank's partition and two scalar all-reduces)");
   t.add(G, "peak-tflops", &a.peak_tflops, "peak TFLOP/s per rank for MFU; 0 = device default");
   t.add(G, "device", &a.device,
         "cpu, or cuda: each rank uses GPU (local rank mod visible GPUs); collectives of GPU tensors go over NCCL or "

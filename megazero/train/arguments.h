@@ -43,10 +43,13 @@ struct TrainArgs {
   std::string vocab_file, merge_file;
   // logging and evaluation
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
-  std::string metrics_file;      // JSON lines, one record per logged iteration
-  bool log_params_norm = false;  // --log-params-norm: the fp32 master weights' global L2 norm on logged iterations
-  double peak_tflops = 0;        // for MFU; 0 = the device default (docs/PERFORMANCE.md)
-  std::string device = "cpu";    // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
+  std::string metrics_file;  // JSON lines, one record per logged iteration
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad =
+      false;  // --log-num-zeros-in-grad: the gradients' exact zeros on logged iterations  // --log-params-norm: the
+              // fp32 master weights' global L2 norm on logged iterations
+  double peak_tflops = 0;      // for MFU; 0 = the device default (docs/PERFORMANCE.md)
+  std::string device = "cpu";  // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
   // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
   // GPU per rank), shm (one machine: MPI's groups with the shared-memory
   // transport, comm/shm_collectives.h), or auto (nccl when --device cuda gives

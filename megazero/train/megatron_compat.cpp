@@ -73,7 +73,6 @@ const CompatFlag kFlags[] = {
      "attention scores and softmax are computed in fp32, where the scaling changes nothing"},
     {"use-cpu-initialization", Kind::Switch, Meaning::NoEffect,
      "initialisation is a pure function of (seed, name, global index) on any device"},
-    {"log-num-zeros-in-grad", Kind::Switch, Meaning::NoEffect, "megazero does not log zeros in the gradient"},
     {"empty-unused-memory-level", Kind::Value, Meaning::NoEffect,
      "the allocator keeps freed memory for reuse (--device-arena places it by plan)"},
     {"rampup-batch-size", Kind::Value, Meaning::Refused,

@@ -716,17 +716,19 @@ TrainResult Trainer::Impl::train() {
       const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
       const double mfu = model_flops_per_iter / per_iter / world.size() / 1e12 / peak;
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
-      const double params_norm = args.log_params_norm ? engine.params_norm() : 0.0;  // collective: every rank
+      const double params_norm = args.log_params_norm ? engine.params_norm() : 0.0;     // collective: every rank
+      const std::int64_t zeros = args.log_num_zeros_in_grad ? engine.grad_zeros() : 0;  // collective too
       if (root) {
         std::printf(
             " iteration %8lld/%8lld | consumed samples %10lld | elapsed time per iteration (ms): %.1f | learning rate "
-            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f%s | number of skipped "
+            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f%s%s | number of skipped "
             "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
             "peak memory (max over ranks) %.1f MiB%s | ETA %.0f s\n",
             static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
             static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
             r.loss_scale, r.stats.grad_norm,
             args.log_params_norm ? (" | params norm " + fixed3(params_norm)).c_str() : "",
+            args.log_num_zeros_in_grad ? (" | num zeros " + std::to_string(static_cast<long long>(zeros))).c_str() : "",
             static_cast<long long>(scaler.skipped_steps()), static_cast<long long>(nan_total),
             static_cast<double>(global * S) / per_iter, tflops, 100.0 * mfu, peak_mib,
             args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str()
@@ -761,6 +763,7 @@ TrainResult Trainer::Impl::train() {
                   << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
                   << ", \"grad_norm\": " << r.stats.grad_norm
                   << (args.log_params_norm ? detail::concat(", \"params_norm\": ", params_norm) : std::string())
+                  << (args.log_num_zeros_in_grad ? detail::concat(", \"num_zeros\": ", zeros) : std::string())
                   << ", \"skipped\": " << scaler.skipped_steps() << ", \"nan_iterations\": " << nan_total
                   << ", \"ms_per_iteration\": " << per_iter * 1e3
                   << ", \"tokens_per_s\": " << static_cast<double>(global * S) / per_iter
@@ -781,6 +784,7 @@ TrainResult Trainer::Impl::train() {
         scalar("learning-rate", step, r.lr);
         scalar("grad-norm", step, r.stats.grad_norm);
         if (args.log_params_norm) scalar("params-norm", step, params_norm);
+        if (args.log_num_zeros_in_grad) scalar("num-zeros", step, static_cast<double>(zeros));
         scalar("loss-scale", step, r.loss_scale);
         scalar("batch-size", step, static_cast<double>(global));
         scalar("skipped-iterations", step, static_cast<double>(scaler.skipped_steps()));

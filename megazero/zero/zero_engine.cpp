@@ -491,6 +491,15 @@ double ZeroEngine::params_norm() {
   return sumsq.device().has_storage() ? std::sqrt(sumsq.to_double_vector()[0]) : 0.0;
 }
 
+std::int64_t ZeroEngine::grad_zeros() {
+  const Tensor part_grads = partition_grads();
+  Tensor count = Tensor::empty(part_grads.device_ptr(), {1}, DType::F64, MemoryCategory::Workspace, "zeros in grad");
+  kernels::count_zeros(part_grads, norm_ranges_, count);
+  tp_.all_reduce(count, ReduceOp::Sum).wait();
+  dp_.all_reduce(count, ReduceOp::Sum).wait();
+  return count.device().has_storage() ? std::llround(count.to_double_vector()[0]) : 0;
+}
+
 Tensor ZeroEngine::partition_grads() {
   flush();
   clear_deferred_grads();  // no backward since zero_grad: cleared now, as they would have been

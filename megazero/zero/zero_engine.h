@@ -117,6 +117,12 @@ class ZeroEngine final : public layers::ParamHooks {
   // only, as the grad norm), summed over TP and DP. Collective over both
   // groups; waits for the last step's work and reads one scalar back.
   double params_norm();
+  // Megatron's number of zeros in the grad: the elements of the last
+  // backward's gradients that are exactly zero, counted over each rank's
+  // partition as the grad norm counts them (TP-replicated parameters once),
+  // summed over TP and DP. Call after the step, before the next zero_grad.
+  // Collective over both groups; reads one scalar back.
+  std::int64_t grad_zeros();
   // Recomputes the 16-bit parameters from freshly loaded master weights.
   void load_finished() { publish_params(); }
   // Waits for the last step's work still in flight: the parameter all-gathers

@@ -253,6 +253,7 @@ def cases():
         ("exit-interval", "5 --train-iters 10", "exit-interval = 5"),
         ("use-torch-fsdp2", "--train-iters 1", "zero-stage = 3"),
         ("log-params-norm", "--train-iters 1", "log-params-norm = true"),
+        ("log-num-zeros-in-grad", "--train-iters 1", "log-num-zeros-in-grad = true"),
         ("distribute-saved-activations", "--recompute-granularity full --train-iters 1",
          "partition-activations = true"),
         ("context-parallel-size", "1 --train-iters 1", "resolved configuration"),
@@ -268,7 +269,7 @@ def cases():
              "accumulate-allreduce-grads-in-fp32", "use-mcore-models", "use-legacy-models",
              "log-throughput", "log-timers-to-tensorboard", "log-validation-ppl-to-tensorboard",
              "log-memory-to-tensorboard", "no-load-rng", "no-persist-layer-norm", "apply-query-key-layer-scaling",
-             "no-query-key-layer-scaling", "use-cpu-initialization", "log-num-zeros-in-grad",
+             "no-query-key-layer-scaling", "use-cpu-initialization",
              "use-dist-ckpt", "async-save", "tp-comm-overlap", "manual-gc", "no-shared-storage",
              "cross-entropy-loss-fusion"]
     for flag in inert:

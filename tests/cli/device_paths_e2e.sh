@@ -12,7 +12,8 @@
 #  4. SIGTERM (what scancel and Slurm's time limit send) saves at the next step
 #     boundary, exits 5, and the resumed run continues exactly; a rank stopped
 #     with SIGSTOP ends the job through the collective watchdog (exit 4);
-#  5. --device-arena with saves (and --log-params-norm): no arena misses, and the save works from it;
+#  5. --device-arena with saves (and --log-params-norm, --log-num-zeros-in-grad): no arena misses, and the
+#     save works from it;
 #     5b: block recompute (with Pa+cpu, MD, the arena) and selective recompute
 #     train with no recompute's losses, bit for bit;
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
@@ -155,10 +156,11 @@ echo "device_paths_e2e ($device): a stopped rank -> watchdog report, exit 4"
 
 # 5. --device-arena: saves from it, and what the arena served resumes exactly.
 run arena 2 --device "$device" --zero-stage 3 --device-arena --train-iters 4 --save "$work/arena_all" --save-interval 2 \
-  --log-params-norm
+  --log-params-norm --log-num-zeros-in-grad
 ok arena
 grep -qE "iteration +4/ +4 .*arena misses 0 \|" "$work/arena.log" || fail "arena misses with saves"
 grep -qE "iteration +4/ +4 .*\| params norm [0-9]+\.[0-9]{3} \|" "$work/arena.log" || fail "no params norm logged"
+grep -qE "iteration +4/ +4 .*\| num zeros [0-9]+ \|" "$work/arena.log" || fail "no number of zeros in the grad logged"
 only "$work/arena_all" 2 "$work/ck_arena"
 run arena_resumed 2 --device "$device" --zero-stage 3 --device-arena --train-iters 4 --load "$work/ck_arena"
 ok arena_resumed

@@ -17,7 +17,9 @@
 //   for bit against the same additions done here in the kernel's order (which
 //   proves every element is read once per range it lies in), and against the
 //   CPU's kernels::sum_of_squares (another order) within 2 x terms x 2^-53 of
-//   the sum, the bound of two orders of a sum of positive terms.
+//   the sum, the bound of two orders of a sum of positive terms;
+// - the same kernel counting zeros: the CPU's kernels::count_zeros and a
+//   direct count, exactly.
 // Exit code 1 on any difference beyond that.
 #include <algorithm>
 #include <cmath>
@@ -264,6 +266,51 @@ void sum_of_squares(std::mt19937& rng) {
   check(zero == 0.0, "no ranges: zero", zero, 0, 0);
 }
 
+// The same kernel counting zeros (--log-num-zeros-in-grad): a third of the
+// elements +0 or -0, ranges as above (overlapping ones count twice, the
+// unaligned runs' slots past the end count nothing): the emulated launches'
+// count is the CPU kernel's and a direct count over the ranges, exactly.
+template <DType T>
+void count_zeros(std::mt19937& rng) {
+  using G = typename EmuStorage<T>::type;
+  const i64 n = 50003;
+  std::vector<std::pair<i64, i64>> ranges;
+  std::uniform_int_distribution<i64> at(0, n - 1), len(0, 300);
+  for (int k = 0; k < 480; ++k) {
+    const i64 b = at(rng);
+    ranges.emplace_back(b, k % 37 == 0 ? b : std::min(n, b + (k == 5 ? 20000 : len(rng))));
+  }
+  std::normal_distribution<double> normal;
+  std::uniform_int_distribution<int> pick(0, 5);
+  std::vector<double> g0(static_cast<std::size_t>(n));
+  for (auto& x : g0) {
+    const int c = pick(rng);
+    x = c == 0 ? 0.0 : c == 1 ? -0.0 : normal(rng);
+  }
+  const Tensor g = tensor_of({n}, g0, T);
+  const auto gv = values(g);
+  double direct = 0;
+  for (const auto& [b, e] : ranges)
+    for (i64 i = b; i < e; ++i) direct += gv[static_cast<std::size_t>(i)] == 0;
+  check(direct > 1000, "count zeros: the data has zeros", direct, 1000, 0);
+
+  const auto tables = dk::range_tables(ranges);
+  const unsigned blocks = 5, threads = 64;
+  std::vector<double> partial(tables.size() * blocks, -1.0);
+  for (std::size_t c = 0; c < tables.size(); ++c)
+    emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
+      dk::sum_sq_segments_kernel<G, dk::RangeSum::Zeros>(static_cast<const G*>(g.data()), tables[c],
+                                                         partial.data() + c * blocks);
+    });
+  double got = -1;
+  emu_launch(dim3{1, 1, 1}, 128, 0,
+             [&] { dk::sum_partials_kernel<double>(partial.data(), static_cast<i64>(partial.size()), &got); });
+  Tensor out = tensor_of({1}, {-1.0}, DType::F64);
+  kernels::count_zeros(g, ranges, out);
+  expect_close({got}, {direct}, 0, 0, "count zeros: the emulated GPU's count is the direct count");
+  expect_close({values(out)[0]}, {direct}, 0, 0, "count zeros: the CPU kernel's count is the direct count");
+}
+
 }  // namespace
 
 int main() {
@@ -286,6 +333,10 @@ int main() {
   sum_of_squares<DType::BF16>(rng);
   sum_of_squares<DType::F16>(rng);
   sum_of_squares<DType::F64>(rng);
+  count_zeros<DType::F32>(rng);
+  count_zeros<DType::BF16>(rng);
+  count_zeros<DType::F16>(rng);
+  count_zeros<DType::F64>(rng);
   if (failures) {
     std::printf("%d check(s) failed\n", failures);
     return 1;

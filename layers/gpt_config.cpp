@@ -138,7 +138,8 @@ void GPTConfig::validate(int tp) const {
              "--gemm-epilogues fuses fc1's bias and the GeLU into the GEMM, --no-bias-gelu-fusion asks for them in "
              "separate passes: drop one of the two");
   MZ_REQUIRE(attention_backend == "unfused" || attention_backend == "fused" || attention_backend == "cudnn",
-             "--attention-backend must be unfused, fused or cudnn, got '", attention_backend, "'");
+             "--attention-backend must be unfused, fused or cudnn (or Megatron's auto, flash or local), got '",
+             attention_backend, "'");
   MZ_REQUIRE(recompute_num_layers >= 0 && recompute_num_layers <= num_layers,
              "--recompute-num-layers with --recompute-method block is how many of the first layers recompute: 1 to "
              "--num-layers ",

@@ -123,7 +123,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "attention-backend", &a.model.attention_backend,
         "unfused (scores and probabilities in memory, as Megatron's classic path), fused (flash-style: neither "
         "is kept; backward recomputes them; the exact reference for cudnn) or cudnn (cuDNN's fused attention, "
-        "--device cuda, bf16/fp16; its own dropout mask; the fastest on a GPU: docs/PERFORMANCE.md)");
+        "--device cuda, bf16/fp16; its own dropout mask; the fastest on a GPU: docs/PERFORMANCE.md); Megatron's "
+        "auto and flash choose cudnn where it can run, else fused; its local is unfused");
   t.flag(M, "deterministic-mode", &a.model.deterministic,
          "deterministic kernels only: the same bits on every rerun (the other backends always are; with "
          "--attention-backend cudnn its deterministic backward, which needs a [B*heads, S, S] workspace)");

@@ -243,13 +243,19 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                "--zero-config ", a.zero_config, " does not have; use C2, C4 or C5, or drop the flag");
     a.zero_r.partition_activations = true;
   }
+  // Megatron's fast fused attention: cuDNN's where it can run (on an H200 it
+  // trained GPT-2 medium 1.8x faster than our flash kernel,
+  // docs/PERFORMANCE.md), else our fused kernel.
+  const bool cudnn = a.device == "cuda" && a.model.num_attention_heads > 0 &&  // bad heads: validate() says so
+                     kernels::cudnn_attention_unsupported(DeviceKind::CUDA, a.dtype(), a.model.head_dim()).empty();
+  const char* fast = cudnn ? "cudnn" : "fused";
+  // Megatron's other --attention-backend values: auto (its choice of the
+  // fastest) and flash are the fast fused attention; local is its own
+  // unfused attention.
+  auto& backend = a.model.attention_backend;
+  if (backend == "auto" || backend == "flash") backend = fast;
+  if (backend == "local") backend = "unfused";
   if (value("use-flash-attn")) {
-    // Megatron's flag asks for a fast fused attention: cuDNN's where it can
-    // run (on an H200 it trained GPT-2 medium 1.8x faster than our flash
-    // kernel, docs/PERFORMANCE.md), else our fused kernel.
-    const bool cudnn = a.device == "cuda" && a.model.num_attention_heads > 0 &&  // bad heads: validate() says so
-                       kernels::cudnn_attention_unsupported(DeviceKind::CUDA, a.dtype(), a.model.head_dim()).empty();
-    const char* fast = cudnn ? "cudnn" : "fused";
     MZ_REQUIRE(!was_given("attention-backend") || a.model.attention_backend != "unfused",
                "--use-flash-attn means a fused attention (--attention-backend ", fast,
                " here), but --attention-backend unfused was given; drop one of them");

@@ -126,7 +126,7 @@ def cases():
                    ("cuda:0", "--device must be cpu")],
         "distributed-backend": [("gloo", "--distributed-backend must be auto, mpi, nccl or shm"),
                                 ("nccl", "--distributed-backend nccl needs --device cuda")],
-        "attention-backend": [("flash", "--attention-backend must be unfused, fused or cudnn"),
+        "attention-backend": [("triton", "--attention-backend must be unfused, fused or cudnn"),
                               ("cudnn", "--attention-backend cudnn runs on --device cuda only")],
         "zero-config": [("C6", "--zero-config must be one of C1, C2, C3, C4, C5"), ("c1", "must be one of C1")],
         "hardware": [("tpu-pod", "tpu-pod")],
@@ -254,6 +254,11 @@ def cases():
         ("use-torch-fsdp2", "--train-iters 1", "zero-stage = 3"),
         ("log-params-norm", "--train-iters 1", "log-params-norm = true"),
         ("log-num-zeros-in-grad", "--train-iters 1", "log-num-zeros-in-grad = true"),
+        # Megatron's --attention-backend values: auto and flash are the fast fused attention (no GPU here:
+        # our fused kernel), local its unfused one.
+        ("attention-backend", "auto --train-iters 1", "attention-backend = fused"),
+        ("attention-backend", "flash --train-iters 1", "attention-backend = fused"),
+        ("attention-backend", "local --train-iters 1", "attention-backend = unfused"),
         ("distribute-saved-activations", "--recompute-granularity full --train-iters 1",
          "partition-activations = true"),
         ("context-parallel-size", "1 --train-iters 1", "resolved configuration"),

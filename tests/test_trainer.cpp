@@ -181,8 +181,8 @@ TEST(Trainer, FinetuneTrainsFromTheWeightsAsANewRun) {
     hf::import_checkpoint(io, *self);  // iteration 0, Adam's moments zero
     // A full checkpoint holds three times the floats of a master-only one.
     std::uintmax_t full_bytes = 0;
-    for (const auto& f : checkpoint::CheckpointReader(checkpoint::find_latest(ref)).manifest().files)
-      full_bytes += f.bytes;
+    const checkpoint::CheckpointReader imported(checkpoint::find_latest(ref));
+    for (const auto& f : imported.manifest().files) full_bytes += f.bytes;
     EXPECT_GT(full_bytes, 2.9 * static_cast<double>(master_only_bytes));
   }
   world().barrier().wait();
@@ -301,4 +301,77 @@ TEST(Trainer, PowerOfTwoConstantLossScaleChangesNoBit) {
   EXPECT_EQ(scaled.validation_loss, plain.validation_loss);
   EXPECT_THROW(args_of({"--loss-scale", "4096"}), ConfigError) << "fp32 has no loss scaling";
   EXPECT_THROW(args_of({"--fp16", "--loss-scale", "4096", "--initial-loss-scale", "65536"}), ConfigError);
+}
+
+// Megatron's --rampup-batch-size START INCREMENT SAMPLES: the batch of each
+// iteration from the samples consumed before it, against Megatron's float
+// formula wherever that is not on a step's exact boundary.
+TEST(Trainer, BatchRampUpFollowsMegatronsSchedule) {
+  const BatchSchedule b = BatchSchedule::parse({"16", "16", "5859375"}, 1536);
+  const std::int64_t increments = (1536 - 16) / 16;
+  const double per_increment = 5859375.0 / static_cast<double>(increments);
+  for (std::int64_t consumed = 0; consumed < 6000000; consumed += 7919) {
+    const std::int64_t megatron =
+        consumed > 5859375 ? 1536 : 16 + static_cast<std::int64_t>(static_cast<double>(consumed) / per_increment) * 16;
+    if ((consumed * increments) % 5859375 != 0) {
+      EXPECT_EQ(b.batch_at(consumed), megatron) << consumed;
+    }
+  }
+  EXPECT_EQ(b.batch_at(0), 16);
+  EXPECT_EQ(b.batch_at(5859375), 1536);
+  EXPECT_EQ(b.batch_at(5859376), 1536);
+  // consumed_after is the sum of the batches, iteration by iteration.
+  std::int64_t consumed = 0;
+  for (int it = 0; it < 20000; ++it) consumed += b.batch_at(consumed);
+  EXPECT_EQ(b.consumed_after(20000), consumed);
+  EXPECT_EQ(BatchSchedule::parse({}, 64).batch_at(12345), 64);
+  for (const auto& bad : std::vector<std::vector<std::string>>{
+           {"16", "16"}, {"16", "0", "100"}, {"1536", "16", "100"}, {"16", "15", "100"}, {"16", "16", "x"}})
+    EXPECT_THROW(BatchSchedule::parse(bad, 1536), ConfigError);
+  EXPECT_THROW(b.check_layout(32, 1), ConfigError) << "16 is not a multiple of 32 samples a micro-batch step";
+  EXPECT_NO_THROW(b.check_layout(8, 2));
+}
+
+// The trainer trains the ramped batches: batches 4, 4, 8, ... (4 more after
+// 8 samples), the learning rate read at consumed / 8 full-batch iterations,
+// the data position in the checkpoint, and a resume in the middle of the ramp
+// continues bit for bit.
+TEST(Trainer, RampUpTrainsGrowingBatchesAndResumesExactly) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = shared_temp_dir();
+  const std::vector<std::string> ramp = {
+      "--rampup-batch-size", "4",       "4", "8", "--global-batch-size", "8", "--lr", "0.001", "--lr-warmup-iters", "4",
+      "--lr-decay-style",    "constant"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), ramp.begin(), ramp.end());
+    return flags;
+  };
+  const TrainResult straight = run(with({"--save", dir, "--save-interval", "2"}));
+  ASSERT_EQ(straight.exit_code, 0);
+  EXPECT_EQ(straight.global_batches, (std::vector<std::int64_t>{4, 4, 8, 8, 8, 8}));
+  EXPECT_EQ(straight.consumed_samples, 40);
+  // Warmup over 4 full batches (32 samples), then constant: iteration k reads
+  // the schedule at consumed / 8 = 0, 0.5, 1, 2, 3, 4.
+  const std::vector<double> positions = {0, 0.5, 1, 2, 3, 4};
+  ASSERT_EQ(straight.learning_rates.size(), positions.size());
+  for (std::size_t i = 0; i < positions.size(); ++i)
+    EXPECT_DOUBLE_EQ(straight.learning_rates[i], 0.001 * std::min(1.0, (positions[i] + 1) / 4))
+        << "iteration " << i + 1;
+  // The first two iterations are a constant batch of 4's first two (the same
+  // samples, dropout and learning rate of their step).
+  const TrainResult four = run({"--global-batch-size", "4", "--train-iters", "2", "--lr", "0.001", "--lr-warmup-iters",
+                                "4", "--lr-decay-style", "constant"});
+  ASSERT_EQ(four.losses.size(), 2u);
+  EXPECT_EQ(straight.losses[0], four.losses[0]);
+  EXPECT_EQ(straight.losses[1], four.losses[1]) << "the first step used the same learning rate";
+  if (world().rank() == 0) {
+    checkpoint::CheckpointReader r(dir + "/iter_0000002");
+    EXPECT_EQ(r.manifest().state.consumed_samples, 8);
+  }
+  const TrainResult resumed = run(with({"--load", dir + "/iter_0000002"}));
+  EXPECT_EQ(resumed.global_batches, (std::vector<std::int64_t>{8, 8, 8, 8}));
+  ASSERT_EQ(resumed.losses.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_EQ(resumed.losses[i], straight.losses[2 + i]) << "iteration " << 3 + i;
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
 }

@@ -7,14 +7,25 @@
 
 namespace megazero::optim {
 
-double LrSchedule::at(std::int64_t it) const {
-  if (warmup_iters > 0 && it < warmup_iters)
-    return max_lr * static_cast<double>(it + 1) / static_cast<double>(warmup_iters);
-  if (style == "constant") return max_lr;
-  const double span = static_cast<double>(std::max<std::int64_t>(1, decay_iters - warmup_iters));
-  const double t = std::min(1.0, static_cast<double>(it - warmup_iters) / span);
-  const double coef = style == "linear" ? 1.0 - t : 0.5 * (1.0 + std::cos(std::numbers::pi * t));
-  return min_lr + coef * (max_lr - min_lr);
+namespace {
+// The schedule at (possibly fractional) iteration `it`.
+double lr_at(const LrSchedule& s, double it) {
+  const auto warmup = static_cast<double>(s.warmup_iters);
+  if (s.warmup_iters > 0 && it < warmup) return s.max_lr * (it + 1) / warmup;
+  if (s.style == "constant") return s.max_lr;
+  const double span = static_cast<double>(std::max<std::int64_t>(1, s.decay_iters - s.warmup_iters));
+  const double t = std::min(1.0, (it - warmup) / span);
+  const double coef = s.style == "linear" ? 1.0 - t : 0.5 * (1.0 + std::cos(std::numbers::pi * t));
+  return s.min_lr + coef * (s.max_lr - s.min_lr);
+}
+}  // namespace
+
+double LrSchedule::at(std::int64_t it) const { return lr_at(*this, static_cast<double>(it)); }
+
+double LrSchedule::at_samples(std::int64_t consumed, std::int64_t full_batch) const {
+  // A whole number of full batches gives the integer iteration, bit for bit.
+  if (consumed % full_batch == 0) return at(consumed / full_batch);
+  return lr_at(*this, static_cast<double>(consumed) / static_cast<double>(full_batch));
 }
 
 void LrSchedule::validate() const {

@@ -18,6 +18,12 @@ struct LrSchedule {
 
   // Learning rate for 0-based iteration `it`.
   double at(std::int64_t it) const;
+  // Learning rate after `consumed` samples of a run whose full batch is
+  // `full_batch`: the schedule read at iteration consumed / full_batch, a
+  // fraction while the batch ramps up (Megatron counts its schedule in samples,
+  // warmup and decay iterations times the global batch). For a constant batch,
+  // at(consumed / full_batch) exactly.
+  double at_samples(std::int64_t consumed, std::int64_t full_batch) const;
   // Throws ConfigError naming the flag for bad values.
   void validate() const;
 };

@@ -199,6 +199,10 @@ void define(OptionTable& t, TrainArgs& a) {
          "checkpoint save beyond the plan, is allocated as usual and counted as an arena miss)");
   t.add(T, "micro-batch-size", &a.micro_batch_size, "samples per rank per micro-batch");
   t.add(T, "global-batch-size", &a.global_batch_size, "samples per iteration; 0 = micro x DP");
+  t.list(T, "rampup-batch-size", &a.rampup_batch_size,
+         "START INCREMENT SAMPLES (Megatron's): the global batch starts at START and grows by INCREMENT in equal "
+         "steps over the first SAMPLES samples to --global-batch-size; the learning-rate schedule then advances by "
+         "samples (an iteration of a smaller batch moves it less), as Megatron's does");
   t.add(T, "train-iters", &a.train_iters, "iterations to train");
   t.add(T, "clip-grad", &a.clip_grad, "global gradient-norm clip; 0 = off");
   t.add(T, "weight-decay", &a.adam.weight_decay, "AdamW decoupled weight decay");
@@ -747,6 +751,11 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
                                                         : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
                                                           "tools/preprocess_data) or --mock-data");
+  if (!rampup_batch_size.empty()) {
+    MZ_REQUIRE(global_batch_size > 0,
+               "--rampup-batch-size ramps the batch up to --global-batch-size: set it (e.g. --global-batch-size 1536)");
+    (void)BatchSchedule::parse(rampup_batch_size, global_batch_size);
+  }
   MZ_REQUIRE(save_interval >= 0, "--save-interval must not be negative, got ", save_interval);
   MZ_REQUIRE(save_interval == 0 || !save.empty(), "--save-interval ", save_interval,
              " needs --save DIR (where to write the checkpoints)");
@@ -805,6 +814,11 @@ void TrainArgs::validate_layout(int world) const {
              "): global batch = micro batch x accumulation steps x DP; use "
              "a global batch of ",
              micro_batch_size * dp, " x k, or change --micro-batch-size");
+  batch_schedule(dp).check_layout(micro_batch_size, dp);
+}
+
+BatchSchedule TrainArgs::batch_schedule(std::int64_t dp) const {
+  return BatchSchedule::parse(rampup_batch_size, global_batch_size > 0 ? global_batch_size : micro_batch_size * dp);
 }
 
 std::string TrainArgs::to_config() const {

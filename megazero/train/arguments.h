@@ -15,6 +15,7 @@
 #include "megazero/comm/communicator.h"
 #include "megazero/optim/adamw.h"
 #include "megazero/optim/loss_scaler.h"
+#include "megazero/train/batch_schedule.h"
 #include "megazero/optim/lr_schedule.h"
 #include "megazero/zero/partitioned_activations.h"
 #include "megazero/zero/zero_engine.h"
@@ -88,6 +89,11 @@ struct TrainArgs {
   // moments, step count and the fp16 loss scale started afresh; --no-save-optim
   // saves the fp32 master weights alone (they reload with either of the two).
   bool finetune = false, no_load_optim = false, no_save_optim = false;
+  // --rampup-batch-size START INCREMENT SAMPLES (Megatron's): the global batch
+  // ramps up to --global-batch-size (train/batch_schedule.h).
+  std::vector<std::string> rampup_batch_size;
+  // The global batch of each iteration at data-parallel size dp.
+  BatchSchedule batch_schedule(std::int64_t dp) const;
   // faults (megazero/comm/fault_tolerance.h)
   double collective_timeout = 600;  // a generous NCCL-like default: a slow save or eval never trips it
   bool check_collectives = false;

@@ -75,8 +75,6 @@ const CompatFlag kFlags[] = {
      "initialisation is a pure function of (seed, name, global index) on any device"},
     {"empty-unused-memory-level", Kind::Value, Meaning::NoEffect,
      "the allocator keeps freed memory for reuse (--device-arena places it by plan)"},
-    {"rampup-batch-size", Kind::Value, Meaning::Refused,
-     "batch-size ramp-up is not implemented: the global batch is fixed"},
     {"DDP-impl", Kind::Value, Meaning::NoEffect, "data parallelism is the ZeRO engine's"},
     {"ckpt-format", Kind::Value, Meaning::NoEffect,
      "checkpoints are megazero's own sharded format, which loads on any TP x DP layout (docs/CHECKPOINTS.md)"},
@@ -283,6 +281,10 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
     const auto* v = value(flag);
     if (!v) return;
     conflict(flag, ours);
+    MZ_REQUIRE(a.rampup_batch_size.empty(), "--", flag,
+               " counts samples, which --rampup-batch-size's growing batches do not turn into whole iterations: "
+               "use --",
+               ours, " (Megatron's GPT-3 scripts do)");
     const std::int64_t samples = parse_int(flag, *v);
     MZ_REQUIRE(samples >= 0, "--", flag, " must not be negative, got ", samples);
     MZ_REQUIRE(a.global_batch_size > 0, "--", flag,

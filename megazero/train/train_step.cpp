@@ -58,7 +58,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   Tensor loss_total = Tensor::empty(loss_sum.device_ptr(), {1}, DType::F64, MemoryCategory::Workspace, "loss sum");
   loss_total.copy_from(loss_sum);
   Work loss_reduced = dp.all_reduce(loss_total, ReduceOp::Sum);
-  r.lr = opt.lr.at(iteration);
+  r.lr = opt.lr_at ? opt.lr_at(iteration) : opt.lr.at(iteration);
   const auto opt_begin = dev.mark();
   set_activity("optimizer step");
   r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1 - opt.optimizer_start_iteration);

@@ -48,6 +48,9 @@ struct OptimizerSettings {
   // The iteration Adam's moments started from (0, or the checkpoint's with
   // --no-load-optim): the bias correction counts steps from it.
   std::int64_t optimizer_start_iteration = 0;
+  // When set, the learning rate of an iteration (the trainer's with a
+  // batch-size ramp-up, which follows the samples consumed); else lr.at.
+  std::function<double(std::int64_t iteration)> lr_at = {};
 };
 
 // while_optimizer_runs, when given, is called once the optimizer step is

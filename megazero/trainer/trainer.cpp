@@ -107,7 +107,8 @@ struct Trainer::Impl {
   std::unique_ptr<SampleSource> source;
   bool root = false;
   int dp = 1, local_ranks = 1, local_index = 0;
-  std::int64_t global = 0, accum = 1, S = 0;
+  std::int64_t global = 0, accum = 1, S = 0;  // the full global batch (after any ramp-up), its micro-batches per rank
+  BatchSchedule batches;                      // each iteration's global batch (--rampup-batch-size)
   std::string host_name;
   std::shared_ptr<Device> device, host;
   bool on_gpu = false;
@@ -119,12 +120,16 @@ struct Trainer::Impl {
   std::unique_ptr<optim::LossScaler> scaler_;
   checkpoint::Placement placement;
   std::int64_t start_iter = 0, consumed_at_start = 0, last_saved = -1;
+  // consumed_[k]: the samples consumed before iteration start_iter + k.
+  std::vector<std::int64_t> consumed_;
+  std::int64_t consumed_before(std::int64_t it);
+  std::int64_t batch_of(std::int64_t it) { return batches.batch_at(consumed_before(it)); }
   std::ofstream metrics;
   std::optional<TensorBoardWriter> tensorboard;  // rank 0 writes, as Megatron's
   std::unique_ptr<IterationProfile> profile;     // --profile
-  // FLOPs an iteration: with what the recompute adds (the TFLOP/s the paper
+  // FLOPs a token: with what the recompute adds (the TFLOP/s the paper
   // reports) and without it (the model's FLOPs: MFU, as the planner's).
-  double peak = 0, flops_per_iter = 0, model_flops_per_iter = 0;
+  double peak = 0, flops_per_token = 0, model_flops_per_token = 0;
 
   void setup(std::unique_ptr<Communicator> world_comm);
   void build();
@@ -158,6 +163,7 @@ void Trainer::Impl::setup(std::unique_ptr<Communicator> world_comm) {
   run_consistently(world, [&] { args.model.validate(groups->tp_size()); });
   global = args.global_batch_size > 0 ? args.global_batch_size : args.micro_batch_size * dp;
   accum = global / (args.micro_batch_size * dp);
+  batches = args.batch_schedule(dp);
   S = args.model.seq_length;
   // This rank's place among the ranks on its host (the real machine, whatever
   // --ranks-per-node says): it shares the host's cores and picks its GPU by it.
@@ -512,8 +518,16 @@ void Trainer::Impl::build() {
     });
   // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
   peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
-  flops_per_iter = model.flops_per_token(true) * static_cast<double>(global * S);
-  model_flops_per_iter = model.flops_per_token(false) * static_cast<double>(global * S);
+  flops_per_token = model.flops_per_token(true);
+  model_flops_per_token = model.flops_per_token(false);
+  consumed_.assign(1, consumed_at_start);
+  if (batches.ramps()) {
+    // Megatron's schedule in samples: an iteration of a smaller batch moves it less.
+    opt.lr_at = [this](std::int64_t it) { return opt.lr.at_samples(consumed_before(it), global); };
+    if (root)
+      std::printf(" batch-size ramp-up: %s; this run starts at a global batch of %lld\n", batches.describe().c_str(),
+                  static_cast<long long>(batch_of(start_iter)));
+  }
 }
 
 void Trainer::Impl::save(std::int64_t iteration) {
@@ -522,7 +536,7 @@ void Trainer::Impl::save(std::int64_t iteration) {
   Activity activity("saving a checkpoint");
   checkpoint::TrainState st;
   st.iteration = iteration;
-  st.consumed_samples = consumed_at_start + (iteration - start_iter) * global;
+  st.consumed_samples = consumed_before(iteration);
   st.seed = args.seed;
   st.loss_scaler = scaler.state();
   st.config = args.to_config();
@@ -540,19 +554,30 @@ void Trainer::Impl::save(std::int64_t iteration) {
   std::fflush(stdout);
 }
 
+std::int64_t Trainer::Impl::consumed_before(std::int64_t it) {
+  MZ_CHECK(it >= start_iter, "consumed_before(", it, ") before the run's first iteration ", start_iter);
+  while (static_cast<std::int64_t>(consumed_.size()) <= it - start_iter)
+    consumed_.push_back(consumed_.back() + batches.batch_at(consumed_.back()));
+  return consumed_[static_cast<std::size_t>(it - start_iter)];
+}
+
 std::vector<MicroBatch> Trainer::Impl::host_micro_batches(std::int64_t it, Split split) {
   std::vector<MicroBatch> mbs;
-  for (std::int64_t m = 0; m < accum; ++m) {
+  // Training: this iteration's batch (it ramps up with --rampup-batch-size);
+  // evaluation: always the full one.
+  const bool train = split == Split::Train;
+  const std::int64_t batch = train ? batch_of(it) : global;
+  for (std::int64_t m = 0; m < batch / (args.micro_batch_size * dp); ++m) {
     MicroBatch mb;
     mb.step.seed = args.seed;
     mb.step.iteration = static_cast<std::uint64_t>(it);
     mb.step.micro_batch = args.micro_batch_size;
     mb.step.seq = S;
     mb.step.training = split == Split::Train;
-    mb.step.sample_offset = groups->dp_rank() * (global / dp) + m * args.micro_batch_size;
+    mb.step.sample_offset = groups->dp_rank() * (batch / dp) + m * args.micro_batch_size;
     // Training reads from the data position (consumed samples), so a resumed
     // run continues where the checkpoint left off.
-    const std::int64_t base = split == Split::Train ? consumed_at_start + (it - start_iter) * global : it * global;
+    const std::int64_t base = train ? consumed_before(it) : it * global;
     source->fill(split, base + mb.step.sample_offset, args.micro_batch_size, S, host, mb.ids, mb.targets);
     mbs.push_back(std::move(mb));
   }
@@ -606,9 +631,11 @@ TrainResult Trainer::Impl::train() {
   TrainResult result;
   result.start_iteration = start_iter;
   result.last_iteration = start_iter;
+  result.consumed_samples = consumed_at_start;
   const auto t_start = Clock::now();
   double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
   double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0, window_waits = 0, window_issue = 0;
+  double window_tokens = 0;  // the batch can ramp up: tokens/s and FLOPs count what the window trained
   std::int64_t nan_total = 0, window_iters = 0;
   bool epilogues_reported = false, autotune_reported = false;
   const std::int64_t nan_at = nan_loss_at();
@@ -658,12 +685,14 @@ TrainResult Trainer::Impl::train() {
       }
       next_data_s = seconds_since(tp);
     };
+    const std::int64_t batch = batch_of(it);
     StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it, prefetch);
     if (it + 1 == nan_at) r.loss = std::nan("");
     const double t_step = seconds_since(t1);
     window_time += seconds_since(t0);
     if (profile) profile->after(it + 1);
     ++window_iters;
+    window_tokens += static_cast<double>(batch * S);
     window_data += t_data;
     window_step += t_step;
     window_fwd += r.forward_s;
@@ -673,6 +702,9 @@ TrainResult Trainer::Impl::train() {
     window_waits += static_cast<double>(r.host_waits);
     window_issue += r.host_issue_s;
     result.losses.push_back(r.loss);
+    result.learning_rates.push_back(r.lr);
+    result.global_batches.push_back(batch);
+    result.consumed_samples = consumed_before(it + 1);
     result.last_iteration = it + 1;
     if (first) first_loss = r.loss;
     first = false;
@@ -713,8 +745,10 @@ TrainResult Trainer::Impl::train() {
                                          .snapshot()
                                          .by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
                                          .peak_bytes));
-      const double tflops = flops_per_iter / per_iter / world.size() / 1e12;
-      const double mfu = model_flops_per_iter / per_iter / world.size() / 1e12 / peak;
+      const double tokens_per_s = window_tokens / window_time;
+      const double tflops = flops_per_token * tokens_per_s / world.size() / 1e12;
+      const double mfu = model_flops_per_token * tokens_per_s / world.size() / 1e12 / peak;
+      const std::int64_t consumed = consumed_before(it + 1);
       const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
       const double params_norm = args.log_params_norm ? engine.params_norm() : 0.0;     // collective: every rank
       const std::int64_t zeros = args.log_num_zeros_in_grad ? engine.grad_zeros() : 0;  // collective too
@@ -724,13 +758,12 @@ TrainResult Trainer::Impl::train() {
             "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f%s%s | number of skipped "
             "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
             "peak memory (max over ranks) %.1f MiB%s | ETA %.0f s\n",
-            static_cast<long long>(it + 1), static_cast<long long>(args.train_iters),
-            static_cast<long long>((it + 1) * global), per_iter * 1e3, r.lr, static_cast<long long>(global), r.loss,
-            r.loss_scale, r.stats.grad_norm,
+            static_cast<long long>(it + 1), static_cast<long long>(args.train_iters), static_cast<long long>(consumed),
+            per_iter * 1e3, r.lr, static_cast<long long>(batch), r.loss, r.loss_scale, r.stats.grad_norm,
             args.log_params_norm ? (" | params norm " + fixed3(params_norm)).c_str() : "",
             args.log_num_zeros_in_grad ? (" | num zeros " + std::to_string(static_cast<long long>(zeros))).c_str() : "",
-            static_cast<long long>(scaler.skipped_steps()), static_cast<long long>(nan_total),
-            static_cast<double>(global * S) / per_iter, tflops, 100.0 * mfu, peak_mib,
+            static_cast<long long>(scaler.skipped_steps()), static_cast<long long>(nan_total), tokens_per_s, tflops,
+            100.0 * mfu, peak_mib,
             args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str()
                               : "",
             eta);
@@ -759,14 +792,13 @@ TrainResult Trainer::Impl::train() {
         }
         std::fflush(stdout);
         if (metrics.is_open())
-          metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << (it + 1) * global
-                  << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"loss_scale\": " << r.loss_scale
-                  << ", \"grad_norm\": " << r.stats.grad_norm
+          metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << consumed
+                  << ", \"global_batch_size\": " << batch << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr
+                  << ", \"loss_scale\": " << r.loss_scale << ", \"grad_norm\": " << r.stats.grad_norm
                   << (args.log_params_norm ? detail::concat(", \"params_norm\": ", params_norm) : std::string())
                   << (args.log_num_zeros_in_grad ? detail::concat(", \"num_zeros\": ", zeros) : std::string())
                   << ", \"skipped\": " << scaler.skipped_steps() << ", \"nan_iterations\": " << nan_total
-                  << ", \"ms_per_iteration\": " << per_iter * 1e3
-                  << ", \"tokens_per_s\": " << static_cast<double>(global * S) / per_iter
+                  << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": " << tokens_per_s
                   << ", \"tflops_per_rank\": " << tflops << ", \"mfu\": " << mfu
                   << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0 << ", \"forward_ms\": " << fwd.max * 1e3
                   << ", \"backward_ms\": " << bwd.max * 1e3 << ", \"optimizer_ms\": " << optim_t.max * 1e3
@@ -786,11 +818,11 @@ TrainResult Trainer::Impl::train() {
         if (args.log_params_norm) scalar("params-norm", step, params_norm);
         if (args.log_num_zeros_in_grad) scalar("num-zeros", step, static_cast<double>(zeros));
         scalar("loss-scale", step, r.loss_scale);
-        scalar("batch-size", step, static_cast<double>(global));
+        scalar("batch-size", step, static_cast<double>(batch));
         scalar("skipped-iterations", step, static_cast<double>(scaler.skipped_steps()));
         scalar("nan-iterations", step, static_cast<double>(nan_total));
         scalar("iteration-time-ms", step, per_iter * 1e3);
-        scalar("throughput/tokens-per-second", step, static_cast<double>(global * S) / per_iter);
+        scalar("throughput/tokens-per-second", step, tokens_per_s);
         scalar("throughput/tflops-per-rank", step, tflops);
         scalar("throughput/mfu", step, mfu);
         scalar("memory/peak-mib", step, peak_mib);
@@ -802,7 +834,7 @@ TrainResult Trainer::Impl::train() {
         tensorboard->flush();
       }
       window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = window_waits =
-          window_issue = 0;
+          window_issue = window_tokens = 0;
       window_iters = 0;
     }
     if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 &&

@@ -24,11 +24,14 @@
 namespace megazero::train {
 
 struct TrainResult {
-  int exit_code = 0;                 // 0, or kExitStoppedBySignal (5)
-  std::int64_t start_iteration = 0;  // the checkpoint's iteration, or 0
-  std::int64_t last_iteration = 0;   // the last completed iteration
-  std::vector<double> losses;        // the mean loss of each iteration this run trained
-  double validation_loss = 0;        // the final evaluation's (0 with --eval-iters 0)
+  int exit_code = 0;                         // 0, or kExitStoppedBySignal (5)
+  std::int64_t start_iteration = 0;          // the checkpoint's iteration, or 0
+  std::int64_t last_iteration = 0;           // the last completed iteration
+  std::vector<double> losses;                // the mean loss of each iteration this run trained
+  std::vector<double> learning_rates;        // ... its learning rate
+  std::vector<std::int64_t> global_batches;  // ... and its global batch (--rampup-batch-size)
+  std::int64_t consumed_samples = 0;         // the data position after the last iteration
+  double validation_loss = 0;                // the final evaluation's (0 with --eval-iters 0)
 };
 
 class Trainer {

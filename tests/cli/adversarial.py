@@ -328,7 +328,13 @@ def cases():
          "--recompute-activations"),
         ("distribute-saved-activations", "--zero-config C1", "--distribute-saved-activations is Pa, which "
          "--zero-config C1 does not have"),
-        ("rampup-batch-size", "4", "--rampup-batch-size: batch-size ramp-up is not implemented"),
+        ("rampup-batch-size", "4 4", "--rampup-batch-size takes three whole numbers \\(Megatron's START INCREMENT "
+         "SAMPLES"),
+        ("rampup-batch-size", "16 4 64", "--rampup-batch-size starts at 16 samples, not below "
+         "--global-batch-size 16: there is nothing to ramp"),
+        ("rampup-batch-size", "8 3 64", "--global-batch-size 16 minus the start 8 is not a multiple of the increment 3"),
+        ("rampup-batch-size", "4 4 64", "every batch of the ramp must be a multiple of --micro-batch-size 4 x "
+         "data-parallel size 2 = 8"),
     ]
     for flag, value, regex in refused:
         add(f"megatron.refused.{flag}={value or 'on'}", E2, regex, f"{minimal} --train-iters 1 --{flag} {value}".rstrip())
@@ -353,6 +359,15 @@ def cases():
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
     add("megatron.loss-scale.fp16", 0, "iteration +1/.*loss scale 1024.0 .*\n(.*\n)*.*iteration +2/.*loss scale 1024.0",
         "{TRAIN} " + TINY + " --fp16 --loss-scale 1024")
+    add("megatron.rampup-batch-size", 0, "batch-size ramp-up: 8 -> 16 in steps of 8, one every 16.0 samples \\(16 "
+        "samples\\).*\n(.*\n)*.*iteration +1/.*consumed samples +8 .*global batch size +8 \\|(.*\n)*.*iteration +3/.*"
+        "consumed samples +32 .*global batch size +16 \\|", "{TRAIN} " + TINY.replace("--train-iters 2", "--train-iters 3")
+        + " --global-batch-size 16 --micro-batch-size 4 --rampup-batch-size 8 8 16")
+    add("megatron.rampup-batch-size.train-samples", E2, "--train-samples counts samples, which --rampup-batch-size's "
+        "growing batches do not turn into whole iterations: use --train-iters",
+        f"{minimal} --rampup-batch-size 8 8 64 --train-samples 160")
+    add("megatron.rampup-batch-size.no-global", E2, "--rampup-batch-size ramps the batch up to --global-batch-size: set it",
+        minimal.replace("--global-batch-size 16 ", "") + " --train-iters 1 --rampup-batch-size 8 8 64")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--qk-layernorm",
         f"{minimal} --train-iters 1 --num-experts 8 --qk-layernorm")
 

@@ -449,3 +449,24 @@ TEST(LrSchedule, WarmupThenCosineLinearConstant) {
     EXPECT_NE(std::string(e.what()).find("--min-lr"), std::string::npos);
   }
 }
+
+// Megatron's --lr-warmup-init: the warmup rises linearly from it to --lr; and
+// the schedule read in samples (a batch-size ramp-up) is the iteration
+// schedule at consumed / full batch, bit for bit at whole batches.
+TEST(LrSchedule, WarmupInitAndTheScheduleInSamples) {
+  LrSchedule s;
+  s.max_lr = 1.0;
+  s.init_lr = 0.2;
+  s.warmup_iters = 4;
+  s.decay_iters = 14;
+  EXPECT_DOUBLE_EQ(s.at(0), 0.2 + 0.8 * 0.25);
+  EXPECT_DOUBLE_EQ(s.at(2), 0.2 + 0.8 * 0.75);
+  EXPECT_DOUBLE_EQ(s.at(3), 1.0);
+  EXPECT_NO_THROW(s.validate());
+  s.init_lr = 1.5;
+  EXPECT_THROW(s.validate(), ConfigError);
+  s.init_lr = 0;
+  for (std::int64_t it = 0; it < 20; ++it) EXPECT_EQ(s.at_samples(it * 64, 64), s.at(it)) << it;
+  EXPECT_DOUBLE_EQ(s.at_samples(32, 64), 1.0 * 1.5 / 4) << "half an iteration into the warmup";
+  EXPECT_NEAR(s.at_samples(9 * 64 + 16, 64), 0.5 * (1 + std::cos(std::numbers::pi * 5.25 / 10)), 1e-12);
+}

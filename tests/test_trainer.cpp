@@ -375,3 +375,26 @@ TEST(Trainer, RampUpTrainsGrowingBatchesAndResumesExactly) {
   world().barrier().wait();
   if (world().rank() == 0) fs::remove_all(dir);
 }
+
+// Megatron's --skip-train evaluates the loaded model and trains nothing: the
+// validation loss a run reported at its end; --ckpt-step loads the named
+// iteration (and only it); --exit-on-missing-checkpoint refuses an empty --load.
+TEST(Trainer, SkipTrainEvaluatesTheCheckpointAndCkptStepPicksIt) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = shared_temp_dir();
+  const TrainResult trained = run({"--save", dir, "--save-interval", "3"});
+  const TrainResult evaluated = run({"--load", dir, "--skip-train"});
+  EXPECT_TRUE(evaluated.losses.empty());
+  EXPECT_EQ(evaluated.start_iteration, 6);
+  EXPECT_EQ(evaluated.validation_loss, trained.validation_loss);
+  const TrainResult third = run({"--load", dir, "--ckpt-step", "3", "--skip-train"});
+  EXPECT_EQ(third.start_iteration, 3);
+  EXPECT_NE(third.validation_loss, trained.validation_loss);
+  EXPECT_NE(build_error({"--load", dir, "--ckpt-step", "4"}).find("--ckpt-step 4: no checkpoint"), std::string::npos);
+  EXPECT_NE(build_error({"--load", dir + "/none", "--exit-on-missing-checkpoint"})
+                .find("--exit-on-missing-checkpoint stops here instead of starting from random weights"),
+            std::string::npos);
+  EXPECT_THROW(args_of({"--skip-train", "--eval-iters", "0"}), ConfigError);
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
+}

@@ -1,4 +1,4 @@
-// Learning-rate schedule as Megatron defines it: linear warmup from 0 to
+// Learning-rate schedule as Megatron defines it: linear warmup from 0 (or --lr-warmup-init) to
 // --lr over --lr-warmup-iters, then decay to --min-lr over the remaining
 // iterations (--lr-decay-iters, default --train-iters): cosine, linear or
 // constant.
@@ -12,6 +12,7 @@ namespace megazero::optim {
 struct LrSchedule {
   double max_lr = 1e-4;
   double min_lr = 0.0;
+  double init_lr = 0.0;  // --lr-warmup-init (Megatron's): where the linear warmup starts
   std::int64_t warmup_iters = 0;
   std::int64_t decay_iters = 1;  // iteration at which min_lr is reached
   std::string style = "cosine";  // cosine | linear | constant

@@ -213,6 +213,7 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(L, "lr", &a.lr.max_lr, "peak learning rate");
   t.add(L, "min-lr", &a.lr.min_lr, "learning rate after decay");
   t.add(L, "lr-warmup-iters", &a.lr.warmup_iters, "linear warmup iterations");
+  t.add(L, "lr-warmup-init", &a.lr.init_lr, "the learning rate the linear warmup starts from (Megatron's)");
   t.add(L, "lr-decay-iters", &a.lr.decay_iters, "iteration at which min-lr is reached; 0 = train-iters");
   t.add(L, "lr-decay-style", &a.lr.style, "cosine, linear or constant");
   t.flag(X, "fp16", &a.fp16, "fp16 params/grads, fp32 master, dynamic loss scaling");
@@ -233,6 +234,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(G, "log-interval", &a.log_interval, "iterations between log lines");
   t.add(G, "eval-interval", &a.eval_interval, "iterations between validation runs; 0 = only at the end");
   t.add(G, "eval-iters", &a.eval_iters, "validation micro-batches per evaluation");
+  t.flag(G, "skip-train", &a.skip_train,
+         "evaluate the model (the checkpoint of --load, else the initial weights) on --eval-iters validation "
+         "batches and exit: nothing is trained or saved (Megatron's flag)");
   t.add(G, "metrics-file", &a.metrics_file, "JSON-lines metrics, one record per logged iteration");
   t.flag(G, "log-params-norm", &a.log_params_norm,
          "log the global L2 norm of the fp32 master weights on each logged iteration (Megatron's flag; a pass over "
@@ -258,6 +262,11 @@ void define(OptionTable& t, TrainArgs& a) {
   t.flag(C, "no-load-optim", &a.no_load_optim,
          "with --load: the checkpoint's weights, iteration and data position; Adam's moments and step count and the "
          "fp16 loss scale start afresh, and this command line's LR schedule applies");
+  t.add(C, "ckpt-step", &a.ckpt_step,
+        "with --load: load that iteration's checkpoint (iter_N) and no other; it must exist and be whole; -1 = the "
+        "newest usable");
+  t.flag(C, "exit-on-missing-checkpoint", &a.exit_on_missing_checkpoint,
+         "with --load: stop with an error when it holds no checkpoint, instead of starting from random weights");
   t.flag(C, "no-save-optim", &a.no_save_optim,
          "--save writes the fp32 master weights alone (a third of the bytes); such a checkpoint reloads with "
          "--no-load-optim or --finetune");
@@ -715,6 +724,11 @@ void TrainArgs::validate() const {
   for (const auto& [flag, set] : {std::pair{"--finetune", finetune}, std::pair{"--no-load-optim", no_load_optim}})
     MZ_REQUIRE(!set || !load.empty(), flag, " says what to load of a checkpoint: add --load DIR");
   MZ_REQUIRE(!no_save_optim || !save.empty(), "--no-save-optim says what to save: add --save DIR");
+  MZ_REQUIRE(ckpt_step >= -1, "--ckpt-step must be an iteration (0 or more; -1 = the newest), got ", ckpt_step);
+  MZ_REQUIRE(ckpt_step < 0 || !load.empty(), "--ckpt-step ", ckpt_step,
+             " picks a checkpoint of --load DIR: add --load");
+  MZ_REQUIRE(!exit_on_missing_checkpoint || !load.empty(),
+             "--exit-on-missing-checkpoint says what to do when --load holds no checkpoint: add --load DIR");
   MZ_REQUIRE(!finetune || !(use_checkpoint_lr_schedule || override_lr_schedule),
              "--finetune starts a new learning-rate schedule at iteration 0: ",
              use_checkpoint_lr_schedule ? "--use-checkpoint-opt-param-scheduler" : "--override-opt-param-scheduler",
@@ -747,6 +761,8 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(std::isfinite(clip_grad) && clip_grad >= 0,
              "--clip-grad must be a finite non-negative number (0 = off), got ", clip_grad);
   MZ_REQUIRE(log_interval > 0, "--log-interval must be positive");
+  MZ_REQUIRE(!skip_train || eval_iters > 0,
+             "--skip-train only evaluates, and --eval-iters 0 leaves nothing to evaluate: set --eval-iters N");
   MZ_REQUIRE(eval_iters >= 0 && eval_interval >= 0, "--eval-interval and --eval-iters must not be negative");
   MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
                                                         : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
@@ -817,6 +833,13 @@ void TrainArgs::validate_layout(int world) const {
   batch_schedule(dp).check_layout(micro_batch_size, dp);
 }
 
+std::string TrainArgs::load_path() const {
+  if (ckpt_step < 0) return load;
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(ckpt_step));
+  return (std::filesystem::path(load) / name).string();
+}
+
 BatchSchedule TrainArgs::batch_schedule(std::int64_t dp) const {
   return BatchSchedule::parse(rampup_batch_size, global_batch_size > 0 ? global_batch_size : micro_batch_size * dp);
 }
@@ -853,7 +876,7 @@ std::map<std::string, std::string> config_values(const std::string& config) {
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration) {
   if (iteration == 0) return "";
   const auto saved = config_values(saved_config), now = config_values(args.to_config());
-  const char* const keys[] = {"lr", "min-lr", "lr-warmup-iters", "lr-decay-iters", "lr-decay-style"};
+  const char* const keys[] = {"lr", "min-lr", "lr-warmup-iters", "lr-warmup-init", "lr-decay-iters", "lr-decay-style"};
   std::string diff;
   for (const char* k : keys) {
     const auto s = saved.find(k), n = now.find(k);
@@ -873,6 +896,7 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
     if (saved.count("lr")) args.lr.max_lr = number("lr");
     if (saved.count("min-lr")) args.lr.min_lr = number("min-lr");
     if (saved.count("lr-warmup-iters")) args.lr.warmup_iters = whole("lr-warmup-iters");
+    if (saved.count("lr-warmup-init")) args.lr.init_lr = number("lr-warmup-init");
     if (saved.count("lr-decay-iters")) args.lr.decay_iters = whole("lr-decay-iters");
     if (saved.count("lr-decay-style")) args.lr.style = saved.at("lr-decay-style");
     args.lr.validate();

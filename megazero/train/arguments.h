@@ -89,6 +89,14 @@ struct TrainArgs {
   // moments, step count and the fp16 loss scale started afresh; --no-save-optim
   // saves the fp32 master weights alone (they reload with either of the two).
   bool finetune = false, no_load_optim = false, no_save_optim = false;
+  // Megatron's: --ckpt-step N loads --load's iter_N and no other;
+  // --exit-on-missing-checkpoint refuses to start from random weights when
+  // --load holds no checkpoint.
+  std::int64_t ckpt_step = -1;
+  bool skip_train = false;  // --skip-train (Megatron's): evaluate the loaded model, train nothing
+  bool exit_on_missing_checkpoint = false;
+  // The checkpoint directory a load reads: --load, or its iter_N with --ckpt-step.
+  std::string load_path() const;
   // --rampup-batch-size START INCREMENT SAMPLES (Megatron's): the global batch
   // ramps up to --global-batch-size (train/batch_schedule.h).
   std::vector<std::string> rampup_batch_size;

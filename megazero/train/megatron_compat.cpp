@@ -104,6 +104,47 @@ const CompatFlag kFlags[] = {
      "megazero has no pipeline parallelism; TP x ZeRO-DP scale the model"},
     {"expert-model-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     {"num-experts", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
+    {"optimizer", Kind::Value, Meaning::Translated, "adam only (AdamW, decoupled weight decay, as Megatron's)"},
+    {"dataloader-type", Kind::Value, Meaning::Translated,
+     "single only (samples in order from the data position, Megatron's pretraining sampler)"},
+    {"kv-channels", Kind::Value, Meaning::Translated, "--hidden-size / --num-attention-heads only"},
+    {"check-for-nan-in-loss-and-grad", Kind::Switch, Meaning::NoEffect,
+     "always on: a NaN/Inf loss stops the run (--on-nan-loss), a non-finite gradient norm skips the step"},
+    {"exit-signal-handler", Kind::Switch, Meaning::NoEffect,
+     "always on: SIGTERM and SIGUSR1 save at the next step boundary (with --save) and exit 5"},
+    {"data-cache-path", Kind::Value, Meaning::NoEffect, "no index cache is built: every rank memory-maps the .idx"},
+    {"no-bias-swiglu-fusion", Kind::Switch, Meaning::NoEffect, "SwiGLU is one kernel either way (the same result)"},
+    {"no-rope-fusion", Kind::Switch, Meaning::NoEffect, "rotary embeddings are one kernel either way"},
+    {"tensorboard-log-interval", Kind::Value, Meaning::NoEffect,
+     "TensorBoard receives every logged iteration (--log-interval)"},
+    {"log-world-size-to-tensorboard", Kind::Switch, Meaning::NoEffect,
+     "the world size is in the printed configuration and the metrics' first record"},
+    {"log-loss-scale-to-tensorboard", Kind::Switch, Meaning::NoEffect, "--tensorboard-dir always receives loss-scale"},
+    {"log-batch-size-to-tensorboard", Kind::Switch, Meaning::NoEffect, "--tensorboard-dir always receives batch-size"},
+    {"log-learning-rate-to-tensorboard", Kind::Switch, Meaning::NoEffect,
+     "--tensorboard-dir always receives learning-rate"},
+    {"wandb-project", Kind::Value, Meaning::Refused,
+     "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
+    {"wandb-exp-name", Kind::Value, Meaning::Refused,
+     "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
+    {"eod-mask-loss", Kind::Switch, Meaning::Refused,
+     "masking the loss at end-of-document tokens is not implemented: every token's loss counts"},
+    {"reset-position-ids", Kind::Switch, Meaning::Refused,
+     "per-document position ids are not implemented: positions run over the whole sequence"},
+    {"reset-attention-mask", Kind::Switch, Meaning::Refused,
+     "per-document attention masks are not implemented: attention is causal over the whole sequence"},
+    {"train-data-path", Kind::Value, Meaning::Refused,
+     "separate train/valid/test datasets are not implemented: pass --data-path with --split"},
+    {"valid-data-path", Kind::Value, Meaning::Refused,
+     "separate train/valid/test datasets are not implemented: pass --data-path with --split"},
+    {"test-data-path", Kind::Value, Meaning::Refused,
+     "separate train/valid/test datasets are not implemented: pass --data-path with --split"},
+    {"init-method-xavier-uniform", Kind::Switch, Meaning::Refused,
+     "Xavier initialisation is not implemented: weights are normal with --init-method-std"},
+    {"apply-residual-connection-post-layernorm", Kind::Switch, Meaning::Refused,
+     "the post-LayerNorm residual (BERT's) is not implemented: megazero's layers are pre-LayerNorm"},
+    {"fp32-residual-connection", Kind::Switch, Meaning::Refused,
+     "an fp32 residual stream is not implemented: it is kept in the parameters' dtype"},
 };
 
 const CompatFlag* find(const std::string& name) {
@@ -210,6 +251,17 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   only("rotary-percent", {"1", "1.0"},
        "partial rotary embeddings are not implemented: every dimension of a head rotates (use 1.0)");
   only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
+  only("optimizer", {"adam"}, "megazero's optimizer is AdamW (ZeRO partitions its states): use adam");
+  only("dataloader-type", {"single"},
+       "samples are read in order from the data position (Megatron's single); the cyclic sampler's per-epoch "
+       "shuffle is not implemented: use single");
+  if (const auto* v = value("kv-channels"); v && a.model.num_attention_heads > 0) {
+    const std::int64_t head = a.model.hidden_size / a.model.num_attention_heads;
+    if (parse_int("kv-channels", *v) != head)
+      refused.push_back("--kv-channels " + *v + ": a head size other than --hidden-size / --num-attention-heads (" +
+                        std::to_string(head) + ") is not implemented; use " + std::to_string(head) +
+                        " or leave it out");
+  }
   only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel"},
        "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
   if (!refused.empty()) {

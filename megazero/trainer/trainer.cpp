@@ -426,9 +426,18 @@ void Trainer::Impl::build() {
     Activity activity("loading a checkpoint");
     checkpoint::LoadOptions lo;
     lo.optimizer_state = !(args.finetune || args.no_load_optim);
-    const auto res = checkpoint::load_checkpoint(args.load, engine, placement, lo);
+    const std::string load = args.load_path();
+    const auto res = checkpoint::load_checkpoint(load, engine, placement, lo);
     if (root)
       for (const auto& r : res.rejected) std::printf(" WARNING: skipped unusable checkpoint %s\n", r.c_str());
+    if (!res.loaded && (args.ckpt_step >= 0 || args.exit_on_missing_checkpoint))
+      throw AgreedConfigError(
+          detail::concat(args.ckpt_step >= 0 ? "--ckpt-step " + std::to_string(args.ckpt_step) : std::string("--load"),
+                         ": no checkpoint ", load, args.ckpt_step >= 0 ? "" : " (none in it yet)",
+                         args.exit_on_missing_checkpoint
+                             ? "; --exit-on-missing-checkpoint stops here instead of starting from random weights"
+                             : "",
+                         "; check the path (the --save directory of a run, or one of its iter_NNNNNNN directories)"));
     if (!res.loaded && args.finetune)
       throw AgreedConfigError(detail::concat("--finetune: no checkpoint in '", args.load,
                                              "' to fine-tune from; --load names the pretrained run's --save "
@@ -643,6 +652,13 @@ TrainResult Trainer::Impl::train() {
   std::optional<std::vector<MicroBatch>> next_mbs;  // the next iteration's, made during this step
   std::exception_ptr next_error;                    // what making them raised, for the next iteration
   double next_data_s = 0;
+  if (args.skip_train) {  // Megatron's: the evaluation alone
+    if (root)
+      std::printf(" --skip-train: evaluating the model of iteration %lld; nothing is trained or saved\n",
+                  static_cast<long long>(start_iter));
+    result.validation_loss = evaluate(start_iter);
+    return result;
+  }
   // From here a stop signal waits for the step boundary and saves.
   set_stop_is_immediate(false);
   if (stop_signal_received() != 0 && root)  // one that came in between is still honoured below

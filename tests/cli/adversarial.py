@@ -263,6 +263,11 @@ def cases():
          "partition-activations = true"),
         ("context-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("exit-duration-in-mins", "230 --train-iters 10", "exit-duration-in-mins = 230"),
+        ("optimizer", "adam --train-iters 1", "resolved configuration"),
+        ("dataloader-type", "single --train-iters 1", "resolved configuration"),
+        ("kv-channels", "16 --train-iters 1", "resolved configuration"),
+        ("lr-warmup-init", "0.0001 --lr-warmup-iters 2 --train-iters 4", "lr-warmup-init = 0.0001"),
+        ("exit-on-missing-checkpoint", "--load /tmp --train-iters 1", "exit-on-missing-checkpoint = true"),
     ]
     for flag, value, regex in accepted:
         train = "" if "train-iters" in value or flag == "train-samples" else " --train-iters 10"
@@ -276,11 +281,14 @@ def cases():
              "log-memory-to-tensorboard", "no-load-rng", "no-persist-layer-norm", "apply-query-key-layer-scaling",
              "no-query-key-layer-scaling", "use-cpu-initialization",
              "use-dist-ckpt", "async-save", "tp-comm-overlap", "manual-gc", "no-shared-storage",
-             "cross-entropy-loss-fusion"]
+             "cross-entropy-loss-fusion", "check-for-nan-in-loss-and-grad", "exit-signal-handler",
+             "no-bias-swiglu-fusion", "no-rope-fusion", "log-world-size-to-tensorboard", "log-loss-scale-to-tensorboard",
+             "log-batch-size-to-tensorboard", "log-learning-rate-to-tensorboard"]
     for flag in inert:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ", f"{minimal} --train-iters 1 --{flag}")
     for flag, value in [("DDP-impl", "local"), ("num-workers", "2"), ("transformer-impl", "local"),
-                        ("timing-log-level", "2"), ("ckpt-format", "torch_dist")]:
+                        ("timing-log-level", "2"), ("ckpt-format", "torch_dist"),
+                        ("data-cache-path", "/tmp"), ("tensorboard-log-interval", "10")]:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ",
             f"{minimal} --train-iters 1 --{flag} {value}")
     refused = [
@@ -328,6 +336,17 @@ def cases():
          "--recompute-activations"),
         ("distribute-saved-activations", "--zero-config C1", "--distribute-saved-activations is Pa, which "
          "--zero-config C1 does not have"),
+        ("optimizer", "sgd", "--optimizer sgd: megazero's optimizer is AdamW"),
+        ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),
+        ("kv-channels", "32", "--kv-channels 32: a head size other than --hidden-size / --num-attention-heads \\(16\\)"),
+        ("wandb-project", "x", "--wandb-project: Weights & Biases logging is not built in: --tensorboard-dir"),
+        ("eod-mask-loss", "", "--eod-mask-loss: masking the loss at end-of-document tokens is not implemented"),
+        ("reset-position-ids", "", "--reset-position-ids: per-document position ids are not implemented"),
+        ("reset-attention-mask", "", "--reset-attention-mask: per-document attention masks are not implemented"),
+        ("train-data-path", "a", "--train-data-path: separate train/valid/test datasets are not implemented"),
+        ("init-method-xavier-uniform", "", "--init-method-xavier-uniform: Xavier initialisation is not implemented"),
+        ("apply-residual-connection-post-layernorm", "", "the post-LayerNorm residual \\(BERT's\\) is not implemented"),
+        ("fp32-residual-connection", "", "--fp32-residual-connection: an fp32 residual stream is not implemented"),
         ("rampup-batch-size", "4 4", "--rampup-batch-size takes three whole numbers \\(Megatron's START INCREMENT "
          "SAMPLES"),
         ("rampup-batch-size", "16 4 64", "--rampup-batch-size starts at 16 samples, not below "
@@ -469,10 +488,19 @@ def cases():
          " --train-iters 8 --load {CK} --no-load-optim"),
         ("no-load-optim-no-load", 2, "--no-load-optim says what to load of a checkpoint: add --load DIR",
          " --train-iters 1 --no-load-optim"),
+        ("ckpt-step", 0, "loaded checkpoint .*iter_0000002: iteration 2", " --train-iters 4 --load {CK} --ckpt-step 2"),
+        ("ckpt-step-missing", 2, "--ckpt-step 3: no checkpoint .*iter_0000003", " --train-iters 4 --load {CK} --ckpt-step 3"),
+        ("exit-on-missing-checkpoint", 2, "--load: no checkpoint .*none \\(none in it yet\\); "
+         "--exit-on-missing-checkpoint stops here", " --train-iters 1 --load {TMP}/none --exit-on-missing-checkpoint"),
+        ("skip-train-no-eval", 2, "--skip-train only evaluates, and --eval-iters 0 leaves nothing to evaluate",
+         " --train-iters 1 --skip-train"),
         ("no-save-optim-no-save", 2, "--no-save-optim says what to save: add --save DIR", " --train-iters 1 --no-save-optim"),
     ]
     for name, code, regex, extra in ck:
         add(f"checkpoint.{name}", code, regex, resume + extra)
+    add("checkpoint.skip-train", 0, "--skip-train: evaluating the model of iteration 4; nothing is trained or "
+        "saved\n(.*\n)* validation loss at iteration 4: ", resume.replace("--eval-iters 0", "--eval-iters 1")
+        + " --train-iters 4 --load {CK} --skip-train")
 
     # A model this host cannot hold: the memory pre-flight refuses it before allocating, once, naming what fits.
     add("memory.host-preflight", E2, "memory pre-flight: rank 0's plan needs .* but this rank's share of the host's "

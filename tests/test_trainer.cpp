@@ -387,6 +387,10 @@ TEST(Trainer, SkipTrainEvaluatesTheCheckpointAndCkptStepPicksIt) {
   EXPECT_TRUE(evaluated.losses.empty());
   EXPECT_EQ(evaluated.start_iteration, 6);
   EXPECT_EQ(evaluated.validation_loss, trained.validation_loss);
+  // The test split (mock data has one) is evaluated at the end too, on other samples.
+  EXPECT_GT(trained.test_loss, 0);
+  EXPECT_NE(trained.test_loss, trained.validation_loss);
+  EXPECT_EQ(evaluated.test_loss, trained.test_loss);
   const TrainResult third = run({"--load", dir, "--ckpt-step", "3", "--skip-train"});
   EXPECT_EQ(third.start_iteration, 3);
   EXPECT_NE(third.validation_loss, trained.validation_loss);

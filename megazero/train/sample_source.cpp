@@ -18,6 +18,7 @@ class MockSource final : public SampleSource {
   std::string describe() const override {
     return "mock data (synthetic tokens, vocabulary " + std::to_string(vocab_) + ")";
   }
+  bool has(Split) const override { return true; }
   void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
             Tensor& ids, Tensor& targets) override {
     ids = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
@@ -73,6 +74,10 @@ class DatasetSource final : public SampleSource {
         s += std::string(", ") + names[i] + " " + std::to_string(splits_[i]->samples_per_epoch()) + " samples/epoch";
     return s + ")";
   }
+  bool has(Split split) const override {
+    const auto& ds = splits_[static_cast<int>(split)];
+    return ds && ds->samples_per_epoch() > 0;
+  }
   void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
             Tensor& ids, Tensor& targets) override {
     ids = Tensor::empty(device, {B * S}, DType::I64, MemoryCategory::Activations);
@@ -117,6 +122,9 @@ class BlendedSource final : public SampleSource {
       s += "\n     " + std::to_string(weights_[d] / total) + " (" + std::to_string(schedule_.slots_per_block(d)) + "/" +
            std::to_string(schedule_.block_size()) + " of each block) " + sources_[d]->describe();
     return s;
+  }
+  bool has(Split split) const override {
+    return std::all_of(sources_.begin(), sources_.end(), [&](const auto& s) { return s->has(split); });
   }
   void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
             Tensor& ids, Tensor& targets) override {

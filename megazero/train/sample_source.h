@@ -19,6 +19,8 @@ class SampleSource {
   virtual ~SampleSource() = default;
   virtual std::int64_t vocab_size() const = 0;
   virtual std::string describe() const = 0;
+  // Whether `split` holds samples of its own (--split gave it documents).
+  virtual bool has(Split split) const = 0;
   // ids/targets become int64 [B * S]: samples [first, first + B) of `split`,
   // targets shifted by one token.
   virtual void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S,

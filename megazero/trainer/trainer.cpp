@@ -143,9 +143,13 @@ struct Trainer::Impl {
     upload(mbs);
     return mbs;
   }
-  double evaluate(std::int64_t at);
+  // The mean loss over --eval-iters batches of `split` (validation or test).
+  double evaluate(std::int64_t at, Split split = Split::Valid);
+  // The end of a run (and --skip-train): validation, then test where --split
+  // gave it documents (as Megatron's end of training).
+  void evaluate_at_end(std::int64_t at, TrainResult& result);
   TrainResult train();
-  void scalar(const char* tag, std::int64_t step, double v) {
+  void scalar(const std::string& tag, std::int64_t step, double v) {
     if (tensorboard) tensorboard->add_scalar(tag, step, v);
   }
 };
@@ -603,7 +607,7 @@ void Trainer::Impl::upload(std::vector<MicroBatch>& mbs) {
     }
 }
 
-double Trainer::Impl::evaluate(std::int64_t at) {
+double Trainer::Impl::evaluate(std::int64_t at, Split split) {
   Communicator& world = groups->world();
   auto& model = *model_;
   // Stage 3 gathers without prefetching along the training order meanwhile.
@@ -619,17 +623,24 @@ double Trainer::Impl::evaluate(std::int64_t at) {
   } evaluating(*engine_);
   double sum = 0;
   for (std::int64_t e = 0; e < args.eval_iters; ++e)
-    for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, Split::Valid); }))
+    for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, split); }))
       sum += model.forward(mb.ids, mb.targets, mb.step);
   const double loss = all_reduce_value(
       groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
+  const char* name = split == Split::Test ? "test" : "validation";
   if (root)
-    std::printf(" validation loss at iteration %lld: %.4f | ppl %.2f\n", static_cast<long long>(at), loss,
+    std::printf(" %s loss at iteration %lld: %.4f | ppl %.2f\n", name, static_cast<long long>(at), loss,
                 std::exp(loss));
-  scalar("lm loss validation", at, loss);
-  scalar("lm loss validation ppl", at, std::exp(loss));
+  scalar(std::string("lm loss ") + name, at, loss);
+  scalar(std::string("lm loss ") + name + " ppl", at, std::exp(loss));
   if (tensorboard) tensorboard->flush();
   return loss;
+}
+
+void Trainer::Impl::evaluate_at_end(std::int64_t at, TrainResult& result) {
+  if (args.eval_iters == 0) return;
+  result.validation_loss = evaluate(at);
+  if (source->has(Split::Test)) result.test_loss = evaluate(at, Split::Test);
 }
 
 TrainResult Trainer::Impl::train() {
@@ -656,7 +667,7 @@ TrainResult Trainer::Impl::train() {
     if (root)
       std::printf(" --skip-train: evaluating the model of iteration %lld; nothing is trained or saved\n",
                   static_cast<long long>(start_iter));
-    result.validation_loss = evaluate(start_iter);
+    evaluate_at_end(start_iter, result);
     return result;
   }
   // From here a stop signal waits for the step boundary and saves.
@@ -894,8 +905,8 @@ TrainResult Trainer::Impl::train() {
   set_activity_iteration(-1);
   if (!args.save.empty() && last_saved != args.train_iters && start_iter < args.train_iters) save(args.train_iters);
   set_activity("final evaluation");
-  const double valid = args.eval_iters > 0 ? evaluate(args.train_iters) : 0.0;
-  result.validation_loss = valid;
+  evaluate_at_end(args.train_iters, result);
+  const double valid = result.validation_loss;
   if (root && checkpoints && args.zero_r.contiguous_memory && args.train_iters > start_iter) {
     // MD: what the arenas replaced — allocations that would have been made
     // (and freed) among short-lived activations every iteration.

@@ -32,6 +32,7 @@ struct TrainResult {
   std::vector<std::int64_t> global_batches;  // ... and its global batch (--rampup-batch-size)
   std::int64_t consumed_samples = 0;         // the data position after the last iteration
   double validation_loss = 0;                // the final evaluation's (0 with --eval-iters 0)
+  double test_loss = 0;                      // ... on the test split, where --split gives it documents (else 0)
 };
 
 class Trainer {

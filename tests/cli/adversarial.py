@@ -539,6 +539,11 @@ def cases():
         # (--vocab-size 256 for the last case replaces the base's 50257: a repeated flag is its own error.)
         base = data.replace("--vocab-size 50257", "") if "--vocab-size" in args else data
         add(f"data.{name}", code, regex, base + args + ("" if "--eval-iters" in args else " --eval-iters 0"))
+    # The end of training evaluates the test split too where --split gives it documents (Megatron's), else not.
+    add("data.test-split-evaluated", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\n test loss at "
+        "iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done", data + " --data-path {DATA} --split 80,10,10 --eval-iters 1")
+    add("data.no-test-split", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done",
+        data + " --data-path {DATA} --split 90,10,0 --eval-iters 1")
     add("data.no-validation-split-ok-without-eval", 0, "training done",
         data + " --data-path {DATA} --split 100,0,0 --eval-iters 0")
 

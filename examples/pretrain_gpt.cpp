@@ -4,6 +4,7 @@
 //   mpiexec -n 4 pretrain_gpt --config configs/gpt_tiny.cfg --tensor-model-parallel-size 2 --zero-stage 2
 #include <chrono>
 #include <iostream>
+#include <optional>
 
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/mpi_communicator.h"
@@ -28,17 +29,24 @@ int run(int argc, char** argv) {
   std::string help;
   // Rank 0 alone reads the --config file and hands its text to the others.
   const auto config_text = shared_config_text(*world_comm, argc, argv);
-  TrainArgs args = run_consistently(*world_comm, [&] {
-    TrainArgs a = parse_train_args(argc, argv, &help, config_text);
-    MZ_REQUIRE(a.world_size == 0 || a.dry_run, "--world-size plans a virtual world and needs --dry-run");
-    MZ_REQUIRE(a.world_size == 0 || (a.plan_rank >= -1 && a.plan_rank < a.world_size), "--plan-rank ", a.plan_rank,
-               " is outside the world of ", a.world_size, " ranks");
-    if (!a.help) {
-      a.validate();
-      a.validate_layout(a.world_size > 0 ? a.world_size : world_comm->size());
-    }
-    return a;
-  });
+  auto parse = [&](const std::optional<std::string>& checkpoint_config) {
+    return run_consistently(*world_comm, [&] {
+      TrainArgs a = parse_train_args(argc, argv, &help, config_text, checkpoint_config);
+      MZ_REQUIRE(a.world_size == 0 || a.dry_run, "--world-size plans a virtual world and needs --dry-run");
+      MZ_REQUIRE(a.world_size == 0 || (a.plan_rank >= -1 && a.plan_rank < a.world_size), "--plan-rank ", a.plan_rank,
+                 " is outside the world of ", a.world_size, " ranks");
+      // With --use-checkpoint-args the model's flags may be missing until the
+      // checkpoint's configuration supplies them: checked on the second parse.
+      if (!a.help && !(a.use_checkpoint_args && !checkpoint_config)) {
+        a.validate();
+        a.validate_layout(a.world_size > 0 ? a.world_size : world_comm->size());
+      }
+      return a;
+    });
+  };
+  TrainArgs args = parse(std::nullopt);
+  // Megatron's --use-checkpoint-args: the model's flags from the checkpoint to load.
+  if (args.use_checkpoint_args && !args.help) args = parse(checkpoint_args_config(args, *world_comm));
   // Ranks started with different flags (an MPMD launch, a per-node wrapper
   // gone wrong) would build different models and hang or train garbage: every
   // rank compares its resolved configuration with rank 0's before anything else.

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,7 +34,7 @@ MpiCommunicator& world() { return testing_util::test_world(); }
 std::string shared_temp_dir() { return testing_util::shared_temp_dir("mz-trainer"); }
 
 // pretrain_gpt's parsing and validation of these flags (a tiny GPT, mock data, TP 2 or DP 2).
-TrainArgs args_of(std::vector<std::string> flags) {
+TrainArgs args_of(std::vector<std::string> flags, const std::optional<std::string>& checkpoint_config = std::nullopt) {
   const std::vector<std::pair<std::string, std::string>> base = {{"--num-layers", "2"},
                                                                  {"--hidden-size", "64"},
                                                                  {"--num-attention-heads", "4"},
@@ -52,7 +53,8 @@ TrainArgs args_of(std::vector<std::string> flags) {
   all.insert(all.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (auto& s : all) argv.push_back(s.data());
-  TrainArgs a = parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr);
+  TrainArgs a = parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr, std::nullopt, checkpoint_config);
+  if (a.use_checkpoint_args && !checkpoint_config) return a;  // pretrain_gpt's first parse: validated on the second
   a.validate();
   a.validate_layout(world().size());
   return a;
@@ -399,6 +401,40 @@ TEST(Trainer, SkipTrainEvaluatesTheCheckpointAndCkptStepPicksIt) {
                 .find("--exit-on-missing-checkpoint stops here instead of starting from random weights"),
             std::string::npos);
   EXPECT_THROW(args_of({"--skip-train", "--eval-iters", "0"}), ConfigError);
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
+}
+
+// Megatron's --use-checkpoint-args: the model's shape comes from the
+// checkpoint's stored configuration (pretrain_gpt parses twice: once to find
+// --load, once with it), so a command line with another shape evaluates the
+// saved model: the validation loss of the run that saved it. Each replaced
+// value is named in a note; without the flag the shapes are refused.
+TEST(Trainer, UseCheckpointArgsTakesTheModelShapeFromTheCheckpoint) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = shared_temp_dir();
+  const TrainResult saved = run({"--num-layers", "3", "--hidden-size", "32", "--num-attention-heads", "2", "--swiglu",
+                                 "--save", dir, "--train-iters", "2"});
+  ASSERT_EQ(saved.exit_code, 0);
+  const std::vector<std::string> flags = {"--load", dir, "--skip-train", "--use-checkpoint-args", "--num-layers", "5"};
+  const TrainArgs first = args_of(flags);
+  const TrainArgs a = args_of(flags, checkpoint_args_config(first, world()));
+  EXPECT_EQ(a.model.num_layers, 3);
+  EXPECT_EQ(a.model.hidden_size, 32);
+  EXPECT_EQ(a.model.num_attention_heads, 2);
+  EXPECT_TRUE(a.model.swiglu);
+  EXPECT_EQ(a.train_iters, 6) << "how to train is this command line's";
+  bool named = false;
+  for (const auto& n : a.notes)
+    named = named || n.find("--num-layers 3 from the checkpoint, not 5") != std::string::npos;
+  EXPECT_TRUE(named);
+  Trainer t(a, MpiCommunicator::world());
+  t.build();
+  EXPECT_EQ(t.train().validation_loss, saved.validation_loss);
+  EXPECT_NE(build_error({"--load", dir, "--skip-train"}).find("this model has"), std::string::npos)
+      << "without the flag the shapes differ";
+  EXPECT_THROW(checkpoint_args_config(args_of({"--load", dir + "/none", "--use-checkpoint-args"}), world()),
+               AgreedConfigError);
   world().barrier().wait();
   if (world().rank() == 0) fs::remove_all(dir);
 }

@@ -404,6 +404,21 @@ std::vector<std::string> checkpoint_candidates(const std::string& load, const st
   return out;
 }
 
+std::string stored_configuration(const std::string& load, const std::string& flag) {
+  std::string why;
+  for (const auto& c : checkpoint_candidates(load, flag)) {
+    std::error_code ec;
+    if (!fs::exists(fs::path(c) / kManifest, ec)) continue;
+    try {
+      return read_manifest(c).state.config;
+    } catch (const ConfigError& e) {
+      why += std::string("\n  ") + e.what();
+    }
+  }
+  throw ConfigError(flag + " " + load + ": no checkpoint with a readable manifest to take the model's flags from" +
+                    (why.empty() ? std::string(" (none saved there yet)") : why));
+}
+
 std::string find_latest(const std::string& dir) {
   std::error_code ec;
   for (const auto& c : checkpoint_candidates(dir))

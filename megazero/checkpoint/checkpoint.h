@@ -164,4 +164,10 @@ std::unique_ptr<CheckpointReader> open_newest_usable(const std::string& load, st
 
 std::string find_latest(const std::string& dir);
 
+// The resolved configuration stored in the newest checkpoint of `load` that
+// has a valid manifest (its own checksum checked; the shards are not read):
+// what --use-checkpoint-args takes the model's flags from. ConfigError naming
+// `flag` when there is none.
+std::string stored_configuration(const std::string& load, const std::string& flag = "--load");
+
 }  // namespace megazero::checkpoint

@@ -265,6 +265,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(C, "ckpt-step", &a.ckpt_step,
         "with --load: load that iteration's checkpoint (iter_N) and no other; it must exist and be whole; -1 = the "
         "newest usable");
+  t.flag(C, "use-checkpoint-args", &a.use_checkpoint_args,
+         "with --load: take the model's shape (layers, sizes, heads, positions, normalization, ...) from the "
+         "checkpoint's stored configuration instead of this command line (Megatron's flag)");
   t.flag(C, "exit-on-missing-checkpoint", &a.exit_on_missing_checkpoint,
          "with --load: stop with an error when it holds no checkpoint, instead of starting from random weights");
   t.flag(C, "no-save-optim", &a.no_save_optim,
@@ -512,8 +515,29 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text) {
   return parse_train_args(argc, argv, help_text, std::nullopt);
 }
 
-TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
-                           const std::optional<std::string>& config_text) {
+const std::vector<std::string>& checkpoint_model_keys() {
+  static const std::vector<std::string> keys = {"num-layers",
+                                                "hidden-size",
+                                                "num-attention-heads",
+                                                "ffn-hidden-size",
+                                                "seq-length",
+                                                "max-position-embeddings",
+                                                "vocab-size",
+                                                "make-vocab-size-divisible-by",
+                                                "position-embedding-type",
+                                                "rotary-base",
+                                                "normalization",
+                                                "norm-epsilon",
+                                                "swiglu",
+                                                "group-query-attention",
+                                                "num-query-groups",
+                                                "disable-bias-linear",
+                                                "untie-embeddings-and-output-weights"};
+  return keys;
+}
+
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const std::optional<std::string>& config_text,
+                           const std::optional<std::string>& checkpoint_config) {
   TrainArgs a;
   OptionTable table;
   define(table, a);
@@ -564,6 +588,30 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
     }
     if (const auto msg = describe_flag_problems(problems, known); !msg.empty()) throw ConfigError(msg);
     require_unsigned_not_negative(parsed.options, "");
+    if (checkpoint_config) {
+      // The checkpoint's model keys are stored first: the first value stored
+      // wins, so they replace the command line's and the config file's.
+      const auto saved = config_values(*checkpoint_config);
+      std::string lines;
+      const auto gqa = saved.find("group-query-attention");
+      for (const auto& key : checkpoint_model_keys()) {
+        // The count of query groups is stored always, and given only with the switch.
+        if (key == "num-query-groups" && (gqa == saved.end() || gqa->second != "true")) continue;
+        if (auto it = saved.find(key); it != saved.end()) lines += key + " = " + it->second + "\n";
+      }
+      std::istringstream in(lines);
+      po::store(po::parse_config_file(in, desc, /*allow_unregistered=*/false), vm);
+      for (const auto& o : parsed.options) {
+        auto it = saved.find(o.string_key);
+        if (it == saved.end() || o.value.empty() ||
+            std::find(checkpoint_model_keys().begin(), checkpoint_model_keys().end(), o.string_key) ==
+                checkpoint_model_keys().end() ||
+            (o.value.empty() ? std::string("true") : o.value.front()) == it->second)
+          continue;
+        a.notes.push_back("--use-checkpoint-args: --" + o.string_key + " " + it->second + " from the checkpoint, not " +
+                          (o.value.empty() ? std::string("true") : o.value.front()));
+      }
+    }
     po::store(parsed, vm);
     if (vm.count("config")) {
       const std::string file = vm["config"].as<std::string>();
@@ -619,6 +667,10 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
              "--stage3-prefetch is for --zero-stage 3 (the gather of the next parameter group ahead); stage ",
              a.zero.stage, " keeps every parameter on every rank", a.zero.stage == 0 ? "" : " of its TP shard",
              a.zero.stage == 0 ? "" : " (its all-gather after the step: --overlap-param-gather)", ": drop the flag");
+  // Checked here, not in validate(): the first parse of --use-checkpoint-args
+  // (before the checkpoint's flags are known) needs it.
+  MZ_REQUIRE(!a.use_checkpoint_args || !a.load.empty(),
+             "--use-checkpoint-args takes the model's flags from the checkpoint of --load DIR: add --load");
   a.model.bias_gelu_fusion = !a.no_bias_gelu_fusion;
   // "true"/"false": how configurations stored before the flag took a value
   // spelled it (true then meant every epilogue).

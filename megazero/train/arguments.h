@@ -94,6 +94,9 @@ struct TrainArgs {
   // --load holds no checkpoint.
   std::int64_t ckpt_step = -1;
   bool skip_train = false;  // --skip-train (Megatron's): evaluate the loaded model, train nothing
+  // --use-checkpoint-args (Megatron's): the model's shape flags come from the
+  // checkpoint --load reads (parse_train_args' checkpoint_config).
+  bool use_checkpoint_args = false;
   bool exit_on_missing_checkpoint = false;
   // The checkpoint directory a load reads: --load, or its iter_N with --ckpt-step.
   std::string load_path() const;
@@ -189,8 +192,16 @@ std::string config_difference(const std::string& reference, const std::string& m
 TrainArgs parse_train_args(int argc, char** argv, std::string* help_text);
 
 // As above with the --config file's text given (nullopt: read the file).
-TrainArgs parse_train_args(int argc, char** argv, std::string* help_text,
-                           const std::optional<std::string>& config_text);
+// checkpoint_config, with --use-checkpoint-args: the resolved configuration of
+// the checkpoint to load (its manifest's); its model-shape keys
+// (checkpoint_model_keys) replace this command line's and config file's, each
+// replaced value named in a note.
+TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const std::optional<std::string>& config_text,
+                           const std::optional<std::string>& checkpoint_config = std::nullopt);
+
+// The flags --use-checkpoint-args takes from a checkpoint: the model's shape
+// (as Megatron's takes num_layers, hidden_size, ...), not how it is trained.
+const std::vector<std::string>& checkpoint_model_keys();
 
 // The value of --config in argv ("--config F" or "--config=F"; the last one
 // wins, as for any flag), "" when there is none. No checks: parsing reports a

@@ -494,7 +494,7 @@ void Trainer::Impl::build() {
       std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
     }
     std::fflush(stdout);
-    if (res.loaded && !args.finetune) {  // every rank holds the same manifest: these checks agree by construction
+    if (res.loaded && !args.finetune && !args.skip_train) {  // every rank holds the same manifest: these checks agree
       if (start_iter > args.train_iters)
         throw AgreedConfigError(detail::concat(
             "--train-iters ", args.train_iters, " but the checkpoint ", res.io.path, " is at iteration ", start_iter,
@@ -944,5 +944,13 @@ double Trainer::evaluate(std::int64_t iteration) { return impl_->evaluate(iterat
 void Trainer::save(std::int64_t iteration) { impl_->save(iteration); }
 const TrainArgs& Trainer::args() const { return impl_->args; }
 Communicator& Trainer::world() { return impl_->groups->world(); }
+
+std::string checkpoint_args_config(const TrainArgs& args, Communicator& world) {
+  std::string text;
+  run_consistently(world, [&] {
+    if (world.rank() == 0) text = checkpoint::stored_configuration(args.load_path());
+  });
+  return broadcast_string(world, text);
+}
 
 }  // namespace megazero::train

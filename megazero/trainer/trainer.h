@@ -35,6 +35,11 @@ struct TrainResult {
   double test_loss = 0;                      // ... on the test split, where --split gives it documents (else 0)
 };
 
+// --use-checkpoint-args: rank 0 reads the configuration stored in the
+// checkpoint --load (and --ckpt-step) names, and every rank gets it, for
+// parse_train_args' checkpoint_config. An AgreedConfigError when there is none.
+std::string checkpoint_args_config(const TrainArgs& args, Communicator& world);
+
 class Trainer {
  public:
   // Process groups, data source, math threads; prints the resolved

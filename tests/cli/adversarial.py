@@ -494,6 +494,13 @@ def cases():
          "--exit-on-missing-checkpoint stops here", " --train-iters 1 --load {TMP}/none --exit-on-missing-checkpoint"),
         ("skip-train-no-eval", 2, "--skip-train only evaluates, and --eval-iters 0 leaves nothing to evaluate",
          " --train-iters 1 --skip-train"),
+        ("use-checkpoint-args", 0, "note: --use-checkpoint-args: --num-layers 2 from the checkpoint, not 3(.*\n)*"
+         ".*loaded checkpoint .*iteration 4", " --train-iters 4 --num-layers 3 --hidden-size 64 --load {CK} "
+         "--use-checkpoint-args"),
+        ("use-checkpoint-args-none", 2, "--load .*none: no checkpoint with a readable manifest to take the model's "
+         "flags from \\(none saved there yet\\)", " --train-iters 1 --load {TMP}/none --use-checkpoint-args"),
+        ("use-checkpoint-args-no-load", 2, "--use-checkpoint-args takes the model's flags from the checkpoint of --load "
+         "DIR: add --load", " --train-iters 1 --use-checkpoint-args"),
         ("no-save-optim-no-save", 2, "--no-save-optim says what to save: add --save DIR", " --train-iters 1 --no-save-optim"),
     ]
     for name, code, regex, extra in ck:

@@ -470,3 +470,25 @@ TEST(LrSchedule, WarmupInitAndTheScheduleInSamples) {
   EXPECT_DOUBLE_EQ(s.at_samples(32, 64), 1.0 * 1.5 / 4) << "half an iteration into the warmup";
   EXPECT_NEAR(s.at_samples(9 * 64 + 16, 64), 0.5 * (1 + std::cos(std::numbers::pi * 5.25 / 10)), 1e-12);
 }
+
+// Megatron's weight-decay schedule: start to end over the increase's samples,
+// linear or cosine (a half cosine rising from start), then the end value;
+// constant must keep one value.
+TEST(LrSchedule, WeightDecayIncreasesLinearlyOrByCosine) {
+  WeightDecaySchedule w{0.0, 0.2, "linear", 4};
+  EXPECT_DOUBLE_EQ(w.at_samples(0, 8), 0.0);
+  EXPECT_DOUBLE_EQ(w.at_samples(8, 8), 0.05);
+  EXPECT_DOUBLE_EQ(w.at_samples(12, 8), 0.075) << "half an iteration's samples";
+  EXPECT_DOUBLE_EQ(w.at_samples(32, 8), 0.2);
+  EXPECT_DOUBLE_EQ(w.at_samples(400, 8), 0.2);
+  w.style = "cosine";
+  EXPECT_NEAR(w.at_samples(16, 8), 0.1, 1e-15) << "the midpoint";
+  EXPECT_NEAR(w.at_samples(8, 8), 0.2 * 0.5 * (std::cos(std::numbers::pi * 0.75) + 1), 1e-15);
+  EXPECT_NO_THROW(w.validate());
+  w.style = "constant";
+  EXPECT_THROW(w.validate(), ConfigError) << "constant with two values";
+  w.end = 0.0;
+  EXPECT_NO_THROW(w.validate());
+  w.style = "exponential";
+  EXPECT_THROW(w.validate(), ConfigError);
+}

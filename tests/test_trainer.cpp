@@ -438,3 +438,27 @@ TEST(Trainer, UseCheckpointArgsTakesTheModelShapeFromTheCheckpoint) {
   world().barrier().wait();
   if (world().rank() == 0) fs::remove_all(dir);
 }
+
+// Megatron's --weight-decay-incr-style: each step's weight decay follows the
+// schedule (in samples), reaches AdamW (the losses part where it first
+// differs from no decay), and a schedule of one value is --weight-decay's
+// run, bit for bit.
+TEST(Trainer, WeightDecayScheduleReachesTheOptimizer) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const TrainResult ramp = run({"--weight-decay-incr-style", "linear", "--start-weight-decay", "0",
+                                "--end-weight-decay", "0.2", "--weight-decay-incr-iters", "4", "--lr", "0.01"});
+  const std::vector<double> expected = {0, 0.05, 0.1, 0.15, 0.2, 0.2};
+  ASSERT_EQ(ramp.weight_decays.size(), expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i)
+    EXPECT_DOUBLE_EQ(ramp.weight_decays[i], expected[i]) << "iteration " << i + 1;
+  const TrainResult none = run({"--weight-decay", "0", "--lr", "0.01"});
+  ASSERT_EQ(ramp.losses.size(), 6u);
+  EXPECT_EQ(ramp.losses[1], none.losses[1]) << "the first step's decay is 0";
+  EXPECT_NE(ramp.losses[2], none.losses[2]) << "the second step's (0.05) reaches AdamW";
+  const TrainResult flat = run({"--weight-decay-incr-style", "cosine", "--start-weight-decay", "0.1",
+                                "--end-weight-decay", "0.1", "--lr", "0.01"});
+  const TrainResult plain = run({"--weight-decay", "0.1", "--lr", "0.01"});
+  EXPECT_EQ(flat.losses, plain.losses);
+  EXPECT_THROW(args_of({"--weight-decay-incr-style", "linear", "--start-weight-decay", "0"}), ConfigError);
+  EXPECT_THROW(args_of({"--start-weight-decay", "0.5"}), ConfigError) << "constant keeps --weight-decay";
+}

@@ -29,6 +29,27 @@ double LrSchedule::at_samples(std::int64_t consumed, std::int64_t full_batch) co
   return lr_at(*this, static_cast<double>(consumed) / static_cast<double>(full_batch));
 }
 
+double WeightDecaySchedule::at_samples(std::int64_t consumed, std::int64_t full_batch) const {
+  const double steps = static_cast<double>(consumed), total = static_cast<double>(incr_iters * full_batch);
+  if (style == "constant" || steps > total) return end;
+  const double ratio = steps / total;
+  const double coef = style == "linear" ? ratio : 0.5 * (std::cos(std::numbers::pi * (1 - ratio)) + 1.0);
+  return start + coef * (end - start);
+}
+
+void WeightDecaySchedule::validate() const {
+  MZ_REQUIRE(style == "constant" || style == "linear" || style == "cosine", "--weight-decay-incr-style '", style,
+             "' is not one of constant, linear, cosine");
+  MZ_REQUIRE(std::isfinite(start) && start >= 0 && std::isfinite(end) && end >= 0,
+             "--start-weight-decay and --end-weight-decay must be finite non-negative numbers, got ", start, " and ",
+             end);
+  MZ_REQUIRE(style != "constant" || start == end,
+             "--weight-decay-incr-style constant keeps one weight decay, but "
+             "--start-weight-decay ",
+             start, " and --end-weight-decay ", end, " differ: choose linear or cosine");
+  MZ_REQUIRE(incr_iters >= 1, "--weight-decay-incr-iters must be positive (0 = --train-iters), got ", incr_iters);
+}
+
 void LrSchedule::validate() const {
   MZ_REQUIRE(std::isfinite(max_lr) && max_lr >= 0, "--lr must be a finite non-negative number, got ", max_lr);
   MZ_REQUIRE(std::isfinite(min_lr) && min_lr >= 0 && min_lr <= max_lr, "--min-lr ", min_lr, " must be in [0, --lr ",

@@ -29,4 +29,18 @@ struct LrSchedule {
   void validate() const;
 };
 
+// Megatron's weight-decay schedule: from --start-weight-decay to
+// --end-weight-decay over the first --weight-decay-incr-iters iterations
+// (default --train-iters), constant, linear or cosine, then the end value;
+// read in samples like the learning rate (a batch-size ramp-up moves it less
+// per iteration).
+struct WeightDecaySchedule {
+  double start = 0.01, end = 0.01;
+  std::string style = "constant";  // constant | linear | cosine
+  std::int64_t incr_iters = 1;
+
+  double at_samples(std::int64_t consumed, std::int64_t full_batch) const;
+  void validate() const;
+};
+
 }  // namespace megazero::optim

@@ -206,6 +206,16 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(T, "train-iters", &a.train_iters, "iterations to train");
   t.add(T, "clip-grad", &a.clip_grad, "global gradient-norm clip; 0 = off");
   t.add(T, "weight-decay", &a.adam.weight_decay, "AdamW decoupled weight decay");
+  t.add(T, "start-weight-decay", &a.start_weight_decay,
+        "with --weight-decay-incr-style linear or cosine: the weight decay at the start (Megatron's); -1 = "
+        "--weight-decay");
+  t.add(T, "end-weight-decay", &a.end_weight_decay,
+        "with --weight-decay-incr-style linear or cosine: the weight decay reached after --weight-decay-incr-iters; "
+        "-1 = --weight-decay");
+  t.add(T, "weight-decay-incr-style", &a.weight_decay_incr_style,
+        "constant, linear or cosine: how the weight decay goes from --start-weight-decay to --end-weight-decay");
+  t.add(T, "weight-decay-incr-iters", &a.weight_decay_incr_iters,
+        "iterations over which the weight decay changes; 0 = --train-iters (Megatron's)");
   t.add(T, "adam-beta1", &a.adam.beta1, "Adam beta1");
   t.add(T, "adam-beta2", &a.adam.beta2, "Adam beta2");
   t.add(T, "adam-eps", &a.adam.eps, "Adam epsilon");
@@ -693,6 +703,21 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const 
   MZ_REQUIRE(a.lr.decay_iters >= 0, "--lr-decay-iters must be non-negative (0 = --train-iters), got ",
              a.lr.decay_iters);
   if (a.lr.decay_iters <= 1 && a.train_iters > 0) a.lr.decay_iters = a.train_iters;
+  // Megatron's weight-decay schedule: constant keeps --weight-decay (a given
+  // start or end must equal it); linear and cosine need both ends.
+  const bool ramped = a.weight_decay_incr_style != "constant";
+  for (const auto& [flag, v] : {std::pair{"--start-weight-decay", &a.start_weight_decay},
+                                std::pair{"--end-weight-decay", &a.end_weight_decay}}) {
+    MZ_REQUIRE(!ramped || *v >= 0, "--weight-decay-incr-style ", a.weight_decay_incr_style, " goes from ",
+               "--start-weight-decay to --end-weight-decay: give ", flag);
+    MZ_REQUIRE(ramped || *v < 0 || *v == a.adam.weight_decay,
+               "--weight-decay-incr-style constant keeps --weight-decay ", a.adam.weight_decay, ", but ", flag, " ", *v,
+               " differs: choose linear or cosine, or drop ", flag);
+    if (!ramped) *v = a.adam.weight_decay;
+  }
+  MZ_REQUIRE(a.weight_decay_incr_iters >= 0, "--weight-decay-incr-iters must not be negative (0 = --train-iters), got ",
+             a.weight_decay_incr_iters);
+  if (a.weight_decay_incr_iters == 0 && a.train_iters > 0) a.weight_decay_incr_iters = a.train_iters;
   return a;
 }
 
@@ -722,6 +747,7 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(std::isfinite(adam.eps) && adam.eps > 0, "--adam-eps must be a positive number, got ", adam.eps);
   MZ_REQUIRE(std::isfinite(adam.weight_decay) && adam.weight_decay >= 0,
              "--weight-decay must be a finite non-negative number, got ", adam.weight_decay);
+  weight_decay_schedule().validate();
   MZ_REQUIRE(std::isfinite(loss_scale.initial_scale) && loss_scale.initial_scale > 0,
              "--initial-loss-scale must be a positive number (Megatron's default 2^32), got ",
              loss_scale.initial_scale);
@@ -928,11 +954,32 @@ std::map<std::string, std::string> config_values(const std::string& config) {
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration) {
   if (iteration == 0) return "";
   const auto saved = config_values(saved_config), now = config_values(args.to_config());
-  const char* const keys[] = {"lr", "min-lr", "lr-warmup-iters", "lr-warmup-init", "lr-decay-iters", "lr-decay-style"};
+  // The learning rate's and the weight decay's (Megatron's optimizer-parameter scheduler checks both).
+  const char* const keys[] = {"lr",
+                              "min-lr",
+                              "lr-warmup-iters",
+                              "lr-warmup-init",
+                              "lr-decay-iters",
+                              "lr-decay-style",
+                              "weight-decay",
+                              "start-weight-decay",
+                              "end-weight-decay",
+                              "weight-decay-incr-style",
+                              "weight-decay-incr-iters"};
+  // A constant weight decay (both runs; configurations saved before the
+  // schedule had no style) is --weight-decay alone: its ends and its span,
+  // resolved from --train-iters, say nothing.
+  const auto style = [](const std::map<std::string, std::string>& c) {
+    const auto it = c.find("weight-decay-incr-style");
+    return it == c.end() ? std::string("constant") : it->second;
+  };
+  const bool constant_decay = style(saved) == "constant" && style(now) == "constant";
   std::string diff;
   for (const char* k : keys) {
     const auto s = saved.find(k), n = now.find(k);
     if (s == saved.end() || n == now.end() || s->second == n->second) continue;
+    if (constant_decay && std::string(k) != "weight-decay" && std::string(k).find("weight-decay") != std::string::npos)
+      continue;
     diff += std::string(diff.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";
   }
   if (diff.empty()) return "";
@@ -951,13 +998,19 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
     if (saved.count("lr-warmup-init")) args.lr.init_lr = number("lr-warmup-init");
     if (saved.count("lr-decay-iters")) args.lr.decay_iters = whole("lr-decay-iters");
     if (saved.count("lr-decay-style")) args.lr.style = saved.at("lr-decay-style");
+    if (saved.count("weight-decay")) args.adam.weight_decay = number("weight-decay");
+    if (saved.count("start-weight-decay")) args.start_weight_decay = number("start-weight-decay");
+    if (saved.count("end-weight-decay")) args.end_weight_decay = number("end-weight-decay");
+    if (saved.count("weight-decay-incr-style")) args.weight_decay_incr_style = saved.at("weight-decay-incr-style");
+    if (saved.count("weight-decay-incr-iters")) args.weight_decay_incr_iters = whole("weight-decay-incr-iters");
     args.lr.validate();
+    args.weight_decay_schedule().validate();
     return "--use-checkpoint-opt-param-scheduler: the checkpoint's learning-rate schedule is kept, not " + diff;
   }
   throw ConfigError("the learning-rate schedule differs from the checkpoint's (at iteration " +
                     std::to_string(iteration) + "): " + diff +
-                    "; resuming would change the learning rate mid-run (a different --train-iters changes "
-                    "--lr-decay-iters when that is not set). Pass --use-checkpoint-opt-param-scheduler to keep the "
+                    "; resuming would change the learning rate or the weight decay mid-run (a different --train-iters "
+                    "changes --lr-decay-iters and --weight-decay-incr-iters when they are not set). Pass --use-checkpoint-opt-param-scheduler to keep the "
                     "checkpoint's schedule, or --override-opt-param-scheduler to use this one (Megatron's flags)");
 }
 

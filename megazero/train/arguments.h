@@ -93,6 +93,14 @@ struct TrainArgs {
   // --exit-on-missing-checkpoint refuses to start from random weights when
   // --load holds no checkpoint.
   std::int64_t ckpt_step = -1;
+  // Megatron's weight-decay schedule (optim::WeightDecaySchedule): -1 = not
+  // given (--weight-decay); resolved by parse_train_args.
+  double start_weight_decay = -1, end_weight_decay = -1;
+  std::string weight_decay_incr_style = "constant";
+  std::int64_t weight_decay_incr_iters = 0;  // 0 = --train-iters
+  optim::WeightDecaySchedule weight_decay_schedule() const {
+    return {start_weight_decay, end_weight_decay, weight_decay_incr_style, weight_decay_incr_iters};
+  }
   bool skip_train = false;  // --skip-train (Megatron's): evaluate the loaded model, train nothing
   // --use-checkpoint-args (Megatron's): the model's shape flags come from the
   // checkpoint --load reads (parse_train_args' checkpoint_config).

@@ -61,7 +61,10 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
   r.lr = opt.lr_at ? opt.lr_at(iteration) : opt.lr.at(iteration);
   const auto opt_begin = dev.mark();
   set_activity("optimizer step");
-  r.stats = engine.step(r.lr, opt.adam, opt.clip_grad, r.loss_scale, iteration + 1 - opt.optimizer_start_iteration);
+  optim::AdamConfig adam = opt.adam;
+  if (opt.weight_decay_at) adam.weight_decay = opt.weight_decay_at(iteration);
+  r.weight_decay = adam.weight_decay;
+  r.stats = engine.step(r.lr, adam, opt.clip_grad, r.loss_scale, iteration + 1 - opt.optimizer_start_iteration);
   const auto opt_end = dev.mark();
   scaler.update(r.stats.skipped);
   if (while_optimizer_runs) while_optimizer_runs();

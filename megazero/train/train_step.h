@@ -25,6 +25,7 @@ struct MicroBatch {
 struct StepResult {
   double loss = 0;  // mean over the global batch (all DP ranks)
   double lr = 0;
+  double weight_decay = 0;  // the step's (it can follow a schedule)
   double loss_scale = 1;
   zero::StepStats stats;
   // Seconds of this rank's step by phase; exposed_comm is the DP communication
@@ -51,6 +52,9 @@ struct OptimizerSettings {
   // When set, the learning rate of an iteration (the trainer's with a
   // batch-size ramp-up, which follows the samples consumed); else lr.at.
   std::function<double(std::int64_t iteration)> lr_at = {};
+  // When set, the weight decay of an iteration (Megatron's
+  // --weight-decay-incr-style linear/cosine); else adam.weight_decay.
+  std::function<double(std::int64_t iteration)> weight_decay_at = {};
 };
 
 // while_optimizer_runs, when given, is called once the optimizer step is

@@ -534,6 +534,14 @@ void Trainer::Impl::build() {
   flops_per_token = model.flops_per_token(true);
   model_flops_per_token = model.flops_per_token(false);
   consumed_.assign(1, consumed_at_start);
+  if (args.weight_decay_incr_style != "constant") {  // Megatron's schedule, in samples as the learning rate's
+    opt.weight_decay_at = [this](std::int64_t it) {
+      return args.weight_decay_schedule().at_samples(consumed_before(it), global);
+    };
+    if (root)
+      std::printf(" weight decay: %g -> %g (%s) over %lld iterations\n", args.start_weight_decay, args.end_weight_decay,
+                  args.weight_decay_incr_style.c_str(), static_cast<long long>(args.weight_decay_incr_iters));
+  }
   if (batches.ramps()) {
     // Megatron's schedule in samples: an iteration of a smaller batch moves it less.
     opt.lr_at = [this](std::int64_t it) { return opt.lr.at_samples(consumed_before(it), global); };
@@ -730,6 +738,7 @@ TrainResult Trainer::Impl::train() {
     window_issue += r.host_issue_s;
     result.losses.push_back(r.loss);
     result.learning_rates.push_back(r.lr);
+    result.weight_decays.push_back(r.weight_decay);
     result.global_batches.push_back(batch);
     result.consumed_samples = consumed_before(it + 1);
     result.last_iteration = it + 1;

@@ -29,6 +29,7 @@ struct TrainResult {
   std::int64_t last_iteration = 0;           // the last completed iteration
   std::vector<double> losses;                // the mean loss of each iteration this run trained
   std::vector<double> learning_rates;        // ... its learning rate
+  std::vector<double> weight_decays;         // ... its weight decay
   std::vector<std::int64_t> global_batches;  // ... and its global batch (--rampup-batch-size)
   std::int64_t consumed_samples = 0;         // the data position after the last iteration
   double validation_loss = 0;                // the final evaluation's (0 with --eval-iters 0)

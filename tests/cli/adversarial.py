@@ -347,6 +347,12 @@ def cases():
         ("init-method-xavier-uniform", "", "--init-method-xavier-uniform: Xavier initialisation is not implemented"),
         ("apply-residual-connection-post-layernorm", "", "the post-LayerNorm residual \\(BERT's\\) is not implemented"),
         ("fp32-residual-connection", "", "--fp32-residual-connection: an fp32 residual stream is not implemented"),
+        ("weight-decay-incr-style", "linear --start-weight-decay 0", "--weight-decay-incr-style linear goes from "
+         "--start-weight-decay to --end-weight-decay: give --end-weight-decay"),
+        ("start-weight-decay", "0.5", "--weight-decay-incr-style constant keeps --weight-decay 0.01, but "
+         "--start-weight-decay 0.5 differs"),
+        ("weight-decay-incr-style", "exponential --start-weight-decay 0 --end-weight-decay 0.1",
+         "--weight-decay-incr-style 'exponential' is not one of constant, linear, cosine"),
         ("rampup-batch-size", "4 4", "--rampup-batch-size takes three whole numbers \\(Megatron's START INCREMENT "
          "SAMPLES"),
         ("rampup-batch-size", "16 4 64", "--rampup-batch-size starts at 16 samples, not below "
@@ -378,6 +384,8 @@ def cases():
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
     add("megatron.loss-scale.fp16", 0, "iteration +1/.*loss scale 1024.0 .*\n(.*\n)*.*iteration +2/.*loss scale 1024.0",
         "{TRAIN} " + TINY + " --fp16 --loss-scale 1024")
+    add("megatron.weight-decay-incr-style", 0, " weight decay: 0 -> 0.1 \\(linear\\) over 2 iterations",
+        "{TRAIN} " + TINY + " --weight-decay-incr-style linear --start-weight-decay 0 --end-weight-decay 0.1")
     add("megatron.rampup-batch-size", 0, "batch-size ramp-up: 8 -> 16 in steps of 8, one every 16.0 samples \\(16 "
         "samples\\).*\n(.*\n)*.*iteration +1/.*consumed samples +8 .*global batch size +8 \\|(.*\n)*.*iteration +3/.*"
         "consumed samples +32 .*global batch size +16 \\|", "{TRAIN} " + TINY.replace("--train-iters 2", "--train-iters 3")
@@ -494,6 +502,8 @@ def cases():
          "--exit-on-missing-checkpoint stops here", " --train-iters 1 --load {TMP}/none --exit-on-missing-checkpoint"),
         ("skip-train-no-eval", 2, "--skip-train only evaluates, and --eval-iters 0 leaves nothing to evaluate",
          " --train-iters 1 --skip-train"),
+        ("schedule-weight-decay", 2, "the learning-rate schedule differs from the checkpoint's .*--weight-decay 0.1 "
+         "\\(checkpoint: 0.01\\)", " --train-iters 4 --weight-decay 0.1 --load {CK}/iter_0000002"),
         ("use-checkpoint-args", 0, "note: --use-checkpoint-args: --num-layers 2 from the checkpoint, not 3(.*\n)*"
          ".*loaded checkpoint .*iteration 4", " --train-iters 4 --num-layers 3 --hidden-size 64 --load {CK} "
          "--use-checkpoint-args"),

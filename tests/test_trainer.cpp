@@ -18,6 +18,7 @@
 #include "megazero/core/error.h"
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/train/arguments.h"
+#include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
 #include "megazero/trainer/trainer.h"
 #include "tools/hf_gpt2.h"
@@ -47,7 +48,11 @@ TrainArgs args_of(std::vector<std::string> flags, const std::optional<std::strin
                                                                  {"--eval-iters", "1"},
                                                                  {"--zero-stage", "2"},
                                                                  {"--train-iters", "6"}};
-  std::vector<std::string> all = {"pretrain_gpt", "--mock-data"};
+  std::vector<std::string> all = {"pretrain_gpt"};
+  const bool dataset = std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
+    return f == "--data-path" || f == "--train-data-path" || f == "--valid-data-path";
+  });
+  if (!dataset) all.push_back("--mock-data");
   for (const auto& [flag, value] : base)  // a flag given by the test replaces the base one
     if (std::find(flags.begin(), flags.end(), flag) == flags.end()) all.insert(all.end(), {flag, value});
   all.insert(all.end(), flags.begin(), flags.end());
@@ -461,4 +466,37 @@ TEST(Trainer, WeightDecayScheduleReachesTheOptimizer) {
   EXPECT_EQ(flat.losses, plain.losses);
   EXPECT_THROW(args_of({"--weight-decay-incr-style", "linear", "--start-weight-decay", "0"}), ConfigError);
   EXPECT_THROW(args_of({"--start-weight-decay", "0.5"}), ConfigError) << "constant keeps --weight-decay";
+}
+
+// Megatron's --train-data-path / --valid-data-path / --test-data-path: each
+// split reads its own dataset whole. Validation sample i is sample i of the
+// same dataset given all to training by --split (the same documents, order and
+// windows), a run trains and evaluates on them, and the flags refuse to mix
+// with --data-path or to validate without a validation dataset.
+TEST(Trainer, PerSplitDataPathsReadEachDatasetWhole) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string corpus = MZ_TEST_CORPUS;
+  const std::vector<std::string> model = {
+      "--vocab-size", "50257", "--seq-length", "32", "--max-position-embeddings", "32"};
+  auto data_args = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), model.begin(), model.end());
+    return args_of(flags);
+  };
+  TrainArgs per_split =
+      data_args({"--train-data-path", corpus, "--valid-data-path", corpus, "--test-data-path", corpus});
+  TrainArgs whole_train = data_args({"--data-path", corpus, "--split", "100,0,0", "--eval-iters", "0"});
+  const auto a = make_sample_source(per_split), b = make_sample_source(whole_train);
+  EXPECT_TRUE(a->has(Split::Valid) && a->has(Split::Test));
+  EXPECT_FALSE(b->has(Split::Valid));
+  const auto host = make_device(DeviceKind::CPU);
+  Tensor ids_a, targets_a, ids_b, targets_b;
+  for (const Split s : {Split::Train, Split::Valid, Split::Test}) {
+    a->fill(s, 37, 3, 32, host, ids_a, targets_a);
+    b->fill(Split::Train, 37, 3, 32, host, ids_b, targets_b);
+    EXPECT_EQ(ids_a.to_double_vector(), ids_b.to_double_vector()) << static_cast<int>(s);
+    EXPECT_EQ(targets_a.to_double_vector(), targets_b.to_double_vector()) << static_cast<int>(s);
+  }
+  EXPECT_THROW(data_args({"--train-data-path", corpus, "--data-path", corpus}), ConfigError);
+  EXPECT_THROW(data_args({"--train-data-path", corpus}), ConfigError) << "--eval-iters 1 without a validation set";
+  EXPECT_THROW(data_args({"--valid-data-path", corpus, "--eval-iters", "0"}), ConfigError);
 }

@@ -238,6 +238,11 @@ void define(OptionTable& t, TrainArgs& a) {
   t.list(D, "data-path", &a.data_path,
          "prefix of a .bin/.idx dataset (tools/preprocess_data), or weight-prefix pairs to blend: 0.3 A 0.7 B");
   t.add(D, "split", &a.split, "train,valid,test weights, e.g. 969,30,1");
+  t.list(D, "train-data-path", &a.train_data_path,
+         "the training split's own dataset (or weight-prefix blend), read whole, instead of --data-path's share "
+         "(Megatron's)");
+  t.list(D, "valid-data-path", &a.valid_data_path, "with --train-data-path: the validation split's own dataset");
+  t.list(D, "test-data-path", &a.test_data_path, "with --train-data-path: the test split's own dataset");
   t.flag(D, "mock-data", &a.mock_data, "synthetic tokens (benchmarks), no dataset");
   t.add(D, "vocab-file", &a.vocab_file, "GPT-2 encoder.json (for reports; data is pre-tokenized)");
   t.add(D, "merge-file", &a.merge_file, "GPT-2 vocab.bpe");
@@ -842,9 +847,18 @@ void TrainArgs::validate() const {
   MZ_REQUIRE(!skip_train || eval_iters > 0,
              "--skip-train only evaluates, and --eval-iters 0 leaves nothing to evaluate: set --eval-iters N");
   MZ_REQUIRE(eval_iters >= 0 && eval_interval >= 0, "--eval-interval and --eval-iters must not be negative");
-  MZ_REQUIRE(mock_data != !data_path.empty(), mock_data ? "--mock-data and --data-path conflict; choose one"
-                                                        : "no data: pass --data-path PREFIX (a .bin/.idx pair from "
-                                                          "tools/preprocess_data) or --mock-data");
+  const bool per_split = !train_data_path.empty() || !valid_data_path.empty() || !test_data_path.empty();
+  MZ_REQUIRE(!per_split || !train_data_path.empty(),
+             "--valid-data-path and --test-data-path come with --train-data-path (the training data)");
+  MZ_REQUIRE(!per_split || (data_path.empty() && !mock_data), "--train-data-path reads a dataset per split: drop ",
+             mock_data ? "--mock-data" : "--data-path", " (or use --data-path with --split alone)");
+  MZ_REQUIRE(!per_split || eval_iters == 0 || !valid_data_path.empty(), "--eval-iters ", eval_iters,
+             " asks for validation, which --train-data-path's runs read from --valid-data-path: add it, or pass "
+             "--eval-iters 0");
+  MZ_REQUIRE(per_split || mock_data != !data_path.empty(),
+             mock_data ? "--mock-data and --data-path conflict; choose one"
+                       : "no data: pass --data-path PREFIX (a .bin/.idx pair from tools/preprocess_data), "
+                         "--train-data-path PREFIX, or --mock-data");
   if (!rampup_batch_size.empty()) {
     MZ_REQUIRE(global_batch_size > 0,
                "--rampup-batch-size ramps the batch up to --global-batch-size: set it (e.g. --global-batch-size 1536)");
@@ -1010,7 +1024,8 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
   throw ConfigError("the learning-rate schedule differs from the checkpoint's (at iteration " +
                     std::to_string(iteration) + "): " + diff +
                     "; resuming would change the learning rate or the weight decay mid-run (a different --train-iters "
-                    "changes --lr-decay-iters and --weight-decay-incr-iters when they are not set). Pass --use-checkpoint-opt-param-scheduler to keep the "
+                    "changes --lr-decay-iters and --weight-decay-incr-iters when they are not set). Pass "
+                    "--use-checkpoint-opt-param-scheduler to keep the "
                     "checkpoint's schedule, or --override-opt-param-scheduler to use this one (Megatron's flags)");
 }
 

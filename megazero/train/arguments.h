@@ -39,6 +39,8 @@ struct TrainArgs {
   // data
   // One prefix, or weight-prefix pairs to blend ("0.3 wiki 0.7 books"), as Megatron.
   std::vector<std::string> data_path;
+  // Megatron's datasets per split (each read whole; instead of --data-path and --split).
+  std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
   bool mock_data = false;
   std::string vocab_file, merge_file;

@@ -1,6 +1,8 @@
 #include "megazero/train/sample_source.h"
 
 #include <algorithm>
+#include <array>
+#include <optional>
 
 #include "megazero/core/error.h"
 #include "megazero/data/blend.h"
@@ -47,17 +49,29 @@ class MockSource final : public SampleSource {
 // seq_length + 1 token windows over a seeded document order.
 class DatasetSource final : public SampleSource {
  public:
-  DatasetSource(const TrainArgs& args, const std::string& prefix) : vocab_(args.model.vocab_size) {
-    data_ = data::IndexedDataset::open(prefix, "--data-path");
-    const auto ranges = data::split_documents(data::parse_split(args.split, "--split"), data_->num_documents());
+  // whole: every document in that split (Megatron's --train-data-path,
+  // --valid-data-path, --test-data-path), not --split's shares.
+  DatasetSource(const TrainArgs& args, const std::string& prefix, std::optional<Split> whole = std::nullopt)
+      : vocab_(args.model.vocab_size) {
+    const std::string flag = !whole                   ? "--data-path"
+                             : *whole == Split::Train ? "--train-data-path"
+                             : *whole == Split::Valid ? "--valid-data-path"
+                                                      : "--test-data-path";
+    data_ = data::IndexedDataset::open(prefix, flag);
+    std::array<double, 3> shares = {0, 0, 0};
+    if (whole) shares[static_cast<std::size_t>(*whole)] = 1;
+    const auto ranges =
+        data::split_documents(whole ? shares : data::parse_split(args.split, "--split"), data_->num_documents());
     const char* names[] = {"train", "valid", "test"};
     for (int i = 0; i < 3; ++i)
       if (ranges[static_cast<std::size_t>(i)].size() > 0)
         splits_[i] = std::make_unique<data::GptDataset>(data_, args.model.seq_length, args.seed,
                                                         ranges[static_cast<std::size_t>(i)], names[i]);
-    MZ_REQUIRE(splits_[0] && splits_[0]->samples_per_epoch() > 0, "--data-path ", prefix,
-               ": the training split holds too few tokens for one sample of --seq-length ", args.model.seq_length,
-               " + 1; use more data, a shorter --seq-length, or a larger training --split weight");
+    const int mine = whole ? static_cast<int>(*whole) : 0;
+    MZ_REQUIRE(splits_[mine] && splits_[mine]->samples_per_epoch() > 0, flag, " ", prefix, ": the ", names[mine],
+               " split holds too few tokens for one sample of --seq-length ", args.model.seq_length,
+               " + 1; use more data, a shorter --seq-length", whole ? "" : ", or a larger training --split weight");
+    if (whole) return;  // the per-split source checks that validation has its data
     // Validation on the training split would report a training loss as a validation one.
     MZ_REQUIRE(
         args.eval_iters == 0 || (splits_[1] && splits_[1]->samples_per_epoch() > 0), "--split ", args.split,
@@ -109,9 +123,10 @@ class DatasetSource final : public SampleSource {
 // pick(i).index of dataset pick(i).dataset, in every split.
 class BlendedSource final : public SampleSource {
  public:
-  BlendedSource(const TrainArgs& args, const std::vector<double>& weights, const std::vector<std::string>& prefixes)
+  BlendedSource(const TrainArgs& args, const std::vector<double>& weights, const std::vector<std::string>& prefixes,
+                std::optional<Split> whole = std::nullopt)
       : schedule_(weights), weights_(weights), vocab_(args.model.vocab_size) {
-    for (const auto& p : prefixes) sources_.push_back(std::make_unique<DatasetSource>(args, p));
+    for (const auto& p : prefixes) sources_.push_back(std::make_unique<DatasetSource>(args, p, whole));
   }
   std::int64_t vocab_size() const override { return vocab_; }
   std::string describe() const override {
@@ -143,15 +158,56 @@ class BlendedSource final : public SampleSource {
   std::vector<std::unique_ptr<DatasetSource>> sources_;
 };
 
+// One dataset (or blend) over --data-path's --split, or wholly one split's.
+std::unique_ptr<SampleSource> dataset_source(const TrainArgs& args, const std::vector<std::string>& path,
+                                             const std::string& flag, std::optional<Split> whole) {
+  std::vector<double> weights;
+  std::vector<std::string> prefixes;
+  data::parse_blend(path, weights, prefixes, flag);
+  if (prefixes.size() == 1) return std::make_unique<DatasetSource>(args, prefixes[0], whole);
+  return std::make_unique<BlendedSource>(args, weights, prefixes, whole);
+}
+
+// Megatron's --train-data-path / --valid-data-path / --test-data-path: each
+// split read from its own datasets, whole.
+class PerSplitSource final : public SampleSource {
+ public:
+  explicit PerSplitSource(const TrainArgs& args) : vocab_(args.model.vocab_size) {
+    const std::vector<std::string>* paths[] = {&args.train_data_path, &args.valid_data_path, &args.test_data_path};
+    const char* flags[] = {"--train-data-path", "--valid-data-path", "--test-data-path"};
+    for (int i = 0; i < 3; ++i)
+      if (!paths[i]->empty()) parts_[i] = dataset_source(args, *paths[i], flags[i], static_cast<Split>(i));
+  }
+  std::int64_t vocab_size() const override { return vocab_; }
+  std::string describe() const override {
+    const char* names[] = {"train", "valid", "test"};
+    std::string s = "a dataset per split:";
+    for (int i = 0; i < 3; ++i)
+      if (parts_[i]) s += std::string("\n     ") + names[i] + ": " + parts_[i]->describe();
+    return s;
+  }
+  bool has(Split split) const override {
+    const auto& p = parts_[static_cast<int>(split)];
+    return p && p->has(split);
+  }
+  void fill(Split split, std::int64_t first, std::int64_t B, std::int64_t S, const std::shared_ptr<Device>& device,
+            Tensor& ids, Tensor& targets) override {
+    const auto& p = parts_[static_cast<int>(split)];
+    MZ_CHECK(p, "no dataset for split ", static_cast<int>(split));  // validate() requires the ones read
+    p->fill(split, first, B, S, device, ids, targets);
+  }
+
+ private:
+  std::int64_t vocab_;
+  std::unique_ptr<SampleSource> parts_[3];
+};
+
 }  // namespace
 
 std::unique_ptr<SampleSource> make_sample_source(const TrainArgs& args) {
   if (args.mock_data) return std::make_unique<MockSource>(args.model.vocab_size);
-  std::vector<double> weights;
-  std::vector<std::string> prefixes;
-  data::parse_blend(args.data_path, weights, prefixes, "--data-path");
-  if (prefixes.size() == 1) return std::make_unique<DatasetSource>(args, prefixes[0]);
-  return std::make_unique<BlendedSource>(args, weights, prefixes);
+  if (!args.train_data_path.empty()) return std::make_unique<PerSplitSource>(args);
+  return dataset_source(args, args.data_path, "--data-path", std::nullopt);
 }
 
 }  // namespace megazero::train

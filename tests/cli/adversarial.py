@@ -343,7 +343,6 @@ def cases():
         ("eod-mask-loss", "", "--eod-mask-loss: masking the loss at end-of-document tokens is not implemented"),
         ("reset-position-ids", "", "--reset-position-ids: per-document position ids are not implemented"),
         ("reset-attention-mask", "", "--reset-attention-mask: per-document attention masks are not implemented"),
-        ("train-data-path", "a", "--train-data-path: separate train/valid/test datasets are not implemented"),
         ("init-method-xavier-uniform", "", "--init-method-xavier-uniform: Xavier initialisation is not implemented"),
         ("apply-residual-connection-post-layernorm", "", "the post-LayerNorm residual \\(BERT's\\) is not implemented"),
         ("fp32-residual-connection", "", "--fp32-residual-connection: an fp32 residual stream is not implemented"),
@@ -561,6 +560,18 @@ def cases():
         "iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done", data + " --data-path {DATA} --split 80,10,10 --eval-iters 1")
     add("data.no-test-split", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done",
         data + " --data-path {DATA} --split 90,10,0 --eval-iters 1")
+    # Megatron's dataset per split, each read whole.
+    add("data.per-split-paths", 0, "a dataset per split:\n +train: .*\n +valid: .*\n +test: (.*\n)* validation loss at "
+        "iteration 1: [0-9.]+ \\| ppl [0-9.]+\n test loss at iteration 1: ", data + " --train-data-path {DATA} "
+        "--valid-data-path {DATA} --test-data-path {DATA} --eval-iters 1")
+    add("data.per-split-with-data-path", E2, "--train-data-path reads a dataset per split: drop --data-path",
+        data + " --train-data-path {DATA} --data-path {DATA} --eval-iters 0")
+    add("data.per-split-no-valid", E2, "--eval-iters 1 asks for validation, which --train-data-path's runs read from "
+        "--valid-data-path: add it", data + " --train-data-path {DATA} --eval-iters 1")
+    add("data.valid-without-train", E2, "--valid-data-path and --test-data-path come with --train-data-path",
+        data + " --valid-data-path {DATA} --eval-iters 0")
+    add("data.per-split-missing", E2, "--test-data-path .*nothing", data + " --train-data-path {DATA} "
+        "--test-data-path {TMP}/nothing --eval-iters 0")
     add("data.no-validation-split-ok-without-eval", 0, "training done",
         data + " --data-path {DATA} --split 100,0,0 --eval-iters 0")
 

@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <csignal>
 #include <filesystem>
+#include <cstdio>
+#include <unistd.h>
+#include <fstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,8 +56,14 @@ TrainArgs args_of(std::vector<std::string> flags, const std::optional<std::strin
     return f == "--data-path" || f == "--train-data-path" || f == "--valid-data-path";
   });
   if (!dataset) all.push_back("--mock-data");
-  for (const auto& [flag, value] : base)  // a flag given by the test replaces the base one
-    if (std::find(flags.begin(), flags.end(), flag) == flags.end()) all.insert(all.end(), {flag, value});
+  // A flag given by the test replaces the base one; a DeepSpeed configuration
+  // sets the batch sizes, the stage and the log interval itself.
+  const bool deepspeed = std::find(flags.begin(), flags.end(), "--deepspeed-config") != flags.end();
+  for (const auto& [flag, value] : base)
+    if (std::find(flags.begin(), flags.end(), flag) == flags.end() &&
+        !(deepspeed && (flag == "--global-batch-size" || flag == "--micro-batch-size" || flag == "--zero-stage" ||
+                        flag == "--log-interval")))
+      all.insert(all.end(), {flag, value});
   all.insert(all.end(), flags.begin(), flags.end());
   std::vector<char*> argv;
   for (auto& s : all) argv.push_back(s.data());
@@ -499,4 +508,109 @@ TEST(Trainer, PerSplitDataPathsReadEachDatasetWhole) {
   EXPECT_THROW(data_args({"--train-data-path", corpus, "--data-path", corpus}), ConfigError);
   EXPECT_THROW(data_args({"--train-data-path", corpus}), ConfigError) << "--eval-iters 1 without a validation set";
   EXPECT_THROW(data_args({"--valid-data-path", corpus, "--eval-iters", "0"}), ConfigError);
+}
+
+namespace {
+// A file of this rank's (every rank reads its own copy, as each reads --config).
+std::string write_temp(const std::string& name, const std::string& text) {
+  const std::string path = "/tmp/mz-trainer-" + std::to_string(::getpid()) + "-" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+std::string config_error(const std::vector<std::string>& flags) {
+  try {
+    args_of(flags);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+// A DeepSpeed user's ds_config.json becomes pretrain_gpt's flags: batch sizes,
+// clipping, bf16, ZeRO stage and bucket, AdamW's parameters and a linear
+// WarmupDecayLR; the run trains with the same losses, bit for bit, as the same
+// settings given as flags. "auto" keeps the command line's value; contradictions,
+// offload, unknown keys, DeepSpeed's default logarithmic warmup and batch sizes
+// that do not multiply out are refused naming the key.
+TEST(Trainer, DeepSpeedConfigBecomesTheFlags) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string ds = write_temp("ds.json", R"({
+    "train_batch_size": 8, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+    "gradient_clipping": 0.5, "steps_per_print": 3, "wall_clock_breakdown": false,
+    "bf16": {"enabled": true},
+    "zero_optimization": {"stage": 3, "reduce_bucket_size": 5e5, "overlap_comm": true,
+                          "contiguous_gradients": true, "offload_optimizer": {"device": "none"}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0, "warmup_max_lr": 0.002,
+                  "warmup_num_steps": 2, "total_num_steps": 6, "warmup_type": "linear"}}})");
+  const TrainArgs a = args_of({"--deepspeed-config", ds});
+  EXPECT_EQ(a.global_batch_size, 8);
+  EXPECT_EQ(a.micro_batch_size, 2);
+  EXPECT_EQ(a.clip_grad, 0.5);
+  EXPECT_EQ(a.log_interval, 3);
+  EXPECT_TRUE(a.bf16);
+  EXPECT_EQ(a.zero.stage, 3);
+  EXPECT_EQ(a.zero.reduce_bucket_size, 500000);
+  EXPECT_EQ(a.lr.max_lr, 0.002);
+  EXPECT_EQ(a.adam.beta2, 0.95);
+  EXPECT_EQ(a.adam.weight_decay, 0.1);
+  EXPECT_EQ(a.lr.warmup_iters, 2);
+  EXPECT_EQ(a.lr.decay_iters, 6);
+  EXPECT_EQ(a.lr.style, "linear");
+  EXPECT_EQ(a.lr.min_lr, 0.0);
+  const TrainResult from_json = run({"--deepspeed-config", ds});
+  const TrainResult from_flags = run({"--global-batch-size",
+                                      "8",
+                                      "--micro-batch-size",
+                                      "2",
+                                      "--clip-grad",
+                                      "0.5",
+                                      "--log-interval",
+                                      "3",
+                                      "--bf16",
+                                      "--zero-stage",
+                                      "3",
+                                      "--reduce-bucket-size",
+                                      "500000",
+                                      "--lr",
+                                      "0.002",
+                                      "--adam-beta2",
+                                      "0.95",
+                                      "--adam-eps",
+                                      "1e-8",
+                                      "--weight-decay",
+                                      "0.1",
+                                      "--lr-warmup-iters",
+                                      "2",
+                                      "--lr-decay-iters",
+                                      "6",
+                                      "--lr-decay-style",
+                                      "linear",
+                                      "--min-lr",
+                                      "0"});
+  ASSERT_EQ(from_json.losses.size(), 6u);
+  EXPECT_EQ(from_json.losses, from_flags.losses);
+  EXPECT_EQ(from_json.learning_rates, from_flags.learning_rates);
+
+  const std::string with_auto = write_temp("auto.json", R"({"train_micro_batch_size_per_gpu": "auto",
+    "zero_optimization": {"stage": 2}})");
+  EXPECT_EQ(args_of({"--deepspeed-config", with_auto, "--micro-batch-size", "4"}).micro_batch_size, 4);
+  EXPECT_NE(config_error({"--deepspeed-config", with_auto, "--zero-stage", "1"})
+                .find("zero_optimization.stage is 2 but --zero-stage 1 was given"),
+            std::string::npos);
+  const std::string offload = write_temp("offload.json", R"({"zero_optimization": {"stage": 3,
+    "offload_param": {"device": "cpu"}}, "zero_optimisation": {}})");
+  const std::string why = config_error({"--deepspeed-config", offload});
+  EXPECT_NE(why.find("unknown key zero_optimisation"), std::string::npos) << why;
+  EXPECT_NE(why.find("zero_optimization.offload_param: ZeRO-Offload is not implemented"), std::string::npos) << why;
+  const std::string log_warmup = write_temp("log.json", R"({"scheduler": {"type": "WarmupLR", "params": {}}})");
+  EXPECT_NE(config_error({"--deepspeed-config", log_warmup}).find("log (DeepSpeed's default): a logarithmic warmup"),
+            std::string::npos);
+  const std::string accumulation = write_temp("accum.json", R"({"train_batch_size": 8,
+    "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4})");
+  EXPECT_NE(config_error({"--deepspeed-config", accumulation}).find("gradient_accumulation_steps 4"),
+            std::string::npos);
+  for (const char* f : {"ds.json", "auto.json", "offload.json", "log.json", "accum.json"})
+    std::remove(("/tmp/mz-trainer-" + std::to_string(::getpid()) + "-" + f).c_str());
 }

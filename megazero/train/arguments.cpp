@@ -2,6 +2,7 @@
 
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/kernels/fused_attention.h"
+#include "megazero/train/deepspeed_config.h"
 
 #include <algorithm>
 #include <charconv>
@@ -244,6 +245,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.list(D, "valid-data-path", &a.valid_data_path, "with --train-data-path: the validation split's own dataset");
   t.list(D, "test-data-path", &a.test_data_path, "with --train-data-path: the test split's own dataset");
   t.flag(D, "mock-data", &a.mock_data, "synthetic tokens (benchmarks), no dataset");
+  t.add(G, "deepspeed-config", &a.deepspeed_config,
+        "a DeepSpeed configuration (ds_config.json): its batch sizes, precision, zero_optimization, "
+        "activation_checkpointing (ZeRO-R), optimizer and scheduler become these flags (docs/DEEPSPEED.md)");
   t.add(D, "vocab-file", &a.vocab_file, "GPT-2 encoder.json (for reports; data is pre-tokenized)");
   t.add(D, "merge-file", &a.merge_file, "GPT-2 vocab.bpe");
   t.add(G, "log-interval", &a.log_interval, "iterations between log lines");
@@ -437,25 +441,24 @@ void require_model_fits_in_counters(const TrainArgs& a) {
 // A config file is short text: a directory is refused, and at most 1 MiB is
 // read from anything else (so /dev/zero or a runaway pipe ends in an error,
 // while `--config <(generate)` works); a UTF-8 byte-order mark is dropped.
-std::string read_config_file(const std::string& file) {
+std::string read_config_file(const std::string& file, const std::string& flag) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(file, ec);
-  MZ_REQUIRE(!ec && fs::exists(status), "--config: cannot read '", file,
+  MZ_REQUIRE(!ec && fs::exists(status), flag, ": cannot read '", file,
              "': no such file; pass a config file (see configs/)");
-  MZ_REQUIRE(!fs::is_directory(status), "--config: '", file,
-             "' is a directory; pass a config file in it (see configs/)");
+  MZ_REQUIRE(!fs::is_directory(status), flag, ": '", file, "' is a directory; pass a config file in it (see configs/)");
   std::ifstream in(file, std::ios::binary);
-  MZ_REQUIRE(in.good(), "--config: cannot read '", file, "'; check its permissions");
+  MZ_REQUIRE(in.good(), flag, ": cannot read '", file, "'; check its permissions");
   constexpr std::size_t kMaxConfigBytes = 1 << 20;
   std::string text(kMaxConfigBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
-  MZ_REQUIRE(text.size() <= kMaxConfigBytes, "--config: '", file,
+  MZ_REQUIRE(text.size() <= kMaxConfigBytes, flag, ": '", file,
              "' is longer than 1 MiB; a config file is key = value "
              "lines (see configs/)");
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
-  MZ_REQUIRE(text.find('\0') == std::string::npos, "--config: '", file, "' is not a text file (it holds NUL bytes)");
+  MZ_REQUIRE(text.find('\0') == std::string::npos, flag, ": '", file, "' is not a text file (it holds NUL bytes)");
   return text;
 }
 
@@ -657,6 +660,8 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const 
     if (!v.defaulted()) given.push_back(name);
   expand_zero_config(a, vm, on_command_line);
   apply_megatron_flags(a, megatron, given);
+  if (!a.deepspeed_config.empty())
+    apply_deepspeed_config(a, read_config_file(a.deepspeed_config, "--deepspeed-config"), a.deepspeed_config, given);
   resolve_recompute_flags(a);
   // Megatron's --recompute-activations means selective recompute; here (as in
   // the ZeRO paper's runs) it is full recompute: a Megatron script gets the
@@ -923,6 +928,12 @@ void TrainArgs::validate_layout(int world) const {
              "a global batch of ",
              micro_batch_size * dp, " x k, or change --micro-batch-size");
   batch_schedule(dp).check_layout(micro_batch_size, dp);
+  MZ_REQUIRE(gradient_accumulation_steps == 0 || global == micro_batch_size * gradient_accumulation_steps * dp,
+             "--deepspeed-config ", deepspeed_config, ": gradient_accumulation_steps ", gradient_accumulation_steps,
+             " x train_micro_batch_size_per_gpu ", micro_batch_size, " x data-parallel size ", dp, " (world ", world,
+             " / TP ", tp, ") = ", micro_batch_size * gradient_accumulation_steps * dp,
+             " samples, but the global batch (train_batch_size or --global-batch-size) is ", global,
+             "; make them agree (DeepSpeed requires train_batch_size = micro x accumulation x data-parallel size)");
 }
 
 std::string TrainArgs::load_path() const {

@@ -39,6 +39,11 @@ struct TrainArgs {
   // data
   // One prefix, or weight-prefix pairs to blend ("0.3 wiki 0.7 books"), as Megatron.
   std::vector<std::string> data_path;
+  // --deepspeed-config FILE (train/deepspeed_config.h): DeepSpeed's JSON,
+  // translated into these flags; its gradient_accumulation_steps (0: none
+  // given) is checked against the batch sizes at the layout.
+  std::string deepspeed_config;
+  std::int64_t gradient_accumulation_steps = 0;
   // Megatron's datasets per split (each read whole; instead of --data-path and --split).
   std::vector<std::string> train_data_path, valid_data_path, test_data_path;
   std::string split = "969,30,1";
@@ -220,7 +225,7 @@ std::string config_path_in(int argc, char** argv);
 
 // A --config file's text: ConfigError naming the file when it is missing, a
 // directory, unreadable, longer than 1 MiB or not text.
-std::string read_config_file(const std::string& file);
+std::string read_config_file(const std::string& file, const std::string& flag = "--config");
 
 // Collective over `comm`: rank 0 reads its --config file and every rank whose
 // command line names the same file gets that text, so a file only rank 0 can

@@ -104,6 +104,12 @@ const CompatFlag kFlags[] = {
      "megazero has no pipeline parallelism; TP x ZeRO-DP scale the model"},
     {"expert-model-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     {"num-experts", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
+    // Megatron-DeepSpeed's spellings.
+    {"deepspeed", Kind::Switch, Meaning::NoEffect,
+     "ZeRO is megazero's own (--zero-stage); --deepspeed-config reads a DeepSpeed JSON"},
+    {"deepspeed_config", Kind::Value, Meaning::Translated, "--deepspeed-config"},
+    {"deepspeed-activation-checkpointing", Kind::Switch, Meaning::Translated,
+     "--recompute-activations (the JSON's activation_checkpointing section: Pa, Pa+cpu, MD)"},
     {"optimizer", Kind::Value, Meaning::Translated, "adam only (AdamW, decoupled weight decay, as Megatron's)"},
     {"dataloader-type", Kind::Value, Meaning::Translated,
      "single only (samples in order from the data position, Megatron's pretraining sampler)"},
@@ -305,7 +311,12 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                " here), but --attention-backend unfused was given; drop one of them");
     if (!was_given("attention-backend")) a.model.attention_backend = fast;
   }
-  if (value("checkpoint-activations")) a.model.recompute_activations = true;
+  if (value("checkpoint-activations") || value("deepspeed-activation-checkpointing"))
+    a.model.recompute_activations = true;
+  if (const auto* v = value("deepspeed_config")) {
+    conflict("deepspeed_config", "deepspeed-config");
+    a.deepspeed_config = *v;
+  }
   if (value("overlap-grad-reduce")) a.zero.overlap_comm = true;
   if (value("use-rotary-position-embeddings")) {
     MZ_REQUIRE(!was_given("position-embedding-type") || a.model.position_embedding_type == "rope",

@@ -9,7 +9,7 @@ no process behind. One report lists every case that did not.
 Exit codes: 0 success (with --dry-run where nothing needs training), 2 bad
 input (ConfigError, agreed by every rank). A case is (name, ranks, code, regex,
 argv); argv words may use {TRAIN} {TOPO} {CONVERT} {PREP} {CFG} {TMP} {CK}
-(a checkpoint made once at start-up), {DATA} (a tiny dataset prefix).
+(a checkpoint made once at start-up), {DATA} (a tiny dataset prefix), {REPO}.
 """
 import argparse
 import concurrent.futures
@@ -394,6 +394,25 @@ def cases():
         f"{minimal} --rampup-batch-size 8 8 64 --train-samples 160")
     add("megatron.rampup-batch-size.no-global", E2, "--rampup-batch-size ramps the batch up to --global-batch-size: set it",
         minimal.replace("--global-batch-size 16 ", "") + " --train-iters 1 --rampup-batch-size 8 8 64")
+    # DeepSpeed's ds_config.json (docs/DEEPSPEED.md).
+    ds_model = ("{TRAIN} --num-layers 2 --hidden-size 128 --num-attention-heads 4 --seq-length 64 "
+                "--max-position-embeddings 64 --mock-data --vocab-size 256 --train-iters 2 --eval-iters 0")
+    add("deepspeed.example", 0, "zero-stage = 3(.*\n)*partition-activations = true(.*\n)*training done",
+        ds_model + " --recompute-activations --deepspeed-config " + "{REPO}/configs/deepspeed/zero3_bf16.json")
+    add("deepspeed.megatron-deepspeed-spelling", 0, "--deepspeed has no effect here(.*\n)*recompute-activations = "
+        "true(.*\n)*zero-stage = 3", ds_model + " --deepspeed --deepspeed-activation-checkpointing "
+        "--deepspeed_config {REPO}/configs/deepspeed/zero3_bf16.json")
+    add("deepspeed.not-json", E2, "--deepspeed-config .*gpt_tiny.cfg is not valid JSON", ds_model
+        + " --deepspeed-config {CFG}")
+    add("deepspeed.missing", E2, "--deepspeed-config: cannot read '.*none.json': no such file", ds_model
+        + " --deepspeed-config {TMP}/none.json")
+    add("deepspeed.offload", E2, "zero_optimization.offload_optimizer: ZeRO-Offload is not implemented", ds_model
+        + " --deepspeed-config @ds_offload")
+    add("deepspeed.unknown-key", E2, "unknown key zero_optimisation", ds_model + " --deepspeed-config @ds_unknown")
+    add("deepspeed.log-warmup", E2, "scheduler.params.warmup_type: log \\(DeepSpeed's default\\): a logarithmic warmup "
+        "is not implemented; set \"warmup_type\": \"linear\"", ds_model + " --deepspeed-config @ds_logwarmup")
+    add("deepspeed.contradiction", E2, "train_micro_batch_size_per_gpu is 4 but --micro-batch-size 2 was given",
+        ds_model + " --micro-batch-size 2 --deepspeed-config {REPO}/configs/deepspeed/zero3_bf16.json")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--qk-layernorm",
         f"{minimal} --train-iters 1 --num-experts 8 --qk-layernorm")
 
@@ -638,6 +657,9 @@ def special_path(token, tmp, ck):
         "@bom": "\ufeffnum-layers = 2\nhidden-size = 64\nnum-attention-heads = 4\nseq-length = 32\n"
                 "max-position-embeddings = 32\ntrain-iters = 1\n",
         "@empty": "",
+        "@ds_offload": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}',
+        "@ds_unknown": '{"zero_optimisation": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}',
+        "@ds_logwarmup": '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}',
     }
     if token in contents:
         p = os.path.join(tmp, token[1:] + ".cfg")
@@ -713,7 +735,7 @@ def main():
                "TOPO": os.path.join(a.bin, "tools/megazero-topology"),
                "CONVERT": os.path.join(a.bin, "tools/convert_checkpoint"),
                "PREP": os.path.join(a.bin, "tools/preprocess_data"),
-               "CFG": os.path.join(a.repo, "configs/gpt_tiny.cfg"), "CK": ck,
+               "CFG": os.path.join(a.repo, "configs/gpt_tiny.cfg"), "CK": ck, "REPO": a.repo,
                "DATA": os.path.join(a.repo, "data/corpus/kjv_text_document")}
         def run_case(i, case):
             name, ranks, code, regex, cmd = case

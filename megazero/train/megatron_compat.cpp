@@ -104,6 +104,74 @@ const CompatFlag kFlags[] = {
      "megazero has no pipeline parallelism; TP x ZeRO-DP scale the model"},
     {"expert-model-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     {"num-experts", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
+    {"ddp-bucket-size", Kind::Value, Meaning::Translated, "--reduce-bucket-size (elements)"},
+    {"no-position-embedding", Kind::Switch, Meaning::Translated,
+     "with --position-embedding-type rope only (there is no learned position table then)"},
+    {"add-qkv-bias", Kind::Switch, Meaning::Translated,
+     "the default (biases on every linear layer); refused with --disable-bias-linear"},
+    {"main-grads-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
+    {"main-params-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
+    {"exp-avg-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
+    {"exp-avg-sq-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
+    {"local-rank", Kind::Value, Meaning::NoEffect, "MPI gives each rank its place on its host (launch/)"},
+    {"local_rank", Kind::Value, Meaning::NoEffect, "MPI gives each rank its place on its host (launch/)"},
+    {"calculate-per-token-loss", Kind::Switch, Meaning::NoEffect,
+     "every micro-batch holds as many tokens: the loss is already the per-token mean over the global batch"},
+    {"ddp-average-in-collective", Kind::Switch, Meaning::NoEffect,
+     "gradients are averaged over DP by the backward's scale, once"},
+    {"grad-reduce-in-bf16", Kind::Switch, Meaning::NoEffect,
+     "gradient reductions follow the parameters' dtype (bf16 with --bf16)"},
+    {"no-check-for-nan-in-loss-and-grad", Kind::Switch, Meaning::NoEffect,
+     "a NaN/Inf loss still stops the run; --on-nan-loss skip skips such iterations instead"},
+    {"async-tensor-model-parallel-allreduce", Kind::Switch, Meaning::NoEffect,
+     "TP all-reduces are issued where the math needs them"},
+    {"mmap-bin-files", Kind::Switch, Meaning::NoEffect, "the .bin files are always memory-mapped"},
+    {"log-straggler", Kind::Switch, Meaning::NoEffect,
+     "the timers' line names the slowest rank of each logged iteration"},
+    {"log-progress", Kind::Switch, Meaning::NoEffect, "--metrics-file records every logged iteration"},
+    {"enable-one-logger", Kind::Switch, Meaning::NoEffect, "no telemetry is sent"},
+    {"one-logger-project", Kind::Value, Meaning::NoEffect, "no telemetry is sent"},
+    {"auto-detect-ckpt-format", Kind::Switch, Meaning::NoEffect, "checkpoints have one format (docs/CHECKPOINTS.md)"},
+    {"dist-ckpt-format", Kind::Value, Meaning::NoEffect,
+     "checkpoints are megazero's own sharded format, which loads on any TP x DP layout (docs/CHECKPOINTS.md)"},
+    {"ckpt-fully-parallel-save", Kind::Switch, Meaning::NoEffect, "every rank always writes its own shard in parallel"},
+    {"ckpt-fully-parallel-load", Kind::Switch, Meaning::NoEffect, "every rank always reads what it owns in parallel"},
+    {"ckpt-assume-constant-structure", Kind::Switch, Meaning::NoEffect,
+     "each save writes the shards it owns; nothing is cached between saves"},
+    {"align-grad-reduce", Kind::Switch, Meaning::NoEffect, "there are no pipeline stages to align"},
+    {"no-align-grad-reduce", Kind::Switch, Meaning::NoEffect, "there are no pipeline stages to align"},
+    {"use-ring-exchange-p2p", Kind::Switch, Meaning::NoEffect, "there are no pipeline stages to exchange"},
+    {"tensorboard-queue-size", Kind::Value, Meaning::NoEffect, "events are written and flushed each logged iteration"},
+    {"timing-log-option", Kind::Value, Meaning::NoEffect, "the timers print min/max over ranks and the slowest rank"},
+    {"check-weight-hash-across-dp-replicas-interval", Kind::Value, Meaning::NoEffect,
+     "ranks' configurations are cross-checked at start-up; --check-collectives cross-checks every collective"},
+    {"init-model-with-meta-device", Kind::Switch, Meaning::NoEffect,
+     "the memory plan already builds the model on a meta device before any allocation"},
+    {"trust-remote-code", Kind::Switch, Meaning::NoEffect, "no tokenizer code is loaded: the data is tokenized"},
+    {"use-precision-aware-optimizer", Kind::Switch, Meaning::Refused,
+     "the optimizer's master weights and moments are fp32 (12 bytes a parameter, the paper's K)"},
+    {"sgd-momentum", Kind::Value, Meaning::Refused, "megazero's optimizer is AdamW"},
+    {"tokenizer-model", Kind::Value, Meaning::Refused,
+     "the data is tokenized beforehand by tools/preprocess_data (GPT-2 BPE or bytes): drop it"},
+    {"decoder-seq-length", Kind::Value, Meaning::Refused, "megazero trains decoder-only GPTs: --seq-length"},
+    {"no-mmap-bin-files", Kind::Switch, Meaning::Refused, "the .bin files are always memory-mapped"},
+    {"use-pytorch-profiler", Kind::Switch, Meaning::Refused,
+     "there is no PyTorch: --profile records the GPU's kernels (CUPTI) over --profile-step-start..end"},
+    {"record-memory-history", Kind::Switch, Meaning::Refused,
+     "no allocator history is recorded: the iteration line prints the peak, the memory plan each category"},
+    {"non-persistent-save-interval", Kind::Value, Meaning::Refused,
+     "non-persistent (local) checkpoints are not implemented: --save-interval saves persistent ones"},
+    {"wandb-save-dir", Kind::Value, Meaning::Refused,
+     "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
+    {"data-parallel-random-init", Kind::Switch, Meaning::Refused,
+     "every data-parallel rank starts from the same weights (a function of the seed and the parameter)"},
+    {"spec", Kind::Value, Meaning::Refused, "megazero has one GPT implementation (layers/)"},
+    {"rotary-interleaved", Kind::Switch, Meaning::Refused,
+     "interleaved rotary pairs are not implemented: a head's two halves rotate (Megatron's default)"},
+    {"rotary-seq-len-interpolation-factor", Kind::Value, Meaning::Refused,
+     "rotary position interpolation is not implemented"},
+    {"expert-tensor-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
+    {"moe-router-topk", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     // Megatron-DeepSpeed's spellings.
     {"deepspeed", Kind::Switch, Meaning::NoEffect,
      "ZeRO is megazero's own (--zero-stage); --deepspeed-config reads a DeepSpeed JSON"},
@@ -252,6 +320,16 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
        "partial rotary embeddings are not implemented: every dimension of a head rotates (use 1.0)");
   only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
   only("optimizer", {"adam"}, "megazero's optimizer is AdamW (ZeRO partitions its states): use adam");
+  for (const char* dtype : {"main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"})
+    only(dtype, {"fp32"}, "the optimizer's master weights, gradients and moments are fp32: use fp32 or leave it out");
+  if (value("no-position-embedding") && a.model.position_embedding_type != "rope")
+    refused.push_back(
+        "--no-position-embedding: a model without position information is not implemented; use "
+        "--position-embedding-type rope (which has no position table)");
+  if (value("add-qkv-bias") && a.disable_bias_linear)
+    refused.push_back(
+        "--add-qkv-bias with --disable-bias-linear: biases on the query, key and value projections "
+        "alone are not implemented");
   only("dataloader-type", {"single"},
        "samples are read in order from the data position (Megatron's single); the cyclic sampler's per-epoch "
        "shuffle is not implemented: use single");
@@ -313,6 +391,10 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   }
   if (value("checkpoint-activations") || value("deepspeed-activation-checkpointing"))
     a.model.recompute_activations = true;
+  if (const auto* v = value("ddp-bucket-size")) {
+    conflict("ddp-bucket-size", "reduce-bucket-size");
+    a.zero.reduce_bucket_size = parse_int("ddp-bucket-size", *v);
+  }
   if (const auto* v = value("deepspeed_config")) {
     conflict("deepspeed_config", "deepspeed-config");
     a.deepspeed_config = *v;

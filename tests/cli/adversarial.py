@@ -264,6 +264,10 @@ def cases():
         ("context-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("exit-duration-in-mins", "230 --train-iters 10", "exit-duration-in-mins = 230"),
         ("optimizer", "adam --train-iters 1", "resolved configuration"),
+        ("ddp-bucket-size", "1000000 --train-iters 1", "reduce-bucket-size = 1000000"),
+        ("no-position-embedding", "--position-embedding-type rope --train-iters 1", "position-embedding-type = rope"),
+        ("add-qkv-bias", "--train-iters 1", "disable-bias-linear = false"),
+        ("main-grads-dtype", "fp32 --train-iters 1", "resolved configuration"),
         ("dataloader-type", "single --train-iters 1", "resolved configuration"),
         ("kv-channels", "16 --train-iters 1", "resolved configuration"),
         ("lr-warmup-init", "0.0001 --lr-warmup-iters 2 --train-iters 4", "lr-warmup-init = 0.0001"),
@@ -283,12 +287,20 @@ def cases():
              "use-dist-ckpt", "async-save", "tp-comm-overlap", "manual-gc", "no-shared-storage",
              "cross-entropy-loss-fusion", "check-for-nan-in-loss-and-grad", "exit-signal-handler",
              "no-bias-swiglu-fusion", "no-rope-fusion", "log-world-size-to-tensorboard", "log-loss-scale-to-tensorboard",
-             "log-batch-size-to-tensorboard", "log-learning-rate-to-tensorboard"]
+             "log-batch-size-to-tensorboard", "log-learning-rate-to-tensorboard", "calculate-per-token-loss",
+             "ddp-average-in-collective", "grad-reduce-in-bf16", "no-check-for-nan-in-loss-and-grad",
+             "async-tensor-model-parallel-allreduce", "mmap-bin-files", "log-straggler", "log-progress",
+             "enable-one-logger", "auto-detect-ckpt-format", "ckpt-fully-parallel-save", "ckpt-fully-parallel-load",
+             "ckpt-assume-constant-structure", "align-grad-reduce", "no-align-grad-reduce", "use-ring-exchange-p2p",
+             "init-model-with-meta-device", "trust-remote-code"]
     for flag in inert:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ", f"{minimal} --train-iters 1 --{flag}")
     for flag, value in [("DDP-impl", "local"), ("num-workers", "2"), ("transformer-impl", "local"),
                         ("timing-log-level", "2"), ("ckpt-format", "torch_dist"),
-                        ("data-cache-path", "/tmp"), ("tensorboard-log-interval", "10")]:
+                        ("data-cache-path", "/tmp"), ("tensorboard-log-interval", "10"), ("local-rank", "0"),
+                        ("local_rank", "0"), ("one-logger-project", "x"), ("dist-ckpt-format", "torch_dist"),
+                        ("tensorboard-queue-size", "1000"), ("timing-log-option", "minmax"),
+                        ("check-weight-hash-across-dp-replicas-interval", "10")]:
         add(f"megatron.inert.{flag}", 0, f"note: --{flag} has no effect here: ",
             f"{minimal} --train-iters 1 --{flag} {value}")
     refused = [
@@ -337,6 +349,28 @@ def cases():
         ("distribute-saved-activations", "--zero-config C1", "--distribute-saved-activations is Pa, which "
          "--zero-config C1 does not have"),
         ("optimizer", "sgd", "--optimizer sgd: megazero's optimizer is AdamW"),
+        ("no-position-embedding", "", "--no-position-embedding: a model without position information is not "
+         "implemented"),
+        ("add-qkv-bias", "--disable-bias-linear", "--add-qkv-bias with --disable-bias-linear: biases on the query"),
+        ("exp-avg-dtype", "bf16", "--exp-avg-dtype bf16: the optimizer's master weights, gradients and moments are fp32"),
+        ("use-precision-aware-optimizer", "", "--use-precision-aware-optimizer: the optimizer's master weights and "
+         "moments are fp32"),
+        ("sgd-momentum", "0.9", "--sgd-momentum: megazero's optimizer is AdamW"),
+        ("tokenizer-model", "x", "--tokenizer-model: the data is tokenized beforehand"),
+        ("decoder-seq-length", "32", "--decoder-seq-length: megazero trains decoder-only GPTs"),
+        ("no-mmap-bin-files", "", "--no-mmap-bin-files: the .bin files are always memory-mapped"),
+        ("use-pytorch-profiler", "", "--use-pytorch-profiler: there is no PyTorch: --profile records"),
+        ("record-memory-history", "", "--record-memory-history: no allocator history is recorded"),
+        ("non-persistent-save-interval", "10", "--non-persistent-save-interval: non-persistent \\(local\\) "
+         "checkpoints are not implemented"),
+        ("wandb-save-dir", "x", "--wandb-save-dir: Weights & Biases logging is not built in"),
+        ("data-parallel-random-init", "", "--data-parallel-random-init: every data-parallel rank starts from the "
+         "same weights"),
+        ("spec", "x", "--spec: megazero has one GPT implementation"),
+        ("rotary-interleaved", "", "--rotary-interleaved: interleaved rotary pairs are not implemented"),
+        ("rotary-seq-len-interpolation-factor", "2", "rotary position interpolation is not implemented"),
+        ("expert-tensor-parallel-size", "2", "megazero has no mixture-of-experts models"),
+        ("moe-router-topk", "2", "megazero has no mixture-of-experts models"),
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),
         ("kv-channels", "32", "--kv-channels 32: a head size other than --hidden-size / --num-attention-heads \\(16\\)"),
         ("wandb-project", "x", "--wandb-project: Weights & Biases logging is not built in: --tensorboard-dir"),

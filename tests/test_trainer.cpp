@@ -475,6 +475,15 @@ TEST(Trainer, WeightDecayScheduleReachesTheOptimizer) {
   EXPECT_EQ(flat.losses, plain.losses);
   EXPECT_THROW(args_of({"--weight-decay-incr-style", "linear", "--start-weight-decay", "0"}), ConfigError);
   EXPECT_THROW(args_of({"--start-weight-decay", "0.5"}), ConfigError) << "constant keeps --weight-decay";
+  // A resume keeping the checkpoint's schedule keeps its weight decay too.
+  const std::string dir = shared_temp_dir();
+  ASSERT_EQ(run({"--weight-decay", "0.02", "--save", dir, "--train-iters", "3"}).exit_code, 0);
+  const TrainResult kept = run({"--weight-decay", "0.3", "--load", dir, "--use-checkpoint-opt-param-scheduler"});
+  EXPECT_EQ(kept.weight_decays, std::vector<double>(3, 0.02));
+  EXPECT_NE(build_error({"--weight-decay", "0.3", "--load", dir}).find("--weight-decay 0.3 (checkpoint: 0.02)"),
+            std::string::npos);
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
 }
 
 // Megatron's --train-data-path / --valid-data-path / --test-data-path: each

@@ -32,6 +32,7 @@
 #include "megazero/train/tensorboard_writer.h"
 #include "megazero/train/train_step.h"
 #include "megazero/trainer/kernel_profile.h"
+#include "megazero/trainer/resume.h"
 #include "megazero/zero/partitioned_activations.h"
 #include "megazero/zero/zero_engine.h"
 
@@ -88,12 +89,6 @@ std::string fixed1(double v) {
 std::string fixed3(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.3f", v);
-  return b;
-}
-
-std::string mib_per_s(double bytes, double seconds) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.1f MiB/s", seconds > 0 ? bytes / 1048576.0 / seconds : 0.0);
   return b;
 }
 
@@ -427,94 +422,9 @@ void Trainer::Impl::build() {
   // Resume: the newest good checkpoint under --load, in whatever layout it was saved.
   placement = checkpoint::Placement::of(*groups);
   if (!args.load.empty()) {
-    Activity activity("loading a checkpoint");
-    checkpoint::LoadOptions lo;
-    lo.optimizer_state = !(args.finetune || args.no_load_optim);
-    const std::string load = args.load_path();
-    const auto res = checkpoint::load_checkpoint(load, engine, placement, lo);
-    if (root)
-      for (const auto& r : res.rejected) std::printf(" WARNING: skipped unusable checkpoint %s\n", r.c_str());
-    if (!res.loaded && (args.ckpt_step >= 0 || args.exit_on_missing_checkpoint))
-      throw AgreedConfigError(
-          detail::concat(args.ckpt_step >= 0 ? "--ckpt-step " + std::to_string(args.ckpt_step) : std::string("--load"),
-                         ": no checkpoint ", load, args.ckpt_step >= 0 ? "" : " (none in it yet)",
-                         args.exit_on_missing_checkpoint
-                             ? "; --exit-on-missing-checkpoint stops here instead of starting from random weights"
-                             : "",
-                         "; check the path (the --save directory of a run, or one of its iter_NNNNNNN directories)"));
-    if (!res.loaded && args.finetune)
-      throw AgreedConfigError(detail::concat("--finetune: no checkpoint in '", args.load,
-                                             "' to fine-tune from; --load names the pretrained run's --save "
-                                             "directory or one of its iter_NNNNNNN directories"));
-    if (res.loaded && args.finetune) {
-      // A new run from these weights: iteration 0, the data from its start, a
-      // fresh optimizer, loss scale and learning-rate schedule.
-      if (root) {
-        std::printf(
-            " --finetune: loaded the weights of %s (iteration %lld, saved at TP %d x DP %d, ZeRO stage %d) in "
-            "%.2f s; training starts at iteration 0 with a fresh optimizer\n",
-            res.io.path.c_str(), static_cast<long long>(res.state.iteration), res.saved_tp, res.saved_dp,
-            res.saved_stage, res.io.max_seconds);
-        const std::string previous = args.save.empty() ? "" : checkpoint::find_latest(args.save);
-        if (!previous.empty())
-          std::printf(
-              " WARNING: --save %s already holds %s; --finetune starts again from --load's weights at iteration 0 "
-              "(to continue that run, load it without --finetune)\n",
-              args.save.c_str(), previous.c_str());
-      }
-    } else if (res.loaded) {
-      start_iter = res.state.iteration;
-      consumed_at_start = res.state.consumed_samples;
-      if (args.no_load_optim) {
-        // Adam counts its steps from here; the loss scale starts afresh (it is
-        // optimizer state in Megatron too), the count of skipped steps goes on.
-        opt.optimizer_start_iteration = start_iter;
-        auto counts_only = res.state.loss_scaler;
-        counts_only.dynamic = false;
-        scaler.restore(counts_only);
-      } else {
-        opt.optimizer_start_iteration = res.state.optimizer_start_iteration;
-        scaler.restore(res.state.loss_scaler);
-      }
-      if (root) {
-        std::printf(
-            " loaded checkpoint %s: iteration %lld, consumed samples %lld (saved at TP %d x DP %d, ZeRO stage "
-            "%d) in %.2f s: %s per rank, %s total\n",
-            res.io.path.c_str(), static_cast<long long>(start_iter), static_cast<long long>(consumed_at_start),
-            res.saved_tp, res.saved_dp, res.saved_stage, res.io.max_seconds,
-            mib_per_s(static_cast<double>(res.io.rank_bytes), res.io.seconds).c_str(),
-            mib_per_s(static_cast<double>(res.io.total_bytes), res.io.max_seconds).c_str());
-        if (res.state.seed != args.seed)
-          std::printf(
-              " WARNING: the checkpoint was trained with --seed %llu, this run uses %llu: data order and "
-              "dropout change from here on\n",
-              static_cast<unsigned long long>(res.state.seed), static_cast<unsigned long long>(args.seed));
-      }
-    } else if (root) {
-      std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
-    }
-    std::fflush(stdout);
-    if (res.loaded && !args.finetune && !args.skip_train) {  // every rank holds the same manifest: these checks agree
-      if (start_iter > args.train_iters)
-        throw AgreedConfigError(detail::concat(
-            "--train-iters ", args.train_iters, " but the checkpoint ", res.io.path, " is at iteration ", start_iter,
-            ": nothing to train; --train-iters counts from the start of training (as Megatron's), so raise it above ",
-            start_iter));
-      std::string note;
-      try {
-        note = reconcile_lr_schedule(args, res.state.config, start_iter);
-      } catch (const ConfigError& e) {
-        throw AgreedConfigError(e.what());
-      }
-      opt.lr = args.lr;
-      if (root && !note.empty()) std::printf(" note: %s\n", note.c_str());
-      if (root && args.no_load_optim)
-        std::printf(" --no-load-optim: Adam's moments start at zero and count their steps from iteration %lld%s\n",
-                    static_cast<long long>(start_iter), args.fp16 ? "; the loss scale from --initial-loss-scale" : "");
-      if (root && start_iter == args.train_iters)
-        std::printf(" the checkpoint is at --train-iters %lld already: nothing to train\n",
-                    static_cast<long long>(args.train_iters));
-    }
+    const ResumePoint at = resume_from_checkpoint(args, engine, placement, scaler, opt, root);
+    start_iter = at.iteration;
+    consumed_at_start = at.consumed_samples;
   }
   run_consistently(world, [&] {
     if (!root || args.metrics_file.empty()) return;

@@ -465,7 +465,15 @@ TEST(LrSchedule, WarmupInitAndTheScheduleInSamples) {
   EXPECT_NO_THROW(s.validate());
   s.init_lr = 1.5;
   EXPECT_THROW(s.validate(), ConfigError);
+  // DeepSpeed's logarithmic warmup, a step ahead as the linear one.
+  s.warmup_style = "log";
   s.init_lr = 0;
+  EXPECT_DOUBLE_EQ(s.at(0), std::log(2.0) / std::log(5.0));
+  EXPECT_DOUBLE_EQ(s.at(2), std::log(4.0) / std::log(5.0));
+  EXPECT_DOUBLE_EQ(s.at(3), 1.0);
+  s.warmup_style = "exponential";
+  EXPECT_THROW(s.validate(), ConfigError);
+  s.warmup_style = "linear";
   for (std::int64_t it = 0; it < 20; ++it) EXPECT_EQ(s.at_samples(it * 64, 64), s.at(it)) << it;
   EXPECT_DOUBLE_EQ(s.at_samples(32, 64), 1.0 * 1.5 / 4) << "half an iteration into the warmup";
   EXPECT_NEAR(s.at_samples(9 * 64 + 16, 64), 0.5 * (1 + std::cos(std::numbers::pi * 5.25 / 10)), 1e-12);

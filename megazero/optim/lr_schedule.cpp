@@ -12,7 +12,8 @@ namespace {
 double lr_at(const LrSchedule& s, double it) {
   const auto warmup = static_cast<double>(s.warmup_iters);
   if (s.warmup_iters > 0 && it < warmup)
-    return s.init_lr + (s.max_lr - s.init_lr) * (it + 1) / warmup;  // init 0: max_lr (it + 1) / warmup, exactly
+    return s.init_lr + (s.max_lr - s.init_lr) * (s.warmup_style == "log" ? std::log(it + 2) / std::log(warmup + 1)
+                                                                         : (it + 1) / warmup);  // init 0: exact
   if (s.style == "constant") return s.max_lr;
   const double span = static_cast<double>(std::max<std::int64_t>(1, s.decay_iters - s.warmup_iters));
   const double t = std::min(1.0, (it - warmup) / span);
@@ -58,6 +59,8 @@ void LrSchedule::validate() const {
   MZ_REQUIRE(std::isfinite(init_lr) && init_lr >= 0 && init_lr <= max_lr, "--lr-warmup-init ", init_lr,
              " must be in [0, --lr ", max_lr, "]: the warmup rises from it to --lr");
   MZ_REQUIRE(decay_iters >= 0, "--lr-decay-iters must be non-negative, got ", decay_iters);
+  MZ_REQUIRE(warmup_style == "linear" || warmup_style == "log", "--lr-warmup-style '", warmup_style,
+             "' is not one of linear, log");
   MZ_REQUIRE(style == "cosine" || style == "linear" || style == "constant", "--lr-decay-style '", style,
              "' is not one of cosine, linear, constant");
 }

@@ -13,6 +13,10 @@ struct LrSchedule {
   double max_lr = 1e-4;
   double min_lr = 0.0;
   double init_lr = 0.0;  // --lr-warmup-init (Megatron's): where the linear warmup starts
+  // --lr-warmup-style: linear (Megatron's), or log (DeepSpeed's WarmupLR
+  // default: the rise's share after iteration i is log(i + 2) / log(warmup + 1),
+  // a step ahead as the linear one is).
+  std::string warmup_style = "linear";
   std::int64_t warmup_iters = 0;
   std::int64_t decay_iters = 1;  // iteration at which min_lr is reached
   std::string style = "cosine";  // cosine | linear | constant

@@ -225,6 +225,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(L, "min-lr", &a.lr.min_lr, "learning rate after decay");
   t.add(L, "lr-warmup-iters", &a.lr.warmup_iters, "linear warmup iterations");
   t.add(L, "lr-warmup-init", &a.lr.init_lr, "the learning rate the linear warmup starts from (Megatron's)");
+  t.add(L, "lr-warmup-style", &a.lr.warmup_style,
+        "linear (Megatron's) or log (DeepSpeed's WarmupLR default: a logarithmic rise)");
   t.add(L, "lr-decay-iters", &a.lr.decay_iters, "iteration at which min-lr is reached; 0 = train-iters");
   t.add(L, "lr-decay-style", &a.lr.style, "cosine, linear or constant");
   t.flag(X, "fp16", &a.fp16, "fp16 params/grads, fp32 master, dynamic loss scaling");
@@ -984,6 +986,7 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
                               "min-lr",
                               "lr-warmup-iters",
                               "lr-warmup-init",
+                              "lr-warmup-style",
                               "lr-decay-iters",
                               "lr-decay-style",
                               "weight-decay",
@@ -1021,6 +1024,7 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
     if (saved.count("min-lr")) args.lr.min_lr = number("min-lr");
     if (saved.count("lr-warmup-iters")) args.lr.warmup_iters = whole("lr-warmup-iters");
     if (saved.count("lr-warmup-init")) args.lr.init_lr = number("lr-warmup-init");
+    if (saved.count("lr-warmup-style")) args.lr.warmup_style = saved.at("lr-warmup-style");
     if (saved.count("lr-decay-iters")) args.lr.decay_iters = whole("lr-decay-iters");
     if (saved.count("lr-decay-style")) args.lr.style = saved.at("lr-decay-style");
     if (saved.count("weight-decay")) args.adam.weight_decay = number("weight-decay");

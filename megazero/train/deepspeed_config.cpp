@@ -241,13 +241,13 @@ void scheduler(Translator& t, const json& section) {
   const json params = section.value("params", json::object());
   for (const auto& [key, v] : section.items())
     if (key != "type" && key != "params") t.unknown("scheduler." + key);
+  // DeepSpeed's default warmup is logarithmic.
   const std::string warmup = params.contains("warmup_type") ? text_of(params["warmup_type"]) : "log";
-  if (warmup != "linear") {
-    t.refuse("scheduler.params.warmup_type",
-             warmup + (params.contains("warmup_type") ? "" : " (DeepSpeed's default)") +
-                 ": a logarithmic warmup is not implemented; set \"warmup_type\": \"linear\"");
+  if (warmup != "linear" && warmup != "log") {
+    t.refuse("scheduler.params.warmup_type", "'" + warmup + "' is not one of log, linear");
     return;
   }
+  t.set(json(warmup), "scheduler.params.warmup_type", "lr-warmup-style", a.lr.warmup_style);
   std::string style = decay ? "linear" : cosine ? "cosine" : "constant";
   t.set(json(style), "scheduler.type " + type, "lr-decay-style", a.lr.style);
   for (const auto& [key, v] : params.items()) {

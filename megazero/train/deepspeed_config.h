@@ -5,11 +5,11 @@
 // zero_optimization (stage, bucket, overlap), activation_checkpointing (the
 // paper's ZeRO-R: partition_activations = Pa, cpu_checkpointing = Pa+cpu,
 // contiguous_memory_optimization = MD), the Adam/AdamW optimizer's parameters,
-// the WarmupLR / WarmupDecayLR / WarmupCosineLR schedules (linear warmup), and
-// tensorboard.
+// the WarmupLR / WarmupDecayLR / WarmupCosineLR schedules (DeepSpeed's default
+// logarithmic warmup or a linear one), and tensorboard.
 //
 // Every key is either translated, accepted with a note saying why it changes
-// nothing here, or refused saying what megazero lacks (offload, log warmup,
+// nothing here, or refused saying what megazero lacks (offload,
 // sparse attention, ...); an unknown key is refused, so nothing in the file is
 // silently ignored. "auto" (the Hugging Face Trainer's placeholder) keeps the
 // command line's value. A value that contradicts a flag given on the command

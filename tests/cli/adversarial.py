@@ -443,8 +443,8 @@ def cases():
     add("deepspeed.offload", E2, "zero_optimization.offload_optimizer: ZeRO-Offload is not implemented", ds_model
         + " --deepspeed-config @ds_offload")
     add("deepspeed.unknown-key", E2, "unknown key zero_optimisation", ds_model + " --deepspeed-config @ds_unknown")
-    add("deepspeed.log-warmup", E2, "scheduler.params.warmup_type: log \\(DeepSpeed's default\\): a logarithmic warmup "
-        "is not implemented; set \"warmup_type\": \"linear\"", ds_model + " --deepspeed-config @ds_logwarmup")
+    add("deepspeed.log-warmup", 0, "lr-warmup-iters = 10(.*\n)*lr-warmup-style = log", ds_model
+        + " --deepspeed-config @ds_logwarmup")
     add("deepspeed.contradiction", E2, "train_micro_batch_size_per_gpu is 4 but --micro-batch-size 2 was given",
         ds_model + " --micro-batch-size 2 --deepspeed-config {REPO}/configs/deepspeed/zero3_bf16.json")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--qk-layernorm",

@@ -5,7 +5,8 @@
 #     exports it (fp32) and prints our model's logits for one sequence;
 #  2. import of the export, exported again: the same model.safetensors and
 #     config.json byte for byte, and the same logits;
-#  3. pretrain_gpt --load of the import fine-tunes at TP 2 x DP 2, ZeRO-3;
+#  3. pretrain_gpt --load of the import fine-tunes at TP 2 x DP 2, ZeRO-3, and
+#     evaluates it from its directory alone (--use-checkpoint-args --skip-train);
 #  4. the independent numpy GPT-2 (REFERENCE_PY, Hugging Face's formulas in
 #     float64) computes the same logits from the exported files (fp32: 1e-4 of
 #     the largest logit; bf16 export: 5e-2). Exit 77 (skipped) if numpy is missing.
@@ -50,6 +51,13 @@ step finetune mpiexec -n 4 "$train" "${tiny[@]}" --tensor-model-parallel-size 2 
   --load "$work/imported"
 grep -q "loaded checkpoint .*imported/iter_0000000: iteration 0" "$work/finetune.log" || fail "the import was not loaded"
 grep -q "training done: 2 iterations" "$work/finetune.log" || fail "fine-tuning did not finish"
+# 3b. The import evaluated from nothing but its directory: the model's shape from the checkpoint's stored
+# configuration (--use-checkpoint-args; this command line says 5 layers of 64), no training.
+step evaluate mpiexec -n 2 "$train" --mock-data --vocab-size 300 --num-layers 5 --hidden-size 64 --eval-iters 1 \
+  --train-iters 1 --load "$work/imported" --use-checkpoint-args --skip-train
+grep -q "note: --use-checkpoint-args: --num-layers 2 from the checkpoint, not 5" "$work/evaluate.log" ||
+  fail "--use-checkpoint-args did not take the model's shape from the import"
+grep -q "validation loss at iteration 0: " "$work/evaluate.log" || fail "--skip-train did not evaluate the import"
 
 if ! command -v "$python" >/dev/null; then echo "SKIP: $python not found (tools/install_deps.sh)"; exit 77; fi
 "$python" "$reference" --model "$work/hf" --tokens $tokens --compare "$work/logits.txt"

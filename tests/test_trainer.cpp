@@ -341,6 +341,20 @@ TEST(Trainer, BatchRampUpFollowsMegatronsSchedule) {
   for (int it = 0; it < 20000; ++it) consumed += b.batch_at(consumed);
   EXPECT_EQ(b.consumed_after(20000), consumed);
   EXPECT_EQ(BatchSchedule::parse({}, 64).batch_at(12345), 64);
+  // --train-samples in iterations, as Megatron's update_train_iters counts them
+  // (the ramp while within it and the total, then floor-divided full batches).
+  const BatchSchedule small = BatchSchedule::parse({"8", "8", "64"}, 16);
+  for (std::int64_t samples : {0, 7, 64, 80, 100, 160, 1000}) {
+    std::int64_t iterations = 0, used = 0;
+    while (used <= 64 && used <= samples) {
+      used += used > 64 ? 16 : 8 + used / 64 * 8;
+      ++iterations;
+    }
+    const std::int64_t rest = samples - used;
+    iterations += rest >= 0 ? rest / 16 : -((-rest + 15) / 16);
+    EXPECT_EQ(small.iterations_for(samples), iterations) << samples;
+  }
+  EXPECT_EQ(small.iterations_for(160), 14);
   for (const auto& bad : std::vector<std::vector<std::string>>{
            {"16", "16"}, {"16", "0", "100"}, {"1536", "16", "100"}, {"16", "15", "100"}, {"16", "16", "x"}})
     EXPECT_THROW(BatchSchedule::parse(bad, 1536), ConfigError);

@@ -22,6 +22,15 @@ std::int64_t BatchSchedule::consumed_after(std::int64_t iterations) const {
   return consumed + (iterations - it) * global;
 }
 
+std::int64_t BatchSchedule::iterations_for(std::int64_t train_samples) const {
+  std::int64_t iterations = 0, consumed = 0;
+  if (ramps())
+    for (; consumed <= ramp_samples && consumed <= train_samples; ++iterations) consumed += batch_at(consumed);
+  // Megatron's floor division: a total inside the ramp's last batch counts one fewer.
+  const std::int64_t rest = train_samples - consumed;
+  return iterations + (rest >= 0 ? rest / global : -((-rest + global - 1) / global));
+}
+
 BatchSchedule BatchSchedule::parse(const std::vector<std::string>& rampup, std::int64_t global) {
   BatchSchedule b;
   b.global = global;

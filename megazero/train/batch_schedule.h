@@ -28,6 +28,10 @@ struct BatchSchedule {
   std::int64_t batch_at(std::int64_t consumed) const;
   // Samples consumed by the first `iterations` iterations from the start.
   std::int64_t consumed_after(std::int64_t iterations) const;
+  // Megatron's --train-samples in iterations: the ramp's iterations while the
+  // samples consumed are within the ramp and the total, then whole full
+  // batches of what remains (its update_train_iters).
+  std::int64_t iterations_for(std::int64_t train_samples) const;
   // Megatron's three values, checked against `global` (ConfigErrors name the
   // flag and the fix). Empty: no ramp.
   static BatchSchedule parse(const std::vector<std::string>& rampup, std::int64_t global);

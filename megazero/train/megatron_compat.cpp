@@ -415,20 +415,23 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
     a.collective_timeout = minutes * 60;
   }
   // Sample counts become iterations: Megatron's sample-based schedule with a
-  // fixed global batch is the iteration-based one.
+  // fixed global batch is the iteration-based one. With a batch-size ramp-up
+  // the schedule is read in samples anyway (LrSchedule::at_samples), so its
+  // spans translate alike; the number of iterations to train counts the
+  // ramp's smaller batches (BatchSchedule::iterations_for, Megatron's count).
   auto samples_to_iters = [&](const char* flag, const char* ours, std::int64_t* field) {
     const auto* v = value(flag);
     if (!v) return;
     conflict(flag, ours);
-    MZ_REQUIRE(a.rampup_batch_size.empty(), "--", flag,
-               " counts samples, which --rampup-batch-size's growing batches do not turn into whole iterations: "
-               "use --",
-               ours, " (Megatron's GPT-3 scripts do)");
     const std::int64_t samples = parse_int(flag, *v);
     MZ_REQUIRE(samples >= 0, "--", flag, " must not be negative, got ", samples);
     MZ_REQUIRE(a.global_batch_size > 0, "--", flag,
                " counts samples: it needs --global-batch-size to turn them into "
                "iterations");
+    if (field == &a.train_iters && !a.rampup_batch_size.empty()) {
+      *field = BatchSchedule::parse(a.rampup_batch_size, a.global_batch_size).iterations_for(samples);
+      return;
+    }
     MZ_REQUIRE(samples % a.global_batch_size == 0, "--", flag, " ", samples,
                " is not a multiple of --global-batch-size ", a.global_batch_size, "; use a multiple (or --", ours, ")");
     *field = samples / a.global_batch_size;

@@ -423,9 +423,8 @@ def cases():
         "samples\\).*\n(.*\n)*.*iteration +1/.*consumed samples +8 .*global batch size +8 \\|(.*\n)*.*iteration +3/.*"
         "consumed samples +32 .*global batch size +16 \\|", "{TRAIN} " + TINY.replace("--train-iters 2", "--train-iters 3")
         + " --global-batch-size 16 --micro-batch-size 4 --rampup-batch-size 8 8 16")
-    add("megatron.rampup-batch-size.train-samples", E2, "--train-samples counts samples, which --rampup-batch-size's "
-        "growing batches do not turn into whole iterations: use --train-iters",
-        f"{minimal} --rampup-batch-size 8 8 64 --train-samples 160")
+    add("megatron.rampup-batch-size.train-samples", 0, "train-iters = 14\n(.*\n)*lr-decay-iters = 10\n",
+        f"{minimal} --rampup-batch-size 8 8 64 --train-samples 160 --lr-decay-samples 160")
     add("megatron.rampup-batch-size.no-global", E2, "--rampup-batch-size ramps the batch up to --global-batch-size: set it",
         minimal.replace("--global-batch-size 16 ", "") + " --train-iters 1 --rampup-batch-size 8 8 64")
     # DeepSpeed's ds_config.json (docs/DEEPSPEED.md).

@@ -938,13 +938,6 @@ void TrainArgs::validate_layout(int world) const {
              "; make them agree (DeepSpeed requires train_batch_size = micro x accumulation x data-parallel size)");
 }
 
-std::string TrainArgs::load_path() const {
-  if (ckpt_step < 0) return load;
-  char name[32];
-  std::snprintf(name, sizeof name, "iter_%07lld", static_cast<long long>(ckpt_step));
-  return (std::filesystem::path(load) / name).string();
-}
-
 BatchSchedule TrainArgs::batch_schedule(std::int64_t dp) const {
   return BatchSchedule::parse(rampup_batch_size, global_batch_size > 0 ? global_batch_size : micro_batch_size * dp);
 }

@@ -113,8 +113,6 @@ struct TrainArgs {
   // checkpoint --load reads (parse_train_args' checkpoint_config).
   bool use_checkpoint_args = false;
   bool exit_on_missing_checkpoint = false;
-  // The checkpoint directory a load reads: --load, or its iter_N with --ckpt-step.
-  std::string load_path() const;
   // --rampup-batch-size START INCREMENT SAMPLES (Megatron's): the global batch
   // ramps up to --global-batch-size (train/batch_schedule.h).
   std::vector<std::string> rampup_batch_size;

@@ -1,6 +1,7 @@
 #include "megazero/trainer/resume.h"
 
 #include <cstdio>
+#include <filesystem>
 
 #include "megazero/comm/activity.h"
 #include "megazero/comm/consensus.h"
@@ -14,13 +15,18 @@ std::string mib_per_s(double bytes, double seconds) {
   return b;
 }
 
+std::string load_path(const TrainArgs& args) {
+  if (args.ckpt_step < 0) return args.load;
+  return (std::filesystem::path(args.load) / checkpoint::iteration_dir_name(args.ckpt_step)).string();
+}
+
 ResumePoint resume_from_checkpoint(TrainArgs& args, zero::ZeroEngine& engine, const checkpoint::Placement& where,
                                    optim::LossScaler& scaler, OptimizerSettings& opt, bool root) {
   ResumePoint at;
   Activity activity("loading a checkpoint");
   checkpoint::LoadOptions lo;
   lo.optimizer_state = !(args.finetune || args.no_load_optim);
-  const std::string load = args.load_path();
+  const std::string load = load_path(args);
   const auto res = checkpoint::load_checkpoint(load, engine, where, lo);
   if (root)
     for (const auto& r : res.rejected) std::printf(" WARNING: skipped unusable checkpoint %s\n", r.c_str());

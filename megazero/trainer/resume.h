@@ -29,6 +29,9 @@ struct ResumePoint {
 ResumePoint resume_from_checkpoint(TrainArgs& args, zero::ZeroEngine& engine, const checkpoint::Placement& where,
                                    optim::LossScaler& scaler, OptimizerSettings& opt, bool root);
 
+// The checkpoint directory a load reads: --load, or its iter_N with --ckpt-step.
+std::string load_path(const TrainArgs& args);
+
 // "123.4 MiB/s": a checkpoint's read or write rate for the log.
 std::string mib_per_s(double bytes, double seconds);
 

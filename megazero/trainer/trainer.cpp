@@ -867,7 +867,7 @@ Communicator& Trainer::world() { return impl_->groups->world(); }
 std::string checkpoint_args_config(const TrainArgs& args, Communicator& world) {
   std::string text;
   run_consistently(world, [&] {
-    if (world.rank() == 0) text = checkpoint::stored_configuration(args.load_path());
+    if (world.rank() == 0) text = checkpoint::stored_configuration(load_path(args));
   });
   return broadcast_string(world, text);
 }

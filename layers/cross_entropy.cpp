@@ -11,9 +11,12 @@ double per_token(double scale, std::int64_t rows) { return rows > 0 ? scale / st
 }  // namespace
 
 Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start,
-                                          std::int64_t valid, std::optional<double> backward_scale) {
+                                          std::int64_t valid, std::optional<double> backward_scale,
+                                          const Tensor& loss_weights) {
   const std::int64_t n = logits.size(0);
   targets_ = targets;
+  weights_ = loss_weights;
+  const Tensor* weight = weights_.defined() ? &weights_ : nullptr;
   vocab_start_ = vocab_start;
   valid_ = valid;
   fused_scale_.reset();
@@ -26,7 +29,7 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
   if (backward_scale && ctx_.size() == 1) {
     MZ_CHECK(vocab_start == 0, "one TP rank holds the vocabulary from column 0, not ", vocab_start);
     kernels::cross_entropy_forward_backward(logits, targets, valid, per_token(*backward_scale, n), row_max, sum_exp_,
-                                            target_logit, logits);
+                                            target_logit, logits, weight);
     fused_scale_ = backward_scale;
   } else {
     kernels::cross_entropy_forward(logits, targets, vocab_start, valid, row_max, sum_exp_, target_logit);
@@ -40,7 +43,7 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
   }
   ReduceFromTpRegion::forward(*ctx_.tp, sums);
   Tensor losses = ctx_.row_stats({n});
-  kernels::cross_entropy_loss(global_max_, sum_exp_, target_logit, losses);
+  kernels::cross_entropy_loss(global_max_, sum_exp_, target_logit, losses, weight);
   return losses;
 }
 
@@ -53,14 +56,15 @@ Tensor VocabParallelCrossEntropy::backward(double scale) {
              "gradient for scale ", *fused_scale_);
   } else {
     kernels::cross_entropy_backward(logits_, global_max_, sum_exp_, targets_, vocab_start_, valid_,
-                                    per_token(scale, dlogits.size(0)), dlogits);
+                                    per_token(scale, dlogits.size(0)), dlogits,
+                                    weights_.defined() ? &weights_ : nullptr);
   }
   release();
   return dlogits;
 }
 
 void VocabParallelCrossEntropy::release() {
-  logits_ = targets_ = global_max_ = sum_exp_ = Tensor();
+  logits_ = targets_ = global_max_ = sum_exp_ = weights_ = Tensor();
   fused_scale_.reset();
 }
 

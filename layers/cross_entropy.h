@@ -32,10 +32,13 @@ class VocabParallelCrossEntropy {
   // (kernels::row_stat_dtype of the logits).
   // backward_scale: the scale the backward will be called with, where known
   // (the gradient is then written by the forward where it can be).
+  // loss_weights, when defined: [N] of the losses' dtype, each token's weight
+  // (--eod-mask-loss: 0 for a masked token, the others N / the kept count):
+  // the losses returned are weighted, and so is the gradient.
   Tensor forward(Tensor& logits, const Tensor& targets, std::int64_t vocab_start, std::int64_t valid,
-                 std::optional<double> backward_scale = std::nullopt);
-  // d(scale * mean loss) / d logits, in the forward's logits tensor. A
-  // forward given backward_scale takes only that scale.
+                 std::optional<double> backward_scale = std::nullopt, const Tensor& loss_weights = Tensor());
+  // d(scale * mean weighted loss) / d logits, in the forward's logits tensor.
+  // A forward given backward_scale takes only that scale.
   Tensor backward(double scale);
   // Drops what forward kept for the backward (evaluation has none).
   void release();
@@ -44,7 +47,7 @@ class VocabParallelCrossEntropy {
   TpContext ctx_;
   // Held from forward to backward only: a tensor kept across steps would sit
   // in the middle of the next step's allocations (and of a device arena).
-  Tensor logits_, targets_, global_max_, sum_exp_;
+  Tensor logits_, targets_, global_max_, sum_exp_, weights_;
   std::int64_t vocab_start_ = 0, valid_ = 0;
   std::optional<double> fused_scale_;  // set: logits_ holds the gradient for this backward scale
 };

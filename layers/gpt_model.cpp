@@ -69,15 +69,16 @@ void GPTModel::check_ids(const Tensor& ids, const char* what) const {
                "--data-path)");
 }
 
-double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInfo& step) {
-  const Tensor losses = forward_losses(ids, targets, step);
+double GPTModel::forward(const Tensor& ids, const Tensor& targets, const StepInfo& step, const Tensor& loss_weights) {
+  const Tensor losses = forward_losses(ids, targets, step, loss_weights);
   if (!losses.device().has_storage() || losses.numel() == 0) return 0.0;  // the planner's dry run: sizes only
   double total = 0;
   for (double l : losses.to_double_vector()) total += l;
   return total / static_cast<double>(losses.numel());
 }
 
-Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step) {
+Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step,
+                                const Tensor& loss_weights) {
   MZ_REQUIRE(step.seq <= cfg_.max_position_embeddings, "sequence length ", step.seq,
              " is longer than --max-position-embeddings ", cfg_.max_position_embeddings);
   MZ_CHECK(ids.numel() == step.micro_batch * step.seq, "ids hold ", ids.numel(),
@@ -120,7 +121,7 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   hooks_->post_forward(logits_group);
   kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
   Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows(),
-                                step.training ? step.backward_scale : std::nullopt);
+                                step.training ? step.backward_scale : std::nullopt, loss_weights);
   if (!step.training) {  // evaluation: nothing kept for a backward (see TransformerLayer::forward)
     loss_.release();
     final_ln_->release();

@@ -32,10 +32,14 @@ class GPTModel {
   // ids, targets: int64 [B*S] (B = step.micro_batch, S = step.seq). Returns
   // the per-token losses [B*S] on the model's device (fp32 for 16-bit
   // models) without waiting for the device: training sums them there.
-  Tensor forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step);
-  // The same, returning the mean loss over the B*S tokens (waits for the
-  // device: evaluation, tests, benchmarks).
-  double forward(const Tensor& ids, const Tensor& targets, const StepInfo& step);
+  // loss_weights, when defined, weight each token's loss and its gradient
+  // ([B*S] of the losses' dtype on the model's device; --eod-mask-loss makes
+  // them with train::loss_mask_weights, whose mean over the micro-batch is 1).
+  Tensor forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step,
+                        const Tensor& loss_weights = Tensor());
+  // The same, returning the mean (weighted) loss over the B*S tokens (waits
+  // for the device: evaluation, tests, benchmarks).
+  double forward(const Tensor& ids, const Tensor& targets, const StepInfo& step, const Tensor& loss_weights = Tensor());
   // Accumulates d(loss_scale * mean loss)/d(parameters) into the gradients.
   void backward(double loss_scale = 1.0);
   // Start-up work of the kernels for steps shaped like `step` with attention

@@ -81,8 +81,11 @@ struct CeResult {
 // Runs the kernels per slice and combines the statistics as the TP
 // all-reduces do (max; then the rescaled sums and the target logits).
 // Statistics are kept in row_stat_dtype(t): fp32 for 16-bit logits.
-CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t) {
+// weights: each row's loss weight (--eod-mask-loss), or none.
+CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t, const Vec* weights = nullptr) {
   const DType stat = row_stat_dtype(t);
+  const Tensor w = weights ? tensor({p.n}, *weights, stat) : Tensor();
+  const Tensor* wp = weights ? &w : nullptr;
   const Tensor targets = ids_tensor(p.targets);
   const auto rows = usize(p.n);
   std::vector<Tensor> logits, maxes, sums;
@@ -108,14 +111,14 @@ CeResult ce_split(const CeProblem& p, const std::vector<Slice>& slices, DType t)
   }
   const Tensor global_sum = tensor({p.n}, gsum, stat);
   Tensor loss = empty({p.n}, stat);
-  cross_entropy_loss(global_max, global_sum, tensor({p.n}, target, stat), loss);
+  cross_entropy_loss(global_max, global_sum, tensor({p.n}, target, stat), loss, wp);
   CeResult out{0.0, Vec(p.logits.size(), 0.0)};
   for (double l : vals(loss)) out.loss += l / static_cast<double>(p.n);
   for (std::size_t k = 0; k < slices.size(); ++k) {
     const auto& s = slices[k];
     Tensor d = tensor({p.n, s.local}, Vec(rows * usize(s.local), 1e30), t);
     cross_entropy_backward(logits[k], global_max, global_sum, targets, s.start, s.valid, 1.0 / static_cast<double>(p.n),
-                           d);
+                           d, wp);
     const Vec dv = vals(d);
     for (i64 r = 0; r < p.n; ++r) {
       for (i64 c = 0; c < s.valid; ++c) out.grad[usize(r * p.vocab + s.start + c)] = dv[usize(r * s.local + c)];
@@ -161,6 +164,63 @@ TEST(CrossEntropy, BackwardMatchesFiniteDifferencesOfTheKernelLoss) {
         return Vec{ce_split(q, slices, DType::F64).loss};
       },
       one, grad);
+}
+
+// Row weights (--eod-mask-loss): the loss is the weighted mean and the
+// gradient is its derivative (finite differences of the kernels' own weighted
+// loss, over vocabulary slices); a weight of 0 drops the row exactly, weights
+// of 1 are the unweighted bits, and the one-rank forward + backward call
+// weighs as the two kernels do.
+TEST(CrossEntropy, RowWeightsWeighTheLossAndItsGradient) {
+  const CeProblem p = ce_problem(21);
+  const Vec weights = {0.0, 1.5, 1.0, 0.0, 2.25, 1.25};
+  const auto slices = slices_of(p.vocab, 3, 4);
+  const CeResult weighted = ce_split(p, slices, DType::F64, &weights);
+  const CeResult plain = ce_split(p, slices, DType::F64);
+  double want = 0;
+  for (i64 r = 0; r < p.n; ++r) {
+    CeProblem row{
+        1, p.vocab, Vec(p.logits.begin() + r * p.vocab, p.logits.begin() + (r + 1) * p.vocab), {p.targets[usize(r)]}};
+    want += weights[usize(r)] * ce_loss_ref(row, row.logits) / static_cast<double>(p.n);
+  }
+  EXPECT_NEAR(weighted.loss, want, 1e-13);
+  for (i64 r = 0; r < p.n; ++r)
+    for (i64 c = 0; c < p.vocab; ++c) {
+      const auto i = usize(r * p.vocab + c);
+      if (weights[usize(r)] == 0.0) {
+        EXPECT_EQ(weighted.grad[i], 0.0) << "a dropped row's gradient is exactly 0";
+      }
+      if (weights[usize(r)] == 1.0) {
+        EXPECT_EQ(weighted.grad[i], plain.grad[i]) << "weight 1 keeps the bits";
+      }
+    }
+  expect_fd_gradient(
+      "dlogits (weighted)", p.logits,
+      [&](const Vec& l) {
+        CeProblem q = p;
+        q.logits = l;
+        return Vec{ce_split(q, slices, DType::F64, &weights).loss};
+      },
+      Vec{1.0}, weighted.grad);
+  const Vec ones(usize(p.n), 1.0);
+  for (const DType t : {DType::F32, DType::BF16}) {
+    const CeResult a = ce_split(p, slices, t, &ones), b = ce_split(p, slices, t);
+    EXPECT_EQ(a.loss, b.loss);
+    expect_same(a.grad, b.grad, "weights of 1");
+  }
+  // One rank: forward + backward in one call, weighted as the two kernels.
+  const DType stat = row_stat_dtype(DType::F32);
+  const Tensor targets = ids_tensor(p.targets), w = tensor({p.n}, weights, stat);
+  Tensor fused = tensor({p.n, p.vocab}, p.logits, DType::F32), two = tensor({p.n, p.vocab}, p.logits, DType::F32);
+  Tensor m1 = empty({p.n}, stat), s1 = empty({p.n}, stat), t1 = empty({p.n}, stat);
+  Tensor m2 = empty({p.n}, stat), s2 = empty({p.n}, stat), t2 = empty({p.n}, stat);
+  cross_entropy_forward_backward(fused, targets, p.vocab, 0.5, m1, s1, t1, fused, &w);
+  cross_entropy_forward(two, targets, 0, p.vocab, m2, s2, t2);
+  cross_entropy_backward(two, m2, s2, targets, 0, p.vocab, 0.5, two, &w);
+  expect_same(vals(fused), vals(two), "forward_backward with row weights");
+  // Weights of another dtype than the statistics' are refused.
+  const Tensor w64 = tensor({p.n}, weights, DType::F64);
+  EXPECT_THROW(cross_entropy_backward(two, m2, s2, targets, 0, p.vocab, 0.5, two, &w64), InternalError);
 }
 
 // The forward only reads the logits, and the backward may write the gradient

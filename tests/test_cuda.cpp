@@ -573,6 +573,26 @@ TEST_F(Cuda, CrossEntropyForwardBackwardInOnePass) {
     EXPECT_EQ(rel_diff(one, two), 0.0);
     k::cross_entropy_forward_backward(logits.c, tgt.c, valid, 0.25, mx.c, se.c, tl.c, logits.c);
     EXPECT_LE(rel_diff(one, logits.c), tol(dt));
+    // --eod-mask-loss's row weights (0 on every third row): the fused pass
+    // weighs as the two kernels, and the CPU's within the rounding.
+    auto w = random({N}, st, 0.5, 2);
+    std::vector<double> wv = w.c.to_double_vector();
+    for (std::size_t i = 0; i < wv.size(); i += 3) wv[i] = 0;
+    w.c.copy_from_doubles(wv);
+    w.g.copy_from(w.c);
+    Tensor wtwo = logits.g.clone(MemoryCategory::Activations), wone = logits.g.clone(MemoryCategory::Activations);
+    k::cross_entropy_forward(wtwo, tgt.g, 0, valid, mx.g, se.g, tl.g);
+    k::cross_entropy_backward(wtwo, mx.g, se.g, tgt.g, 0, valid, 0.25, wtwo, &w.g);
+    k::cross_entropy_forward_backward(wone, tgt.g, valid, 0.25, fmx.g, fse.g, ftl.g, wone, &w.g);
+    EXPECT_EQ(rel_diff(wone, wtwo), 0.0) << "row weights";
+    Tensor wcpu = Tensor::empty(cpu, {N, V}, dt, MemoryCategory::Activations);
+    wcpu.copy_from(logits.g);
+    k::cross_entropy_forward_backward(wcpu, tgt.c, valid, 0.25, mx.c, se.c, tl.c, wcpu, &w.c);
+    EXPECT_LE(rel_diff(wone, wcpu), tol(dt)) << "row weights";
+    auto wloss = poisoned({N}, st), closs = poisoned({N}, st);
+    k::cross_entropy_loss(fmx.g, fse.g, ftl.g, wloss.g, &w.g);
+    k::cross_entropy_loss(mx.c, se.c, tl.c, closs.c, &w.c);
+    EXPECT_LE(rel_diff(wloss.g, closs.c), 1e-6) << "weighted losses";
   }
 }
 

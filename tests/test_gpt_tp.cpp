@@ -11,6 +11,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "megazero/kernels/conventions.h"
 #include "test_device.h"
 
 using namespace megazero;
@@ -25,6 +26,8 @@ bool g_llama = false;
 bool g_sp = false;
 // One Llama-style option alone (on the llama test's sizes), or none: -1.
 int g_only_option = -1;
+// --eod-mask-loss's row weights: tokens whose id is a multiple of 5 masked.
+bool g_masked = false;
 
 GPTConfig small_config(bool recompute, const std::string& attention) {
   GPTConfig c;
@@ -88,6 +91,21 @@ struct Run {
   double loss = 0;
 };
 
+// The losses' weights of --eod-mask-loss (train/loss_mask.h): 0 where the
+// input id is a multiple of 5, N / kept elsewhere.
+Tensor mask_weights(const TpContext& ctx, const Tensor& ids) {
+  const auto v = ids.to_double_vector();
+  std::int64_t kept = 0;
+  for (double id : v) kept += static_cast<std::int64_t>(id) % 5 != 0;
+  std::vector<double> w;
+  for (double id : v)
+    w.push_back(static_cast<std::int64_t>(id) % 5 != 0 ? static_cast<double>(v.size()) / static_cast<double>(kept)
+                                                       : 0.0);
+  Tensor t = Tensor::empty(ctx.device, {ids.numel()}, kernels::row_stat_dtype(ctx.dtype), MemoryCategory::Other);
+  t.copy_from_doubles(w);
+  return t;
+}
+
 // scale_known: the forward is told the backward's scale (train_step does
 // so), which lets a TP-1 cross-entropy write its gradient in the forward.
 Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& attention,
@@ -110,7 +128,7 @@ Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& 
   const std::int64_t n = step.micro_batch * step.seq;
   Tensor ids = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 37 + 11) % 101; });
   Tensor targets = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 53 + 2) % 101; });
-  r.loss = r.model->forward(ids, targets, step);
+  r.loss = r.model->forward(ids, targets, step, g_masked ? mask_weights(ctx, ids) : Tensor());
   r.params->zero_grad();
   r.model->backward(1.0);
   return r;
@@ -302,6 +320,56 @@ TEST(GptTensorParallel, CrossEntropyGradientInTheForwardMatches) {
   Tensor ids = test_support::int64_tensor(ctx.device, 24, [](std::int64_t i) { return (i * 37 + 11) % 101; });
   model.forward(ids, ids, step);
   EXPECT_THROW(model.backward(0.25), std::exception) << "the gradient was written for 0.5";
+}
+
+// --eod-mask-loss: the weighted loss and its gradients at TP n (and under
+// sequence parallelism) are TP 1's; the loss is the mean of the unweighted
+// per-token losses over the kept tokens; a cross-entropy told the backward's
+// scale (its gradient written in the forward) weighs the same.
+TEST(GptTensorParallel, MaskedLossMatchesTpOne) {
+  g_masked = true;
+  compare(world_size(), DType::F64, false, 1e-12);
+  compare(world_size(), DType::F32, true, 1e-5);
+  g_sp = true;
+  compare(world_size(), DType::F64, false, 1e-12);
+  g_sp = false;
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0, "self");
+  ::Run told = run_model(*self, DType::F32, false, "unfused", GemmEpilogues::None, true);
+  ::Run plain = run_model(*self, DType::F32, false, "unfused");
+  EXPECT_EQ(told.loss, plain.loss);
+  for (auto* p : told.params->all())
+    EXPECT_EQ(p->grad.to_double_vector(), plain.params->get(p->name).grad.to_double_vector()) << p->name;
+  g_masked = false;
+
+  TpContext ctx{self.get(), test_support::test_device(), DType::F64};
+  ParameterSet params;
+  GPTModel model(small_config(false, "unfused"), ctx, params);
+  params.allocate(ctx.device, DType::F64);
+  params.initialize(3);
+  StepInfo step;
+  step.micro_batch = 2;
+  step.seq = 12;
+  step.training = false;
+  Tensor ids = test_support::int64_tensor(ctx.device, 24, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+  const Tensor weights = mask_weights(ctx, ids);
+  const auto losses = model.forward_losses(ids, ids, step).to_double_vector();
+  const auto w = weights.to_double_vector();
+  double kept_sum = 0;
+  std::int64_t kept = 0, masked = 0;
+  for (std::size_t i = 0; i < losses.size(); ++i)
+    if (w[i] > 0)
+      kept_sum += losses[i], ++kept;
+    else
+      ++masked;
+  ASSERT_GT(masked, 0) << "the test's ids must hold masked tokens";
+  EXPECT_NEAR(model.forward(ids, ids, step, weights), kept_sum / static_cast<double>(kept), 1e-13);
+  const auto weighted = model.forward_losses(ids, ids, step, weights).to_double_vector();
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    if (w[i] == 0) {
+      EXPECT_EQ(weighted[i], 0.0) << "masked token " << i;
+    }
+  }
 }
 
 // Every recompute granularity computes the same bits as none, at this TP

@@ -22,9 +22,11 @@
 
 #include "layers/gpt_model.h"
 #include "megazero/comm/mpi_communicator.h"
+#include "megazero/kernels/conventions.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/plan/memory_plan.h"
 #include "megazero/train/arguments.h"
+#include "megazero/train/loss_mask.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/train_step.h"
 #include "megazero/zero/partitioned_activations.h"
@@ -124,6 +126,9 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
       source->fill(train::Split::Train, mb.step.sample_offset, args.micro_batch_size, S, device, mb.ids, mb.targets);
       mbs.push_back(std::move(mb));
     }
+    if (args.eod_mask_loss)  // as the trainer: the loss weights beside the tokens
+      train::weigh_micro_batches(mbs, {args.eod_token_id, args.per_token_loss}, groups->dp(),
+                                 kernels::row_stat_dtype(args.dtype()));
     m.micro_batches = accum;
     device->memory().reset_peaks();
     for (int it = 0; it < steps; ++it) {
@@ -235,6 +240,10 @@ std::vector<Case> cases() {
                  {"--zero-stage", "3", "--fp16", "--initial-loss-scale", "1024", "--recompute-activations",
                   "--partition-activations", "--cpu-checkpointing", "--contiguous-memory-optimization",
                   "--global-batch-size", "16"}});
+  // --eod-mask-loss: the loss weights ([B*S] of the losses' dtype a micro-batch).
+  out.push_back({"TP2 stage 2 bf16 eod-mask-loss accumulation",
+                 {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--bf16", "--global-batch-size", "8",
+                  "--eod-mask-loss", "--eod-token-id", "7"}});
   // The fused attention's block workspaces (fp32 scores, 16-bit operands, fp32 dk/dv).
   out.push_back({"TP2 stage 2 fused attention",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--attention-backend", "fused"}});

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <filesystem>
 #include <cstdio>
@@ -317,6 +318,65 @@ TEST(Trainer, PowerOfTwoConstantLossScaleChangesNoBit) {
   EXPECT_EQ(scaled.validation_loss, plain.validation_loss);
   EXPECT_THROW(args_of({"--loss-scale", "4096"}), ConfigError) << "fp32 has no loss scaling";
   EXPECT_THROW(args_of({"--fp16", "--loss-scale", "4096", "--initial-loss-scale", "65536"}), ConfigError);
+}
+
+// Megatron's --eod-mask-loss (mock tokens are uniform over the vocabulary of
+// 128, so token 7 is masked ~1 in 128 times): the loss changes from the first
+// iteration, and TP 2 at stage 0 (the cross-entropy's kernels split over the
+// vocabulary) trains as DP 2 at stage 3 (one TP rank: its gradient written in
+// the forward); the end-of-document token comes from --eod-token-id or
+// --tokenizer-type, and a flag without the other is refused.
+TEST(Trainer, EodMaskLossIsTheSameOnEveryLayout) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const TrainResult plain = run({}), dp = run({"--eod-mask-loss", "--eod-token-id", "7", "--zero-stage", "3"});
+  const TrainResult tp =
+      run({"--eod-mask-loss", "--eod-token-id", "7", "--zero-stage", "0", "--tensor-model-parallel-size", "2"});
+  ASSERT_EQ(dp.losses.size(), 6u);
+  ASSERT_EQ(tp.losses.size(), 6u);
+  EXPECT_NE(dp.losses[0], plain.losses[0]) << "no token was masked";
+  for (std::size_t i = 0; i < dp.losses.size(); ++i)
+    EXPECT_NEAR(tp.losses[i], dp.losses[i], 1e-5 * dp.losses[i]) << "iteration " << i + 1;
+  EXPECT_NEAR(tp.validation_loss, dp.validation_loss, 1e-5 * dp.validation_loss);
+  EXPECT_NE(dp.validation_loss, plain.validation_loss) << "evaluation masks too";
+
+  EXPECT_EQ(args_of({"--eod-mask-loss", "--tokenizer-type", "ByteLevel", "--vocab-size", "257"}).eod_token_id, 256);
+  EXPECT_EQ(args_of({"--eod-mask-loss", "--tokenizer-type", "GPT2BPETokenizer", "--vocab-size", "50257"}).eod_token_id,
+            50256);
+  EXPECT_EQ(args_of({"--eod-mask-loss", "--tokenizer-type", "ByteLevel", "--eod-token-id", "3"}).eod_token_id, 3);
+  EXPECT_THROW(args_of({"--eod-mask-loss"}), ConfigError) << "no end-of-document token";
+  EXPECT_THROW(args_of({"--eod-mask-loss", "--tokenizer-type", "ByteLevel"}), ConfigError) << "256 >= --vocab-size";
+  EXPECT_THROW(args_of({"--eod-token-id", "7"}), ConfigError) << "read by nothing";
+  EXPECT_THROW(args_of({"--eod-mask-loss", "--eod-token-id", "-2"}), ConfigError);
+}
+
+// --calculate-per-token-loss with --eod-mask-loss: every kept token of the
+// global batch weighs alike, so the loss no longer depends on how the batch
+// is cut into micro-batches (4 a rank of 1 sample, or 1 of 4) or over how many
+// DP ranks (2, or 1 with TP 2: the kept count is summed over DP), where each
+// micro-batch's own mean (Megatron's default) does.
+TEST(Trainer, PerTokenLossIsTheGlobalBatchsMeanOverKeptTokens) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  // Tokens uniform over 8: one in eight masked, unevenly over the micro-batches.
+  const std::vector<std::string> mask = {
+      "--eod-mask-loss", "--eod-token-id", "7", "--train-iters", "3", "--vocab-size", "8"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), mask.begin(), mask.end());
+    return flags;
+  };
+  const TrainResult micro1 = run(with({"--micro-batch-size", "1", "--calculate-per-token-loss"}));
+  const TrainResult micro4 = run(with({"--micro-batch-size", "4", "--calculate-per-token-loss"}));
+  const TrainResult tp =
+      run(with({"--micro-batch-size", "4", "--calculate-per-token-loss", "--tensor-model-parallel-size", "2"}));
+  ASSERT_EQ(micro1.losses.size(), 3u);
+  for (std::size_t i = 0; i < micro1.losses.size(); ++i) {
+    EXPECT_NEAR(micro4.losses[i], micro1.losses[i], 1e-5 * micro1.losses[i]) << "iteration " << i + 1;
+    EXPECT_NEAR(tp.losses[i], micro1.losses[i], 1e-5 * micro1.losses[i]) << "iteration " << i + 1;
+  }
+  EXPECT_NEAR(micro4.validation_loss, micro1.validation_loss, 1e-5 * micro1.validation_loss);
+  const TrainResult mean1 = run(with({"--micro-batch-size", "1"})), mean4 = run(with({"--micro-batch-size", "4"}));
+  EXPECT_GT(std::fabs(mean1.losses[0] - mean4.losses[0]), 1e-4 * mean4.losses[0])
+      << "each micro-batch's mean depends on the cut (the test's masks are uneven)";
+  EXPECT_FALSE(args_of({"--calculate-per-token-loss"}).per_token_loss) << "no mask: nothing to change";
 }
 
 // Megatron's --rampup-batch-size START INCREMENT SAMPLES: the batch of each

@@ -51,15 +51,17 @@ void rescale_sum_exp_t(const void* row_max, const void* global_max, i64 rows, vo
 }
 
 template <typename C>
-void cross_entropy_loss_t(const void* global_max, const void* sum_exp, const void* target_logit, i64 rows, void* loss,
-                          cudaStream_t s) {
+void cross_entropy_loss_t(const void* global_max, const void* sum_exp, const void* target_logit, const void* weight,
+                          i64 rows, void* loss, cudaStream_t s) {
   const C* m = static_cast<const C*>(global_max);
   const C* se = static_cast<const C*>(sum_exp);
   const C* tl = static_cast<const C*>(target_logit);
+  const C* w = static_cast<const C*>(weight);
   elementwise(
       static_cast<C*>(loss), rows,
       [=] __device__(i64 r) {
-        return static_cast<C>(log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]));
+        const double l = log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]);
+        return static_cast<C>(w ? l * static_cast<double>(w[r]) : l);
       },
       s, "cross_entropy_loss");
 }
@@ -72,17 +74,17 @@ void rescale_sum_exp(DType stat, const void* row_max, const void* global_max, i6
     rescale_sum_exp_t<float>(row_max, global_max, rows, sum_exp, s);
 }
 
-void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp, const void* target_logit, i64 rows,
-                        void* loss, cudaStream_t s) {
+void cross_entropy_loss(DType stat, const void* global_max, const void* sum_exp, const void* target_logit,
+                        const void* weight, i64 rows, void* loss, cudaStream_t s) {
   if (stat == DType::F64)
-    cross_entropy_loss_t<double>(global_max, sum_exp, target_logit, rows, loss, s);
+    cross_entropy_loss_t<double>(global_max, sum_exp, target_logit, weight, rows, loss, s);
   else
-    cross_entropy_loss_t<float>(global_max, sum_exp, target_logit, rows, loss, s);
+    cross_entropy_loss_t<float>(global_max, sum_exp, target_logit, weight, rows, loss, s);
 }
 
 void cross_entropy_backward(DType t, const void* logits, const void* global_max, const void* sum_exp,
                             const std::int64_t* targets, i64 vocab_start, i64 rows, i64 cols, i64 valid, double scale,
-                            void* dlogits, cudaStream_t s) {
+                            const void* weight, void* dlogits, cudaStream_t s) {
   if (rows == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
@@ -90,7 +92,7 @@ void cross_entropy_backward(DType t, const void* logits, const void* global_max,
     const auto launch = [&](auto kernel) {
       kernel<<<static_cast<unsigned>(rows), 512, 0, s>>>(
           static_cast<const S*>(logits), static_cast<const C*>(global_max), static_cast<const C*>(sum_exp), targets,
-          vocab_start, cols, valid, scale, static_cast<S*>(dlogits));
+          vocab_start, cols, valid, scale, static_cast<const C*>(weight), static_cast<S*>(dlogits));
     };
     if (cols % kVec<S> == 0 && aligned16(logits) && aligned16(dlogits))
       launch(cross_entropy_backward_kernel<S, kVec<S>>);
@@ -113,12 +115,13 @@ bool cross_entropy_fuses(DType t, i64 cols) {
 }
 
 bool cross_entropy_forward_backward(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows,
-                                    i64 cols, i64 valid, double scale, void* row_max, void* sum_exp, void* target_logit,
-                                    void* dlogits, cudaStream_t s) {
+                                    i64 cols, i64 valid, double scale, const void* weight, void* row_max, void* sum_exp,
+                                    void* target_logit, void* dlogits, cudaStream_t s) {
   if (rows == 0) return true;
   if (!cross_entropy_fuses(t, cols)) {
     cross_entropy_forward(t, logits, targets, vocab_start, rows, cols, valid, row_max, sum_exp, target_logit, s);
-    cross_entropy_backward(t, logits, row_max, sum_exp, targets, vocab_start, rows, cols, valid, scale, dlogits, s);
+    cross_entropy_backward(t, logits, row_max, sum_exp, targets, vocab_start, rows, cols, valid, scale, weight, dlogits,
+                           s);
     return false;
   }
   with_storage(t, [&](auto tag) {
@@ -130,8 +133,8 @@ bool cross_entropy_forward_backward(DType t, const void* logits, const std::int6
         check_call(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)),
                    "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
       kernel<<<static_cast<unsigned>(rows), 512, smem, s>>>(
-          static_cast<const S*>(logits), targets, vocab_start, cols, valid, scale, static_cast<C*>(row_max),
-          static_cast<C*>(sum_exp), static_cast<C*>(target_logit), static_cast<S*>(dlogits));
+          static_cast<const S*>(logits), targets, vocab_start, cols, valid, scale, static_cast<const C*>(weight),
+          static_cast<C*>(row_max), static_cast<C*>(sum_exp), static_cast<C*>(target_logit), static_cast<S*>(dlogits));
     };
     if (cols % kVec<S> == 0 && aligned16(logits) && aligned16(dlogits))
       launch(cross_entropy_fused_kernel<S, kVec<S>>);

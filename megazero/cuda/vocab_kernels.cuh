@@ -180,16 +180,18 @@ __device__ __forceinline__ void write_row_gradient(const Vec<S, V>* src, Vec<S, 
 template <typename S, int V>
 __global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S>* global_max,
                                               const compute_t<S>* sum_exp, const std::int64_t* targets, i64 vocab_start,
-                                              i64 cols, i64 valid, double scale, S* dlogits) {
+                                              i64 cols, i64 valid, double scale, const compute_t<S>* weight,
+                                              S* dlogits) {
   using C = compute_t<S>;
   using P = Vec<S, V>;
   const i64 r = blockIdx.x, packs = cols / V;
   const S* lr = logits + r * cols;
-  const double f = scale / static_cast<double>(sum_exp[r]);
+  const double row_scale = weight ? scale * static_cast<double>(weight[r]) : scale;
+  const double f = row_scale / static_cast<double>(sum_exp[r]);
   const C gm = global_max[r];
   const i64 t = local_column(targets[r], vocab_start, valid);
   // Every thread reads the target's logit before any thread writes (dlogits may alias the logits).
-  const double target_grad = t >= 0 ? static_cast<double>(exp(ld(lr[t]) - gm)) * f - scale : 0.0;
+  const double target_grad = t >= 0 ? static_cast<double>(exp(ld(lr[t]) - gm)) * f - row_scale : 0.0;
   __syncthreads();
   write_row_gradient<S, V>(reinterpret_cast<const P*>(lr), reinterpret_cast<P*>(dlogits + r * cols), packs, valid, t,
                            gm, f, target_grad);
@@ -207,8 +209,8 @@ __global__ void cross_entropy_backward_kernel(const S* logits, const compute_t<S
 // dlogits may alias the logits.
 template <typename S, int V>
 __global__ void cross_entropy_fused_kernel(const S* logits, const std::int64_t* targets, i64 vocab_start, i64 cols,
-                                           i64 valid, double scale, compute_t<S>* row_max, compute_t<S>* sum_exp,
-                                           compute_t<S>* target_logit, S* dlogits) {
+                                           i64 valid, double scale, const compute_t<S>* weight, compute_t<S>* row_max,
+                                           compute_t<S>* sum_exp, compute_t<S>* target_logit, S* dlogits) {
   using C = compute_t<S>;
   using P = Vec<S, V>;
   const i64 r = blockIdx.x, packs = cols / V;
@@ -224,8 +226,9 @@ __global__ void cross_entropy_fused_kernel(const S* logits, const std::int64_t* 
     sum_exp[r] = se;
     target_logit[r] = tl;
   }
-  const double f = scale / static_cast<double>(se);
-  const double target_grad = t >= 0 ? static_cast<double>(exp(tl - row)) * f - scale : 0.0;
+  const double row_scale = weight ? scale * static_cast<double>(weight[r]) : scale;
+  const double f = row_scale / static_cast<double>(se);
+  const double target_grad = t >= 0 ? static_cast<double>(exp(tl - row)) * f - row_scale : 0.0;
   write_row_gradient<S, V>(kept, reinterpret_cast<P*>(dlogits + r * cols), packs, valid, t, row, f, target_grad);
 }
 

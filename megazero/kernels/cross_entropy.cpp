@@ -81,7 +81,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void scale_row_into
 
 template <typename S, typename C = compute_t<S>>
 void cross_entropy_backward_cpu(const S* logits, const C* global_max, const C* sum_exp, const std::int64_t* targets,
-                                i64 vocab_start, VocabSlice s, double scale, S* dlogits) {
+                                i64 vocab_start, VocabSlice s, double scale, const C* weight, S* dlogits) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.rows * s.cols > kParallelMin)
   for (i64 r = 0; r < s.rows; ++r) {
     const S* lr = logits + r * s.cols;
@@ -90,11 +90,12 @@ void cross_entropy_backward_cpu(const S* logits, const C* global_max, const C* s
     // scratch row, so dlogits may alias the logits), then scaled in double.
     C* e = row_scratch<C>(s.valid);
     exp_scaled_shifted(widened_row(lr, s.valid, e), C{1}, global_max[r], e, s.valid);
-    const double f = scale / static_cast<double>(sum_exp[r]);
+    const double row_scale = weight ? scale * static_cast<double>(weight[r]) : scale;
+    const double f = row_scale / static_cast<double>(sum_exp[r]);
     const i64 t = local_column(targets[r], vocab_start, s.valid);
     scale_row_into<S>(e, f, s.valid, dr);
     // In double, so the one-hot subtraction is not rounded twice.
-    if (t >= 0) dr[t] = st<S>(static_cast<double>(e[t]) * f - scale);
+    if (t >= 0) dr[t] = st<S>(static_cast<double>(e[t]) * f - row_scale);
     for (i64 c = s.valid; c < s.cols; ++c) dr[c] = zero<S>();
   }
 }
@@ -110,6 +111,14 @@ VocabSlice check_forward(const char* op, const Tensor& logits, const Tensor& tar
     check_rows(op, name, *t, s.rows);
   }
   return s;
+}
+
+// The optional row weights: [rows] of the statistics' dtype, on their device.
+void check_weight(const char* op, const Tensor* weight, const Tensor& like_stat, i64 rows) {
+  if (!weight) return;
+  MZ_CHECK(weight->defined(), op, ": the row weights are undefined (pass nullptr for none)");
+  check_operand(op, "weight", *weight, like_stat, like_stat.dtype());
+  check_rows(op, "weight", *weight, rows);
 }
 
 }  // namespace
@@ -175,28 +184,31 @@ void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& su
   });
 }
 
-void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss) {
+void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss,
+                        const Tensor* weight) {
   constexpr const char* op = "cross_entropy_loss";
   const i64 rows = check_stat_vectors(
       op, loss, {{"global_max", &global_max}, {"sum_exp", &sum_exp}, {"target_logit", &target_logit}, {"loss", &loss}});
-  MZ_ON_CUDA(loss, cuda::cross_entropy_loss(loss.dtype(), global_max.data(), sum_exp.data(), target_logit.data(), rows,
-                                            loss.data(), stream_of(loss)));
+  check_weight(op, weight, loss, rows);
+  MZ_ON_CUDA(loss, cuda::cross_entropy_loss(loss.dtype(), global_max.data(), sum_exp.data(), target_logit.data(),
+                                            weight ? weight->data() : nullptr, rows, loss.data(), stream_of(loss)));
   if (!on_host(op, loss)) return;
   with_stat_type(loss.dtype(), [&](auto tag) {
     using C = decltype(tag);
     const C* m = ptr<const C>(global_max);
     const C* se = ptr<const C>(sum_exp);
     const C* tl = ptr<const C>(target_logit);
+    const C* w = weight ? ptr<const C>(*weight) : nullptr;
     elementwise(ptr<C>(loss), rows, [=](i64 r) {
-      return static_cast<C>(std::log(static_cast<double>(se[r])) + static_cast<double>(m[r]) -
-                            static_cast<double>(tl[r]));
+      const double l = std::log(static_cast<double>(se[r])) + static_cast<double>(m[r]) - static_cast<double>(tl[r]);
+      return static_cast<C>(w ? l * static_cast<double>(w[r]) : l);
     });
   });
 }
 
 void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, const Tensor& sum_exp,
                             const Tensor& targets, std::int64_t vocab_start, std::int64_t valid, double scale,
-                            Tensor& dlogits) {
+                            Tensor& dlogits, const Tensor* weight) {
   constexpr const char* op = "cross_entropy_backward";
   const VocabSlice s = check_logits(op, logits, valid);
   for (const auto& [name, t] : {Named{"global_max", &global_max}, {"sum_exp", &sum_exp}}) {
@@ -207,33 +219,39 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, cons
   check_rows(op, "targets", targets, s.rows);
   check_operand(op, "dlogits", dlogits, logits, logits.dtype());
   check_shape(op, "dlogits", dlogits, logits.shape());
-  MZ_ON_CUDA(logits, cuda::cross_entropy_backward(logits.dtype(), logits.data(), global_max.data(), sum_exp.data(),
-                                                  ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols,
-                                                  s.valid, scale, dlogits.data(), stream_of(logits)));
+  check_weight(op, weight, sum_exp, s.rows);
+  MZ_ON_CUDA(logits,
+             cuda::cross_entropy_backward(logits.dtype(), logits.data(), global_max.data(), sum_exp.data(),
+                                          ptr<const std::int64_t>(targets), vocab_start, s.rows, s.cols, s.valid, scale,
+                                          weight ? weight->data() : nullptr, dlogits.data(), stream_of(logits)));
   if (!on_host(op, logits)) return;
   with_storage_type(logits.dtype(), [&](auto tag) {
     using S = decltype(tag);
     using C = compute_t<S>;
     cross_entropy_backward_cpu<S>(ptr<const S>(logits), ptr<const C>(global_max), ptr<const C>(sum_exp),
-                                  ptr<const std::int64_t>(targets), vocab_start, s, scale, ptr<S>(dlogits));
+                                  ptr<const std::int64_t>(targets), vocab_start, s, scale,
+                                  weight ? ptr<const C>(*weight) : nullptr, ptr<S>(dlogits));
   });
 }
 
 bool cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, std::int64_t valid, double scale,
-                                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits) {
+                                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits,
+                                    const Tensor* weight) {
   constexpr const char* op = "cross_entropy_forward_backward";
   const VocabSlice s = check_forward(op, logits, targets, valid, row_max, sum_exp, target_logit);
   check_operand(op, "dlogits", dlogits, logits, logits.dtype());
   check_shape(op, "dlogits", dlogits, logits.shape());
+  check_weight(op, weight, sum_exp, s.rows);
 #ifdef MEGAZERO_WITH_CUDA
   if (logits.device().kind() == DeviceKind::CUDA)
     return cuda::cross_entropy_forward_backward(logits.dtype(), logits.data(), ptr<const std::int64_t>(targets), 0,
-                                                s.rows, s.cols, s.valid, scale, row_max.data(), sum_exp.data(),
-                                                target_logit.data(), dlogits.data(), stream_of(logits));
+                                                s.rows, s.cols, s.valid, scale, weight ? weight->data() : nullptr,
+                                                row_max.data(), sum_exp.data(), target_logit.data(), dlogits.data(),
+                                                stream_of(logits));
 #endif
   if (!on_host(op, logits)) return false;
   cross_entropy_forward(logits, targets, 0, valid, row_max, sum_exp, target_logit);
-  cross_entropy_backward(logits, row_max, sum_exp, targets, 0, valid, scale, dlogits);
+  cross_entropy_backward(logits, row_max, sum_exp, targets, 0, valid, scale, dlogits, weight);
   return false;
 }
 

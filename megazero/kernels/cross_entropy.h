@@ -29,14 +29,20 @@ void cross_entropy_forward(const Tensor& logits, const Tensor& targets, std::int
 void rescale_sum_exp(const Tensor& row_max, const Tensor& global_max, Tensor& sum_exp);
 // loss[n] = log(sum_exp[n]) + global_max[n] - target_logit[n], with sum_exp and
 // target_logit completed over the TP group (computed in double, rounded once).
-void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss);
+//
+// Row weights (--eod-mask-loss): `weight`, when given, is [N] of the
+// statistics' dtype; row n's loss is multiplied by weight[n] (in double,
+// before the one rounding) and its gradient's scale is scale * weight[n]. A
+// weight of 0 drops the row (loss and gradient exactly 0), 1 keeps its bits.
+void cross_entropy_loss(const Tensor& global_max, const Tensor& sum_exp, const Tensor& target_logit, Tensor& loss,
+                        const Tensor* weight = nullptr);
 // dlogits = scale * (softmax - onehot(target)) with softmax = exp(logits -
 // global_max) / sum_exp (the exponential in the compute type, the product in
 // double, rounded once; sum_exp completed over TP); padding columns get 0.
-// dlogits may alias logits.
+// dlogits may alias logits. With `weight`, row n's scale is scale * weight[n].
 void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, const Tensor& sum_exp,
                             const Tensor& targets, std::int64_t vocab_start, std::int64_t valid, double scale,
-                            Tensor& dlogits);
+                            Tensor& dlogits, const Tensor* weight = nullptr);
 
 // Tensor parallel size 1 (this rank's columns are the whole vocabulary, so
 // the row statistics are the global ones): cross_entropy_forward, then
@@ -45,7 +51,9 @@ void cross_entropy_backward(const Tensor& logits, const Tensor& global_max, cons
 // fused), which the two calls read twice (the logits are the largest tensor
 // of a GPT step); the CPU runs the two kernels. dlogits may alias logits; the
 // statistics are the forward's, as if the backward had not run.
+// `weight` scales each row's gradient as cross_entropy_backward's does.
 bool cross_entropy_forward_backward(const Tensor& logits, const Tensor& targets, std::int64_t valid, double scale,
-                                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits);
+                                    Tensor& row_max, Tensor& sum_exp, Tensor& target_logit, Tensor& dlogits,
+                                    const Tensor* weight = nullptr);
 
 }  // namespace megazero::kernels

@@ -6,6 +6,7 @@
 #include "layers/gpt_model.h"
 #include "megazero/comm/virtual_communicator.h"
 #include "megazero/optim/loss_scaler.h"
+#include "megazero/kernels/conventions.h"
 #include "megazero/train/train_step.h"
 #include "megazero/core/error.h"
 #include "megazero/zero/partitioned_activations.h"
@@ -69,6 +70,9 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
       train::MicroBatch mb;
       mb.ids = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
       mb.targets = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
+      if (args.eod_mask_loss)  // as the trainer makes them (train/loss_mask.h)
+        mb.loss_weights =
+            Tensor::empty(meta, {B * S}, kernels::row_stat_dtype(args.dtype()), MemoryCategory::Activations);
       mb.step.seed = args.seed;
       mb.step.micro_batch = B;
       mb.step.seq = S;

@@ -247,6 +247,12 @@ void define(OptionTable& t, TrainArgs& a) {
   t.list(D, "valid-data-path", &a.valid_data_path, "with --train-data-path: the validation split's own dataset");
   t.list(D, "test-data-path", &a.test_data_path, "with --train-data-path: the test split's own dataset");
   t.flag(D, "mock-data", &a.mock_data, "synthetic tokens (benchmarks), no dataset");
+  t.flag(D, "eod-mask-loss", &a.eod_mask_loss,
+         "no loss where the input token is the end-of-document token (Megatron's): each micro-batch's loss is the "
+         "mean over the tokens it keeps");
+  t.add(D, "eod-token-id", &a.eod_token_id,
+        "the end-of-document token for --eod-mask-loss; default: --tokenizer-type's (GPT2BPETokenizer 50256, "
+        "ByteLevel 256)");
   t.add(G, "deepspeed-config", &a.deepspeed_config,
         "a DeepSpeed configuration (ds_config.json): its batch sizes, precision, zero_optimization, "
         "activation_checkpointing (ZeRO-R), optimizer and scheduler become these flags (docs/DEEPSPEED.md)");
@@ -866,6 +872,16 @@ void TrainArgs::validate() const {
              mock_data ? "--mock-data and --data-path conflict; choose one"
                        : "no data: pass --data-path PREFIX (a .bin/.idx pair from tools/preprocess_data), "
                          "--train-data-path PREFIX, or --mock-data");
+  MZ_REQUIRE(eod_mask_loss || eod_token_id == -1, "--eod-token-id ", eod_token_id,
+             " is only read by --eod-mask-loss: add it, or drop --eod-token-id");
+  if (eod_mask_loss) {
+    MZ_REQUIRE(eod_token_id >= 0,
+               "--eod-mask-loss needs the end-of-document token: pass --tokenizer-type GPT2BPETokenizer (50256) or "
+               "ByteLevel (256), or --eod-token-id N");
+    MZ_REQUIRE(eod_token_id < model.vocab_size, "--eod-token-id ", eod_token_id, " is outside the vocabulary of ",
+               "--vocab-size ", model.vocab_size, ": the end-of-document token of the data's tokenizer is needed ",
+               "(GPT-2 BPE: 50256 with --vocab-size 50257)");
+  }
   if (!rampup_batch_size.empty()) {
     MZ_REQUIRE(global_batch_size > 0,
                "--rampup-batch-size ramps the batch up to --global-batch-size: set it (e.g. --global-batch-size 1536)");

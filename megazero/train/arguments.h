@@ -49,15 +49,21 @@ struct TrainArgs {
   std::string split = "969,30,1";
   bool mock_data = false;
   std::string vocab_file, merge_file;
+  // --eod-mask-loss (train/loss_mask.h): no loss where the input token is the
+  // end-of-document token, --eod-token-id (from --tokenizer-type when that is
+  // given: GPT-2 BPE's <|endoftext|> 50256, ByteLevel's 256); -1 = not known.
+  bool eod_mask_loss = false;
+  std::int64_t eod_token_id = -1;
+  // Megatron's --calculate-per-token-loss with --eod-mask-loss: the kept
+  // tokens' mean over the whole global batch instead of each micro-batch's.
+  bool per_token_loss = false;
   // logging and evaluation
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
-  std::string metrics_file;  // JSON lines, one record per logged iteration
-  bool log_params_norm = false;
-  bool log_num_zeros_in_grad =
-      false;  // --log-num-zeros-in-grad: the gradients' exact zeros on logged iterations  // --log-params-norm: the
-              // fp32 master weights' global L2 norm on logged iterations
-  double peak_tflops = 0;      // for MFU; 0 = the device default (docs/PERFORMANCE.md)
-  std::string device = "cpu";  // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
+  std::string metrics_file;            // JSON lines, one record per logged iteration
+  bool log_params_norm = false;        // the fp32 master weights' global L2 norm on logged iterations
+  bool log_num_zeros_in_grad = false;  // the gradients' exact zeros on logged iterations
+  double peak_tflops = 0;              // for MFU; 0 = the device default (docs/PERFORMANCE.md)
+  std::string device = "cpu";          // --device: cpu, cuda (one GPU per rank: local rank mod GPUs) or cpu-isolated
   // --distributed-backend of the TP and DP groups: mpi, nccl (GPU tensors, one
   // GPU per rank), shm (one machine: MPI's groups with the shared-memory
   // transport, comm/shm_collectives.h), or auto (nccl when --device cuda gives

@@ -41,7 +41,8 @@ const CompatFlag kFlags[] = {
     {"overlap-grad-reduce", Kind::Switch, Meaning::Translated, "--overlap-comm true"},
     {"use-checkpoint-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--use-checkpoint-opt-param-scheduler"},
     {"override-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--override-opt-param-scheduler"},
-    {"tokenizer-type", Kind::Value, Meaning::Translated, "checked against the data's tokenizer"},
+    {"tokenizer-type", Kind::Value, Meaning::Translated,
+     "GPT2BPETokenizer or ByteLevel (the data's tokenizer; its end-of-text token is --eod-mask-loss's)"},
     {"lr-warmup-fraction", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
     {"train-samples", Kind::Value, Meaning::Translated, "--train-iters"},
     {"lr-decay-samples", Kind::Value, Meaning::Translated, "--lr-decay-iters"},
@@ -115,8 +116,9 @@ const CompatFlag kFlags[] = {
     {"exp-avg-sq-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
     {"local-rank", Kind::Value, Meaning::NoEffect, "MPI gives each rank its place on its host (launch/)"},
     {"local_rank", Kind::Value, Meaning::NoEffect, "MPI gives each rank its place on its host (launch/)"},
-    {"calculate-per-token-loss", Kind::Switch, Meaning::NoEffect,
-     "every micro-batch holds as many tokens: the loss is already the per-token mean over the global batch"},
+    {"calculate-per-token-loss", Kind::Switch, Meaning::Translated,
+     "with --eod-mask-loss, the kept tokens' mean over the global batch (each micro-batch's mean otherwise); "
+     "without it, no effect: every micro-batch holds as many tokens"},
     {"ddp-average-in-collective", Kind::Switch, Meaning::NoEffect,
      "gradients are averaged over DP by the backward's scale, once"},
     {"grad-reduce-in-bf16", Kind::Switch, Meaning::NoEffect,
@@ -201,8 +203,6 @@ const CompatFlag kFlags[] = {
      "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
     {"wandb-exp-name", Kind::Value, Meaning::Refused,
      "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
-    {"eod-mask-loss", Kind::Switch, Meaning::Refused,
-     "masking the loss at end-of-document tokens is not implemented: every token's loss counts"},
     {"reset-position-ids", Kind::Switch, Meaning::Refused,
      "per-document position ids are not implemented: positions run over the whole sequence"},
     {"reset-attention-mask", Kind::Switch, Meaning::Refused,
@@ -342,6 +342,18 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   }
   only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel"},
        "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
+  // The end-of-document token --eod-mask-loss masks: the tokenizer's end of
+  // text, as tools/preprocess_data --append-eod writes it (data/gpt2_tokenizer.h).
+  if (const auto* v = value("tokenizer-type"); v && a.eod_mask_loss && a.eod_token_id == -1)
+    a.eod_token_id = *v == "ByteLevel" ? 256 : *v == "GPT2BPETokenizer" ? 50256 : -1;
+  if (value("calculate-per-token-loss")) {
+    if (a.eod_mask_loss)
+      a.per_token_loss = true;
+    else
+      a.notes.push_back(
+          "--calculate-per-token-loss has no effect here: without --eod-mask-loss every micro-batch holds as many "
+          "tokens, so the loss is already the per-token mean over the global batch");
+  }
   if (!refused.empty()) {
     std::string msg =
         refused.size() == 1 ? "" : std::to_string(refused.size()) + " Megatron flags cannot be honoured: ";

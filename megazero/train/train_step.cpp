@@ -38,7 +38,7 @@ StepResult train_step(layers::GPTModel& model, zero::ZeroEngine& engine, Communi
     set_activity("forward");
     layers::StepInfo step = mb.step;
     step.backward_scale = per_micro;  // the backward's, below
-    const Tensor losses = model.forward_losses(mb.ids, mb.targets, step);
+    const Tensor losses = model.forward_losses(mb.ids, mb.targets, step, mb.loss_weights);
     if (!loss_sum.defined())
       loss_sum = Tensor::zeros(losses.device_ptr(), {1}, losses.dtype(), MemoryCategory::Workspace);
     kernels::column_sums(losses.view({losses.numel(), 1}), loss_sum);  // one column: loss_sum += the sum of the losses

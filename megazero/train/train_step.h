@@ -1,7 +1,8 @@
 // One training iteration: the micro-batches of this DP rank through forward
 // and backward (gradient accumulation), then the ZeRO optimizer step.
 //
-// Every micro-batch's loss is the mean over its tokens; the iteration's loss
+// Every micro-batch's loss is the mean over its tokens (with --eod-mask-loss,
+// over the tokens it keeps: a weighted mean); the iteration's loss
 // is the mean over the global batch, so each backward is scaled by
 // 1 / (micro-batches x DP size) and the DP reductions sum. With fp16 the loss
 // is also multiplied by the loss scale, which the optimizer divides out.
@@ -19,6 +20,7 @@ namespace megazero::train {
 
 struct MicroBatch {
   Tensor ids, targets;    // int64 [B*S]
+  Tensor loss_weights;    // --eod-mask-loss: [B*S] (train/loss_mask.h), else undefined
   layers::StepInfo step;  // iteration, global sample offset, B, S
 };
 

@@ -20,6 +20,7 @@
 #include "megazero/comm/fault_tolerance.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/kernels/cudnn_attention.h"
+#include "megazero/kernels/conventions.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/linear_epilogues.h"
 #ifdef MEGAZERO_WITH_CUDA
@@ -27,6 +28,7 @@
 #endif
 #include "megazero/plan/memory_plan.h"
 #include "megazero/plan/memory_preflight.h"
+#include "megazero/train/loss_mask.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
 #include "megazero/train/tensorboard_writer.h"
@@ -133,10 +135,14 @@ struct Trainer::Impl {
   // (host_micro_batches) or where the model runs (micro_batches).
   std::vector<MicroBatch> host_micro_batches(std::int64_t it, Split split);
   void upload(std::vector<MicroBatch>& mbs);
-  std::vector<MicroBatch> micro_batches(std::int64_t it, Split split) {
-    auto mbs = host_micro_batches(it, split);
+  // --eod-mask-loss's weights (train/loss_mask.h; with --calculate-per-token-loss
+  // an all-reduce over DP: outside run_consistently, every rank alike), then
+  // the tokens to where the model runs.
+  void weigh_and_upload(std::vector<MicroBatch>& mbs) {
+    if (args.eod_mask_loss)
+      weigh_micro_batches(mbs, {args.eod_token_id, args.per_token_loss}, groups->dp(),
+                          kernels::row_stat_dtype(args.dtype()));
     upload(mbs);
-    return mbs;
   }
   // The mean loss over --eval-iters batches of `split` (validation or test).
   double evaluate(std::int64_t at, Split split = Split::Valid);
@@ -459,6 +465,10 @@ void Trainer::Impl::build() {
       std::printf(" batch-size ramp-up: %s; this run starts at a global batch of %lld\n", batches.describe().c_str(),
                   static_cast<long long>(batch_of(start_iter)));
   }
+  if (args.eod_mask_loss && root)
+    std::printf(" loss: no loss where the input is token %lld (--eod-mask-loss); the mean over the kept tokens of %s\n",
+                static_cast<long long>(args.eod_token_id),
+                args.per_token_loss ? "the global batch (--calculate-per-token-loss)" : "each micro-batch");
 }
 
 void Trainer::Impl::save(std::int64_t iteration) {
@@ -518,8 +528,9 @@ std::vector<MicroBatch> Trainer::Impl::host_micro_batches(std::int64_t it, Split
 void Trainer::Impl::upload(std::vector<MicroBatch>& mbs) {
   if (device->host_accessible()) return;
   for (auto& mb : mbs)
-    for (Tensor* t : {&mb.ids, &mb.targets}) {  // tokens are made on the host; one copy each to the device
-      Tensor d = Tensor::empty(device, t->shape(), DType::I64, MemoryCategory::Activations);
+    for (Tensor* t : {&mb.ids, &mb.targets, &mb.loss_weights}) {  // made on the host; one copy each to the device
+      if (!t->defined()) continue;
+      Tensor d = Tensor::empty(device, t->shape(), t->dtype(), MemoryCategory::Activations);
       d.copy_from(*t);
       *t = d;
     }
@@ -540,9 +551,11 @@ double Trainer::Impl::evaluate(std::int64_t at, Split split) {
     }
   } evaluating(*engine_);
   double sum = 0;
-  for (std::int64_t e = 0; e < args.eval_iters; ++e)
-    for (auto& mb : run_consistently(world, [&] { return micro_batches(at * 1000003 + e, split); }))
-      sum += model.forward(mb.ids, mb.targets, mb.step);
+  for (std::int64_t e = 0; e < args.eval_iters; ++e) {
+    auto mbs = run_consistently(world, [&] { return host_micro_batches(at * 1000003 + e, split); });
+    weigh_and_upload(mbs);
+    for (auto& mb : mbs) sum += model.forward(mb.ids, mb.targets, mb.step, mb.loss_weights);
+  }
   const double loss = all_reduce_value(
       groups->dp(), args.eval_iters > 0 ? sum / static_cast<double>(args.eval_iters * accum) : 0, ReduceOp::Avg);
   const char* name = split == Split::Test ? "test" : "validation";
@@ -611,7 +624,7 @@ TrainResult Trainer::Impl::train() {
     } else {
       mbs = run_consistently(world, [&] { return host_micro_batches(it, Split::Train); });
     }
-    upload(mbs);
+    weigh_and_upload(mbs);
     t_data += seconds_since(t0);
     const auto t1 = Clock::now();
     // The next iteration's tokens are made while the device runs this step's

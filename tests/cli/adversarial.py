@@ -272,6 +272,8 @@ def cases():
         ("kv-channels", "16 --train-iters 1", "resolved configuration"),
         ("lr-warmup-init", "0.0001 --lr-warmup-iters 2 --train-iters 4", "lr-warmup-init = 0.0001"),
         ("exit-on-missing-checkpoint", "--load /tmp --train-iters 1", "exit-on-missing-checkpoint = true"),
+        ("eod-mask-loss", "--eod-token-id 5 --train-iters 1", "eod-token-id = 5"),
+        ("calculate-per-token-loss", "--eod-mask-loss --eod-token-id 5 --train-iters 1", "eod-mask-loss = true"),
     ]
     for flag, value, regex in accepted:
         train = "" if "train-iters" in value or flag == "train-samples" else " --train-iters 10"
@@ -374,7 +376,6 @@ def cases():
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),
         ("kv-channels", "32", "--kv-channels 32: a head size other than --hidden-size / --num-attention-heads \\(16\\)"),
         ("wandb-project", "x", "--wandb-project: Weights & Biases logging is not built in: --tensorboard-dir"),
-        ("eod-mask-loss", "", "--eod-mask-loss: masking the loss at end-of-document tokens is not implemented"),
         ("reset-position-ids", "", "--reset-position-ids: per-document position ids are not implemented"),
         ("reset-attention-mask", "", "--reset-attention-mask: per-document attention masks are not implemented"),
         ("init-method-xavier-uniform", "", "--init-method-xavier-uniform: Xavier initialisation is not implemented"),
@@ -603,6 +604,15 @@ def cases():
         ("token-outside-vocab", E2, "token id [0-9]+ in sample [0-9]+ is outside the vocabulary of --vocab-size 256",
          " --data-path {DATA} --vocab-size 256 --eval-iters 0"),
     ]
+    # --eod-mask-loss: the end-of-document token from --tokenizer-type or --eod-token-id, inside the vocabulary.
+    datacases += [
+        ("eod-mask-loss-no-token", E2, "--eod-mask-loss needs the end-of-document token: pass --tokenizer-type "
+         "GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), or --eod-token-id N", " --data-path {DATA} --eod-mask-loss"),
+        ("eod-token-outside-vocab", E2, "--eod-token-id 256 is outside the vocabulary of --vocab-size 256",
+         " --data-path {DATA} --vocab-size 256 --eod-mask-loss --tokenizer-type ByteLevel"),
+        ("eod-token-id-alone", E2, "--eod-token-id 5 is only read by --eod-mask-loss: add it, or drop --eod-token-id",
+         " --data-path {DATA} --eod-token-id 5"),
+    ]
     for name, code, regex, args in datacases:
         # (--vocab-size 256 for the last case replaces the base's 50257: a repeated flag is its own error.)
         base = data.replace("--vocab-size 50257", "") if "--vocab-size" in args else data
@@ -610,6 +620,12 @@ def cases():
     # The end of training evaluates the test split too where --split gives it documents (Megatron's), else not.
     add("data.test-split-evaluated", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\n test loss at "
         "iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done", data + " --data-path {DATA} --split 80,10,10 --eval-iters 1")
+    for per_token, how in [("", "each micro-batch"), (" --calculate-per-token-loss", "the global batch")]:
+        add("data.eod-mask-loss" + per_token.replace(" --", "."), 0,
+            f" loss: no loss where the input is token 50256 \\(--eod-mask-loss\\); the mean over the kept tokens of "
+            f"{how}",
+            data + " --data-path {DATA} --split 90,10,0 --eval-iters 1 --eod-mask-loss --tokenizer-type "
+            "GPT2BPETokenizer" + per_token)
     add("data.no-test-split", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done",
         data + " --data-path {DATA} --split 90,10,0 --eval-iters 1")
     # Megatron's dataset per split, each read whole.

@@ -9,6 +9,7 @@
 #  3. a DEVICE checkpoint resumes on the CPU and on another layout (TP 2, stage
 #     3), and a CPU checkpoint resumes on DEVICE (to 1e-4; bit for bit where
 #     DEVICE runs the CPU kernels), and DEVICE's validation loss is the CPU's;
+#     3b: --eod-mask-loss (and --calculate-per-token-loss) trains as on the CPU;
 #  4. SIGTERM (what scancel and Slurm's time limit send) saves at the next step
 #     boundary, exits 5, and the resumed run continues exactly; a rank stopped
 #     with SIGSTOP ends the job through the collective watchdog (exit 4);
@@ -119,6 +120,23 @@ else
     fail "validation on $device: $(val straight_fp32), CPU: $(val cpu_straight)"
 fi
 echo "device_paths_e2e ($device): $device -> CPU, CPU -> $device and TP 1 stage 1 -> TP 2 stage 3 resumes; validation as on the CPU"
+
+# 3b. --eod-mask-loss (one token in 256 masked; the loss weights made on the
+# host and uploaded) and --calculate-per-token-loss on DEVICE train and
+# evaluate as on the CPU: TP 1 (the one-pass cross-entropy) and TP 2 (the
+# vocabulary-split kernels).
+for tp in 1 2; do
+  for per in "" --calculate-per-token-loss; do
+    mask=(--zero-stage 2 --train-iters 4 --tensor-model-parallel-size "$tp" --eod-mask-loss --eod-token-id 7 $per)
+    run "mask${tp}${per}_dev" 2 --device "$device" "${mask[@]}"
+    ok "mask${tp}${per}_dev"
+    grep -q "no loss where the input is token 7" "$work/mask${tp}${per}_dev.log" || fail "no loss-mask line"
+    run "mask${tp}${per}_cpu" 2 --device cpu "${mask[@]}"
+    ok "mask${tp}${per}_cpu"
+    $cross "mask${tp}${per}_cpu" "mask${tp}${per}_dev"
+  done
+done
+echo "device_paths_e2e ($device): --eod-mask-loss (per micro-batch and per token) at TP 1 and 2 trains as on the CPU"
 
 # 4. SIGTERM mid-run: checkpoint at the step boundary, exit 5, exact resume.
 run term_straight 2 --device "$device" --zero-stage 2 --train-iters 150

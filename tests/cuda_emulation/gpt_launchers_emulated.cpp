@@ -207,16 +207,51 @@ void cross_entropy(DType t, i64 rows, i64 cols, i64 valid, i64 vocab_start, std:
   Tensor loss = like(zero);
   kernels::cross_entropy_loss(global_max, rescaled, target_logit, loss);
   const auto dloss = poisoned(zero), drs2 = put(rescaled);
-  cuda::cross_entropy_loss(stat, dgm.ptr(), drs2.ptr(), dtl.ptr(), rows, dloss.ptr(), nullptr);
+  cuda::cross_entropy_loss(stat, dgm.ptr(), drs2.ptr(), dtl.ptr(), nullptr, rows, dloss.ptr(), nullptr);
   expect_close(values(get(dloss, zero)), values(loss), 1e-6, 1e-6, "cross_entropy_loss");
+
+  // Row weights (--eod-mask-loss): 0 drops a row, 1 keeps its bits, others
+  // scale it; the launcher against the CPU kernel with the same weights.
+  std::vector<double> wv(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < wv.size(); ++i) wv[i] = i % 3 == 0 ? 0.0 : i % 3 == 1 ? 1.0 : 1.75;
+  const Tensor weight = tensor_of({rows}, wv, stat);
+  const auto dw = put(weight);
+  Tensor wloss = like(zero);
+  kernels::cross_entropy_loss(global_max, rescaled, target_logit, wloss, &weight);
+  const auto dwloss = poisoned(zero);
+  cuda::cross_entropy_loss(stat, dgm.ptr(), drs2.ptr(), dtl.ptr(), dw.ptr(), rows, dwloss.ptr(), nullptr);
+  const Tensor got_wloss = get(dwloss, zero);
+  expect_close(values(got_wloss), values(wloss), 1e-6, 1e-6, "cross_entropy_loss with row weights");
+  for (std::size_t i = 0; i < wv.size(); ++i) {
+    const double want = wv[i] == 0.0 ? 0.0 : wv[i] == 1.0 ? values(get(dloss, zero))[i] : values(got_wloss)[i];
+    check(values(got_wloss)[i] == want, "weighted loss: weight 0 gives 0, weight 1 the unweighted bits",
+          values(got_wloss)[i], want, static_cast<i64>(i));
+  }
 
   const double scale = 1.0 / static_cast<double>(rows);
   Tensor dlogits = like(logits);
   kernels::cross_entropy_backward(logits, global_max, rescaled, targets, vocab_start, valid, scale, dlogits);
   const auto dd = poisoned(logits);
   cuda::cross_entropy_backward(t, dl.ptr(), dgm.ptr(), drs2.ptr(), static_cast<const std::int64_t*>(dt.ptr()),
-                               vocab_start, rows, cols, valid, scale, dd.ptr(), nullptr);
-  expect_close(values(get(dd, logits)), values(dlogits), 2 * ulp(t), 1e-7 * scale, "cross_entropy_backward");
+                               vocab_start, rows, cols, valid, scale, nullptr, dd.ptr(), nullptr);
+  const Tensor got_d = get(dd, logits);
+  expect_close(values(got_d), values(dlogits), 2 * ulp(t), 1e-7 * scale, "cross_entropy_backward");
+  Tensor wdlogits = like(logits);
+  kernels::cross_entropy_backward(logits, global_max, rescaled, targets, vocab_start, valid, scale, wdlogits, &weight);
+  const auto dwd = poisoned(logits);
+  cuda::cross_entropy_backward(t, dl.ptr(), dgm.ptr(), drs2.ptr(), static_cast<const std::int64_t*>(dt.ptr()),
+                               vocab_start, rows, cols, valid, scale, dw.ptr(), dwd.ptr(), nullptr);
+  const Tensor got_wd = get(dwd, logits);
+  expect_close(values(got_wd), values(wdlogits), 2 * ulp(t), 1e-7 * scale, "cross_entropy_backward with row weights");
+  for (i64 r = 0; r < rows; ++r)
+    for (i64 c = 0; c < cols; ++c) {
+      const auto i = static_cast<std::size_t>(r * cols + c);
+      const double w = wv[static_cast<std::size_t>(r)];
+      if (w == 0.0 || w == 1.0)
+        check(values(got_wd)[i] == (w == 0.0 ? 0.0 : values(got_d)[i]),
+              "weighted gradient: weight 0 gives 0, weight 1 the unweighted bits", values(got_wd)[i],
+              w == 0.0 ? 0.0 : values(got_d)[i], static_cast<i64>(i));
+    }
 
   // One TP rank: the fused launcher in place, against the two launchers with
   // global_max = row_max, bit for bit; one launch where the row fits in
@@ -224,24 +259,32 @@ void cross_entropy(DType t, i64 rows, i64 cols, i64 valid, i64 vocab_start, std:
   // below twice the row).
   const auto du = put(logits);
   cuda::cross_entropy_backward(t, dl.ptr(), dm.ptr(), dse.ptr(), static_cast<const std::int64_t*>(dt.ptr()),
-                               vocab_start, rows, cols, valid, scale, du.ptr(), nullptr);
+                               vocab_start, rows, cols, valid, scale, nullptr, du.ptr(), nullptr);
   const Tensor want_d = get(du, logits);
+  const auto dwu = put(logits);
+  cuda::cross_entropy_backward(t, dl.ptr(), dm.ptr(), dse.ptr(), static_cast<const std::int64_t*>(dt.ptr()),
+                               vocab_start, rows, cols, valid, scale, dw.ptr(), dwu.ptr(), nullptr);
+  const Tensor want_wd = get(dwu, logits);
   const int optin = emu::device().smem_optin;
-  for (const bool fits : {true, false}) {
-    emu::device().smem_optin = fits ? optin : static_cast<int>(2 * cols * static_cast<i64>(dtype_size(t)) - 1);
-    const auto df = put(logits), dmf = poisoned(zero), dsf = poisoned(zero), dtf = poisoned(zero);
-    const Launches n;
-    const bool fused =
-        cuda::cross_entropy_forward_backward(t, df.ptr(), static_cast<const std::int64_t*>(dt.ptr()), vocab_start, rows,
-                                             cols, valid, scale, dmf.ptr(), dsf.ptr(), dtf.ptr(), df.ptr(), nullptr);
-    const char* how = fits ? "cross_entropy_forward_backward (fused)" : "cross_entropy_forward_backward (two kernels)";
-    check(fused == fits, how, fused, fits, 0);
-    n.expect(fits ? 1 : 2, how);
-    expect_bits(get(dmf, zero), get(dm, zero), how);
-    expect_bits(get(dsf, zero), get(dse, zero), how);
-    expect_bits(get(dtf, zero), get(dtl, zero), how);
-    expect_bits(get(df, logits), want_d, how);
-  }
+  for (const bool fits : {true, false})
+    for (const bool weighted : {false, true}) {
+      emu::device().smem_optin = fits ? optin : static_cast<int>(2 * cols * static_cast<i64>(dtype_size(t)) - 1);
+      const auto df = put(logits), dmf = poisoned(zero), dsf = poisoned(zero), dtf = poisoned(zero);
+      const Launches n;
+      const bool fused = cuda::cross_entropy_forward_backward(
+          t, df.ptr(), static_cast<const std::int64_t*>(dt.ptr()), vocab_start, rows, cols, valid, scale,
+          weighted ? dw.ptr() : nullptr, dmf.ptr(), dsf.ptr(), dtf.ptr(), df.ptr(), nullptr);
+      const char* how = fits       ? weighted ? "cross_entropy_forward_backward (fused, row weights)"
+                                              : "cross_entropy_forward_backward (fused)"
+                        : weighted ? "cross_entropy_forward_backward (two kernels, row weights)"
+                                   : "cross_entropy_forward_backward (two kernels)";
+      check(fused == fits, how, fused, fits, 0);
+      n.expect(fits ? 1 : 2, how);
+      expect_bits(get(dmf, zero), get(dm, zero), how);
+      expect_bits(get(dsf, zero), get(dse, zero), how);
+      expect_bits(get(dtf, zero), get(dtl, zero), how);
+      expect_bits(get(df, logits), weighted ? want_wd : want_d, how);
+    }
   emu::device().smem_optin = optin;
 }
 

@@ -74,7 +74,7 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41, i64 wide = 0) {
   kernels::cross_entropy_backward(lc, gmax, sc, targets, start, valid, 0.25, lc);
   emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
     dk::cross_entropy_backward_kernel<S, V>(raw<S>(lg), gmax.host_data<float>(), sg2.host_data<float>(), tp, start,
-                                            cols, valid, 0.25, raw<S>(lg));
+                                            cols, valid, 0.25, nullptr, raw<S>(lg));
   });
   const auto want = values(lc);
   expect_close(values(lg), want, 2 * ulp_of(T), 1e-7, "dlogits in place");
@@ -93,7 +93,7 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41, i64 wide = 0) {
   });
   emu_launch(dim3{blocks, 1, 1}, threads, 0, [&] {
     dk::cross_entropy_backward_kernel<S, V>(raw<S>(lu), mu.host_data<float>(), su.host_data<float>(), tp, start, cols,
-                                            valid, 0.375, raw<S>(lu));
+                                            valid, 0.375, nullptr, raw<S>(lu));
   });
   const std::size_t smem = static_cast<std::size_t>(cols) * sizeof(S);
   for (const bool in_place : {true, false}) {
@@ -101,7 +101,7 @@ void cross_entropy(std::mt19937& rng, i64 valid = 41, i64 wide = 0) {
     Tensor mf = stats(), sf = stats(), tf = stats();
     Tensor& out = in_place ? lf : df;
     emu_launch(dim3{blocks, 1, 1}, threads, smem, [&] {
-      dk::cross_entropy_fused_kernel<S, V>(raw<S>(lf), tp, start, cols, valid, 0.375, mf.host_data<float>(),
+      dk::cross_entropy_fused_kernel<S, V>(raw<S>(lf), tp, start, cols, valid, 0.375, nullptr, mf.host_data<float>(),
                                            sf.host_data<float>(), tf.host_data<float>(), raw<S>(out));
     });
     const char* how = in_place ? "fused, in place" : "fused, into another tensor";

@@ -27,7 +27,7 @@ targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero
          test_embedding_kernels test_cross_entropy_kernels test_kernel_conventions
          test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels test_activation_memory
          test_cudnn_attention test_sdpa_graph test_layer_gradients test_linear_epilogues
-         test_collectives bench_collectives bench_layer bench_kernels bench_gpt pretrain_gpt convert_checkpoint)
+         test_collectives bench_collectives bench_layer bench_kernels bench_gpt pretrain_gpt convert_checkpoint generate_text)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib/ucx"

@@ -18,7 +18,8 @@
 #     5b: block recompute (with Pa+cpu, MD, the arena) and selective recompute
 #     train with no recompute's losses, bit for bit;
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
-#     and DEVICE's logits match the CPU's (1e-4 of the largest);
+#     and DEVICE's logits match the CPU's (1e-4 of the largest); 6b: generate_text
+#     on DEVICE draws the CPU's greedy tokens;
 #  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
 #     every rank alike, printed once, planned vs free bytes and the flags that
 #     fit) and reports the plan when it fits;
@@ -122,21 +123,20 @@ fi
 echo "device_paths_e2e ($device): $device -> CPU, CPU -> $device and TP 1 stage 1 -> TP 2 stage 3 resumes; validation as on the CPU"
 
 # 3b. --eod-mask-loss (one token in 256 masked; the loss weights made on the
-# host and uploaded) and --calculate-per-token-loss on DEVICE train and
-# evaluate as on the CPU: TP 1 (the one-pass cross-entropy) and TP 2 (the
-# vocabulary-split kernels).
+# host and uploaded) on DEVICE trains and evaluates as on the CPU: each
+# micro-batch's mean at TP 1 (the one-pass cross-entropy), the global batch's
+# (--calculate-per-token-loss) at TP 2 (the vocabulary-split kernels).
 for tp in 1 2; do
-  for per in "" --calculate-per-token-loss; do
-    mask=(--zero-stage 2 --train-iters 4 --tensor-model-parallel-size "$tp" --eod-mask-loss --eod-token-id 7 $per)
-    run "mask${tp}${per}_dev" 2 --device "$device" "${mask[@]}"
-    ok "mask${tp}${per}_dev"
-    grep -q "no loss where the input is token 7" "$work/mask${tp}${per}_dev.log" || fail "no loss-mask line"
-    run "mask${tp}${per}_cpu" 2 --device cpu "${mask[@]}"
-    ok "mask${tp}${per}_cpu"
-    $cross "mask${tp}${per}_cpu" "mask${tp}${per}_dev"
-  done
+  per=(); [ "$tp" = 2 ] && per=(--calculate-per-token-loss)
+  mask=(--zero-stage 2 --train-iters 4 --tensor-model-parallel-size "$tp" --eod-mask-loss --eod-token-id 7 ${per[@]+"${per[@]}"})
+  run "mask${tp}_dev" 2 --device "$device" "${mask[@]}"
+  ok "mask${tp}_dev"
+  grep -q "no loss where the input is token 7" "$work/mask${tp}_dev.log" || fail "no loss-mask line"
+  run "mask${tp}_cpu" 2 --device cpu "${mask[@]}"
+  ok "mask${tp}_cpu"
+  $cross "mask${tp}_cpu" "mask${tp}_dev"
 done
-echo "device_paths_e2e ($device): --eod-mask-loss (per micro-batch and per token) at TP 1 and 2 trains as on the CPU"
+echo "device_paths_e2e ($device): --eod-mask-loss (per micro-batch at TP 1, per token at TP 2) trains as on the CPU"
 
 # 4. SIGTERM mid-run: checkpoint at the step boundary, exit 5, exact resume.
 run term_straight 2 --device "$device" --zero-stage 2 --train-iters 150
@@ -218,6 +218,27 @@ paste -d' ' <(tail -n +2 "$work/logits.txt" | tr ' ' '\n') <(tail -n +2 "$work/l
   awk '{ d = $1 - $2; if (d < 0) d = -d; if (d > m) m = d; a = $2 < 0 ? -$2 : $2; if (a > big) big = a }
        END { exit !(m <= 1e-4 * big) }' || fail "$device's logits differ from the CPU's"
 echo "device_paths_e2e ($device): export -> import -> export identical, logits identical, and the CPU's"
+
+# 6b. generate_text on DEVICE: greedy, the CPU's tokens (all of them where DEVICE runs the CPU's kernels; on
+# a GPU the first, as a near tie between fp32 logits may turn a later one), and sampling seeded alike.
+generate=$(dirname "$convert")/generate_text
+gen() {  # gen NAME DEVICE ARGS...: the drawn ids
+  local name=$1 dev=$2; shift 2
+  timeout "$run_timeout" "$generate" --load "$work/ck_fp32" --prompt-tokens $tokens --device "$dev" "$@" \
+    >"$work/$name.log" 2>&1 || fail "$name exited with $?"
+  sed -nE 's/^generate_text: [0-9]+ tokens in .*: ([0-9,]+)$/\1/p' "$work/$name.log"
+}
+g_dev=$(gen gen_dev "$device" --greedy --no-stop --max-new-tokens 8)
+g_cpu=$(gen gen_cpu cpu --greedy --no-stop --max-new-tokens 8)
+[ "$(echo "$g_dev" | tr ',' '\n' | wc -l)" = 8 ] || fail "generate_text on $device drew '$g_dev', not 8 tokens"
+if [ "$cross" = same_tail ]; then
+  [ "$g_dev" = "$g_cpu" ] || fail "greedy tokens on $device ($g_dev) differ from the CPU's ($g_cpu)"
+else
+  [ "${g_dev%%,*}" = "${g_cpu%%,*}" ] || fail "the first greedy token on $device (${g_dev%%,*}) is not the CPU's (${g_cpu%%,*})"
+fi
+[ "$(gen gen_s1 "$device" --top-p 0.9 --seed 5 --no-stop)" = "$(gen gen_s2 "$device" --top-p 0.9 --seed 5 --no-stop)" ] ||
+  fail "the same seed drew other tokens on $device"
+echo "device_paths_e2e ($device): generate_text greedy as on the CPU ($g_dev), sampling seeded"
 
 # 8. The Llama-style model (rope, RMSNorm, SwiGLU, grouped-query attention,
 #    no biases, untied output layer) with sequence parallelism at TP 2 on

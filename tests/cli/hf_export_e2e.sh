@@ -9,9 +9,12 @@
 #     evaluates it from its directory alone (--use-checkpoint-args --skip-train);
 #  4. the independent numpy GPT-2 (REFERENCE_PY, Hugging Face's formulas in
 #     float64) computes the same logits from the exported files (fp32: 1e-4 of
-#     the largest logit; bf16 export: 5e-2). Exit 77 (skipped) if numpy is missing.
+#     the largest logit; bf16 export: 5e-2). Exit 77 (skipped) if numpy is missing;
+#  5. generate_text (GENERATE_TEXT) continues the same tokens greedily, each
+#     token the numpy GPT-2's most likely one after the tokens before it; a
+#     ByteLevel model continues a text prompt, the same text for the same seed.
 set -u
-train=$1 convert=$2 python=$3 reference=$4 cfg=$5
+train=$1 convert=$2 python=$3 reference=$4 cfg=$5 generate=$6
 work=$(mktemp -d /tmp/mz-hf-e2e-XXXXXX)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "hf_export_e2e: FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }
@@ -67,4 +70,30 @@ rc=$?
 step export_bf16 "$convert" export --load "$work/ckpt" --output "$work/hf_bf16" --dtype bf16
 "$python" "$reference" --model "$work/hf_bf16" --tokens $tokens --compare "$work/logits.txt" --tol 5e-2 \
   || fail "the numpy GPT-2 disagrees with our logits (bf16 export)"
+
+step generate "$generate" --load "$work/ckpt" --prompt-tokens $tokens --greedy --max-new-tokens 12 --no-stop \
+  --output "$work/generated.json"
+gen=$("$python" -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["tokens"])))' \
+  "$work/generated.json") || fail "no tokens in generate_text's --output"
+[ "$(echo "$gen" | tr ',' '\n' | wc -l)" = 12 ] || fail "generate_text drew '$gen', not 12 tokens"
+grep -q "generate_text: 12 tokens in .*: $gen" "$work/generate.log" || fail "generate_text did not print its tokens"
+"$python" "$reference" --model "$work/hf" --tokens $tokens --generated "$gen" \
+  || fail "a greedy token is not the numpy GPT-2's most likely one"
+# A text prompt through a ByteLevel model (its 257 tokens are the tokenizer's); a model whose vocabulary
+# the tokenizer cannot write is refused.
+step train_bytes mpiexec -n 2 "$train" --config "$cfg" --mock-data --vocab-size 257 --train-iters 2 --eval-iters 0 \
+  --save "$work/bytes"
+for run in 1 2; do
+  step "text$run" "$generate" --load "$work/bytes" --prompt "In the beginning" --tokenizer-type ByteLevel \
+    --max-new-tokens 8 --seed 3 --temperature 0.8 --top-p 0.9 --output "$work/text$run.json"
+done
+"$python" -c 'import json, sys; j = json.load(open(sys.argv[1])); assert len(j["tokens"]) >= 1 and "text" in j' \
+  "$work/text1.json" || fail "generate_text --output is not the JSON it should be"
+cmp -s "$work/text1.json" "$work/text2.json" || fail "the same seed drew other tokens"
+grep -q "^In the beginning" "$work/text1.log" || fail "the text prompt was not printed before its continuation"
+cmp -s <(grep -v "tokens/s" "$work/text1.log") <(grep -v "tokens/s" "$work/text2.log") \
+  || fail "the same seed gave another text"
+"$generate" --load "$work/ckpt" --prompt "In the beginning" --tokenizer-type ByteLevel >"$work/refused.log" 2>&1
+[ $? = 2 ] && grep -q "the model's vocabulary of 300 tokens is larger than the ByteLevel tokenizer's 257" \
+  "$work/refused.log" || fail "a model the tokenizer cannot write was not refused"
 echo "hf_export_e2e: passed"

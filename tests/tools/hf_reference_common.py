@@ -87,6 +87,23 @@ def compare_logits(ref, path, tol):
     sys.exit(0 if rel <= tol else 1)
 
 
+def check_greedy(logits_of, prompt, generated, tol):
+    """Exits 0 when every generated token (greedy, `generate_text --greedy`) is
+    the reference's most likely next token within tol x max |logit| of its
+    prefix (ours ran in fp32: a near tie may fall either way), else 1. Each
+    prefix is the prompt and the tokens ours drew before it."""
+    seq = list(prompt)
+    for k, t in enumerate(generated):
+        row = logits_of(seq)[-1]
+        gap = row.max() - row[t]
+        if gap > tol * max(np.abs(row).max(), 1e-30):
+            fail(f"generated token {k} is {t} (reference logit {row[t]:.6f}), but the reference's most likely "
+                 f"after {len(seq)} tokens is {int(row.argmax())} ({row.max():.6f})")
+        seq.append(t)
+    print(f"{NAME}: greedy generation of {len(generated)} tokens: each the reference's most likely next token")
+    sys.exit(0)
+
+
 def main(family, check_config, expected_shapes, logits):
     """The command line both references share: read OUTDIR's config.json and
     model.safetensors, check them as `family` needs, compute the logits of
@@ -94,7 +111,9 @@ def main(family, check_config, expected_shapes, logits):
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", required=True, help="directory with model.safetensors and config.json")
     ap.add_argument("--tokens", required=True, help="comma-separated token ids")
-    ap.add_argument("--compare", required=True, help="logits from `convert_checkpoint logits`")
+    ap.add_argument("--compare", help="logits from `convert_checkpoint logits`")
+    ap.add_argument("--generated", help="instead of --compare: the tokens `generate_text --greedy` drew after "
+                    "--tokens, comma-separated")
     ap.add_argument("--tol", type=float, default=1e-4, help="max |diff| / max |logit|")
     a = ap.parse_args()
     with open(os.path.join(a.model, "config.json")) as f:
@@ -103,4 +122,8 @@ def main(family, check_config, expected_shapes, logits):
     t = read_safetensors(os.path.join(a.model, "model.safetensors"))
     check_tensors(t, expected_shapes(cfg), family)
     ids = [int(x) for x in a.tokens.split(",")]
+    if (a.compare is None) == (a.generated is None):
+        fail("give --compare LOGITS_FILE or --generated IDS")
+    if a.generated is not None:
+        check_greedy(lambda seq: logits(t, cfg, seq), ids, [int(x) for x in a.generated.split(",")], a.tol)
     compare_logits(logits(t, cfg, ids), a.compare, a.tol)

@@ -1,0 +1,203 @@
+// Text generation (tools/text_generation.h): the sampling distribution against
+// hand-computed ones (temperature, top-k with ties, top-p's nucleus, greedy),
+// the sampler's draws against that distribution (frequencies, support,
+// seeds), and generation from a trained checkpoint: greedy picks the argmax of
+// the full logits of each prefix, stops on its stop token, refuses prompts
+// past the positions, and runs the same on the isolated device. The
+// independent check (a numpy GPT-2 over the Hugging Face export agreeing with
+// each greedy token) is tests/cli/hf_export_e2e.sh.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "megazero/checkpoint/checkpoint.h"
+#include "megazero/core/error.h"
+#include "tools/hf_gpt2.h"
+#include "tools/text_generation.h"
+#include "zero_harness.h"
+
+using namespace megazero;
+using namespace megazero::generation;
+using namespace megazero::testing_util;
+namespace fs = std::filesystem;
+using I = std::int64_t;
+
+namespace {
+
+MpiCommunicator& world() { return test_world(); }
+
+// softmax(logits / t) in double.
+std::vector<double> softmax(const std::vector<float>& logits, double t = 1.0) {
+  std::vector<double> p;
+  double mx = -1e300, sum = 0;
+  for (float l : logits) mx = std::max(mx, l / t);
+  for (float l : logits) p.push_back(std::exp(l / t - mx)), sum += p.back();
+  for (double& x : p) x /= sum;
+  return p;
+}
+
+void expect_probs(const std::vector<double>& got, const std::vector<double>& want, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-12) << what << " token " << i;
+}
+
+SamplingOptions opts(double t, I k, double p, std::uint64_t seed = 1) {
+  SamplingOptions o;
+  o.temperature = t, o.top_k = k, o.top_p = p, o.seed = seed;
+  return o;
+}
+
+// A checkpoint of the harness's tiny GPT trained one step (TP 1, stage 0).
+struct Checkpoint {
+  std::string dir;
+  Checkpoint() {
+    char tmpl[] = "/tmp/mz-generate-XXXXXX";
+    dir = ::mkdtemp(tmpl);
+    ZeroRunSpec spec;
+    spec.steps = 1;
+    ZeroRun run(world(), spec);
+    run.train(0, 1);
+    checkpoint::TrainState s;
+    s.iteration = 1;
+    s.seed = 5;
+    s.config = hf::resolved_config(run.model->config(), 5);
+    checkpoint::save_checkpoint(dir + "/ckpt", s, *run.engine, {&world(), 0, 1});
+  }
+  ~Checkpoint() { fs::remove_all(dir); }
+};
+
+}  // namespace
+
+const std::vector<float> kLogits = {2.0f, 1.0f, 0.5f, 0.5f, -1.0f, 0.25f};
+
+TEST(Sampling, TemperatureTopKAndTopPShapeTheDistribution) {
+  const auto p = softmax(kLogits);
+  expect_probs(sampling_distribution(kLogits, opts(1, 0, 1)), p, "plain softmax");
+  expect_probs(sampling_distribution(kLogits, opts(0.5, 0, 1)), softmax(kLogits, 0.5), "temperature 0.5");
+  // top-k 2: tokens 0 and 1, renormalised.
+  expect_probs(sampling_distribution(kLogits, opts(1, 2, 1)), {p[0] / (p[0] + p[1]), p[1] / (p[0] + p[1]), 0, 0, 0, 0},
+               "top-k 2");
+  // top-k 3 with tokens 2 and 3 tied at the third value: the lower id is kept.
+  const double s3 = p[0] + p[1] + p[2];
+  expect_probs(sampling_distribution(kLogits, opts(1, 3, 1)), {p[0] / s3, p[1] / s3, p[2] / s3, 0, 0, 0},
+               "top-k 3 (a tie)");
+  // top-p: the most likely tokens until their mass reaches p (the crossing one kept).
+  ASSERT_LT(p[0], 0.6);
+  ASSERT_GE(p[0] + p[1], 0.6);
+  const double s2 = p[0] + p[1];
+  expect_probs(sampling_distribution(kLogits, opts(1, 0, 0.6)), {p[0] / s2, p[1] / s2, 0, 0, 0, 0}, "top-p 0.6");
+  expect_probs(sampling_distribution(kLogits, opts(1, 0, p[0])), {1, 0, 0, 0, 0, 0}, "top-p at the first mass");
+  // top-k, then top-p within the k kept: token 0 alone passes 0.5 of the two's mass.
+  ASSERT_GT(p[0] / s2, 0.5);
+  expect_probs(sampling_distribution(kLogits, opts(1, 2, 0.5)), {1, 0, 0, 0, 0, 0}, "top-k 2 then top-p 0.5");
+  SamplingOptions g;
+  g.greedy = true;
+  expect_probs(sampling_distribution({0.5f, 3.0f, 3.0f, 1.0f}, g), {0, 1, 0, 0}, "greedy: the lowest id of equals");
+}
+
+TEST(Sampling, DrawsFollowTheDistributionAndTheSeed) {
+  for (const auto& o : {opts(1, 0, 1, 3), opts(0.7, 4, 1, 4), opts(1.3, 0, 0.8, 5)}) {
+    const auto want = sampling_distribution(kLogits, o);
+    TokenSampler sampler(o);
+    std::vector<double> count(kLogits.size(), 0.0);
+    const int n = 200000;
+    for (int i = 0; i < n; ++i) ++count[static_cast<std::size_t>(sampler.next(kLogits))];
+    for (std::size_t t = 0; t < count.size(); ++t) {
+      if (want[t] == 0) {
+        EXPECT_EQ(count[t], 0) << "token " << t << " is outside the kept tokens";
+      }
+      // Five binomial standard deviations.
+      EXPECT_NEAR(count[t] / n, want[t], 5 * std::sqrt(want[t] * (1 - want[t]) / n) + 1e-12) << "token " << t;
+    }
+  }
+  auto draws = [](std::uint64_t seed) {
+    TokenSampler s(opts(1, 0, 1, seed));
+    std::vector<I> v;
+    for (int i = 0; i < 64; ++i) v.push_back(s.next(kLogits));
+    return v;
+  };
+  EXPECT_EQ(draws(9), draws(9));
+  EXPECT_NE(draws(9), draws(10));
+  SamplingOptions g;
+  g.greedy = true;
+  EXPECT_EQ(TokenSampler(g).next(kLogits), 0);
+  EXPECT_EQ(TokenSampler(opts(1, 1, 1)).next(kLogits), 0) << "top-k 1 is greedy";
+}
+
+TEST(Sampling, OptionsOutsideTheirRangesAreRefused) {
+  EXPECT_THROW(validate(opts(0, 0, 1)), ConfigError);
+  EXPECT_THROW(validate(opts(-1, 0, 1)), ConfigError);
+  EXPECT_THROW(validate(opts(1, -1, 1)), ConfigError);
+  EXPECT_THROW(validate(opts(1, 0, 0)), ConfigError);
+  EXPECT_THROW(validate(opts(1, 0, 1.5)), ConfigError);
+  SamplingOptions g = opts(1, 5, 1);
+  g.greedy = true;
+  EXPECT_THROW(validate(g), ConfigError) << "--greedy with --top-k";
+  EXPECT_NO_THROW(validate(opts(0.8, 40, 0.95)));
+}
+
+TEST(Generation, GreedyTakesTheArgmaxOfEachPrefixAndStops) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  Checkpoint ck;
+  hf::CheckpointModel model(ck.dir + "/ckpt", world());
+  const auto& c = model.config();
+  const std::vector<I> prompt = {3, 17, 5, 42};
+  GenerateOptions o;
+  o.sampling.greedy = true;
+  o.max_new_tokens = 6;
+  std::vector<I> streamed;
+  const Generated g = generate(model, prompt, o, [&](I t) { streamed.push_back(t); });
+  ASSERT_EQ(g.tokens.size(), 6u);
+  EXPECT_FALSE(g.stopped);
+  EXPECT_EQ(streamed, g.tokens);
+  std::vector<I> seq = prompt;
+  for (I t : g.tokens) {
+    // The full logits of the prefix (every row; not the last-row path generation reads).
+    const auto all = hf::checkpoint_logits(ck.dir + "/ckpt", seq, world());
+    ASSERT_EQ(static_cast<I>(all.size()), static_cast<I>(seq.size()) * c.vocab_size);
+    const auto last = all.begin() + static_cast<std::ptrdiff_t>((seq.size() - 1) * c.vocab_size);
+    EXPECT_EQ(std::max_element(last, all.end()) - last, t) << "after " << seq.size() << " tokens";
+    seq.push_back(t);
+  }
+  // Stopping on the third token drawn keeps it and ends there.
+  o.stop_token = g.tokens[2];
+  const Generated s = generate(model, prompt, o);
+  const auto first = std::find(g.tokens.begin(), g.tokens.end(), g.tokens[2]) - g.tokens.begin();
+  EXPECT_TRUE(s.stopped);
+  EXPECT_EQ(s.tokens, std::vector<I>(g.tokens.begin(), g.tokens.begin() + first + 1));
+  // Sampling: the same seed, the same tokens.
+  GenerateOptions r;
+  r.sampling = opts(0.9, 20, 0.95, 11);
+  r.max_new_tokens = 8;
+  EXPECT_EQ(generate(model, prompt, r).tokens, generate(model, prompt, r).tokens);
+  // Past the positions, or outside the vocabulary: named.
+  o.max_new_tokens = c.max_position_embeddings;
+  try {
+    generate(model, prompt, o);
+    ADD_FAILURE() << "a generation past the positions ran";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("use --max-new-tokens " + std::to_string(c.max_position_embeddings - 4)),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(model.logits({0, c.vocab_size}), ConfigError);
+  EXPECT_THROW(generate(model, {}, r), ConfigError);
+}
+
+// The isolated device (host code cannot touch its memory): the same tokens
+// and, running the CPU's kernels, the same logits bit for bit.
+TEST(Generation, TheIsolatedDeviceGeneratesAsTheCpu) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  Checkpoint ck;
+  hf::CheckpointModel cpu(ck.dir + "/ckpt", world()), iso(ck.dir + "/ckpt", world(), 0, "cpu-isolated");
+  const std::vector<I> prompt = {1, 2, 3};
+  EXPECT_EQ(cpu.logits(prompt), iso.logits(prompt));
+  EXPECT_EQ(cpu.logits(prompt, true), iso.logits(prompt, true));
+  GenerateOptions o;
+  o.sampling = opts(1, 0, 0.9, 3);
+  o.max_new_tokens = 5;
+  EXPECT_EQ(generate(cpu, prompt, o).tokens, generate(iso, prompt, o).tokens);
+}

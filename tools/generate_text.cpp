@@ -1,0 +1,173 @@
+// generate_text: a prompt's continuation from a pretrain_gpt checkpoint (or a
+// Hugging Face import), on the CPU or a GPU (docs/GENERATION.md).
+//   generate_text --load runs/ckpt --prompt "In the beginning" --vocab-file encoder.json
+//       --merge-file vocab.bpe --max-new-tokens 40 --top-p 0.9 --seed 7
+//   generate_text --load runs/ckpt --prompt-tokens 464,3290,318 --greedy
+// One process (the model at TP 1; a checkpoint of any TP x DP x ZeRO layout
+// loads): start it without mpiexec.
+#include <boost/program_options.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "megazero/comm/consensus.h"
+#include "megazero/comm/mpi_communicator.h"
+#include "megazero/data/gpt2_tokenizer.h"
+#include "megazero/runtime/cli.h"
+#include "megazero/runtime/entry.h"
+#include "tools/text_generation.h"
+
+namespace po = boost::program_options;
+using namespace megazero;
+using I = std::int64_t;
+
+namespace {
+
+std::vector<I> parse_ids(const std::string& list) {
+  std::vector<I> ids;
+  for (std::size_t b = 0; b <= list.size();) {
+    const std::size_t e = std::min(list.find(',', b), list.size());
+    try {
+      std::size_t used = 0;
+      ids.push_back(std::stoll(list.substr(b, e - b), &used));
+      if (used != e - b) throw std::invalid_argument("trailing characters");
+    } catch (const std::exception&) {
+      throw ConfigError("--prompt-tokens '" + list + "': '" + list.substr(b, e - b) + "' is not a token id");
+    }
+    b = e + 1;
+  }
+  return ids;
+}
+
+std::string ids_text(const std::vector<I>& ids) {
+  std::string s;
+  for (I t : ids) s += (s.empty() ? "" : ",") + std::to_string(t);
+  return s;
+}
+
+int run(int argc, char** argv) {
+  try {
+    auto world = MpiCommunicator::world();
+    MZ_REQUIRE(world->size() == 1, "generate_text runs as one process; start it without mpiexec");
+    std::string load, prompt, prompt_tokens, tokenizer_type, vocab_file, merge_file, device = "cpu", output;
+    I heads = 0, stop_token = -2;
+    bool no_stop = false;
+    generation::GenerateOptions o;
+    po::options_description d("generate_text options");
+    d.add_options()("load", po::value(&load),
+                    "a pretrain_gpt --save directory (its newest checkpoint) or one "
+                    "iter_NNNNNNN directory; any TP x DP x ZeRO layout")(
+        "prompt", po::value(&prompt),
+        "the text to continue (needs a tokenizer: --vocab-file and --merge-file, or "
+        "--tokenizer-type ByteLevel)")("prompt-tokens", po::value(&prompt_tokens),
+                                       "the prompt as comma-separated token ids, instead of --prompt")(
+        "max-new-tokens", po::value(&o.max_new_tokens)->default_value(32), "tokens to generate at most")(
+        "greedy", po::bool_switch(&o.sampling.greedy), "take the most likely token each step (no sampling)")(
+        "temperature", po::value(&o.sampling.temperature)->default_value(1.0), "logits divided by it before sampling")(
+        "top-k", po::value(&o.sampling.top_k)->default_value(0), "sample among the k most likely tokens; 0 = all")(
+        "top-p", po::value(&o.sampling.top_p)->default_value(1.0),
+        "sample among the most likely tokens up to this probability mass (nucleus); 1 = all")(
+        "seed", po::value(&o.sampling.seed)->default_value(1234), "the sampler's seed: the same seed, the same text")(
+        "tokenizer-type", po::value(&tokenizer_type),
+        "GPT2BPETokenizer (with --vocab-file and --merge-file; the default when they are given) or ByteLevel")(
+        "vocab-file", po::value(&vocab_file), "GPT-2 encoder.json")("merge-file", po::value(&merge_file),
+                                                                    "GPT-2 vocab.bpe")(
+        "stop-token", po::value(&stop_token),
+        "end after generating this token id; default: the tokenizer's end of text (GPT-2 BPE 50256, ByteLevel 256)")(
+        "no-stop", po::bool_switch(&no_stop), "never stop early: generate --max-new-tokens tokens")(
+        "device", po::value(&device), "where the model runs: cpu, cuda, cuda:N or cpu-isolated")(
+        "num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")(
+        "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
+    bool help = false;
+    d.add_options()("help,h", po::bool_switch(&help), "print this help");
+    parse_command_line(argc, argv, d, "generate_text");
+    if (help) {
+      std::cout << "usage: generate_text --load DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n\n" << d << "\n";
+      return 0;
+    }
+    MZ_REQUIRE(!load.empty(), "--load is required: a checkpoint directory (pretrain_gpt --save, or an import)");
+    MZ_REQUIRE(prompt.empty() != prompt_tokens.empty(),
+               prompt.empty() ? "give the prompt: --prompt TEXT (with a tokenizer) or --prompt-tokens IDS"
+                              : "--prompt and --prompt-tokens both give the prompt; keep one");
+    MZ_REQUIRE(!no_stop || stop_token == -2, "--no-stop and --stop-token contradict each other; keep one");
+    generation::validate(o.sampling);
+    if (tokenizer_type.empty() && (!vocab_file.empty() || !merge_file.empty())) tokenizer_type = "GPT2BPETokenizer";
+    MZ_REQUIRE(!tokenizer_type.empty() || prompt.empty(),
+               "--prompt is text: name its tokenizer with --vocab-file and --merge-file (GPT-2 BPE) or "
+               "--tokenizer-type ByteLevel, or give --prompt-tokens");
+    std::unique_ptr<data::Tokenizer> tok;
+    if (!tokenizer_type.empty()) tok = data::make_tokenizer(tokenizer_type, vocab_file, merge_file);
+    if (!no_stop) {
+      if (stop_token != -2)
+        o.stop_token = stop_token;
+      else if (tok)
+        o.stop_token = tok->eod();
+    }
+
+    const std::vector<I> ids = prompt.empty() ? parse_ids(prompt_tokens) : [&] {
+      const auto enc = tok->encode(prompt);
+      return std::vector<I>(enc.begin(), enc.end());
+    }();
+
+    hf::CheckpointModel model(load, *world, heads, device.empty() ? "cpu" : device);
+    const auto& c = model.config();
+    MZ_REQUIRE(!tok || tok->vocab_size() >= c.vocab_size, "the model's vocabulary of ", c.vocab_size,
+               " tokens is larger than the ", tok ? tok->name() : "", " tokenizer's ", tok ? tok->vocab_size() : 0,
+               ": its tokens could not be written as text; use the tokenizer the data was made with");
+    for (I t : ids)
+      MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--prompt", prompt.empty() ? "-tokens" : "", ": token id ", t,
+                 " is outside the model's vocabulary [0, ", c.vocab_size, ")");
+    std::printf(
+        "generate_text: %s (iteration %lld): %lld layers, hidden %lld, vocabulary %lld; prompt of %zu tokens; "
+        "%s\n",
+        model.checkpoint().c_str(), static_cast<long long>(model.iteration()), static_cast<long long>(c.num_layers),
+        static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size), ids.size(),
+        o.sampling.greedy ? "greedy"
+                          : detail::concat("sampling: temperature ", o.sampling.temperature, ", top-k ",
+                                           o.sampling.top_k, ", top-p ", o.sampling.top_p, ", seed ", o.sampling.seed)
+                                .c_str());
+    std::fflush(stdout);
+    if (tok) {
+      std::printf("%s", tok->decode(std::vector<std::int32_t>(ids.begin(), ids.end())).c_str());
+      std::fflush(stdout);
+    }
+    const auto g = generation::generate(model, ids, o, [&](I t) {
+      if (tok) {
+        std::printf("%s", tok->decode({static_cast<std::int32_t>(t)}).c_str());
+        std::fflush(stdout);
+      }
+    });
+    if (tok) std::printf("\n");
+    std::printf("generate_text: %zu tokens in %.2f s (%.1f tokens/s)%s: %s\n", g.tokens.size(), g.seconds,
+                g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0,
+                g.stopped ? detail::concat(", stopped at token ", *o.stop_token).c_str() : "",
+                ids_text(g.tokens).c_str());
+    if (!output.empty()) {
+      nlohmann::json j;
+      j["prompt_tokens"] = ids;
+      j["tokens"] = g.tokens;
+      j["stopped"] = g.stopped;
+      if (tok) {
+        const std::vector<std::int32_t> all(g.tokens.begin(), g.tokens.end());
+        j["text"] = tok->decode(all);
+      }
+      std::ofstream out(output);
+      MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
+      // Tokens may end inside a UTF-8 character (byte-level vocabularies): invalid bytes become U+FFFD.
+      out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      out.close();
+      MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
+    }
+    return 0;
+  } catch (const AgreedConfigError&) {
+    throw;
+  } catch (const ConfigError& e) {
+    throw AgreedConfigError(e.what());
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return run_main("generate_text", argc, argv, run); }

@@ -8,7 +8,12 @@
 #   NP=8 launch/local/pretrain_gpt.sh --config ... --ranks-per-node 4   # 2 pretend nodes of 4
 #
 # Launcher options (first, before the training flags):
-#   -n N, --np N    ranks (default: $NP, else the number of cores)
+#   -n N, --np N    ranks (default: $NP, else the number of cores; with --hostfile, its slots)
+#   --hostfile FILE the machines to run on, as DeepSpeed's hostfile ("worker-1 slots=8" a line) or
+#                   MPICH's ("worker-1:8"); '#' starts a comment. Every host gets the same number
+#                   of ranks (TP groups sit inside a node), passed on as --ranks-per-node; ranks
+#                   fill the hosts in the file's order. Other hosts are reached by mpiexec over
+#                   ssh and need this build at the same path (a shared file system).
 #   --dry-run-launch  print the mpiexec command and exit
 # Environment knobs:
 #   NP                 ranks when -n is not given
@@ -36,17 +41,52 @@ MZ_RESUME=${MZ_RESUME:-auto}
 
 np=${NP:-}
 print_only=0
+hostfile=""
 while [ $# -gt 0 ]; do
   case "$1" in
     -n|-np|--np) [ $# -ge 2 ] || die "$1 needs a number"; np=$2; shift 2 ;;
     -n*) np=${1#-n}; shift ;;
     --np=*) np=${1#--np=}; shift ;;
+    --hostfile) [ $# -ge 2 ] || die "--hostfile needs a file"; hostfile=$2; shift 2 ;;
+    --hostfile=*) hostfile=${1#--hostfile=}; shift ;;
     --dry-run-launch) print_only=1; shift ;;
     *) break ;;
   esac
 done
 # Cores of this machine (nproc alone would answer OMP_NUM_THREADS).
 cores=$(env -u OMP_NUM_THREADS nproc 2>/dev/null || echo 1)
+# --hostfile: the hosts and their slots, checked; MPICH's form of it for mpiexec -f.
+per_node=""
+if [ -n "$hostfile" ]; then
+  [ -f "$hostfile" ] && [ -r "$hostfile" ] || die "--hostfile $hostfile: no such readable file"
+  hosts=() lineno=0
+  while IFS= read -r line || [ -n "$line" ]; do
+    lineno=$((lineno + 1))
+    line=${line%%#*}
+    line=$(echo "$line" | sed -E 's/^[[:space:]]+//; s/[[:space:]]+$//')
+    [ -n "$line" ] || continue
+    if [[ "$line" =~ ^([^[:space:]:=]+)[[:space:]]+slots=([0-9]+)$ ]] || [[ "$line" =~ ^([^[:space:]:=]+):([0-9]+)$ ]]; then
+      host=${BASH_REMATCH[1]} slots=${BASH_REMATCH[2]}
+    elif [[ "$line" =~ ^[^[:space:]:=]+$ ]]; then
+      die "--hostfile $hostfile, line $lineno: '$line' gives no rank count: write '$line slots=N' (DeepSpeed) or '$line:N' (MPICH)"
+    else
+      die "--hostfile $hostfile, line $lineno: '$line' is neither 'HOST slots=N' (DeepSpeed) nor 'HOST:N' (MPICH)"
+    fi
+    [[ "$slots" =~ ^[1-9][0-9]*$ ]] || die "--hostfile $hostfile, line $lineno: $host has slots=$slots; give it at least 1"
+    for h in ${hosts[@]+"${hosts[@]}"}; do
+      [ "$h" != "$host" ] || die "--hostfile $hostfile, line $lineno: $host is listed twice; give each host one line"
+    done
+    if [ -n "$per_node" ] && [ "$slots" != "$per_node" ]; then
+      die "--hostfile $hostfile, line $lineno: $host has $slots slots but ${hosts[0]} has $per_node; every host runs as many ranks (TP groups sit inside a node, rank r on node r / ranks-per-node): give each the same slots=N"
+    fi
+    per_node=$slots
+    hosts+=("$host")
+  done <"$hostfile"
+  [ ${#hosts[@]} -gt 0 ] || die "--hostfile $hostfile lists no hosts"
+  slots_total=$((per_node * ${#hosts[@]}))
+  [ -n "$np" ] || np=$slots_total
+  [ "$np" = "$slots_total" ] || die "-n $np ranks, but --hostfile $hostfile gives ${#hosts[@]} hosts x $per_node slots = $slots_total; drop -n or make them agree"
+fi
 [ -n "$np" ] || np=$cores
 [[ "$np" =~ ^[1-9][0-9]*$ ]] || die "the rank count must be a positive integer, got '$np' (-n N or NP=N)"
 [ $# -gt 0 ] || die "no training flags; usage: $0 [-n N] --config FILE [pretrain_gpt flags...]"
@@ -72,7 +112,22 @@ flag_value() {  # flag_value NAME: the value of --NAME VALUE / --NAME=VALUE on t
   printf '%s' "$v"
 }
 added=()
-if [ -n "${MZ_RANKS_PER_NODE:-}" ] && ! has_flag ranks-per-node; then added+=(--ranks-per-node "$MZ_RANKS_PER_NODE"); fi
+launch_args=()
+if [ -n "$hostfile" ]; then
+  given=$(flag_value ranks-per-node)
+  [ -z "$given" ] || [ "$given" = "$per_node" ] ||
+    die "--ranks-per-node $given, but --hostfile $hostfile gives each host $per_node ranks; drop --ranks-per-node"
+  [ -z "${MZ_RANKS_PER_NODE:-}" ] || [ "$MZ_RANKS_PER_NODE" = "$per_node" ] ||
+    die "MZ_RANKS_PER_NODE=$MZ_RANKS_PER_NODE, but --hostfile $hostfile gives each host $per_node ranks; unset it"
+  [ -n "$given" ] || added+=(--ranks-per-node "$per_node")
+  hydra_hosts=$(mktemp /tmp/mz-hosts-XXXXXX)
+  trap 'rm -f "$hydra_hosts"' EXIT
+  for h in "${hosts[@]}"; do echo "$h:$per_node"; done >"$hydra_hosts"
+  launch_args=(-f "$hydra_hosts")
+  echo "launch/local/pretrain_gpt.sh: --hostfile $hostfile: $per_node rank(s) on each of ${#hosts[@]} host(s): ${hosts[*]}"
+elif [ -n "${MZ_RANKS_PER_NODE:-}" ] && ! has_flag ranks-per-node; then
+  added+=(--ranks-per-node "$MZ_RANKS_PER_NODE")
+fi
 if [ -n "${MZ_COLLECTIVE_TIMEOUT:-}" ] && ! has_flag collective-timeout; then
   added+=(--collective-timeout "$MZ_COLLECTIVE_TIMEOUT")
 fi
@@ -84,11 +139,13 @@ if [ -n "$save_dir" ] && ! has_flag load; then
   fi
 fi
 
-threads=$(( cores / np )); [ "$threads" -ge 1 ] || threads=1
+threads=$(( cores / ${per_node:-$np} )); [ "$threads" -ge 1 ] || threads=1
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
 # shellcheck disable=SC2206
-cmd=("$MZ_MPIEXEC" -n "$np" ${MZ_MPIEXEC_ARGS:-} "$MZ_PRETRAIN_GPT" "${args[@]}" "${added[@]}")
-echo "launch/local/pretrain_gpt.sh: $np ranks on $(hostname) ($cores cores, OMP_NUM_THREADS=$OMP_NUM_THREADS): ${cmd[*]}"
+cmd=("$MZ_MPIEXEC" -n "$np" ${launch_args[@]+"${launch_args[@]}"} ${MZ_MPIEXEC_ARGS:-} "$MZ_PRETRAIN_GPT" "${args[@]}"
+     ${added[@]+"${added[@]}"})
+where=$(hostname); [ -z "$hostfile" ] || where="the hosts of $hostfile"
+echo "launch/local/pretrain_gpt.sh: $np ranks on $where ($cores cores here, OMP_NUM_THREADS=$OMP_NUM_THREADS): ${cmd[*]}"
 [ $print_only = 1 ] && exit 0
 
 # mpiexec in the background so this shell can pass signals on. They go to the

@@ -7,7 +7,12 @@
 #  3. SIGUSR1 to the launcher: passed to the ranks, checkpoint at the step
 #     boundary, exit code 5; the same command again (2 more iterations)
 #     resumes (--load added because --save holds a checkpoint) and finishes;
-#  4. MZ_RANKS_PER_NODE: pretend nodes (--ranks-per-node) on one machine.
+#  4. MZ_RANKS_PER_NODE: pretend nodes (--ranks-per-node) on one machine;
+#  5. --hostfile (DeepSpeed's "HOST slots=N" and MPICH's "HOST:N"): two
+#     pretend nodes (this host by name and as localhost, which mpiexec starts
+#     without ssh) train as 2 nodes of 1 rank; TP across them is refused by
+#     pretrain_gpt; unequal slots, a line without slots, a duplicate host and
+#     a -n that disagrees are refused naming the line (exit 2).
 set -u
 exe=$1 src=$2
 launcher="$src/launch/local/pretrain_gpt.sh"
@@ -60,4 +65,30 @@ echo "launch_local_e2e: SIGUSR1 to the launcher -> checkpoint at iteration $stop
 
 MZ_RANKS_PER_NODE=1 timeout 60 "$launcher" -n 2 "${tiny[@]}" --dry-run >"$work/rpn.log" 2>&1 || fail "MZ_RANKS_PER_NODE run failed"
 has rpn "^world 2 = TP 1 x DP 2 on 2 nodes of 1 rank"
+
+printf '# two pretend nodes\n%s slots=1\nlocalhost:1   # MPICH form\n' "$(hostname)" >"$work/hosts"
+timeout 60 "$launcher" --hostfile "$work/hosts" "${tiny[@]}" --train-iters 2 >"$work/hostfile.log" 2>&1 ||
+  fail "--hostfile run failed"
+has hostfile "^launch/local/pretrain_gpt.sh: --hostfile .*: 1 rank\\(s\\) on each of 2 host\\(s\\): $(hostname) localhost"
+has hostfile "mpiexec -n 2 -f /tmp/mz-hosts-.* --ranks-per-node 1$"
+has hostfile "^world 2 = TP 1 x DP 2 on 2 nodes of 1 rank"
+has hostfile "^training done: 2 iterations"
+[ -z "$(ls /tmp/mz-hosts-* 2>/dev/null | grep -F -f <(sed -nE 's/.* -f (\/tmp\/mz-hosts-[^ ]+) .*/\1/p' "$work/hostfile.log"))" ] ||
+  fail "the launcher left its MPICH host file behind"
+timeout 60 "$launcher" --hostfile "$work/hosts" "${tiny[@]}" --tensor-model-parallel-size 2 --train-iters 1 \
+  >"$work/hostfile_tp.log" 2>&1
+[ $? = 2 ] || fail "TP 2 over two hosts of 1 rank was not refused"
+refused() {  # refused NAME REGEX HOSTFILE_TEXT [LAUNCHER_ARGS...]
+  local name=$1 regex=$2 text=$3; shift 3
+  printf '%b' "$text" >"$work/$name.hosts"
+  timeout 30 "$launcher" "$@" --hostfile "$work/$name.hosts" "${tiny[@]}" >"$work/$name.log" 2>&1
+  [ $? = 2 ] || fail "$name: not refused with exit 2"
+  has "$name" "$regex"
+}
+refused unequal "line 2: b has 4 slots but a has 2; every host runs as many ranks" 'a slots=2\nb:4\n'
+refused no_slots "line 2: 'b' gives no rank count: write 'b slots=N' \\(DeepSpeed\\) or 'b:N' \\(MPICH\\)" 'a:1\nb\n'
+refused twice "line 3: a is listed twice" '# c\na:1\na slots=1\n'
+refused np "-n 3 ranks, but --hostfile .* gives 2 hosts x 1 slots = 2; drop -n" 'a:1\nb:1\n' -n 3
+refused empty "lists no hosts" '# nothing\n'
+echo "launch_local_e2e: --hostfile: 2 pretend nodes trained; TP across hosts and bad host files refused"
 echo "launch_local_e2e: all passed"

@@ -25,6 +25,20 @@ double all_reduce_value(Communicator& comm, double v, ReduceOp op) {
   return t.host_data<double>()[0];
 }
 
+RankSpread rank_spread(Communicator& comm, double v) {
+  auto cpu = make_device(DeviceKind::CPU);
+  Tensor t = Tensor::empty(cpu, {2}, DType::F64, MemoryCategory::Workspace);
+  t.host_data<double>()[0] = v;
+  t.host_data<double>()[1] = -v;
+  comm.all_reduce(t, ReduceOp::Max).wait();
+  const double mx = t.host_data<double>()[0];
+  // The lowest rank holding the max: the max of (size - rank) over them.
+  Tensor who = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::Workspace);
+  who.host_data<std::int64_t>()[0] = v == mx ? comm.size() - comm.rank() : 0;
+  comm.all_reduce(who, ReduceOp::Max).wait();
+  return {-t.host_data<double>()[1], mx, comm.size() - static_cast<int>(who.host_data<std::int64_t>()[0])};
+}
+
 std::string broadcast_string(Communicator& comm, const std::string& s, int root) {
   auto cpu = make_device(DeviceKind::CPU);
   Tensor len = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::CommBuffers);

@@ -24,6 +24,14 @@ void agree_on_error(Communicator& comm, const std::string& local_error);
 // One value reduced over `comm` (a loss, a time, a byte count, a flag).
 double all_reduce_value(Communicator& comm, double v, ReduceOp op);
 
+// The min and max over `comm` of a per-rank value and the rank holding the
+// max (the lowest such rank: the slowest one, for a time). Collective.
+struct RankSpread {
+  double min = 0, max = 0;
+  int slowest = 0;
+};
+RankSpread rank_spread(Communicator& comm, double v);
+
 // Root's string on every rank. Collective over `comm`.
 std::string broadcast_string(Communicator& comm, const std::string& s, int root = 0);
 

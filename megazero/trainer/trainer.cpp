@@ -22,7 +22,6 @@
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/kernels/conventions.h"
 #include "megazero/kernels/gemm.h"
-#include "megazero/kernels/linear_epilogues.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/comm/nccl_communicator.h"
 #endif
@@ -33,6 +32,7 @@
 #include "megazero/train/stop_signals.h"
 #include "megazero/train/tensorboard_writer.h"
 #include "megazero/train/train_step.h"
+#include "megazero/trainer/iteration_log.h"
 #include "megazero/trainer/kernel_profile.h"
 #include "megazero/trainer/resume.h"
 #include "megazero/zero/partitioned_activations.h"
@@ -44,26 +44,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// min, max and the slowest rank of a per-rank value over the world.
-struct Spread {
-  double min, max;
-  int slowest;
-};
-Spread spread(Communicator& world, double v) {
-  auto cpu = make_device(DeviceKind::CPU);
-  Tensor t = Tensor::empty(cpu, {3}, DType::F64, MemoryCategory::Workspace);
-  t.host_data<double>()[0] = v;
-  t.host_data<double>()[1] = -v;
-  t.host_data<double>()[2] = 0;
-  world.all_reduce(t, ReduceOp::Max).wait();
-  const double mx = t.host_data<double>()[0];
-  Tensor who = Tensor::empty(cpu, {1}, DType::I64, MemoryCategory::Workspace);
-  who.host_data<std::int64_t>()[0] = v == mx ? world.size() - world.rank() : 0;
-  world.all_reduce(who, ReduceOp::Max).wait();
-  return {-t.host_data<double>()[1], mx, world.size() - static_cast<int>(who.host_data<std::int64_t>()[0])};
-}
-
-double max_over(Communicator& world, double v) { return spread(world, v).max; }
+double max_over(Communicator& world, double v) { return rank_spread(world, v).max; }
 
 // Test fault injection: MEGAZERO_TEST_KILL_IN_SAVE=RANK[@ITERATION] makes that
 // world rank die with its shard half written (during the save of ITERATION, or
@@ -80,18 +61,6 @@ int kill_in_save_rank(std::int64_t iteration) {
 std::int64_t nan_loss_at() {
   const char* v = std::getenv("MEGAZERO_TEST_NAN_LOSS_AT");
   return v ? std::stoll(v) : -1;
-}
-
-std::string fixed1(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.1f", v);
-  return b;
-}
-
-std::string fixed3(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.3f", v);
-  return b;
 }
 
 }  // namespace
@@ -584,11 +553,10 @@ TrainResult Trainer::Impl::train() {
   result.last_iteration = start_iter;
   result.consumed_samples = consumed_at_start;
   const auto t_start = Clock::now();
-  double window_time = 0, window_data = 0, window_step = 0, first_loss = 0, last_loss = 0;
-  double window_fwd = 0, window_bwd = 0, window_opt = 0, window_comm = 0, window_waits = 0, window_issue = 0;
-  double window_tokens = 0;  // the batch can ramp up: tokens/s and FLOPs count what the window trained
-  std::int64_t nan_total = 0, window_iters = 0;
-  bool epilogues_reported = false, autotune_reported = false;
+  double first_loss = 0, last_loss = 0;
+  std::int64_t nan_total = 0;
+  IterationLog log({&world, device.get(), host.get(), &args, root, flops_per_token, model_flops_per_token, peak,
+                    metrics.is_open() ? &metrics : nullptr, tensorboard ? &*tensorboard : nullptr});
   const std::int64_t nan_at = nan_loss_at();
   bool first = true;
   std::optional<std::vector<MicroBatch>> next_mbs;  // the next iteration's, made during this step
@@ -647,18 +615,8 @@ TrainResult Trainer::Impl::train() {
     StepResult r = train_step(model, engine, groups->dp(), mbs, opt, scaler, it, prefetch);
     if (it + 1 == nan_at) r.loss = std::nan("");
     const double t_step = seconds_since(t1);
-    window_time += seconds_since(t0);
+    log.add(r, seconds_since(t0), t_data, t_step, static_cast<double>(batch * S));
     if (profile) profile->after(it + 1);
-    ++window_iters;
-    window_tokens += static_cast<double>(batch * S);
-    window_data += t_data;
-    window_step += t_step;
-    window_fwd += r.forward_s;
-    window_bwd += r.backward_s;
-    window_opt += r.optimizer_s;
-    window_comm += r.exposed_comm_s;
-    window_waits += static_cast<double>(r.host_waits);
-    window_issue += r.host_issue_s;
     result.losses.push_back(r.loss);
     result.learning_rates.push_back(r.lr);
     result.weight_decays.push_back(r.weight_decay);
@@ -680,121 +638,15 @@ TrainResult Trainer::Impl::train() {
             "--on-nan-loss skip to skip such iterations"));
     }
     if ((it + 1) % args.log_interval == 0 || it + 1 == args.train_iters) {
-      const std::int64_t n = window_iters;
-      const double per_iter = window_time / static_cast<double>(n);
-      const auto data_spread = spread(world, window_data / static_cast<double>(n));
-      const auto step_spread = spread(world, window_step / static_cast<double>(n));
-      const double nd = static_cast<double>(n);
-      const auto fwd = spread(world, window_fwd / nd), bwd = spread(world, window_bwd / nd);
-      const auto optim_t = spread(world, window_opt / nd), comm = spread(world, window_comm / nd);
-      const double host_waits = max_over(world, window_waits / nd);
-      const double host_issue = max_over(world, window_issue / nd);
-      const double peak_mib = max_over(world, static_cast<double>(device->memory().total_peak())) / 1048576.0;
-      const auto mem = device->memory().snapshot();
-      const double ckpt_peak = max_over(
-          world, static_cast<double>(
-                     mem.by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)].peak_bytes));
-      const double heap_peak = max_over(world, static_cast<double>(mem.heap_peak_bytes));
-      const double arena_misses = max_over(world, static_cast<double>(device->arena_stats().misses));
-      const double act_peak = max_over(
-          world,
-          static_cast<double>(mem.by_category[static_cast<std::size_t>(MemoryCategory::Activations)].peak_bytes));
-      const double host_ckpt_peak = max_over(
-          world, static_cast<double>(host->memory()
-                                         .snapshot()
-                                         .by_category[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
-                                         .peak_bytes));
-      const double tokens_per_s = window_tokens / window_time;
-      const double tflops = flops_per_token * tokens_per_s / world.size() / 1e12;
-      const double mfu = model_flops_per_token * tokens_per_s / world.size() / 1e12 / peak;
-      const std::int64_t consumed = consumed_before(it + 1);
-      const double eta = per_iter * static_cast<double>(args.train_iters - it - 1);
-      const double params_norm = args.log_params_norm ? engine.params_norm() : 0.0;     // collective: every rank
-      const std::int64_t zeros = args.log_num_zeros_in_grad ? engine.grad_zeros() : 0;  // collective too
-      if (root) {
-        std::printf(
-            " iteration %8lld/%8lld | consumed samples %10lld | elapsed time per iteration (ms): %.1f | learning rate "
-            "%.3E | global batch size %5lld | lm loss %.6E | loss scale %.1f | grad norm %.3f%s%s | number of skipped "
-            "iterations %3lld | number of nan iterations %3lld | tokens/s %.0f | TFLOP/s per rank %.4f | MFU %.1f%% | "
-            "peak memory (max over ranks) %.1f MiB%s | ETA %.0f s\n",
-            static_cast<long long>(it + 1), static_cast<long long>(args.train_iters), static_cast<long long>(consumed),
-            per_iter * 1e3, r.lr, static_cast<long long>(batch), r.loss, r.loss_scale, r.stats.grad_norm,
-            args.log_params_norm ? (" | params norm " + fixed3(params_norm)).c_str() : "",
-            args.log_num_zeros_in_grad ? (" | num zeros " + std::to_string(static_cast<long long>(zeros))).c_str() : "",
-            static_cast<long long>(scaler.skipped_steps()), static_cast<long long>(nan_total), tokens_per_s, tflops,
-            100.0 * mfu, peak_mib,
-            args.device_arena ? (" | arena misses " + std::to_string(static_cast<long long>(arena_misses))).c_str()
-                              : "",
-            eta);
-        std::printf(
-            "   timers (ms, min/max over ranks): data %.1f/%.1f | forward %.1f/%.1f | backward %.1f/%.1f | "
-            "optimizer %.1f/%.1f | exposed DP comm %.1f/%.1f | step %.1f/%.1f (slowest: rank %d)%s\n",
-            data_spread.min * 1e3, data_spread.max * 1e3, fwd.min * 1e3, fwd.max * 1e3, bwd.min * 1e3, bwd.max * 1e3,
-            optim_t.min * 1e3, optim_t.max * 1e3, comm.min * 1e3, comm.max * 1e3, step_spread.min * 1e3,
-            step_spread.max * 1e3, step_spread.slowest,
-            device->host_accessible() ? ""
-            : device->kind() == DeviceKind::CUDA
-                ? detail::concat(" | host waits per iteration ", host_waits, " | forward+backward issued in ",
-                                 fixed1(host_issue * 1e3), " ms of host time")
-                      .c_str()
-                : detail::concat(" | host waits per iteration ", host_waits, " (each drains the device's queue)")
-                      .c_str());
-        if (layers::forward_epilogues(args.model.gemm_epilogues) &&
-            !epilogues_reported) {  // once: which GEMMs cuBLASLt took
-          std::printf("   %s\n", kernels::linear_epilogues_report(*device).c_str());
-          epilogues_reported = true;
-        }
-        if (args.gemm_autotune && !autotune_reported) {  // once: what timing the GEMMs' algorithms kept
-          const std::string line = gemm_autotune_report();
-          std::printf("   %s\n", line.empty() ? "GEMM autotune: no problem timed yet" : line.c_str());
-          autotune_reported = !line.empty();
-        }
-        std::fflush(stdout);
-        if (metrics.is_open())
-          metrics << "{\"iteration\": " << it + 1 << ", \"consumed_samples\": " << consumed
-                  << ", \"global_batch_size\": " << batch << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr
-                  << ", \"loss_scale\": " << r.loss_scale << ", \"grad_norm\": " << r.stats.grad_norm
-                  << (args.log_params_norm ? detail::concat(", \"params_norm\": ", params_norm) : std::string())
-                  << (args.log_num_zeros_in_grad ? detail::concat(", \"num_zeros\": ", zeros) : std::string())
-                  << ", \"skipped\": " << scaler.skipped_steps() << ", \"nan_iterations\": " << nan_total
-                  << ", \"ms_per_iteration\": " << per_iter * 1e3 << ", \"tokens_per_s\": " << tokens_per_s
-                  << ", \"tflops_per_rank\": " << tflops << ", \"mfu\": " << mfu
-                  << ", \"peak_memory_bytes\": " << peak_mib * 1048576.0 << ", \"forward_ms\": " << fwd.max * 1e3
-                  << ", \"backward_ms\": " << bwd.max * 1e3 << ", \"optimizer_ms\": " << optim_t.max * 1e3
-                  << ", \"exposed_dp_comm_ms\": " << comm.max * 1e3 << ", \"host_waits_per_iteration\": " << host_waits
-                  << ", \"host_issue_forward_backward_ms\": " << host_issue * 1e3
-                  << ", \"slowest_rank\": " << step_spread.slowest << ", \"activations_peak_bytes\": " << act_peak
-                  << ", \"checkpoints_peak_bytes\": " << ckpt_peak << ", \"first_fit_heap_peak_bytes\": " << heap_peak
-                  << ", \"host_checkpoints_peak_bytes\": " << host_ckpt_peak << ", \"arena_misses\": " << arena_misses
-                  << "}\n"
-                  << std::flush;
-      }
-      if (tensorboard) {  // Megatron's tags where it has them
-        const std::int64_t step = it + 1;
-        scalar("lm loss", step, r.loss);
-        scalar("learning-rate", step, r.lr);
-        scalar("grad-norm", step, r.stats.grad_norm);
-        if (args.log_params_norm) scalar("params-norm", step, params_norm);
-        if (args.log_num_zeros_in_grad) scalar("num-zeros", step, static_cast<double>(zeros));
-        scalar("loss-scale", step, r.loss_scale);
-        scalar("batch-size", step, static_cast<double>(batch));
-        scalar("skipped-iterations", step, static_cast<double>(scaler.skipped_steps()));
-        scalar("nan-iterations", step, static_cast<double>(nan_total));
-        scalar("iteration-time-ms", step, per_iter * 1e3);
-        scalar("throughput/tokens-per-second", step, tokens_per_s);
-        scalar("throughput/tflops-per-rank", step, tflops);
-        scalar("throughput/mfu", step, mfu);
-        scalar("memory/peak-mib", step, peak_mib);
-        scalar("timers/data-ms", step, data_spread.max * 1e3);
-        scalar("timers/forward-ms", step, fwd.max * 1e3);
-        scalar("timers/backward-ms", step, bwd.max * 1e3);
-        scalar("timers/optimizer-ms", step, optim_t.max * 1e3);
-        scalar("timers/exposed-dp-comm-ms", step, comm.max * 1e3);
-        tensorboard->flush();
-      }
-      window_time = window_data = window_step = window_fwd = window_bwd = window_opt = window_comm = window_waits =
-          window_issue = window_tokens = 0;
-      window_iters = 0;
+      IterationLog::Report at;
+      at.iteration = it + 1;
+      at.consumed_samples = consumed_before(it + 1);
+      at.global_batch = batch;
+      at.skipped = scaler.skipped_steps();
+      at.nan_iterations = nan_total;
+      at.params_norm = args.log_params_norm ? engine.params_norm() : 0.0;  // collective: every rank
+      at.zeros = args.log_num_zeros_in_grad ? engine.grad_zeros() : 0;     // collective too
+      log.report(at, r);
     }
     if (args.eval_interval > 0 && args.eval_iters > 0 && (it + 1) % args.eval_interval == 0 &&
         it + 1 < args.train_iters) {

@@ -15,6 +15,7 @@
 
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/core/error.h"
+#include "tools/checkpoint_model.h"
 #include "tools/hf_gpt2.h"
 #include "tools/text_generation.h"
 #include "zero_harness.h"

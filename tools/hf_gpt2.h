@@ -28,6 +28,7 @@
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/comm/communicator.h"
 #include "megazero/core/dtype.h"
+#include "tools/checkpoint_model.h"  // CheckpointModel, checkpoint_logits
 
 namespace megazero::hf {
 
@@ -127,31 +128,5 @@ struct ImportResult {
 };
 // `self` must have one rank (the model is built at TP 1 on it).
 ImportResult import_checkpoint(const ImportOptions& o, Communicator& self);
-
-// A checkpoint's model at TP 1 on `self` (one rank), its fp32 master weights
-// loaded once, no dropout, on `device` (cpu, cpu-isolated, cuda[:N]); the
-// attention is the unfused one, which runs any sequence length in fp32.
-class CheckpointModel {
- public:
-  CheckpointModel(const std::string& load, Communicator& self, std::int64_t heads = 0,
-                  const std::string& device = "cpu");
-  ~CheckpointModel();
-  const layers::GPTConfig& config() const;
-  const std::string& checkpoint() const;  // the iter_* directory loaded
-  std::int64_t iteration() const;
-  // Logits [tokens.size(), vocab] (the real vocabulary) of one sequence of 1
-  // to max-position-embeddings ids inside the vocabulary (ConfigError
-  // naming --tokens otherwise). last_only: only the last position's row
-  // [vocab], the one a generation step reads (one row copied to the host).
-  std::vector<float> logits(const std::vector<std::int64_t>& tokens, bool last_only = false);
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
-
-// CheckpointModel(load, self, heads, device).logits(tokens).
-std::vector<float> checkpoint_logits(const std::string& load, const std::vector<std::int64_t>& tokens,
-                                     Communicator& self, std::int64_t heads = 0, const std::string& device = "cpu");
 
 }  // namespace megazero::hf

@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "tools/hf_gpt2.h"
+#include "tools/checkpoint_model.h"
 
 namespace megazero::generation {
 

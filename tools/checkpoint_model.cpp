@@ -1,0 +1,110 @@
+#include "tools/checkpoint_model.h"
+
+#include <algorithm>
+
+#include "megazero/core/error.h"
+#include "tools/hf_gpt2.h"
+
+namespace megazero::hf {
+
+using layers::GPTConfig;
+using I = std::int64_t;
+
+Tp1Model::Tp1Model(const GPTConfig& cfg, Communicator& self, const std::string& device_spec)
+    : device(make_device(device_spec)) {
+  MZ_CHECK(self.size() == 1, "the TP 1 model runs on one rank");
+  MZ_REQUIRE(device->has_storage(), "--device ", device_spec, ": the meta device holds no weights; use cpu or cuda");
+  tp = self.split(0, 0, "convert-tp");
+  dp = self.split(0, 0, "convert-dp");
+  model = std::make_unique<layers::GPTModel>(cfg, layers::TpContext{tp.get(), device, DType::F32}, params);
+  engine = std::make_unique<zero::ZeroEngine>(params, *dp, *tp, device, zero::ZeroConfig{});
+}
+
+void Tp1Model::set_master(std::size_t i, const std::vector<float>& values) {
+  const I begin = engine->layout().param(i).begin - engine->owned().begin;
+  const I n = engine->parameters()[i]->local_numel();
+  Tensor host = Tensor::zeros(make_device(DeviceKind::CPU), {n}, DType::F32, MemoryCategory::Workspace);
+  std::copy_n(values.begin(), std::min<std::size_t>(values.size(), static_cast<std::size_t>(n)),
+              host.host_data<float>());
+  engine->owned_state().master.narrow(0, begin, n).copy_from(host);
+}
+
+struct CheckpointModel::Impl {
+  GPTConfig config;
+  std::string dir;
+  I iteration = 0;
+  std::unique_ptr<Tp1Model> m;
+  std::shared_ptr<Device> host = make_device(DeviceKind::CPU);
+};
+
+CheckpointModel::CheckpointModel(const std::string& load, Communicator& self, I heads, const std::string& device)
+    : impl_(std::make_unique<Impl>()) {
+  const auto opened = open_checkpoint(load);
+  checkpoint::CheckpointReader& reader = *opened;
+  impl_->dir = reader.dir();
+  impl_->iteration = reader.manifest().state.iteration;
+  GPTConfig c = model_config_of(reader.manifest(), impl_->dir, heads);
+  // Forward passes of any length up to the positions; sequence length and
+  // parallelism do not change the weights.
+  c.seq_length = c.max_position_embeddings;
+  c.hidden_dropout = c.attention_dropout = 0;
+  c.attention_backend = "unfused";
+  c.sequence_parallel = false;
+  impl_->config = c;
+  impl_->m = std::make_unique<Tp1Model>(c, self, device);
+  auto& m = *impl_->m;
+  const auto& params = m.engine->parameters();
+  for (std::size_t i = 0; i < params.size(); ++i)
+    // At TP 1 a shard is the global tensor; the saved vocab padding may differ (rows beyond the vocabulary are 0).
+    m.set_master(i, reader.global_tensor(params[i]->name, "master"));
+  m.engine->load_finished();
+  m.model->set_param_hooks(m.engine.get());
+  m.model->keep_logits(true);  // the loss consumes its logits in place
+}
+
+CheckpointModel::~CheckpointModel() = default;
+const GPTConfig& CheckpointModel::config() const { return impl_->config; }
+const std::string& CheckpointModel::checkpoint() const { return impl_->dir; }
+I CheckpointModel::iteration() const { return impl_->iteration; }
+
+std::vector<float> CheckpointModel::logits(const std::vector<I>& tokens, bool last_only) {
+  const GPTConfig& c = impl_->config;
+  auto& m = *impl_->m;
+  const I S = static_cast<I>(tokens.size());
+  MZ_REQUIRE(S > 0 && S <= c.max_position_embeddings, "--tokens: give 1 to ", c.max_position_embeddings,
+             " token ids (max-position-embeddings), got ", S);
+  for (I t : tokens)
+    MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--tokens: id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  // Tokens are made on the host and copied to the model's device.
+  Tensor host_ids = Tensor::empty(impl_->host, {S}, DType::I64, MemoryCategory::Activations);
+  Tensor host_targets = Tensor::empty(impl_->host, {S}, DType::I64, MemoryCategory::Activations);
+  for (I i = 0; i < S; ++i) {
+    host_ids.host_data<I>()[i] = tokens[static_cast<std::size_t>(i)];
+    host_targets.host_data<I>()[i] = tokens[static_cast<std::size_t>((i + 1) % S)];
+  }
+  Tensor ids = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
+  Tensor targets = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
+  ids.copy_from(host_ids);
+  targets.copy_from(host_targets);
+  layers::StepInfo step;
+  step.micro_batch = 1;
+  step.seq = S;
+  step.training = false;
+  m.model->forward(ids, targets, step);
+  // [S, padded vocab], fp32, on the model's device: the rows wanted, then the real vocabulary of each.
+  const Tensor rows = last_only ? m.model->logits().narrow(0, S - 1, 1) : m.model->logits();
+  Tensor host_logits = Tensor::empty(impl_->host, rows.shape(), DType::F32, MemoryCategory::Workspace);
+  host_logits.copy_from(rows);
+  const I n = rows.size(0), cols = rows.size(1);
+  std::vector<float> out(static_cast<std::size_t>(n * c.vocab_size));
+  for (I s = 0; s < n; ++s)
+    std::copy_n(host_logits.host_data<float>() + s * cols, c.vocab_size, out.begin() + s * c.vocab_size);
+  return out;
+}
+
+std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self, I heads,
+                                     const std::string& device) {
+  return CheckpointModel(load, self, heads, device).logits(tokens);
+}
+
+}  // namespace megazero::hf

@@ -107,4 +107,20 @@ std::vector<float> checkpoint_logits(const std::string& load, const std::vector<
   return CheckpointModel(load, self, heads, device).logits(tokens);
 }
 
+std::vector<I> parse_token_ids(const std::string& list, const std::string& flag) {
+  std::vector<I> ids;
+  for (std::size_t b = 0; b <= list.size();) {
+    const std::size_t e = std::min(list.find(',', b), list.size());
+    try {
+      std::size_t used = 0;
+      ids.push_back(std::stoll(list.substr(b, e - b), &used));
+      if (used != e - b) throw std::invalid_argument("trailing characters");
+    } catch (const std::exception&) {
+      throw ConfigError(flag + " '" + list + "': '" + list.substr(b, e - b) + "' is not a token id");
+    }
+    b = e + 1;
+  }
+  return ids;
+}
+
 }  // namespace megazero::hf

@@ -54,6 +54,9 @@ class CheckpointModel {
   std::unique_ptr<Impl> impl_;
 };
 
+// "464,3290,318" as ids; ConfigError naming `flag` and the piece that is not an id.
+std::vector<std::int64_t> parse_token_ids(const std::string& list, const std::string& flag);
+
 // CheckpointModel(load, self, heads, device).logits(tokens).
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<std::int64_t>& tokens,
                                      Communicator& self, std::int64_t heads = 0, const std::string& device = "cpu");

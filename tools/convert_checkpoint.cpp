@@ -124,18 +124,7 @@ int do_logits(int argc, char** argv, Communicator& self) {
   if (!parse(argc, argv, d, "convert_checkpoint logits")) return 0;
   MZ_REQUIRE(!tokens.empty(), "--tokens is required, e.g. --tokens 464,3290,318");
   MZ_REQUIRE(!output.empty(), "--output is required: the file to write the logits to");
-  std::vector<std::int64_t> ids;
-  for (std::size_t b = 0; b <= tokens.size();) {
-    const std::size_t e = std::min(tokens.find(',', b), tokens.size());
-    try {
-      std::size_t used = 0;
-      ids.push_back(std::stoll(tokens.substr(b, e - b), &used));
-      if (used != e - b) throw std::invalid_argument("trailing characters");
-    } catch (const std::exception&) {
-      throw ConfigError("--tokens '" + tokens + "': '" + tokens.substr(b, e - b) + "' is not a token id");
-    }
-    b = e + 1;
-  }
+  const std::vector<std::int64_t> ids = hf::parse_token_ids(tokens, "--tokens");
   const auto logits = hf::checkpoint_logits(load, ids, self, heads, device);
   const std::size_t V = logits.size() / ids.size();
   std::ofstream out(output);

@@ -25,22 +25,6 @@ using I = std::int64_t;
 
 namespace {
 
-std::vector<I> parse_ids(const std::string& list) {
-  std::vector<I> ids;
-  for (std::size_t b = 0; b <= list.size();) {
-    const std::size_t e = std::min(list.find(',', b), list.size());
-    try {
-      std::size_t used = 0;
-      ids.push_back(std::stoll(list.substr(b, e - b), &used));
-      if (used != e - b) throw std::invalid_argument("trailing characters");
-    } catch (const std::exception&) {
-      throw ConfigError("--prompt-tokens '" + list + "': '" + list.substr(b, e - b) + "' is not a token id");
-    }
-    b = e + 1;
-  }
-  return ids;
-}
-
 std::string ids_text(const std::vector<I>& ids) {
   std::string s;
   for (I t : ids) s += (s.empty() ? "" : ",") + std::to_string(t);
@@ -106,7 +90,7 @@ int run(int argc, char** argv) {
         o.stop_token = tok->eod();
     }
 
-    const std::vector<I> ids = prompt.empty() ? parse_ids(prompt_tokens) : [&] {
+    const std::vector<I> ids = prompt.empty() ? hf::parse_token_ids(prompt_tokens, "--prompt-tokens") : [&] {
       const auto enc = tok->encode(prompt);
       return std::vector<I>(enc.begin(), enc.end());
     }();

@@ -3,8 +3,10 @@
 #include <nccl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "megazero/comm/fault_tolerance.h"
+#include "megazero/comm/nccl_plan.h"
 #include "megazero/comm/watchdog.h"
 #include "megazero/core/error.h"
 
@@ -58,27 +60,6 @@ ncclRedOp_t nccl_op(DType t, ReduceOp op, const std::string& comm) {
 
 std::size_t count_of(const Tensor& t) { return static_cast<std::size_t>(t.numel()); }
 
-bool overlaps(const Tensor& a, const Tensor& b) {
-  if (a.buffer() != b.buffer()) return false;
-  const auto* a0 = static_cast<const char*>(a.data());
-  const auto* b0 = static_cast<const char*>(b.data());
-  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
-bool all_equal(const std::vector<std::int64_t>& c) {
-  for (auto x : c)
-    if (x != c.front()) return false;
-  return true;
-}
-
-// Byte offset of each rank's chunk.
-std::vector<std::size_t> byte_displacements(const std::vector<std::int64_t>& counts, DType t) {
-  std::vector<std::size_t> d(counts.size(), 0);
-  for (std::size_t i = 1; i < counts.size(); ++i)
-    d[i] = d[i - 1] + static_cast<std::size_t>(counts[i - 1]) * dtype_size(t);
-  return d;
-}
-
 // ncclGroupStart/End. A group left open (an exception between the two) would
 // swallow every later NCCL call of this thread, so the destructor closes it.
 class NcclGroup {
@@ -100,6 +81,45 @@ class NcclGroup {
   const std::string& comm_;
   bool open_ = true;
 };
+
+// A plan's calls on `stream` (nccl_plan.h): copies as device-to-device
+// copies, the collective calls in one NCCL group where the plan says so.
+void issue(const nccl_plan::Plan& plan, ncclDataType_t type, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream,
+           const std::string& name) {
+  std::optional<NcclGroup> group;
+  for (const auto& c : plan.calls) {
+    if (c.op == nccl_plan::Op::Copy) {
+      if (group) {
+        group->end();
+        group.reset();
+      }
+      MZ_CUDA_CHECK(cudaMemcpyAsync(c.recv, c.send, c.count, cudaMemcpyDeviceToDevice, stream));
+      continue;
+    }
+    if (plan.group && !group) group.emplace(name);
+    switch (c.op) {
+      case nccl_plan::Op::ReduceScatter:
+        check_nccl(ncclReduceScatter(c.send, c.recv, c.count, type, op, comm, stream), "ncclReduceScatter", name,
+                   __FILE__, __LINE__);
+        break;
+      case nccl_plan::Op::AllGather:
+        check_nccl(ncclAllGather(c.send, c.recv, c.count, type, comm, stream), "ncclAllGather", name, __FILE__,
+                   __LINE__);
+        break;
+      case nccl_plan::Op::Reduce:
+        check_nccl(ncclReduce(c.send, c.recv, c.count, type, op, c.root, comm, stream),
+                   "ncclReduce (uneven reduce_scatter)", name, __FILE__, __LINE__);
+        break;
+      case nccl_plan::Op::Broadcast:
+        check_nccl(ncclBroadcast(c.send, c.recv, c.count, type, c.root, comm, stream),
+                   "ncclBroadcast (uneven all_gather)", name, __FILE__, __LINE__);
+        break;
+      case nccl_plan::Op::Copy:
+        break;
+    }
+  }
+  if (group) group->end();
+}
 
 }  // namespace
 
@@ -297,37 +317,15 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_reduce_scatter(const Tensor& 
                                                                   const std::vector<std::int64_t>& counts) {
   check_on_device(input, "reduce_scatter input");
   check_on_device(output, "reduce_scatter output");
-  const ncclDataType_t type = nccl_type(input.dtype());
-  const ncclRedOp_t rop = nccl_op(input.dtype(), op, name());
-  const auto displ = byte_displacements(counts, input.dtype());
-  const auto* in = static_cast<const char*>(input.data());
-  const auto me = static_cast<std::size_t>(rank());
-  // In place (output is this rank's chunk of input) is NCCL's own in-place
-  // form; any other overlap would race, so reduce into a staging buffer.
-  const bool in_place = output.data() == in + displ[me];
+  const nccl_plan::Span in{input.data(), input.nbytes()}, out{output.data(), output.nbytes()};
+  const std::size_t elem = dtype_size(input.dtype());
   CudaDeviceGuard guard(device_->index());
   std::shared_ptr<Buffer> staging;
-  void* recv = output.data();
-  if (!in_place && overlaps(input, output)) {
+  if (nccl_plan::reduce_scatter_staging(in, out, counts, elem, rank()))
     staging = device_->allocate(output.nbytes(), MemoryCategory::CommBuffers, "nccl reduce_scatter staging");
-    recv = staging->data();
-  }
   begin_op();  // after the staging allocation, which is ordered on the compute stream
-  if (all_equal(counts)) {
-    MZ_NCCL_CHECK(ncclReduceScatter(in, recv, static_cast<std::size_t>(counts.front()), type, rop, comm_, stream_),
-                  "ncclReduceScatter");
-  } else {
-    // Uneven chunks: one reduce per rank onto its own slice, fused by the group.
-    NcclGroup group(name());
-    for (int r = 0; r < size(); ++r) {
-      const auto ri = static_cast<std::size_t>(r);
-      MZ_NCCL_CHECK(ncclReduce(in + displ[ri], r == rank() ? recv : nullptr, static_cast<std::size_t>(counts[ri]), type,
-                               rop, r, comm_, stream_),
-                    "ncclReduce (uneven reduce_scatter)");
-    }
-    group.end();
-  }
-  if (staging) MZ_CUDA_CHECK(cudaMemcpyAsync(output.data(), recv, output.nbytes(), cudaMemcpyDeviceToDevice, stream_));
+  issue(nccl_plan::reduce_scatter(in, out, counts, elem, rank(), staging ? staging->data() : nullptr),
+        nccl_type(input.dtype()), nccl_op(input.dtype(), op, name()), comm_, stream_, name());
   return end_op("reduce_scatter", {std::move(staging), input.buffer(), output.buffer()});
 }
 
@@ -335,38 +333,15 @@ std::shared_ptr<WorkImpl> NcclCommunicator::device_all_gather(const Tensor& inpu
                                                               const std::vector<std::int64_t>& counts) {
   check_on_device(input, "all_gather input");
   check_on_device(output, "all_gather output");
-  const ncclDataType_t type = nccl_type(input.dtype());
-  const auto displ = byte_displacements(counts, input.dtype());
-  auto* out = static_cast<char*>(output.data());
-  const auto me = static_cast<std::size_t>(rank());
-  // ZeRO gathers partitions that already sit at their place in the full
-  // buffer: NCCL's in-place form. Any other overlap goes through staging.
-  const bool in_place = input.data() == out + displ[me];
+  const nccl_plan::Span in{input.data(), input.nbytes()}, out{output.data(), output.nbytes()};
+  const std::size_t elem = dtype_size(input.dtype());
   CudaDeviceGuard guard(device_->index());
   std::shared_ptr<Buffer> staging;
-  const void* send = input.data();
-  if (!in_place && overlaps(input, output)) {
+  if (nccl_plan::all_gather_staging(in, out, counts, elem, rank()))
     staging = device_->allocate(input.nbytes(), MemoryCategory::CommBuffers, "nccl all_gather staging");
-    send = staging->data();
-  }
   begin_op();  // after the staging allocation, which is ordered on the compute stream
-  if (staging)
-    MZ_CUDA_CHECK(cudaMemcpyAsync(staging->data(), input.data(), input.nbytes(), cudaMemcpyDeviceToDevice, stream_));
-  if (all_equal(counts)) {
-    MZ_NCCL_CHECK(ncclAllGather(send, out, static_cast<std::size_t>(counts.front()), type, comm_, stream_),
-                  "ncclAllGather");
-  } else {
-    // Uneven chunks: every rank broadcasts its chunk into its displacement.
-    NcclGroup group(name());
-    for (int r = 0; r < size(); ++r) {
-      const auto ri = static_cast<std::size_t>(r);
-      char* dst = out + displ[ri];
-      MZ_NCCL_CHECK(
-          ncclBroadcast(r == rank() ? send : dst, dst, static_cast<std::size_t>(counts[ri]), type, r, comm_, stream_),
-          "ncclBroadcast (uneven all_gather)");
-    }
-    group.end();
-  }
+  issue(nccl_plan::all_gather(in, out, counts, elem, rank(), staging ? staging->data() : nullptr),
+        nccl_type(input.dtype()), ncclSum, comm_, stream_, name());
   return end_op("all_gather", {std::move(staging), input.buffer(), output.buffer()});
 }
 

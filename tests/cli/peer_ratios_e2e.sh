@@ -28,6 +28,15 @@ assert abs(ours["mfu"] - last["mfu"]) < 1e-4 and ours["iteration"] == 4, (ours, 
 assert abs(ours["peak_mib"] - last["peak_memory_bytes"] / 2**20) < 0.1, (ours, last)
 PY
 
+# The goal verdict must not hang on this machine's speed: a tiny CPU run's MFU (against the CPU's
+# default peak) can come out either side of 40%, so ours is set to 30% from here on.
+python3 - "$work/ours.jsonl" <<'PY'
+import json, sys
+o = json.loads(open(sys.argv[1]).read())
+o["mfu"] = 0.30
+open(sys.argv[1], "w").write(json.dumps(o) + "\n")
+PY
+
 # The peers, scaled from ours: torch.compile's median step 1.25x ours and its mean step 1.3x
 # (the mean is compared: ours is a mean too), eager 1.1x faster (a line from before torch_gpt.py
 # printed the mean: its median is taken).
@@ -51,7 +60,7 @@ python3 "$tool" "$work/peers.log" > "$work/table.txt"
 cat "$work/table.txt"
 grep -Eq "megazero-cudnn +torch-compile .* 1\.300x" "$work/table.txt" || fail "speed ratio vs torch-compile (the mean)"
 grep -Eq "megazero-cudnn +torch-eager .* 0\.909x" "$work/table.txt" || fail "speed ratio vs torch-eager"
-# The CPU run's MFU is far below 40%: the speed part is met, the goal as a whole is not.
+# Ours at 30% MFU: the speed part is met, the goal as a whole is not.
 grep -Eq "goal #21, megazero-cudnn: speed vs torch-compile 1\.3000x .* -> not met" "$work/table.txt" ||
   fail "the 355M goal verdict"
 grep -Eq "goal #21, megazero-unfused: .* -> n/a" "$work/table.txt" || fail "a missing run's verdict"

@@ -100,8 +100,8 @@ struct Trainer::Impl {
   void setup(std::unique_ptr<Communicator> world_comm);
   void build();
   void save(std::int64_t iteration);
-  // This rank's micro-batches of iteration `it`, tokens on the host
-  // (host_micro_batches) or where the model runs (micro_batches).
+  // This rank's micro-batches of iteration `it`, tokens on the host; then
+  // weigh_and_upload below brings them where the model runs.
   std::vector<MicroBatch> host_micro_batches(std::int64_t it, Split split);
   void upload(std::vector<MicroBatch>& mbs);
   // --eod-mask-loss's weights (train/loss_mask.h; with --calculate-per-token-loss

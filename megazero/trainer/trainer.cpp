@@ -100,19 +100,20 @@ struct Trainer::Impl {
   void setup(std::unique_ptr<Communicator> world_comm);
   void build();
   void save(std::int64_t iteration);
-  // This rank's micro-batches of iteration `it`, tokens on the host; then
-  // weigh_and_upload below brings them where the model runs.
+  // This rank's micro-batches of iteration `it`, tokens on the host
+  // (host_micro_batches, one rank's bad data an error on every rank alike),
+  // with --eod-mask-loss's weights (train/loss_mask.h; with
+  // --calculate-per-token-loss an all-reduce over DP, hence outside
+  // run_consistently): host_batch. upload brings them where the model runs.
   std::vector<MicroBatch> host_micro_batches(std::int64_t it, Split split);
-  void upload(std::vector<MicroBatch>& mbs);
-  // --eod-mask-loss's weights (train/loss_mask.h; with --calculate-per-token-loss
-  // an all-reduce over DP: outside run_consistently, every rank alike), then
-  // the tokens to where the model runs.
-  void weigh_and_upload(std::vector<MicroBatch>& mbs) {
+  std::vector<MicroBatch> host_batch(std::int64_t it, Split split) {
+    auto mbs = run_consistently(groups->world(), [&] { return host_micro_batches(it, split); });
     if (args.eod_mask_loss)
       weigh_micro_batches(mbs, {args.eod_token_id, args.per_token_loss}, groups->dp(),
                           kernels::row_stat_dtype(args.dtype()));
-    upload(mbs);
+    return mbs;
   }
+  void upload(std::vector<MicroBatch>& mbs);
   // The mean loss over --eval-iters batches of `split` (validation or test).
   double evaluate(std::int64_t at, Split split = Split::Valid);
   // The end of a run (and --skip-train): validation, then test where --split
@@ -506,7 +507,6 @@ void Trainer::Impl::upload(std::vector<MicroBatch>& mbs) {
 }
 
 double Trainer::Impl::evaluate(std::int64_t at, Split split) {
-  Communicator& world = groups->world();
   auto& model = *model_;
   // Stage 3 gathers without prefetching along the training order meanwhile.
   struct Evaluating {
@@ -521,8 +521,8 @@ double Trainer::Impl::evaluate(std::int64_t at, Split split) {
   } evaluating(*engine_);
   double sum = 0;
   for (std::int64_t e = 0; e < args.eval_iters; ++e) {
-    auto mbs = run_consistently(world, [&] { return host_micro_batches(at * 1000003 + e, split); });
-    weigh_and_upload(mbs);
+    auto mbs = host_batch(at * 1000003 + e, split);
+    upload(mbs);
     for (auto& mb : mbs) sum += model.forward(mb.ids, mb.targets, mb.step, mb.loss_weights);
   }
   const double loss = all_reduce_value(
@@ -590,9 +590,9 @@ TrainResult Trainer::Impl::train() {
       next_mbs.reset();
       t_data = next_data_s;
     } else {
-      mbs = run_consistently(world, [&] { return host_micro_batches(it, Split::Train); });
+      mbs = host_batch(it, Split::Train);
     }
-    weigh_and_upload(mbs);
+    upload(mbs);
     t_data += seconds_since(t0);
     const auto t1 = Clock::now();
     // The next iteration's tokens are made while the device runs this step's
@@ -605,7 +605,7 @@ TrainResult Trainer::Impl::train() {
       const auto tp = Clock::now();
       Activity activity("the next iteration's batch (made during the optimizer step)");
       try {
-        next_mbs = run_consistently(world, [&] { return host_micro_batches(it + 1, Split::Train); });
+        next_mbs = host_batch(it + 1, Split::Train);
       } catch (...) {
         next_error = std::current_exception();
       }

@@ -9,20 +9,22 @@ namespace {
 double weight_of(std::int64_t tokens, std::int64_t kept) {
   return kept > 0 ? static_cast<double>(tokens) / static_cast<double>(kept) : 0.0;
 }
+const std::int64_t* host_ids(const Tensor& ids) {
+  MZ_CHECK(ids.dtype() == DType::I64 && ids.dim() == 1 && ids.device().host_accessible(),
+           "the loss mask takes int64 [N] ids on the host, got ", ids.to_string());
+  return ids.host_data<std::int64_t>();
+}
 }  // namespace
 
 std::int64_t kept_tokens(const Tensor& ids, std::int64_t eod_token) {
-  MZ_CHECK(ids.dtype() == DType::I64 && ids.dim() == 1 && ids.device().host_accessible(),
-           "the loss mask takes int64 [N] ids on the host, got ", ids.to_string());
-  const auto* p = ids.host_data<std::int64_t>();
+  const std::int64_t* p = host_ids(ids);
   std::int64_t kept = 0;
   for (std::int64_t i = 0; i < ids.numel(); ++i) kept += p[i] != eod_token;
   return kept;
 }
 
 Tensor loss_mask_weights(const Tensor& ids, std::int64_t eod_token, double weight, DType dtype) {
-  kept_tokens(ids, eod_token);  // the checks
-  const auto* p = ids.host_data<std::int64_t>();
+  const std::int64_t* p = host_ids(ids);
   std::vector<double> w(static_cast<std::size_t>(ids.numel()));
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = p[i] != eod_token ? weight : 0.0;
   Tensor out = Tensor::empty(ids.device_ptr(), {ids.numel()}, dtype, MemoryCategory::Activations, "loss weights");

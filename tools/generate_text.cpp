@@ -83,12 +83,6 @@ int run(int argc, char** argv) {
                "--tokenizer-type ByteLevel, or give --prompt-tokens");
     std::unique_ptr<data::Tokenizer> tok;
     if (!tokenizer_type.empty()) tok = data::make_tokenizer(tokenizer_type, vocab_file, merge_file);
-    if (!no_stop) {
-      if (stop_token != -2)
-        o.stop_token = stop_token;
-      else if (tok)
-        o.stop_token = tok->eod();
-    }
 
     const std::vector<I> ids = prompt.empty() ? hf::parse_token_ids(prompt_tokens, "--prompt-tokens") : [&] {
       const auto enc = tok->encode(prompt);
@@ -103,6 +97,16 @@ int run(int argc, char** argv) {
     for (I t : ids)
       MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--prompt", prompt.empty() ? "-tokens" : "", ": token id ", t,
                  " is outside the model's vocabulary [0, ", c.vocab_size, ")");
+    // The stop token: the one asked for, which the model must be able to draw, or the tokenizer's end of
+    // text where the model's vocabulary holds it.
+    if (!no_stop && stop_token != -2) {
+      MZ_REQUIRE(stop_token >= 0 && stop_token < c.vocab_size, "--stop-token ", stop_token,
+                 " is outside the model's vocabulary [0, ", c.vocab_size,
+                 "): it could never be drawn; give a token id of the model, or --no-stop");
+      o.stop_token = stop_token;
+    } else if (!no_stop && tok && tok->eod() < c.vocab_size) {
+      o.stop_token = tok->eod();
+    }
     std::printf(
         "generate_text: %s (iteration %lld): %lld layers, hidden %lld, vocabulary %lld; prompt of %zu tokens; "
         "%s\n",

@@ -96,4 +96,8 @@ cmp -s <(grep -v "tokens/s" "$work/text1.log") <(grep -v "tokens/s" "$work/text2
 "$generate" --load "$work/ckpt" --prompt "In the beginning" --tokenizer-type ByteLevel >"$work/refused.log" 2>&1
 [ $? = 2 ] && grep -q "the model's vocabulary of 300 tokens is larger than the ByteLevel tokenizer's 257" \
   "$work/refused.log" || fail "a model the tokenizer cannot write was not refused"
+# A stop token the model cannot draw is refused, not silently never met.
+"$generate" --load "$work/ckpt" --prompt-tokens $tokens --stop-token 999 >"$work/stop.log" 2>&1
+[ $? = 2 ] && grep -q "stop-token 999 is outside the model's vocabulary \[0, 300): it could never be drawn" \
+  "$work/stop.log" || fail "a stop token outside the vocabulary was not refused"
 echo "hf_export_e2e: passed"

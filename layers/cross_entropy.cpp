@@ -16,7 +16,7 @@ Tensor VocabParallelCrossEntropy::forward(Tensor& logits, const Tensor& targets,
   const std::int64_t n = logits.size(0);
   targets_ = targets;
   weights_ = loss_weights;
-  const Tensor* weight = weights_.defined() ? &weights_ : nullptr;
+  const Tensor* weight = weights();
   vocab_start_ = vocab_start;
   valid_ = valid;
   fused_scale_.reset();
@@ -56,8 +56,7 @@ Tensor VocabParallelCrossEntropy::backward(double scale) {
              "gradient for scale ", *fused_scale_);
   } else {
     kernels::cross_entropy_backward(logits_, global_max_, sum_exp_, targets_, vocab_start_, valid_,
-                                    per_token(scale, dlogits.size(0)), dlogits,
-                                    weights_.defined() ? &weights_ : nullptr);
+                                    per_token(scale, dlogits.size(0)), dlogits, weights());
   }
   release();
   return dlogits;

@@ -48,6 +48,7 @@ class VocabParallelCrossEntropy {
   // Held from forward to backward only: a tensor kept across steps would sit
   // in the middle of the next step's allocations (and of a device arena).
   Tensor logits_, targets_, global_max_, sum_exp_, weights_;
+  const Tensor* weights() const { return weights_.defined() ? &weights_ : nullptr; }  // the kernels' row weights
   std::int64_t vocab_start_ = 0, valid_ = 0;
   std::optional<double> fused_scale_;  // set: logits_ holds the gradient for this backward scale
 };

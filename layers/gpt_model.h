@@ -34,7 +34,7 @@ class GPTModel {
   // models) without waiting for the device: training sums them there.
   // loss_weights, when defined, weight each token's loss and its gradient
   // ([B*S] of the losses' dtype on the model's device; --eod-mask-loss makes
-  // them with train::loss_mask_weights, whose mean over the micro-batch is 1).
+  // them, train/loss_mask.h).
   Tensor forward_losses(const Tensor& ids, const Tensor& targets, const StepInfo& step,
                         const Tensor& loss_weights = Tensor());
   // The same, returning the mean (weighted) loss over the B*S tokens (waits

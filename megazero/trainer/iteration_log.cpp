@@ -16,8 +16,9 @@ std::string fixed(const char* format, double v) {
   std::snprintf(b, sizeof b, format, v);
   return b;
 }
-std::int64_t peak_bytes(Device& d, MemoryCategory c) {
-  return d.memory().snapshot().by_category[static_cast<std::size_t>(c)].peak_bytes;
+template <typename Snapshot>
+std::int64_t peak_bytes(const Snapshot& m, MemoryCategory c) {
+  return m.by_category[static_cast<std::size_t>(c)].peak_bytes;
 }
 }  // namespace
 
@@ -48,12 +49,13 @@ void IterationLog::report(const Report& at, const StepResult& r) {
   auto max_over = [&](double v) { return rank_spread(world, v).max; };
   const double host_waits = max_over(waits_ / n), host_issue = max_over(issue_ / n);
   const double peak_mib = max_over(static_cast<double>(device.memory().total_peak())) / 1048576.0;
-  const double ckpt_peak = max_over(static_cast<double>(peak_bytes(device, MemoryCategory::ActivationCheckpoints)));
-  const double heap_peak = max_over(static_cast<double>(device.memory().snapshot().heap_peak_bytes));
+  const auto mem = device.memory().snapshot();  // one snapshot for the peaks below
+  const double ckpt_peak = max_over(static_cast<double>(peak_bytes(mem, MemoryCategory::ActivationCheckpoints)));
+  const double heap_peak = max_over(static_cast<double>(mem.heap_peak_bytes));
   const double arena_misses = max_over(static_cast<double>(device.arena_stats().misses));
-  const double act_peak = max_over(static_cast<double>(peak_bytes(device, MemoryCategory::Activations)));
+  const double act_peak = max_over(static_cast<double>(peak_bytes(mem, MemoryCategory::Activations)));
   const double host_ckpt_peak =
-      max_over(static_cast<double>(peak_bytes(*s_.host, MemoryCategory::ActivationCheckpoints)));
+      max_over(static_cast<double>(peak_bytes(s_.host->memory().snapshot(), MemoryCategory::ActivationCheckpoints)));
   const double tokens_per_s = tokens_ / time_;
   const double tflops = s_.flops_per_token * tokens_per_s / world.size() / 1e12;
   const double mfu = s_.model_flops_per_token * tokens_per_s / world.size() / 1e12 / s_.peak_tflops;

@@ -348,6 +348,11 @@ void MetaDevice::copy_to_host(void*, const void*, std::size_t) {
   throw InternalError("the meta device holds no data: a dry run tried to read a tensor's values");
 }
 void MetaDevice::copy_from_host(void*, const void*, std::size_t) {}
+std::shared_ptr<Device> MetaDevice::host_device() {
+  std::lock_guard<std::mutex> lock(host_mu_);
+  if (!host_) host_ = make_meta_device(DeviceKind::CPU);
+  return host_;
+}
 
 namespace {
 GpuBackend& gpu_backend() {

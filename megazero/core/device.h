@@ -339,6 +339,10 @@ class MetaDevice final : public Device {
   DeviceKind kind() const override { return DeviceKind::Meta; }
   DeviceKind kernels() const { return kernels_; }
   ComputeLog& compute_log() { return log_; }
+  // A dry run's host memory (ZeRO-Offload's state, Pa+cpu's checkpoints): a
+  // meta device too, standing in for the CPU's kernels; one per device, so its
+  // counters add up.
+  std::shared_ptr<Device> host_device() override;
   void copy_to_host(void*, const void*, std::size_t) override;
   void copy_from_host(void*, const void*, std::size_t) override;
   void copy_within(void*, const void*, std::size_t) override {}
@@ -351,6 +355,8 @@ class MetaDevice final : public Device {
  private:
   DeviceKind kernels_;
   ComputeLog log_;
+  std::mutex host_mu_;
+  std::shared_ptr<Device> host_;
 };
 
 // Creates a device of the given kind. CUDA in a build without MEGAZERO_CUDA, or

@@ -15,8 +15,8 @@
 
 namespace megazero::plan {
 
-double paper_model_state_bytes(int stage, double psi, double nd, int pb) {
-  const double K = 12;
+double paper_model_state_bytes(int stage, double psi, double nd, int pb, bool offloaded) {
+  const double K = offloaded ? 0 : 12;  // ZeRO-Offload keeps the optimizer's K bytes in host memory
   switch (stage) {
     case 0:
       return (2.0 * pb + K) * psi;
@@ -43,12 +43,13 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   VirtualCommunicator tp_comm(coord.tp_rank, tp, "tp"), dp_comm(coord.dp_rank, world_size / tp, "dp");
 
   auto meta = make_meta_device(kernels);
-  auto host = make_device(DeviceKind::Meta);  // host memory for Pa+cpu, counted apart as in a run
+  // Host memory for Pa+cpu and ZeRO-Offload, counted apart as in a run.
+  auto host = make_meta_device(DeviceKind::CPU);
   RankMemoryPlan p;
   {
     layers::ParameterSet params;
     layers::GPTModel model(args.model, layers::TpContext{&tp_comm, meta, args.dtype()}, params);
-    zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, args.engine_config());
+    zero::ZeroEngine engine(params, dp_comm, tp_comm, meta, args.engine_config(), host);
     zero::PartitionedCheckpoints checkpoints(args.zero_r, tp_comm, meta, host,
                                              static_cast<int>(args.model.checkpoint_slots()));
     if (args.zero_r.any()) {
@@ -57,6 +58,11 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     }
     const auto snap = meta->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) p.bytes[c] = snap.by_category[c].live_bytes;
+    {  // ZeRO-Offload's host memory: model states only (Pa+cpu's checkpoints are apart)
+      const auto h = host->memory().snapshot();
+      for (auto c : {MemoryCategory::Parameters, MemoryCategory::Gradients, MemoryCategory::OptimizerStates})
+        p.host_offload_bytes += h.by_category[static_cast<std::size_t>(c)].live_bytes;
+    }
     p.psi = engine.layout().unpadded_numel();
     for (const auto* param : params.all()) p.total_params += shape_numel(param->global_shape);
     p.psi_padded = engine.layout().numel();
@@ -102,6 +108,10 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     const auto ckpt = static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints);
     p.activation_traffic_bytes = peak.by_category[act].allocated_bytes - before.by_category[act].allocated_bytes;
     p.host_copy_bytes = checkpoints.stats().host_copies_bytes;  // counted by the store as it copies
+    if (engine.offload()) {  // the second iteration's: half of what both moved
+      p.offload_copy_bytes = engine.offload()->copied_bytes() / 2;
+      p.offload_elements = p.owned_elements;
+    }
     p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
     for (const auto& [g, calls] : log.gemms()) p.gemms.push_back({g, calls});
     const double tokens = static_cast<double>(B * S * p.micro_batches);
@@ -117,11 +127,14 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   p.tp_rank = coord.tp_rank;
   p.dp_rank = coord.dp_rank;
   p.stage = args.zero.stage;
+  p.offloaded = args.zero.offload_optimizer;
+  p.param_bytes = static_cast<int>(dtype_size(args.dtype()));
   p.dtype = std::string(dtype_name(args.dtype()));
   auto at = [&](MemoryCategory c) { return p.bytes[static_cast<std::size_t>(c)]; };
   p.model_states = at(MemoryCategory::Parameters) + at(MemoryCategory::Gradients) + at(MemoryCategory::OptimizerStates);
   p.paper_model_states = static_cast<std::int64_t>(
-      paper_model_state_bytes(p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype()))));
+      paper_model_state_bytes(p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype())),
+                              p.offloaded));
   return p;
 }
 
@@ -189,7 +202,14 @@ std::string RankMemoryPlan::to_table() const {
   char d[32];
   std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
   os << "  model states (parameters + gradients + optimizer): " << gib(model_states)
-     << "; the paper's formula: " << gib(paper_model_states) << " (" << d << ")\n"
+     << "; the paper's formula: " << gib(paper_model_states) << " (" << d << ")"
+     << (offloaded ? " with the optimizer's K = 12 bytes a parameter offloaded" : "") << "\n";
+  if (offloaded)
+    os << "  host memory (ZeRO-Offload): " << gib(host_offload_bytes)
+       << " (fp32 master + Adam moments, 12 bytes, and the gradient and parameter staging, "
+       << 2 * param_bytes << " bytes, for each of the " << offload_elements << " offloaded parameters); "
+       << gib(offload_copy_bytes) << " copied between device and host per iteration\n";
+  os
      << "  two iterations (each " << micro_batches
      << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device; the second is "
         "every later one): peak activations "
@@ -219,7 +239,9 @@ std::string RankMemoryPlan::to_json() const {
   os << "}, \"model_states\": " << model_states << ", \"paper_model_states\": " << paper_model_states
      << ", \"step_activations_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]
      << ", \"step_checkpoints_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
-     << ", \"step_total_peak\": " << step_total_peak << ", \"step_heap_peak\": " << step_heap_peak << "}";
+     << ", \"step_total_peak\": " << step_total_peak << ", \"step_heap_peak\": " << step_heap_peak
+     << ", \"offload_optimizer\": " << (offloaded ? "true" : "false") << ", \"host_offload_bytes\": " << host_offload_bytes
+     << ", \"offload_copy_bytes\": " << offload_copy_bytes << "}";
   return os.str();
 }
 

@@ -58,6 +58,12 @@ struct RankMemoryPlan {
   CommStats tp_comm, dp_comm;
   std::int64_t model_states = 0;        // parameters + gradients + optimizer states
   std::int64_t paper_model_states = 0;  // the paper's formula for this stage, Psi and Nd
+  // ZeRO-Offload (--optimizer-cpu-offload): host bytes of the optimizer state
+  // and its staging, the elements it updates, and the bytes copied between
+  // device and host in one iteration (gradients down, parameters up).
+  bool offloaded = false;
+  int param_bytes = 2;  // of the working precision
+  std::int64_t host_offload_bytes = 0, offload_elements = 0, offload_copy_bytes = 0;
   std::string to_table() const;
   std::string to_json() const;
 };
@@ -65,7 +71,8 @@ struct RankMemoryPlan {
 // The paper's per-device model-state bytes (K = 12): stage 0 (2+2+K) Psi,
 // 1: 4 Psi + K Psi/Nd, 2: 2 Psi + (2+K) Psi/Nd, 3: (2+2+K) Psi/Nd — with 16-bit
 // parameters and gradients; fp32 runs count 4 + 4 bytes instead of 2 + 2.
-double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes);
+// `offloaded` (ZeRO-Offload): the device's share with K = 0.
+double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes, bool offloaded = false);
 
 // Plans `rank` of a world of `world_size` ranks for the run `args` describes
 // (args.validate / validate_layout must have passed). `kernels`: the backend

@@ -184,6 +184,11 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(Z, "overlap-optimizer", &a.zero.overlap_optimizer,
         "stage 0: AdamW updates the parameters run by run of layers beside the next forward (a side stream on a "
         "GPU), each layer's forward waiting for its own run only; same bits (true/false)");
+  t.flag(Z, "optimizer-cpu-offload", &a.zero.offload_optimizer,
+         "ZeRO-Offload (DeepSpeed's offload_optimizer): keep the fp32 master weights and Adam moments of this rank's "
+         "partition in host memory (page-locked on a GPU) and run AdamW on the host's cores; gradients go down and "
+         "updated parameters up each step, overlapped chunk by chunk. Frees 12 bytes a parameter of device memory "
+         "(/Nd at stages 1-3) for host memory and PCIe time; same bits");
   t.add(Z, "stage3-prefetch", &a.zero.prefetch,
         "stage 3: gather the next parameter group while this one computes (true/false; false shows what the "
         "prefetch hides, in the timers' exposed DP comm)");

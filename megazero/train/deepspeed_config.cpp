@@ -127,6 +127,44 @@ void precision(Translator& t, const json& section, const std::string& name) {
   }
 }
 
+// ZeRO-Offload's optimizer half: {"device": "cpu"} is --optimizer-cpu-offload.
+void offload_optimizer(Translator& t, const std::string& k, const json& v) {
+  TrainArgs& a = t.a_;
+  if (!v.is_object()) {
+    t.refuse(k, "must be an object such as {\"device\": \"cpu\"}");
+    return;
+  }
+  const std::string device = v.value("device", std::string("none"));
+  if (device == "nvme") {
+    t.refuse(k + ".device", "offloading to NVMe (ZeRO-Infinity) is not implemented: use \"cpu\" (host memory)");
+    return;
+  }
+  if (device != "cpu" && device != "none") {
+    t.refuse(k + ".device", "must be \"cpu\" or \"none\", got \"" + device + "\"");
+    return;
+  }
+  t.set(json(device == "cpu"), k + ".device", "optimizer-cpu-offload", a.zero.offload_optimizer);
+  for (const auto& [key, x] : v.items()) {
+    const std::string kk = k + "." + key;
+    if (key == "device") continue;
+    if (key == "pin_memory") {
+      if (x.is_boolean() && !x.get<bool>())
+        t.note(kk + " false has no effect here: on a GPU the offloaded state is always page-locked (the copies are "
+                    "DMA transfers that overlap the host's update)");
+    } else if (key == "ratio") {
+      if (!x.is_number() || x.get<double>() != 1.0)
+        t.refuse(kk, "a partial offload is not implemented: the whole optimizer state of the partition moves to "
+                     "host memory (use 1.0 or leave it out)");
+    } else if (key == "buffer_count" || key == "fast_init" || key == "nvme_path" || key == "pipeline_read" ||
+               key == "pipeline_write" || key == "pipeline") {
+      t.note(kk + " has no effect here: the host's update is pipelined with the copies, chunk by chunk, "
+                  "in --reduce-bucket-size chunks");
+    } else {
+      t.unknown(kk);
+    }
+  }
+}
+
 void zero_optimization(Translator& t, const json& section) {
   TrainArgs& a = t.a_;
   for (const auto& [key, v] : section.items()) {
@@ -137,11 +175,16 @@ void zero_optimization(Translator& t, const json& section) {
       t.set(v, k, "reduce-bucket-size", a.zero.reduce_bucket_size);
     } else if (key == "overlap_comm") {
       t.set(v, k, "overlap-comm", a.zero.overlap_comm);
-    } else if (key == "offload_optimizer" || key == "offload_param") {
-      const bool off = v.is_object() && v.value("device", std::string("none")) == "none";
-      if (!off) t.refuse(k, "ZeRO-Offload is not implemented: states stay in device memory (raise --zero-stage)");
-    } else if (key == "cpu_offload" || key == "cpu_offload_params") {
-      if (flag_true(v)) t.refuse(k, "ZeRO-Offload is not implemented: states stay in device memory");
+    } else if (key == "offload_optimizer") {
+      offload_optimizer(t, k, v);
+    } else if (key == "cpu_offload") {  // DeepSpeed's older spelling of offload_optimizer {"device": "cpu"}
+      t.set(json(flag_true(v)), k, "optimizer-cpu-offload", a.zero.offload_optimizer);
+    } else if (key == "offload_param" || key == "cpu_offload_params") {
+      const bool off = key == "offload_param" ? v.is_object() && v.value("device", std::string("none")) == "none"
+                                              : !flag_true(v);
+      if (!off)
+        t.refuse(k, "offloading the parameters (ZeRO-Infinity) is not implemented: stage 3 keeps each rank's "
+                    "partition in device memory; offload_optimizer moves the optimizer state to host memory");
     } else if (key == "reduce_scatter" || key == "allgather_partitions") {
       if (v.is_boolean() && !v.get<bool>())
         t.refuse(k, "stages 1-3 always reduce-scatter gradients and all-gather the partitions");

@@ -49,6 +49,10 @@ const CompatFlag kFlags[] = {
     {"lr-warmup-samples", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
     {"distributed-timeout-minutes", Kind::Value, Meaning::Translated, "--collective-timeout"},
     {"pipeline-model-parallel-size", Kind::Value, Meaning::Translated, "1 only"},
+    {"optimizer-offload-fraction", Kind::Value, Meaning::Translated,
+     "1.0 only, with --optimizer-cpu-offload (the whole optimizer state in host memory)"},
+    {"overlap-cpu-optimizer-d2h-h2d", Kind::Switch, Meaning::NoEffect,
+     "--optimizer-cpu-offload always overlaps its copies with the host's update, chunk by chunk"},
     {"data-impl", Kind::Value, Meaning::Translated, "mmap only"},
     {"no-masked-softmax-fusion", Kind::Switch, Meaning::NoEffect, "the causal softmax is always one kernel"},
     {"no-bias-dropout-fusion", Kind::Switch, Meaning::NoEffect,
@@ -319,6 +323,9 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   only("rotary-percent", {"1", "1.0"},
        "partial rotary embeddings are not implemented: every dimension of a head rotates (use 1.0)");
   only("data-impl", {"mmap"}, "datasets are always memory-mapped Megatron .bin/.idx files: use mmap");
+  only("optimizer-offload-fraction", {"1", "1.0"},
+       "a partial offload is not implemented: --optimizer-cpu-offload moves the whole optimizer state of each "
+       "rank's partition to host memory (use 1.0, or leave both out to keep it on the device)");
   only("optimizer", {"adam"}, "megazero's optimizer is AdamW (ZeRO partitions its states): use adam");
   for (const char* dtype : {"main-grads-dtype", "main-params-dtype", "exp-avg-dtype", "exp-avg-sq-dtype"})
     only(dtype, {"fp32"}, "the optimizer's master weights, gradients and moments are fp32: use fp32 or leave it out");

@@ -292,11 +292,13 @@ void Trainer::Impl::build() {
       std::make_unique<layers::GPTModel>(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
   auto& model = *model_;
   const zero::ZeroConfig zc = args.engine_config();
-  engine_ = std::make_unique<zero::ZeroEngine>(params, groups->dp(), groups->tp(), device, zc);
+  // Host memory for Pa+cpu and ZeRO-Offload (page-locked on a GPU), with its own counters.
+  host = device->host_device();
+  engine_ = std::make_unique<zero::ZeroEngine>(params, groups->dp(), groups->tp(), device, zc, host);
   auto& engine = *engine_;
   engine.initialize(args.seed);
+  if (root && engine.offload()) std::printf("%s\n", engine.offload()->describe().c_str());
   // ZeRO-R: where recomputing layers keep their inputs (Pa, Pa+cpu, MD).
-  host = device->host_device();  // host memory for Pa+cpu (page-locked on a GPU), with its own counters
   if (args.zero_r.any()) {
     checkpoints = std::make_unique<zero::PartitionedCheckpoints>(args.zero_r, groups->tp(), device, host,
                                                                  static_cast<int>(args.model.checkpoint_slots()));

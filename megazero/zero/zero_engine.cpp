@@ -21,6 +21,9 @@ void ZeroConfig::validate() const {
                         : " all-gathers the updated parameters right after the update (--overlap-param-gather "
                           "overlaps that with the next forward)",
              ": drop the flag");
+  MZ_REQUIRE(!(offload_optimizer && overlap_optimizer),
+             "--optimizer-cpu-offload runs AdamW on the host, which --overlap-optimizer would queue on the device "
+             "beside the next forward: drop one of the two");
 }
 
 namespace {
@@ -54,7 +57,7 @@ Tensor publish_target(int stage, const Tensor& params_full, Range part, const Te
 }  // namespace
 
 ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp, std::shared_ptr<Device> device,
-                       const ZeroConfig& cfg)
+                       const ZeroConfig& cfg, std::shared_ptr<Device> host)
     : params_(params.all()),
       dp_(dp),
       tp_(tp),
@@ -75,9 +78,21 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
       norm_ranges_.emplace_back(n.begin - part_.begin, n.end - part_.begin);
   }
   const auto P = layout_.partition_size(), N = layout_.numel();
-  master_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "fp32-master");
-  exp_avg_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "adam-m");
-  exp_avg_sq_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "adam-v");
+  if (cfg_.offload_optimizer) {
+    // Chunks of a bucket, at least four where the partition is large, so the
+    // copies of one chunk overlap the host's update of another.
+    const std::int64_t chunk =
+        std::min(cfg_.reduce_bucket_size, std::max<std::int64_t>((owned_.size() + 3) / 4, std::int64_t{1} << 16));
+    offload_ = std::make_unique<OptimizerOffload>(device_, host ? std::move(host) : device_->host_device(),
+                                                  owned_.size(), cfg_.param_dtype, owned_segments_, chunk);
+    master_ = offload_->master();
+    exp_avg_ = offload_->exp_avg();
+    exp_avg_sq_ = offload_->exp_avg_sq();
+  } else {
+    master_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "fp32-master");
+    exp_avg_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "adam-m");
+    exp_avg_sq_ = Tensor::zeros(device_, {owned_.size()}, DType::F32, MemoryCategory::OptimizerStates, "adam-v");
+  }
   if (cfg_.stage <= 2) {
     params_full_ = Tensor::zeros(device_, {N}, cfg_.param_dtype, MemoryCategory::Parameters, "params");
     bind_full(&Parameter::value, params_full_, {0, N});
@@ -484,8 +499,16 @@ double ZeroEngine::params_norm() {
   // The master covers owned_: this rank's partition, or at stage 0 the whole
   // buffer, of which the partition is the part norm_ranges_ counts.
   const Tensor mine = flat_slice(master_, part_, owned_.begin);
+  // The sum on the master's device (the host's with offload), all-reduced on
+  // the communicators' (the model's).
   Tensor sumsq = Tensor::empty(device_, {1}, DType::F64, MemoryCategory::Workspace, "params norm sum");
-  kernels::sum_of_squares(mine, norm_ranges_, sumsq);
+  if (&master_.device() == device_.get()) {
+    kernels::sum_of_squares(mine, norm_ranges_, sumsq);
+  } else {
+    Tensor local = Tensor::empty(master_.device_ptr(), {1}, DType::F64, MemoryCategory::Workspace, "params norm sum");
+    kernels::sum_of_squares(mine, norm_ranges_, local);
+    sumsq.copy_from(local);
+  }
   tp_.all_reduce(sumsq, ReduceOp::Sum).wait();
   dp_.all_reduce(sumsq, ReduceOp::Sum).wait();
   return sumsq.device().has_storage() ? std::sqrt(sumsq.to_double_vector()[0]) : 0.0;
@@ -553,8 +576,11 @@ StepStats ZeroEngine::step(double lr, const optim::AdamConfig& adam, double clip
     queue_updates(adam, lr, step_number, st.clip_coef / loss_scale);
     return st;
   }
-  optim::adamw_step(master_, exp_avg_, exp_avg_sq_, owned_grads, owned_segments_, adam, lr, step_number,
-                    st.clip_coef / loss_scale, published);
+  if (offload_)  // down, AdamW on the host, up: the same formula, the same bits
+    offload_->step(owned_grads, published, adam, lr, step_number, st.clip_coef / loss_scale);
+  else
+    optim::adamw_step(master_, exp_avg_, exp_avg_sq_, owned_grads, owned_segments_, adam, lr, step_number,
+                      st.clip_coef / loss_scale, published);
   // Stages 1-2: the all-gather, as publish_params gathers; with the overlap
   // the next forward waits for each run of groups as it reaches it.
   if (cfg_.stage == 1 || cfg_.stage == 2) issue_param_gathers();

@@ -16,6 +16,10 @@
 //            all-gathered before its forward and again before its backward,
 //            released after; the next group's gather is prefetched.
 //
+// With offload_optimizer (ZeRO-Offload) every stage keeps its fp32 master and
+// Adam moments in host memory instead: the K Psi (stage 0) or K Psi/Nd term
+// leaves the device.
+//
 // The engine implements the model's ParamHooks; it knows parameters and flat
 // buffers, nothing about layers.
 #pragma once
@@ -31,6 +35,7 @@
 #include "megazero/comm/communicator.h"
 #include "megazero/optim/adamw.h"
 #include "megazero/zero/flat_layout.h"
+#include "megazero/zero/optimizer_offload.h"
 
 namespace megazero::zero {
 
@@ -51,6 +56,9 @@ struct ZeroConfig {
   // update overlaps the next forward and the host does not wait for it at
   // the step's end. Same bits either way.
   bool overlap_optimizer = false;  // --overlap-optimizer
+  // ZeRO-Offload (zero/optimizer_offload.h): the fp32 master and Adam's
+  // moments of owned() in host memory, AdamW on the host, any stage. Same bits.
+  bool offload_optimizer = false;  // --optimizer-cpu-offload
   // MD for gradients (stages 2-3): the transient full-size gradients of the
   // groups in backward live in two buffers reserved once (the embedding
   // group's, which stays in backward the whole pass, and one sized for the
@@ -68,8 +76,10 @@ struct StepStats {
 
 class ZeroEngine final : public layers::ParamHooks {
  public:
+  // `host`: where offload_optimizer keeps the optimizer state (nullptr: the
+  // device's host_device(); the planner passes a meta device).
   ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communicator& tp, std::shared_ptr<Device> device,
-             const ZeroConfig& cfg);
+             const ZeroConfig& cfg, std::shared_ptr<Device> host = nullptr);
   ~ZeroEngine() override;
 
   // Initial weights from the seed, the same values as ParameterSet::initialize.
@@ -99,7 +109,7 @@ class ZeroEngine final : public layers::ParamHooks {
   Range owned() const { return owned_; }     // where this rank keeps master + Adam
   Range partition() const { return part_; }  // this rank's DP partition
   int dp_rank() const { return dp_.rank(); }
-  const Tensor& master() {  // fp32, owned().size() elements
+  const Tensor& master() {  // fp32, owned().size() elements (host memory with offload_optimizer)
     finish_step();
     return master_;
   }
@@ -126,11 +136,16 @@ class ZeroEngine final : public layers::ParamHooks {
   // Recomputes the 16-bit parameters from freshly loaded master weights.
   void load_finished() { publish_params(); }
   // Waits for the last step's work still in flight: the parameter all-gathers
-  // (stages 1-2 with overlap_param_gather) and the update (stage 0 with
-  // overlap_optimizer). The forward's hooks wait for each group's own run;
-  // whoever reads parameters or optimizer states outside them calls this
-  // first (owned_state, master and the loads do).
-  void finish_step() { wait_pending(layout_.num_groups()); }
+  // (stages 1-2 with overlap_param_gather), the update (stage 0 with
+  // overlap_optimizer) and the offloaded update's uploads. The forward's hooks
+  // wait for each group's own run; whoever reads parameters or optimizer
+  // states outside them calls this first (owned_state, master and the loads do).
+  void finish_step() {
+    wait_pending(layout_.num_groups());
+    if (offload_) offload_->finish();
+  }
+  // ZeRO-Offload's host side; nullptr without offload_optimizer.
+  const OptimizerOffload* offload() const { return offload_.get(); }
   // Runs of the last step not yet waited for, and the number of runs of
   // groups a step's all-gather or update is split into (0 where it is one
   // piece waited for at the end of the step, 1 for a gather so waited).
@@ -198,7 +213,8 @@ class ZeroEngine final : public layers::ParamHooks {
   // only on TP rank 0), non-empty, in order.
   std::vector<std::pair<std::int64_t, std::int64_t>> norm_ranges_;
 
-  Tensor master_, exp_avg_, exp_avg_sq_;  // fp32, owned
+  Tensor master_, exp_avg_, exp_avg_sq_;  // fp32, owned (offload_'s, in host memory, with offload_optimizer)
+  std::unique_ptr<OptimizerOffload> offload_;
   Tensor params_full_, params_part_;      // param dtype
   Tensor grads_full_, grads_part_;        // param dtype
   std::map<int, Tensor> group_grads_;     // stages 2-3: grads of groups in backward

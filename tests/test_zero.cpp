@@ -416,6 +416,65 @@ TEST(Zero, OverlapOptimizerIsRefusedBeyondStage0) {
   }
 }
 
+// ZeRO-Offload: the master and Adam's moments in host memory, AdamW on the
+// host, gradients down and parameters up in chunks (the test's buckets of
+// 1000 elements make several). kernels::adamw is one formula on every device,
+// so every stage trains the bits of the same run on the device, and the state
+// a checkpoint reads is the same. On the isolated device a queued copy runs
+// only when waited for: an update that read a gradient chunk before its
+// download, or a forward that read parameters before their upload, would
+// train other bits. Accumulation and a DP group whose collectives run only
+// when waited for (the stage 1-2 all-gather after the uploads) included.
+TEST(Zero, OffloadedOptimizerTrainsTheSameBitsOnEveryStage) {
+  for (auto [tp, dp] : layouts_for(world().size())) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << dp << " stage " << stage);
+      ZeroRunSpec s;
+      s.tp = tp;
+      s.dp = dp;
+      s.stage = stage;
+      s.steps = 3;
+      s.micro_batch = 1;
+      s.deferred_dp = dp > 1;
+      ZeroRun on_device(world(), s);
+      const auto want = on_device.train();
+      s.offload_optimizer = true;
+      ZeroRun offloaded(world(), s);
+      ASSERT_NE(offloaded.engine->offload(), nullptr);
+      EXPECT_GT(offloaded.engine->offload()->chunks(), 2u);
+      EXPECT_EQ(offloaded.train(), want);
+      // The state lives in host memory, none of it on the device.
+      const auto st = offloaded.engine->owned_state();
+      EXPECT_TRUE(st.master.device().host_accessible());
+      EXPECT_EQ(offloaded.device->memory().live(MemoryCategory::OptimizerStates), 0);
+      EXPECT_EQ(offloaded.host->memory().live(MemoryCategory::OptimizerStates),
+                12 * offloaded.engine->owned().size());
+      const auto ref = on_device.engine->owned_state();
+      EXPECT_EQ(st.master.to_double_vector(), ref.master.to_double_vector());
+      EXPECT_EQ(st.exp_avg.to_double_vector(), ref.exp_avg.to_double_vector());
+      EXPECT_EQ(st.exp_avg_sq.to_double_vector(), ref.exp_avg_sq.to_double_vector());
+      // Both ways per step: the owned gradients down, the parameters up.
+      const auto moved = offloaded.engine->offload()->copied_bytes();
+      EXPECT_EQ(moved, 3 * 2 * offloaded.engine->owned().size() * 4);
+      EXPECT_DOUBLE_EQ(offloaded.engine->params_norm(), on_device.engine->params_norm());
+      EXPECT_EQ(offloaded.train(3, 1), on_device.train(3, 1));
+    }
+  }
+}
+
+TEST(Zero, OffloadBesideTheOverlappedOptimizerIsRefused) {
+  zero::ZeroConfig c;
+  c.offload_optimizer = true;
+  c.overlap_optimizer = true;
+  try {
+    c.validate();
+    ADD_FAILURE() << "--optimizer-cpu-offload with --overlap-optimizer accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--optimizer-cpu-offload runs AdamW on the host"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Every stage, with accumulation and the stage-3 prefetch, over a DP group whose
 // collectives run only when waited for: a result read before its wait (a
 // gradient bucket, a prefetched gather, the parameter all-gather) would be

@@ -52,6 +52,17 @@ TEST(ZeroPrecision, Bf16AndFp16OnEveryLayoutAndStageTrackTheOneRankRun) {
         if (!run.device->host_accessible()) {
           for (const auto& r : run.results) EXPECT_EQ(r.host_waits, 2) << "host waits per step";
         }
+        if (tp != 1) continue;
+        // ZeRO-Offload: the same bits in 16 bits too (the host writes the
+        // 16-bit parameters as the device's AdamW does); on a device the host
+        // cannot read, the host waits once more for each chunk's gradients.
+        s.offload_optimizer = true;
+        ZeroRun offloaded(world(), s);
+        EXPECT_EQ(offloaded.train(), losses) << "offloaded";
+        if (!run.device->host_accessible()) {
+          const auto chunks = static_cast<std::int64_t>(offloaded.engine->offload()->chunks());
+          for (const auto& r : offloaded.results) EXPECT_EQ(r.host_waits, 2 + chunks) << "host waits per offloaded step";
+        }
       }
   }
 }
@@ -62,8 +73,9 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
   for (int tp : {1, 2}) {
     if (n % tp || n / tp < 2) continue;
     const int nd = n / tp;
-    for (int stage = 0; stage <= 3; ++stage) {
-      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << nd << " stage " << stage);
+    for (int stage = 0; stage <= 3; ++stage) for (bool offload : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << nd << " stage " << stage
+                                      << (offload ? " offloaded" : ""));
       ZeroRunSpec s;
       s.tp = tp;
       s.dp = nd;
@@ -72,18 +84,26 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
       s.steps = 1;
       s.bucket = 4096;
       s.hidden = 64;  // ~60k parameters per TP rank: padding to DP x 64 stays under 1%
+      s.offload_optimizer = offload;
       ZeroRun run(world(), s);
       run.train();
       const auto& mem = run.device->memory();
       const double psi = static_cast<double>(run.engine->layout().numel());  // this TP rank's (padded) parameters
-      const double k = 12;                                                   // fp32 master + Adam m + v
+      // fp32 master + Adam m + v; ZeRO-Offload moves them to host memory.
+      const double k = offload ? 0 : 12;
       // Table 1: model-state bytes per device.
       const double params = stage == 3 ? 2 * psi / nd : 2 * psi;
       const double grads = stage >= 2 ? 2 * psi / nd : 2 * psi;
-      const double optim = stage == 0 ? k * psi : k * psi / nd;
+      const double owned = stage == 0 ? psi : psi / nd;
+      const double optim = k * owned;
       EXPECT_EQ(mem.live(MC::Parameters), static_cast<std::int64_t>(params));
       EXPECT_EQ(mem.live(MC::Gradients), static_cast<std::int64_t>(grads));
       EXPECT_EQ(mem.live(MC::OptimizerStates), static_cast<std::int64_t>(optim));
+      // ZeRO-Offload's host memory: the 12 bytes, and a 16-bit gradient and
+      // parameter of staging, for each owned element.
+      const auto& host = run.host->memory();
+      EXPECT_EQ(host.live(MC::OptimizerStates), static_cast<std::int64_t>(offload ? 12 * owned : 0));
+      EXPECT_EQ(host.live(MC::Gradients) + host.live(MC::Parameters), static_cast<std::int64_t>(offload ? 4 * owned : 0));
       // Against the unpadded parameter count, as the paper states it: within 1%.
       const double psi_true = static_cast<double>(run.engine->layout().unpadded_numel());
       const double formula = stage == 0   ? (2 + 2 + k) * psi_true
@@ -107,13 +127,14 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
 
 TEST(ZeroPrecision, Fp16OverflowOnOneRankSkipsEverywhereAndBacksOff) {
   const int n = world().size();
-  for (int stage = 0; stage <= 3; ++stage) {
-    SCOPED_TRACE(testing::Message() << "stage " << stage);
+  for (int stage = 0; stage <= 3; ++stage) for (bool offload : {false, true}) {
+    SCOPED_TRACE(testing::Message() << "stage " << stage << (offload ? " offloaded" : ""));
     ZeroRunSpec s;
     s.dp = n;
     s.stage = stage;
     s.dtype = DType::F16;
     s.micro_batch = s.global_batch / n;
+    s.offload_optimizer = offload;
     ZeroRun run(world(), s);
     optim::LossScalerConfig sc;
     sc.dynamic = true;

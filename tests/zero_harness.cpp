@@ -83,10 +83,11 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.prefetch = s.prefetch;
   zc.overlap_param_gather = s.overlap_param_gather;
   zc.overlap_optimizer = s.overlap_optimizer;
+  zc.offload_optimizer = s.offload_optimizer;
   zc.contiguous_gradients = s.zero_r.contiguous_memory;
-  engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc);
-  engine->initialize(77);
   host = device->host_device();
+  engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc, host);
+  engine->initialize(77);
   if (s.zero_r.any()) {
     zero::ZeroRConfig zr = s.zero_r;
     zr.inputs_split_across_tp = s.sequence_parallel && s.tp > 1;

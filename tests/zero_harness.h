@@ -26,6 +26,7 @@ struct ZeroRunSpec {
   bool prefetch = true;              // stage 3's gather of the next group ahead
   bool overlap_param_gather = true;  // stages 1-2: the step's all-gather waited for by the next forward
   bool overlap_optimizer = false;    // stage 0: AdamW run by run beside the next forward
+  bool offload_optimizer = false;    // ZeRO-Offload: master + Adam in host memory, AdamW on the host
   // The DP group's collectives run only when waited for (deferred_communicator.h):
   // a read of a collective's result without its wait reads stale data, every time.
   bool deferred_dp = false;
@@ -65,7 +66,7 @@ class ZeroRun {
   std::unique_ptr<zero::ZeroEngine> engine;
   std::shared_ptr<Device> device;
   std::unique_ptr<optim::LossScaler> scaler;
-  std::shared_ptr<Device> host;  // Pa+cpu's host memory, with its own counters
+  std::shared_ptr<Device> host;  // Pa+cpu's and ZeRO-Offload's host memory, with its own counters
   std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
   std::vector<train::StepResult> results;
 };

@@ -130,6 +130,24 @@ TEST(Plan, TheEngineHoldsWhatTheFormulasSayAtPaperScale) {
       const auto opt = p.bytes[static_cast<std::size_t>(MemoryCategory::OptimizerStates)];
       EXPECT_EQ(opt, 12 * (stage == 0 ? p.psi_padded : p.psi_padded / 25));
     }
+  // ZeRO-Offload: the device keeps the 16-bit parameters and gradients, the
+  // host the K = 12 bytes of each owned parameter and 2 + 2 of staging.
+  for (int stage = 0; stage <= 3; ++stage) {
+    SCOPED_TRACE(testing::Message() << "offloaded, stage " << stage);
+    auto args = paper_100b(stage);
+    args.zero.offload_optimizer = true;
+    const auto p = plan::plan_rank_memory(args, 400, 0);
+    const std::int64_t owned = stage == 0 ? p.psi_padded : p.psi_padded / 25;
+    EXPECT_EQ(p.bytes[static_cast<std::size_t>(MemoryCategory::OptimizerStates)], 0);
+    EXPECT_EQ(p.host_offload_bytes, (12 + 2 + 2) * owned);
+    EXPECT_EQ(p.offload_copy_bytes, 2 * 2 * owned) << "16-bit gradients down, parameters up, per iteration";
+    EXPECT_NEAR(static_cast<double>(p.model_states), static_cast<double>(p.paper_model_states),
+                1e-4 * static_cast<double>(p.paper_model_states));
+    EXPECT_EQ(p.paper_model_states,
+              static_cast<std::int64_t>(plan::paper_model_state_bytes(stage, static_cast<double>(p.psi), 25, 2, true)));
+    EXPECT_NE(p.to_table().find("host memory (ZeRO-Offload)"), std::string::npos);
+  }
+  EXPECT_EQ(plan::paper_model_state_bytes(1, 1e9, 25, 2, true), 4e9) << "stage 1 offloaded: 16-bit params + grads";
   // The paper's point: Pos+g fits the 100B model's states in a 32 GB V100; plain DP does not.
   EXPECT_LT(plan::plan_rank_memory(paper_100b(2), 400, 0).model_states, 32LL << 30);
   EXPECT_GT(plan::plan_rank_memory(paper_100b(0), 400, 0).model_states, 32LL << 30);
@@ -476,4 +494,27 @@ TEST(Preflight, SuggestsTheFewestRecomputedLayersThatFit) {
   const auto all = plan::memory_preflight(args, 1, 0, DeviceKind::CPU, plan, full);
   EXPECT_NE(all.advice.find("--recompute-activations ("), std::string::npos) << all.advice;
   EXPECT_EQ(all.advice.find("--recompute-method"), std::string::npos) << all.advice;
+}
+
+// ZeRO-Offload is offered where it is what makes the run fit: a model whose
+// optimizer state outweighs its activations, at stage 0 on one rank. The
+// advice is exact: at the offloaded plan's peak it is offered, a byte below not.
+TEST(Preflight, SuggestsTheOptimizerOffloadWhereItFits) {
+  std::vector<std::string> model = {"pretrain_gpt", "--mock-data",  "--num-layers",   "4",  "--hidden-size",
+                                    "256",          "--num-attention-heads", "4", "--seq-length", "16",
+                                    "--max-position-embeddings", "16", "--vocab-size", "1000", "--micro-batch-size",
+                                    "1", "--train-iters", "1"};
+  const auto args = parse(model, 1);
+  const auto plan = plan::plan_rank_memory(args, 1, 0, DeviceKind::CPU);
+  model.push_back("--optimizer-cpu-offload");
+  const auto offloaded = plan::plan_rank_memory(parse(model, 1), 1, 0, DeviceKind::CPU);
+  ASSERT_LT(offloaded.step_total_peak, plan.step_total_peak);
+  EXPECT_EQ(plan.step_total_peak - offloaded.step_total_peak, 12 * plan.psi_padded)
+      << "the fp32 master and both moments leave the device, nothing else changes";
+  for (const std::int64_t free : {offloaded.step_total_peak, offloaded.step_total_peak - 1}) {
+    const auto v = plan::memory_preflight(args, 1, 0, DeviceKind::CPU, plan, free);
+    SCOPED_TRACE(v.advice);
+    EXPECT_FALSE(v.fits);
+    EXPECT_EQ(v.advice.find("--optimizer-cpu-offload (") != std::string::npos, free == offloaded.step_total_peak);
+  }
 }

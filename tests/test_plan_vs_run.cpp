@@ -71,6 +71,7 @@ struct Measured {
   std::array<std::int64_t, kNumMemoryCategories> bytes{};  // live after set-up
   std::array<std::int64_t, kNumMemoryCategories> step_peak{};
   std::int64_t step_total_peak = 0, step_heap_peak = 0, host_checkpoint_peak = 0, micro_batches = 0;
+  std::int64_t host_offload_bytes = 0;  // ZeRO-Offload's model states in host memory, after set-up
   bool skipped = false;
   std::vector<double> losses;        // one per step
   Device::ArenaStats arena;          // with an arena
@@ -95,11 +96,11 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
   Measured m;
   auto device = make_device(DeviceKind::CPU);
   if (arena_bytes > 0) device->reserve_arena(static_cast<std::size_t>(arena_bytes));
-  auto host = make_device(DeviceKind::CPU);  // host memory for Pa+cpu, with its own counters
+  auto host = make_device(DeviceKind::CPU);  // host memory for Pa+cpu and ZeRO-Offload, with its own counters
   {
     layers::ParameterSet params;
     layers::GPTModel model(args.model, layers::TpContext{&groups->tp(), device, args.dtype()}, params);
-    zero::ZeroEngine engine(params, groups->dp(), groups->tp(), device, args.engine_config());
+    zero::ZeroEngine engine(params, groups->dp(), groups->tp(), device, args.engine_config(), host);
     engine.initialize(args.seed);
     std::unique_ptr<zero::PartitionedCheckpoints> checkpoints;
     if (args.zero_r.any()) {
@@ -110,6 +111,8 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
     }
     const auto setup = device->memory().snapshot();
     for (std::size_t c = 0; c < kNumMemoryCategories; ++c) m.bytes[c] = setup.by_category[c].live_bytes;
+    for (auto c : {MemoryCategory::Parameters, MemoryCategory::Gradients, MemoryCategory::OptimizerStates})
+      m.host_offload_bytes += host->memory().live(c);
     const train::OptimizerSettings opt{args.adam, args.lr, args.clip_grad};
     optim::LossScalerConfig lsc = args.loss_scale;
     lsc.dynamic = args.fp16;
@@ -244,6 +247,15 @@ std::vector<Case> cases() {
   out.push_back({"TP2 stage 2 bf16 eod-mask-loss accumulation",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--bf16", "--global-batch-size", "8",
                   "--eod-mask-loss", "--eod-token-id", "7"}});
+  // ZeRO-Offload: the optimizer's K bytes a parameter in host memory, at
+  // every stage (the device keeps 16-bit parameters and gradients only).
+  for (int stage = 0; stage <= 3; ++stage)
+    out.push_back({"TP2 bf16 stage " + std::to_string(stage) + " optimizer offload",
+                   {"--tensor-model-parallel-size", "2", "--zero-stage", std::to_string(stage), "--bf16",
+                    "--optimizer-cpu-offload"}});
+  out.push_back({"TP1 stage 3 fp16 C5 optimizer offload accumulation",
+                 {"--zero-config", "C5", "--fp16", "--initial-loss-scale", "1024", "--optimizer-cpu-offload",
+                  "--global-batch-size", "16"}});
   // The fused attention's block workspaces (fp32 scores, 16-bit operands, fp32 dk/dv).
   out.push_back({"TP2 stage 2 fused attention",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--attention-backend", "fused"}});
@@ -328,6 +340,8 @@ TEST(PlanVsRun, PlannedPeakEqualsMeasuredPeakOnEveryRank) {
       EXPECT_EQ(plan.step_peak[k], run.step_peak[k]) << "step peak, " << name;
     }
     EXPECT_EQ(plan.host_checkpoint_peak, run.host_checkpoint_peak) << "Pa+cpu host memory";
+    EXPECT_EQ(plan.host_offload_bytes, run.host_offload_bytes) << "ZeRO-Offload host memory";
+    EXPECT_EQ(plan.host_offload_bytes > 0, args.zero.offload_optimizer);
     // MD for all device memory (--device-arena): an arena of exactly the
     // planned first-fit peak holds every allocation of set-up and of both
     // steps (no miss, no other call to malloc), and the run computes what it

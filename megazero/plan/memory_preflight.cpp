@@ -78,6 +78,10 @@ PreflightVerdict memory_preflight(const train::TrainArgs& args, int world_size, 
   std::vector<Change> changes;
   for (int s = args.zero.stage + 1; s <= 3; ++s)
     changes.push_back({"--zero-stage " + std::to_string(s), [s](train::TrainArgs& a) { a.zero.stage = s; }});
+  // ZeRO-Offload: the optimizer's 12 bytes a parameter to host memory (what a
+  // DeepSpeed user reaches for; it costs PCIe and host time, not recompute).
+  if (!args.zero.offload_optimizer && !args.zero.overlap_optimizer)
+    changes.push_back({"--optimizer-cpu-offload", [](train::TrainArgs& a) { a.zero.offload_optimizer = true; }});
   const bool unfused = !args.model.fused_attention() && !args.model.cudnn_attention();
   if (!args.model.recompute_activations && !args.model.recompute_core_attention && unfused)
     changes.push_back(

@@ -199,6 +199,24 @@ void Trainer::Impl::build() {
                       : on_gpu    ? plan::ranks_sharing_gpu(local_ranks, local_index, cuda_visible_devices())
                                   : 1;
   if (device_memory) device_memory->free /= sharers;
+  // ZeRO-Offload keeps its state in host memory (page-locked on a GPU), which
+  // the ranks of this host share: each needs its plan's bytes of its share.
+  // Where the device is host memory itself, they come out of the device's share.
+  if (args.zero.offload_optimizer) {
+    const auto host_memory = make_device(DeviceKind::CPU)->memory_info();
+    if (shared_host) {
+      device_memory->free -= my_plan().host_offload_bytes;
+    } else if (host_memory) {
+      run_consistently(world, [&] {
+        const std::int64_t need = my_plan().host_offload_bytes, share = host_memory->free / local_ranks;
+        MZ_REQUIRE(need <= share, "--optimizer-cpu-offload: rank ", world.rank(), " keeps ",
+                   static_cast<double>(need) / 1048576.0, " MiB of optimizer state in host memory, but ", host_name,
+                   " has ", static_cast<double>(share) / 1048576.0, " MiB available for each of its ", local_ranks,
+                   " ranks: leave --optimizer-cpu-offload out, or spread the run over more nodes (a larger "
+                   "data-parallel group divides the state)");
+      });
+    }
+  }
   const std::string memory_name =
       shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")")
       : sharers > 1

@@ -416,6 +416,16 @@ def cases():
     add("zero.overlap-optimizer.stage3", E2, "--overlap-optimizer is for --zero-stage 0; stage 3 updates only",
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-optimizer true")
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
+    # ZeRO-Offload (--optimizer-cpu-offload, Megatron-Core's spelling).
+    add("zero.optimizer-cpu-offload.dry-run", 0, "K = 12 bytes a parameter offloaded\n  host memory \\(ZeRO-Offload\\): [0-9.]+ GiB",
+        f"{minimal} --world-size 4 --train-iters 1 --zero-stage 2 --optimizer-cpu-offload", ranks=1)
+    add("zero.optimizer-cpu-offload.overlap-optimizer", E2, "--optimizer-cpu-offload runs AdamW on the host, which "
+        "--overlap-optimizer would queue", f"{minimal} --train-iters 1 --optimizer-cpu-offload --overlap-optimizer true")
+    add("megatron.optimizer-offload-fraction", E2, "--optimizer-offload-fraction 0.5: a partial offload is not "
+        "implemented", f"{minimal} --train-iters 1 --optimizer-cpu-offload --optimizer-offload-fraction 0.5")
+    add("megatron.overlap-cpu-optimizer-d2h-h2d", 0, "--overlap-cpu-optimizer-d2h-h2d has no effect here: "
+        "--optimizer-cpu-offload always overlaps", f"{minimal} --train-iters 1 --optimizer-cpu-offload "
+        "--optimizer-offload-fraction 1.0 --overlap-cpu-optimizer-d2h-h2d")
     add("megatron.loss-scale.fp16", 0, "iteration +1/.*loss scale 1024.0 .*\n(.*\n)*.*iteration +2/.*loss scale 1024.0",
         "{TRAIN} " + TINY + " --fp16 --loss-scale 1024")
     add("megatron.weight-decay-incr-style", 0, " weight decay: 0 -> 0.1 \\(linear\\) over 2 iterations",
@@ -440,8 +450,17 @@ def cases():
         + " --deepspeed-config {CFG}")
     add("deepspeed.missing", E2, "--deepspeed-config: cannot read '.*none.json': no such file", ds_model
         + " --deepspeed-config {TMP}/none.json")
-    add("deepspeed.offload", E2, "zero_optimization.offload_optimizer: ZeRO-Offload is not implemented", ds_model
-        + " --deepspeed-config @ds_offload")
+    add("deepspeed.offload-optimizer", 0, "ZeRO-Offload: fp32 master weights and Adam moments(.*\n)*training done",
+        ds_model + " --deepspeed-config @ds_offload")
+    add("deepspeed.offload-param", E2, "zero_optimization.offload_param: offloading the parameters \\(ZeRO-Infinity\\) "
+        "is not implemented", ds_model + " --deepspeed-config @ds_offload_param")
+    add("deepspeed.offload-nvme", E2, "offload_optimizer.device: offloading to NVMe \\(ZeRO-Infinity\\) is not "
+        "implemented: use \"cpu\"", ds_model + " --deepspeed-config @ds_offload_nvme")
+    add("deepspeed.offload-ratio", E2, "offload_optimizer.ratio: a partial offload is not implemented", ds_model
+        + " --deepspeed-config @ds_offload_ratio")
+    add("deepspeed.offload-contradiction", E2, "offload_optimizer.device is true but --optimizer-cpu-offload false "
+        "was given|offload_optimizer.device is .* but --optimizer-cpu-offload", ds_model
+        + " --optimizer-cpu-offload --deepspeed-config @ds_offload_none")
     add("deepspeed.unknown-key", E2, "unknown key zero_optimisation", ds_model + " --deepspeed-config @ds_unknown")
     add("deepspeed.log-warmup", 0, "lr-warmup-iters = 10(.*\n)*lr-warmup-style = log", ds_model
         + " --deepspeed-config @ds_logwarmup")
@@ -706,7 +725,11 @@ def special_path(token, tmp, ck):
         "@bom": "\ufeffnum-layers = 2\nhidden-size = 64\nnum-attention-heads = 4\nseq-length = 32\n"
                 "max-position-embeddings = 32\ntrain-iters = 1\n",
         "@empty": "",
-        "@ds_offload": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}',
+        "@ds_offload": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}',
+        "@ds_offload_param": '{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}',
+        "@ds_offload_nvme": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}',
+        "@ds_offload_ratio": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}',
+        "@ds_offload_none": '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}',
         "@ds_unknown": '{"zero_optimisation": {"stage": 2}, "train_micro_batch_size_per_gpu": 4}',
         "@ds_logwarmup": '{"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10}}}',
     }

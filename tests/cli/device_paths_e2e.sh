@@ -6,6 +6,8 @@
 #  1. save -> resume is exact (the printed losses and loss scales, bit for bit)
 #     in fp32, bf16 and fp16 with dynamic loss scaling;
 #  2. ZeRO stages 0-3, each saved mid-run and resumed exactly;
+#     2b: --optimizer-cpu-offload (ZeRO-Offload) trains the same bits with
+#     less device memory and resumes a device-state checkpoint exactly;
 #  3. a DEVICE checkpoint resumes on the CPU and on another layout (TP 2, stage
 #     3), and a CPU checkpoint resumes on DEVICE (to 1e-4; bit for bit where
 #     DEVICE runs the CPU kernels), and DEVICE's validation loss is the CPU's;
@@ -94,6 +96,25 @@ for stage in 0 1 2 3; do
   same_tail "z${stage}_straight" "z${stage}_resumed"
 done
 echo "device_paths_e2e ($device): ZeRO stages 0-3 on 2 ranks sharing the device: checkpoint and exact resume"
+
+# 2b. ZeRO-Offload (--optimizer-cpu-offload): the master and Adam's moments in
+# host memory, AdamW on the host: the losses of step 2's runs on DEVICE, bit
+# for bit (one AdamW formula everywhere), less device memory at its peak; an
+# offloaded resume of step 2's checkpoint continues exactly.
+peak() { sed -nE 's/^ iteration .*peak memory \(max over ranks\) ([0-9.]+) MiB.*/\1/p' "$work/$1.log" | tail -n 1; }
+for stage in 1 3; do
+  run "off${stage}" 2 --device "$device" --zero-stage "$stage" --train-iters 4 --bf16 --optimizer-cpu-offload
+  ok "off${stage}"
+  grep -q "^ZeRO-Offload: fp32 master weights and Adam moments" "$work/off${stage}.log" || fail "no ZeRO-Offload line"
+  same_tail "z${stage}_straight" "off${stage}"
+  awk -v a="$(peak "off${stage}")" -v b="$(peak "z${stage}_straight")" 'BEGIN { exit !(a > 0 && a < b) }' ||
+    fail "stage $stage: offloaded peak $(peak "off${stage}") MiB, not below $(peak "z${stage}_straight") MiB"
+  run "off${stage}_resumed" 2 --device "$device" --zero-stage "$stage" --train-iters 4 --bf16 --optimizer-cpu-offload \
+    --load "$work/z$stage"
+  ok "off${stage}_resumed"
+  same_tail "z${stage}_straight" "off${stage}_resumed"
+done
+echo "device_paths_e2e ($device): --optimizer-cpu-offload at stages 1 and 3: the same losses, a lower device peak ($(peak off1) against $(peak z1_straight) MiB at stage 1), exact resume"
 
 # 3. Across devices and layouts (fp32, from step 1's checkpoint at iteration 3).
 run cpu_straight 2 --device cpu --zero-stage 1 --train-iters 6 --save "$work/all_cpu" --save-interval 3

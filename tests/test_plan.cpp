@@ -13,6 +13,7 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <unistd.h>
 
 #include "megazero/core/error.h"
 #include "megazero/plan/memory_plan.h"
@@ -517,4 +518,55 @@ TEST(Preflight, SuggestsTheOptimizerOffloadWhereItFits) {
     EXPECT_FALSE(v.fits);
     EXPECT_EQ(v.advice.find("--optimizer-cpu-offload (") != std::string::npos, free == offloaded.step_total_peak);
   }
+}
+
+// The time model prices ZeRO-Offload's step as the host streaming the
+// optimizer state through its memory and the copies over the host link,
+// pipelined (the slower of the two), and refuses a GPU profile that does not
+// say how fast the host's memory is.
+TEST(Plan, TimeModelPricesTheOffloadedOptimizerOnTheHost) {
+  auto args = paper_100b(1);
+  args.zero.offload_optimizer = true;
+  const auto p = plan::plan_rank_memory(args, 400, 0);
+  const auto hw = plan::load_hardware_profile("dgx2-v100");
+  ASSERT_GT(hw.host_memory_gbps, 0);
+  const auto e = plan::estimate_step_time(args, p, hw);
+  EXPECT_TRUE(e.optimizer_on_host);
+  const double owned = static_cast<double>(p.psi_padded / 25);
+  const double host = owned * (24 + 2 * 2) / (hw.host_memory_gbps * 1e9);
+  const double link = 2 * 2 * owned / (hw.host_link_gbps * 1e9);
+  EXPECT_DOUBLE_EQ(e.optimizer_s, std::max(host, link));
+  EXPECT_NE(e.to_table().find("(on the host: ZeRO-Offload)"), std::string::npos);
+  args.zero.offload_optimizer = false;
+  const auto on_device = plan::estimate_step_time(args, plan::plan_rank_memory(args, 400, 0), hw);
+  EXPECT_FALSE(on_device.optimizer_on_host);
+  EXPECT_LT(on_device.optimizer_s, e.optimizer_s) << "the GPU's memory is faster than the host's";
+  EXPECT_GT(on_device.memory_gib - e.memory_gib, 12 * owned / 1073741824.0 * 0.999);
+  // A CPU profile's host memory is its device memory.
+  const auto cpu = plan::load_hardware_profile("this-machine");
+  EXPECT_EQ(cpu.host_memory_gbps, cpu.memory_bandwidth_gbps);
+  // A GPU profile without host_memory_gbps cannot price it.
+  const std::string path = "/tmp/mz-plan-" + std::to_string(::getpid()) + "-no-host-memory.json";
+  {
+    std::ifstream in(std::string(MEGAZERO_SOURCE_DIR) + "/configs/hardware/dgx2-v100.json");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    const auto at = text.find(",\n  \"host_memory_gbps\"");
+    ASSERT_NE(at, std::string::npos);
+    text.erase(at, text.find('\n', at + 2) - at);
+    std::ofstream(path) << text;
+  }
+  const auto bare = plan::load_hardware_profile(path);
+  EXPECT_EQ(bare.host_memory_gbps, 0);
+  args.zero.offload_optimizer = true;
+  try {
+    plan::estimate_step_time(args, p, bare);
+    ADD_FAILURE() << "an offloaded plan was priced without the host's memory bandwidth";
+  } catch (const ConfigError& err) {
+    EXPECT_NE(std::string(err.what()).find("has no host_memory_gbps: --optimizer-cpu-offload runs AdamW in host memory"),
+              std::string::npos)
+        << err.what();
+  }
+  std::remove(path.c_str());
 }

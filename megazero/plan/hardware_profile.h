@@ -37,7 +37,11 @@ struct HardwareProfile {
   // The most one collective's rings get across nodes, whatever the node has
   // (the NICs they can use); default: the node's bandwidth.
   double inter_node_group_gbps = 0;
-  double host_link_gbps = 0;  // device <-> host memory, per device (Pa+cpu)
+  double host_link_gbps = 0;  // device <-> host memory, per device (Pa+cpu, ZeRO-Offload's copies)
+  // The host's memory bandwidth per device (the node's, shared by its
+  // devices' ranks): ZeRO-Offload's AdamW streams the state through it.
+  // Optional ("host_memory_gbps"); a CPU profile's device memory is the host's.
+  double host_memory_gbps = 0;
 
   // Peak FLOP/s for GEMMs in `dtype`; ConfigError naming the profile when the
   // device has no such arithmetic.

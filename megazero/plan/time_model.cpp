@@ -156,6 +156,17 @@ StepTimeEstimate estimate_step_time(const train::TrainArgs& args, const RankMemo
   // Adam: read and write fp32 master, m and v; read the gradient, write the 16-bit parameter.
   const double pb = static_cast<double>(dtype_size(args.dtype()));
   e.optimizer_s = static_cast<double>(plan.owned_elements) * (24.0 + 2.0 * pb) / membw;
+  if (plan.offloaded) {
+    // ZeRO-Offload: the same bytes streamed through host memory, and the
+    // gradients down and parameters up over the host link; the two pipelined
+    // chunk by chunk, so the slower one is the step's.
+    MZ_REQUIRE(hw.host_memory_gbps > 0, "--hardware ", hw.name,
+               " has no host_memory_gbps: --optimizer-cpu-offload runs AdamW in host memory; add the host's memory "
+               "bandwidth per device to the profile");
+    e.optimizer_on_host = true;
+    e.optimizer_s = std::max(static_cast<double>(plan.owned_elements) * (24.0 + 2.0 * pb) / (hw.host_memory_gbps * 1e9),
+                             static_cast<double>(plan.offload_copy_bytes) / (hw.host_link_gbps * 1e9));
+  }
 
   e.step_s = e.compute_s + e.tp_comm_s + e.host_copy_s + e.dp_exposed_s + e.optimizer_s;
   e.tflops_per_gpu = plan.model_flops_per_step / e.step_s / 1e12;
@@ -174,11 +185,11 @@ std::string StepTimeEstimate::to_table() const {
                 "  compute %.3f s (GEMMs %.3f s, elementwise %.3f s)\n"
                 "  TP communication %.3f s (group spans %d node(s); exposed)\n"
                 "  DP communication %.3f s, %.3f s of it exposed (group spans %d node(s))\n"
-                "  Pa+cpu host copies %.3f s, optimizer %.3f s\n"
+                "  Pa+cpu host copies %.3f s, optimizer %.3f s%s\n"
                 "  step %.3f s: %.1f TFLOP/s per GPU (model FLOPs with recompute), MFU %.1f%%, %.1f samples/s\n"
                 "  memory %.2f GiB of %.0f GiB: %s\n",
                 hardware.c_str(), compute_s, gemm_s, elementwise_s, tp_comm_s, tp_nodes, dp_comm_s, dp_exposed_s,
-                dp_nodes, host_copy_s, optimizer_s, step_s, tflops_per_gpu, 100.0 * mfu, samples_per_s, memory_gib,
+                dp_nodes, host_copy_s, optimizer_s, optimizer_on_host ? " (on the host: ZeRO-Offload)" : "", step_s, tflops_per_gpu, 100.0 * mfu, samples_per_s, memory_gib,
                 device_memory_gib, fits ? "fits" : "DOES NOT FIT");
   return b;
 }
@@ -189,7 +200,7 @@ std::string StepTimeEstimate::to_json() const {
   os << "{\"hardware\": \"" << hardware << "\", \"gemm_s\": " << gemm_s << ", \"elementwise_s\": " << elementwise_s
      << ", \"compute_s\": " << compute_s << ", \"tp_comm_s\": " << tp_comm_s << ", \"host_copy_s\": " << host_copy_s
      << ", \"dp_comm_s\": " << dp_comm_s << ", \"dp_exposed_s\": " << dp_exposed_s
-     << ", \"optimizer_s\": " << optimizer_s << ", \"step_s\": " << step_s << ", \"tflops_per_gpu\": " << tflops_per_gpu
+     << ", \"optimizer_s\": " << optimizer_s << ", \"optimizer_on_host\": " << (optimizer_on_host ? "true" : "false") << ", \"step_s\": " << step_s << ", \"tflops_per_gpu\": " << tflops_per_gpu
      << ", \"mfu\": " << mfu << ", \"samples_per_s\": " << samples_per_s << ", \"tp_nodes\": " << tp_nodes
      << ", \"dp_nodes\": " << dp_nodes << ", \"memory_gib\": " << memory_gib
      << ", \"device_memory_gib\": " << device_memory_gib << ", \"fits\": " << (fits ? "true" : "false") << "}";

@@ -40,6 +40,7 @@ struct StepTimeEstimate {
   double dp_comm_s = 0;     // DP group, all of it
   double dp_exposed_s = 0;  // the part that compute did not hide
   double optimizer_s = 0;
+  bool optimizer_on_host = false;  // ZeRO-Offload: AdamW in host memory, its copies over the host link
   double step_s = 0;
   // Throughput: the paper's metric is model FLOPs with recompute per GPU
   // (Narayanan et al. eq. 3, 96 B s l h^2 (...)); MFU uses the FLOPs without

@@ -12,17 +12,33 @@
 #include <sstream>
 
 #include "megazero/kernels/cpu_threads.h"
+#include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/runtime/cli.h"
+#include "megazero/runtime/entry.h"
 
 namespace po = boost::program_options;
 using namespace megazero;
 
 namespace {
 
-std::vector<int> parse_list(const std::string& s) {
+// "1,2,4" -> {1, 2, 4}: positive whole numbers, or a ConfigError naming `flag`.
+std::vector<int> parse_list(const std::string& s, const char* flag) {
   std::vector<int> v;
   std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');) v.push_back(std::stoi(item));
+  for (std::string item; std::getline(ss, item, ',');) {
+    std::size_t used = 0;
+    int x = 0;
+    try {
+      x = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    MZ_REQUIRE(used == item.size() && !item.empty() && x > 0, flag, " takes a comma list of positive whole numbers, got '",
+               s, "'");
+    v.push_back(x);
+  }
+  MZ_REQUIRE(!v.empty(), flag, " is empty");
   return v;
 }
 
@@ -61,21 +77,20 @@ std::function<void()> onednn_direct(const Tensor& a, const Tensor& b, Tensor& c)
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string threads_s = "1,2", sizes_s = "512,1024,2048";
   int reps = 5;
   po::options_description d("bench_gemm");
   d.add_options()("threads", po::value(&threads_s), "comma list of math thread counts")(
       "sizes", po::value(&sizes_s), "comma list of square sizes M=N=K")("reps", po::value(&reps), "timed runs");
-  po::variables_map vm;
-  po::store(po::parse_command_line(argc, argv, d), vm);
-  po::notify(vm);
+  parse_command_line(argc, argv, d, "bench_gemm");
+  MZ_REQUIRE(reps > 0, "--reps must be positive, got ", reps);
 
   auto cpu = make_device(DeviceKind::CPU);
   std::printf("%-8s %-6s %-5s %-22s %10s\n", "threads", "size", "dtype", "implementation", "GFLOP/s");
-  for (int threads : parse_list(threads_s)) {
+  for (int threads : parse_list(threads_s, "--threads")) {
     set_cpu_math_threads(threads);
-    for (int size : parse_list(sizes_s)) {
+    for (int size : parse_list(sizes_s, "--sizes")) {
       const std::int64_t n = size;
       const double flops = 2.0 * static_cast<double>(n * n * n);
       for (DType t : {DType::F32, DType::BF16, DType::F16}) {
@@ -111,3 +126,5 @@ int main(int argc, char** argv) {
               cpu_gemm_path(DType::F16, DType::F32).c_str());
   return 0;
 }
+
+int main(int argc, char** argv) { return run_main("bench_gemm", argc, argv, run); }

@@ -33,6 +33,7 @@
 #include "megazero/train/tensorboard_writer.h"
 #include "megazero/train/train_step.h"
 #include "megazero/trainer/iteration_log.h"
+#include "megazero/trainer/peak_flops.h"
 #include "megazero/trainer/kernel_profile.h"
 #include "megazero/trainer/resume.h"
 #include "megazero/zero/partitioned_activations.h"
@@ -435,8 +436,17 @@ void Trainer::Impl::build() {
       profile = std::make_unique<IterationProfile>(args, world.rank(), world.size(), device, start_iter);
       profile->check_ready();
     });
-  // Defaults: H100 SXM dense bf16 (989 TFLOP/s) on a GPU; this 2-core machine's fp32 GEMM (180 GFLOP/s) on a CPU.
-  peak = args.peak_tflops > 0 ? args.peak_tflops : on_gpu ? 989.0 : 0.18;
+  // MFU's peak (trainer/peak_flops.h): --peak-tflops, an H100's on a GPU, or
+  // measured on the CPU; the ranks take the best any of them measured, so
+  // every rank reports against the same number.
+  if (args.peak_tflops > 0) {
+    peak = args.peak_tflops;
+  } else {
+    PeakFlops p = on_gpu ? gpu_default_peak() : measure_cpu_peak(args.dtype());
+    peak = max_over(world, p.tflops);
+    if (root)
+      std::printf("MFU against %.4g TFLOP/s per rank (%s; --peak-tflops sets it)\n", peak, p.source.c_str());
+  }
   flops_per_token = model.flops_per_token(true);
   model_flops_per_token = model.flops_per_token(false);
   consumed_.assign(1, consumed_at_start);

@@ -416,6 +416,11 @@ def cases():
     add("zero.overlap-optimizer.stage3", E2, "--overlap-optimizer is for --zero-stage 0; stage 3 updates only",
         f"{minimal} --train-iters 1 --zero-stage 3 --overlap-optimizer true")
     add("zero.overlap-optimizer.stage0", 0, "overlap-optimizer = 1", f"{minimal} --train-iters 1 --overlap-optimizer true")
+    # MFU's peak on the CPU: measured for the run's dtype (AVX-512 BF16 runs bf16 GEMMs at twice fp32's rate), so
+    # the MFU stays a fraction; --peak-tflops replaces it.
+    add("mfu.cpu-peak.bf16", 0, "MFU against [0-9.e-]+ TFLOP/s per rank \\(measured: the best of 3 1024\\^3 bf16 GEMMs",
+        "{TRAIN} " + TINY + " --bf16")
+    add("mfu.cpu-peak.given", 0, "MFU [0-9.]{5,}%(.*\n)*training done", "{TRAIN} " + TINY + " --peak-tflops 0.00001")
     # ZeRO-Offload (--optimizer-cpu-offload, Megatron-Core's spelling).
     add("zero.optimizer-cpu-offload.dry-run", 0, "K = 12 bytes a parameter offloaded\n  host memory \\(ZeRO-Offload\\): [0-9.]+ GiB",
         f"{minimal} --world-size 4 --train-iters 1 --zero-stage 2 --optimizer-cpu-offload", ranks=1)

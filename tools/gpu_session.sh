@@ -60,6 +60,9 @@
 #            communication the prefetch leaves; recompute
 #            with and without Pa+cpu; last, tests/cli/shm_backend_e2e.sh on cuda (4 ranks: shm's
 #            losses are MPI's).
+#   offload - ZeRO-Offload (--optimizer-cpu-offload) on the 355M model, one GPU: step, optimizer
+#            timer and peak memory with the state on the device and in host memory (same losses),
+#            then the host's AdamW alone (bench_kernels --device cpu)
 #   tools/gpu_session.sh paths cudnn tests layer train
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given (MZ_PEERS_QUICK=1: the peers phases time only
@@ -342,6 +345,29 @@ for phase in "$@"; do
         done
       } > "$out/train.txt" 2>&1
       grep -E "^==|iteration +(10|20|30)/|error" "$out/train.txt" | tail -20
+      ;;
+    offload)
+      {
+        # ZeRO-Offload (--optimizer-cpu-offload): the 355M model's step on one GPU with the
+        # optimizer state on the device and in page-locked host memory (AdamW on the host's
+        # cores, the copies pipelined with it): the optimizer timer, the step and the peak
+        # device memory; the losses must agree to the bit. Then the host's AdamW alone
+        # (bench_kernels --device cpu: the update's rate in host memory, what the time model's
+        # host_memory_gbps prices).
+        for v in "" "--optimizer-cpu-offload"; do
+          echo "== 355M bf16 cudnn, one GPU ${v:-(state on the device)}"
+          mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+            --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+            --bf16 --mock-data --vocab-size 50257 --train-iters 20 --log-interval 10 --lr 1e-4 --eval-iters 0 \
+            --attention-backend cudnn --timing-log-level 1 $v
+          echo "== exit $?"
+        done
+        echo "== the host's AdamW over the 355M model's parameters (bench_kernels --device cpu)"
+        bounded 120 $B/bench_kernels --device cpu --dtype bf16 --rows 8 --cols 8 --hidden 64 --ce-rows 8 \
+          --ce-vocab 64 --adam-elements 354871296 --steps 3
+        echo "== exit $?"
+      } > "$out/offload.txt" 2>&1
+      grep -E "^==|iteration +(10|20)/|timers|ZeRO-Offload|optimizer over|error" "$out/offload.txt" | tail -24
       ;;
     peers|peers-gpt|peers-layer)
       # Each run bounded by MZ_PEER_TIMEOUT (ours under mpi by MZ_RUN_TIMEOUT); a failed or

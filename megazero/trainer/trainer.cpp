@@ -203,23 +203,31 @@ void Trainer::Impl::build() {
   // ZeRO-Offload keeps its state in host memory (page-locked on a GPU), which
   // the ranks of this host share: each needs its plan's bytes of its share.
   // Where the device is host memory itself, they come out of the device's share.
+  auto mib = [](std::int64_t bytes) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.1f MiB", static_cast<double>(bytes) / 1048576.0);
+    return std::string(b);
+  };
+  std::int64_t offloaded_bytes = 0;
   if (args.zero.offload_optimizer) {
     const auto host_memory = make_device(DeviceKind::CPU)->memory_info();
-    if (shared_host) {
-      device_memory->free -= my_plan().host_offload_bytes;
-    } else if (host_memory) {
-      run_consistently(world, [&] {
-        const std::int64_t need = my_plan().host_offload_bytes, share = host_memory->free / local_ranks;
-        MZ_REQUIRE(need <= share, "--optimizer-cpu-offload: rank ", world.rank(), " keeps ",
-                   static_cast<double>(need) / 1048576.0, " MiB of optimizer state in host memory, but ", host_name,
-                   " has ", static_cast<double>(share) / 1048576.0, " MiB available for each of its ", local_ranks,
-                   " ranks: leave --optimizer-cpu-offload out, or spread the run over more nodes (a larger "
-                   "data-parallel group divides the state)");
-      });
-    }
+    run_consistently(world, [&] {
+      offloaded_bytes = my_plan().host_offload_bytes;
+      if (shared_host || !host_memory) return;
+      const std::int64_t share = host_memory->free / local_ranks;
+      MZ_REQUIRE(offloaded_bytes <= share, "--optimizer-cpu-offload: rank ", world.rank(), " keeps ",
+                 mib(offloaded_bytes), " of optimizer state in host memory, but ", host_name, " has ", mib(share),
+                 " available for each of its ", local_ranks,
+                 " ranks: leave --optimizer-cpu-offload out, or spread the run over more nodes (a larger "
+                 "data-parallel group divides the state)");
+    });
+    if (shared_host) device_memory->free = std::max<std::int64_t>(0, device_memory->free - offloaded_bytes);
   }
   const std::string memory_name =
-      shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")")
+      shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")",
+                                   offloaded_bytes > 0
+                                       ? " less the " + mib(offloaded_bytes) + " of optimizer state ZeRO-Offload keeps there"
+                                       : "")
       : sharers > 1
           ? detail::concat("this rank's share of ", device->name(), " (1/", sharers, ": ", sharers, " ranks use it)")
           : device->name();

@@ -426,6 +426,14 @@ def cases():
         f"{minimal} --world-size 4 --train-iters 1 --zero-stage 2 --optimizer-cpu-offload", ranks=1)
     add("zero.optimizer-cpu-offload.overlap-optimizer", E2, "--optimizer-cpu-offload runs AdamW on the host, which "
         "--overlap-optimizer would queue", f"{minimal} --train-iters 1 --optimizer-cpu-offload --overlap-optimizer true")
+    offload_big = ("{TRAIN} --num-layers 40 --hidden-size 4096 --num-attention-heads 16 --seq-length 64 "
+                   "--max-position-embeddings 64 --mock-data --vocab-size 256 --train-iters 1 --optimizer-cpu-offload")
+    add("zero.optimizer-cpu-offload.host-memory", E2, "--optimizer-cpu-offload: rank [01] keeps [0-9.]+ MiB of "
+        "optimizer state in host memory, but .* has [0-9.]+ MiB available for each of its 2 ranks: leave "
+        "--optimizer-cpu-offload out", offload_big + " --device cpu-isolated")
+    add("zero.optimizer-cpu-offload.host-is-the-device", E2, "memory pre-flight: rank [01]'s plan needs .* but this "
+        "rank's share of the host's available memory \\(1/2\\) less the [0-9.]+ MiB of optimizer state ZeRO-Offload "
+        "keeps there has [0-9.]+ MiB free", offload_big + " --device cpu")
     add("megatron.optimizer-offload-fraction", E2, "--optimizer-offload-fraction 0.5: a partial offload is not "
         "implemented", f"{minimal} --train-iters 1 --optimizer-cpu-offload --optimizer-offload-fraction 0.5")
     add("megatron.overlap-cpu-optimizer-d2h-h2d", 0, "--overlap-cpu-optimizer-d2h-h2d has no effect here: "

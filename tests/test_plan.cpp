@@ -149,6 +149,21 @@ TEST(Plan, TheEngineHoldsWhatTheFormulasSayAtPaperScale) {
     EXPECT_NE(p.to_table().find("host memory (ZeRO-Offload)"), std::string::npos);
   }
   EXPECT_EQ(plan::paper_model_state_bytes(1, 1e9, 25, 2, true), 4e9) << "stage 1 offloaded: 16-bit params + grads";
+  {  // Stage 3 with the parameter partition offloaded too: the device keeps the gradient partition.
+    auto args = paper_100b(3);
+    args.zero.offload_optimizer = args.zero.offload_params = true;
+    const auto p = plan::plan_rank_memory(args, 400, 0);
+    const std::int64_t owned = p.psi_padded / 25;
+    EXPECT_EQ(p.bytes[static_cast<std::size_t>(MemoryCategory::Parameters)], 0);
+    EXPECT_EQ(p.bytes[static_cast<std::size_t>(MemoryCategory::Gradients)], 2 * owned);
+    EXPECT_EQ(p.host_offload_bytes, (12 + 2 + 2) * owned) << "the parameter partition replaces the upload staging";
+    EXPECT_NEAR(static_cast<double>(p.model_states), static_cast<double>(p.paper_model_states),
+                1e-4 * static_cast<double>(p.paper_model_states));
+    EXPECT_EQ(plan::paper_model_state_bytes(3, 25e9, 25, 2, true, true), 2e9);
+    // Per iteration: the gradients down (2 bytes an owned element) and this
+    // rank's piece of every group up before each of its two gathers.
+    EXPECT_EQ(p.offload_copy_bytes, 2 * owned + 2 * 2 * owned);
+  }
   // The paper's point: Pos+g fits the 100B model's states in a 32 GB V100; plain DP does not.
   EXPECT_LT(plan::plan_rank_memory(paper_100b(2), 400, 0).model_states, 32LL << 30);
   EXPECT_GT(plan::plan_rank_memory(paper_100b(0), 400, 0).model_states, 32LL << 30);

@@ -253,6 +253,9 @@ std::vector<Case> cases() {
     out.push_back({"TP2 bf16 stage " + std::to_string(stage) + " optimizer offload",
                    {"--tensor-model-parallel-size", "2", "--zero-stage", std::to_string(stage), "--bf16",
                     "--optimizer-cpu-offload"}});
+  out.push_back({"TP2 bf16 stage 3 optimizer and parameter offload",
+                 {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--bf16", "--optimizer-cpu-offload",
+                  "--param-cpu-offload"}});
   out.push_back({"TP1 stage 3 fp16 C5 optimizer offload accumulation",
                  {"--zero-config", "C5", "--fp16", "--initial-loss-scale", "1024", "--optimizer-cpu-offload",
                   "--global-batch-size", "16"}});

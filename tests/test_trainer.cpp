@@ -614,7 +614,7 @@ std::string config_error(const std::vector<std::string>& flags) {
 // clipping, bf16, ZeRO stage and bucket, AdamW's parameters and a linear
 // WarmupDecayLR; the run trains with the same losses, bit for bit, as the same
 // settings given as flags. "auto" keeps the command line's value; contradictions,
-// offload, unknown keys, DeepSpeed's default logarithmic warmup and batch sizes
+// NVMe offload, unknown keys, DeepSpeed's default logarithmic warmup and batch sizes
 // that do not multiply out are refused naming the key.
 TEST(Trainer, DeepSpeedConfigBecomesTheFlags) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
@@ -683,10 +683,10 @@ TEST(Trainer, DeepSpeedConfigBecomesTheFlags) {
                 .find("zero_optimization.stage is 2 but --zero-stage 1 was given"),
             std::string::npos);
   const std::string offload = write_temp("offload.json", R"({"zero_optimization": {"stage": 3,
-    "offload_param": {"device": "cpu"}}, "zero_optimisation": {}})");
+    "offload_param": {"device": "nvme"}}, "zero_optimisation": {}})");
   const std::string why = config_error({"--deepspeed-config", offload});
   EXPECT_NE(why.find("unknown key zero_optimisation"), std::string::npos) << why;
-  EXPECT_NE(why.find("zero_optimization.offload_param: offloading the parameters (ZeRO-Infinity) is not implemented"),
+  EXPECT_NE(why.find("zero_optimization.offload_param.device: offloading to NVMe (ZeRO-Infinity) is not implemented"),
             std::string::npos)
       << why;
   // DeepSpeed's default warmup is logarithmic.
@@ -723,9 +723,21 @@ TEST(Trainer, OptimizerOffloadTrainsAndResumesWithTheSameBits) {
     EXPECT_EQ(on_device.losses[i], plain.losses[3 + i]) << "iteration " << 4 + i;
     EXPECT_EQ(back_offloaded.losses[i], plain.losses[3 + i]) << "iteration " << 4 + i;
   }
-  // Stage 3 at TP 2 (no DP partition): the whole state of each TP shard on the host.
-  EXPECT_EQ(run({"--optimizer-cpu-offload", "--zero-stage", "3", "--tensor-model-parallel-size", "2"}).losses,
-            run({"--zero-stage", "3", "--tensor-model-parallel-size", "2"}).losses);
+  // Stage 3 at TP 2 (no DP partition): the whole state of each TP shard on the
+  // host; with --param-cpu-offload the 16-bit parameters too.
+  const auto stage3 = run({"--zero-stage", "3", "--tensor-model-parallel-size", "2"}).losses;
+  EXPECT_EQ(run({"--optimizer-cpu-offload", "--zero-stage", "3", "--tensor-model-parallel-size", "2"}).losses, stage3);
+  EXPECT_EQ(run({"--optimizer-cpu-offload", "--param-cpu-offload", "--zero-stage", "3", "--tensor-model-parallel-size",
+                 "2"})
+                .losses,
+            stage3);
+  EXPECT_NE(config_error({"--param-cpu-offload", "--zero-stage", "3"}).find("--param-cpu-offload needs "
+                                                                           "--optimizer-cpu-offload"),
+            std::string::npos);
+  const std::string ds_both = write_temp("offload_both.json", R"({"zero_optimization": {"stage": 3,
+    "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true}}})");
+  const TrainArgs both = args_of({"--deepspeed-config", ds_both});
+  EXPECT_TRUE(both.zero.offload_optimizer && both.zero.offload_params);
 
   const std::string ds = write_temp("offload_cpu.json", R"({"zero_optimization": {"stage": 2,
     "offload_optimizer": {"device": "cpu", "pin_memory": true, "ratio": 1.0}}})");
@@ -748,7 +760,7 @@ TEST(Trainer, OptimizerOffloadTrainsAndResumesWithTheSameBits) {
                 .find("--optimizer-offload-fraction 0.5: a partial offload is not implemented"),
             std::string::npos);
   EXPECT_TRUE(args_of({"--optimizer-offload-fraction", "1.0", "--optimizer-cpu-offload"}).zero.offload_optimizer);
-  for (const char* f : {"offload_cpu.json", "offload_nvme.json", "offload_ratio.json"})
+  for (const char* f : {"offload_cpu.json", "offload_nvme.json", "offload_ratio.json", "offload_both.json"})
     std::remove(("/tmp/mz-trainer-" + std::to_string(::getpid()) + "-" + f).c_str());
   world().barrier().wait();
   if (world().rank() == 0) {

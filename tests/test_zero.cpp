@@ -457,22 +457,57 @@ TEST(Zero, OffloadedOptimizerTrainsTheSameBitsOnEveryStage) {
       const auto moved = offloaded.engine->offload()->copied_bytes();
       EXPECT_EQ(moved, 3 * 2 * offloaded.engine->owned().size() * 4);
       EXPECT_DOUBLE_EQ(offloaded.engine->params_norm(), on_device.engine->params_norm());
-      EXPECT_EQ(offloaded.train(3, 1), on_device.train(3, 1));
+      // Stage 3 with the parameter partition in host memory too: each gather
+      // uploads this rank's piece first (the isolated device runs the upload
+      // only when the device is ordered after it: a gather issued before
+      // would all-gather stale pieces).
+      std::unique_ptr<ZeroRun> both;
+      if (stage == 3) {
+        s.offload_params = true;
+        both = std::make_unique<ZeroRun>(world(), s);
+        EXPECT_EQ(both->train(), want);
+        EXPECT_EQ(both->device->memory().live(MemoryCategory::Parameters), 0) << "only gathered groups, all released";
+        EXPECT_EQ(both->host->memory().live(MemoryCategory::Parameters), 4 * both->engine->owned().size())
+            << "the partition (fp32 in this test), no staging";
+        EXPECT_GT(both->engine->param_upload_bytes(), 0);
+        EXPECT_EQ(both->engine->offload()->copied_bytes(), 3 * both->engine->owned().size() * 4)
+            << "gradients down only: the update writes the parameters in host memory";
+        EXPECT_EQ(both->engine->owned_state().exp_avg_sq.to_double_vector(), ref.exp_avg_sq.to_double_vector());
+      }
+      // One more step each (every forward after the first waits for what the last step left in flight).
+      const auto more = on_device.train(3, 1);
+      EXPECT_EQ(offloaded.train(3, 1), more);
+      if (both) {
+        EXPECT_EQ(both->train(3, 1), more);
+      }
     }
   }
 }
 
-TEST(Zero, OffloadBesideTheOverlappedOptimizerIsRefused) {
+TEST(Zero, OffloadsOutsideTheirStagesAreRefused) {
+  auto refused = [](zero::ZeroConfig c, const std::string& why) {
+    try {
+      c.validate();
+      ADD_FAILURE() << "accepted; expected: " << why;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
   zero::ZeroConfig c;
   c.offload_optimizer = true;
   c.overlap_optimizer = true;
-  try {
-    c.validate();
-    ADD_FAILURE() << "--optimizer-cpu-offload with --overlap-optimizer accepted";
-  } catch (const ConfigError& e) {
-    EXPECT_NE(std::string(e.what()).find("--optimizer-cpu-offload runs AdamW on the host"), std::string::npos)
-        << e.what();
+  refused(c, "--optimizer-cpu-offload runs AdamW on the host");
+  c.overlap_optimizer = false;
+  c.offload_params = true;
+  for (int stage = 0; stage <= 2; ++stage) {
+    c.stage = stage;
+    refused(c, "--param-cpu-offload keeps each rank's parameter partition in host memory, which only --zero-stage 3");
   }
+  c.stage = 3;
+  c.offload_optimizer = false;
+  refused(c, "--param-cpu-offload needs --optimizer-cpu-offload");
+  c.offload_optimizer = true;
+  EXPECT_NO_THROW(c.validate());
 }
 
 // Every stage, with accumulation and the stage-3 prefetch, over a DP group whose

@@ -73,9 +73,12 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
   for (int tp : {1, 2}) {
     if (n % tp || n / tp < 2) continue;
     const int nd = n / tp;
-    for (int stage = 0; stage <= 3; ++stage) for (bool offload : {false, true}) {
+    for (int stage = 0; stage <= 3; ++stage) for (int mode : {0, 1, 2}) {
+      // 1: the optimizer state offloaded; 2 (stage 3): the parameter partition too.
+      if (mode == 2 && stage != 3) continue;
+      const bool offload = mode >= 1, params_offloaded = mode == 2;
       SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << nd << " stage " << stage
-                                      << (offload ? " offloaded" : ""));
+                                      << (offload ? " offloaded" : "") << (params_offloaded ? " with parameters" : ""));
       ZeroRunSpec s;
       s.tp = tp;
       s.dp = nd;
@@ -85,6 +88,7 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
       s.bucket = 4096;
       s.hidden = 64;  // ~60k parameters per TP rank: padding to DP x 64 stays under 1%
       s.offload_optimizer = offload;
+      s.offload_params = params_offloaded;
       ZeroRun run(world(), s);
       run.train();
       const auto& mem = run.device->memory();
@@ -92,7 +96,7 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
       // fp32 master + Adam m + v; ZeRO-Offload moves them to host memory.
       const double k = offload ? 0 : 12;
       // Table 1: model-state bytes per device.
-      const double params = stage == 3 ? 2 * psi / nd : 2 * psi;
+      const double params = params_offloaded ? 0 : stage == 3 ? 2 * psi / nd : 2 * psi;
       const double grads = stage >= 2 ? 2 * psi / nd : 2 * psi;
       const double owned = stage == 0 ? psi : psi / nd;
       const double optim = k * owned;
@@ -109,7 +113,8 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
       const double formula = stage == 0   ? (2 + 2 + k) * psi_true
                              : stage == 1 ? 4 * psi_true + k * psi_true / nd
                              : stage == 2 ? 2 * psi_true + (2 + k) * psi_true / nd
-                                          : (2 + 2 + k) * psi_true / nd;
+                             : params_offloaded ? (2 + k) * psi_true / nd
+                                                : (2 + 2 + k) * psi_true / nd;
       const double measured =
           static_cast<double>(mem.live(MC::Parameters) + mem.live(MC::Gradients) + mem.live(MC::OptimizerStates));
       EXPECT_NEAR(measured / formula, 1.0, 0.01);

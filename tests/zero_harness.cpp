@@ -84,6 +84,7 @@ ZeroRun::ZeroRun(Communicator& world, const ZeroRunSpec& s) : spec(s) {
   zc.overlap_param_gather = s.overlap_param_gather;
   zc.overlap_optimizer = s.overlap_optimizer;
   zc.offload_optimizer = s.offload_optimizer;
+  zc.offload_params = s.offload_params;
   zc.contiguous_gradients = s.zero_r.contiguous_memory;
   host = device->host_device();
   engine = std::make_unique<zero::ZeroEngine>(*params, *dp, *tp, device, zc, host);

@@ -27,6 +27,7 @@ struct ZeroRunSpec {
   bool overlap_param_gather = true;  // stages 1-2: the step's all-gather waited for by the next forward
   bool overlap_optimizer = false;    // stage 0: AdamW run by run beside the next forward
   bool offload_optimizer = false;    // ZeRO-Offload: master + Adam in host memory, AdamW on the host
+  bool offload_params = false;       // stage 3 with it: the parameter partition in host memory too
   // The DP group's collectives run only when waited for (deferred_communicator.h):
   // a read of a collective's result without its wait reads stale data, every time.
   bool deferred_dp = false;

@@ -15,8 +15,12 @@
 
 namespace megazero::plan {
 
-double paper_model_state_bytes(int stage, double psi, double nd, int pb, bool offloaded) {
+double paper_model_state_bytes(int stage, double psi, double nd, int pb, bool offloaded, bool params_offloaded) {
   const double K = offloaded ? 0 : 12;  // ZeRO-Offload keeps the optimizer's K bytes in host memory
+  if (params_offloaded) {  // stage 3 only: the parameter partition in host memory too
+    MZ_CHECK(stage == 3, "parameters are offloaded at stage 3 only");
+    return (pb + K) * psi / nd;
+  }
   switch (stage) {
     case 0:
       return (2.0 * pb + K) * psi;
@@ -95,6 +99,8 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     // are the second's, the steady state's.
     train::train_step(model, engine, dp_comm, mbs, opt, scaler, 0);
     const auto before = meta->memory().snapshot();
+    const std::int64_t offload_copied_before =
+        (engine.offload() ? engine.offload()->copied_bytes() : 0) + engine.param_upload_bytes();
     tp_comm.reset_stats();
     dp_comm.reset_stats();
     auto& log = static_cast<MetaDevice&>(*meta).compute_log();
@@ -108,8 +114,8 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     const auto ckpt = static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints);
     p.activation_traffic_bytes = peak.by_category[act].allocated_bytes - before.by_category[act].allocated_bytes;
     p.host_copy_bytes = checkpoints.stats().host_copies_bytes;  // counted by the store as it copies
-    if (engine.offload()) {  // the second iteration's: half of what both moved
-      p.offload_copy_bytes = engine.offload()->copied_bytes() / 2;
+    if (engine.offload()) {  // the second iteration's: gradients down, parameters up (or pieces before gathers)
+      p.offload_copy_bytes = engine.offload()->copied_bytes() + engine.param_upload_bytes() - offload_copied_before;
       p.offload_elements = p.owned_elements;
     }
     p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
@@ -128,13 +134,14 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   p.dp_rank = coord.dp_rank;
   p.stage = args.zero.stage;
   p.offloaded = args.zero.offload_optimizer;
+  p.params_offloaded = args.zero.offload_params;
   p.param_bytes = static_cast<int>(dtype_size(args.dtype()));
   p.dtype = std::string(dtype_name(args.dtype()));
   auto at = [&](MemoryCategory c) { return p.bytes[static_cast<std::size_t>(c)]; };
   p.model_states = at(MemoryCategory::Parameters) + at(MemoryCategory::Gradients) + at(MemoryCategory::OptimizerStates);
   p.paper_model_states = static_cast<std::int64_t>(
       paper_model_state_bytes(p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype())),
-                              p.offloaded));
+                              p.offloaded, p.params_offloaded));
   return p;
 }
 
@@ -203,11 +210,13 @@ std::string RankMemoryPlan::to_table() const {
   std::snprintf(d, sizeof d, "%+.3f%%", 100.0 * rel);
   os << "  model states (parameters + gradients + optimizer): " << gib(model_states)
      << "; the paper's formula: " << gib(paper_model_states) << " (" << d << ")"
-     << (offloaded ? " with the optimizer's K = 12 bytes a parameter offloaded" : "") << "\n";
+     << (offloaded ? " with the optimizer's K = 12 bytes a parameter offloaded" : "")
+     << (params_offloaded ? ", and the 16-bit parameters" : "") << "\n";
   if (offloaded)
     os << "  host memory (ZeRO-Offload): " << gib(host_offload_bytes)
-       << " (fp32 master + Adam moments, 12 bytes, and the gradient and parameter staging, "
-       << 2 * param_bytes << " bytes, for each of the " << offload_elements << " offloaded parameters); "
+       << " (fp32 master + Adam moments, 12 bytes, and the gradient staging and "
+       << (params_offloaded ? "the parameter partition" : "the parameter staging") << ", " << 2 * param_bytes
+       << " bytes, for each of the " << offload_elements << " offloaded parameters); "
        << gib(offload_copy_bytes) << " copied between device and host per iteration\n";
   os
      << "  two iterations (each " << micro_batches
@@ -240,7 +249,8 @@ std::string RankMemoryPlan::to_json() const {
      << ", \"step_activations_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]
      << ", \"step_checkpoints_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
      << ", \"step_total_peak\": " << step_total_peak << ", \"step_heap_peak\": " << step_heap_peak
-     << ", \"offload_optimizer\": " << (offloaded ? "true" : "false") << ", \"host_offload_bytes\": " << host_offload_bytes
+     << ", \"offload_optimizer\": " << (offloaded ? "true" : "false")
+     << ", \"offload_params\": " << (params_offloaded ? "true" : "false") << ", \"host_offload_bytes\": " << host_offload_bytes
      << ", \"offload_copy_bytes\": " << offload_copy_bytes << "}";
   return os.str();
 }

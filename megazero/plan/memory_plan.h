@@ -61,7 +61,7 @@ struct RankMemoryPlan {
   // ZeRO-Offload (--optimizer-cpu-offload): host bytes of the optimizer state
   // and its staging, the elements it updates, and the bytes copied between
   // device and host in one iteration (gradients down, parameters up).
-  bool offloaded = false;
+  bool offloaded = false, params_offloaded = false;  // --optimizer-cpu-offload, --param-cpu-offload
   int param_bytes = 2;  // of the working precision
   std::int64_t host_offload_bytes = 0, offload_elements = 0, offload_copy_bytes = 0;
   std::string to_table() const;
@@ -71,8 +71,10 @@ struct RankMemoryPlan {
 // The paper's per-device model-state bytes (K = 12): stage 0 (2+2+K) Psi,
 // 1: 4 Psi + K Psi/Nd, 2: 2 Psi + (2+K) Psi/Nd, 3: (2+2+K) Psi/Nd — with 16-bit
 // parameters and gradients; fp32 runs count 4 + 4 bytes instead of 2 + 2.
-// `offloaded` (ZeRO-Offload): the device's share with K = 0.
-double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes, bool offloaded = false);
+// `offloaded` (ZeRO-Offload): the device's share with K = 0; `params_offloaded`
+// (stage 3, with it): the 16-bit parameter partition in host memory too.
+double paper_model_state_bytes(int stage, double psi, double nd, int param_bytes, bool offloaded = false,
+                               bool params_offloaded = false);
 
 // Plans `rank` of a world of `world_size` ranks for the run `args` describes
 // (args.validate / validate_layout must have passed). `kernels`: the backend

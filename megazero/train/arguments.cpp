@@ -189,6 +189,11 @@ void define(OptionTable& t, TrainArgs& a) {
          "partition in host memory (page-locked on a GPU) and run AdamW on the host's cores; gradients go down and "
          "updated parameters up each step, overlapped chunk by chunk. Frees 12 bytes a parameter of device memory "
          "(/Nd at stages 1-3) for host memory and PCIe time; same bits");
+  t.flag(Z, "param-cpu-offload", &a.zero.offload_params,
+         "stage 3 with --optimizer-cpu-offload (DeepSpeed's offload_param, ZeRO-Infinity's CPU offload): the 16-bit "
+         "parameter partition in host memory too, updated there by the host's AdamW, each rank's piece uploaded "
+         "before each gather; the device keeps the gradient partition and the gathered layers (2 bytes a parameter "
+         "/Nd less); same bits");
   t.add(Z, "stage3-prefetch", &a.zero.prefetch,
         "stage 3: gather the next parameter group while this one computes (true/false; false shows what the "
         "prefetch hides, in the timers' exposed DP comm)");

@@ -127,9 +127,9 @@ void precision(Translator& t, const json& section, const std::string& name) {
   }
 }
 
-// ZeRO-Offload's optimizer half: {"device": "cpu"} is --optimizer-cpu-offload.
-void offload_optimizer(Translator& t, const std::string& k, const json& v) {
-  TrainArgs& a = t.a_;
+// ZeRO-Offload's {"device": "cpu"}: offload_optimizer is --optimizer-cpu-offload,
+// offload_param --param-cpu-offload (stage 3).
+void offload_target(Translator& t, const std::string& k, const json& v, const char* flag, bool& field) {
   if (!v.is_object()) {
     t.refuse(k, "must be an object such as {\"device\": \"cpu\"}");
     return;
@@ -143,7 +143,7 @@ void offload_optimizer(Translator& t, const std::string& k, const json& v) {
     t.refuse(k + ".device", "must be \"cpu\" or \"none\", got \"" + device + "\"");
     return;
   }
-  t.set(json(device == "cpu"), k + ".device", "optimizer-cpu-offload", a.zero.offload_optimizer);
+  t.set(json(device == "cpu"), k + ".device", flag, field);
   for (const auto& [key, x] : v.items()) {
     const std::string kk = k + "." + key;
     if (key == "device") continue;
@@ -153,8 +153,10 @@ void offload_optimizer(Translator& t, const std::string& k, const json& v) {
                     "DMA transfers that overlap the host's update)");
     } else if (key == "ratio") {
       if (!x.is_number() || x.get<double>() != 1.0)
-        t.refuse(kk, "a partial offload is not implemented: the whole optimizer state of the partition moves to "
-                     "host memory (use 1.0 or leave it out)");
+        t.refuse(kk, "a partial offload is not implemented: the whole of the partition's state moves to host "
+                     "memory (use 1.0 or leave it out)");
+    } else if (key == "max_in_cpu" || key == "buffer_size") {
+      t.note(kk + " has no effect here: the whole partition lives in host memory");
     } else if (key == "buffer_count" || key == "fast_init" || key == "nvme_path" || key == "pipeline_read" ||
                key == "pipeline_write" || key == "pipeline") {
       t.note(kk + " has no effect here: the host's update is pipelined with the copies, chunk by chunk, "
@@ -176,15 +178,13 @@ void zero_optimization(Translator& t, const json& section) {
     } else if (key == "overlap_comm") {
       t.set(v, k, "overlap-comm", a.zero.overlap_comm);
     } else if (key == "offload_optimizer") {
-      offload_optimizer(t, k, v);
+      offload_target(t, k, v, "optimizer-cpu-offload", a.zero.offload_optimizer);
     } else if (key == "cpu_offload") {  // DeepSpeed's older spelling of offload_optimizer {"device": "cpu"}
       t.set(json(flag_true(v)), k, "optimizer-cpu-offload", a.zero.offload_optimizer);
-    } else if (key == "offload_param" || key == "cpu_offload_params") {
-      const bool off = key == "offload_param" ? v.is_object() && v.value("device", std::string("none")) == "none"
-                                              : !flag_true(v);
-      if (!off)
-        t.refuse(k, "offloading the parameters (ZeRO-Infinity) is not implemented: stage 3 keeps each rank's "
-                    "partition in device memory; offload_optimizer moves the optimizer state to host memory");
+    } else if (key == "offload_param") {
+      offload_target(t, k, v, "param-cpu-offload", a.zero.offload_params);
+    } else if (key == "cpu_offload_params") {  // the older spelling of offload_param {"device": "cpu"}
+      t.set(json(flag_true(v)), k, "param-cpu-offload", a.zero.offload_params);
     } else if (key == "reduce_scatter" || key == "allgather_partitions") {
       if (v.is_boolean() && !v.get<bool>())
         t.refuse(k, "stages 1-3 always reduce-scatter gradients and all-gather the partitions");

@@ -34,8 +34,11 @@ class OptimizerOffload {
   // (relative to the owned range), gradients and parameters in `param_dtype`
   // on `device`, the state on `host` (the device's host_device(); a meta
   // device when planning). Chunks of about `chunk` elements.
+  // publish_on_host: step's `published` lies in host memory (the stage-3
+  // parameter offload): the update writes it directly, nothing is uploaded.
   OptimizerOffload(std::shared_ptr<Device> device, std::shared_ptr<Device> host, std::int64_t owned,
-                   DType param_dtype, const std::vector<optim::DecaySegment>& segments, std::int64_t chunk);
+                   DType param_dtype, const std::vector<optim::DecaySegment>& segments, std::int64_t chunk,
+                   bool publish_on_host = false);
   ~OptimizerOffload();
 
   // The state, in host memory: fp32, `owned` elements each.
@@ -44,9 +47,10 @@ class OptimizerOffload {
   const Tensor& exp_avg_sq() const { return exp_avg_sq_; }
 
   // One AdamW step: `grads` (device, param dtype, owned elements) scaled by
-  // `grad_scale`, the new weights written into `published` (device, param
-  // dtype, owned elements) as kernels::adamw writes its params operand. Returns
-  // with the uploads queued: device work issued afterwards runs after them.
+  // `grad_scale`, the new weights written into `published` (param dtype,
+  // owned elements; on the device, or on the host with publish_on_host) as
+  // kernels::adamw writes its params operand. Returns with the uploads queued:
+  // device work issued afterwards runs after them.
   void step(const Tensor& grads, const Tensor& published, const optim::AdamConfig& adam, double lr,
             std::int64_t step_number, double grad_scale);
   // Waits (on the host) for the last step's uploads: before `published` or the
@@ -70,6 +74,7 @@ class OptimizerOffload {
   std::vector<Chunk> chunks_;
   std::vector<std::shared_ptr<Device::Transfer>> uploads_;  // the last step's, until finish()
   std::int64_t copied_bytes_ = 0;
+  bool publish_on_host_ = false;
 };
 
 }  // namespace megazero::zero

@@ -21,6 +21,11 @@ void ZeroConfig::validate() const {
                         : " all-gathers the updated parameters right after the update (--overlap-param-gather "
                           "overlaps that with the next forward)",
              ": drop the flag");
+  MZ_REQUIRE(!offload_params || stage == 3, "--param-cpu-offload keeps each rank's parameter partition in host "
+             "memory, which only --zero-stage 3 partitions (stage ", stage, " holds every parameter on every rank): "
+             "use --zero-stage 3, or drop the flag");
+  MZ_REQUIRE(!offload_params || offload_optimizer, "--param-cpu-offload needs --optimizer-cpu-offload: the host's "
+             "AdamW writes the offloaded parameters in place (add it, or drop --param-cpu-offload)");
   MZ_REQUIRE(!(offload_optimizer && overlap_optimizer),
              "--optimizer-cpu-offload runs AdamW on the host, which --overlap-optimizer would queue on the device "
              "beside the next forward: drop one of the two");
@@ -78,13 +83,16 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
       norm_ranges_.emplace_back(n.begin - part_.begin, n.end - part_.begin);
   }
   const auto P = layout_.partition_size(), N = layout_.numel();
+  if (cfg_.offload_optimizer || cfg_.offload_params) host_ = host ? std::move(host) : device_->host_device();
   if (cfg_.offload_optimizer) {
     // Chunks of a bucket, at least four where the partition is large, so the
     // copies of one chunk overlap the host's update of another.
     const std::int64_t chunk =
         std::min(cfg_.reduce_bucket_size, std::max<std::int64_t>((owned_.size() + 3) / 4, std::int64_t{1} << 16));
-    offload_ = std::make_unique<OptimizerOffload>(device_, host ? std::move(host) : device_->host_device(),
-                                                  owned_.size(), cfg_.param_dtype, owned_segments_, chunk);
+    // With offload_params the update writes the parameters in host memory
+    // itself: nothing to upload.
+    offload_ = std::make_unique<OptimizerOffload>(device_, host_, owned_.size(), cfg_.param_dtype, owned_segments_,
+                                                  chunk, /*publish_on_host=*/cfg_.offload_params);
     master_ = offload_->master();
     exp_avg_ = offload_->exp_avg();
     exp_avg_sq_ = offload_->exp_avg_sq();
@@ -97,7 +105,11 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
     params_full_ = Tensor::zeros(device_, {N}, cfg_.param_dtype, MemoryCategory::Parameters, "params");
     bind_full(&Parameter::value, params_full_, {0, N});
   } else {
-    params_part_ = Tensor::zeros(device_, {P}, cfg_.param_dtype, MemoryCategory::Parameters, "params-partition");
+    // offload_params (ZeRO-Infinity's CPU offload): the partition in host
+    // memory; each gather uploads this rank's piece first.
+    params_part_ = Tensor::zeros(cfg_.offload_params ? host_ : device_, {P}, cfg_.param_dtype,
+                                 MemoryCategory::Parameters,
+                                 cfg_.offload_params ? "params-partition (host)" : "params-partition");
   }
   if (cfg_.stage <= 1) {
     grads_full_ = Tensor::zeros(device_, {N}, cfg_.param_dtype, MemoryCategory::Gradients, "grads");
@@ -437,7 +449,21 @@ void ZeroEngine::issue_gather(int group) {
   gathered_bytes_ += static_cast<std::int64_t>(e.buffer.nbytes());
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes_);
   const Range mine = r.intersect(part_);
-  const Tensor input = flat_slice(params_part_, mine, part_.begin);
+  if (!cfg_.offload_params) {
+    e.work = dp_.all_gather(flat_slice(params_part_, mine, part_.begin), e.buffer, layout_.split_counts(r));
+    return;
+  }
+  // This rank's piece up from host memory into its place in the gathered
+  // buffer (where its chunk of the output starts even when it has none), then
+  // the all-gather in place; the device's later work, the gather included,
+  // waits for the upload on the device.
+  const std::int64_t at = (mine.empty() ? std::clamp(part_.begin, r.begin, r.end) : mine.begin) - r.begin;
+  const Tensor input = e.buffer.narrow(0, at, mine.size());
+  if (!mine.empty() && device_->has_storage()) {
+    device_->queue_after(*device_->copy_from_host_queued(input.data(), flat_slice(params_part_, mine, part_.begin).data(),
+                                                          input.nbytes()));
+  }
+  param_upload_bytes_ += static_cast<std::int64_t>(input.nbytes());
   e.work = dp_.all_gather(input, e.buffer, layout_.split_counts(r));
 }
 

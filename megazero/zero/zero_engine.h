@@ -59,6 +59,11 @@ struct ZeroConfig {
   // ZeRO-Offload (zero/optimizer_offload.h): the fp32 master and Adam's
   // moments of owned() in host memory, AdamW on the host, any stage. Same bits.
   bool offload_optimizer = false;  // --optimizer-cpu-offload
+  // Stage 3 with offload_optimizer (ZeRO-Infinity's CPU parameter offload,
+  // DeepSpeed's offload_param): the 16-bit parameter partition in host memory
+  // too, each rank's piece uploaded into the gathered buffer before a gather.
+  // The device keeps the gradient partition and the gathered groups. Same bits.
+  bool offload_params = false;  // --param-cpu-offload
   // MD for gradients (stages 2-3): the transient full-size gradients of the
   // groups in backward live in two buffers reserved once (the embedding
   // group's, which stays in backward the whole pass, and one sized for the
@@ -146,6 +151,8 @@ class ZeroEngine final : public layers::ParamHooks {
   }
   // ZeRO-Offload's host side; nullptr without offload_optimizer.
   const OptimizerOffload* offload() const { return offload_.get(); }
+  // offload_params: bytes of parameter pieces uploaded before gathers, since construction.
+  std::int64_t param_upload_bytes() const { return param_upload_bytes_; }
   // Runs of the last step not yet waited for, and the number of runs of
   // groups a step's all-gather or update is split into (0 where it is one
   // piece waited for at the end of the step, 1 for a gather so waited).
@@ -215,6 +222,8 @@ class ZeroEngine final : public layers::ParamHooks {
 
   Tensor master_, exp_avg_, exp_avg_sq_;  // fp32, owned (offload_'s, in host memory, with offload_optimizer)
   std::unique_ptr<OptimizerOffload> offload_;
+  std::shared_ptr<Device> host_;        // offload_optimizer / offload_params: where their state lives
+  std::int64_t param_upload_bytes_ = 0;  // offload_params: pieces uploaded before gathers
   Tensor params_full_, params_part_;      // param dtype
   Tensor grads_full_, grads_part_;        // param dtype
   std::map<int, Tensor> group_grads_;     // stages 2-3: grads of groups in backward

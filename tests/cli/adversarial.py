@@ -434,6 +434,9 @@ def cases():
     add("zero.optimizer-cpu-offload.host-is-the-device", E2, "memory pre-flight: rank [01]'s plan needs .* but this "
         "rank's share of the host's available memory \\(1/2\\) less the [0-9.]+ MiB of optimizer state ZeRO-Offload "
         "keeps there has [0-9.]+ MiB free", offload_big + " --device cpu")
+    add("zero.param-cpu-offload.stage2", E2, "--param-cpu-offload keeps each rank's parameter partition in host "
+        "memory, which only --zero-stage 3 partitions", f"{minimal} --train-iters 1 --zero-stage 2 "
+        "--optimizer-cpu-offload --param-cpu-offload")
     add("megatron.optimizer-offload-fraction", E2, "--optimizer-offload-fraction 0.5: a partial offload is not "
         "implemented", f"{minimal} --train-iters 1 --optimizer-cpu-offload --optimizer-offload-fraction 0.5")
     add("megatron.overlap-cpu-optimizer-d2h-h2d", 0, "--overlap-cpu-optimizer-d2h-h2d has no effect here: "
@@ -465,8 +468,10 @@ def cases():
         + " --deepspeed-config {TMP}/none.json")
     add("deepspeed.offload-optimizer", 0, "ZeRO-Offload: fp32 master weights and Adam moments(.*\n)*training done",
         ds_model + " --deepspeed-config @ds_offload")
-    add("deepspeed.offload-param", E2, "zero_optimization.offload_param: offloading the parameters \\(ZeRO-Infinity\\) "
-        "is not implemented", ds_model + " --deepspeed-config @ds_offload_param")
+    add("deepspeed.offload-param-alone", E2, "--param-cpu-offload needs --optimizer-cpu-offload", ds_model
+        + " --deepspeed-config @ds_offload_param")
+    add("deepspeed.offload-both", 0, "ZeRO-Offload: .*the 16-bit parameter partition updated in place in host memory"
+        "(.*\n)*training done", ds_model + " --deepspeed-config @ds_offload_both")
     add("deepspeed.offload-nvme", E2, "offload_optimizer.device: offloading to NVMe \\(ZeRO-Infinity\\) is not "
         "implemented: use \"cpu\"", ds_model + " --deepspeed-config @ds_offload_nvme")
     add("deepspeed.offload-ratio", E2, "offload_optimizer.ratio: a partial offload is not implemented", ds_model
@@ -740,6 +745,8 @@ def special_path(token, tmp, ck):
         "@empty": "",
         "@ds_offload": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "pin_memory": true}}}',
         "@ds_offload_param": '{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}',
+        "@ds_offload_both": '{"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, '
+                            '"offload_optimizer": {"device": "cpu"}}}',
         "@ds_offload_nvme": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}',
         "@ds_offload_ratio": '{"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu", "ratio": 0.5}}}',
         "@ds_offload_none": '{"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}}}',

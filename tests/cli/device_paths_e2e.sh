@@ -100,10 +100,12 @@ echo "device_paths_e2e ($device): ZeRO stages 0-3 on 2 ranks sharing the device:
 # 2b. ZeRO-Offload (--optimizer-cpu-offload): the master and Adam's moments in
 # host memory, AdamW on the host: the losses of step 2's runs on DEVICE, bit
 # for bit (one AdamW formula everywhere), less device memory at its peak; an
-# offloaded resume of step 2's checkpoint continues exactly.
+# offloaded resume of step 2's checkpoint continues exactly. Stage 3 offloads
+# the 16-bit parameter partition too (--param-cpu-offload).
 peak() { sed -nE 's/^ iteration .*peak memory \(max over ranks\) ([0-9.]+) MiB.*/\1/p' "$work/$1.log" | tail -n 1; }
 for stage in 1 3; do
-  run "off${stage}" 2 --device "$device" --zero-stage "$stage" --train-iters 4 --bf16 --optimizer-cpu-offload
+  params=(); [ "$stage" = 3 ] && params=(--param-cpu-offload)
+  run "off${stage}" 2 --device "$device" --zero-stage "$stage" --train-iters 4 --bf16 --optimizer-cpu-offload ${params[@]+"${params[@]}"}
   ok "off${stage}"
   grep -q "^ZeRO-Offload: fp32 master weights and Adam moments" "$work/off${stage}.log" || fail "no ZeRO-Offload line"
   same_tail "z${stage}_straight" "off${stage}"
@@ -114,7 +116,7 @@ for stage in 1 3; do
   ok "off${stage}_resumed"
   same_tail "z${stage}_straight" "off${stage}_resumed"
 done
-echo "device_paths_e2e ($device): --optimizer-cpu-offload at stages 1 and 3: the same losses, a lower device peak ($(peak off1) against $(peak z1_straight) MiB at stage 1), exact resume"
+echo "device_paths_e2e ($device): --optimizer-cpu-offload at stages 1 and 3 (with --param-cpu-offload): the same losses, a lower device peak ($(peak off1) against $(peak z1_straight) MiB at stage 1), exact resume"
 
 # 3. Across devices and layouts (fp32, from step 1's checkpoint at iteration 3).
 run cpu_straight 2 --device cpu --zero-stage 1 --train-iters 6 --save "$work/all_cpu" --save-interval 3

@@ -34,8 +34,8 @@ std::vector<int> parse_list(const std::string& s, const char* flag) {
     } catch (const std::exception&) {
       used = 0;
     }
-    MZ_REQUIRE(used == item.size() && !item.empty() && x > 0, flag, " takes a comma list of positive whole numbers, got '",
-               s, "'");
+    MZ_REQUIRE(used == item.size() && !item.empty() && x > 0, flag,
+               " takes a comma list of positive whole numbers, got '", s, "'");
     v.push_back(x);
   }
   MZ_REQUIRE(!v.empty(), flag, " is empty");

@@ -516,10 +516,24 @@ TEST(Preflight, SuggestsTheFewestRecomputedLayersThatFit) {
 // optimizer state outweighs its activations, at stage 0 on one rank. The
 // advice is exact: at the offloaded plan's peak it is offered, a byte below not.
 TEST(Preflight, SuggestsTheOptimizerOffloadWhereItFits) {
-  std::vector<std::string> model = {"pretrain_gpt", "--mock-data",  "--num-layers",   "4",  "--hidden-size",
-                                    "256",          "--num-attention-heads", "4", "--seq-length", "16",
-                                    "--max-position-embeddings", "16", "--vocab-size", "1000", "--micro-batch-size",
-                                    "1", "--train-iters", "1"};
+  std::vector<std::string> model = {"pretrain_gpt",
+                                    "--mock-data",
+                                    "--num-layers",
+                                    "4",
+                                    "--hidden-size",
+                                    "256",
+                                    "--num-attention-heads",
+                                    "4",
+                                    "--seq-length",
+                                    "16",
+                                    "--max-position-embeddings",
+                                    "16",
+                                    "--vocab-size",
+                                    "1000",
+                                    "--micro-batch-size",
+                                    "1",
+                                    "--train-iters",
+                                    "1"};
   const auto args = parse(model, 1);
   const auto plan = plan::plan_rank_memory(args, 1, 0, DeviceKind::CPU);
   model.push_back("--optimizer-cpu-offload");
@@ -579,8 +593,9 @@ TEST(Plan, TimeModelPricesTheOffloadedOptimizerOnTheHost) {
     plan::estimate_step_time(args, p, bare);
     ADD_FAILURE() << "an offloaded plan was priced without the host's memory bandwidth";
   } catch (const ConfigError& err) {
-    EXPECT_NE(std::string(err.what()).find("has no host_memory_gbps: --optimizer-cpu-offload runs AdamW in host memory"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(err.what()).find("has no host_memory_gbps: --optimizer-cpu-offload runs AdamW in host memory"),
+        std::string::npos)
         << err.what();
   }
   std::remove(path.c_str());

@@ -727,12 +727,13 @@ TEST(Trainer, OptimizerOffloadTrainsAndResumesWithTheSameBits) {
   // host; with --param-cpu-offload the 16-bit parameters too.
   const auto stage3 = run({"--zero-stage", "3", "--tensor-model-parallel-size", "2"}).losses;
   EXPECT_EQ(run({"--optimizer-cpu-offload", "--zero-stage", "3", "--tensor-model-parallel-size", "2"}).losses, stage3);
-  EXPECT_EQ(run({"--optimizer-cpu-offload", "--param-cpu-offload", "--zero-stage", "3", "--tensor-model-parallel-size",
-                 "2"})
-                .losses,
-            stage3);
-  EXPECT_NE(config_error({"--param-cpu-offload", "--zero-stage", "3"}).find("--param-cpu-offload needs "
-                                                                           "--optimizer-cpu-offload"),
+  EXPECT_EQ(
+      run({"--optimizer-cpu-offload", "--param-cpu-offload", "--zero-stage", "3", "--tensor-model-parallel-size", "2"})
+          .losses,
+      stage3);
+  EXPECT_NE(config_error({"--param-cpu-offload", "--zero-stage", "3"})
+                .find("--param-cpu-offload needs "
+                      "--optimizer-cpu-offload"),
             std::string::npos);
   const std::string ds_both = write_temp("offload_both.json", R"({"zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu", "pin_memory": true}}})");
@@ -746,9 +747,10 @@ TEST(Trainer, OptimizerOffloadTrainsAndResumesWithTheSameBits) {
             plain.losses);
   const std::string nvme = write_temp("offload_nvme.json", R"({"zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "nvme", "nvme_path": "/local_nvme"}}})");
-  EXPECT_NE(config_error({"--deepspeed-config", nvme})
-                .find("zero_optimization.offload_optimizer.device: offloading to NVMe (ZeRO-Infinity) is not implemented"),
-            std::string::npos);
+  EXPECT_NE(
+      config_error({"--deepspeed-config", nvme})
+          .find("zero_optimization.offload_optimizer.device: offloading to NVMe (ZeRO-Infinity) is not implemented"),
+      std::string::npos);
   const std::string ratio = write_temp("offload_ratio.json", R"({"zero_optimization": {"stage": 3,
     "offload_optimizer": {"device": "cpu", "ratio": 0.3}}})");
   EXPECT_NE(config_error({"--deepspeed-config", ratio}).find("offload_optimizer.ratio: a partial offload"),

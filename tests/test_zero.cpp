@@ -447,8 +447,7 @@ TEST(Zero, OffloadedOptimizerTrainsTheSameBitsOnEveryStage) {
       const auto st = offloaded.engine->owned_state();
       EXPECT_TRUE(st.master.device().host_accessible());
       EXPECT_EQ(offloaded.device->memory().live(MemoryCategory::OptimizerStates), 0);
-      EXPECT_EQ(offloaded.host->memory().live(MemoryCategory::OptimizerStates),
-                12 * offloaded.engine->owned().size());
+      EXPECT_EQ(offloaded.host->memory().live(MemoryCategory::OptimizerStates), 12 * offloaded.engine->owned().size());
       const auto ref = on_device.engine->owned_state();
       EXPECT_EQ(st.master.to_double_vector(), ref.master.to_double_vector());
       EXPECT_EQ(st.exp_avg.to_double_vector(), ref.exp_avg.to_double_vector());

@@ -61,7 +61,8 @@ TEST(ZeroPrecision, Bf16AndFp16OnEveryLayoutAndStageTrackTheOneRankRun) {
         EXPECT_EQ(offloaded.train(), losses) << "offloaded";
         if (!run.device->host_accessible()) {
           const auto chunks = static_cast<std::int64_t>(offloaded.engine->offload()->chunks());
-          for (const auto& r : offloaded.results) EXPECT_EQ(r.host_waits, 2 + chunks) << "host waits per offloaded step";
+          for (const auto& r : offloaded.results)
+            EXPECT_EQ(r.host_waits, 2 + chunks) << "host waits per offloaded step";
         }
       }
   }
@@ -73,105 +74,110 @@ TEST(ZeroPrecision, MemoryPerRankMatchesThePapersFormula) {
   for (int tp : {1, 2}) {
     if (n % tp || n / tp < 2) continue;
     const int nd = n / tp;
-    for (int stage = 0; stage <= 3; ++stage) for (int mode : {0, 1, 2}) {
-      // 1: the optimizer state offloaded; 2 (stage 3): the parameter partition too.
-      if (mode == 2 && stage != 3) continue;
-      const bool offload = mode >= 1, params_offloaded = mode == 2;
-      SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << nd << " stage " << stage
-                                      << (offload ? " offloaded" : "") << (params_offloaded ? " with parameters" : ""));
-      ZeroRunSpec s;
-      s.tp = tp;
-      s.dp = nd;
-      s.stage = stage;
-      s.dtype = DType::BF16;
-      s.steps = 1;
-      s.bucket = 4096;
-      s.hidden = 64;  // ~60k parameters per TP rank: padding to DP x 64 stays under 1%
-      s.offload_optimizer = offload;
-      s.offload_params = params_offloaded;
-      ZeroRun run(world(), s);
-      run.train();
-      const auto& mem = run.device->memory();
-      const double psi = static_cast<double>(run.engine->layout().numel());  // this TP rank's (padded) parameters
-      // fp32 master + Adam m + v; ZeRO-Offload moves them to host memory.
-      const double k = offload ? 0 : 12;
-      // Table 1: model-state bytes per device.
-      const double params = params_offloaded ? 0 : stage == 3 ? 2 * psi / nd : 2 * psi;
-      const double grads = stage >= 2 ? 2 * psi / nd : 2 * psi;
-      const double owned = stage == 0 ? psi : psi / nd;
-      const double optim = k * owned;
-      EXPECT_EQ(mem.live(MC::Parameters), static_cast<std::int64_t>(params));
-      EXPECT_EQ(mem.live(MC::Gradients), static_cast<std::int64_t>(grads));
-      EXPECT_EQ(mem.live(MC::OptimizerStates), static_cast<std::int64_t>(optim));
-      // ZeRO-Offload's host memory: the 12 bytes, and a 16-bit gradient and
-      // parameter of staging, for each owned element.
-      const auto& host = run.host->memory();
-      EXPECT_EQ(host.live(MC::OptimizerStates), static_cast<std::int64_t>(offload ? 12 * owned : 0));
-      EXPECT_EQ(host.live(MC::Gradients) + host.live(MC::Parameters), static_cast<std::int64_t>(offload ? 4 * owned : 0));
-      // Against the unpadded parameter count, as the paper states it: within 1%.
-      const double psi_true = static_cast<double>(run.engine->layout().unpadded_numel());
-      const double formula = stage == 0   ? (2 + 2 + k) * psi_true
-                             : stage == 1 ? 4 * psi_true + k * psi_true / nd
-                             : stage == 2 ? 2 * psi_true + (2 + k) * psi_true / nd
-                             : params_offloaded ? (2 + k) * psi_true / nd
-                                                : (2 + 2 + k) * psi_true / nd;
-      const double measured =
-          static_cast<double>(mem.live(MC::Parameters) + mem.live(MC::Gradients) + mem.live(MC::OptimizerStates));
-      EXPECT_NEAR(measured / formula, 1.0, 0.01);
-      // Plus the declared constant-size buffers: two gradient buckets (stages 2-3).
-      const std::int64_t buckets = stage >= 2 ? 2 * std::min<std::int64_t>(4096, run.engine->layout().numel()) * 2 : 0;
-      EXPECT_EQ(mem.live(MC::CommBuffers), buckets);
-      if (stage == 3) {
-        EXPECT_GT(run.engine->gathered_peak_bytes(), 0);
-        EXPECT_LT(run.engine->gathered_peak_bytes(), static_cast<std::int64_t>(2 * psi));
-        RecordProperty("stage3_gathered_peak_bytes", std::to_string(run.engine->gathered_peak_bytes()));
+    for (int stage = 0; stage <= 3; ++stage)
+      for (int mode : {0, 1, 2}) {
+        // 1: the optimizer state offloaded; 2 (stage 3): the parameter partition too.
+        if (mode == 2 && stage != 3) continue;
+        const bool offload = mode >= 1, params_offloaded = mode == 2;
+        SCOPED_TRACE(testing::Message() << "TP " << tp << " DP " << nd << " stage " << stage
+                                        << (offload ? " offloaded" : "")
+                                        << (params_offloaded ? " with parameters" : ""));
+        ZeroRunSpec s;
+        s.tp = tp;
+        s.dp = nd;
+        s.stage = stage;
+        s.dtype = DType::BF16;
+        s.steps = 1;
+        s.bucket = 4096;
+        s.hidden = 64;  // ~60k parameters per TP rank: padding to DP x 64 stays under 1%
+        s.offload_optimizer = offload;
+        s.offload_params = params_offloaded;
+        ZeroRun run(world(), s);
+        run.train();
+        const auto& mem = run.device->memory();
+        const double psi = static_cast<double>(run.engine->layout().numel());  // this TP rank's (padded) parameters
+        // fp32 master + Adam m + v; ZeRO-Offload moves them to host memory.
+        const double k = offload ? 0 : 12;
+        // Table 1: model-state bytes per device.
+        const double params = params_offloaded ? 0 : stage == 3 ? 2 * psi / nd : 2 * psi;
+        const double grads = stage >= 2 ? 2 * psi / nd : 2 * psi;
+        const double owned = stage == 0 ? psi : psi / nd;
+        const double optim = k * owned;
+        EXPECT_EQ(mem.live(MC::Parameters), static_cast<std::int64_t>(params));
+        EXPECT_EQ(mem.live(MC::Gradients), static_cast<std::int64_t>(grads));
+        EXPECT_EQ(mem.live(MC::OptimizerStates), static_cast<std::int64_t>(optim));
+        // ZeRO-Offload's host memory: the 12 bytes, and a 16-bit gradient and
+        // parameter of staging, for each owned element.
+        const auto& host = run.host->memory();
+        EXPECT_EQ(host.live(MC::OptimizerStates), static_cast<std::int64_t>(offload ? 12 * owned : 0));
+        EXPECT_EQ(host.live(MC::Gradients) + host.live(MC::Parameters),
+                  static_cast<std::int64_t>(offload ? 4 * owned : 0));
+        // Against the unpadded parameter count, as the paper states it: within 1%.
+        const double psi_true = static_cast<double>(run.engine->layout().unpadded_numel());
+        const double formula = stage == 0         ? (2 + 2 + k) * psi_true
+                               : stage == 1       ? 4 * psi_true + k * psi_true / nd
+                               : stage == 2       ? 2 * psi_true + (2 + k) * psi_true / nd
+                               : params_offloaded ? (2 + k) * psi_true / nd
+                                                  : (2 + 2 + k) * psi_true / nd;
+        const double measured =
+            static_cast<double>(mem.live(MC::Parameters) + mem.live(MC::Gradients) + mem.live(MC::OptimizerStates));
+        EXPECT_NEAR(measured / formula, 1.0, 0.01);
+        // Plus the declared constant-size buffers: two gradient buckets (stages 2-3).
+        const std::int64_t buckets =
+            stage >= 2 ? 2 * std::min<std::int64_t>(4096, run.engine->layout().numel()) * 2 : 0;
+        EXPECT_EQ(mem.live(MC::CommBuffers), buckets);
+        if (stage == 3) {
+          EXPECT_GT(run.engine->gathered_peak_bytes(), 0);
+          EXPECT_LT(run.engine->gathered_peak_bytes(), static_cast<std::int64_t>(2 * psi));
+          RecordProperty("stage3_gathered_peak_bytes", std::to_string(run.engine->gathered_peak_bytes()));
+        }
       }
-    }
   }
 }
 
 TEST(ZeroPrecision, Fp16OverflowOnOneRankSkipsEverywhereAndBacksOff) {
   const int n = world().size();
-  for (int stage = 0; stage <= 3; ++stage) for (bool offload : {false, true}) {
-    SCOPED_TRACE(testing::Message() << "stage " << stage << (offload ? " offloaded" : ""));
-    ZeroRunSpec s;
-    s.dp = n;
-    s.stage = stage;
-    s.dtype = DType::F16;
-    s.micro_batch = s.global_batch / n;
-    s.offload_optimizer = offload;
-    ZeroRun run(world(), s);
-    optim::LossScalerConfig sc;
-    sc.dynamic = true;
-    sc.initial_scale = 1024;
-    sc.hysteresis = 1;
-    optim::LossScaler scaler(sc);
-    // One micro-batch by hand so a gradient can be poisoned before the step.
-    run.model->set_param_hooks(run.engine.get());
-    run.engine->zero_grad();
-    const std::int64_t S = run.model->config().seq_length, b = s.micro_batch;
-    const Tensor ids =
-        test_support::int64_tensor(run.device, b * S, [&](std::int64_t i) { return (i * 7 + world().rank()) % 97; });
-    layers::StepInfo step;
-    step.micro_batch = b;
-    step.seq = S;
-    step.sample_offset = world().rank() * b;
-    run.model->forward(ids, ids, step);
-    run.engine->begin_backward(true);
-    run.model->backward(scaler.scale() / n);
-    const auto before = run.engine->master().to_double_vector();
-    if (world().rank() == n - 1) {
-      Tensor g = run.engine->partition_grads();
-      g.narrow(0, 3, 1).copy_from_doubles({std::numeric_limits<double>::infinity()});
+  for (int stage = 0; stage <= 3; ++stage)
+    for (bool offload : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "stage " << stage << (offload ? " offloaded" : ""));
+      ZeroRunSpec s;
+      s.dp = n;
+      s.stage = stage;
+      s.dtype = DType::F16;
+      s.micro_batch = s.global_batch / n;
+      s.offload_optimizer = offload;
+      ZeroRun run(world(), s);
+      optim::LossScalerConfig sc;
+      sc.dynamic = true;
+      sc.initial_scale = 1024;
+      sc.hysteresis = 1;
+      optim::LossScaler scaler(sc);
+      // One micro-batch by hand so a gradient can be poisoned before the step.
+      run.model->set_param_hooks(run.engine.get());
+      run.engine->zero_grad();
+      const std::int64_t S = run.model->config().seq_length, b = s.micro_batch;
+      const Tensor ids =
+          test_support::int64_tensor(run.device, b * S, [&](std::int64_t i) { return (i * 7 + world().rank()) % 97; });
+      layers::StepInfo step;
+      step.micro_batch = b;
+      step.seq = S;
+      step.sample_offset = world().rank() * b;
+      run.model->forward(ids, ids, step);
+      run.engine->begin_backward(true);
+      run.model->backward(scaler.scale() / n);
+      const auto before = run.engine->master().to_double_vector();
+      if (world().rank() == n - 1) {
+        Tensor g = run.engine->partition_grads();
+        g.narrow(0, 3, 1).copy_from_doubles({std::numeric_limits<double>::infinity()});
+      }
+      optim::AdamConfig adam;
+      const auto st = run.engine->step(1e-3, adam, 1.0, scaler.scale(), 1);
+      scaler.update(st.skipped);
+      EXPECT_TRUE(st.skipped) << "every rank skips, not only the one that overflowed";
+      EXPECT_EQ(run.engine->master().to_double_vector(), before) << "nothing was updated";
+      EXPECT_EQ(scaler.scale(), 512.0);
+      EXPECT_EQ(scaler.skipped_steps(), 1);
     }
-    optim::AdamConfig adam;
-    const auto st = run.engine->step(1e-3, adam, 1.0, scaler.scale(), 1);
-    scaler.update(st.skipped);
-    EXPECT_TRUE(st.skipped) << "every rank skips, not only the one that overflowed";
-    EXPECT_EQ(run.engine->master().to_double_vector(), before) << "nothing was updated";
-    EXPECT_EQ(scaler.scale(), 512.0);
-    EXPECT_EQ(scaler.skipped_steps(), 1);
-  }
 }
 
 TEST(ZeroPrecision, LossScalerWindowHysteresisAndFloor) {

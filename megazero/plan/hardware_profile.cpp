@@ -64,7 +64,7 @@ HardwareProfile parse(const std::string& text, const std::string& where) {
                                 ? positive(j["inter_node"], "group_bandwidth_gbps", where + " inter_node")
                                 : h.inter_node_gbps;
   h.host_link_gbps = positive(j, "host_link_gbps", where);
-  h.host_memory_gbps = j.contains("host_memory_gbps")  ? positive(j, "host_memory_gbps", where)
+  h.host_memory_gbps = j.contains("host_memory_gbps") ? positive(j, "host_memory_gbps", where)
                        : h.kernels == DeviceKind::CPU ? h.memory_bandwidth_gbps
                                                       : 0;
   return h;

@@ -17,7 +17,7 @@ namespace megazero::plan {
 
 double paper_model_state_bytes(int stage, double psi, double nd, int pb, bool offloaded, bool params_offloaded) {
   const double K = offloaded ? 0 : 12;  // ZeRO-Offload keeps the optimizer's K bytes in host memory
-  if (params_offloaded) {  // stage 3 only: the parameter partition in host memory too
+  if (params_offloaded) {               // stage 3 only: the parameter partition in host memory too
     MZ_CHECK(stage == 3, "parameters are offloaded at stage 3 only");
     return (pb + K) * psi / nd;
   }
@@ -139,9 +139,9 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
   p.dtype = std::string(dtype_name(args.dtype()));
   auto at = [&](MemoryCategory c) { return p.bytes[static_cast<std::size_t>(c)]; };
   p.model_states = at(MemoryCategory::Parameters) + at(MemoryCategory::Gradients) + at(MemoryCategory::OptimizerStates);
-  p.paper_model_states = static_cast<std::int64_t>(
-      paper_model_state_bytes(p.stage, static_cast<double>(p.psi), p.dp, static_cast<int>(dtype_size(args.dtype())),
-                              p.offloaded, p.params_offloaded));
+  p.paper_model_states = static_cast<std::int64_t>(paper_model_state_bytes(p.stage, static_cast<double>(p.psi), p.dp,
+                                                                           static_cast<int>(dtype_size(args.dtype())),
+                                                                           p.offloaded, p.params_offloaded));
   return p;
 }
 
@@ -216,10 +216,9 @@ std::string RankMemoryPlan::to_table() const {
     os << "  host memory (ZeRO-Offload): " << gib(host_offload_bytes)
        << " (fp32 master + Adam moments, 12 bytes, and the gradient staging and "
        << (params_offloaded ? "the parameter partition" : "the parameter staging") << ", " << 2 * param_bytes
-       << " bytes, for each of the " << offload_elements << " offloaded parameters); "
-       << gib(offload_copy_bytes) << " copied between device and host per iteration\n";
-  os
-     << "  two iterations (each " << micro_batches
+       << " bytes, for each of the " << offload_elements << " offloaded parameters); " << gib(offload_copy_bytes)
+       << " copied between device and host per iteration\n";
+  os << "  two iterations (each " << micro_batches
      << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device; the second is "
         "every later one): peak activations "
      << gib(step_peak[static_cast<std::size_t>(MemoryCategory::Activations)]) << ", checkpoints "
@@ -250,8 +249,8 @@ std::string RankMemoryPlan::to_json() const {
      << ", \"step_checkpoints_peak\": " << step_peak[static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints)]
      << ", \"step_total_peak\": " << step_total_peak << ", \"step_heap_peak\": " << step_heap_peak
      << ", \"offload_optimizer\": " << (offloaded ? "true" : "false")
-     << ", \"offload_params\": " << (params_offloaded ? "true" : "false") << ", \"host_offload_bytes\": " << host_offload_bytes
-     << ", \"offload_copy_bytes\": " << offload_copy_bytes << "}";
+     << ", \"offload_params\": " << (params_offloaded ? "true" : "false")
+     << ", \"host_offload_bytes\": " << host_offload_bytes << ", \"offload_copy_bytes\": " << offload_copy_bytes << "}";
   return os.str();
 }
 

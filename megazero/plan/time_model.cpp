@@ -189,8 +189,9 @@ std::string StepTimeEstimate::to_table() const {
                 "  step %.3f s: %.1f TFLOP/s per GPU (model FLOPs with recompute), MFU %.1f%%, %.1f samples/s\n"
                 "  memory %.2f GiB of %.0f GiB: %s\n",
                 hardware.c_str(), compute_s, gemm_s, elementwise_s, tp_comm_s, tp_nodes, dp_comm_s, dp_exposed_s,
-                dp_nodes, host_copy_s, optimizer_s, optimizer_on_host ? " (on the host: ZeRO-Offload)" : "", step_s, tflops_per_gpu, 100.0 * mfu, samples_per_s, memory_gib,
-                device_memory_gib, fits ? "fits" : "DOES NOT FIT");
+                dp_nodes, host_copy_s, optimizer_s, optimizer_on_host ? " (on the host: ZeRO-Offload)" : "", step_s,
+                tflops_per_gpu, 100.0 * mfu, samples_per_s, memory_gib, device_memory_gib,
+                fits ? "fits" : "DOES NOT FIT");
   return b;
 }
 
@@ -200,10 +201,11 @@ std::string StepTimeEstimate::to_json() const {
   os << "{\"hardware\": \"" << hardware << "\", \"gemm_s\": " << gemm_s << ", \"elementwise_s\": " << elementwise_s
      << ", \"compute_s\": " << compute_s << ", \"tp_comm_s\": " << tp_comm_s << ", \"host_copy_s\": " << host_copy_s
      << ", \"dp_comm_s\": " << dp_comm_s << ", \"dp_exposed_s\": " << dp_exposed_s
-     << ", \"optimizer_s\": " << optimizer_s << ", \"optimizer_on_host\": " << (optimizer_on_host ? "true" : "false") << ", \"step_s\": " << step_s << ", \"tflops_per_gpu\": " << tflops_per_gpu
-     << ", \"mfu\": " << mfu << ", \"samples_per_s\": " << samples_per_s << ", \"tp_nodes\": " << tp_nodes
-     << ", \"dp_nodes\": " << dp_nodes << ", \"memory_gib\": " << memory_gib
-     << ", \"device_memory_gib\": " << device_memory_gib << ", \"fits\": " << (fits ? "true" : "false") << "}";
+     << ", \"optimizer_s\": " << optimizer_s << ", \"optimizer_on_host\": " << (optimizer_on_host ? "true" : "false")
+     << ", \"step_s\": " << step_s << ", \"tflops_per_gpu\": " << tflops_per_gpu << ", \"mfu\": " << mfu
+     << ", \"samples_per_s\": " << samples_per_s << ", \"tp_nodes\": " << tp_nodes << ", \"dp_nodes\": " << dp_nodes
+     << ", \"memory_gib\": " << memory_gib << ", \"device_memory_gib\": " << device_memory_gib
+     << ", \"fits\": " << (fits ? "true" : "false") << "}";
   return os.str();
 }
 

@@ -149,18 +149,21 @@ void offload_target(Translator& t, const std::string& k, const json& v, const ch
     if (key == "device") continue;
     if (key == "pin_memory") {
       if (x.is_boolean() && !x.get<bool>())
-        t.note(kk + " false has no effect here: on a GPU the offloaded state is always page-locked (the copies are "
-                    "DMA transfers that overlap the host's update)");
+        t.note(kk +
+               " false has no effect here: on a GPU the offloaded state is always page-locked (the copies are "
+               "DMA transfers that overlap the host's update)");
     } else if (key == "ratio") {
       if (!x.is_number() || x.get<double>() != 1.0)
-        t.refuse(kk, "a partial offload is not implemented: the whole of the partition's state moves to host "
-                     "memory (use 1.0 or leave it out)");
+        t.refuse(kk,
+                 "a partial offload is not implemented: the whole of the partition's state moves to host "
+                 "memory (use 1.0 or leave it out)");
     } else if (key == "max_in_cpu" || key == "buffer_size") {
       t.note(kk + " has no effect here: the whole partition lives in host memory");
     } else if (key == "buffer_count" || key == "fast_init" || key == "nvme_path" || key == "pipeline_read" ||
                key == "pipeline_write" || key == "pipeline") {
-      t.note(kk + " has no effect here: the host's update is pipelined with the copies, chunk by chunk, "
-                  "in --reduce-bucket-size chunks");
+      t.note(kk +
+             " has no effect here: the host's update is pipelined with the copies, chunk by chunk, "
+             "in --reduce-bucket-size chunks");
     } else {
       t.unknown(kk);
     }

@@ -224,10 +224,11 @@ void Trainer::Impl::build() {
     if (shared_host) device_memory->free = std::max<std::int64_t>(0, device_memory->free - offloaded_bytes);
   }
   const std::string memory_name =
-      shared_host ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")",
-                                   offloaded_bytes > 0
-                                       ? " less the " + mib(offloaded_bytes) + " of optimizer state ZeRO-Offload keeps there"
-                                       : "")
+      shared_host
+          ? detail::concat("this rank's share of the host's available memory (1/", local_ranks, ")",
+                           offloaded_bytes > 0
+                               ? " less the " + mib(offloaded_bytes) + " of optimizer state ZeRO-Offload keeps there"
+                               : "")
       : sharers > 1
           ? detail::concat("this rank's share of ", device->name(), " (1/", sharers, ": ", sharers, " ranks use it)")
           : device->name();
@@ -452,8 +453,7 @@ void Trainer::Impl::build() {
   } else {
     PeakFlops p = on_gpu ? gpu_default_peak() : measure_cpu_peak(args.dtype());
     peak = max_over(world, p.tflops);
-    if (root)
-      std::printf("MFU against %.4g TFLOP/s per rank (%s; --peak-tflops sets it)\n", peak, p.source.c_str());
+    if (root) std::printf("MFU against %.4g TFLOP/s per rank (%s; --peak-tflops sets it)\n", peak, p.source.c_str());
   }
   flops_per_token = model.flops_per_token(true);
   model_flops_per_token = model.flops_per_token(false);

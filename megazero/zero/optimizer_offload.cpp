@@ -69,8 +69,9 @@ void OptimizerOffload::step(const Tensor& grads, const Tensor& published, const 
   std::vector<std::shared_ptr<Device::Transfer>> downloads;
   for (const Chunk& c : chunks_) {
     const auto bytes = static_cast<std::size_t>(c.range.size()) * esize;
-    if (copies) downloads.push_back(device_->copy_to_host_queued(chunk_of(grads_, c.range).data(),
-                                                                 chunk_of(grads, c.range).data(), bytes));
+    if (copies)
+      downloads.push_back(
+          device_->copy_to_host_queued(chunk_of(grads_, c.range).data(), chunk_of(grads, c.range).data(), bytes));
     copied_bytes_ += static_cast<std::int64_t>(bytes);
   }
   for (std::size_t i = 0; i < chunks_.size(); ++i) {
@@ -81,7 +82,8 @@ void OptimizerOffload::step(const Tensor& grads, const Tensor& published, const 
                       chunk_of(grads_, c.range), c.segments, adam, lr, step_number, grad_scale, up);
     if (publish_on_host_) continue;
     const auto bytes = static_cast<std::size_t>(c.range.size()) * esize;
-    if (copies) uploads_.push_back(device_->copy_from_host_queued(chunk_of(published, c.range).data(), up.data(), bytes));
+    if (copies)
+      uploads_.push_back(device_->copy_from_host_queued(chunk_of(published, c.range).data(), up.data(), bytes));
     copied_bytes_ += static_cast<std::int64_t>(bytes);
   }
   // The device's later work (gathers, the next forward) reads the parameters:
@@ -92,9 +94,9 @@ void OptimizerOffload::step(const Tensor& grads, const Tensor& published, const 
 std::string OptimizerOffload::describe() const {
   const auto state = static_cast<std::int64_t>(master_.nbytes() * 3);
   const auto staging = static_cast<std::int64_t>(grads_.nbytes() + (params_.defined() ? params_.nbytes() : 0));
-  return "ZeRO-Offload: fp32 master weights and Adam moments of " + std::to_string(master_.numel()) +
-         " parameters (" + mib(state) + ") in host memory on " + host_->name() + ", AdamW on the host's cores; " +
-         mib(staging) + " of host staging; gradients copied down in " + std::to_string(chunks_.size()) + " chunk" +
+  return "ZeRO-Offload: fp32 master weights and Adam moments of " + std::to_string(master_.numel()) + " parameters (" +
+         mib(state) + ") in host memory on " + host_->name() + ", AdamW on the host's cores; " + mib(staging) +
+         " of host staging; gradients copied down in " + std::to_string(chunks_.size()) + " chunk" +
          (chunks_.size() == 1 ? "" : "s") + " a step, " +
          (publish_on_host_ ? "the 16-bit parameter partition updated in place in host memory (--param-cpu-offload: "
                              "each rank's piece uploaded before each gather)"

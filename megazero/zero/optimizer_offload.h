@@ -36,9 +36,8 @@ class OptimizerOffload {
   // device when planning). Chunks of about `chunk` elements.
   // publish_on_host: step's `published` lies in host memory (the stage-3
   // parameter offload): the update writes it directly, nothing is uploaded.
-  OptimizerOffload(std::shared_ptr<Device> device, std::shared_ptr<Device> host, std::int64_t owned,
-                   DType param_dtype, const std::vector<optim::DecaySegment>& segments, std::int64_t chunk,
-                   bool publish_on_host = false);
+  OptimizerOffload(std::shared_ptr<Device> device, std::shared_ptr<Device> host, std::int64_t owned, DType param_dtype,
+                   const std::vector<optim::DecaySegment>& segments, std::int64_t chunk, bool publish_on_host = false);
   ~OptimizerOffload();
 
   // The state, in host memory: fp32, `owned` elements each.
@@ -65,7 +64,7 @@ class OptimizerOffload {
 
  private:
   struct Chunk {
-    Range range;  // owned-relative
+    Range range;                                // owned-relative
     std::vector<optim::DecaySegment> segments;  // chunk-relative
   };
   std::shared_ptr<Device> device_, host_;

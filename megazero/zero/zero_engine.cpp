@@ -21,10 +21,14 @@ void ZeroConfig::validate() const {
                         : " all-gathers the updated parameters right after the update (--overlap-param-gather "
                           "overlaps that with the next forward)",
              ": drop the flag");
-  MZ_REQUIRE(!offload_params || stage == 3, "--param-cpu-offload keeps each rank's parameter partition in host "
-             "memory, which only --zero-stage 3 partitions (stage ", stage, " holds every parameter on every rank): "
+  MZ_REQUIRE(!offload_params || stage == 3,
+             "--param-cpu-offload keeps each rank's parameter partition in host "
+             "memory, which only --zero-stage 3 partitions (stage ",
+             stage,
+             " holds every parameter on every rank): "
              "use --zero-stage 3, or drop the flag");
-  MZ_REQUIRE(!offload_params || offload_optimizer, "--param-cpu-offload needs --optimizer-cpu-offload: the host's "
+  MZ_REQUIRE(!offload_params || offload_optimizer,
+             "--param-cpu-offload needs --optimizer-cpu-offload: the host's "
              "AdamW writes the offloaded parameters in place (add it, or drop --param-cpu-offload)");
   MZ_REQUIRE(!(offload_optimizer && overlap_optimizer),
              "--optimizer-cpu-offload runs AdamW on the host, which --overlap-optimizer would queue on the device "
@@ -107,9 +111,9 @@ ZeroEngine::ZeroEngine(layers::ParameterSet& params, Communicator& dp, Communica
   } else {
     // offload_params (ZeRO-Infinity's CPU offload): the partition in host
     // memory; each gather uploads this rank's piece first.
-    params_part_ = Tensor::zeros(cfg_.offload_params ? host_ : device_, {P}, cfg_.param_dtype,
-                                 MemoryCategory::Parameters,
-                                 cfg_.offload_params ? "params-partition (host)" : "params-partition");
+    params_part_ =
+        Tensor::zeros(cfg_.offload_params ? host_ : device_, {P}, cfg_.param_dtype, MemoryCategory::Parameters,
+                      cfg_.offload_params ? "params-partition (host)" : "params-partition");
   }
   if (cfg_.stage <= 1) {
     grads_full_ = Tensor::zeros(device_, {N}, cfg_.param_dtype, MemoryCategory::Gradients, "grads");
@@ -460,8 +464,8 @@ void ZeroEngine::issue_gather(int group) {
   const std::int64_t at = (mine.empty() ? std::clamp(part_.begin, r.begin, r.end) : mine.begin) - r.begin;
   const Tensor input = e.buffer.narrow(0, at, mine.size());
   if (!mine.empty() && device_->has_storage()) {
-    device_->queue_after(*device_->copy_from_host_queued(input.data(), flat_slice(params_part_, mine, part_.begin).data(),
-                                                          input.nbytes()));
+    device_->queue_after(*device_->copy_from_host_queued(
+        input.data(), flat_slice(params_part_, mine, part_.begin).data(), input.nbytes()));
   }
   param_upload_bytes_ += static_cast<std::int64_t>(input.nbytes());
   e.work = dp_.all_gather(input, e.buffer, layout_.split_counts(r));

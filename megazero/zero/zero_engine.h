@@ -222,12 +222,12 @@ class ZeroEngine final : public layers::ParamHooks {
 
   Tensor master_, exp_avg_, exp_avg_sq_;  // fp32, owned (offload_'s, in host memory, with offload_optimizer)
   std::unique_ptr<OptimizerOffload> offload_;
-  std::shared_ptr<Device> host_;        // offload_optimizer / offload_params: where their state lives
+  std::shared_ptr<Device> host_;         // offload_optimizer / offload_params: where their state lives
   std::int64_t param_upload_bytes_ = 0;  // offload_params: pieces uploaded before gathers
-  Tensor params_full_, params_part_;      // param dtype
-  Tensor grads_full_, grads_part_;        // param dtype
-  std::map<int, Tensor> group_grads_;     // stages 2-3: grads of groups in backward
-  Tensor grad_arena_[2];                  // MD: [0] the first group's, [1] any other group's
+  Tensor params_full_, params_part_;     // param dtype
+  Tensor grads_full_, grads_part_;       // param dtype
+  std::map<int, Tensor> group_grads_;    // stages 2-3: grads of groups in backward
+  Tensor grad_arena_[2];                 // MD: [0] the first group's, [1] any other group's
   std::int64_t arena_fills_ = 0;
 
   // Bucketed reduction.

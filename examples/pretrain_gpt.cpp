@@ -39,6 +39,7 @@ int run(int argc, char** argv) {
       // checkpoint's configuration supplies them: checked on the second parse.
       if (!a.help && !(a.use_checkpoint_args && !checkpoint_config)) {
         a.validate();
+        a.apply_decrease_batch_size(a.world_size > 0 ? a.world_size : world_comm->size());
         a.validate_layout(a.world_size > 0 ? a.world_size : world_comm->size());
       }
       return a;

@@ -214,6 +214,9 @@ void define(OptionTable& t, TrainArgs& a) {
          "START INCREMENT SAMPLES (Megatron's): the global batch starts at START and grows by INCREMENT in equal "
          "steps over the first SAMPLES samples to --global-batch-size; the learning-rate schedule then advances by "
          "samples (an iteration of a smaller batch moves it less), as Megatron's does");
+  t.flag(T, "decrease-batch-size-if-needed", &a.decrease_batch_size_if_needed,
+         "a --global-batch-size that is not a multiple of --micro-batch-size x data-parallel size trains the largest "
+         "multiple below it instead of being refused (Megatron's; e.g. after losing nodes), with a note");
   t.add(T, "train-iters", &a.train_iters, "iterations to train");
   t.add(T, "clip-grad", &a.clip_grad, "global gradient-norm clip; 0 = off");
   t.add(T, "weight-decay", &a.adam.weight_decay, "AdamW decoupled weight decay");
@@ -938,6 +941,24 @@ std::vector<int> TrainArgs::profiled_ranks() const {
   }
   MZ_REQUIRE(!out.empty(), "--profile-ranks needs at least one rank");
   return out;
+}
+
+void TrainArgs::apply_decrease_batch_size(int world) {
+  const int tp = parallel.tensor_model_parallel_size;
+  if (!decrease_batch_size_if_needed || global_batch_size <= 0 || tp <= 0 || world % tp != 0) return;
+  MZ_REQUIRE(rampup_batch_size.empty(), "--decrease-batch-size-if-needed with --rampup-batch-size is not implemented: "
+             "choose ramp batches that are multiples of --micro-batch-size x data-parallel size, and drop one flag");
+  const std::int64_t step = micro_batch_size * (world / tp);
+  if (global_batch_size % step == 0) return;
+  const std::int64_t running = global_batch_size / step * step;
+  MZ_REQUIRE(running > 0, "--decrease-batch-size-if-needed: --global-batch-size ", global_batch_size,
+             " is below one micro-batch per data-parallel rank (--micro-batch-size ", micro_batch_size, " x ",
+             world / tp, " = ", step, "); raise it or lower --micro-batch-size");
+  notes.push_back(detail::concat("--decrease-batch-size-if-needed: --global-batch-size ", global_batch_size,
+                                 " is not a multiple of --micro-batch-size ", micro_batch_size, " x data-parallel size ",
+                                 world / tp, "; training with a global batch of ", running, " (",
+                                 global_batch_size - running, " samples fewer each iteration)"));
+  global_batch_size = running;
 }
 
 void TrainArgs::validate_layout(int world) const {

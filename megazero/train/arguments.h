@@ -122,6 +122,10 @@ struct TrainArgs {
   // --rampup-batch-size START INCREMENT SAMPLES (Megatron's): the global batch
   // ramps up to --global-batch-size (train/batch_schedule.h).
   std::vector<std::string> rampup_batch_size;
+  // Megatron's --decrease-batch-size-if-needed: a global batch that is not a
+  // multiple of micro batch x DP trains the largest multiple below it
+  // (apply_decrease_batch_size), as Megatron's running global batch does.
+  bool decrease_batch_size_if_needed = false;
   // The global batch of each iteration at data-parallel size dp.
   BatchSchedule batch_schedule(std::int64_t dp) const;
   // faults (megazero/comm/fault_tolerance.h)
@@ -184,6 +188,10 @@ struct TrainArgs {
   // Checks everything that needs no knowledge of the world; dp/tp checks in validate_layout.
   void validate() const;
   void validate_layout(int world_size) const;
+  // With --decrease-batch-size-if-needed, before validate_layout: lowers
+  // --global-batch-size to the largest multiple of micro batch x DP for this
+  // world and notes it (ConfigError when not even one micro-batch per rank fits).
+  void apply_decrease_batch_size(int world_size);
   // The resolved configuration as "key = value" lines (printed at start and stored with outputs).
   std::string to_config() const;
   // to_config() plus the flags it leaves out (--help, --dry-run and the plan

@@ -421,6 +421,16 @@ def cases():
     add("mfu.cpu-peak.bf16", 0, "MFU against [0-9.e-]+ TFLOP/s per rank \\(measured: the best of 3 1024\\^3 bf16 GEMMs",
         "{TRAIN} " + TINY + " --bf16")
     add("mfu.cpu-peak.given", 0, "MFU [0-9.]{5,}%(.*\n)*training done", "{TRAIN} " + TINY + " --peak-tflops 0.00001")
+    # Megatron's --decrease-batch-size-if-needed: the largest multiple of micro x DP below the global batch.
+    add("megatron.decrease-batch-size-if-needed", 0, "note: --decrease-batch-size-if-needed: --global-batch-size 20 "
+        "is not a multiple of --micro-batch-size 4 x data-parallel size 2; training with a global batch of 16 \\(4 "
+        "samples fewer each iteration\\)(.*\n)*.*global batch size +16 \\|", "{TRAIN} " + TINY
+        + " --micro-batch-size 4 --global-batch-size 20 --decrease-batch-size-if-needed")
+    add("megatron.decrease-batch-size-if-needed.too-small", E2, "--decrease-batch-size-if-needed: --global-batch-size 6 "
+        "is below one micro-batch per data-parallel rank \\(--micro-batch-size 4 x 2 = 8\\)", "{TRAIN} " + TINY
+        + " --micro-batch-size 4 --global-batch-size 6 --decrease-batch-size-if-needed")
+    add("megatron.decrease-batch-size-if-needed.off", E2, "--global-batch-size 20 is not a multiple of "
+        "--micro-batch-size 4 x data-parallel size 2", "{TRAIN} " + TINY + " --micro-batch-size 4 --global-batch-size 20")
     # ZeRO-Offload (--optimizer-cpu-offload, Megatron-Core's spelling).
     add("zero.optimizer-cpu-offload.dry-run", 0, "K = 12 bytes a parameter offloaded\n  host memory \\(ZeRO-Offload\\): [0-9.]+ GiB",
         f"{minimal} --world-size 4 --train-iters 1 --zero-stage 2 --optimizer-cpu-offload", ranks=1)

@@ -74,6 +74,7 @@ double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast
 
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
+  if (step.kv_cache) return forward_cached(x, *step.kv_cache, add_output_bias);
   const std::int64_t B = step.micro_batch, S = step.seq;
   MZ_CHECK(x.size(0) == ctx_.local_rows(B * S), "attention input has ", x.size(0), " rows for B*S = ", B * S,
            ctx_.sequence_parallel ? " split over the TP group" : "");
@@ -97,6 +98,45 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
   const Tensor ctx = cfg_.fused_attention() ? attend_fused(p, dropout_key()) : attend_unfused(p, dropout_key());
   Tensor merged = ctx_.activation({B * S, local_heads_ * head_dim_});
   merged.view({B, S, local_heads_, head_dim_}).copy_from(ctx.view({B, local_heads_, S, head_dim_}).transpose(1, 2));
+  return dense_.forward(merged, add_output_bias);
+}
+
+Tensor ParallelSelfAttention::make_kv_buffer(std::int64_t capacity) const {
+  return Tensor::zeros(ctx_.device, {local_groups_, capacity, head_dim_}, ctx_.dtype, MemoryCategory::Activations,
+                       "kv-cache");
+}
+
+// T new tokens after L0 cached positions: their keys and values go to rows
+// [L0, L0 + T) of the cache, and their queries (rows L0.. of the rotary
+// embedding) meet the L0 + T keys in one batched GEMM per group, as the
+// unfused path meets its own; the softmax masks each query's later positions.
+Tensor ParallelSelfAttention::forward_cached(const Tensor& x, KvCache& cache, bool add_output_bias) {
+  const std::int64_t T = step_.seq, L0 = cache.length, L = L0 + T;
+  const std::int64_t G = local_groups_, P = per_group_, H = local_heads_;
+  MZ_CHECK(step_.micro_batch == 1 && !step_.training && !ctx_.sequence_parallel, "the key/value cache runs one "
+           "sequence, in evaluation, without sequence parallelism");
+  MZ_CHECK(L <= cache.capacity && layer_ < static_cast<int>(cache.keys.size()), "key/value cache of ",
+           cache.capacity, " positions for ", L, " (layer ", layer_, " of ", cache.keys.size(), ")");
+  Tensor qkv = qkv_.forward(x);
+  Tensor q = split_heads(qkv, 0), k = split_heads(qkv, 1), v = split_heads(qkv, 2);
+  qkv = Tensor();
+  if (cfg_.rope()) {
+    kernels::rope_forward(q, cfg_.rotary_base, q, L0);
+    kernels::rope_forward(k, cfg_.rotary_base, k, L0);
+  }
+  Tensor& keys = cache.keys[static_cast<std::size_t>(layer_)];
+  Tensor& values = cache.values[static_cast<std::size_t>(layer_)];
+  keys.narrow(1, L0, T).copy_from(k);
+  values.narrow(1, L0, T).copy_from(v);
+  Tensor scores = ctx_.activation({H, T, L});
+  Tensor grouped_scores = scores.view({G, P * T, L});
+  gemm(q.view({G, P * T, head_dim_}), false, keys.narrow(1, 0, L), true, grouped_scores);
+  kernels::causal_softmax_forward(scores, scale(), scores);
+  Tensor ctx = ctx_.activation({H, T, head_dim_});
+  Tensor grouped_ctx = ctx.view({G, P * T, head_dim_});
+  gemm(grouped_scores, false, values.narrow(1, 0, L), false, grouped_ctx);
+  Tensor merged = ctx_.activation({T, H * head_dim_});
+  merged.view({1, T, H, head_dim_}).copy_from(ctx.view({1, H, T, head_dim_}).transpose(1, 2));
   return dense_.forward(merged, add_output_bias);
 }
 

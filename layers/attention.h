@@ -28,6 +28,7 @@
 #include <string>
 
 #include "layers/gpt_config.h"
+#include "layers/kv_cache.h"
 #include "layers/linear.h"
 #include "layers/step.h"
 #include "megazero/kernels/dropout.h"
@@ -48,6 +49,9 @@ class ParallelSelfAttention {
   // --attention-backend cudnn on a GPU: builds cuDNN's plans for steps shaped
   // like `step` with dropout p (a log line); empty for the other backends.
   std::string prepare_kernels(const StepInfo& step, double p);
+  // An empty key/value cache buffer of this layer (KvCache): [local key/value
+  // heads, capacity, head size] on the model's device, in its dtype.
+  Tensor make_kv_buffer(std::int64_t capacity) const;
 
  private:
   // cudnn: views of the projections' rows as [B, heads or groups, S, hn].
@@ -68,6 +72,10 @@ class ParallelSelfAttention {
   // the projections' buffers (no head copies); returns the dense input.
   Tensor forward_cudnn(double p, const RngKey& key);
   Tensor backward_cudnn(const Tensor& dmerged, double p, const RngKey& key);
+  // With step.kv_cache (any backend's function, computed as the unfused path
+  // does): the new tokens' keys and values appended to the cache, their
+  // queries against every cached position and their own, causally.
+  Tensor forward_cached(const Tensor& x, KvCache& cache, bool add_output_bias);
   // d(attention output) -> dq, dk, dv, per backend.
   void attend_backward_unfused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);
   void attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq, Tensor& dk, Tensor& dv);

@@ -48,8 +48,8 @@ PositionEmbedding::PositionEmbedding(ParameterSet& params, const std::string& na
   weight_ = &params.add(name + ".weight", {max_positions, hidden}, -1, 0, 1, Init::Normal, init_std);
 }
 
-void PositionEmbedding::forward(Tensor& x, std::int64_t seq) {
-  kernels::add_position_embedding(x, weight_->value, seq);
+void PositionEmbedding::forward(Tensor& x, std::int64_t seq, std::int64_t first) {
+  kernels::add_position_embedding(x, first == 0 ? weight_->value : weight_->value.narrow(0, first, seq), seq);
 }
 
 void PositionEmbedding::backward(const Tensor& dout, std::int64_t seq) {

@@ -90,10 +90,56 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
              " tokens of a micro-batch over the TP group of ", ctx_.size(),
              "; use a --seq-length divisible by --tensor-model-parallel-size");
   step_ = step;
+  Tensor logits = logits_of(ids, 0);
+  kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
+  Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows(),
+                                step.training ? step.backward_scale : std::nullopt, loss_weights);
+  if (!step.training) {  // evaluation: nothing kept for a backward (see TransformerLayer::forward)
+    loss_.release();
+    final_ln_->release();
+    final_hidden_ = Tensor();
+  }
+  return losses;
+}
+
+KvCache GPTModel::make_kv_cache(std::int64_t capacity) const {
+  MZ_REQUIRE(capacity > 0 && capacity <= cfg_.max_position_embeddings, "a key/value cache of ", capacity,
+             " positions: the model has ", cfg_.max_position_embeddings, " (--max-position-embeddings)");
+  KvCache cache;
+  cache.capacity = capacity;
+  for (const auto& layer : layers_) {
+    cache.keys.push_back(layer->make_kv_buffer(capacity));
+    cache.values.push_back(layer->make_kv_buffer(capacity));
+  }
+  return cache;
+}
+
+Tensor GPTModel::decode(const Tensor& ids, KvCache& cache) {
+  const std::int64_t T = ids.numel();
+  MZ_REQUIRE(T > 0 && cache.length + T <= cache.capacity, "the key/value cache holds ", cache.length, " of ",
+             cache.capacity, " positions: no room for ", T, " more tokens");
+  MZ_CHECK(!ctx_.sequence_parallel && cache.keys.size() == layers_.size(), "decode: a cache of ", cache.keys.size(),
+           " layers for ", layers_.size(), ", or sequence parallelism");
+  check_ids(ids, "the input");
+  step_ = StepInfo{};
+  step_.seq = T;
+  step_.training = false;
+  step_.kv_cache = &cache;
+  Tensor logits = logits_of(ids, cache.length);
+  cache.length += T;
+  final_ln_->release();
+  final_hidden_ = Tensor();
+  step_.kv_cache = nullptr;
+  return logits;
+}
+
+Tensor GPTModel::logits_of(const Tensor& ids, std::int64_t first_position) {
+  const StepInfo& step = step_;
   // The word embedding is used again for the tied logits: its group stays in
   // use until the end of forward (so ZeRO-3 gathers it once per pass).
   hooks_->pre_forward(embedding_group_);
-  Tensor h = position_ ? embedding_.forward(ids, [&](Tensor& x) { position_->forward(x, step.seq); })
+  Tensor h = position_ ? embedding_.forward(
+                             ids, [&](Tensor& x) { position_->forward(x, step.seq, first_position); })
                        : embedding_.forward(ids);
   if (output_) hooks_->post_forward(embedding_group_);
   if (step.training && cfg_.hidden_dropout > 0) {
@@ -119,15 +165,7 @@ Tensor GPTModel::forward_losses(const Tensor& ids, const Tensor& targets, const 
   Tensor logits = ctx_.activation({final_hidden_.size(0), embedding_.local_rows()});
   gemm(final_hidden_, false, output_weight().value, true, logits);
   hooks_->post_forward(logits_group);
-  kept_logits_ = keep_logits_ ? logits.clone(MemoryCategory::Other) : Tensor();
-  Tensor losses = loss_.forward(logits, targets, embedding_.vocab_start(), embedding_.valid_rows(),
-                                step.training ? step.backward_scale : std::nullopt, loss_weights);
-  if (!step.training) {  // evaluation: nothing kept for a backward (see TransformerLayer::forward)
-    loss_.release();
-    final_ln_->release();
-    final_hidden_ = Tensor();
-  }
-  return losses;
+  return logits;
 }
 
 void GPTModel::backward(double loss_scale) {

@@ -17,6 +17,7 @@
 
 #include "layers/cross_entropy.h"
 #include "layers/embedding.h"
+#include "layers/kv_cache.h"
 #include "layers/param_hooks.h"
 #include "layers/transformer_layer.h"
 
@@ -40,6 +41,15 @@ class GPTModel {
   // The same, returning the mean (weighted) loss over the B*S tokens (waits
   // for the device: evaluation, tests, benchmarks).
   double forward(const Tensor& ids, const Tensor& targets, const StepInfo& step, const Tensor& loss_weights = Tensor());
+  // Generation with a key/value cache (layers/kv_cache.h): an empty cache for
+  // `capacity` positions (at most --max-position-embeddings) on the model's device.
+  KvCache make_kv_cache(std::int64_t capacity) const;
+  // The logits [T, V_local] of T new tokens `ids` (int64 [T]) of one sequence
+  // at positions cache.length .. + T - 1, each layer attending to the cached
+  // positions and causally to the new ones, whose keys and values it appends.
+  // Evaluation only; no sequence parallelism. The same function as forward's
+  // logits of the whole sequence's last T rows (to rounding).
+  Tensor decode(const Tensor& ids, KvCache& cache);
   // Accumulates d(loss_scale * mean loss)/d(parameters) into the gradients.
   void backward(double loss_scale = 1.0);
   // Start-up work of the kernels for steps shaped like `step` with attention
@@ -78,6 +88,9 @@ class GPTModel {
   // The [V_local, H] weight the logits are computed with: the word embedding's
   // (tied) or the output layer's.
   Parameter& output_weight() { return output_ ? *output_ : embedding_.weight(); }
+  // Embedding, layers, final norm and the logits GEMM of step_ (the forward's
+  // and decode's common part); the embedding's positions start at `first_position`.
+  Tensor logits_of(const Tensor& ids, std::int64_t first_position);
 
   GPTConfig cfg_;
   TpContext ctx_;

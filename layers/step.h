@@ -10,6 +10,8 @@
 
 namespace megazero::layers {
 
+struct KvCache;
+
 struct StepInfo {
   std::uint64_t seed = 1234;    // --seed
   std::uint64_t iteration = 0;  // training iteration
@@ -23,6 +25,9 @@ struct StepInfo {
   // Set, it lets the cross-entropy write its gradient in the forward's pass
   // over the logits (layers/cross_entropy.h); the backward must then use it.
   std::optional<double> backward_scale;
+  // Generation (GPTModel::decode): the seq tokens follow the cache's
+  // positions; attention reads and extends it. Evaluation only.
+  KvCache* kv_cache = nullptr;
 };
 
 // Dropout coordinates of residual-stream activations [rows, hidden] whose

@@ -40,6 +40,8 @@ class TransformerLayer {
   void set_checkpoint_store(ActivationCheckpointStore* store) { store_ = store ? store : &own_store_; }
   // The attention kernels' start-up work (ParallelSelfAttention::prepare_kernels).
   std::string prepare_kernels(const StepInfo& step, double p) { return attention_.prepare_kernels(step, p); }
+  // This layer's key/value cache buffer (layers/kv_cache.h).
+  Tensor make_kv_buffer(std::int64_t capacity) const { return attention_.make_kv_buffer(capacity); }
 
  private:
   Tensor forward_impl(const Tensor& x);

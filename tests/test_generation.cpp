@@ -52,13 +52,15 @@ SamplingOptions opts(double t, I k, double p, std::uint64_t seed = 1) {
 }
 
 // A checkpoint of the harness's tiny GPT trained one step (TP 1, stage 0).
+// llama: rotary positions, RMSNorm, SwiGLU, 8 heads in 4 query groups, an untied output layer.
 struct Checkpoint {
   std::string dir;
-  Checkpoint() {
+  explicit Checkpoint(bool llama = false) {
     char tmpl[] = "/tmp/mz-generate-XXXXXX";
     dir = ::mkdtemp(tmpl);
     ZeroRunSpec spec;
     spec.steps = 1;
+    spec.llama = llama;
     ZeroRun run(world(), spec);
     run.train(0, 1);
     checkpoint::TrainState s;
@@ -201,4 +203,49 @@ TEST(Generation, TheIsolatedDeviceGeneratesAsTheCpu) {
   o.sampling = opts(1, 0, 0.9, 3);
   o.max_new_tokens = 5;
   EXPECT_EQ(generate(cpu, prompt, o).tokens, generate(iso, prompt, o).tokens);
+}
+
+// The key/value cache (layers/kv_cache.h): the prompt run once, then one token
+// (or a few) at a time, gives the logits of the whole sequence's last row, to
+// fp32 rounding (the GEMMs have other shapes), for the learned positions and
+// for rotary ones with grouped-query attention; greedy generation draws the
+// same tokens with and without it; the isolated device caches as the CPU, bit
+// for bit; a cache too small is refused.
+TEST(Generation, TheKeyValueCacheGivesTheWholeSequencesLogits) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "rope, RMSNorm, SwiGLU, GQA" : "learned positions, LayerNorm, GeLU");
+    Checkpoint ck(llama);
+    hf::CheckpointModel model(ck.dir + "/ckpt", world()), iso(ck.dir + "/ckpt", world(), 0, "cpu-isolated");
+    std::vector<I> seq = {3, 17, 5, 42, 9};
+    model.start_cache(16);
+    iso.start_cache(16);
+    auto expect_whole = [&](const std::vector<float>& cached, const char* what) {
+      const auto whole = model.logits(seq, /*last_only=*/true);
+      ASSERT_EQ(cached.size(), whole.size());
+      double largest = 0, diff = 0;
+      for (std::size_t i = 0; i < whole.size(); ++i) {
+        largest = std::max(largest, std::fabs(static_cast<double>(whole[i])));
+        diff = std::max(diff, std::fabs(static_cast<double>(cached[i]) - whole[i]));
+      }
+      EXPECT_LE(diff, 1e-5 * largest) << what << " after " << seq.size() << " tokens";
+    };
+    const auto first = model.extend(seq);
+    EXPECT_EQ(iso.extend(seq), first) << "the isolated device's cache";
+    expect_whole(first, "the prompt");
+    for (const std::vector<I>& more : std::vector<std::vector<I>>{{7}, {11}, {2, 30, 8}, {1}}) {
+      seq.insert(seq.end(), more.begin(), more.end());
+      const auto got = model.extend(more);
+      EXPECT_EQ(iso.extend(more), got);
+      expect_whole(got, more.size() == 1 ? "one token" : "three tokens at once");
+    }
+    EXPECT_THROW(model.extend({1, 2, 3, 4, 5, 6}), ConfigError) << "11 of 16 positions held: 6 more do not fit";
+    EXPECT_THROW(model.start_cache(model.config().max_position_embeddings + 1), ConfigError);
+    GenerateOptions o;
+    o.sampling.greedy = true;
+    o.max_new_tokens = 8;
+    const auto cached = generate(model, {3, 17, 5}, o).tokens;
+    o.kv_cache = false;
+    EXPECT_EQ(generate(model, {3, 17, 5}, o).tokens, cached);
+  }
 }

@@ -232,6 +232,38 @@ TEST(Rope, OutputMayAliasTheInput) {
   }
 }
 
+// Rows from a first position (a key/value cache's next tokens): the rows of
+// the same positions in the longer sequence, bit for bit.
+TEST(Rope, RowsFromAFirstPositionAreThoseOfTheLongerSequence) {
+  const i64 n = 3, seq = 11, d = 20, first = 8, tail = seq - first;
+  std::mt19937 rng(55);
+  const Vec x = randn(static_cast<std::size_t>(n * seq * d), rng);
+  Vec x_tail;
+  for (i64 b = 0; b < n; ++b)
+    x_tail.insert(x_tail.end(), x.begin() + static_cast<long>((b * seq + first) * d),
+                  x.begin() + static_cast<long>((b + 1) * seq * d));
+  for (DType t : kAllDtypes)
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << (backward ? " backward" : " forward"));
+      Tensor whole = tensor({n, seq, d}, x, t), part = tensor({n, tail, d}, x_tail, t);
+      if (backward) {
+        rope_backward(whole, kBase, whole);
+        rope_backward(part, kBase, part, first);
+      } else {
+        rope_forward(whole, kBase, whole);
+        rope_forward(part, kBase, part, first);
+      }
+      const Vec all = vals(whole);
+      Vec want;
+      for (i64 b = 0; b < n; ++b)
+        want.insert(want.end(), all.begin() + static_cast<long>((b * seq + first) * d),
+                    all.begin() + static_cast<long>((b + 1) * seq * d));
+      expect_same(vals(part), want, "rows from position 8");
+    }
+  Tensor x3 = tensor({1, 2, 4}, Vec(8, 1.0));
+  expect_rejected([&] { rope_forward(x3, kBase, x3, -1); }, "the first position must not be negative");
+}
+
 TEST(Rope, SameBitsForAnyThreadCount) {
   if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   const Dims m{16, 128, 64};

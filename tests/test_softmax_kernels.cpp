@@ -46,6 +46,30 @@ TEST(CausalSoftmax, ForwardMatchesReferenceWithExactZerosAboveTheDiagonal) {
   expect_close(vals(inplace), p, 0, 0, "in place");
 }
 
+// With fewer queries than keys (a key/value cache's step: the queries are the
+// last sq of the sk positions), each row is the square softmax's row of the
+// same position, bit for bit, in every storage type.
+TEST(CausalSoftmax, FewerQueriesThanKeysAreTheLastRowsOfTheSquareOne) {
+  std::mt19937 rng(12);
+  const i64 n = 9, mats = 4;
+  const Vec square = to_f32(randn(usize(mats * n * n), rng, 4.0));
+  for (DType t : {DType::F64, DType::F32, DType::BF16, DType::F16})
+    for (const i64 sq : {i64{1}, i64{3}, n}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << " sq " << sq);
+      const Vec full = softmax_run({mats, n, n}, square, 0.4, t);
+      Vec last, want;
+      for (i64 m = 0; m < mats; ++m)
+        for (i64 r = n - sq; r < n; ++r)
+          for (i64 j = 0; j < n; ++j) {
+            last.push_back(square[usize((m * n + r) * n + j)]);
+            want.push_back(full[usize((m * n + r) * n + j)]);
+          }
+      EXPECT_EQ(softmax_run({mats, sq, n}, last, 0.4, t), want);
+    }
+  expect_rejected([&] { Tensor more = tensor({1, 3, 2}, Vec(6, 0.0)); causal_softmax_forward(more, 1.0, more); },
+                  "sq <= sk");
+}
+
 TEST(CausalSoftmax, HugeScoresStayFinite) {
   const Shape shape{1, 4, 4};
   const Vec s = {1e30, 0, 0, 0, -1e30, 3e4, 0, 0, 5e4, 5e4, -5e4, 0, 1e4, 1e4, 1e4, 1e4};

@@ -1,6 +1,7 @@
 #include "tools/checkpoint_model.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "megazero/core/error.h"
 #include "tools/hf_gpt2.h"
@@ -35,6 +36,30 @@ struct CheckpointModel::Impl {
   I iteration = 0;
   std::unique_ptr<Tp1Model> m;
   std::shared_ptr<Device> host = make_device(DeviceKind::CPU);
+  std::optional<layers::KvCache> cache;  // start_cache's
+
+  // The ids on the model's device, each checked against the vocabulary (--tokens named).
+  Tensor upload(const std::vector<I>& tokens) const {
+    for (I t : tokens)
+      MZ_REQUIRE(t >= 0 && t < config.vocab_size, "--tokens: id ", t, " is outside the vocabulary [0, ",
+                 config.vocab_size, ")");
+    const I S = static_cast<I>(tokens.size());
+    Tensor host_ids = Tensor::empty(host, {S}, DType::I64, MemoryCategory::Activations);
+    std::copy(tokens.begin(), tokens.end(), host_ids.host_data<I>());
+    Tensor ids = Tensor::empty(m->device, {S}, DType::I64, MemoryCategory::Activations);
+    ids.copy_from(host_ids);
+    return ids;
+  }
+  // Rows [n, padded vocab] (fp32, on the model's device) -> the real vocabulary of each, on the host.
+  std::vector<float> to_host(const Tensor& rows) const {
+    Tensor host_logits = Tensor::empty(host, rows.shape(), DType::F32, MemoryCategory::Workspace);
+    host_logits.copy_from(rows);
+    const I n = rows.size(0), cols = rows.size(1);
+    std::vector<float> out(static_cast<std::size_t>(n * config.vocab_size));
+    for (I s = 0; s < n; ++s)
+      std::copy_n(host_logits.host_data<float>() + s * cols, config.vocab_size, out.begin() + s * config.vocab_size);
+    return out;
+  }
 };
 
 CheckpointModel::CheckpointModel(const std::string& load, Communicator& self, I heads, const std::string& device)
@@ -73,33 +98,34 @@ std::vector<float> CheckpointModel::logits(const std::vector<I>& tokens, bool la
   const I S = static_cast<I>(tokens.size());
   MZ_REQUIRE(S > 0 && S <= c.max_position_embeddings, "--tokens: give 1 to ", c.max_position_embeddings,
              " token ids (max-position-embeddings), got ", S);
-  for (I t : tokens)
-    MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--tokens: id ", t, " is outside the vocabulary [0, ", c.vocab_size, ")");
-  // Tokens are made on the host and copied to the model's device.
-  Tensor host_ids = Tensor::empty(impl_->host, {S}, DType::I64, MemoryCategory::Activations);
-  Tensor host_targets = Tensor::empty(impl_->host, {S}, DType::I64, MemoryCategory::Activations);
-  for (I i = 0; i < S; ++i) {
-    host_ids.host_data<I>()[i] = tokens[static_cast<std::size_t>(i)];
-    host_targets.host_data<I>()[i] = tokens[static_cast<std::size_t>((i + 1) % S)];
-  }
-  Tensor ids = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
-  Tensor targets = Tensor::empty(m.device, {S}, DType::I64, MemoryCategory::Activations);
-  ids.copy_from(host_ids);
-  targets.copy_from(host_targets);
+  // Tokens are made on the host and copied to the model's device; the
+  // targets (the next token, wrapping) only feed the loss the logits pass through.
+  const Tensor ids = impl_->upload(tokens);
+  std::vector<I> next(tokens.begin() + 1, tokens.end());
+  next.push_back(tokens.front());
+  const Tensor targets = impl_->upload(next);
   layers::StepInfo step;
   step.micro_batch = 1;
   step.seq = S;
   step.training = false;
   m.model->forward(ids, targets, step);
   // [S, padded vocab], fp32, on the model's device: the rows wanted, then the real vocabulary of each.
-  const Tensor rows = last_only ? m.model->logits().narrow(0, S - 1, 1) : m.model->logits();
-  Tensor host_logits = Tensor::empty(impl_->host, rows.shape(), DType::F32, MemoryCategory::Workspace);
-  host_logits.copy_from(rows);
-  const I n = rows.size(0), cols = rows.size(1);
-  std::vector<float> out(static_cast<std::size_t>(n * c.vocab_size));
-  for (I s = 0; s < n; ++s)
-    std::copy_n(host_logits.host_data<float>() + s * cols, c.vocab_size, out.begin() + s * c.vocab_size);
-  return out;
+  return impl_->to_host(last_only ? m.model->logits().narrow(0, S - 1, 1) : m.model->logits());
+}
+
+void CheckpointModel::start_cache(I capacity) {
+  impl_->cache.reset();  // the old buffers go first
+  impl_->cache = impl_->m->model->make_kv_cache(capacity);
+}
+
+std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens) {
+  MZ_CHECK(impl_->cache.has_value(), "CheckpointModel::extend before start_cache");
+  auto& cache = *impl_->cache;
+  const I T = static_cast<I>(tokens.size());
+  MZ_REQUIRE(T > 0 && cache.length + T <= cache.capacity, "--tokens: ", T, " more token ids after ", cache.length,
+             " do not fit the ", cache.capacity, " positions of the key/value cache");
+  const Tensor logits = impl_->m->model->decode(impl_->upload(tokens), cache);
+  return impl_->to_host(logits.narrow(0, T - 1, 1));
 }
 
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self, I heads,

@@ -11,6 +11,7 @@
 
 #include "layers/gpt_config.h"
 #include "layers/gpt_model.h"
+#include "layers/kv_cache.h"
 #include "megazero/comm/communicator.h"
 #include "megazero/zero/zero_engine.h"
 
@@ -48,6 +49,12 @@ class CheckpointModel {
   // naming --tokens otherwise). last_only: only the last position's row
   // [vocab], the one a generation step reads (one row copied to the host).
   std::vector<float> logits(const std::vector<std::int64_t>& tokens, bool last_only = false);
+  // Generation with a key/value cache (layers/kv_cache.h): start_cache empties
+  // it for `capacity` positions (at most max-position-embeddings); extend runs
+  // only `tokens`, after the positions already cached, and returns the last
+  // one's logits [vocab] (what logits(all tokens so far, true) gives, to rounding).
+  void start_cache(std::int64_t capacity);
+  std::vector<float> extend(const std::vector<std::int64_t>& tokens);
 
  private:
   struct Impl;

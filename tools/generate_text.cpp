@@ -37,7 +37,7 @@ int run(int argc, char** argv) {
     MZ_REQUIRE(world->size() == 1, "generate_text runs as one process; start it without mpiexec");
     std::string load, prompt, prompt_tokens, tokenizer_type, vocab_file, merge_file, device = "cpu", output;
     I heads = 0, stop_token = -2;
-    bool no_stop = false;
+    bool no_stop = false, no_kv_cache = false;
     generation::GenerateOptions o;
     po::options_description d("generate_text options");
     d.add_options()("load", po::value(&load),
@@ -61,12 +61,16 @@ int run(int argc, char** argv) {
         "stop-token", po::value(&stop_token),
         "end after generating this token id; default: the tokenizer's end of text (GPT-2 BPE 50256, ByteLevel 256)")(
         "no-stop", po::bool_switch(&no_stop), "never stop early: generate --max-new-tokens tokens")(
+        "no-kv-cache", po::bool_switch(&no_kv_cache),
+        "run the whole sequence every step instead of keeping each layer's keys and values (slower; the same "
+        "tokens up to rounding: a check of the cache)")(
         "device", po::value(&device), "where the model runs: cpu, cuda, cuda:N or cpu-isolated")(
         "num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")(
         "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
     bool help = false;
     d.add_options()("help,h", po::bool_switch(&help), "print this help");
     parse_command_line(argc, argv, d, "generate_text");
+    o.kv_cache = !no_kv_cache;
     if (help) {
       std::cout << "usage: generate_text --load DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n\n" << d << "\n";
       return 0;

@@ -88,10 +88,15 @@ Generated generate(hf::CheckpointModel& model, const std::vector<I>& prompt, con
   const auto t0 = std::chrono::steady_clock::now();
   Generated g;
   std::vector<I> seq = prompt;
+  // With the key/value cache the prompt runs once and every step runs its
+  // one new token; without it, every step runs the whole sequence.
+  if (o.kv_cache) model.start_cache(n + o.max_new_tokens);
+  std::vector<I> fresh = prompt;  // the tokens the cache has not seen
   while (static_cast<I>(g.tokens.size()) < o.max_new_tokens) {
-    const I t = sampler.next(model.logits(seq, /*last_only=*/true));
+    const I t = sampler.next(o.kv_cache ? model.extend(fresh) : model.logits(seq, /*last_only=*/true));
     g.tokens.push_back(t);
     seq.push_back(t);
+    fresh.assign(1, t);
     if (on_token) on_token(t);
     if (o.stop_token && t == *o.stop_token) {
       g.stopped = true;

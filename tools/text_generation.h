@@ -1,9 +1,9 @@
 // Text generation from a checkpoint (tools/generate_text, docs/GENERATION.md):
 // the model's next-token distribution shaped as Megatron's and Hugging Face's
 // samplers shape it (temperature, then top-k, then top-p), drawn with a seeded
-// generator, one token at a time. Each step runs the whole sequence through
-// the model (no key/value cache: a check of what a checkpoint learned, not a
-// serving path).
+// generator, one token at a time. A key/value cache (layers/kv_cache.h) runs
+// the prompt once and each later step only its one new token; without it
+// (--no-kv-cache) every step runs the whole sequence.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +48,7 @@ struct GenerateOptions {
   SamplingOptions sampling;
   std::int64_t max_new_tokens = 32;
   std::optional<std::int64_t> stop_token;  // generation ends after drawing it (it is kept)
+  bool kv_cache = true;                    // false: --no-kv-cache
 };
 struct Generated {
   std::vector<std::int64_t> tokens;  // the new tokens, without the prompt

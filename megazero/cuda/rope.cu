@@ -13,7 +13,8 @@
 namespace megazero::cuda {
 using namespace detail_k;
 
-void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s) {
+void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s,
+          i64 first) {
   if (n == 0 || seq == 0 || d == 0) return;
   const auto ceil_div = [](i64 a, i64 b) { return (a + b - 1) / b; };
   const i64 gx = std::min<i64>(seq, i64{1} << 20);
@@ -32,9 +33,9 @@ void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d
     const S* ip = static_cast<const S*>(in);
     S* op = static_cast<S*>(out);
     if (backward)
-      rope_kernel<S, true><<<grid, threads, 0, s>>>(ip, base, op, n, seq, d, per_block);
+      rope_kernel<S, true><<<grid, threads, 0, s>>>(ip, base, op, n, seq, d, per_block, first);
     else
-      rope_kernel<S, false><<<grid, threads, 0, s>>>(ip, base, op, n, seq, d, per_block);
+      rope_kernel<S, false><<<grid, threads, 0, s>>>(ip, base, op, n, seq, d, per_block, first);
   });
   check_launch(backward ? "rope_backward" : "rope_forward");
 }

@@ -18,6 +18,8 @@ using i64 = std::int64_t;
 
 // in, out: [n, seq, d] contiguous, d even; out may alias in. backward: the
 // rotation by -theta (rope_backward), else by theta (rope_forward).
-void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s);
+// Row s of each of the n blocks is position first + s.
+void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s,
+          i64 first = 0);
 
 }  // namespace megazero::cuda

@@ -27,15 +27,16 @@ __device__ __forceinline__ T rope_mul(T a, T b) {
 #endif
 }
 
-// in, out: [n, seq, d]. Block (blockIdx.x, blockIdx.y) handles positions
-// blockIdx.x + k * gridDim.x and blocks [blockIdx.y * per_block, ...) of the n:
-// for each tile of pairs it takes cos/sin of theta = pos * base^(-2i/d) once
+// in, out: [n, seq, d], row pos at position first + pos. Block (blockIdx.x,
+// blockIdx.y) handles rows blockIdx.x + k * gridDim.x and blocks
+// [blockIdx.y * per_block, ...) of the n: for each tile of pairs it takes
+// cos/sin of theta = (first + pos) * base^(-2i/d) once
 // (double, rounded to the compute type), then rotates those pairs of its rows
 // (BACKWARD: by -theta). per_block * kRopeTile < 2^31 (the launcher sees to
 // it), so the work index divides in 32 bits. Each pair is read before either
 // half is written, so out may alias in.
 template <typename S, bool BACKWARD>
-__global__ void rope_kernel(const S* in, double base, S* out, i64 n, i64 seq, i64 d, i64 per_block) {
+__global__ void rope_kernel(const S* in, double base, S* out, i64 n, i64 seq, i64 d, i64 per_block, i64 first) {
   using C = compute_t<S>;
   __shared__ C cs[kRopeTile];
   __shared__ C sn[kRopeTile];
@@ -48,7 +49,7 @@ __global__ void rope_kernel(const S* in, double base, S* out, i64 n, i64 seq, i6
       const i64 len = min(static_cast<i64>(kRopeTile), half - i0);
       __syncthreads();  // the previous tile's readers are done
       for (i64 k = threadIdx.x; k < len; k += blockDim.x) {
-        const double theta = static_cast<double>(pos) * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
+        const double theta = static_cast<double>(first + pos) * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
         cs[k] = static_cast<C>(cos(theta));
         sn[k] = static_cast<C>(sin(theta));
       }

@@ -19,9 +19,9 @@ namespace {
 // ---------------------------------------------------------------- causal softmax
 
 template <typename S>
-__global__ void causal_softmax_forward_kernel(const S* scores, double scale, S* probs, i64 n) {
+__global__ void causal_softmax_forward_kernel(const S* scores, double scale, S* probs, i64 sq, i64 n) {
   using C = compute_t<S>;
-  const i64 row = blockIdx.x, i = row % n;
+  const i64 row = blockIdx.x, i = row % sq + (n - sq);  // the query's position among the n keys
   const S* sr = scores + row * n;
   S* pr = probs + row * n;
   const C sc = static_cast<C>(scale);
@@ -53,11 +53,11 @@ __global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, 
 // the row is read once into registers and written once; sums in fp32.
 
 template <typename S, int N>
-__global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* probs, i64 rows, i64 n) {
+__global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* probs, i64 rows, i64 sq, i64 n) {
   const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
-  const i64 i = row % n;
+  const i64 i = row % sq + (n - sq);  // the query's position among the n keys
   const S* sr = scores + row * n;
   S* pr = probs + row * n;
   float v[N];
@@ -131,18 +131,19 @@ bool with_warp_width(i64 n, Launch&& launch) {
 
 }  // namespace
 
-void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 n, cudaStream_t s) {
-  if (mats * n == 0) return;
+void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 sq, i64 n,
+                            cudaStream_t s) {
+  if (mats * sq * n == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
-    const i64 rows = mats * n;
+    const i64 rows = mats * sq;
     const bool warp = with_warp_width<S>(n, [&](auto width) {
       softmax_warp_forward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
-          static_cast<const S*>(scores), static_cast<float>(scale), static_cast<S*>(probs), rows, n);
+          static_cast<const S*>(scores), static_cast<float>(scale), static_cast<S*>(probs), rows, sq, n);
     });
     if (!warp)
       causal_softmax_forward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
-          static_cast<const S*>(scores), scale, static_cast<S*>(probs), n);
+          static_cast<const S*>(scores), scale, static_cast<S*>(probs), sq, n);
   });
   check_launch("causal_softmax_forward");
 }

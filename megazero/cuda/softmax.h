@@ -6,7 +6,9 @@
 
 namespace megazero::cuda {
 
-void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 n, cudaStream_t s);
+// mats matrices of [sq, n] scores, the queries the last sq of the n positions.
+void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 sq, i64 n,
+                            cudaStream_t s);
 void causal_softmax_backward(DType t, const void* dprobs, const void* probs, double scale, void* dscores, i64 mats,
                              i64 n, cudaStream_t s);
 

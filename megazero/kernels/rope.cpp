@@ -22,6 +22,7 @@ using namespace detail;  // kernel_support.h
 
 struct RopeShape {
   i64 n, seq, d;
+  i64 first = 0;  // the position of row 0
 };
 
 // A per-thread row of at least n compute-type values (the cos and sin of one
@@ -45,7 +46,7 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
     C* cs = trig_scratch<C>(2 * half);
     C* sn = cs + half;
     for (i64 i = 0; i < half; ++i) {
-      const double theta = static_cast<double>(pos) * std::pow(base, -2.0 * static_cast<double>(i) / d);
+      const double theta = static_cast<double>(s.first + pos) * std::pow(base, -2.0 * static_cast<double>(i) / d);
       cs[i] = static_cast<C>(std::cos(theta));
       sn[i] = static_cast<C>(std::sin(theta));
     }
@@ -67,17 +68,19 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
 }
 
 void rope(const char* op, const char* in_name, const Tensor& in, double base, const char* out_name, Tensor& out,
-          bool backward) {
+          bool backward, i64 first) {
   check_float(op, in_name, in);
   check_operands(op, in, in.dtype(), {{in_name, &in}, {out_name, &out}});
   MZ_CHECK(in.dim() == 3, op, ": ", in_name,
            " must be [N, S, D] (N = batch x heads, S = sequence, D = head size), got ", in.to_string());
-  const RopeShape s{in.size(0), in.size(1), in.size(2)};
+  MZ_CHECK(first >= 0, op, ": the first position must not be negative, got ", first);
+  const RopeShape s{in.size(0), in.size(1), in.size(2), first};
   MZ_CHECK(s.d > 0 && s.d % 2 == 0, op, ": the head size D = ", s.d,
            " must be even and positive (dimension i pairs with i + D/2), got ", in.to_string());
   MZ_CHECK(std::isfinite(base) && base > 0, op, ": base must be finite and positive, got ", base);
   check_shape(op, out_name, out, in.shape());
-  MZ_ON_CUDA(in, cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in)));
+  MZ_ON_CUDA(in,
+             cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in), s.first));
   if (!on_host(op, in)) return;
   with_storage_type(in.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -90,8 +93,12 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
 
 }  // namespace
 
-void rope_forward(const Tensor& x, double base, Tensor& y) { rope("rope_forward", "x", x, base, "y", y, false); }
+void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position) {
+  rope("rope_forward", "x", x, base, "y", y, false, first_position);
+}
 
-void rope_backward(const Tensor& dy, double base, Tensor& dx) { rope("rope_backward", "dy", dy, base, "dx", dx, true); }
+void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position) {
+  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position);
+}
 
 }  // namespace megazero::kernels

@@ -27,17 +27,18 @@ using namespace detail;  // kernel_support.h, cpu_loops.h
 
 // ---- causal softmax ----
 
-// Row i of each [n, n] matrix is softmax over j <= i of scale * s; the max is
-// subtracted before exp and the sum is taken in double. The unnormalised
-// exponentials live in probs itself for fp32/fp64 and in a per-thread fp32 row
-// for 16-bit storage (so that probabilities are rounded to 16 bits once).
+// Row r of each [sq, sk] matrix is the query at key position i = r + sk - sq:
+// softmax over j <= i of scale * s; the max is subtracted before exp and the
+// sum is taken in double. The unnormalised exponentials live in probs itself
+// for fp32/fp64 and in a per-thread fp32 row for 16-bit storage (so that
+// probabilities are rounded to 16 bits once).
 template <typename S>
-void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mats, i64 n) {
+void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mats, i64 sq, i64 n) {
   using C = compute_t<S>;
   const C sc = static_cast<C>(scale);
-#pragma omp parallel for num_threads(threads()) schedule(static) if (mats * n * n > kParallelMin)
-  for (i64 row = 0; row < mats * n; ++row) {
-    const i64 i = row % n;
+#pragma omp parallel for num_threads(threads()) schedule(static) if (mats * sq * n > kParallelMin)
+  for (i64 row = 0; row < mats * sq; ++row) {
+    const i64 i = row % sq + (n - sq);
     const S* s = scores + row * n;
     S* p = probs + row * n;
     C* e;
@@ -76,6 +77,13 @@ void causal_softmax_backward_cpu(const S* dprobs, const S* probs, double scale, 
   }
 }
 
+// The forward's scores are [..., sq, sk] with sq <= sk; returns the number of matrices.
+i64 check_queries_over_keys(const char* op, const char* name, const Tensor& t) {
+  MZ_CHECK(t.dim() >= 2 && t.size(-2) <= t.size(-1), op, ": ", name,
+           " must be [batch, sq, sk] with sq <= sk (the queries the last sq of the sk positions), got ", t.to_string());
+  return t.size(-1) == 0 || t.size(-2) == 0 ? 0 : t.numel() / (t.size(-1) * t.size(-2));
+}
+
 // Attention scores are [..., n, n]; returns the number of n x n matrices.
 i64 check_square(const char* op, const char* name, const Tensor& t) {
   MZ_CHECK(t.dim() >= 2 && t.size(-1) == t.size(-2), op, ": ", name, " must be [batch, sq, sk] with sq == sk, got ",
@@ -88,15 +96,15 @@ i64 check_square(const char* op, const char* name, const Tensor& t) {
 void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
   constexpr const char* op = "causal_softmax_forward";
   check_float(op, "scores", scores);
-  const i64 mats = check_square(op, "scores", scores);
+  const i64 mats = check_queries_over_keys(op, "scores", scores);
   check_operands(op, scores, scores.dtype(), {{"scores", &scores}, {"probs", &probs}});
   check_shape(op, "probs", probs, scores.shape());
   MZ_ON_CUDA(scores, cuda::causal_softmax_forward(scores.dtype(), scores.data(), scale, probs.data(), mats,
-                                                  scores.size(-1), stream_of(scores)));
+                                                  scores.size(-2), scores.size(-1), stream_of(scores)));
   if (!on_host(op, scores)) return;
   with_storage_type(scores.dtype(), [&](auto tag) {
     using S = decltype(tag);
-    causal_softmax_forward_cpu(ptr<const S>(scores), scale, ptr<S>(probs), mats, scores.size(-1));
+    causal_softmax_forward_cpu(ptr<const S>(scores), scale, ptr<S>(probs), mats, scores.size(-2), scores.size(-1));
   });
 }
 

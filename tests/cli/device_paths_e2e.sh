@@ -21,7 +21,7 @@
 #     train with no recompute's losses, bit for bit;
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
 #     and DEVICE's logits match the CPU's (1e-4 of the largest); 6b: generate_text
-#     on DEVICE draws the CPU's greedy tokens;
+#     on DEVICE draws the CPU's greedy tokens, with the key/value cache as without;
 #  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
 #     every rank alike, printed once, planned vs free bytes and the flags that
 #     fit) and reports the plan when it fits;
@@ -261,7 +261,12 @@ else
 fi
 [ "$(gen gen_s1 "$device" --top-p 0.9 --seed 5 --no-stop)" = "$(gen gen_s2 "$device" --top-p 0.9 --seed 5 --no-stop)" ] ||
   fail "the same seed drew other tokens on $device"
-echo "device_paths_e2e ($device): generate_text greedy as on the CPU ($g_dev), sampling seeded"
+# The key/value cache (the default) against running the whole sequence each step, on DEVICE.
+g_full=$(gen gen_full "$device" --greedy --no-stop --max-new-tokens 8 --no-kv-cache)
+[ "${g_full%%,*}" = "${g_dev%%,*}" ] || fail "--no-kv-cache's first greedy token on $device (${g_full%%,*}) is not the cache's (${g_dev%%,*})"
+[ "$cross" != same_tail ] || [ "$g_full" = "$g_dev" ] ||
+  fail "greedy tokens with the key/value cache ($g_dev) differ from --no-kv-cache's ($g_full) on $device"
+echo "device_paths_e2e ($device): generate_text greedy as on the CPU ($g_dev) and as without the key/value cache, sampling seeded"
 
 # 8. The Llama-style model (rope, RMSNorm, SwiGLU, grouped-query attention,
 #    no biases, untied output layer) with sequence parallelism at TP 2 on

@@ -156,9 +156,18 @@ void softmax(DType t, i64 mats, i64 n, std::mt19937& rng) {
   Tensor probs = like(scores);
   kernels::causal_softmax_forward(scores, scale, probs);
   const auto ds = put(scores), dp = poisoned(probs);
-  cuda::causal_softmax_forward(t, ds.ptr(), scale, dp.ptr(), mats, n, nullptr);
+  cuda::causal_softmax_forward(t, ds.ptr(), scale, dp.ptr(), mats, n, n, nullptr);
   const Tensor got_p = get(dp, probs);
   expect_close(values(got_p), values(probs), 4 * ulp(t), 1e-6, "causal_softmax_forward");
+  // The last few queries over all the keys (a key/value cache's decode step).
+  for (const i64 sq : {i64{1}, std::min<i64>(3, n)}) {
+    const Tensor last = tensor_of({mats, sq, n}, randn(mats * sq * n, rng, 3.0), t);
+    Tensor want = like(last);
+    kernels::causal_softmax_forward(last, scale, want);
+    const auto dl = put(last), dw = poisoned(want);
+    cuda::causal_softmax_forward(t, dl.ptr(), scale, dw.ptr(), mats, sq, n, nullptr);
+    expect_close(values(get(dw, want)), values(want), 4 * ulp(t), 1e-6, "causal_softmax_forward, queries < keys");
+  }
 
   // The backward of the launcher's own probabilities.
   Tensor dscores = like(dprobs);

@@ -116,7 +116,7 @@ void swiglu(std::mt19937& rng) {
 
 // The CPU's cos/sin/pow are the emulation's libm: the same bits.
 template <DType T>
-void rope(std::mt19937& rng, bool backward) {
+void rope(std::mt19937& rng, bool backward, i64 first = 0) {
   using S = typename Storage<T>::type;
   const i64 n = 5, seq = 9, d = 520;  // 260 pairs: two of the kernel's 256-pair tiles
   const double base = 10000.0;
@@ -124,15 +124,15 @@ void rope(std::mt19937& rng, bool backward) {
   const Tensor x = tensor_of({n, seq, d}, xv, T);
   Tensor yc = tensor_of({n, seq, d}, xv, T), yg = tensor_of({n, seq, d}, xv, T);
   if (backward)
-    kernels::rope_backward(x, base, yc);
+    kernels::rope_backward(x, base, yc, first);
   else
-    kernels::rope_forward(x, base, yc);
+    kernels::rope_forward(x, base, yc, first);
   const i64 per_block = 2;                // blocks {0, 1}, {2, 3}, {4}
   emu_launch(dim3{4, 3, 1}, 64, 0, [&] {  // 4 position blocks stride over 9 positions
     if (backward)
-      dk::rope_kernel<S, true>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block);
+      dk::rope_kernel<S, true>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block, first);
     else
-      dk::rope_kernel<S, false>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block);
+      dk::rope_kernel<S, false>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block, first);
   });
   expect_close(values(yg), values(yc), 0, 0, backward ? "rope backward (in place)" : "rope forward (in place)");
 }
@@ -154,6 +154,8 @@ int main() {
     rope<DType::F32>(rng, backward);
     rope<DType::BF16>(rng, backward);
     rope<DType::F16>(rng, backward);
+    rope<DType::F32>(rng, backward, 1000);  // rows from position 1000 (a key/value cache's decode)
+    rope<DType::BF16>(rng, backward, 7);
   }
   if (failures) {
     std::printf("llama_kernels_emulated: %d checks failed\n", failures);

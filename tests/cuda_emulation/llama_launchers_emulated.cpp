@@ -154,17 +154,17 @@ void rmsnorm_no_rows(DType t, DType acc, i64 cols, std::mt19937& rng) {
 
 // ------------------------------------------------------------ RoPE
 // The CPU's cos/sin/pow are the emulation's libm: the same bits.
-void rope(DType t, i64 n, i64 seq, i64 d, bool backward, bool in_place, std::mt19937& rng) {
+void rope(DType t, i64 n, i64 seq, i64 d, bool backward, bool in_place, std::mt19937& rng, i64 first = 0) {
   const double base = 10000.0;
   const Tensor x = tensor_of({n, seq, d}, randn(n * seq * d, rng), t);
   Tensor y = x.clone(MemoryCategory::Other);
   if (backward)
-    kernels::rope_backward(x, base, y);
+    kernels::rope_backward(x, base, y, first);
   else
-    kernels::rope_forward(x, base, y);
+    kernels::rope_forward(x, base, y, first);
   const auto dx = put(x), dy = poisoned(y);
   const Launches l;
-  cuda::rope(t, dx.ptr(), base, in_place ? dx.ptr() : dy.ptr(), n, seq, d, backward, nullptr);
+  cuda::rope(t, dx.ptr(), base, in_place ? dx.ptr() : dy.ptr(), n, seq, d, backward, nullptr, first);
   l.expect(1, "rope: launches");
   expect_bits(get(in_place ? dx : dy, y), y,
               backward ? (in_place ? "rope backward (in place)" : "rope backward")
@@ -222,6 +222,10 @@ int main() {
       for (const bool backward : {false, true}) {
         rope(t, 3, 9, 520, backward, backward, rng);
         rope(t, 2, 1, 2, backward, !backward, rng);
+        // One row at position 1023 (a key/value cache's decode), from a generator
+        // of its own: the data of the checks after it stay as they were.
+        std::mt19937 decode_rng(1023);
+        rope(t, 4, 1, 64, backward, true, decode_rng, 1023);
       }
       // SwiGLU: one column block, partly used; two; exactly one; one column.
       swiglu(t, 7, 45, rng);

@@ -113,10 +113,10 @@ Tensor ParallelSelfAttention::make_kv_buffer(std::int64_t capacity) const {
 Tensor ParallelSelfAttention::forward_cached(const Tensor& x, KvCache& cache, bool add_output_bias) {
   const std::int64_t T = step_.seq, L0 = cache.length, L = L0 + T;
   const std::int64_t G = local_groups_, P = per_group_, H = local_heads_;
-  MZ_CHECK(step_.micro_batch == 1 && !step_.training && !ctx_.sequence_parallel, "the key/value cache runs one "
-           "sequence, in evaluation, without sequence parallelism");
-  MZ_CHECK(L <= cache.capacity && layer_ < static_cast<int>(cache.keys.size()), "key/value cache of ",
-           cache.capacity, " positions for ", L, " (layer ", layer_, " of ", cache.keys.size(), ")");
+  MZ_CHECK(step_.micro_batch == 1 && !step_.training && !ctx_.sequence_parallel,
+           "the key/value cache runs one sequence, in evaluation, without sequence parallelism");
+  MZ_CHECK(L <= cache.capacity && layer_ < static_cast<int>(cache.keys.size()), "key/value cache of ", cache.capacity,
+           " positions for ", L, " (layer ", layer_, " of ", cache.keys.size(), ")");
   Tensor qkv = qkv_.forward(x);
   Tensor q = split_heads(qkv, 0), k = split_heads(qkv, 1), v = split_heads(qkv, 2);
   qkv = Tensor();

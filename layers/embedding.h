@@ -43,7 +43,7 @@ class PositionEmbedding {
   PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions, std::int64_t hidden,
                     const TpContext& ctx, double init_std);
   void forward(Tensor& x, std::int64_t seq, std::int64_t first = 0);  // x [B*S, H] += table[first + s]
-  void backward(const Tensor& dout, std::int64_t seq);  // accumulates
+  void backward(const Tensor& dout, std::int64_t seq);                // accumulates
 
  private:
   Parameter* weight_;

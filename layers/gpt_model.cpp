@@ -138,8 +138,7 @@ Tensor GPTModel::logits_of(const Tensor& ids, std::int64_t first_position) {
   // The word embedding is used again for the tied logits: its group stays in
   // use until the end of forward (so ZeRO-3 gathers it once per pass).
   hooks_->pre_forward(embedding_group_);
-  Tensor h = position_ ? embedding_.forward(
-                             ids, [&](Tensor& x) { position_->forward(x, step.seq, first_position); })
+  Tensor h = position_ ? embedding_.forward(ids, [&](Tensor& x) { position_->forward(x, step.seq, first_position); })
                        : embedding_.forward(ids);
   if (output_) hooks_->post_forward(embedding_group_);
   if (step.training && cfg_.hidden_dropout > 0) {

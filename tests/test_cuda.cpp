@@ -21,6 +21,7 @@
 #include "megazero/cuda/cuda_device.h"
 #include "megazero/cuda/optimizer.h"
 #include "megazero/kernels/fused_attention.h"
+#include "megazero/kernels/rope.h"
 #include "megazero/kernels/gemm.h"
 #include "megazero/kernels/gpu_scratch.h"
 #include "megazero/kernels/layer_kernels.h"
@@ -352,7 +353,24 @@ TEST_F(Cuda, CausalSoftmaxInPlaceAndBackward) {
       k::causal_softmax_backward(dp.c, s.c, 0.125, dp.c);
       k::causal_softmax_backward(dp.g, s.g, 0.125, dp.g);
       EXPECT_LE(rel_diff(dp.g, dp.c), tol(dt) * 4) << dtype_name(dt) << " n " << n;
+      // A key/value cache's step: the last few queries over all n keys (the warp and the block kernels).
+      for (std::int64_t sq : {std::int64_t{1}, std::int64_t{5}}) {
+        auto last = random({3, sq, n}, dt, -6, 6);
+        k::causal_softmax_forward(last.c, 0.125, last.c);
+        k::causal_softmax_forward(last.g, 0.125, last.g);
+        EXPECT_LE(rel_diff(last.g, last.c), tol(dt)) << dtype_name(dt) << " sq " << sq << " n " << n;
+      }
     }
+}
+
+// RoPE from a first position (a key/value cache's new tokens): the CPU's rows.
+TEST_F(Cuda, RopeFromAFirstPosition) {
+  for (DType dt : kTypes) {
+    auto x = random({4, 3, 64}, dt);
+    k::rope_forward(x.c, 10000.0, x.c, 1021);
+    k::rope_forward(x.g, 10000.0, x.g, 1021);
+    EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << dtype_name(dt);
+  }
 }
 
 TEST_F(Cuda, DropoutMaskIsTheCpuMaskBitForBit) {

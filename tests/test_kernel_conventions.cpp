@@ -244,7 +244,7 @@ TEST(LayerKernels, RejectsBadShapesAndDtypes) {
   expect_rejected([&] { gelu_forward(x, transposed); }, "gelu_forward: y has shape");                // shape differs
   Tensor wide_queries = empty({2, 4, 3});
   expect_rejected([&] { causal_softmax_forward(wide_queries, 1.0, wide_queries); }, "sq <= sk");  // sq > sk
-  expect_rejected([&] { causal_softmax_backward(scores, scores, 1.0, scores); }, "sq == sk");      // sq != sk
+  expect_rejected([&] { causal_softmax_backward(scores, scores, 1.0, scores); }, "sq == sk");     // sq != sk
   Tensor out = empty({3, 8});
   const Tensor fp64_ids = tensor({3}, {0, 1, 2}), two_ids = ids_tensor({0, 1});
   expect_rejected([&] { embedding_forward(fp64_ids, x, 0, out); }, "embedding_forward: ids must be int64");

@@ -66,8 +66,12 @@ TEST(CausalSoftmax, FewerQueriesThanKeysAreTheLastRowsOfTheSquareOne) {
           }
       EXPECT_EQ(softmax_run({mats, sq, n}, last, 0.4, t), want);
     }
-  expect_rejected([&] { Tensor more = tensor({1, 3, 2}, Vec(6, 0.0)); causal_softmax_forward(more, 1.0, more); },
-                  "sq <= sk");
+  expect_rejected(
+      [&] {
+        Tensor more = tensor({1, 3, 2}, Vec(6, 0.0));
+        causal_softmax_forward(more, 1.0, more);
+      },
+      "sq <= sk");
 }
 
 TEST(CausalSoftmax, HugeScoresStayFinite) {

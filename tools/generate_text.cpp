@@ -63,8 +63,8 @@ int run(int argc, char** argv) {
         "no-stop", po::bool_switch(&no_stop), "never stop early: generate --max-new-tokens tokens")(
         "no-kv-cache", po::bool_switch(&no_kv_cache),
         "run the whole sequence every step instead of keeping each layer's keys and values (slower; the same "
-        "tokens up to rounding: a check of the cache)")(
-        "device", po::value(&device), "where the model runs: cpu, cuda, cuda:N or cpu-isolated")(
+        "tokens up to rounding: a check of the cache)")("device", po::value(&device),
+                                                        "where the model runs: cpu, cuda, cuda:N or cpu-isolated")(
         "num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")(
         "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
     bool help = false;

@@ -946,7 +946,8 @@ std::vector<int> TrainArgs::profiled_ranks() const {
 void TrainArgs::apply_decrease_batch_size(int world) {
   const int tp = parallel.tensor_model_parallel_size;
   if (!decrease_batch_size_if_needed || global_batch_size <= 0 || tp <= 0 || world % tp != 0) return;
-  MZ_REQUIRE(rampup_batch_size.empty(), "--decrease-batch-size-if-needed with --rampup-batch-size is not implemented: "
+  MZ_REQUIRE(rampup_batch_size.empty(),
+             "--decrease-batch-size-if-needed with --rampup-batch-size is not implemented: "
              "choose ramp batches that are multiples of --micro-batch-size x data-parallel size, and drop one flag");
   const std::int64_t step = micro_batch_size * (world / tp);
   if (global_batch_size % step == 0) return;
@@ -955,9 +956,9 @@ void TrainArgs::apply_decrease_batch_size(int world) {
              " is below one micro-batch per data-parallel rank (--micro-batch-size ", micro_batch_size, " x ",
              world / tp, " = ", step, "); raise it or lower --micro-batch-size");
   notes.push_back(detail::concat("--decrease-batch-size-if-needed: --global-batch-size ", global_batch_size,
-                                 " is not a multiple of --micro-batch-size ", micro_batch_size, " x data-parallel size ",
-                                 world / tp, "; training with a global batch of ", running, " (",
-                                 global_batch_size - running, " samples fewer each iteration)"));
+                                 " is not a multiple of --micro-batch-size ", micro_batch_size,
+                                 " x data-parallel size ", world / tp, "; training with a global batch of ", running,
+                                 " (", global_batch_size - running, " samples fewer each iteration)"));
   global_batch_size = running;
 }
 

@@ -700,6 +700,19 @@ TEST(Trainer, DeepSpeedConfigBecomesTheFlags) {
     std::remove(("/tmp/mz-trainer-" + std::to_string(::getpid()) + "-" + f).c_str());
 }
 
+// A resume that changes the loss's definition (--eod-mask-loss, its token) is
+// told so; the same loss says nothing.
+TEST(Trainer, ResumeNotesALossOfAnotherDefinition) {
+  const TrainArgs plain = args_of({}), masked = args_of({"--eod-mask-loss", "--eod-token-id", "7"});
+  EXPECT_EQ(loss_definition_note(plain, plain.to_config()), "");
+  EXPECT_EQ(loss_definition_note(masked, masked.to_config()), "");
+  const std::string note = loss_definition_note(masked, plain.to_config());
+  EXPECT_NE(note.find("--eod-mask-loss true (checkpoint: false), --eod-token-id 7 (checkpoint: -1)"), std::string::npos)
+      << note;
+  EXPECT_NE(loss_definition_note(plain, masked.to_config()).find("--eod-mask-loss false (checkpoint: true)"),
+            std::string::npos);
+}
+
 // ZeRO-Offload through the trainer (--optimizer-cpu-offload, or a DeepSpeed
 // user's offload_optimizer {"device": "cpu"}): the run trains the bits of the
 // same run without it, its checkpoints hold the same state (a resume without

@@ -1019,6 +1019,19 @@ std::map<std::string, std::string> config_values(const std::string& config) {
   return kv;
 }
 
+std::string loss_definition_note(const TrainArgs& args, const std::string& saved_config) {
+  const auto saved = config_values(saved_config), now = config_values(args.to_config());
+  std::string diff;
+  for (const char* k : {"eod-mask-loss", "eod-token-id"}) {
+    const auto s = saved.find(k), n = now.find(k);
+    if (s == saved.end() || n == now.end() || s->second == n->second) continue;
+    diff += std::string(diff.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";
+  }
+  if (diff.empty()) return "";
+  return "the loss is not the one the checkpoint was trained on: " + diff +
+         "; the logged loss changes its definition from here (compare losses across the two with care)";
+}
+
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration) {
   if (iteration == 0) return "";
   const auto saved = config_values(saved_config), now = config_values(args.to_config());

@@ -211,6 +211,13 @@ std::map<std::string, std::string> config_values(const std::string& config);
 // run's is kept: returns a note).
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration);
 
+// On resume: a note when the loss this run minimises is not the one the
+// checkpoint was trained on (--eod-mask-loss or its --eod-token-id differ):
+// the logged loss changes its definition
+// at the resumed iteration. Not an error (Megatron does not check it either);
+// "" when they agree or the checkpoint stored none of them.
+std::string loss_definition_note(const TrainArgs& args, const std::string& saved_config);
+
 // "" if `mine` (this rank's fingerprint) equals `reference` (rank 0's), else
 // a message naming each differing key with both values.
 std::string config_difference(const std::string& reference, const std::string& mine, int rank);

@@ -105,6 +105,8 @@ ResumePoint resume_from_checkpoint(TrainArgs& args, zero::ZeroEngine& engine, co
     opt.lr = args.lr;  // the schedules as reconciled
     opt.adam = args.adam;
     if (root && !note.empty()) std::printf(" note: %s\n", note.c_str());
+    if (const std::string loss = loss_definition_note(args, res.state.config); root && !loss.empty())
+      std::printf(" note: %s\n", loss.c_str());
     if (root && args.no_load_optim)
       std::printf(" --no-load-optim: Adam's moments start at zero and count their steps from iteration %lld%s\n",
                   static_cast<long long>(at.iteration), args.fp16 ? "; the loss scale from --initial-loss-scale" : "");

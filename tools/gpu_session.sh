@@ -168,9 +168,9 @@ for phase in "$@"; do
         done
         # The overlaps on the device (2026-11-27): AdamW on the side stream and the parameter
         # all-gather during the next forward give the bits of doing them at the step's end.
-        echo "== test_zero's overlap tests on $dev, 2 ranks"
+        echo "== test_zero's overlap and offload tests on $dev, 2 ranks"
         MEGAZERO_TEST_DEVICE=$dev mpi 2 $B/test_zero \
-          --gtest_filter='Zero.OptimizerBeside*:Zero.ParameterGather*:Zero.EveryStageWaits*'
+          --gtest_filter='Zero.OptimizerBeside*:Zero.ParameterGather*:Zero.EveryStageWaits*:Zero.OffloadedOptimizer*'
         echo "== exit $?"
         echo "== overlap_same_bits_e2e on $dev (2 ranks sharing the GPU)"
         bounded 600 bash tests/cli/overlap_same_bits_e2e.sh $B/pretrain_gpt configs/gpt_tiny.cfg "$dev"

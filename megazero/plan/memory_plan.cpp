@@ -114,10 +114,8 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
     const auto ckpt = static_cast<std::size_t>(MemoryCategory::ActivationCheckpoints);
     p.activation_traffic_bytes = peak.by_category[act].allocated_bytes - before.by_category[act].allocated_bytes;
     p.host_copy_bytes = checkpoints.stats().host_copies_bytes;  // counted by the store as it copies
-    if (engine.offload()) {  // the second iteration's: gradients down, parameters up (or pieces before gathers)
+    if (engine.offload())  // the second iteration's: gradients down, parameters up (or pieces before gathers)
       p.offload_copy_bytes = engine.offload()->copied_bytes() + engine.param_upload_bytes() - offload_copied_before;
-      p.offload_elements = p.owned_elements;
-    }
     p.host_checkpoint_peak = host->memory().snapshot().by_category[ckpt].peak_bytes;
     for (const auto& [g, calls] : log.gemms()) p.gemms.push_back({g, calls});
     const double tokens = static_cast<double>(B * S * p.micro_batches);
@@ -216,7 +214,7 @@ std::string RankMemoryPlan::to_table() const {
     os << "  host memory (ZeRO-Offload): " << gib(host_offload_bytes)
        << " (fp32 master + Adam moments, 12 bytes, and the gradient staging and "
        << (params_offloaded ? "the parameter partition" : "the parameter staging") << ", " << 2 * param_bytes
-       << " bytes, for each of the " << offload_elements << " offloaded parameters); " << gib(offload_copy_bytes)
+       << " bytes, for each of the " << owned_elements << " offloaded parameters); " << gib(offload_copy_bytes)
        << " copied between device and host per iteration\n";
   os << "  two iterations (each " << micro_batches
      << " micro-batch(es) forward + backward and the optimizer step, real code on the meta device; the second is "

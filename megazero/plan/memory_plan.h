@@ -61,9 +61,9 @@ struct RankMemoryPlan {
   // ZeRO-Offload (--optimizer-cpu-offload): host bytes of the optimizer state
   // and its staging, the elements it updates, and the bytes copied between
   // device and host in one iteration (gradients down, parameters up).
-  bool offloaded = false, params_offloaded = false;  // --optimizer-cpu-offload, --param-cpu-offload
-  int param_bytes = 2;                               // of the working precision
-  std::int64_t host_offload_bytes = 0, offload_elements = 0, offload_copy_bytes = 0;
+  bool offloaded = false, params_offloaded = false;             // --optimizer-cpu-offload, --param-cpu-offload
+  int param_bytes = 2;                                          // of the working precision
+  std::int64_t host_offload_bytes = 0, offload_copy_bytes = 0;  // the state covers owned_elements
   std::string to_table() const;
   std::string to_json() const;
 };

@@ -22,14 +22,12 @@ void ZeroConfig::validate() const {
                           "overlaps that with the next forward)",
              ": drop the flag");
   MZ_REQUIRE(!offload_params || stage == 3,
-             "--param-cpu-offload keeps each rank's parameter partition in host "
-             "memory, which only --zero-stage 3 partitions (stage ",
-             stage,
-             " holds every parameter on every rank): "
-             "use --zero-stage 3, or drop the flag");
+             "--param-cpu-offload keeps each rank's parameter partition in host memory, which only --zero-stage 3 "
+             "partitions (stage ",
+             stage, " holds every parameter on every rank): use --zero-stage 3, or drop the flag");
   MZ_REQUIRE(!offload_params || offload_optimizer,
-             "--param-cpu-offload needs --optimizer-cpu-offload: the host's "
-             "AdamW writes the offloaded parameters in place (add it, or drop --param-cpu-offload)");
+             "--param-cpu-offload needs --optimizer-cpu-offload: the host's AdamW writes the offloaded parameters in "
+             "place (add it, or drop --param-cpu-offload)");
   MZ_REQUIRE(!(offload_optimizer && overlap_optimizer),
              "--optimizer-cpu-offload runs AdamW on the host, which --overlap-optimizer would queue on the device "
              "beside the next forward: drop one of the two");

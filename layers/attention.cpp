@@ -75,6 +75,10 @@ double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
   if (step.kv_cache) return forward_cached(x, *step.kv_cache, add_output_bias);
+  MZ_REQUIRE(!step.key_starts.defined() || (!cfg_.cudnn_attention() && !cfg_.fused_attention()),
+             "per-document attention masks (--reset-attention-mask) run on --attention-backend unfused (Megatron's "
+             "local) only; the ",
+             cfg_.attention_backend, " backend masks causally over the whole sequence");
   const std::int64_t B = step.micro_batch, S = step.seq;
   MZ_CHECK(x.size(0) == ctx_.local_rows(B * S), "attention input has ", x.size(0), " rows for B*S = ", B * S,
            ctx_.sequence_parallel ? " split over the TP group" : "");
@@ -89,8 +93,8 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
     k_ = split_heads(qkv, 1);
     v_ = split_heads(qkv, 2);
     if (cfg_.rope()) {
-      kernels::rope_forward(q_, cfg_.rotary_base, q_);
-      kernels::rope_forward(k_, cfg_.rotary_base, k_);
+      kernels::rope_forward(q_, cfg_.rotary_base, q_, 0, step.positions);
+      kernels::rope_forward(k_, cfg_.rotary_base, k_, 0, step.positions);
     }
   }
   qkv = Tensor();
@@ -165,7 +169,7 @@ void ParallelSelfAttention::make_probs(double p, const RngKey& key) {
   Tensor grouped_scores = scores.view({BG, PS, S});
   gemm(q_.view({BG, PS, head_dim_}), false, k_, true, grouped_scores);
   probs_ = scores;  // softmax in place
-  kernels::causal_softmax_forward(scores, scale(), probs_);
+  kernels::causal_softmax_forward(scores, scale(), probs_, step_.key_starts);
   if (p > 0) {
     probs_dropped_ = ctx_.activation({BH, S, S});
     kernels::dropout_forward(probs_, p, key, probs_layout(), probs_dropped_);
@@ -244,8 +248,8 @@ Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, co
     Tensor rk4 = rk.view({B, G, S, head_dim_});
     kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
                                       cfg_.deterministic, rq4, rk4, dv);
-    kernels::rope_backward(rq, cfg_.rotary_base, rq);  // the rotation's adjoint, back to the projection's outputs
-    kernels::rope_backward(rk, cfg_.rotary_base, rk);
+    kernels::rope_backward(rq, cfg_.rotary_base, rq, 0, step_.positions);  // the rotation's adjoint
+    kernels::rope_backward(rk, cfg_.rotary_base, rk, 0, step_.positions);
     dk.copy_from(rk4);
   }
   dqkv.view({B, S, G, P + 2, head_dim_})
@@ -303,8 +307,8 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_d
     attend_backward_unfused(dctx, p, key, dq, dk, dv);
   }
   if (cfg_.rope()) {  // the rotation's adjoint, back to the projections' outputs
-    kernels::rope_backward(dq, cfg_.rotary_base, dq);
-    kernels::rope_backward(dk, cfg_.rotary_base, dk);
+    kernels::rope_backward(dq, cfg_.rotary_base, dq, 0, step_.positions);
+    kernels::rope_backward(dk, cfg_.rotary_base, dk, 0, step_.positions);
   }
   const std::int64_t G = local_groups_, P = per_group_;
   Tensor dqkv = ctx_.activation({B * S, G * (P + 2) * head_dim_});
@@ -328,7 +332,7 @@ void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p
   gemm(grouped_dctx, false, v_, true, grouped_dprobs);                    // dP = dctx V^T
   gemm(probs_dropped_.view({BG, PS, S}), true, grouped_dctx, false, dv);  // dV = P^T dctx
   if (p > 0) kernels::dropout_backward(dprobs, p, key, probs_layout(), dprobs);
-  kernels::causal_softmax_backward(dprobs, probs_, scale(), dprobs);
+  kernels::causal_softmax_backward(dprobs, probs_, scale(), dprobs, step_.key_starts);
   gemm(grouped_dprobs, false, k_, false, grouped_dq);                   // dQ = dS K
   gemm(grouped_dprobs, true, q_.view({BG, PS, head_dim_}), false, dk);  // dK = dS^T Q
 }

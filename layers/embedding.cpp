@@ -5,6 +5,7 @@
 #include "layers/mappings.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/embedding.h"
+#include "megazero/kernels/gelu_bias.h"
 
 namespace megazero::layers {
 
@@ -44,16 +45,30 @@ Tensor VocabParallelEmbedding::backward(const Tensor& dout) {
 }
 
 PositionEmbedding::PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions,
-                                     std::int64_t hidden, const TpContext&, double init_std) {
+                                     std::int64_t hidden, const TpContext& ctx, double init_std)
+    : ctx_(ctx) {
   weight_ = &params.add(name + ".weight", {max_positions, hidden}, -1, 0, 1, Init::Normal, init_std);
 }
 
-void PositionEmbedding::forward(Tensor& x, std::int64_t seq, std::int64_t first) {
+// Per-token positions are a lookup like the word embedding's (the same
+// kernels, the table's rows as the "vocabulary"), added to x.
+void PositionEmbedding::forward(Tensor& x, std::int64_t seq, std::int64_t first, const Tensor& positions) {
+  if (positions.defined()) {
+    MZ_CHECK(first == 0 && positions.numel() == x.size(0), "per-token positions ", positions.to_string(), " for ",
+             x.to_string(), " from position ", first);
+    Tensor rows = ctx_.activation(x.shape());
+    kernels::embedding_forward(positions, weight_->value, 0, rows);
+    kernels::add(x, rows, x);
+    return;
+  }
   kernels::add_position_embedding(x, first == 0 ? weight_->value : weight_->value.narrow(0, first, seq), seq);
 }
 
-void PositionEmbedding::backward(const Tensor& dout, std::int64_t seq) {
-  kernels::position_embedding_backward(dout, seq, weight_->grad);
+void PositionEmbedding::backward(const Tensor& dout, std::int64_t seq, const Tensor& positions) {
+  if (positions.defined())
+    kernels::embedding_backward(positions, dout, 0, weight_->grad);
+  else
+    kernels::position_embedding_backward(dout, seq, weight_->grad);
 }
 
 }  // namespace megazero::layers

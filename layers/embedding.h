@@ -42,10 +42,13 @@ class PositionEmbedding {
  public:
   PositionEmbedding(ParameterSet& params, const std::string& name, std::int64_t max_positions, std::int64_t hidden,
                     const TpContext& ctx, double init_std);
-  void forward(Tensor& x, std::int64_t seq, std::int64_t first = 0);  // x [B*S, H] += table[first + s]
-  void backward(const Tensor& dout, std::int64_t seq);                // accumulates
+  // x [B*S, H] += table[first + s], or with `positions` (int64 [B*S],
+  // StepInfo::positions) table[positions[b*S + s]].
+  void forward(Tensor& x, std::int64_t seq, std::int64_t first = 0, const Tensor& positions = Tensor());
+  void backward(const Tensor& dout, std::int64_t seq, const Tensor& positions = Tensor());  // accumulates
 
  private:
+  TpContext ctx_;
   Parameter* weight_;
 };
 

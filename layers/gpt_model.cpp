@@ -138,7 +138,8 @@ Tensor GPTModel::logits_of(const Tensor& ids, std::int64_t first_position) {
   // The word embedding is used again for the tied logits: its group stays in
   // use until the end of forward (so ZeRO-3 gathers it once per pass).
   hooks_->pre_forward(embedding_group_);
-  Tensor h = position_ ? embedding_.forward(ids, [&](Tensor& x) { position_->forward(x, step.seq, first_position); })
+  Tensor h = position_ ? embedding_.forward(
+                             ids, [&](Tensor& x) { position_->forward(x, step.seq, first_position, step.positions); })
                        : embedding_.forward(ids);
   if (output_) hooks_->post_forward(embedding_group_);
   if (step.training && cfg_.hidden_dropout > 0) {
@@ -207,7 +208,7 @@ void GPTModel::backward(double loss_scale) {
   }
   if (output_) hooks_->pre_backward(embedding_group_);
   const Tensor dsum = embedding_.backward(dh);  // under sequence parallelism: every row, gathered
-  if (position_) position_->backward(dsum, step_.seq);
+  if (position_) position_->backward(dsum, step_.seq, step_.positions);
   hooks_->post_backward(embedding_group_);
 }
 

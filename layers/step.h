@@ -3,6 +3,7 @@
 // sample gets the same mask whatever the DP size or micro-batch split.
 #pragma once
 
+#include "megazero/core/tensor.h"
 #include "megazero/kernels/dropout.h"
 
 #include <cstdint>
@@ -28,6 +29,12 @@ struct StepInfo {
   // Generation (GPTModel::decode): the seq tokens follow the cache's
   // positions; attention reads and extends it. Evaluation only.
   KvCache* kv_cache = nullptr;
+  // Documents packed into a sample (Megatron's --reset-position-ids and
+  // --reset-attention-mask; train/documents.h makes them from the tokens):
+  // int64 [B*S] on the model's device, or undefined (positions 0..S-1, every
+  // earlier token of the sample attended to).
+  Tensor positions;   // each token's position within its document
+  Tensor key_starts;  // where each token's document starts in its sample: attention stays inside it
 };
 
 // Dropout coordinates of residual-stream activations [rows, hidden] whose

@@ -363,6 +363,44 @@ TEST_F(Cuda, CausalSoftmaxInPlaceAndBackward) {
     }
 }
 
+// Documents packed into samples (--reset-attention-mask, --reset-position-ids):
+// the softmax within each document (warp and block kernels) and RoPE at
+// per-token positions give the CPU's results.
+TEST_F(Cuda, PerDocumentSoftmaxAndPositions) {
+  const std::int64_t samples = 2, heads = 3;
+  for (std::int64_t n : {7, 128, 1030}) {
+    Tensor starts_c = Tensor::empty(cpu, {samples * n}, DType::I64, MemoryCategory::Activations);
+    Tensor pos_c = Tensor::empty(cpu, {samples * n}, DType::I64, MemoryCategory::Activations);
+    for (std::int64_t b = 0; b < samples; ++b)
+      for (std::int64_t i = 0, start = 0; i < n; ++i) {
+        if (i > 0 && (i * 7 + b) % 5 == 0) start = i;  // a document starts at row i
+        starts_c.host_data<std::int64_t>()[b * n + i] = start;
+        pos_c.host_data<std::int64_t>()[b * n + i] = i - start;
+      }
+    Tensor starts_g = Tensor::empty(gpu, {samples * n}, DType::I64, MemoryCategory::Activations);
+    Tensor pos_g = Tensor::empty(gpu, {samples * n}, DType::I64, MemoryCategory::Activations);
+    starts_g.copy_from(starts_c);
+    pos_g.copy_from(pos_c);
+    for (DType dt : kTypes) {
+      auto s = random({samples * heads, n, n}, dt, -6, 6);
+      k::causal_softmax_forward(s.c, 0.125, s.c, starts_c);
+      k::causal_softmax_forward(s.g, 0.125, s.g, starts_g);
+      EXPECT_LE(rel_diff(s.g, s.c), tol(dt)) << dtype_name(dt) << " n " << n;
+      auto dp = random({samples * heads, n, n}, dt);
+      k::causal_softmax_backward(dp.c, s.c, 0.125, dp.c, starts_c);
+      k::causal_softmax_backward(dp.g, s.g, 0.125, dp.g, starts_g);
+      EXPECT_LE(rel_diff(dp.g, dp.c), tol(dt) * 4) << dtype_name(dt) << " n " << n;
+      auto x = random({samples * heads, n, 64}, dt);
+      k::rope_forward(x.c, 10000.0, x.c, 0, pos_c);
+      k::rope_forward(x.g, 10000.0, x.g, 0, pos_g);
+      EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "rope " << dtype_name(dt) << " n " << n;
+      k::rope_backward(x.c, 10000.0, x.c, 0, pos_c);
+      k::rope_backward(x.g, 10000.0, x.g, 0, pos_g);
+      EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "rope backward " << dtype_name(dt) << " n " << n;
+    }
+  }
+}
+
 // RoPE from a first position (a key/value cache's new tokens): the CPU's rows.
 TEST_F(Cuda, RopeFromAFirstPosition) {
   for (DType dt : kTypes) {

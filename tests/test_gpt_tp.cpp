@@ -5,6 +5,7 @@
 // communicator, so the comparison needs no gathering.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -28,6 +29,28 @@ bool g_sp = false;
 int g_only_option = -1;
 // --eod-mask-loss's row weights: tokens whose id is a multiple of 5 masked.
 bool g_masked = false;
+// --reset-position-ids and --reset-attention-mask (train/documents.h): a
+// token whose id is a multiple of 7 ends a document.
+bool g_documents = false;
+
+// Each token's document start in its sample (Megatron's rule: the end token
+// belongs to the document it ends), from the ids' function.
+template <typename Id>
+std::vector<std::int64_t> document_starts_of(std::int64_t samples, std::int64_t seq, Id id) {
+  std::vector<std::int64_t> starts;
+  for (std::int64_t b = 0; b < samples; ++b)
+    for (std::int64_t s = 0, start = 0; s < seq; ++s) {
+      starts.push_back(start);
+      if (id(b * seq + s) % 7 == 0) start = s + 1;
+    }
+  return starts;
+}
+
+void mark_documents(StepInfo& step, const std::shared_ptr<Device>& device, const std::vector<std::int64_t>& starts) {
+  const auto n = static_cast<std::int64_t>(starts.size());
+  step.key_starts = test_support::int64_tensor(device, n, [&](std::int64_t i) { return starts[i]; });
+  step.positions = test_support::int64_tensor(device, n, [&](std::int64_t i) { return i % step.seq - starts[i]; });
+}
 
 GPTConfig small_config(bool recompute, const std::string& attention) {
   GPTConfig c;
@@ -126,7 +149,9 @@ Run run_model(Communicator& tp, DType dtype, bool recompute, const std::string& 
   step.sample_offset = 4;
   if (scale_known) step.backward_scale = 1.0;
   const std::int64_t n = step.micro_batch * step.seq;
-  Tensor ids = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+  const auto id_of = [](std::int64_t i) { return (i * 37 + 11) % 101; };
+  Tensor ids = test_support::int64_tensor(ctx.device, n, id_of);
+  if (g_documents) mark_documents(step, ctx.device, document_starts_of(step.micro_batch, step.seq, id_of));
   Tensor targets = test_support::int64_tensor(ctx.device, n, [](std::int64_t i) { return (i * 53 + 2) % 101; });
   r.loss = r.model->forward(ids, targets, step, g_masked ? mask_weights(ctx, ids) : Tensor());
   r.params->zero_grad();
@@ -369,6 +394,75 @@ TEST(GptTensorParallel, MaskedLossMatchesTpOne) {
     if (w[i] == 0) {
       EXPECT_EQ(weighted[i], 0.0) << "masked token " << i;
     }
+  }
+}
+
+// --reset-position-ids and --reset-attention-mask at TP n (and with sequence
+// parallelism, recompute, the Llama-style model's rotary embeddings and query
+// groups) are TP 1's.
+TEST(GptTensorParallel, DocumentMasksMatchTpOne) {
+  g_documents = true;
+  const auto starts = document_starts_of(2, 12, [](std::int64_t i) { return (i * 37 + 11) % 101; });
+  ASSERT_GT(std::count_if(starts.begin(), starts.end(), [](std::int64_t s) { return s > 0; }), 4)
+      << "the test's ids must end documents inside the samples";
+  compare(world_size(), DType::F64, false, 1e-12);
+  compare(world_size(), DType::F32, true, 1e-5);
+  g_sp = true;
+  compare(world_size(), DType::F64, false, 1e-12);
+  g_sp = false;
+  g_llama = true;
+  compare(world_size(), DType::F64, true, 1e-12);
+  g_llama = false;
+  g_documents = false;
+}
+
+// The point of the masks: a document packed after another one computes the
+// losses it computes at the start of a sample on its own: the same positions,
+// the same keys. Without the masks it does not (what the test would miss).
+TEST(GptTensorParallel, PackedDocumentsComputeAsIfAlone) {
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0, "self");
+  TpContext ctx{self.get(), test_support::test_device(), DType::F64};
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "Llama-style (rotary)" : "GPT (learned positions)");
+    g_llama = llama;
+    GPTConfig cfg = small_config(false, "unfused");
+    g_llama = false;
+    ParameterSet params;
+    GPTModel model(cfg, ctx, params);
+    params.allocate(ctx.device, DType::F64);
+    params.initialize(9);
+    // Sample 0: document A (5 tokens, the last its end token 0) then document
+    // B (7 tokens); sample 1: document B first, then other tokens.
+    const std::int64_t S = 12, a = 5, len_b = S - a;
+    const std::vector<std::int64_t> doc_a = {3, 8, 15, 22, 0}, doc_b = {4, 9, 13, 20, 1, 2, 6},
+                                    tail = {30, 31, 32, 33, 34};
+    std::vector<std::int64_t> v = doc_a;
+    v.insert(v.end(), doc_b.begin(), doc_b.end());
+    v.insert(v.end(), doc_b.begin(), doc_b.end());
+    v.insert(v.end(), tail.begin(), tail.end());
+    const auto at = [&](std::int64_t i) { return v[static_cast<std::size_t>(i)]; };
+    const Tensor ids = test_support::int64_tensor(ctx.device, 2 * S, at);
+    const Tensor targets =
+        test_support::int64_tensor(ctx.device, 2 * S, [&](std::int64_t i) { return (at(i) * 5 + 1) % 101; });
+    StepInfo step;
+    step.micro_batch = 2;
+    step.seq = S;
+    step.training = false;
+    const auto plain = model.forward_losses(ids, targets, step).to_double_vector();
+    // The end token of A is 0, a multiple of 7: so is 21 ... none inside B or the tail.
+    mark_documents(step, ctx.device, document_starts_of(2, S, at));
+    const auto packed = model.forward_losses(ids, targets, step).to_double_vector();
+    double moved = 0;
+    for (std::int64_t t = 0; t < len_b; ++t) {
+      const auto in_first = static_cast<std::size_t>(a + t), alone = static_cast<std::size_t>(S + t);
+      EXPECT_NEAR(packed[in_first], packed[alone], 1e-12 * std::fabs(packed[alone])) << "token " << t << " of B";
+      EXPECT_EQ(packed[alone], plain[alone]) << "a document at a sample's start is not changed by the masks";
+      moved = std::max(moved, std::fabs(plain[in_first] - plain[alone]));
+    }
+    EXPECT_GT(moved, 1e-3) << "without the masks, B after A computes other losses";
+    for (std::int64_t t = 0; t < a; ++t)
+      EXPECT_EQ(packed[static_cast<std::size_t>(t)], plain[static_cast<std::size_t>(t)]) << "document A, token " << t;
   }
 }
 

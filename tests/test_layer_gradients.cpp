@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gradcheck.h"
+#include "test_device.h"
 #include "layers/gpt_model.h"
 #include "layers/layernorm.h"
 #include "layers/mappings.h"
@@ -317,6 +318,24 @@ TEST_F(LayerGrad, LlamaStyleModelWithAndWithoutRecompute) {
     // The output layer's padding rows are masked from the softmax; the word
     // embedding's are never looked up: both get zero gradients.
     check_whole_model({"embedding.word.weight", "output_layer.weight"});
+  }
+}
+
+// Megatron's --reset-position-ids and --reset-attention-mask: each sample
+// packs documents (train/documents.h); positions restart per document (the
+// learned table's rows as a lookup, or the rotary angles) and the softmax
+// keeps each query's own document only.
+TEST_F(LayerGrad, WholeModelWithDocumentsPackedIntoSamples) {
+  // Sample 0: documents [0, 3), [3, 5), [5, 6); sample 1: [0, 2), [2, 6).
+  const std::vector<std::int64_t> starts = {0, 0, 0, 3, 3, 5, 0, 0, 2, 2, 2, 2};
+  const auto n = static_cast<std::int64_t>(starts.size());
+  step.key_starts = test_support::int64_tensor(ctx.device, n, [&](std::int64_t i) { return starts[i]; });
+  step.positions = test_support::int64_tensor(ctx.device, n, [&](std::int64_t i) { return i % 6 - starts[i]; });
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "Llama-style (rotary)" : "GPT (learned positions)");
+    if (llama) make_llama(cfg);
+    check_whole_model(llama ? std::vector<const char*>{"embedding.word.weight", "output_layer.weight"}
+                            : std::vector<const char*>{"embedding.word.weight"});
   }
 }
 

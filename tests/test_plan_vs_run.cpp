@@ -26,6 +26,7 @@
 #include "megazero/kernels/gemm.h"
 #include "megazero/plan/memory_plan.h"
 #include "megazero/train/arguments.h"
+#include "megazero/train/documents.h"
 #include "megazero/train/loss_mask.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/train_step.h"
@@ -132,6 +133,8 @@ Measured run_for_real(train::TrainArgs args, std::int64_t arena_bytes = 0, int s
     if (args.eod_mask_loss)  // as the trainer: the loss weights beside the tokens
       train::weigh_micro_batches(mbs, {args.eod_token_id, args.per_token_loss}, groups->dp(),
                                  kernels::row_stat_dtype(args.dtype()));
+    // --reset-position-ids / --reset-attention-mask: [B*S] int64 each, as the trainer.
+    train::mark_documents(mbs, {args.eod_token_id, args.reset_position_ids, args.reset_attention_mask});
     m.micro_batches = accum;
     device->memory().reset_peaks();
     for (int it = 0; it < steps; ++it) {
@@ -247,6 +250,11 @@ std::vector<Case> cases() {
   out.push_back({"TP2 stage 2 bf16 eod-mask-loss accumulation",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--bf16", "--global-batch-size", "8",
                   "--eod-mask-loss", "--eod-token-id", "7"}});
+  // Documents packed into samples: the positions' lookup (a [B*S, H] row
+  // buffer in the embedding's forward) and the two [B*S] int64 tensors.
+  out.push_back({"TP2 stage 3 documents (positions and masks) accumulation",
+                 {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--global-batch-size", "8",
+                  "--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7"}});
   // ZeRO-Offload: the optimizer's K bytes a parameter in host memory, at
   // every stage (the device keeps 16-bit parameters and gradients only).
   for (int stage = 0; stage <= 3; ++stage)

@@ -264,6 +264,42 @@ TEST(Rope, RowsFromAFirstPositionAreThoseOfTheLongerSequence) {
   expect_rejected([&] { rope_forward(x3, kBase, x3, -1); }, "the first position must not be negative");
 }
 
+// Per-token positions (--reset-position-ids): every row of block n turns as
+// the one-row sequence from its sample's position does (sample n / heads),
+// bit for bit, whatever the other samples' positions.
+TEST(Rope, PerTokenPositionsTurnEachRowByItsOwnPosition) {
+  const i64 samples = 2, heads = 3, seq = 7, d = 10, n = samples * heads;
+  const std::vector<i64> pos = {0, 1, 2, 0, 1, 0, 1, 5, 6, 7, 8, 9, 10, 1000};
+  Tensor positions = Tensor::empty(test_dev(), {samples * seq}, DType::I64, MC::Other);
+  positions.copy_from(ids_tensor(pos));
+  std::mt19937 rng(77);
+  const Vec x = randn(static_cast<std::size_t>(n * seq * d), rng);
+  for (DType t : kAllDtypes)
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << (backward ? " backward" : " forward"));
+      Tensor all = tensor({n, seq, d}, x, t);
+      if (backward)
+        rope_backward(all, kBase, all, 0, positions);
+      else
+        rope_forward(all, kBase, all, 0, positions);
+      const Vec got = vals(all);
+      for (i64 b = 0; b < n; ++b)
+        for (i64 r = 0; r < seq; ++r) {
+          const auto at = static_cast<long>((b * seq + r) * d);
+          Tensor row = tensor({1, 1, d}, Vec(x.begin() + at, x.begin() + at + d), t);
+          const i64 p = pos[static_cast<std::size_t>(b / heads * seq + r)];
+          if (backward)
+            rope_backward(row, kBase, row, p);
+          else
+            rope_forward(row, kBase, row, p);
+          expect_same(Vec(got.begin() + at, got.begin() + at + d), vals(row), "a row at its own position");
+        }
+    }
+  Tensor x3 = tensor({3, 7, 4}, Vec(84, 1.0));
+  expect_rejected([&] { rope_forward(x3, kBase, x3, 2, positions); }, "positions and a first position");
+  expect_rejected([&] { rope_forward(x3, kBase, x3, 0, positions); }, "B dividing N = 3");
+}
+
 TEST(Rope, SameBitsForAnyThreadCount) {
   if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   const Dims m{16, 128, 64};

@@ -46,6 +46,73 @@ TEST(CausalSoftmax, ForwardMatchesReferenceWithExactZerosAboveTheDiagonal) {
   expect_close(vals(inplace), p, 0, 0, "in place");
 }
 
+// Per-document masks (--reset-attention-mask): each row is the causal
+// softmax of its own document's block alone, placed at the document's
+// columns, exact zeros elsewhere; the backward likewise (exact zeros outside,
+// whatever dprobs holds there); starts outside [0, i] are clamped.
+TEST(CausalSoftmax, PerDocumentMasksAreEachDocumentsOwnSoftmax) {
+  std::mt19937 rng(31);
+  const i64 n = 8, heads = 3, samples = 2, mats = samples * heads;
+  // Sample 0: documents [0, 3), [3, 8); sample 1: [0, 1), [1, 6), [6, 8).
+  const std::vector<i64> doc_starts = {0, 0, 0, 3, 3, 3, 3, 3, 0, 1, 1, 1, 1, 1, 6, 6};
+  const Tensor starts = ids_tensor(doc_starts);
+  const Vec s = to_f32(randn(usize(mats * n * n), rng, 4.0));
+  Vec dp = to_f32(randn(usize(mats * n * n), rng));
+  for (DType t : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    Tensor p = empty({mats, n, n}, t);
+    causal_softmax_forward(tensor({mats, n, n}, s, t), 0.3, p, starts);
+    const Vec got = vals(p);
+    for (i64 m = 0; m < mats; ++m)
+      for (i64 i = 0; i < n; ++i) {
+        const i64 lo = doc_starts[usize(m / heads * n + i)], len = i - lo + 1;
+        // The document's block: rows lo..i, columns lo..i; this row its last.
+        Vec block;
+        for (i64 r = lo; r <= i; ++r)
+          for (i64 c = lo; c <= i; ++c) block.push_back(s[usize((m * n + r) * n + c)]);
+        const Vec alone = softmax_run({1, len, len}, block, 0.3, t);
+        for (i64 j = 0; j < n; ++j) {
+          const double v = got[usize((m * n + i) * n + j)];
+          if (j < lo || j > i) {
+            ASSERT_EQ(v, 0.0) << "matrix " << m << " row " << i << " col " << j;
+          } else {
+            ASSERT_EQ(v, alone[usize((len - 1) * len + (j - lo))]) << "matrix " << m << " row " << i << " col " << j;
+          }
+        }
+      }
+    // Backward: the document's own backward; masked entries exactly 0 even
+    // where dprobs is NaN.
+    Vec dp_nan = dp;
+    for (i64 m = 0; m < mats; ++m)
+      for (i64 i = 0; i < n; ++i)
+        for (i64 j = 0; j < doc_starts[usize(m / heads * n + i)]; ++j)
+          dp_nan[usize((m * n + i) * n + j)] = std::numeric_limits<double>::quiet_NaN();
+    Tensor ds = empty({mats, n, n}, t), ds_plain = empty({mats, n, n}, t);
+    causal_softmax_backward(tensor({mats, n, n}, dp_nan, t), p, 0.3, ds, starts);
+    causal_softmax_backward(tensor({mats, n, n}, dp, t), p, 0.3, ds_plain);
+    // Without the starts the masked probabilities are 0 too, so where dprobs
+    // is finite the plain backward agrees (its dot adds only zeros more).
+    expect_close(vals(ds), vals(ds_plain), 0, 0, "backward with masks vs the plain one on masked probabilities");
+  }
+  // A start past the row keeps its diagonal (probability 1); below 0, the whole row.
+  const Tensor odd = ids_tensor({5, 5, -3, 0});
+  Tensor p = empty({1, 4, 4}, DType::F64);
+  causal_softmax_forward(tensor({1, 4, 4}, Vec(16, 0.0)), 1.0, p, odd);
+  expect_close(vals(p), Vec{1, 0, 0, 0, 0, 1, 0, 0, 1.0 / 3, 1.0 / 3, 1.0 / 3, 0, 0.25, 0.25, 0.25, 0.25}, 1e-16, 0,
+               "clamped starts");
+  expect_rejected(
+      [&] {
+        causal_softmax_forward(tensor({1, 3, 4}, Vec(12, 0.0)), 1.0, out(empty({1, 3, 4})), odd);
+      },
+      "need square scores");
+  expect_rejected(
+      [&] {
+        causal_softmax_forward(tensor({3, 4, 4}, Vec(48, 0.0)), 1.0, out(empty({3, 4, 4})),
+                               ids_tensor({0, 0, 0, 0, 0, 0, 0, 0}));
+      },
+      "B dividing the 3 matrices");
+}
+
 // With fewer queries than keys (a key/value cache's step: the queries are the
 // last sq of the sk positions), each row is the square softmax's row of the
 // same position, bit for bit, in every storage type.

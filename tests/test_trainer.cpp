@@ -24,6 +24,7 @@
 #include "megazero/train/arguments.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
+#include "megazero/train/documents.h"
 #include "megazero/trainer/trainer.h"
 #include "tools/hf_gpt2.h"
 #include "zero_harness.h"
@@ -347,6 +348,67 @@ TEST(Trainer, EodMaskLossIsTheSameOnEveryLayout) {
   EXPECT_THROW(args_of({"--eod-mask-loss", "--tokenizer-type", "ByteLevel"}), ConfigError) << "256 >= --vocab-size";
   EXPECT_THROW(args_of({"--eod-token-id", "7"}), ConfigError) << "read by nothing";
   EXPECT_THROW(args_of({"--eod-mask-loss", "--eod-token-id", "-2"}), ConfigError);
+}
+
+// Megatron's --reset-position-ids and --reset-attention-mask
+// (train/documents.h): the end-of-document token belongs to the document it
+// ends; the next starts after it (by hand from get_ltor_masks_and_position_ids).
+TEST(Documents, StartsAndPositionsFollowMegatronsRule) {
+  const auto cpu = make_device(DeviceKind::CPU);
+  const std::vector<std::int64_t> v = {5, 7, 3, 3, 7, 7, 1, 2, 7, 1, 1, 1, 1, 1, 1, 7};
+  Tensor ids = Tensor::empty(cpu, {16}, DType::I64, MemoryCategory::Other);
+  std::copy(v.begin(), v.end(), ids.host_data<std::int64_t>());
+  EXPECT_EQ(document_starts(ids, 8, 7), (std::vector<std::int64_t>{0, 0, 2, 2, 2, 5, 6, 6, 0, 1, 1, 1, 1, 1, 1, 1}));
+  std::vector<MicroBatch> mbs(1);
+  mbs[0].ids = ids;
+  mbs[0].step.micro_batch = 2;
+  mbs[0].step.seq = 8;
+  mark_documents(mbs, {7, true, false});
+  EXPECT_EQ(mbs[0].step.positions.to_double_vector(),
+            (std::vector<double>{0, 1, 0, 1, 2, 0, 0, 1, 0, 0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_FALSE(mbs[0].step.key_starts.defined()) << "only the positions were asked for";
+  mark_documents(mbs, {7, false, true});
+  EXPECT_EQ(mbs[0].step.key_starts.to_double_vector(),
+            (std::vector<double>{0, 0, 2, 2, 2, 5, 6, 6, 0, 1, 1, 1, 1, 1, 1, 1}));
+}
+
+// The flags train on every layout alike (tokens uniform over 8: one in eight
+// ends a document, several a sample): TP 2 at stage 0 as DP 2 at stage 3;
+// each flag changes the loss from the first iteration, evaluation too.
+TEST(Trainer, DocumentMasksTrainTheSameOnEveryLayout) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::vector<std::string> small = {"--vocab-size", "8", "--train-iters", "3"};
+  auto with = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), small.begin(), small.end());
+    return flags;
+  };
+  const TrainResult plain = run(with({}));
+  const TrainResult dp =
+      run(with({"--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7", "--zero-stage", "3"}));
+  const TrainResult tp = run(with({"--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7",
+                                   "--zero-stage", "0", "--tensor-model-parallel-size", "2"}));
+  const TrainResult positions = run(with({"--reset-position-ids", "--eod-token-id", "7"}));
+  const TrainResult masks = run(with({"--reset-attention-mask", "--eod-token-id", "7"}));
+  ASSERT_EQ(dp.losses.size(), 3u);
+  ASSERT_EQ(tp.losses.size(), 3u);
+  for (std::size_t i = 0; i < dp.losses.size(); ++i)
+    EXPECT_NEAR(tp.losses[i], dp.losses[i], 1e-5 * dp.losses[i]) << "iteration " << i + 1;
+  EXPECT_NEAR(tp.validation_loss, dp.validation_loss, 1e-5 * dp.validation_loss);
+  for (const TrainResult* r : {&dp, &positions, &masks}) EXPECT_NE(r->losses[0], plain.losses[0]);
+  EXPECT_NE(positions.losses[0], masks.losses[0]);
+  EXPECT_NE(dp.validation_loss, plain.validation_loss) << "evaluation marks documents too";
+
+  EXPECT_EQ(args_of({"--reset-position-ids", "--tokenizer-type", "ByteLevel", "--vocab-size", "257"}).eod_token_id,
+            256);
+  EXPECT_THROW(args_of({"--reset-position-ids"}), ConfigError) << "no end-of-document token";
+  EXPECT_THROW(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--attention-backend", "fused"}), ConfigError)
+      << "the fused attention masks causally only";
+  EXPECT_EQ(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--use-flash-attn"}).model.attention_backend,
+            "unfused");
+  EXPECT_EQ(
+      args_of({"--reset-position-ids", "--eod-token-id", "7", "--attention-backend", "fused"}).model.attention_backend,
+      "fused")
+      << "positions alone run on every backend";
 }
 
 // --calculate-per-token-loss with --eod-mask-loss: every kept token of the
@@ -710,6 +772,9 @@ TEST(Trainer, ResumeNotesALossOfAnotherDefinition) {
   EXPECT_NE(note.find("--eod-mask-loss true (checkpoint: false), --eod-token-id 7 (checkpoint: -1)"), std::string::npos)
       << note;
   EXPECT_NE(loss_definition_note(plain, masked.to_config()).find("--eod-mask-loss false (checkpoint: true)"),
+            std::string::npos);
+  const TrainArgs documents = args_of({"--reset-attention-mask", "--eod-token-id", "7"});
+  EXPECT_NE(loss_definition_note(documents, plain.to_config()).find("--reset-attention-mask true (checkpoint: false)"),
             std::string::npos);
 }
 

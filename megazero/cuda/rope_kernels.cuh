@@ -27,29 +27,34 @@ __device__ __forceinline__ T rope_mul(T a, T b) {
 #endif
 }
 
-// in, out: [n, seq, d], row pos at position first + pos. Block (blockIdx.x,
-// blockIdx.y) handles rows blockIdx.x + k * gridDim.x and blocks
-// [blockIdx.y * per_block, ...) of the n: for each tile of pairs it takes
-// cos/sin of theta = (first + pos) * base^(-2i/d) once
+// in, out: [n, seq, d] with n = samples x heads, row pos at position first +
+// pos, or positions[sample * seq + pos] when given. blockIdx.y is (sample,
+// chunk of that sample's heads): block (blockIdx.x, blockIdx.y) handles rows
+// blockIdx.x + k * gridDim.x and blocks [chunk * per_block, ...) of the
+// sample's heads: for each tile of pairs it takes cos/sin of theta = position
+// * base^(-2i/d) once
 // (double, rounded to the compute type), then rotates those pairs of its rows
 // (BACKWARD: by -theta). per_block * kRopeTile < 2^31 (the launcher sees to
 // it), so the work index divides in 32 bits. Each pair is read before either
 // half is written, so out may alias in.
 template <typename S, bool BACKWARD>
-__global__ void rope_kernel(const S* in, double base, S* out, i64 n, i64 seq, i64 d, i64 per_block, i64 first) {
+__global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq, i64 d, i64 per_block, i64 first,
+                            const std::int64_t* positions, i64 chunks) {
   using C = compute_t<S>;
   __shared__ C cs[kRopeTile];
   __shared__ C sn[kRopeTile];
   const i64 half = d / 2;
   const double dd = static_cast<double>(d);
-  const i64 b0 = static_cast<i64>(blockIdx.y) * per_block, b1 = min(n, b0 + per_block);
+  const i64 sample = static_cast<i64>(blockIdx.y) / chunks, chunk = static_cast<i64>(blockIdx.y) % chunks;
+  const i64 b0 = sample * heads + chunk * per_block, b1 = min((sample + 1) * heads, b0 + per_block);
   if (b0 >= b1) return;  // the whole block: no barrier is skipped by part of it
   for (i64 pos = blockIdx.x; pos < seq; pos += gridDim.x) {
+    const i64 p = positions ? positions[sample * seq + pos] : first + pos;
     for (i64 i0 = 0; i0 < half; i0 += kRopeTile) {
       const i64 len = min(static_cast<i64>(kRopeTile), half - i0);
       __syncthreads();  // the previous tile's readers are done
       for (i64 k = threadIdx.x; k < len; k += blockDim.x) {
-        const double theta = static_cast<double>(first + pos) * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
+        const double theta = static_cast<double>(p) * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
         cs[k] = static_cast<C>(cos(theta));
         sn[k] = static_cast<C>(sin(theta));
       }

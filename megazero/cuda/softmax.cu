@@ -18,34 +18,46 @@ namespace {
 
 // ---------------------------------------------------------------- causal softmax
 
+// The first key a row keeps: 0, or (per-document masks) its document's start,
+// clamped to [0, i] as the CPU's (megazero/kernels/softmax.cpp).
+__device__ __forceinline__ i64 first_key(const std::int64_t* starts, i64 rows_per_sample, i64 row, i64 i, i64 sq) {
+  if (!starts) return 0;
+  const i64 st = starts[row / rows_per_sample * sq + row % sq];
+  return st < 0 ? 0 : st > i ? i : st;
+}
+
 template <typename S>
-__global__ void causal_softmax_forward_kernel(const S* scores, double scale, S* probs, i64 sq, i64 n) {
+__global__ void causal_softmax_forward_kernel(const S* scores, double scale, S* probs, i64 sq, i64 n,
+                                              const std::int64_t* starts, i64 rows_per_sample) {
   using C = compute_t<S>;
   const i64 row = blockIdx.x, i = row % sq + (n - sq);  // the query's position among the n keys
+  const i64 lo = first_key(starts, rows_per_sample, row, i, sq);
   const S* sr = scores + row * n;
   S* pr = probs + row * n;
   const C sc = static_cast<C>(scale);
   C mx = -INFINITY;
-  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) mx = max(mx, sc * ld(sr[j]));
+  for (i64 j = lo + threadIdx.x; j <= i; j += blockDim.x) mx = max(mx, sc * ld(sr[j]));
   mx = block_max(mx);
   double sum = 0;
-  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) sum += exp(sc * ld(sr[j]) - mx);
+  for (i64 j = lo + threadIdx.x; j <= i; j += blockDim.x) sum += exp(sc * ld(sr[j]) - mx);
   const double inv = 1.0 / block_sum(sum);  // all reads of the row are done before any write (probs may alias)
   for (i64 j = threadIdx.x; j < n; j += blockDim.x)
-    pr[j] = j <= i ? st<S>(static_cast<C>(exp(sc * ld(sr[j]) - mx)) * inv) : st<S>(C(0));
+    pr[j] = j >= lo && j <= i ? st<S>(static_cast<C>(exp(sc * ld(sr[j]) - mx)) * inv) : st<S>(C(0));
 }
 
 template <typename S>
-__global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, double scale, S* dscores, i64 n) {
+__global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, double scale, S* dscores, i64 n,
+                                               const std::int64_t* starts, i64 rows_per_sample) {
   const i64 row = blockIdx.x, i = row % n;
+  const i64 lo = first_key(starts, rows_per_sample, row, i, n);
   const S* dp = dprobs + row * n;
   const S* p = probs + row * n;
   S* ds = dscores + row * n;
   double dot = 0;
-  for (i64 j = threadIdx.x; j <= i; j += blockDim.x) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
+  for (i64 j = lo + threadIdx.x; j <= i; j += blockDim.x) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
   dot = block_sum(dot);
   for (i64 j = threadIdx.x; j < n; j += blockDim.x)
-    ds[j] = j <= i ? st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot)) : st<S>(compute_t<S>(0));
+    ds[j] = j >= lo && j <= i ? st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot)) : st<S>(compute_t<S>(0));
 }
 
 // ---------------------------------------------------------------- causal softmax, one warp per row
@@ -53,11 +65,13 @@ __global__ void causal_softmax_backward_kernel(const S* dprobs, const S* probs, 
 // the row is read once into registers and written once; sums in fp32.
 
 template <typename S, int N>
-__global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* probs, i64 rows, i64 sq, i64 n) {
+__global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* probs, i64 rows, i64 sq, i64 n,
+                                            const std::int64_t* starts, i64 rows_per_sample) {
   const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
   const i64 i = row % sq + (n - sq);  // the query's position among the n keys
+  const i64 lo = first_key(starts, rows_per_sample, row, i, sq);
   const S* sr = scores + row * n;
   S* pr = probs + row * n;
   float v[N];
@@ -65,7 +79,7 @@ __global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* pro
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     const i64 j = lane + 32 * t;
-    v[t] = j <= i ? scale * ld(sr[j]) : -INFINITY;
+    v[t] = j >= lo && j <= i ? scale * ld(sr[j]) : -INFINITY;
     mx = fmaxf(mx, v[t]);
   }
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -73,7 +87,7 @@ __global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* pro
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     const i64 j = lane + 32 * t;
-    v[t] = j <= i ? expf(v[t] - mx) : 0.f;
+    v[t] = j >= lo && j <= i ? expf(v[t] - mx) : 0.f;
     sum += v[t];
   }
   for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
@@ -86,12 +100,13 @@ __global__ void softmax_warp_forward_kernel(const S* scores, float scale, S* pro
 }
 
 template <typename S, int N>
-__global__ void softmax_warp_backward_kernel(const S* dprobs, const S* probs, float scale, S* dscores, i64 rows,
-                                             i64 n) {
+__global__ void softmax_warp_backward_kernel(const S* dprobs, const S* probs, float scale, S* dscores, i64 rows, i64 n,
+                                             const std::int64_t* starts, i64 rows_per_sample) {
   const i64 row = static_cast<i64>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (row >= rows) return;
   const int lane = threadIdx.x & 31;
   const i64 i = row % n;
+  const i64 lo = first_key(starts, rows_per_sample, row, i, n);
   const S* dp = dprobs + row * n;
   const S* p = probs + row * n;
   S* ds = dscores + row * n;
@@ -100,15 +115,16 @@ __global__ void softmax_warp_backward_kernel(const S* dprobs, const S* probs, fl
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     const i64 j = lane + 32 * t;
-    g[t] = j <= i ? ld(dp[j]) : 0.f;
-    q[t] = j <= i ? ld(p[j]) : 0.f;
+    const bool kept = j >= lo && j <= i;
+    g[t] = kept ? ld(dp[j]) : 0.f;
+    q[t] = kept ? ld(p[j]) : 0.f;
     dot += g[t] * q[t];
   }
   for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
 #pragma unroll
   for (int t = 0; t < N; ++t) {
     const i64 j = lane + 32 * t;
-    if (j < n) ds[j] = st<S>(j <= i ? scale * q[t] * (g[t] - dot) : 0.f);
+    if (j < n) ds[j] = st<S>(j >= lo && j <= i ? scale * q[t] * (g[t] - dot) : 0.f);
   }
 }
 
@@ -132,24 +148,25 @@ bool with_warp_width(i64 n, Launch&& launch) {
 }  // namespace
 
 void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 sq, i64 n,
-                            cudaStream_t s) {
+                            cudaStream_t s, const std::int64_t* key_starts, i64 rows_per_sample) {
   if (mats * sq * n == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
     const i64 rows = mats * sq;
     const bool warp = with_warp_width<S>(n, [&](auto width) {
       softmax_warp_forward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
-          static_cast<const S*>(scores), static_cast<float>(scale), static_cast<S*>(probs), rows, sq, n);
+          static_cast<const S*>(scores), static_cast<float>(scale), static_cast<S*>(probs), rows, sq, n, key_starts,
+          rows_per_sample);
     });
     if (!warp)
       causal_softmax_forward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
-          static_cast<const S*>(scores), scale, static_cast<S*>(probs), sq, n);
+          static_cast<const S*>(scores), scale, static_cast<S*>(probs), sq, n, key_starts, rows_per_sample);
   });
   check_launch("causal_softmax_forward");
 }
 
 void causal_softmax_backward(DType t, const void* dprobs, const void* probs, double scale, void* dscores, i64 mats,
-                             i64 n, cudaStream_t s) {
+                             i64 n, cudaStream_t s, const std::int64_t* key_starts, i64 rows_per_sample) {
   if (mats * n == 0) return;
   with_storage(t, [&](auto tag) {
     using S = decltype(tag);
@@ -157,11 +174,12 @@ void causal_softmax_backward(DType t, const void* dprobs, const void* probs, dou
     const bool warp = with_warp_width<S>(n, [&](auto width) {
       softmax_warp_backward_kernel<S, decltype(width)::value><<<static_cast<unsigned>((rows + 7) / 8), 256, 0, s>>>(
           static_cast<const S*>(dprobs), static_cast<const S*>(probs), static_cast<float>(scale),
-          static_cast<S*>(dscores), rows, n);
+          static_cast<S*>(dscores), rows, n, key_starts, rows_per_sample);
     });
     if (!warp)
       causal_softmax_backward_kernel<S><<<static_cast<unsigned>(rows), row_threads(n), 0, s>>>(
-          static_cast<const S*>(dprobs), static_cast<const S*>(probs), scale, static_cast<S*>(dscores), n);
+          static_cast<const S*>(dprobs), static_cast<const S*>(probs), scale, static_cast<S*>(dscores), n, key_starts,
+          rows_per_sample);
   });
   check_launch("causal_softmax_backward");
 }

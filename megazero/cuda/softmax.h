@@ -7,9 +7,11 @@
 namespace megazero::cuda {
 
 // mats matrices of [sq, n] scores, the queries the last sq of the n positions.
+// key_starts (sq == n), when given: the first key of row i of the matrices of
+// sample b is key_starts[b * sq + i], b = row / rows_per_sample.
 void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 sq, i64 n,
-                            cudaStream_t s);
+                            cudaStream_t s, const std::int64_t* key_starts = nullptr, i64 rows_per_sample = 1);
 void causal_softmax_backward(DType t, const void* dprobs, const void* probs, double scale, void* dscores, i64 mats,
-                             i64 n, cudaStream_t s);
+                             i64 n, cudaStream_t s, const std::int64_t* key_starts = nullptr, i64 rows_per_sample = 1);
 
 }  // namespace megazero::cuda

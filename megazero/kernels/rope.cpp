@@ -22,7 +22,9 @@ using namespace detail;  // kernel_support.h
 
 struct RopeShape {
   i64 n, seq, d;
-  i64 first = 0;  // the position of row 0
+  i64 first = 0;                      // the position of row 0
+  const std::int64_t* pos = nullptr;  // per token [samples * seq], or nullptr: first + s
+  i64 samples = 1;                    // n = samples x heads
 };
 
 // A per-thread row of at least n compute-type values (the cos and sin of one
@@ -41,16 +43,19 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
   using C = compute_t<S>;
   const i64 half = s.d / 2;
   const double d = static_cast<double>(s.d);
+  const i64 heads = s.n / s.samples;
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.n * s.seq * s.d > kParallelMin)
-  for (i64 pos = 0; pos < s.seq; ++pos) {
+  for (i64 sp = 0; sp < s.samples * s.seq; ++sp) {  // (sample, row)
+    const i64 sample = sp / s.seq, pos = sp % s.seq;
+    const i64 p = s.pos ? s.pos[sp] : s.first + pos;
     C* cs = trig_scratch<C>(2 * half);
     C* sn = cs + half;
     for (i64 i = 0; i < half; ++i) {
-      const double theta = static_cast<double>(s.first + pos) * std::pow(base, -2.0 * static_cast<double>(i) / d);
+      const double theta = static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / d);
       cs[i] = static_cast<C>(std::cos(theta));
       sn[i] = static_cast<C>(std::sin(theta));
     }
-    for (i64 b = 0; b < s.n; ++b) {
+    for (i64 b = sample * heads; b < (sample + 1) * heads; ++b) {
       const S* xr = in + (b * s.seq + pos) * s.d;
       S* yr = out + (b * s.seq + pos) * s.d;
       for (i64 i = 0; i < half; ++i) {
@@ -68,19 +73,29 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
 }
 
 void rope(const char* op, const char* in_name, const Tensor& in, double base, const char* out_name, Tensor& out,
-          bool backward, i64 first) {
+          bool backward, i64 first, const Tensor& positions) {
   check_float(op, in_name, in);
   check_operands(op, in, in.dtype(), {{in_name, &in}, {out_name, &out}});
   MZ_CHECK(in.dim() == 3, op, ": ", in_name,
            " must be [N, S, D] (N = batch x heads, S = sequence, D = head size), got ", in.to_string());
   MZ_CHECK(first >= 0, op, ": the first position must not be negative, got ", first);
-  const RopeShape s{in.size(0), in.size(1), in.size(2), first};
+  RopeShape s{in.size(0), in.size(1), in.size(2), first};
+  if (positions.defined()) {
+    check_operand(op, "positions", positions, in, DType::I64);
+    MZ_CHECK(first == 0, op, ": positions and a first position ", first, " both given");
+    MZ_CHECK(positions.is_contiguous() && s.seq > 0 && positions.numel() % s.seq == 0 &&
+                 positions.numel() / s.seq > 0 && s.n % (positions.numel() / s.seq) == 0,
+             op, ": positions must be [B*S] with S = ", s.seq, " and B dividing N = ", s.n, ", got ",
+             positions.to_string());
+    s.samples = positions.numel() / s.seq;
+    s.pos = ptr<const std::int64_t>(positions);
+  }
   MZ_CHECK(s.d > 0 && s.d % 2 == 0, op, ": the head size D = ", s.d,
            " must be even and positive (dimension i pairs with i + D/2), got ", in.to_string());
   MZ_CHECK(std::isfinite(base) && base > 0, op, ": base must be finite and positive, got ", base);
   check_shape(op, out_name, out, in.shape());
-  MZ_ON_CUDA(in,
-             cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in), s.first));
+  MZ_ON_CUDA(in, cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in), s.first,
+                            s.pos, s.samples));
   if (!on_host(op, in)) return;
   with_storage_type(in.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -93,12 +108,12 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
 
 }  // namespace
 
-void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position) {
-  rope("rope_forward", "x", x, base, "y", y, false, first_position);
+void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position, const Tensor& positions) {
+  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions);
 }
 
-void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position) {
-  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position);
+void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position, const Tensor& positions) {
+  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions);
 }
 
 }  // namespace megazero::kernels

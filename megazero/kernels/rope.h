@@ -2,7 +2,10 @@
 // Megatron-LM and Hugging Face's Llama: dimension i pairs with i + D/2.
 // x: [N, S, D] contiguous (N = batch x heads, S = sequence, D = head size,
 // even); row s is position p = first_position + s (0 in training; a key/value
-// cache's next position when decoding). For i < D/2, with
+// cache's next position when decoding), or, with `positions` (int64 [B*S] on
+// x's device, N a multiple of B: block n belongs to sample n / (N/B)), p =
+// positions[b*S + s] (--reset-position-ids: each document from 0,
+// train/documents.h). For i < D/2, with
 //   theta(p, i) = p * base^(-2i / D)   (inverse frequency and angle in double)
 //   y[i]       = x[i] cos(theta) - x[i + D/2] sin(theta)
 //   y[i + D/2] = x[i + D/2] cos(theta) + x[i] sin(theta)
@@ -16,9 +19,11 @@
 namespace megazero::kernels {
 
 // base must be finite and positive. y may alias x.
-void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position = 0);
+void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position = 0,
+                  const Tensor& positions = Tensor());
 // The adjoint (rotation by -theta): dx[i] = dy[i] cos + dy[i + D/2] sin,
 // dx[i + D/2] = dy[i + D/2] cos - dy[i] sin. dx may alias dy.
-void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position = 0);
+void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position = 0,
+                   const Tensor& positions = Tensor());
 
 }  // namespace megazero::kernels

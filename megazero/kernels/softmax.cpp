@@ -32,13 +32,25 @@ using namespace detail;  // kernel_support.h, cpu_loops.h
 // sum is taken in double. The unnormalised exponentials live in probs itself
 // for fp32/fp64 and in a per-thread fp32 row for 16-bit storage (so that
 // probabilities are rounded to 16 bits once).
+// The first key row `row` (of mats x sq) keeps: 0, or its document's start.
+struct KeyStarts {
+  const std::int64_t* starts = nullptr;  // [samples * sq]
+  i64 rows_per_sample = 1;               // matrices of a sample x sq
+  i64 first(i64 row, i64 i, i64 sq) const {
+    if (!starts) return 0;
+    const std::int64_t st = starts[row / rows_per_sample * sq + row % sq];
+    return st < 0 ? 0 : st > i ? i : st;
+  }
+};
+
 template <typename S>
-void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mats, i64 sq, i64 n) {
+void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mats, i64 sq, i64 n, KeyStarts ks) {
   using C = compute_t<S>;
   const C sc = static_cast<C>(scale);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (mats * sq * n > kParallelMin)
   for (i64 row = 0; row < mats * sq; ++row) {
     const i64 i = row % sq + (n - sq);
+    const i64 lo = ks.first(row, i, sq);
     const S* s = scores + row * n;
     S* p = probs + row * n;
     C* e;
@@ -51,28 +63,32 @@ void causal_softmax_forward_cpu(const S* scores, double scale, S* probs, i64 mat
     if constexpr (std::is_same_v<S, C>) {
       x = s;  // e[j] overwrites s[j] after reading it when probs aliases scores
     } else {
-      for (i64 j = 0; j <= i; ++j) e[j] = ld(s[j]);
+      for (i64 j = lo; j <= i; ++j) e[j] = ld(s[j]);
     }
-    const C mx = scaled_max(x, sc, i + 1);
-    const double sum = exp_scaled_shifted(x, sc, mx, e, i + 1);
+    const C mx = scaled_max(x + lo, sc, i + 1 - lo);
+    const double sum = exp_scaled_shifted(x + lo, sc, mx, e + lo, i + 1 - lo);
     const double inv = 1.0 / sum;
-    for (i64 j = 0; j <= i; ++j) p[j] = st<S>(e[j] * inv);
+    for (i64 j = 0; j < lo; ++j) p[j] = zero<S>();
+    for (i64 j = lo; j <= i; ++j) p[j] = st<S>(e[j] * inv);
     for (i64 j = i + 1; j < n; ++j) p[j] = zero<S>();
   }
 }
 
 // Masked columns get an exact 0 whatever dprobs holds there (even NaN).
 template <typename S>
-void causal_softmax_backward_cpu(const S* dprobs, const S* probs, double scale, S* dscores, i64 mats, i64 n) {
+void causal_softmax_backward_cpu(const S* dprobs, const S* probs, double scale, S* dscores, i64 mats, i64 n,
+                                 KeyStarts ks) {
 #pragma omp parallel for num_threads(threads()) schedule(static) if (mats * n * n > kParallelMin)
   for (i64 row = 0; row < mats * n; ++row) {
     const i64 i = row % n;
+    const i64 lo = ks.first(row, i, n);
     const S* dp = dprobs + row * n;
     const S* p = probs + row * n;
     S* ds = dscores + row * n;
     double dot = 0;
-    for (i64 j = 0; j <= i; ++j) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
-    for (i64 j = 0; j <= i; ++j) ds[j] = st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot));
+    for (i64 j = lo; j <= i; ++j) dot += static_cast<double>(ld(dp[j])) * ld(p[j]);
+    for (i64 j = 0; j < lo; ++j) ds[j] = zero<S>();
+    for (i64 j = lo; j <= i; ++j) ds[j] = st<S>(scale * ld(p[j]) * (ld(dp[j]) - dot));
     for (i64 j = i + 1; j < n; ++j) ds[j] = zero<S>();
   }
 }
@@ -91,36 +107,55 @@ i64 check_square(const char* op, const char* name, const Tensor& t) {
   return t.size(-1) == 0 ? 0 : t.numel() / (t.size(-1) * t.size(-1));
 }
 
+// key_starts of `mats` matrices of [sq, sk] scores (softmax.h), checked.
+KeyStarts check_key_starts(const char* op, const Tensor& scores, const Tensor& key_starts, i64 mats) {
+  if (!key_starts.defined() || mats == 0) return {};
+  check_operand(op, "key_starts", key_starts, scores, DType::I64);
+  const i64 sq = scores.size(-2);
+  MZ_CHECK(sq == scores.size(-1), op, ": key_starts (per-document masks) need square scores [batch, S, S], got ",
+           scores.to_string());
+  const i64 samples = sq > 0 ? key_starts.numel() / sq : 0;
+  MZ_CHECK(key_starts.is_contiguous() && samples > 0 && key_starts.numel() == samples * sq && mats % samples == 0, op,
+           ": key_starts must be [B*S] with S = ", sq, " and B dividing the ", mats, " matrices, got ",
+           key_starts.to_string());
+  return {ptr<const std::int64_t>(key_starts), mats / samples * sq};
+}
+
 }  // namespace
 
-void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs) {
+void causal_softmax_forward(const Tensor& scores, double scale, Tensor& probs, const Tensor& key_starts) {
   constexpr const char* op = "causal_softmax_forward";
   check_float(op, "scores", scores);
   const i64 mats = check_queries_over_keys(op, "scores", scores);
   check_operands(op, scores, scores.dtype(), {{"scores", &scores}, {"probs", &probs}});
   check_shape(op, "probs", probs, scores.shape());
-  MZ_ON_CUDA(scores, cuda::causal_softmax_forward(scores.dtype(), scores.data(), scale, probs.data(), mats,
-                                                  scores.size(-2), scores.size(-1), stream_of(scores)));
+  const KeyStarts ks = check_key_starts(op, scores, key_starts, mats);
+  MZ_ON_CUDA(scores,
+             cuda::causal_softmax_forward(scores.dtype(), scores.data(), scale, probs.data(), mats, scores.size(-2),
+                                          scores.size(-1), stream_of(scores), ks.starts, ks.rows_per_sample));
   if (!on_host(op, scores)) return;
   with_storage_type(scores.dtype(), [&](auto tag) {
     using S = decltype(tag);
-    causal_softmax_forward_cpu(ptr<const S>(scores), scale, ptr<S>(probs), mats, scores.size(-2), scores.size(-1));
+    causal_softmax_forward_cpu(ptr<const S>(scores), scale, ptr<S>(probs), mats, scores.size(-2), scores.size(-1), ks);
   });
 }
 
-void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double scale, Tensor& dscores) {
+void causal_softmax_backward(const Tensor& dprobs, const Tensor& probs, double scale, Tensor& dscores,
+                             const Tensor& key_starts) {
   constexpr const char* op = "causal_softmax_backward";
   check_float(op, "probs", probs);
   const i64 mats = check_square(op, "probs", probs);
   check_operands(op, probs, probs.dtype(), {{"dprobs", &dprobs}, {"probs", &probs}, {"dscores", &dscores}});
   check_shapes(op, probs.shape(), {{"dprobs", &dprobs}, {"dscores", &dscores}});
-  MZ_ON_CUDA(probs, cuda::causal_softmax_backward(probs.dtype(), dprobs.data(), probs.data(), scale, dscores.data(),
-                                                  mats, probs.size(-1), stream_of(probs)));
+  const KeyStarts ks = check_key_starts(op, probs, key_starts, mats);
+  MZ_ON_CUDA(probs,
+             cuda::causal_softmax_backward(probs.dtype(), dprobs.data(), probs.data(), scale, dscores.data(), mats,
+                                           probs.size(-1), stream_of(probs), ks.starts, ks.rows_per_sample));
   if (!on_host(op, probs)) return;
   with_storage_type(probs.dtype(), [&](auto tag) {
     using S = decltype(tag);
-    causal_softmax_backward_cpu(ptr<const S>(dprobs), ptr<const S>(probs), scale, ptr<S>(dscores), mats,
-                                probs.size(-1));
+    causal_softmax_backward_cpu(ptr<const S>(dprobs), ptr<const S>(probs), scale, ptr<S>(dscores), mats, probs.size(-1),
+                                ks);
   });
 }
 

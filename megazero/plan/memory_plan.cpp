@@ -83,6 +83,10 @@ RankMemoryPlan plan_rank_memory(const train::TrainArgs& args, int world_size, in
       if (args.eod_mask_loss)  // as the trainer makes them (train/loss_mask.h)
         mb.loss_weights =
             Tensor::empty(meta, {B * S}, kernels::row_stat_dtype(args.dtype()), MemoryCategory::Activations);
+      if (args.reset_position_ids)  // as the trainer makes them (train/documents.h)
+        mb.step.positions = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
+      if (args.reset_attention_mask)
+        mb.step.key_starts = Tensor::empty(meta, {B * S}, DType::I64, MemoryCategory::Activations);
       mb.step.seed = args.seed;
       mb.step.micro_batch = B;
       mb.step.seq = S;

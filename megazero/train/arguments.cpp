@@ -264,8 +264,14 @@ void define(OptionTable& t, TrainArgs& a) {
          "no loss where the input token is the end-of-document token (Megatron's): each micro-batch's loss is the "
          "mean over the tokens it keeps");
   t.add(D, "eod-token-id", &a.eod_token_id,
-        "the end-of-document token for --eod-mask-loss; default: --tokenizer-type's (GPT2BPETokenizer 50256, "
-        "ByteLevel 256)");
+        "the end-of-document token for --eod-mask-loss, --reset-position-ids and --reset-attention-mask; default: "
+        "--tokenizer-type's (GPT2BPETokenizer 50256, ByteLevel 256)");
+  t.flag(D, "reset-position-ids", &a.reset_position_ids,
+         "positions restart at 0 after each end-of-document token (Megatron's): every document packed into a "
+         "sample is positioned as if alone");
+  t.flag(D, "reset-attention-mask", &a.reset_attention_mask,
+         "tokens attend only to earlier tokens of their own document (Megatron's; the end-of-document token ends "
+         "it): --attention-backend unfused");
   t.add(G, "deepspeed-config", &a.deepspeed_config,
         "a DeepSpeed configuration (ds_config.json): its batch sizes, precision, zero_optimization, "
         "activation_checkpointing (ZeRO-R), optimizer and scheduler become these flags (docs/DEEPSPEED.md)");
@@ -885,16 +891,26 @@ void TrainArgs::validate() const {
              mock_data ? "--mock-data and --data-path conflict; choose one"
                        : "no data: pass --data-path PREFIX (a .bin/.idx pair from tools/preprocess_data), "
                          "--train-data-path PREFIX, or --mock-data");
-  MZ_REQUIRE(eod_mask_loss || eod_token_id == -1, "--eod-token-id ", eod_token_id,
-             " is only read by --eod-mask-loss: add it, or drop --eod-token-id");
-  if (eod_mask_loss) {
-    MZ_REQUIRE(eod_token_id >= 0,
-               "--eod-mask-loss needs the end-of-document token: pass --tokenizer-type GPT2BPETokenizer (50256) or "
-               "ByteLevel (256), or --eod-token-id N");
+  const bool by_document = eod_mask_loss || reset_position_ids || reset_attention_mask;
+  const char* document_flag = eod_mask_loss        ? "--eod-mask-loss"
+                              : reset_position_ids ? "--reset-position-ids"
+                                                   : "--reset-attention-mask";
+  MZ_REQUIRE(by_document || eod_token_id == -1, "--eod-token-id ", eod_token_id,
+             " is only read by --eod-mask-loss, --reset-position-ids and --reset-attention-mask: add one, or drop "
+             "--eod-token-id");
+  if (by_document) {
+    MZ_REQUIRE(eod_token_id >= 0, document_flag,
+               " needs the end-of-document token: pass --tokenizer-type GPT2BPETokenizer (50256) or ByteLevel "
+               "(256), or --eod-token-id N");
     MZ_REQUIRE(eod_token_id < model.vocab_size, "--eod-token-id ", eod_token_id, " is outside the vocabulary of ",
                "--vocab-size ", model.vocab_size, ": the end-of-document token of the data's tokenizer is needed ",
                "(GPT-2 BPE: 50256 with --vocab-size 50257)");
   }
+  MZ_REQUIRE(!reset_attention_mask || model.attention_backend == "unfused",
+             "--reset-attention-mask runs on --attention-backend unfused (Megatron's local): the ",
+             model.attention_backend,
+             " attention masks causally over the whole sequence, not per document; drop --attention-backend ",
+             model.attention_backend);
   if (!rampup_batch_size.empty()) {
     MZ_REQUIRE(global_batch_size > 0,
                "--rampup-batch-size ramps the batch up to --global-batch-size: set it (e.g. --global-batch-size 1536)");
@@ -1022,7 +1038,7 @@ std::map<std::string, std::string> config_values(const std::string& config) {
 std::string loss_definition_note(const TrainArgs& args, const std::string& saved_config) {
   const auto saved = config_values(saved_config), now = config_values(args.to_config());
   std::string diff;
-  for (const char* k : {"eod-mask-loss", "eod-token-id"}) {
+  for (const char* k : {"eod-mask-loss", "eod-token-id", "reset-position-ids", "reset-attention-mask"}) {
     const auto s = saved.find(k), n = now.find(k);
     if (s == saved.end() || n == now.end() || s->second == n->second) continue;
     diff += std::string(diff.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";

@@ -57,6 +57,11 @@ struct TrainArgs {
   // Megatron's --calculate-per-token-loss with --eod-mask-loss: the kept
   // tokens' mean over the whole global batch instead of each micro-batch's.
   bool per_token_loss = false;
+  // Megatron's --reset-position-ids and --reset-attention-mask
+  // (train/documents.h): each end-of-document token (--eod-token-id) ends a
+  // document; the next one's positions count from 0 / its tokens attend
+  // within it only.
+  bool reset_position_ids = false, reset_attention_mask = false;
   // logging and evaluation
   std::int64_t log_interval = 10, eval_interval = 0, eval_iters = 10;
   std::string metrics_file;            // JSON lines, one record per logged iteration

@@ -207,10 +207,6 @@ const CompatFlag kFlags[] = {
      "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
     {"wandb-exp-name", Kind::Value, Meaning::Refused,
      "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
-    {"reset-position-ids", Kind::Switch, Meaning::Refused,
-     "per-document position ids are not implemented: positions run over the whole sequence"},
-    {"reset-attention-mask", Kind::Switch, Meaning::Refused,
-     "per-document attention masks are not implemented: attention is causal over the whole sequence"},
     {"init-method-xavier-uniform", Kind::Switch, Meaning::Refused,
      "Xavier initialisation is not implemented: weights are normal with --init-method-std"},
     {"apply-residual-connection-post-layernorm", Kind::Switch, Meaning::Refused,
@@ -351,7 +347,8 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
        "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
   // The end-of-document token --eod-mask-loss masks: the tokenizer's end of
   // text, as tools/preprocess_data --append-eod writes it (data/gpt2_tokenizer.h).
-  if (const auto* v = value("tokenizer-type"); v && a.eod_mask_loss && a.eod_token_id == -1)
+  if (const auto* v = value("tokenizer-type");
+      v && (a.eod_mask_loss || a.reset_position_ids || a.reset_attention_mask) && a.eod_token_id == -1)
     a.eod_token_id = *v == "ByteLevel" ? 256 : *v == "GPT2BPETokenizer" ? 50256 : -1;
   if (value("calculate-per-token-loss")) {
     if (a.eod_mask_loss)
@@ -395,7 +392,14 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   // docs/PERFORMANCE.md), else our fused kernel.
   const bool cudnn = a.device == "cuda" && a.model.num_attention_heads > 0 &&  // bad heads: validate() says so
                      kernels::cudnn_attention_unsupported(DeviceKind::CUDA, a.dtype(), a.model.head_dim()).empty();
-  const char* fast = cudnn ? "cudnn" : "fused";
+  // With per-document masks only the unfused attention can run (arguments.cpp
+  // refuses the others): Megatron's choice of a backend becomes it, noted.
+  const char* fast = a.reset_attention_mask ? "unfused" : cudnn ? "cudnn" : "fused";
+  if (a.reset_attention_mask &&
+      (value("use-flash-attn") || a.model.attention_backend == "auto" || a.model.attention_backend == "flash"))
+    a.notes.push_back(
+        "--reset-attention-mask: the attention is the unfused one (--attention-backend local), the "
+        "only one masking per document");
   // Megatron's other --attention-backend values: auto (its choice of the
   // fastest) and flash are the fast fused attention; local is its own
   // unfused attention.

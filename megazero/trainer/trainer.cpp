@@ -27,6 +27,7 @@
 #endif
 #include "megazero/plan/memory_plan.h"
 #include "megazero/plan/memory_preflight.h"
+#include "megazero/train/documents.h"
 #include "megazero/train/loss_mask.h"
 #include "megazero/train/sample_source.h"
 #include "megazero/train/stop_signals.h"
@@ -112,6 +113,7 @@ struct Trainer::Impl {
     if (args.eod_mask_loss)
       weigh_micro_batches(mbs, {args.eod_token_id, args.per_token_loss}, groups->dp(),
                           kernels::row_stat_dtype(args.dtype()));
+    mark_documents(mbs, {args.eod_token_id, args.reset_position_ids, args.reset_attention_mask});
     return mbs;
   }
   void upload(std::vector<MicroBatch>& mbs);
@@ -477,6 +479,11 @@ void Trainer::Impl::build() {
     std::printf(" loss: no loss where the input is token %lld (--eod-mask-loss); the mean over the kept tokens of %s\n",
                 static_cast<long long>(args.eod_token_id),
                 args.per_token_loss ? "the global batch (--calculate-per-token-loss)" : "each micro-batch");
+  if ((args.reset_position_ids || args.reset_attention_mask) && root)
+    std::printf(" documents: token %lld ends each; %s%s%s\n", static_cast<long long>(args.eod_token_id),
+                args.reset_position_ids ? "positions restart at 0 after it (--reset-position-ids)" : "",
+                args.reset_position_ids && args.reset_attention_mask ? "; " : "",
+                args.reset_attention_mask ? "attention stays within each document (--reset-attention-mask)" : "");
 }
 
 void Trainer::Impl::save(std::int64_t iteration) {
@@ -536,7 +543,8 @@ std::vector<MicroBatch> Trainer::Impl::host_micro_batches(std::int64_t it, Split
 void Trainer::Impl::upload(std::vector<MicroBatch>& mbs) {
   if (device->host_accessible()) return;
   for (auto& mb : mbs)
-    for (Tensor* t : {&mb.ids, &mb.targets, &mb.loss_weights}) {  // made on the host; one copy each to the device
+    for (Tensor* t : {&mb.ids, &mb.targets, &mb.loss_weights, &mb.step.positions, &mb.step.key_starts}) {
+      // made on the host; one copy each to the device
       if (!t->defined()) continue;
       Tensor d = Tensor::empty(device, t->shape(), t->dtype(), MemoryCategory::Activations);
       d.copy_from(*t);

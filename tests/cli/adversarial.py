@@ -376,8 +376,6 @@ def cases():
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),
         ("kv-channels", "32", "--kv-channels 32: a head size other than --hidden-size / --num-attention-heads \\(16\\)"),
         ("wandb-project", "x", "--wandb-project: Weights & Biases logging is not built in: --tensorboard-dir"),
-        ("reset-position-ids", "", "--reset-position-ids: per-document position ids are not implemented"),
-        ("reset-attention-mask", "", "--reset-attention-mask: per-document attention masks are not implemented"),
         ("init-method-xavier-uniform", "", "--init-method-xavier-uniform: Xavier initialisation is not implemented"),
         ("apply-residual-connection-post-layernorm", "", "the post-LayerNorm residual \\(BERT's\\) is not implemented"),
         ("fp32-residual-connection", "", "--fp32-residual-connection: an fp32 residual stream is not implemented"),
@@ -657,8 +655,18 @@ def cases():
          "GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), or --eod-token-id N", " --data-path {DATA} --eod-mask-loss"),
         ("eod-token-outside-vocab", E2, "--eod-token-id 256 is outside the vocabulary of --vocab-size 256",
          " --data-path {DATA} --vocab-size 256 --eod-mask-loss --tokenizer-type ByteLevel"),
-        ("eod-token-id-alone", E2, "--eod-token-id 5 is only read by --eod-mask-loss: add it, or drop --eod-token-id",
-         " --data-path {DATA} --eod-token-id 5"),
+        ("eod-token-id-alone", E2, "--eod-token-id 5 is only read by --eod-mask-loss, --reset-position-ids and "
+         "--reset-attention-mask: add one, or drop --eod-token-id", " --data-path {DATA} --eod-token-id 5"),
+        # Megatron's per-document positions and masks: the same token, and the unfused attention for the masks.
+        ("reset-position-ids-no-token", E2, "--reset-position-ids needs the end-of-document token: pass "
+         "--tokenizer-type GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), or --eod-token-id N",
+         " --data-path {DATA} --reset-position-ids"),
+        ("reset-attention-mask-no-token", E2, "--reset-attention-mask needs the end-of-document token",
+         " --data-path {DATA} --reset-attention-mask"),
+        ("reset-attention-mask-fused", E2, "--reset-attention-mask runs on --attention-backend unfused \\(Megatron's "
+         "local\\): the fused attention masks causally over the whole sequence, not per document; drop "
+         "--attention-backend fused", " --data-path {DATA} --tokenizer-type GPT2BPETokenizer --reset-attention-mask "
+         "--attention-backend fused"),
     ]
     for name, code, regex, args in datacases:
         # (--vocab-size 256 for the last case replaces the base's 50257: a repeated flag is its own error.)
@@ -673,6 +681,13 @@ def cases():
             f"{how}",
             data + " --data-path {DATA} --split 90,10,0 --eval-iters 1 --eod-mask-loss --tokenizer-type "
             "GPT2BPETokenizer" + per_token)
+    add("data.documents", 0, " documents: token 50256 ends each; positions restart at 0 after it "
+        "\\(--reset-position-ids\\); attention stays within each document \\(--reset-attention-mask\\)\n(.*\n)*.*"
+        "validation loss at iteration 1: [0-9.]+", data + " --data-path {DATA} --split 90,10,0 --eval-iters 1 "
+        "--reset-position-ids --reset-attention-mask --tokenizer-type GPT2BPETokenizer")
+    add("megatron.documents-flash", 0, "--reset-attention-mask: the attention is the unfused one "
+        "\\(--attention-backend local\\)", minimal + " --train-iters 1 --reset-attention-mask --eod-token-id 5 "
+        "--use-flash-attn")
     add("data.no-test-split", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done",
         data + " --data-path {DATA} --split 90,10,0 --eval-iters 1")
     # Megatron's dataset per split, each read whole.

@@ -178,6 +178,37 @@ void softmax(DType t, i64 mats, i64 n, std::mt19937& rng) {
                "causal_softmax_backward");
 }
 
+// Per-document masks (--reset-attention-mask): `samples` samples of `heads`
+// matrices, each sample's documents starting at its own rows, so a row
+// reading another sample's starts, or the mask's lower end off by one, shows.
+void softmax_documents(DType t, i64 samples, i64 heads, i64 n, std::mt19937& rng) {
+  const i64 mats = samples * heads;
+  std::vector<std::int64_t> starts(static_cast<std::size_t>(samples * n));
+  for (i64 b = 0; b < samples; ++b) {
+    std::int64_t start = 0;
+    for (i64 i = 0; i < n; ++i) {
+      if (i > 0 && rng() % 5 == 0) start = i;  // a document starts at row i
+      starts[static_cast<std::size_t>(b * n + i)] = start;
+    }
+  }
+  const Tensor key_starts = ids_of(starts);
+  const Tensor scores = tensor_of({mats, n, n}, randn(mats * n * n, rng, 3.0), t);
+  const Tensor dprobs = tensor_of({mats, n, n}, randn(mats * n * n, rng), t);
+  const double scale = 0.125;
+  Tensor probs = like(scores), dscores = like(dprobs);
+  kernels::causal_softmax_forward(scores, scale, probs, key_starts);
+  kernels::causal_softmax_backward(dprobs, probs, scale, dscores, key_starts);
+  const auto ks = put(key_starts), ds = put(scores), dp = poisoned(probs);
+  const auto* kp = static_cast<const std::int64_t*>(ks.ptr());
+  cuda::causal_softmax_forward(t, ds.ptr(), scale, dp.ptr(), mats, n, n, nullptr, kp, heads * n);
+  const Tensor got_p = get(dp, probs);
+  expect_close(values(got_p), values(probs), 4 * ulp(t), 1e-6, "causal_softmax_forward, per-document masks");
+  const auto ddp = put(dprobs), dpp = put(probs), dds = poisoned(dscores);
+  cuda::causal_softmax_backward(t, ddp.ptr(), dpp.ptr(), scale, dds.ptr(), mats, n, nullptr, kp, heads * n);
+  expect_close(values(get(dds, dscores)), values(dscores), 4 * ulp(t), 1e-6 * largest(dscores),
+               "causal_softmax_backward, per-document masks");
+}
+
 // ------------------------------------------------------------ cross-entropy
 void cross_entropy(DType t, i64 rows, i64 cols, i64 valid, i64 vocab_start, std::mt19937& rng) {
   const DType stat = t == DType::F64 ? DType::F64 : DType::F32;
@@ -328,9 +359,13 @@ int main() {
         for (const i64 n : {5, 40}) softmax(t, 1, n, rng);
       else
         for (const i64 n : {20, 33, 65, 129, 257, 513}) softmax(t, 1, n, rng);  // just over each class's bottom
-      cross_entropy(t, 6, 64 * v, 64 * v, 64 * v, rng);                         // 16-byte path, no padding
-      cross_entropy(t, 6, 64 * v, 64 * v - 5, 0, rng);                          // padding columns
-      cross_entropy(t, 6, 64 * v + 3, 64 * v + 3, 128, rng);                    // odd width
+      if (t == DType::F64)
+        softmax_documents(t, 2, 1, 6, rng);  // a block a row
+      else
+        for (const i64 n : {33, 129}) softmax_documents(t, 2, 3, n, rng);
+      cross_entropy(t, 6, 64 * v, 64 * v, 64 * v, rng);       // 16-byte path, no padding
+      cross_entropy(t, 6, 64 * v, 64 * v - 5, 0, rng);        // padding columns
+      cross_entropy(t, 6, 64 * v + 3, 64 * v + 3, 128, rng);  // odd width
     }
   });
 }

@@ -173,6 +173,36 @@ void rope(DType t, i64 n, i64 seq, i64 d, bool backward, bool in_place, std::mt1
                        : (in_place ? "rope forward (in place)" : "rope forward"));
 }
 
+// Per-token positions (--reset-position-ids): `samples` samples of `heads`
+// blocks, each sample's documents restarting at 0 at its own places, so that
+// a block mixing two samples' rows, or a sample's position read for another,
+// shows.
+void rope_positions(DType t, i64 samples, i64 heads, i64 seq, i64 d, bool backward, std::mt19937& rng) {
+  const double base = 10000.0;
+  const i64 n = samples * heads;
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(samples * seq));
+  for (i64 b = 0; b < samples; ++b) {
+    i64 start = 0;
+    for (i64 s = 0; s < seq; ++s) {
+      if (s > 0 && rng() % 4 == 0) start = s;                      // a document starts here
+      pos[static_cast<std::size_t>(b * seq + s)] = s - start + b;  // + b: the samples' positions differ
+    }
+  }
+  const Tensor positions = ids_of(pos);
+  const Tensor x = tensor_of({n, seq, d}, randn(n * seq * d, rng), t);
+  Tensor y = x.clone(MemoryCategory::Other);
+  if (backward)
+    kernels::rope_backward(x, base, y, 0, positions);
+  else
+    kernels::rope_forward(x, base, y, 0, positions);
+  const auto dx = put(x), dy = poisoned(y), dpos = put(positions);
+  const Launches l;
+  cuda::rope(t, dx.ptr(), base, dy.ptr(), n, seq, d, backward, nullptr, 0, static_cast<const std::int64_t*>(dpos.ptr()),
+             samples);
+  l.expect(1, "rope with positions: launches");
+  expect_bits(get(dy, y), y, backward ? "rope backward, per-token positions" : "rope forward, per-token positions");
+}
+
 // ------------------------------------------------------------ SwiGLU
 void swiglu(DType t, i64 rows, i64 f, std::mt19937& rng) {
   auto xv = randn(rows * 2 * f, rng, 2.0);
@@ -245,5 +275,12 @@ int main() {
     rope(DType::F32, 11, 60, 6, false, false, rng);
     rope(DType::F16, 11, 60, 6, true, true, rng);
     rope(DType::BF16, 8, 264, 128, true, false, rng);
+    // Per-token positions: 3 samples of 4 heads (chunks within a sample), 1
+    // sample of 1 head, 5 samples of 11 heads of 3 pairs.
+    for (const bool backward : {false, true}) {
+      rope_positions(DType::F32, 3, 4, 17, 64, backward, rng);
+      rope_positions(DType::BF16, 1, 1, 9, 520, backward, rng);
+      rope_positions(DType::F16, 5, 11, 30, 6, backward, rng);
+    }
   });
 }

@@ -75,10 +75,9 @@ double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
   if (step.kv_cache) return forward_cached(x, *step.kv_cache, add_output_bias);
-  MZ_REQUIRE(!step.key_starts.defined() || (!cfg_.cudnn_attention() && !cfg_.fused_attention()),
-             "per-document attention masks (--reset-attention-mask) run on --attention-backend unfused (Megatron's "
-             "local) only; the ",
-             cfg_.attention_backend, " backend masks causally over the whole sequence");
+  MZ_REQUIRE(!step.key_starts.defined() || !cfg_.cudnn_attention(),
+             "per-document attention masks (--reset-attention-mask) run on --attention-backend unfused or fused; "
+             "cudnn masks causally over the whole sequence");
   const std::int64_t B = step.micro_batch, S = step.seq;
   MZ_CHECK(x.size(0) == ctx_.local_rows(B * S), "attention input has ", x.size(0), " rows for B*S = ", B * S,
            ctx_.sequence_parallel ? " split over the TP group" : "");
@@ -182,7 +181,7 @@ Tensor ParallelSelfAttention::attend_fused(double p, const RngKey& key) {
   const std::int64_t S = step_.seq, BH = step_.micro_batch * local_heads_;
   context_ = ctx_.activation({BH, S, head_dim_});
   lse_ = ctx_.row_stats({BH, S});
-  kernels::fused_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
+  kernels::fused_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_, step_.key_starts);
   return context_;
 }
 
@@ -339,7 +338,8 @@ void ParallelSelfAttention::attend_backward_unfused(const Tensor& dctx, double p
 
 void ParallelSelfAttention::attend_backward_fused(const Tensor& dctx, double p, const RngKey& key, Tensor& dq,
                                                   Tensor& dk, Tensor& dv) {
-  kernels::fused_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv);
+  kernels::fused_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(), dq, dk, dv,
+                                    step_.key_starts);
 }
 
 void ParallelSelfAttention::release() {

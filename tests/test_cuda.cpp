@@ -450,6 +450,53 @@ TEST_F(Cuda, BiasDropoutAddMatchesCpu) {
     }
 }
 
+// Documents packed into samples (--reset-attention-mask): the flash kernels'
+// per-document masks (key tiles skipped before a query tile's first start,
+// boundaries at and inside tiles, grouped k/v heads) against the CPU's fused
+// attention with the same starts.
+TEST_F(Cuda, FusedAttentionWithDocumentsMatchesTheCpu) {
+  const std::int64_t samples = 2, heads = 4, group = 2, s = 200, d = 64, bh = samples * heads;
+  Tensor starts_c = Tensor::empty(cpu, {samples * s}, DType::I64, MemoryCategory::Activations);
+  for (std::int64_t b = 0; b < samples; ++b)
+    for (std::int64_t i = 0, start = 0; i < s; ++i) {
+      if (b == 0 ? (i == 64 || i == 65 || i == 130) : (i == 10 || i == 100 || i == 140)) start = i;
+      starts_c.host_data<std::int64_t>()[b * s + i] = start;
+    }
+  Tensor starts_g = Tensor::empty(gpu, {samples * s}, DType::I64, MemoryCategory::Activations);
+  starts_g.copy_from(starts_c);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (double p : {0.0, 0.2}) {
+      const Shape shape{bh, s, d}, kv_shape{bh / group, s, d};
+      k::DropoutLayout l;
+      l.samples = samples, l.groups = heads, l.matrix_rows = l.matrix_cols = s, l.sample_offset = 1, l.group_offset = 0,
+      l.global_groups = heads;
+      const RngKey key{3, 4, 1, kRngAttentionDropout};
+      const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+      auto q = random(shape, dt), kk = random(kv_shape, dt), v = random(kv_shape, dt), dout = random(shape, dt);
+      auto f32 = [&](const Tensor& t) { return t.to(DType::F32, MemoryCategory::Activations); };
+      const Tensor qc = f32(q.c), kc = f32(kk.c), vc = f32(v.c), doc = f32(dout.c);
+      Tensor out_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+      Tensor lse_c = Tensor::empty(cpu, {bh, s}, DType::F32, MemoryCategory::Activations);
+      auto out = poisoned(shape, dt);
+      auto lse = poisoned({bh, s}, DType::F32);
+      k::fused_attention_forward(qc, kc, vc, scale, p, key, l, out_c, lse_c, starts_c);
+      k::fused_attention_forward(q.g, kk.g, v.g, scale, p, key, l, out.g, lse.g, starts_g);
+      const std::string what = std::string(dtype_name(dt)) + " p " + std::to_string(p);
+      const double t = dt == DType::BF16 ? 2e-2 : 4e-3;
+      EXPECT_LE(rel_diff(out.g, out_c), t) << "out " << what;
+      EXPECT_LE(rel_diff(lse.g, lse_c), 1e-4) << "lse " << what;
+      Tensor dq_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+      Tensor dk_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+      Tensor dv_c = Tensor::empty(cpu, shape, DType::F32, MemoryCategory::Activations);
+      auto dq = poisoned(shape, dt), dk = poisoned(shape, dt), dv = poisoned(shape, dt);
+      k::fused_attention_backward(qc, kc, vc, out_c, doc, lse_c, scale, p, key, l, dq_c, dk_c, dv_c, starts_c);
+      k::fused_attention_backward(q.g, kk.g, v.g, out.g, dout.g, lse.g, scale, p, key, l, dq.g, dk.g, dv.g, starts_g);
+      EXPECT_LE(rel_diff(dq.g, dq_c), 2 * t) << "dq " << what;
+      EXPECT_LE(rel_diff(dk.g, dk_c), 2 * t) << "dk " << what;
+      EXPECT_LE(rel_diff(dv.g, dv_c), 2 * t) << "dv " << what;
+    }
+}
+
 TEST_F(Cuda, FusedAttentionMatchesTheCpu) {
   // The GPU's bf16/fp16 flash kernels against the CPU's fused attention in
   // fp32 on the same (16-bit representable) inputs: ragged tiles (s = 100,

@@ -399,7 +399,7 @@ TEST(GptTensorParallel, MaskedLossMatchesTpOne) {
 
 // --reset-position-ids and --reset-attention-mask at TP n (and with sequence
 // parallelism, recompute, the Llama-style model's rotary embeddings and query
-// groups) are TP 1's.
+// groups, the fused attention) are TP 1's with the unfused attention.
 TEST(GptTensorParallel, DocumentMasksMatchTpOne) {
   g_documents = true;
   const auto starts = document_starts_of(2, 12, [](std::int64_t i) { return (i * 37 + 11) % 101; });
@@ -412,7 +412,10 @@ TEST(GptTensorParallel, DocumentMasksMatchTpOne) {
   g_sp = false;
   g_llama = true;
   compare(world_size(), DType::F64, true, 1e-12);
+  const bool cuda = test_support::test_device()->kind() == DeviceKind::CUDA;  // fp32/fp64: unfused only there
+  if (!cuda) compare(world_size(), DType::F64, false, 1e-12, "fused");        // the fused kernels' masks
   g_llama = false;
+  if (!cuda) compare(world_size(), DType::F32, false, 1e-5, "fused");
   g_documents = false;
 }
 

@@ -331,12 +331,14 @@ TEST_F(LayerGrad, WholeModelWithDocumentsPackedIntoSamples) {
   const auto n = static_cast<std::int64_t>(starts.size());
   step.key_starts = test_support::int64_tensor(ctx.device, n, [&](std::int64_t i) { return starts[i]; });
   step.positions = test_support::int64_tensor(ctx.device, n, [&](std::int64_t i) { return i % 6 - starts[i]; });
-  for (const bool llama : {false, true}) {
-    SCOPED_TRACE(llama ? "Llama-style (rotary)" : "GPT (learned positions)");
-    if (llama) make_llama(cfg);
-    check_whole_model(llama ? std::vector<const char*>{"embedding.word.weight", "output_layer.weight"}
-                            : std::vector<const char*>{"embedding.word.weight"});
-  }
+  for (const char* backend : {"unfused", "fused"})
+    for (const bool llama : {false, true}) {
+      SCOPED_TRACE(testing::Message() << (llama ? "Llama-style (rotary), " : "GPT (learned positions), ") << backend);
+      cfg.attention_backend = backend;
+      if (llama) make_llama(cfg);
+      check_whole_model(llama ? std::vector<const char*>{"embedding.word.weight", "output_layer.weight"}
+                              : std::vector<const char*>{"embedding.word.weight"});
+    }
 }
 
 TEST_F(LayerGrad, GPT2ParameterCountIsTheModels) {

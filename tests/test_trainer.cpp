@@ -373,8 +373,9 @@ TEST(Documents, StartsAndPositionsFollowMegatronsRule) {
 }
 
 // The flags train on every layout alike (tokens uniform over 8: one in eight
-// ends a document, several a sample): TP 2 at stage 0 as DP 2 at stage 3;
-// each flag changes the loss from the first iteration, evaluation too.
+// ends a document, several a sample): TP 2 at stage 0 as DP 2 at stage 3, the
+// fused attention as the unfused; each flag changes the loss from the first
+// iteration, evaluation too.
 TEST(Trainer, DocumentMasksTrainTheSameOnEveryLayout) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const std::vector<std::string> small = {"--vocab-size", "8", "--train-iters", "3"};
@@ -401,10 +402,14 @@ TEST(Trainer, DocumentMasksTrainTheSameOnEveryLayout) {
   EXPECT_EQ(args_of({"--reset-position-ids", "--tokenizer-type", "ByteLevel", "--vocab-size", "257"}).eod_token_id,
             256);
   EXPECT_THROW(args_of({"--reset-position-ids"}), ConfigError) << "no end-of-document token";
-  EXPECT_THROW(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--attention-backend", "fused"}), ConfigError)
-      << "the fused attention masks causally only";
+  EXPECT_THROW(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--attention-backend", "cudnn"}), ConfigError)
+      << "cuDNN's attention masks causally only";
   EXPECT_EQ(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--use-flash-attn"}).model.attention_backend,
-            "unfused");
+            "fused");
+  const TrainResult fused = run(with({"--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7",
+                                      "--zero-stage", "3", "--attention-backend", "fused"}));
+  for (std::size_t i = 0; i < dp.losses.size(); ++i)
+    EXPECT_NEAR(fused.losses[i], dp.losses[i], 1e-5 * dp.losses[i]) << "fused attention, iteration " << i + 1;
   EXPECT_EQ(
       args_of({"--reset-position-ids", "--eod-token-id", "7", "--attention-backend", "fused"}).model.attention_backend,
       "fused")

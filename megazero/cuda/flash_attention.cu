@@ -193,12 +193,28 @@ struct Dropout {
   kernels::DropoutLayout layout;
 };
 
+// Documents packed into samples (--reset-attention-mask): row qi of matrix bh
+// keeps the keys from its document's start on. A sample's starts never
+// decrease (documents follow each other), so a tile's first row has the
+// smallest: the key tiles before it are skipped whole. No starts: key 0.
+struct Documents {
+  const std::int64_t* starts = nullptr;  // [samples * s_len]
+  int heads = 1;                         // matrices of a sample
+  // The first key of row qi (0 past the sequence), clamped to [0, qi] as the CPU's.
+  __device__ __forceinline__ int first(i64 bh, int s_len, int qi) const {
+    if (!starts || qi >= s_len) return 0;
+    const i64 st = starts[bh / heads * s_len + qi];
+    return st < 0 ? 0 : st > qi ? qi : static_cast<int>(st);
+  }
+};
+
 // ------------------------------------------------------------------ forward
 
 template <typename S, int DP>
 __global__ void __launch_bounds__(kBlockThreads)
     flash_forward_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v, S* __restrict__ out,
-                         float* __restrict__ lse, int s_len, int d, int kv_group, float scale_log2, Dropout drop) {
+                         float* __restrict__ lse, int s_len, int d, int kv_group, float scale_log2, Dropout drop,
+                         Documents docs) {
   using H = Head<DP>;
   using M = ForwardSmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -221,7 +237,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int r = warp * 16 + (lane >> 1), half = lane & 1, qi = q0 + r;
   const std::uint64_t row_index = matrix_base(drop.layout, bh, s_len) + static_cast<std::uint64_t>(qi) * s_len;
   float m = -INFINITY, sum = 0.f;  // running max (log2 units) and sum of exp2(x - m)
-  for (int kt = 0; kt <= qt; ++kt) {
+  const int lo = docs.first(bh, s_len, qi);
+  for (int kt = docs.first(bh, s_len, q0) / kRows; kt <= qt; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();  // every warp is done with the previous K/V tile
     load_tile<S, DP>(sk, k + kv_head, k0, s_len, d);
@@ -236,7 +253,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int j0 = k0 + half * 32;
 #pragma unroll
     for (int c = 0; c < 32; ++c) {
-      x[c] = (j0 + c <= qi && qi < s_len) ? srow[c] * scale_log2 : -INFINITY;
+      x[c] = (j0 + c >= lo && j0 + c <= qi && qi < s_len) ? srow[c] * scale_log2 : -INFINITY;
       mx = fmaxf(mx, x[c]);
     }
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -303,7 +320,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_dkdv_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v,
                                const S* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dot,
                                S* __restrict__ dk, S* __restrict__ dv, int s_len, int d, int kv_group, float scale,
-                               float scale_log2, Dropout drop) {
+                               float scale_log2, Dropout drop, Documents docs) {
   using H = Head<DP>;
   using M = KeySmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -334,6 +351,9 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   for (int qt = kt; qt < tiles; ++qt) {
     const int q0 = qt * kRows;
+    // This and every later query tile start their documents after these keys
+    // (the same answer in every thread: the block leaves the loop together).
+    if (docs.starts && docs.first(bh, s_len, q0) >= k0 + kRows) break;
     __syncthreads();  // every warp is done with the previous Q/dO tile
     load_tile<S, DP>(sq, q + head, q0, s_len, d);
     load_tile<S, DP>(sdo, dout + head, q0, s_len, d);
@@ -350,7 +370,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     // (consecutive dropout indices).
 #pragma unroll
     for (int cc = 0; cc < 2; ++cc) {
-      const int c = 2 * lane + cc, qq = q0 + c;
+      const int c = 2 * lane + cc, qq = q0 + c, lo = docs.first(bh, s_len, qq);
       const float l2 = slse[c], dd = sdot[c];
       const std::uint64_t row_index = base + static_cast<std::uint64_t>(qq) * s_len;
       KeepMask mask{drop.key, drop.threshold, drop.on};
@@ -358,7 +378,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       for (int rr = 0; rr < 16; ++rr) {
         const int row = warp * 16 + rr, kj = k0 + row;
         float pd = 0.f, ds = 0.f;
-        if (qq < s_len && kj <= qq) {
+        if (qq < s_len && kj <= qq && kj >= lo) {
           const float p = exp2f(sst[row * kLdS + c] * scale_log2 - l2);
           const bool keep = mask.keep(row_index + static_cast<std::uint64_t>(kj));
           pd = keep ? p * drop.keep_scale : 0.f;
@@ -397,7 +417,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     flash_backward_dq_kernel(const S* __restrict__ q, const S* __restrict__ k, const S* __restrict__ v,
                              const S* __restrict__ dout, const float* __restrict__ lse, const float* __restrict__ dot,
                              S* __restrict__ dq, int s_len, int d, int kv_group, float scale, float scale_log2,
-                             Dropout drop) {
+                             Dropout drop, Documents docs) {
   using H = Head<DP>;
   using M = QuerySmem<S, DP>;
   extern __shared__ __align__(128) unsigned char smem[];
@@ -423,7 +443,8 @@ __global__ void __launch_bounds__(kBlockThreads)
   FragAcc dq_acc[H::kFrags];
 #pragma unroll
   for (int n = 0; n < H::kFrags; ++n) wmma::fill_fragment(dq_acc[n], 0.f);
-  for (int kt = 0; kt <= qt; ++kt) {
+  const int lo = docs.first(bh, s_len, qi);
+  for (int kt = docs.first(bh, s_len, q0) / kRows; kt <= qt; ++kt) {
     const int k0 = kt * kRows;
     __syncthreads();
     load_tile<S, DP>(sk, k + kv_head, k0, s_len, d);
@@ -438,7 +459,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     for (int c = 0; c < 32; ++c) {
       const int j = j0 + c, e = r * kLdS + half * 32 + c;
       float ds = 0.f;
-      if (row_in && j <= qi) {
+      if (row_in && j <= qi && j >= lo) {
         const float p = exp2f(ss[e] * scale_log2 - l2);
         const bool keep = mask.keep(row_index + static_cast<std::uint64_t>(j));
         const float g = keep ? sdp[e] * drop.keep_scale : 0.f;
@@ -514,6 +535,13 @@ void check_sizes(i64 bh, i64 s, i64 d) {
     throw InternalError(::megazero::detail::concat("fused attention: unsupported sizes bh ", bh, ", s ", s, ", d ", d));
 }
 
+Documents documents(const std::int64_t* key_starts, i64 bh, i64 heads_per_sample) {
+  if (!key_starts) return {};
+  MZ_CHECK(heads_per_sample >= 1 && bh % heads_per_sample == 0 && heads_per_sample <= 0x7fffffff,
+           "flash attention: ", bh, " matrices in samples of ", heads_per_sample);
+  return {key_starts, static_cast<int>(heads_per_sample)};
+}
+
 // The tile loads move 16 bytes at a time from each matrix's rows.
 void check_aligned(std::initializer_list<const void*> ptrs) {
   for (const void* p : ptrs)
@@ -526,12 +554,13 @@ void check_aligned(std::initializer_list<const void*> ptrs) {
 
 void flash_attention_forward(DType t, const void* q, const void* k, const void* v, i64 bh, i64 s, i64 d, i64 kv_group,
                              double scale, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* out,
-                             float* lse, cudaStream_t st) {
+                             float* lse, cudaStream_t st, const std::int64_t* key_starts, i64 heads_per_sample) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
   MZ_CHECK(kv_group >= 1 && bh % kv_group == 0, "flash attention: ", bh, " query heads in groups of ", kv_group);
   check_aligned({q, k, v, out});
   const Dropout drop = make_dropout(p, key, layout);
+  const Documents docs = documents(key_starts, bh, heads_per_sample);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
   with_types(t, d, [&](auto tag, auto dp) {
     using S = decltype(tag);
@@ -540,7 +569,8 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
     allow_smem(flash_forward_kernel<S, DP>, bytes, d);
     flash_forward_kernel<S, DP><<<grid, kBlockThreads, bytes, st>>>(
         static_cast<const S*>(q), static_cast<const S*>(k), static_cast<const S*>(v), static_cast<S*>(out), lse,
-        static_cast<int>(s), static_cast<int>(d), static_cast<int>(kv_group), static_cast<float>(scale) * kLog2e, drop);
+        static_cast<int>(s), static_cast<int>(d), static_cast<int>(kv_group), static_cast<float>(scale) * kLog2e, drop,
+        docs);
   });
   check_launch("flash_attention_forward");
 }
@@ -548,12 +578,14 @@ void flash_attention_forward(DType t, const void* q, const void* k, const void* 
 void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out, const void* dout,
                               const float* lse, i64 bh, i64 s, i64 d, i64 kv_group, double scale, double p,
                               const RngKey& key, const kernels::DropoutLayout& layout, void* dq, void* dk, void* dv,
-                              kernels::GpuScratch ws, cudaStream_t st) {
+                              kernels::GpuScratch ws, cudaStream_t st, const std::int64_t* key_starts,
+                              i64 heads_per_sample) {
   if (bh == 0 || s == 0) return;
   check_sizes(bh, s, d);
   MZ_CHECK(kv_group >= 1 && bh % kv_group == 0, "flash attention: ", bh, " query heads in groups of ", kv_group);
   check_aligned({q, k, v, out, dout, dq, dk, dv});
   const Dropout drop = make_dropout(p, key, layout);
+  const Documents docs = documents(key_starts, bh, heads_per_sample);
   const dim3 grid(static_cast<unsigned>(bh), static_cast<unsigned>((s + kRows - 1) / kRows));
   float* dot = scratch_as<float>(ws, kernels::gpu_scratch::flash_backward_bytes(bh, s), "flash_attention_backward");
   const float fscale = static_cast<float>(scale), scale_log2 = fscale * kLog2e;
@@ -570,11 +602,11 @@ void flash_attention_backward(DType t, const void* q, const void* k, const void*
     allow_smem(flash_backward_dkdv_kernel<S, DP>, key_bytes, d);
     flash_backward_dkdv_kernel<S, DP><<<grid, kBlockThreads, key_bytes, st>>>(
         qs, ks, vs, dos, lse, dot, static_cast<S*>(dk), static_cast<S*>(dv), static_cast<int>(s), static_cast<int>(d),
-        static_cast<int>(kv_group), fscale, scale_log2, drop);
+        static_cast<int>(kv_group), fscale, scale_log2, drop, docs);
     allow_smem(flash_backward_dq_kernel<S, DP>, query_bytes, d);
     flash_backward_dq_kernel<S, DP><<<grid, kBlockThreads, query_bytes, st>>>(
         qs, ks, vs, dos, lse, dot, static_cast<S*>(dq), static_cast<int>(s), static_cast<int>(d),
-        static_cast<int>(kv_group), fscale, scale_log2, drop);
+        static_cast<int>(kv_group), fscale, scale_log2, drop, docs);
   });
   check_launch("flash_attention_backward");
 }

@@ -25,14 +25,19 @@ namespace megazero::cuda {
 // kv_group: query heads per k/v head (grouped-query attention; 1 = one each):
 // k and v hold bh / kv_group heads, query head h reads k/v head h / kv_group;
 // dk and dv are per query head (bh of them; the caller sums each group's).
+// key_starts (--reset-attention-mask), when given: int64 [samples * s], the
+// first key of each row of the heads_per_sample matrices of a sample; never
+// decreasing along a sample (documents), which lets whole key tiles be skipped.
 void flash_attention_forward(DType t, const void* q, const void* k, const void* v, std::int64_t bh, std::int64_t s,
                              std::int64_t d, std::int64_t kv_group, double scale, double p, const RngKey& key,
-                             const kernels::DropoutLayout& layout, void* out, float* lse, cudaStream_t st);
+                             const kernels::DropoutLayout& layout, void* out, float* lse, cudaStream_t st,
+                             const std::int64_t* key_starts = nullptr, std::int64_t heads_per_sample = 1);
 
 void flash_attention_backward(DType t, const void* q, const void* k, const void* v, const void* out, const void* dout,
                               const float* lse, std::int64_t bh, std::int64_t s, std::int64_t d, std::int64_t kv_group,
                               double scale, double p, const RngKey& key, const kernels::DropoutLayout& layout, void* dq,
                               void* dk, void* dv, kernels::GpuScratch ws,
-                              cudaStream_t st);  // ws: gpu_scratch::flash_backward_bytes(bh, s)
+                              cudaStream_t st,  // ws: gpu_scratch::flash_backward_bytes(bh, s)
+                              const std::int64_t* key_starts = nullptr, std::int64_t heads_per_sample = 1);
 
 }  // namespace megazero::cuda

@@ -38,6 +38,28 @@ struct Dims {
   i64 kv_group;  // query heads per k/v head
 };
 
+// The first key of row i of matrix bh: 0, or its document's start (clamped
+// to [0, i] as the unfused softmax's, softmax.cpp).
+struct KeyStarts {
+  const std::int64_t* starts = nullptr;  // [samples * s]
+  i64 heads = 1;                         // matrices of a sample
+  i64 first(i64 bh, i64 i, i64 s) const {
+    if (!starts) return 0;
+    const std::int64_t st = starts[bh / heads * s + i];
+    return st < 0 ? 0 : st > i ? i : st;
+  }
+};
+
+KeyStarts check_key_starts(const char* op, const Tensor& q, const Tensor& key_starts, const Dims& dm) {
+  if (!key_starts.defined() || dm.bh == 0 || dm.s == 0) return {};
+  check_operand(op, "key_starts", key_starts, q, DType::I64);
+  const i64 samples = key_starts.numel() / dm.s;
+  MZ_CHECK(key_starts.is_contiguous() && samples > 0 && key_starts.numel() == samples * dm.s && dm.bh % samples == 0,
+           op, ": key_starts must be [B*S] with S = ", dm.s, " and B dividing the ", dm.bh, " matrices, got ",
+           key_starts.to_string());
+  return {ptr<const std::int64_t>(key_starts), dm.bh / samples};
+}
+
 Dims check_qkv(const char* op, const Tensor& q, const Tensor& k, const Tensor& v) {
   check_float(op, "q", q);
   MZ_CHECK(q.dim() == 3, op, ": q must be [batch*heads, seq, head_dim], got ", q.to_string());
@@ -87,7 +109,7 @@ Tensor block_view(const Tensor& workspace, i64 bh, i64 rows, i64 keys) {
 
 template <typename S>
 void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& dm, double scale, double p,
-                 const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
+                 const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse, KeyStarts ks) {
   using C = compute_t<S>;
   const bool host = on_host("fused_attention_forward", q);
   const i64 br = std::min(kBlockRows, dm.s);
@@ -108,21 +130,22 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& 
       const C csc = static_cast<C>(scale);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * rows * keys > kParallelMin)
       for (i64 row = 0; row < dm.bh * rows; ++row) {
-        const i64 bh = row / rows, i = i0 + row % rows;
+        const i64 bh = row / rows, i = i0 + row % rows, lo = ks.first(bh, i, dm.s);
         C* e = sc + row * keys;
         S* pd = pr + row * keys;
         // causal_softmax_forward's arithmetic, so the probabilities round alike.
-        const C mx = scaled_max(e, csc, i + 1);
-        const double sum = exp_scaled_shifted(e, csc, mx, e, i + 1);
+        const C mx = scaled_max(e + lo, csc, i + 1 - lo);
+        const double sum = exp_scaled_shifted(e + lo, csc, mx, e + lo, i + 1 - lo);
         ls[bh * dm.s + i] = static_cast<C>(static_cast<double>(mx) + std::log(sum));
         const double inv = 1.0 / sum;
+        for (i64 j = 0; j < lo; ++j) pd[j] = zero<S>();
         if (p > 0) {
           UniformStream uniform(key);
           const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
-          for (i64 j = 0; j <= i; ++j)
+          for (i64 j = lo; j <= i; ++j)
             pd[j] = uniform.at(base + static_cast<std::uint64_t>(j)) >= p ? st<S>(e[j] * inv * keep_scale) : zero<S>();
         } else {
-          for (i64 j = 0; j <= i; ++j) pd[j] = st<S>(e[j] * inv);
+          for (i64 j = lo; j <= i; ++j) pd[j] = st<S>(e[j] * inv);
         }
         for (i64 j = i + 1; j < keys; ++j) pd[j] = zero<S>();
       }
@@ -135,7 +158,7 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& 
 template <typename S>
 void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                   const Tensor& lse, const Dims& dm, double scale, double p, const RngKey& key,
-                  const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv) {
+                  const DropoutLayout& layout, Tensor& dq, Tensor& dk, Tensor& dv, KeyStarts ks) {
   using C = compute_t<S>;
   const bool host = on_host("fused_attention_backward", q);
   const auto& dev = q.device_ptr();
@@ -181,14 +204,14 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       const C* ls = ptr<const C>(lse);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * rows * keys > kParallelMin)
       for (i64 row = 0; row < dm.bh * rows; ++row) {
-        const i64 bh = row / rows, i = i0 + row % rows;
+        const i64 bh = row / rows, i = i0 + row % rows, lo = ks.first(bh, i, dm.s);
         C* pp = pr + row * keys;
         S* o = od + row * keys;
         const double l = ls[bh * dm.s + i];
         UniformStream uniform(key);
         const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
         for (i64 j = 0; j < keys; ++j) {
-          const double pij = j <= i ? std::exp(scale * static_cast<double>(pp[j]) - l) : 0.0;
+          const double pij = j >= lo && j <= i ? std::exp(scale * static_cast<double>(pp[j]) - l) : 0.0;
           pp[j] = static_cast<C>(pij);
           const bool keep = p == 0 || uniform.at(base + static_cast<std::uint64_t>(j)) >= p;
           o[j] = keep ? st<S>(pij * keep_scale) : zero<S>();
@@ -205,13 +228,13 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       const C* dd = ptr<const C>(dot);
 #pragma omp parallel for num_threads(threads()) schedule(static) if (dm.bh * rows * keys > kParallelMin)
       for (i64 row = 0; row < dm.bh * rows; ++row) {
-        const i64 bh = row / rows, i = i0 + row % rows;
+        const i64 bh = row / rows, i = i0 + row % rows, lo = ks.first(bh, i, dm.s);
         const double d = dd[bh * dm.s + i];
         UniformStream uniform(key);
         const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
         for (i64 j = 0; j < keys; ++j) {
           const i64 e = row * keys + j;
-          if (j > i) {
+          if (j > i || j < lo) {
             od[e] = zero<S>();
             continue;
           }
@@ -253,14 +276,17 @@ std::string fused_attention_unsupported(DeviceKind device, DType dtype, std::int
 }
 
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
-                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse,
+                             const Tensor& key_starts) {
   const char* op = "fused_attention_forward";
   const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operand(op, "out", out, q, q.dtype());
   check_shape(op, "out", out, q.shape());
+  const KeyStarts ks = check_key_starts(op, q, key_starts, dm);
 #ifdef MEGAZERO_WITH_CUDA
-  MZ_ON_CUDA(q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, dm.kv_group,
-                                              scale, p, key, layout, out.data(), ptr<float>(lse), stream_of(q)));
+  MZ_ON_CUDA(
+      q, cuda::flash_attention_forward(q.dtype(), q.data(), k.data(), v.data(), dm.bh, dm.s, dm.d, dm.kv_group, scale,
+                                       p, key, layout, out.data(), ptr<float>(lse), stream_of(q), ks.starts, ks.heads));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 2);
@@ -268,22 +294,24 @@ void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   }
   const Tensor kh = per_query_head(k, dm), vh = per_query_head(v, dm);
   with_storage_type(q.dtype(),
-                    [&](auto tag) { forward_cpu<decltype(tag)>(q, kh, vh, dm, scale, p, key, layout, out, lse); });
+                    [&](auto tag) { forward_cpu<decltype(tag)>(q, kh, vh, dm, scale, p, key, layout, out, lse, ks); });
 }
 
 void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
-                              Tensor& dq, Tensor& dk, Tensor& dv) {
+                              Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& key_starts) {
   const char* op = "fused_attention_backward";
   const Dims dm = check_arguments(op, q, k, v, lse, p, layout);
   check_operands(op, q, q.dtype(), {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});
   check_shapes(op, q.shape(),
                {{"out", &out}, {"dout", &dout}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});  // dk, dv per query head
+  const KeyStarts ks = check_key_starts(op, q, key_starts, dm);
   const Tensor ws = allocate_gpu_scratch(q, gpu_scratch::flash_backward_bytes(dm.bh, dm.s), "flash backward row dots");
 #ifdef MEGAZERO_WITH_CUDA
   MZ_ON_CUDA(q, cuda::flash_attention_backward(q.dtype(), q.data(), k.data(), v.data(), out.data(), dout.data(),
                                                ptr<float>(lse), dm.bh, dm.s, dm.d, dm.kv_group, scale, p, key, layout,
-                                               dq.data(), dk.data(), dv.data(), scratch_of(ws), stream_of(q)));
+                                               dq.data(), dk.data(), dv.data(), scratch_of(ws), stream_of(q), ks.starts,
+                                               ks.heads));
 #endif
   if (q.device().kind() == DeviceKind::Meta && static_cast<MetaDevice&>(q.device()).kernels() != DeviceKind::CPU) {
     log_fused_work(q, dm, 7);
@@ -291,7 +319,7 @@ void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   }
   const Tensor kh = per_query_head(k, dm), vh = per_query_head(v, dm);
   with_storage_type(q.dtype(), [&](auto tag) {
-    backward_cpu<decltype(tag)>(q, kh, vh, out, dout, lse, dm, scale, p, key, layout, dq, dk, dv);
+    backward_cpu<decltype(tag)>(q, kh, vh, out, dout, lse, dm, scale, p, key, layout, dq, dk, dv, ks);
   });
 }
 

@@ -31,14 +31,21 @@ namespace megazero::kernels {
 
 // out = dropout(softmax_causal(scale * q k^T)) v; lse[bh, i] = log sum_{j <= i}
 // exp(scale * q_i . k_j). p = 0: no dropout.
+//
+// key_starts (--reset-attention-mask): softmax.h's per-document masks, int64
+// [B*S] on q's device (matrix bh belongs to sample bh / (BH / B)): row i keeps
+// the keys key_starts[b*S + i] <= j <= i only (lse over those). Each sample's
+// starts must not decrease along it (documents follow each other: the GPU
+// kernels skip the key tiles before a query tile's first start).
 void fused_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
-                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse);
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse,
+                             const Tensor& key_starts = Tensor());
 
 // dq, dk, dv (overwritten) from dout and what forward saved (q, k, v, out, lse)
-// with the same scale, p, key and layout.
+// with the same scale, p, key, layout and key_starts.
 void fused_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
-                              Tensor& dq, Tensor& dk, Tensor& dv);
+                              Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& key_starts = Tensor());
 
 // Empty when tensors of `dtype` on a `device` device with this head size have a
 // fused kernel; otherwise the reason, for an error message that names the flag.

@@ -392,14 +392,14 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   // docs/PERFORMANCE.md), else our fused kernel.
   const bool cudnn = a.device == "cuda" && a.model.num_attention_heads > 0 &&  // bad heads: validate() says so
                      kernels::cudnn_attention_unsupported(DeviceKind::CUDA, a.dtype(), a.model.head_dim()).empty();
-  // With per-document masks only the unfused attention can run (arguments.cpp
-  // refuses the others): Megatron's choice of a backend becomes it, noted.
-  const char* fast = a.reset_attention_mask ? "unfused" : cudnn ? "cudnn" : "fused";
-  if (a.reset_attention_mask &&
+  // Per-document masks run on our fused kernel, not cuDNN's (arguments.cpp
+  // refuses cudnn): Megatron's choice of the fast backend becomes it, noted.
+  const char* fast = cudnn && !a.reset_attention_mask ? "cudnn" : "fused";
+  if (cudnn && a.reset_attention_mask &&
       (value("use-flash-attn") || a.model.attention_backend == "auto" || a.model.attention_backend == "flash"))
     a.notes.push_back(
-        "--reset-attention-mask: the attention is the unfused one (--attention-backend local), the "
-        "only one masking per document");
+        "--reset-attention-mask: the attention is megazero's fused kernel (--attention-backend fused), "
+        "which masks per document; cuDNN's does not");
   // Megatron's other --attention-backend values: auto (its choice of the
   // fastest) and flash are the fast fused attention; local is its own
   // unfused attention.

@@ -663,10 +663,10 @@ def cases():
          " --data-path {DATA} --reset-position-ids"),
         ("reset-attention-mask-no-token", E2, "--reset-attention-mask needs the end-of-document token",
          " --data-path {DATA} --reset-attention-mask"),
-        ("reset-attention-mask-fused", E2, "--reset-attention-mask runs on --attention-backend unfused \\(Megatron's "
-         "local\\): the fused attention masks causally over the whole sequence, not per document; drop "
+        ("reset-attention-mask-cudnn", E2, "--reset-attention-mask runs on --attention-backend fused or unfused "
+         "\\(Megatron's local\\): the cudnn attention masks causally over the whole sequence, not per document; use "
          "--attention-backend fused", " --data-path {DATA} --tokenizer-type GPT2BPETokenizer --reset-attention-mask "
-         "--attention-backend fused"),
+         "--attention-backend cudnn"),
     ]
     for name, code, regex, args in datacases:
         # (--vocab-size 256 for the last case replaces the base's 50257: a repeated flag is its own error.)
@@ -685,9 +685,8 @@ def cases():
         "\\(--reset-position-ids\\); attention stays within each document \\(--reset-attention-mask\\)\n(.*\n)*.*"
         "validation loss at iteration 1: [0-9.]+", data + " --data-path {DATA} --split 90,10,0 --eval-iters 1 "
         "--reset-position-ids --reset-attention-mask --tokenizer-type GPT2BPETokenizer")
-    add("megatron.documents-flash", 0, "--reset-attention-mask: the attention is the unfused one "
-        "\\(--attention-backend local\\)", minimal + " --train-iters 1 --reset-attention-mask --eod-token-id 5 "
-        "--use-flash-attn")
+    add("megatron.documents-flash", 0, "attention-backend = fused(.*\n)*.*reset-attention-mask = true",
+        minimal + " --train-iters 1 --reset-attention-mask --eod-token-id 5 --use-flash-attn")
     add("data.no-test-split", 0, " validation loss at iteration 1: [0-9.]+ \\| ppl [0-9.]+\ntraining done",
         data + " --data-path {DATA} --split 90,10,0 --eval-iters 1")
     # Megatron's dataset per split, each read whole.

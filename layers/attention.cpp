@@ -75,9 +75,6 @@ double ParallelSelfAttention::scale() const { return 1.0 / std::sqrt(static_cast
 Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, bool add_output_bias) {
   step_ = step;
   if (step.kv_cache) return forward_cached(x, *step.kv_cache, add_output_bias);
-  MZ_REQUIRE(!step.key_starts.defined() || !cfg_.cudnn_attention(),
-             "per-document attention masks (--reset-attention-mask) run on --attention-backend unfused or fused; "
-             "cudnn masks causally over the whole sequence");
   const std::int64_t B = step.micro_batch, S = step.seq;
   MZ_CHECK(x.size(0) == ctx_.local_rows(B * S), "attention input has ", x.size(0), " rows for B*S = ", B * S,
            ctx_.sequence_parallel ? " split over the TP group" : "");
@@ -218,7 +215,7 @@ Tensor ParallelSelfAttention::forward_cudnn(double p, const RngKey& key) {
   Tensor merged = ctx_.activation({B * S, H * head_dim_});
   context_ = context_view(merged);
   lse_ = ctx_.row_stats({B * H, S});
-  kernels::cudnn_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_);
+  kernels::cudnn_attention_forward(q_, k_, v_, scale(), p, key, probs_layout(), context_, lse_, step_.key_starts);
   return merged;
 }
 
@@ -234,19 +231,19 @@ Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, co
   if (cudnn_in_place()) {
     Tensor dq = group_view(dqkv, 0);
     kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
-                                      cfg_.deterministic, dq, dk, dv);
+                                      cfg_.deterministic, dq, dk, dv, step_.key_starts);
     return dqkv;
   }
   Tensor rq = ctx_.activation({B * H, S, head_dim_});
   Tensor rq4 = rq.view({B, H, S, head_dim_});
   if (!cfg_.rope()) {
     kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
-                                      cfg_.deterministic, rq4, dk, dv);
+                                      cfg_.deterministic, rq4, dk, dv, step_.key_starts);
   } else {
     Tensor rk = ctx_.activation({B * G, S, head_dim_});
     Tensor rk4 = rk.view({B, G, S, head_dim_});
     kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
-                                      cfg_.deterministic, rq4, rk4, dv);
+                                      cfg_.deterministic, rq4, rk4, dv, step_.key_starts);
     kernels::rope_backward(rq, cfg_.rotary_base, rq, 0, step_.positions);  // the rotation's adjoint
     kernels::rope_backward(rk, cfg_.rotary_base, rk, 0, step_.positions);
     dk.copy_from(rk4);
@@ -274,7 +271,7 @@ std::string ParallelSelfAttention::prepare_kernels(const StepInfo& step, double 
   const Tensor dk = cfg_.rope() ? empty({B, G, S, head_dim_}) : group_view(dqkv, 1);
   const Tensor out = context_view(empty({B * S, H * head_dim_})), dout = context_view(empty({B * S, H * head_dim_}));
   return kernels::cudnn_attention_prepare(*ctx_.device, q, k, v, out, dout, dq, dk, group_view(dqkv, 2), scale(), p,
-                                          cfg_.deterministic);
+                                          cfg_.deterministic, step.key_starts.defined());
 }
 
 Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_done) {

@@ -62,19 +62,21 @@ TEST(CudnnDescriptors, EveryTensorAndOperationFinalizes) {
   for (sdpa::ElementType t : {sdpa::ElementType::bf16, sdpa::ElementType::f16})
     for (double p : {0.0, 0.1})
       for (bool interleaved : {false, true})
-        for (i64 hk : {0, 2, 1}) {  // multi-head, grouped, multi-query
-          sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved, hk);
-          const sdpa::Graph fwd = sdpa::forward_graph(pr);
-          EXPECT_EQ(cuda::finalize_operations(fwd), static_cast<int>(fwd.ops.size()));
-          for (bool deterministic : {false, true}) {
-            pr.deterministic = deterministic;
-            const sdpa::Graph bwd = sdpa::backward_graph(pr);
-            EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
+        for (i64 hk : {0, 2, 1})             // multi-head, grouped, multi-query
+          for (bool bias : {false, true}) {  // per-document masks as an additive bias
+            sdpa::Problem pr = problem(2, 4, 256, 64, t, p, interleaved, hk);
+            pr.bias = bias;
+            const sdpa::Graph fwd = sdpa::forward_graph(pr);
+            EXPECT_EQ(cuda::finalize_operations(fwd), static_cast<int>(fwd.ops.size()));
+            for (bool deterministic : {false, true}) {
+              pr.deterministic = deterministic;
+              const sdpa::Graph bwd = sdpa::backward_graph(pr);
+              EXPECT_EQ(cuda::finalize_operations(bwd), static_cast<int>(bwd.ops.size()));
+              ++graphs;
+            }
             ++graphs;
           }
-          ++graphs;
-        }
-  EXPECT_EQ(graphs, 72);
+  EXPECT_EQ(graphs, 144);
 }
 
 TEST(CudnnDescriptors, ABrokenGraphIsRefusedNamingTheOperation) {
@@ -120,13 +122,11 @@ TEST(CudnnAttention, DropoutSeedsDifferInEveryFieldOfTheKey) {
 
 TEST(CudnnAttention, RefusesDevicesAndShapesItCannotRun) {
   using kernels::cudnn_attention_unsupported;
-  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CPU, DType::BF16, 64).find("--device cuda"),
-            std::string::npos);
+  EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CPU, DType::BF16, 64).find("--device cuda"), std::string::npos);
   EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::F32, 64).find("--bf16"), std::string::npos);
   EXPECT_NE(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 160).find("160"), std::string::npos);
   EXPECT_EQ(cudnn_attention_unsupported(DeviceKind::CUDA, DType::BF16, 64), "");
   EXPECT_THROW(sdpa::forward_graph(problem(1, 2, 64, 12, sdpa::ElementType::bf16, 0.0, false)), ConfigError);
-
 }
 
 // The layer's start-up call builds the operands' views on the meta device
@@ -236,8 +236,8 @@ TEST_F(CudnnOnGpu, LayerPrepareBuildsThePlansTheStepsUse) {
     std::printf("[cudnn] %s\n", line.c_str());
     EXPECT_NE(line.find("backward engine"), std::string::npos) << line;
     const std::size_t plans = cuda::cudnn_sdpa_cached_plans();
-    Tensor x = Tensor::empty(gpu, {step.micro_batch * step.seq, cfg.hidden_size}, DType::BF16,
-                             MemoryCategory::Activations);
+    Tensor x =
+        Tensor::empty(gpu, {step.micro_batch * step.seq, cfg.hidden_size}, DType::BF16, MemoryCategory::Activations);
     {
       Tensor host = Tensor::empty(cpu, x.shape(), DType::BF16, MemoryCategory::Activations);
       std::normal_distribution<double> n(0, 1);
@@ -282,8 +282,7 @@ TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {
            dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
     Tensor rdq = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
     Tensor rdk = rdq.clone(MemoryCategory::Activations), rdv = rdq.clone(MemoryCategory::Activations);
-    kernels::fused_attention_backward(q, k, v, host64(o), host64(d_o), ref_lse, scale, 0.0, RngKey{}, l, rdq, rdk,
-                                      rdv);
+    kernels::fused_attention_backward(q, k, v, host64(o), host64(d_o), ref_lse, scale, 0.0, RngKey{}, l, rdq, rdk, rdv);
     for (bool deterministic : {false, true}) {  // cuDNN's default (fp32 dQ accumulator) and deterministic backward
       SCOPED_TRACE(deterministic ? "deterministic" : "default");
       kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, scale, 0.0, RngKey{}, l, deterministic, dq, dk,
@@ -299,6 +298,61 @@ TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {
     }
   }
   EXPECT_GE(cuda::cudnn_sdpa_cached_plans(), 6u);
+}
+
+// Per-document masks (--reset-attention-mask) as cuDNN's additive bias, in
+// place in the QKV rows (the layer's multi-head layout): the CPU's fused
+// attention with the same key starts, forward and both backwards; and the
+// masks matter (without them the output differs).
+TEST_F(CudnnOnGpu, DocumentMasksMatchTheCpu) {
+  const i64 b = 2, h = 4, s = 256, d = 64;
+  std::normal_distribution<double> n(0, 1);
+  Qkv in = qkv(b, h, s, d, [&](i64, i64) { return n(rng); });
+  Tensor starts_host = Tensor::empty(cpu, {b * s}, DType::I64, MemoryCategory::Activations);
+  for (i64 sample = 0; sample < b; ++sample)
+    for (i64 i = 0, start = 0; i < s; ++i) {
+      if (i == 64 + sample || i == 65 + sample || i == 130 || i == 200) start = i;
+      starts_host.host_data<std::int64_t>()[sample * s + i] = start;
+    }
+  Tensor starts = Tensor::empty(gpu, {b * s}, DType::I64, MemoryCategory::Activations);
+  starts.copy_from(starts_host);
+  Tensor o = rows(b, h, s, d), lse = Tensor::empty(gpu, {b * h, s}, DType::F32, MemoryCategory::Activations);
+  Tensor plain_o = rows(b, h, s, d);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  const auto l = layout(b, h, s);
+  kernels::cudnn_attention_forward(in.q, in.k, in.v, scale, 0.0, RngKey{}, l, o, lse, starts);
+  kernels::cudnn_attention_forward(in.q, in.k, in.v, scale, 0.0, RngKey{}, l, plain_o, lse);
+  kernels::cudnn_attention_forward(in.q, in.k, in.v, scale, 0.0, RngKey{}, l, o, lse, starts);  // lse: the masked one
+  const Tensor q = host64(in.q), k = host64(in.k), v = host64(in.v);
+  Tensor ref_o = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
+  Tensor ref_lse = Tensor::empty(cpu, {b * h, s}, DType::F64, MemoryCategory::Activations);
+  kernels::fused_attention_forward(q, k, v, scale, 0.0, RngKey{}, l, ref_o, ref_lse, starts_host);
+  EXPECT_LT(max_rel(host64(o), ref_o), 1e-2);
+  EXPECT_LT(max_rel(lse, ref_lse), 1e-3);
+  EXPECT_GT(max_rel(host64(plain_o), ref_o), 0.1) << "the masks must change the output";
+  Tensor d_o = rows(b, h, s, d);
+  {
+    Tensor host = Tensor::empty(cpu, d_o.shape(), DType::BF16, MemoryCategory::Activations);
+    std::vector<double> values(static_cast<std::size_t>(host.numel()));
+    for (auto& x : values) x = n(rng);
+    host.copy_from_doubles(values);
+    d_o.copy_from(host);
+  }
+  Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
+  Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
+         dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
+  Tensor rdq = Tensor::empty(cpu, {b * h, s, d}, DType::F64, MemoryCategory::Activations);
+  Tensor rdk = rdq.clone(MemoryCategory::Activations), rdv = rdq.clone(MemoryCategory::Activations);
+  kernels::fused_attention_backward(q, k, v, host64(o), host64(d_o), ref_lse, scale, 0.0, RngKey{}, l, rdq, rdk, rdv,
+                                    starts_host);
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "default");
+    kernels::cudnn_attention_backward(in.q, in.k, in.v, o, d_o, lse, scale, 0.0, RngKey{}, l, deterministic, dq, dk, dv,
+                                      starts);
+    EXPECT_LT(max_rel(host64(dq), rdq), 2e-2);
+    EXPECT_LT(max_rel(host64(dk), rdk), 2e-2);
+    EXPECT_LT(max_rel(host64(dv), rdv), 2e-2);
+  }
 }
 
 // Grouped-query attention: k, v with h / 2 heads (and multi-query, one); dk,

@@ -414,8 +414,10 @@ TEST(GptTensorParallel, DocumentMasksMatchTpOne) {
   compare(world_size(), DType::F64, true, 1e-12);
   const bool cuda = test_support::test_device()->kind() == DeviceKind::CUDA;  // fp32/fp64: unfused only there
   if (!cuda) compare(world_size(), DType::F64, false, 1e-12, "fused");        // the fused kernels' masks
+  if (!cuda) compare(world_size(), DType::F64, false, 1e-12, "cudnn");  // its plumbing, through the host reference
   g_llama = false;
   if (!cuda) compare(world_size(), DType::F32, false, 1e-5, "fused");
+  if (!cuda) compare(world_size(), DType::F32, false, 1e-5, "cudnn");
   g_documents = false;
 }
 

@@ -331,7 +331,7 @@ TEST_F(LayerGrad, WholeModelWithDocumentsPackedIntoSamples) {
   const auto n = static_cast<std::int64_t>(starts.size());
   step.key_starts = test_support::int64_tensor(ctx.device, n, [&](std::int64_t i) { return starts[i]; });
   step.positions = test_support::int64_tensor(ctx.device, n, [&](std::int64_t i) { return i % 6 - starts[i]; });
-  for (const char* backend : {"unfused", "fused"})
+  for (const char* backend : {"unfused", "fused", "cudnn"})  // cudnn: its plumbing through the host reference
     for (const bool llama : {false, true}) {
       SCOPED_TRACE(testing::Message() << (llama ? "Llama-style (rotary), " : "GPT (learned positions), ") << backend);
       cfg.attention_backend = backend;

@@ -221,9 +221,8 @@ struct Case {
   i64 hk = 0;  // K/V heads: 0 = h; fewer = grouped-query attention
   i64 kv() const { return hk > 0 ? hk : h; }
 };
-const Case kCases[] = {{2, 3, 5, 8, false},        {2, 3, 5, 8, true},        {1, 2, 17, 16, false},
-                       {1, 2, 17, 16, true},       {2, 4, 5, 8, false, 2},    {2, 4, 5, 8, true, 2},
-                       {1, 3, 17, 16, true, 1}};
+const Case kCases[] = {{2, 3, 5, 8, false},    {2, 3, 5, 8, true},    {1, 2, 17, 16, false},  {1, 2, 17, 16, true},
+                       {2, 4, 5, 8, false, 2}, {2, 4, 5, 8, true, 2}, {1, 3, 17, 16, true, 1}};
 constexpr double kScale = 0.35;
 const RngKey kKey{7, 3, 1, kRngAttentionDropout};
 
@@ -239,8 +238,8 @@ struct Io {
 
   Io(const Case& c, double p) {
     // bf16 is what validate() asks for; the interpreter computes in double anyway.
-    problem = {.b = c.b, .h = c.h, .s = c.s, .d = c.d, .hk = c.hk, .io = sd::ElementType::bf16, .scale = kScale,
-               .dropout = p};
+    problem = {
+        .b = c.b, .h = c.h, .s = c.s, .d = c.d, .hk = c.hk, .io = sd::ElementType::bf16, .scale = kScale, .dropout = p};
     const i64 n = c.b * c.h * c.s * c.d, g = c.kv(), per = c.h / g, nkv = c.b * g * c.s * c.d;
     const auto buffer = [](i64 size) { return std::make_shared<Vec>(static_cast<std::size_t>(size), 0.0); };
     const sd::Strides4 bhsd = sd::bhsd_strides(c.b, c.h, c.s, c.d), kv_bhsd = sd::bhsd_strides(c.b, g, c.s, c.d);
@@ -257,6 +256,7 @@ struct Io {
     views[sd::kDQ] = q_in_rows ? View{dqkv, 0, parts} : View{buffer(n), 0, bhsd};
     for (i64 uid : {sd::kO, sd::kDO}) views[uid] = {buffer(n), 0, c.interleaved ? rows : bhsd};
     for (i64 uid : {sd::kStats, sd::kSoftmaxSum}) views[uid] = {buffer(c.b * c.h * c.s), 0, {c.h * c.s, c.s, 1, 0}};
+    views[sd::kBias] = {buffer(c.b * c.s * c.s), 0, {c.s * c.s, c.s * c.s, c.s, 1}};  // read only with problem.bias
     views[sd::kDQAccum] = {buffer(n), 0, bhsd};  // the default backward's fp32 dQ accumulator
     sd::Problem& q = problem;
     q.q = views[sd::kQ].strides, q.k = views[sd::kK].strides, q.v = views[sd::kV].strides;
@@ -321,10 +321,13 @@ using Edit = std::function<void(sd::Graph&)>;
 
 // The graphs through the interpreter: forward, then backward reading the O and
 // Stats the forward wrote into the same buffers. `edit` may corrupt a graph.
+// bias (per-document masks), when not empty: the [b, 1, s, s] additive bias.
 Result run_graphs(const Case& c, const Inputs& in, double p, const Vec& mask, const Edit& edit_fwd = {},
-                  const Edit& edit_bwd = {}, bool deterministic = false) {
+                  const Edit& edit_bwd = {}, bool deterministic = false, const Vec& bias = {}) {
   Io io(c, p);
   io.problem.deterministic = deterministic;
+  io.problem.bias = !bias.empty();
+  if (!bias.empty()) *io.views.at(sd::kBias).data = bias;
   io.scatter(sd::kQ, in.q);
   io.scatter(sd::kK, in.k);
   io.scatter(sd::kV, in.v);
@@ -378,14 +381,21 @@ Vec sum_groups(const Case& c, const Vec& per_head) {
   return out;
 }
 
-// kernels::fused_attention_* in fp64 on [BH, S, D] tensors (k, v grouped).
-Result run_reference(const Case& c, const Inputs& in, double p) {
+// kernels::fused_attention_* in fp64 on [BH, S, D] tensors (k, v grouped);
+// starts: per-document masks' key starts [b * s], or none.
+Result run_reference(const Case& c, const Inputs& in, double p, const std::vector<std::int64_t>& starts = {}) {
   const Shape shape{c.b * c.h, c.s, c.d}, kv_shape{c.b * c.kv(), c.s, c.d};
   const Tensor q = tensor(shape, in.q), k = tensor(kv_shape, in.k), v = tensor(kv_shape, in.v);
   const auto empty = [](const Shape& s) { return Tensor::empty(cpu(), s, DType::F64, MemoryCategory::Other); };
   Tensor out = empty(shape), lse = empty({c.b * c.h, c.s}), dq = empty(shape), dk = empty(shape), dv = empty(shape);
-  kernels::fused_attention_forward(q, k, v, kScale, p, kKey, layout(c), out, lse);
-  kernels::fused_attention_backward(q, k, v, out, tensor(shape, in.dout), lse, kScale, p, kKey, layout(c), dq, dk, dv);
+  Tensor key_starts;
+  if (!starts.empty()) {
+    key_starts = Tensor::empty(cpu(), {c.b * c.s}, DType::I64, MemoryCategory::Other);
+    std::copy(starts.begin(), starts.end(), key_starts.host_data<std::int64_t>());
+  }
+  kernels::fused_attention_forward(q, k, v, kScale, p, kKey, layout(c), out, lse, key_starts);
+  kernels::fused_attention_backward(q, k, v, out, tensor(shape, in.dout), lse, kScale, p, kKey, layout(c), dq, dk, dv,
+                                    key_starts);
   return {out.to_double_vector(),
           lse.to_double_vector(),
           dq.to_double_vector(),
@@ -405,8 +415,8 @@ double max_diff(const Vec& got, const Vec& want) {
 void expect_graphs_match(double p, double fwd_tol, double bwd_tol) {
   unsigned seed = 1;
   for (const Case& c : kCases) {
-    SCOPED_TRACE(testing::Message() << "b=" << c.b << " h=" << c.h << " hk=" << c.kv() << " s=" << c.s
-                                    << " d=" << c.d << " p=" << p << (c.interleaved ? " interleaved" : " contiguous"));
+    SCOPED_TRACE(testing::Message() << "b=" << c.b << " h=" << c.h << " hk=" << c.kv() << " s=" << c.s << " d=" << c.d
+                                    << " p=" << p << (c.interleaved ? " interleaved" : " contiguous"));
     const Inputs in = make_inputs(c, seed++);
     const Vec mask = p > 0 ? keep_mask(c, p) : Vec{};
     const Result want = run_reference(c, in, p);
@@ -424,6 +434,38 @@ void expect_graphs_match(double p, double fwd_tol, double bwd_tol) {
     for (std::size_t e = 0; e < got.o.size(); ++e) softmax_sum[e / c.d] += in.dout[e] * got.o[e] * (1.0 - p);
     EXPECT_LT(max_diff(got.softmax_sum, softmax_sum), bwd_tol) << "SoftmaxSum";
   }
+}
+
+// Per-document masks (--reset-attention-mask) as the frontend's additive bias
+// [b, 1, s, s] after the scale: 0 from each row's document start on, the
+// launcher's large negative before it. The graphs equal the fused kernels
+// given the starts, with and without dropout, MHA and grouped, in place and
+// copied; a graph that ignored the bias would not (checked).
+TEST(SdpaGraph, DocumentMasksAsABiasMatchFusedAttention) {
+  unsigned seed = 40;
+  for (const Case& c : {Case{2, 3, 17, 16, true}, Case{2, 4, 17, 8, false, 2}})
+    for (const double p : {0.0, 0.2}) {
+      SCOPED_TRACE(testing::Message() << "b=" << c.b << " h=" << c.h << " hk=" << c.kv() << " p=" << p);
+      std::vector<std::int64_t> starts;
+      Vec bias;
+      for (i64 b = 0; b < c.b; ++b)
+        for (i64 i = 0, start = 0; i < c.s; ++i) {
+          if (i == 5 + b || i == 6 + b || i == 12) start = i;  // documents [0, 5+b), one token, up to 12, the rest
+          starts.push_back(start);
+          for (i64 j = 0; j < c.s; ++j) bias.push_back(j >= start ? 0.0 : -1e9);
+        }
+      const Inputs in = make_inputs(c, seed++);
+      const Vec mask = p > 0 ? keep_mask(c, p) : Vec{};
+      const Result want = run_reference(c, in, p, starts);
+      const Result got = run_graphs(c, in, p, mask, {}, {}, false, bias);
+      EXPECT_LT(max_diff(got.o, want.o), 1e-12) << "O";
+      EXPECT_LT(max_diff(got.stats, want.stats), 1e-12) << "Stats";
+      EXPECT_LT(max_diff(got.dq, want.dq), 1e-10) << "dQ";
+      EXPECT_LT(max_diff(got.dk, want.dk), 1e-10) << "dK";
+      EXPECT_LT(max_diff(got.dv, want.dv), 1e-10) << "dV";
+      const Result ignored = run_graphs(c, in, p, mask);
+      EXPECT_GT(max_diff(ignored.o, want.o), 1e-3) << "the masks must change O";
+    }
 }
 
 // The graph's op or tensor of this name.
@@ -521,8 +563,8 @@ TEST(SdpaGraph, GraphsAreWellFormed) {
     SCOPED_TRACE("p=" + std::to_string(p));
     const sd::Problem problem = Io(kCases[1], p).problem;
     std::set<i64> fwd{sd::kQ, sd::kK, sd::kV, sd::kO, sd::kStats};
-    std::set<i64> bwd{sd::kQ,  sd::kK,  sd::kV,  sd::kO,          sd::kDO,
-                      sd::kStats, sd::kDQ, sd::kDK, sd::kSoftmaxSum, sd::kDV, sd::kDQAccum};
+    std::set<i64> bwd{sd::kQ,  sd::kK,  sd::kV,          sd::kO,  sd::kDO,     sd::kStats,
+                      sd::kDQ, sd::kDK, sd::kSoftmaxSum, sd::kDV, sd::kDQAccum};
     if (p > 0) {  // the rng's seed and offset, device tensors the caller binds
       for (auto* set : {&fwd, &bwd}) set->insert({sd::kSeed, sd::kOffset});
     }
@@ -532,6 +574,12 @@ TEST(SdpaGraph, GraphsAreWellFormed) {
     deterministic.deterministic = true;
     bwd.erase(sd::kDQAccum);
     expect_well_formed(sd::backward_graph(deterministic), bwd);
+    sd::Problem biased = problem;  // per-document masks: the bias is one more caller tensor
+    biased.bias = true;
+    fwd.insert(sd::kBias);
+    bwd.insert({sd::kBias, sd::kDQAccum});
+    expect_well_formed(sd::forward_graph(biased), fwd);
+    expect_well_formed(sd::backward_graph(biased), bwd);
   }
 }
 

@@ -402,8 +402,6 @@ TEST(Trainer, DocumentMasksTrainTheSameOnEveryLayout) {
   EXPECT_EQ(args_of({"--reset-position-ids", "--tokenizer-type", "ByteLevel", "--vocab-size", "257"}).eod_token_id,
             256);
   EXPECT_THROW(args_of({"--reset-position-ids"}), ConfigError) << "no end-of-document token";
-  EXPECT_THROW(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--attention-backend", "cudnn"}), ConfigError)
-      << "cuDNN's attention masks causally only";
   EXPECT_EQ(args_of({"--reset-attention-mask", "--eod-token-id", "7", "--use-flash-attn"}).model.attention_backend,
             "fused");
   const TrainResult fused = run(with({"--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7",

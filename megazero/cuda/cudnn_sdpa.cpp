@@ -24,6 +24,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/cuda/cuda_kernels.h"
+#include "megazero/cuda/softmax.h"
 
 namespace megazero::cuda {
 namespace {
@@ -84,28 +85,44 @@ class Descriptor {
 
 cudnnDataType_t data_type(ElementType t) {
   switch (t) {
-    case ElementType::f32: return CUDNN_DATA_FLOAT;
-    case ElementType::bf16: return CUDNN_DATA_BFLOAT16;
-    case ElementType::f16: return CUDNN_DATA_HALF;
-    case ElementType::i32: return CUDNN_DATA_INT32;
-    case ElementType::int64: return CUDNN_DATA_INT64;
-    case ElementType::boolean: return CUDNN_DATA_BOOLEAN;
+    case ElementType::f32:
+      return CUDNN_DATA_FLOAT;
+    case ElementType::bf16:
+      return CUDNN_DATA_BFLOAT16;
+    case ElementType::f16:
+      return CUDNN_DATA_HALF;
+    case ElementType::i32:
+      return CUDNN_DATA_INT32;
+    case ElementType::int64:
+      return CUDNN_DATA_INT64;
+    case ElementType::boolean:
+      return CUDNN_DATA_BOOLEAN;
   }
   return CUDNN_DATA_FLOAT;
 }
 
 cudnnPointwiseMode_t pointwise_mode(Pointwise m) {
   switch (m) {
-    case Pointwise::mul: return CUDNN_POINTWISE_MUL;
-    case Pointwise::add: return CUDNN_POINTWISE_ADD;
-    case Pointwise::sub: return CUDNN_POINTWISE_SUB;
-    case Pointwise::div: return CUDNN_POINTWISE_DIV;
-    case Pointwise::exp: return CUDNN_POINTWISE_EXP;
-    case Pointwise::log: return CUDNN_POINTWISE_LOG;
-    case Pointwise::gen_index: return CUDNN_POINTWISE_GEN_INDEX;
-    case Pointwise::cmp_ge: return CUDNN_POINTWISE_CMP_GE;
-    case Pointwise::binary_select: return CUDNN_POINTWISE_BINARY_SELECT;
-    case Pointwise::identity: return CUDNN_POINTWISE_IDENTITY;
+    case Pointwise::mul:
+      return CUDNN_POINTWISE_MUL;
+    case Pointwise::add:
+      return CUDNN_POINTWISE_ADD;
+    case Pointwise::sub:
+      return CUDNN_POINTWISE_SUB;
+    case Pointwise::div:
+      return CUDNN_POINTWISE_DIV;
+    case Pointwise::exp:
+      return CUDNN_POINTWISE_EXP;
+    case Pointwise::log:
+      return CUDNN_POINTWISE_LOG;
+    case Pointwise::gen_index:
+      return CUDNN_POINTWISE_GEN_INDEX;
+    case Pointwise::cmp_ge:
+      return CUDNN_POINTWISE_CMP_GE;
+    case Pointwise::binary_select:
+      return CUDNN_POINTWISE_BINARY_SELECT;
+    case Pointwise::identity:
+      return CUDNN_POINTWISE_IDENTITY;
   }
   return CUDNN_POINTWISE_IDENTITY;
 }
@@ -321,13 +338,13 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
     if (built != CUDNN_STATUS_SUCCESS) {  // this engine cannot build it: the next (the reason kept for the error)
       char why[256] = {0};
       cudnnGetLastErrorString(why, sizeof why);
-      tried += detail::concat(" #", i, ": ", cudnnGetErrorString(built), why[0] ? std::string(" (") + why + ")" : "",
-                              ";");
+      tried +=
+          detail::concat(" #", i, ": ", cudnnGetErrorString(built), why[0] ? std::string(" (") + why + ")" : "", ";");
       continue;
     }
     i64 ws = 0, n = 0;
-    check(cudnnBackendGetAttribute(candidate->raw(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1,
-                                   &n, &ws),
+    check(cudnnBackendGetAttribute(candidate->raw(), CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE, CUDNN_TYPE_INT64, 1, &n,
+                                   &ws),
           "reading a plan's workspace size");
     if (static_cast<std::size_t>(ws) > workspace_budget) {
       tried += detail::concat(" #", i, ": needs ", ws, " bytes;");
@@ -357,14 +374,14 @@ std::unique_ptr<Plan> build_plan(cudnnHandle_t handle, const Graph& g, std::size
   return plan;
 }
 
-using PlanKey = std::tuple<int, bool, i64, i64, i64, i64, i64, int, double, double, bool, std::vector<i64>>;
+using PlanKey = std::tuple<int, bool, i64, i64, i64, i64, i64, int, double, double, bool, bool, std::vector<i64>>;
 
 PlanKey key_of(int device, bool backward, const sdpa::Problem& p) {
   std::vector<i64> strides;
   for (const sdpa::Strides4* st : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv})
     strides.insert(strides.end(), st->begin(), st->end());
-  return {device,   backward, p.b, p.h, p.s, p.d, sdpa::kv_heads(p), static_cast<int>(p.io), p.scale, p.dropout,
-          p.deterministic, strides};
+  return {device,    backward,        p.b,    p.h,    p.s, p.d, sdpa::kv_heads(p), static_cast<int>(p.io), p.scale,
+          p.dropout, p.deterministic, p.bias, strides};
 }
 
 struct HandleAndPlans {
@@ -457,39 +474,62 @@ int finalize_operations(const sdpa::Graph& graph) { return LoweredGraph(graph).o
 
 namespace {
 kernels::gpu_scratch::CudnnSdpaScratch scratch_of(const sdpa::Problem& p, bool backward) {
-  return kernels::gpu_scratch::cudnn_sdpa_scratch(backward, p.deterministic, p.b * p.h, p.s, p.d);
+  return kernels::gpu_scratch::cudnn_sdpa_scratch(backward, p.deterministic, p.b * p.h, p.s, p.d, p.bias ? p.b : 0);
+}
+
+// The per-document bias in its scratch piece, made on the stream before the
+// graph reads it; its uid and pointer appended to the variant pack's.
+void bind_bias(const sdpa::Problem& p, const kernels::gpu_scratch::CudnnSdpaScratch& pieces, kernels::GpuScratch ws,
+               const std::int64_t* key_starts, cudaStream_t stream, std::vector<i64>& uids,
+               std::vector<void*>& pointers) {
+  MZ_CHECK(p.bias == (key_starts != nullptr), "cuDNN attention: a bias problem needs the key starts, and only it");
+  if (!p.bias) return;
+  void* bias = carve(ws, pieces.bias_offset());
+  document_mask_bias(p.io == sdpa::ElementType::bf16 ? DType::BF16 : DType::F16, key_starts, p.b, p.s, bias, stream);
+  uids.push_back(sdpa::kBias);
+  pointers.push_back(bias);
 }
 }  // namespace
 
 void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, const void* v, void* o, float* stats,
-                        CudnnDropoutKey dropout, kernels::GpuScratch ws, cudaStream_t stream) {
+                        CudnnDropoutKey dropout, kernels::GpuScratch ws, cudaStream_t stream,
+                        const std::int64_t* key_starts) {
   const auto pieces = scratch_of(p, false);
   MZ_CHECK(ws.data != nullptr && ws.bytes >= pieces.total(), "cuDNN attention forward: given ", ws.bytes,
            " bytes of scratch, needs ", pieces.total());
   check_aligned({q, k, v, o, stats}, "cuDNN attention forward");
   cudnnHandle_t handle = nullptr;
   Plan& plan = plan_for(false, p, pieces.engine, stream, &handle);
-  execute(handle, plan, {sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kStats},
-          {const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats}, dropout,
-          static_cast<std::int64_t*>(ws.data), carve(ws, pieces.engine_offset()), stream);
+  std::vector<i64> uids{sdpa::kQ, sdpa::kK, sdpa::kV, sdpa::kO, sdpa::kStats};
+  std::vector<void*> pointers{const_cast<void*>(q), const_cast<void*>(k), const_cast<void*>(v), o, stats};
+  bind_bias(p, pieces, ws, key_starts, stream, uids, pointers);
+  execute(handle, plan, std::move(uids), std::move(pointers), dropout, static_cast<std::int64_t*>(ws.data),
+          carve(ws, pieces.engine_offset()), stream);
 }
 
 void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, const void* v, const void* o,
                          const void* d_o, const float* stats, void* dq, void* dk, void* dv, CudnnDropoutKey dropout,
-                         kernels::GpuScratch ws, cudaStream_t stream) {
+                         kernels::GpuScratch ws, cudaStream_t stream, const std::int64_t* key_starts) {
   const auto pieces = scratch_of(p, true);
   MZ_CHECK(ws.data != nullptr && ws.bytes >= pieces.total(), "cuDNN attention backward: given ", ws.bytes,
            " bytes of scratch, needs ", pieces.total());
   check_aligned({q, k, v, o, d_o, stats, dq, dk, dv}, "cuDNN attention backward");
   cudnnHandle_t handle = nullptr;
   Plan& plan = plan_for(true, p, pieces.engine, stream, &handle);
-  std::vector<i64> uids{sdpa::kQ,  sdpa::kK,  sdpa::kV,  sdpa::kO,  sdpa::kDO,
+  std::vector<i64> uids{sdpa::kQ,     sdpa::kK,  sdpa::kV,  sdpa::kO,  sdpa::kDO,
                         sdpa::kStats, sdpa::kDQ, sdpa::kDK, sdpa::kDV, sdpa::kSoftmaxSum};
-  std::vector<void*> pointers{const_cast<void*>(q),     const_cast<void*>(k), const_cast<void*>(v),
-                              const_cast<void*>(o),     const_cast<void*>(d_o), const_cast<float*>(stats),
-                              dq,                       dk,                   dv,
+  std::vector<void*> pointers{const_cast<void*>(q),
+                              const_cast<void*>(k),
+                              const_cast<void*>(v),
+                              const_cast<void*>(o),
+                              const_cast<void*>(d_o),
+                              const_cast<float*>(stats),
+                              dq,
+                              dk,
+                              dv,
                               carve(ws, pieces.row_sum_offset())};
   if (!p.deterministic) uids.push_back(sdpa::kDQAccum), pointers.push_back(carve(ws, pieces.dq_accum_offset()));
+  bind_bias(p, pieces, ws, key_starts, stream, uids, pointers);
   execute(handle, plan, std::move(uids), std::move(pointers), dropout, static_cast<std::int64_t*>(ws.data),
           carve(ws, pieces.engine_offset()), stream);
 }

@@ -47,11 +47,15 @@ int finalize_operations(const sdpa::Graph& graph);
 // gpu_scratch::cudnn_sdpa_scratch lays out; the plan is chosen among the engine
 // configurations whose workspace fits it (InternalError listing the sizes if
 // none does).
+// key_starts (p.bias): int64 [p.b * p.s] on the device, each row's document
+// start; the bias is made from them in the scratch (cuda::document_mask_bias)
+// before the graph runs.
 void cudnn_sdpa_forward(const sdpa::Problem& p, const void* q, const void* k, const void* v, void* o, float* stats,
-                        CudnnDropoutKey dropout, kernels::GpuScratch ws, cudaStream_t stream);
+                        CudnnDropoutKey dropout, kernels::GpuScratch ws, cudaStream_t stream,
+                        const std::int64_t* key_starts = nullptr);
 void cudnn_sdpa_backward(const sdpa::Problem& p, const void* q, const void* k, const void* v, const void* o,
                          const void* d_o, const float* stats, void* dq, void* dk, void* dv, CudnnDropoutKey dropout,
-                         kernels::GpuScratch ws, cudaStream_t stream);
+                         kernels::GpuScratch ws, cudaStream_t stream, const std::int64_t* key_starts = nullptr);
 
 // Builds (and caches) the plan of `p` in one direction on the current GPU
 // without running it: what the first call would do, done at start-up so a

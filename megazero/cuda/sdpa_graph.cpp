@@ -8,39 +8,60 @@ namespace megazero::cuda::sdpa {
 
 const char* to_string(ElementType t) {
   switch (t) {
-    case ElementType::f32: return "fp32";
-    case ElementType::bf16: return "bf16";
-    case ElementType::f16: return "fp16";
-    case ElementType::i32: return "int32";
-    case ElementType::int64: return "int64";
-    case ElementType::boolean: return "bool";
+    case ElementType::f32:
+      return "fp32";
+    case ElementType::bf16:
+      return "bf16";
+    case ElementType::f16:
+      return "fp16";
+    case ElementType::i32:
+      return "int32";
+    case ElementType::int64:
+      return "int64";
+    case ElementType::boolean:
+      return "bool";
   }
   return "?";
 }
 
 const char* to_string(OpKind k) {
   switch (k) {
-    case OpKind::matmul: return "matmul";
-    case OpKind::pointwise: return "pointwise";
-    case OpKind::reduction: return "reduction";
-    case OpKind::rng: return "rng";
-    case OpKind::reshape: return "reshape";
+    case OpKind::matmul:
+      return "matmul";
+    case OpKind::pointwise:
+      return "pointwise";
+    case OpKind::reduction:
+      return "reduction";
+    case OpKind::rng:
+      return "rng";
+    case OpKind::reshape:
+      return "reshape";
   }
   return "?";
 }
 
 const char* to_string(Pointwise m) {
   switch (m) {
-    case Pointwise::mul: return "mul";
-    case Pointwise::add: return "add";
-    case Pointwise::sub: return "sub";
-    case Pointwise::div: return "div";
-    case Pointwise::exp: return "exp";
-    case Pointwise::log: return "log";
-    case Pointwise::gen_index: return "gen_index";
-    case Pointwise::cmp_ge: return "cmp_ge";
-    case Pointwise::binary_select: return "binary_select";
-    case Pointwise::identity: return "identity";
+    case Pointwise::mul:
+      return "mul";
+    case Pointwise::add:
+      return "add";
+    case Pointwise::sub:
+      return "sub";
+    case Pointwise::div:
+      return "div";
+    case Pointwise::exp:
+      return "exp";
+    case Pointwise::log:
+      return "log";
+    case Pointwise::gen_index:
+      return "gen_index";
+    case Pointwise::cmp_ge:
+      return "cmp_ge";
+    case Pointwise::binary_select:
+      return "binary_select";
+    case Pointwise::identity:
+      return "identity";
   }
   return "?";
 }
@@ -71,16 +92,19 @@ std::vector<i64> Graph::io_uids() const {
 i64 kv_heads(const Problem& p) { return p.hk > 0 ? p.hk : p.h; }
 
 void validate(const Problem& p) {
-  MZ_REQUIRE(p.b > 0 && p.h > 0 && p.s > 0 && p.d > 0, "cuDNN attention: empty problem b=", p.b, " h=", p.h,
-             " s=", p.s, " d=", p.d);
-  MZ_REQUIRE(p.d % 8 == 0 && p.d <= 128, "cuDNN attention needs a head size that is a multiple of 8 and at most 128 "
-             "(got ", p.d, "); use --attention-backend unfused");
-  MZ_REQUIRE(p.io == ElementType::bf16 || p.io == ElementType::f16,
-             "cuDNN attention runs on bf16/fp16 tensors (got ", to_string(p.io), "); use --bf16 or --fp16, or "
+  MZ_REQUIRE(p.b > 0 && p.h > 0 && p.s > 0 && p.d > 0, "cuDNN attention: empty problem b=", p.b, " h=", p.h, " s=", p.s,
+             " d=", p.d);
+  MZ_REQUIRE(p.d % 8 == 0 && p.d <= 128,
+             "cuDNN attention needs a head size that is a multiple of 8 and at most 128 "
+             "(got ",
+             p.d, "); use --attention-backend unfused");
+  MZ_REQUIRE(p.io == ElementType::bf16 || p.io == ElementType::f16, "cuDNN attention runs on bf16/fp16 tensors (got ",
+             to_string(p.io),
+             "); use --bf16 or --fp16, or "
              "--attention-backend unfused");
   MZ_REQUIRE(p.dropout >= 0.0 && p.dropout < 1.0, "attention dropout must be in [0, 1), got ", p.dropout);
-  MZ_REQUIRE(p.hk >= 0 && p.h % kv_heads(p) == 0, "cuDNN attention: ", kv_heads(p),
-             " key/value heads do not divide ", p.h, " query heads");
+  MZ_REQUIRE(p.hk >= 0 && p.h % kv_heads(p) == 0, "cuDNN attention: ", kv_heads(p), " key/value heads do not divide ",
+             p.h, " query heads");
   for (const Strides4* st : {&p.q, &p.k, &p.v, &p.o, &p.d_o, &p.dq, &p.dk, &p.dv})
     MZ_CHECK((*st)[3] == 1, "cuDNN attention tensors need unit stride in the head dimension");
 }
@@ -192,12 +216,18 @@ class Builder {
     op(OpKind::rng, "rng", {seed, offset}, mask).keep_probability = 1.0 - p_.dropout;
     return mask;
   }
-  // causal(scale * Q K^T): the scores with entries above the diagonal at -inf.
+  // causal(scale * Q K^T [+ Bias]): the scores with entries above the diagonal at -inf.
   i64 masked_scores() {
     const i64 s = scores("q_kt");
     matmul("matmul_q_kt", kQ, kK, s);
-    const i64 scaled = scores("scaled_scores");
+    i64 scaled = scores("scaled_scores");
     pw("mul_scale", Pointwise::mul, {s, attn_scale()}, scaled);
+    if (p_.bias) {  // the frontend's bias: after the scale, before the masks
+      io(kBias, "Bias", {p_.s * p_.s, p_.s * p_.s, p_.s, 1}, {p_.b, 1, p_.s, p_.s}, p_.io);
+      const i64 biased = scores("biased_scores");
+      pw("add_bias", Pointwise::add, {scaled, kBias}, biased);
+      scaled = biased;
+    }
     const i64 row = scores("row_index", ElementType::i32), col = scores("col_index", ElementType::i32);
     pw("gen_row_index", Pointwise::gen_index, {scaled}, row, 2);
     pw("gen_col_index", Pointwise::gen_index, {scaled}, col, 3);

@@ -11,6 +11,7 @@
 // cuDNN 9.x): forward  O = dropout(softmax(causal(scale * Q K^T))) V  with the
 // row statistics Stats = max + log(sum exp) saved for backward; backward
 // recomputes P = exp(causal(scale * Q K^T) - Stats) and produces dQ, dK, dV
+// (with Problem::bias, scale * Q K^T + Bias in both)
 // through a row-sum workspace (SoftmaxSum = rowsum(dO * O) * (1 - p)).
 //
 // Q, K, V, O, dO, dQ, dK, dV are 4-D [b, h, s, d] (K, V, dK, dV with hk heads)
@@ -38,15 +39,16 @@ enum Uid : i64 {
   kK = 2,
   kV = 3,
   kO = 4,
-  kStats = 5,       // fp32 [b, h, s, 1]: max + log(sum exp) per row (natural log)
-  kSeed = 6,        // int64 [1, 1, 1, 1] in device memory (dropout only)
-  kOffset = 7,      // int64 [1, 1, 1, 1] in device memory (dropout only)
+  kStats = 5,   // fp32 [b, h, s, 1]: max + log(sum exp) per row (natural log)
+  kSeed = 6,    // int64 [1, 1, 1, 1] in device memory (dropout only)
+  kOffset = 7,  // int64 [1, 1, 1, 1] in device memory (dropout only)
   kDO = 8,
   kDQ = 9,
   kDK = 10,
   kDV = 11,
-  kSoftmaxSum = 12, // fp32 [b, h, s, 1] backward workspace
-  kDQAccum = 13,    // fp32 [b, h, s, d] backward workspace (not deterministic)
+  kSoftmaxSum = 12,  // fp32 [b, h, s, 1] backward workspace
+  kDQAccum = 13,     // fp32 [b, h, s, d] backward workspace (not deterministic)
+  kBias = 14,        // io-type [b, 1, s, s] contiguous (Problem::bias only)
   kFirstInternal = 100,
 };
 
@@ -59,6 +61,12 @@ struct Problem {
   ElementType io = ElementType::bf16;  // Q, K, V, O, dO, dQ, dK, dV
   double scale = 1.0;                  // applied to Q K^T
   double dropout = 0.0;                // probability of dropping; 0: no RNG in the graph
+  // Per-document masks (--reset-attention-mask): an additive bias [b, 1, s, s]
+  // (0 where a key is visible, a large finite negative where it is not;
+  // cuda::document_mask_bias) added to the scaled scores before the causal
+  // mask, in forward and in backward's recomputed scores, as the cuDNN
+  // frontend places its bias. No bias gradient.
+  bool bias = false;
   // Backward: false (cuDNN's default) accumulates dQ in an fp32 tensor we
   // own (kDQAccum, then cast into dQ), which the engines fill with atomics:
   // the last bits may differ from run to run. true writes dQ directly, the
@@ -96,7 +104,7 @@ struct GraphOp {
   std::string name;
   Pointwise pointwise = Pointwise::mul;
   Reduction reduction = Reduction::add;
-  i64 axis = 0;                 // gen_index: the dimension whose index is produced
+  i64 axis = 0;  // gen_index: the dimension whose index is produced
   // pointwise: the precision it computes in (fp32, but a comparison is
   // boolean, as the cuDNN frontend describes its causal mask).
   ElementType compute = ElementType::f32;

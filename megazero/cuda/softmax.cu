@@ -145,7 +145,33 @@ bool with_warp_width(i64 n, Launch&& launch) {
   }
 }
 
+// ---------------------------------------------------------------- document masks as a bias
+
+template <typename S>
+__global__ void document_mask_bias_kernel(const std::int64_t* starts, i64 rows, i64 s, float masked, S* bias) {
+  const i64 n = rows * s;
+  for (i64 e = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; e < n;
+       e += static_cast<i64>(gridDim.x) * blockDim.x) {
+    const i64 row = e / s, j = e - row * s;  // row = b * s + i
+    bias[e] = st<S>(j >= first_key(starts, s, row, row % s, s) ? 0.f : masked);
+  }
+}
+
 }  // namespace
+
+// fp16's lowest finite value; -1e9 for the wider types (the frontend's tests' value).
+float document_mask_bias_value(DType t) { return t == DType::F16 ? -65504.f : -1e9f; }
+
+void document_mask_bias(DType t, const std::int64_t* key_starts, i64 samples, i64 s, void* bias, cudaStream_t st) {
+  if (samples * s == 0) return;
+  const float masked = document_mask_bias_value(t);
+  with_storage(t, [&](auto tag) {
+    using S = decltype(tag);
+    document_mask_bias_kernel<S>
+        <<<blocks_for(samples * s * s), kThreads, 0, st>>>(key_starts, samples * s, s, masked, static_cast<S*>(bias));
+  });
+  check_launch("document_mask_bias");
+}
 
 void causal_softmax_forward(DType t, const void* scores, double scale, void* probs, i64 mats, i64 sq, i64 n,
                             cudaStream_t s, const std::int64_t* key_starts, i64 rows_per_sample) {

@@ -24,9 +24,8 @@ void check_view(const char* op, const char* name, const Tensor& t, const Tensor&
                 std::int64_t heads) {
   MZ_CHECK(t.defined(), op, ": ", name, " is undefined");
   MZ_CHECK(t.dtype() == ref.dtype(), op, ": ", name, " must be ", dtype_name(ref.dtype()), ", got ", t.to_string());
-  MZ_CHECK(t.dim() == 4 && t.size(0) == dm.b && t.size(1) == heads && t.size(2) == dm.s && t.size(3) == dm.d, op,
-           ": ", name, " has shape ", shape_str(t.shape()), ", expected (", dm.b, ", ", heads, ", ", dm.s, ", ", dm.d,
-           ")");
+  MZ_CHECK(t.dim() == 4 && t.size(0) == dm.b && t.size(1) == heads && t.size(2) == dm.s && t.size(3) == dm.d, op, ": ",
+           name, " has shape ", shape_str(t.shape()), ", expected (", dm.b, ", ", heads, ", ", dm.s, ", ", dm.d, ")");
   MZ_CHECK(t.strides()[3] == 1, op, ": ", name, " needs unit stride in the head dimension, got strides ",
            shape_str(t.strides()));
   MZ_CHECK(t.device().kind() == ref.device().kind() && t.device().index() == ref.device().index(), op, ": ", name,
@@ -36,8 +35,8 @@ void check_view(const char* op, const char* name, const Tensor& t, const Tensor&
 // CUDA, or the meta device standing in for it; everything else runs the
 // host reference below.
 bool runs_on_gpu(const Tensor& t) {
-  const DeviceKind kind = t.device().kind() == DeviceKind::Meta ? static_cast<MetaDevice&>(t.device()).kernels()
-                                                                : t.device().kind();
+  const DeviceKind kind =
+      t.device().kind() == DeviceKind::Meta ? static_cast<MetaDevice&>(t.device()).kernels() : t.device().kind();
   return kind == DeviceKind::CUDA;
 }
 
@@ -93,6 +92,15 @@ Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& k, const Te
   return dm;
 }
 
+// key_starts: int64 [b * s] on q's device, or undefined; the samples of a bias (0: none).
+std::int64_t check_key_starts(const char* op, const Tensor& q, const Tensor& key_starts, const Dims4& dm) {
+  if (!key_starts.defined()) return 0;
+  check_operand(op, "key_starts", key_starts, q, DType::I64);
+  MZ_CHECK(key_starts.is_contiguous() && key_starts.numel() == dm.b * dm.s, op, ": key_starts must be [", dm.b * dm.s,
+           "] (samples x S), got ", key_starts.to_string());
+  return dm.b;
+}
+
 #ifdef MEGAZERO_WITH_CUDA
 cuda::sdpa::Strides4 strides_of(const Tensor& t) {
   return {t.strides()[0], t.strides()[1], t.strides()[2], t.strides()[3]};
@@ -101,8 +109,9 @@ cuda::sdpa::Strides4 strides_of(const Tensor& t) {
 // The forward's problem; its backward fields repeat O's, so the forward plan's
 // key does not depend on what the backward will pass.
 cuda::sdpa::Problem forward_problem(const Dims4& dm, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Tensor& out, double scale, double p) {
+                                    const Tensor& out, double scale, double p, bool bias) {
   cuda::sdpa::Problem pr;
+  pr.bias = bias;
   pr.b = dm.b;
   pr.h = dm.h;
   pr.s = dm.s;
@@ -128,8 +137,7 @@ cuda::sdpa::Problem backward_problem(cuda::sdpa::Problem pr, const Tensor& dout,
 // PV; backward S again, dP, dV, dK, dQ).
 void log_work(const Tensor& q, const Dims4& dm, int products) {
   auto& meta = static_cast<MetaDevice&>(q.device());
-  for (int i = 0; i < products; ++i)
-    meta.compute_log().add_gemm({dm.s, (dm.s + 1) / 2, dm.d, dm.b * dm.h, q.dtype()});
+  for (int i = 0; i < products; ++i) meta.compute_log().add_gemm({dm.s, (dm.s + 1) / 2, dm.d, dm.b * dm.h, q.dtype()});
 }
 
 }  // namespace
@@ -145,23 +153,28 @@ std::string cudnn_attention_unsupported(DeviceKind device, DType dtype, std::int
   if (dtype != DType::BF16 && dtype != DType::F16)
     return "--attention-backend cudnn takes bf16 or fp16 activations (--bf16 or --fp16)";
   if (head_dim > 128 || head_dim % 8 != 0)
-    return ::megazero::detail::concat("--attention-backend cudnn takes head sizes that are multiples of 8 up to 128, "
-                                      "not ",
-                                      head_dim, "; use --attention-backend unfused");
+    return ::megazero::detail::concat(
+        "--attention-backend cudnn takes head sizes that are multiples of 8 up to 128, "
+        "not ",
+        head_dim, "; use --attention-backend unfused");
   return {};
 }
 
 void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
-                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse) {
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse,
+                             const Tensor& key_starts) {
   const char* op = "cudnn_attention_forward";
   const Dims4 dm = check_arguments(op, q, k, lse, p, {{"out", &out}}, {{"k", &k}, {"v", &v}});
-  const Tensor ws =
-      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_scratch(false, false, dm.b * dm.h, dm.s, dm.d).total(),
-                           "cuDNN attention");
+  const std::int64_t bias_samples = check_key_starts(op, q, key_starts, dm);
+  const Tensor ws = allocate_gpu_scratch(
+      q, gpu_scratch::cudnn_sdpa_scratch(false, false, dm.b * dm.h, dm.s, dm.d, bias_samples).total(),
+      "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
   if (q.device().kind() == DeviceKind::CUDA) {
-    cuda::cudnn_sdpa_forward(forward_problem(dm, q, k, v, out, scale, p), q.data(), k.data(), v.data(), out.data(), ptr<float>(lse),
-                             cuda::cudnn_dropout_seed(key, layout), scratch_of(ws), stream_of(q));
+    cuda::cudnn_sdpa_forward(forward_problem(dm, q, k, v, out, scale, p, bias_samples > 0), q.data(), k.data(),
+                             v.data(), out.data(), ptr<float>(lse), cuda::cudnn_dropout_seed(key, layout),
+                             scratch_of(ws), stream_of(q),
+                             bias_samples > 0 ? ptr<const std::int64_t>(key_starts) : nullptr);
     return;
   }
 #endif
@@ -171,25 +184,28 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
   }
   Tensor o = Tensor::empty(out.device_ptr(), {dm.b * dm.h, dm.s, dm.d}, out.dtype(), MemoryCategory::Workspace,
                            "cudnn reference output");
-  fused_attention_forward(contiguous_heads(q), contiguous_heads(k), contiguous_heads(v), scale, p, key, layout, o, lse);
+  fused_attention_forward(contiguous_heads(q), contiguous_heads(k), contiguous_heads(v), scale, p, key, layout, o, lse,
+                          key_starts);
   out.copy_from(o.view(out.shape()));
 }
 
 void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
-                              bool deterministic, Tensor& dq, Tensor& dk, Tensor& dv) {
+                              bool deterministic, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& key_starts) {
   const char* op = "cudnn_attention_backward";
   const Dims4 dm = check_arguments(op, q, k, lse, p, {{"out", &out}, {"dout", &dout}, {"dq", &dq}},
                                    {{"k", &k}, {"v", &v}, {"dk", &dk}, {"dv", &dv}});
-  const Tensor ws =
-      allocate_gpu_scratch(q, gpu_scratch::cudnn_sdpa_scratch(true, deterministic, dm.b * dm.h, dm.s, dm.d).total(),
-                           "cuDNN attention");
+  const std::int64_t bias_samples = check_key_starts(op, q, key_starts, dm);
+  const Tensor ws = allocate_gpu_scratch(
+      q, gpu_scratch::cudnn_sdpa_scratch(true, deterministic, dm.b * dm.h, dm.s, dm.d, bias_samples).total(),
+      "cuDNN attention");
 #ifdef MEGAZERO_WITH_CUDA
   if (q.device().kind() == DeviceKind::CUDA) {
-    const auto pr = backward_problem(forward_problem(dm, q, k, v, out, scale, p), dout, dq, dk, dv, deterministic);
+    const auto pr = backward_problem(forward_problem(dm, q, k, v, out, scale, p, bias_samples > 0), dout, dq, dk, dv,
+                                     deterministic);
     cuda::cudnn_sdpa_backward(pr, q.data(), k.data(), v.data(), out.data(), dout.data(), ptr<float>(lse), dq.data(),
-                              dk.data(), dv.data(), cuda::cudnn_dropout_seed(key, layout), scratch_of(ws),
-                              stream_of(q));
+                              dk.data(), dv.data(), cuda::cudnn_dropout_seed(key, layout), scratch_of(ws), stream_of(q),
+                              bias_samples > 0 ? ptr<const std::int64_t>(key_starts) : nullptr);
     return;
   }
 #endif
@@ -202,7 +218,7 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
   Tensor gk = Tensor::empty(q.device_ptr(), heads, q.dtype(), MemoryCategory::Workspace, "cudnn reference dk");
   Tensor gv = Tensor::empty(q.device_ptr(), heads, q.dtype(), MemoryCategory::Workspace, "cudnn reference dv");
   fused_attention_backward(contiguous_heads(q), contiguous_heads(k), contiguous_heads(v), contiguous_heads(out),
-                           contiguous_heads(dout), lse, scale, p, key, layout, gq, gk, gv);
+                           contiguous_heads(dout), lse, scale, p, key, layout, gq, gk, gv, key_starts);
   dq.copy_from(gq.view(dq.shape()));
   sum_groups_into(gk, dm, dk);  // fused_attention_backward gives dk, dv per query head
   sum_groups_into(gv, dm, dv);
@@ -210,24 +226,23 @@ void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v,
 
 std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                    double scale, double p, bool deterministic) {
+                                    double scale, double p, bool deterministic, bool documents) {
   if (gpu.kind() != DeviceKind::CUDA) return {};
 #ifdef MEGAZERO_WITH_CUDA
   const Dims4 dm{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1)};
   const std::string why = cudnn_attention_unsupported(DeviceKind::CUDA, q.dtype(), dm.d);
   MZ_REQUIRE(why.empty(), why);
-  const cuda::sdpa::Problem pr = forward_problem(dm, q, k, v, out, scale, p);
+  const cuda::sdpa::Problem pr = forward_problem(dm, q, k, v, out, scale, p, documents);
   const cudaStream_t stream = as_cuda_device(gpu).stream();
   const std::string fwd = cuda::cudnn_sdpa_prepare(pr, false, stream);
-  const std::string bwd =
-      cuda::cudnn_sdpa_prepare(backward_problem(pr, dout, dq, dk, dv, deterministic), true, stream);
+  const std::string bwd = cuda::cudnn_sdpa_prepare(backward_problem(pr, dout, dq, dk, dv, deterministic), true, stream);
   return ::megazero::detail::concat("cuDNN attention ", dm.b, "x", dm.h, "x", dm.s, "x", dm.d, " ",
-                                    dtype_name(q.dtype()), ", dropout ", p, ": forward ", fwd, "; backward",
-                                    deterministic ? " (deterministic) " : " ", bwd,
+                                    dtype_name(q.dtype()), ", dropout ", p, documents ? ", document masks" : "",
+                                    ": forward ", fwd, "; backward", deterministic ? " (deterministic) " : " ", bwd,
                                     " (", cuda::cudnn_versions(), ")");
 #else
   (void)q, (void)k, (void)v, (void)out, (void)dout, (void)dq, (void)dk, (void)dv, (void)scale, (void)p;
-  (void)deterministic;
+  (void)deterministic, (void)documents;
   return {};
 #endif
 }

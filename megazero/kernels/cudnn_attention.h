@@ -25,8 +25,12 @@
 
 namespace megazero::kernels {
 
+// key_starts (--reset-attention-mask): fused_attention.h's per-document masks,
+// int64 [samples * S] on q's device; cuDNN gets them as an additive bias
+// [samples, 1, S, S] made in its scratch (cuda::document_mask_bias).
 void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, double p,
-                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse);
+                             const RngKey& key, const DropoutLayout& layout, Tensor& out, Tensor& lse,
+                             const Tensor& key_starts = Tensor());
 
 // deterministic: cuDNN's deterministic backward (dQ written directly; a
 // [samples*heads, S, S] 16-bit workspace); otherwise its default, which
@@ -34,16 +38,18 @@ void cudnn_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, 
 // The host reference is deterministic either way.
 void cudnn_attention_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                               const Tensor& lse, double scale, double p, const RngKey& key, const DropoutLayout& layout,
-                              bool deterministic, Tensor& dq, Tensor& dk, Tensor& dv);
+                              bool deterministic, Tensor& dq, Tensor& dk, Tensor& dv,
+                              const Tensor& key_starts = Tensor());
 
 // Builds cuDNN's forward and backward plans for operands shaped and strided
 // like these (views on any device — the meta device will do: only shapes and
 // strides are read) on `gpu`, so that a graph cuDNN cannot run is refused at
 // start-up (ConfigError naming the flag) and the first step does not plan.
-// Returns a line for the log; empty when `gpu` is not a CUDA device.
+// documents: the plans with the per-document bias. Returns a line for the
+// log; empty when `gpu` is not a CUDA device.
 std::string cudnn_attention_prepare(Device& gpu, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                                     const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                    double scale, double p, bool deterministic);
+                                    double scale, double p, bool deterministic, bool documents = false);
 
 // Empty when --attention-backend cudnn can run tensors of `dtype` on `device`
 // with this head size; otherwise the reason, naming the flags.

@@ -201,8 +201,9 @@ inline std::size_t sum_of_squares_bytes(i64 ranges) {
 inline std::size_t flash_backward_bytes(i64 bh, i64 seq) { return static_cast<std::size_t>(bh * seq) * sizeof(float); }
 
 // cuDNN's fused attention (megazero/cuda/cudnn_sdpa.cpp), pieces in this
-// order, each 256-byte aligned: the dropout seed and offset (two int64), then
-// for the backward the fp32 row sums [bh, seq] and (not deterministic) the fp32
+// order, each 256-byte aligned: the dropout seed and offset (two int64), with
+// per-document masks their 16-bit bias [samples, 1, seq, seq], then for the
+// backward the fp32 row sums [bh, seq] and (not deterministic) the fp32
 // dQ accumulator [bh, seq, hd] — graph tensors we own — then cuDNN's own
 // workspace, budgeted here so the planner and the arena count it: 32 MiB, plus
 // for the deterministic backward its 16-bit dP [bh, seq, seq] (sequence
@@ -210,15 +211,19 @@ inline std::size_t flash_backward_bytes(i64 bh, i64 seq) { return static_cast<st
 // workspace fits the budget.
 constexpr std::size_t kCudnnEngineSlackBytes = std::size_t{32} << 20;
 struct CudnnSdpaScratch {
-  std::size_t rng = 256, row_sum = 0, dq_accum = 0, engine = 0;
-  std::size_t row_sum_offset() const { return rng; }
-  std::size_t dq_accum_offset() const { return rng + row_sum; }
-  std::size_t engine_offset() const { return rng + row_sum + dq_accum; }
+  std::size_t rng = 256, bias = 0, row_sum = 0, dq_accum = 0, engine = 0;
+  std::size_t bias_offset() const { return rng; }
+  std::size_t row_sum_offset() const { return rng + bias; }
+  std::size_t dq_accum_offset() const { return rng + bias + row_sum; }
+  std::size_t engine_offset() const { return rng + bias + row_sum + dq_accum; }
   std::size_t total() const { return engine_offset() + engine; }
 };
-inline CudnnSdpaScratch cudnn_sdpa_scratch(bool backward, bool deterministic, i64 bh, i64 seq, i64 head_dim) {
+// bias_samples: the samples of a per-document mask bias, 0 for none.
+inline CudnnSdpaScratch cudnn_sdpa_scratch(bool backward, bool deterministic, i64 bh, i64 seq, i64 head_dim,
+                                           i64 bias_samples = 0) {
   CudnnSdpaScratch s;
   const auto bytes = [](i64 n, std::size_t each) { return detail::aligned(static_cast<std::size_t>(n) * each); };
+  if (bias_samples > 0) s.bias = bytes(bias_samples * seq * seq, 2);
   if (backward) {
     s.row_sum = bytes(bh * seq, sizeof(float));
     if (!deterministic) s.dq_accum = bytes(bh * seq * head_dim, sizeof(float));

@@ -271,7 +271,7 @@ void define(OptionTable& t, TrainArgs& a) {
          "sample is positioned as if alone");
   t.flag(D, "reset-attention-mask", &a.reset_attention_mask,
          "tokens attend only to earlier tokens of their own document (Megatron's; the end-of-document token ends "
-         "it): --attention-backend fused or unfused");
+         "it)");
   t.add(G, "deepspeed-config", &a.deepspeed_config,
         "a DeepSpeed configuration (ds_config.json): its batch sizes, precision, zero_optimization, "
         "activation_checkpointing (ZeRO-R), optimizer and scheduler become these flags (docs/DEEPSPEED.md)");
@@ -906,9 +906,6 @@ void TrainArgs::validate() const {
                "--vocab-size ", model.vocab_size, ": the end-of-document token of the data's tokenizer is needed ",
                "(GPT-2 BPE: 50256 with --vocab-size 50257)");
   }
-  MZ_REQUIRE(!reset_attention_mask || model.attention_backend != "cudnn",
-             "--reset-attention-mask runs on --attention-backend fused or unfused (Megatron's local): the cudnn "
-             "attention masks causally over the whole sequence, not per document; use --attention-backend fused");
   if (!rampup_batch_size.empty()) {
     MZ_REQUIRE(global_batch_size > 0,
                "--rampup-batch-size ramps the batch up to --global-batch-size: set it (e.g. --global-batch-size 1536)");

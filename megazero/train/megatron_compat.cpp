@@ -392,14 +392,16 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   // docs/PERFORMANCE.md), else our fused kernel.
   const bool cudnn = a.device == "cuda" && a.model.num_attention_heads > 0 &&  // bad heads: validate() says so
                      kernels::cudnn_attention_unsupported(DeviceKind::CUDA, a.dtype(), a.model.head_dim()).empty();
-  // Per-document masks run on our fused kernel, not cuDNN's (arguments.cpp
-  // refuses cudnn): Megatron's choice of the fast backend becomes it, noted.
+  // Per-document masks: cuDNN's attention takes them as an additive bias
+  // that no GPU has run yet (docs/gpu-runs/NEXT_LEASE.md), so Megatron's
+  // choice of the fast backend is our fused kernel there, noted;
+  // --attention-backend cudnn asks for cuDNN's.
   const char* fast = cudnn && !a.reset_attention_mask ? "cudnn" : "fused";
   if (cudnn && a.reset_attention_mask &&
       (value("use-flash-attn") || a.model.attention_backend == "auto" || a.model.attention_backend == "flash"))
     a.notes.push_back(
-        "--reset-attention-mask: the attention is megazero's fused kernel (--attention-backend fused), "
-        "which masks per document; cuDNN's does not");
+        "--reset-attention-mask: the attention is megazero's fused kernel (--attention-backend fused); "
+        "cuDNN's with the documents as an additive bias is --attention-backend cudnn (not yet timed)");
   // Megatron's other --attention-backend values: auto (its choice of the
   // fastest) and flash are the fast fused attention; local is its own
   // unfused attention.

@@ -342,6 +342,9 @@ void Trainer::Impl::build() {
     layers::StepInfo shape;
     shape.micro_batch = args.micro_batch_size;
     shape.seq = S;
+    if (args.reset_attention_mask)  // the plans with the documents' bias (only its shape is read)
+      shape.key_starts = Tensor::empty(make_meta_device(DeviceKind::CUDA), {args.micro_batch_size * S}, DType::I64,
+                                       MemoryCategory::Other);
     const auto started = std::chrono::steady_clock::now();
     std::vector<std::string> lines;
     run_consistently(world, [&] {

@@ -663,10 +663,6 @@ def cases():
          " --data-path {DATA} --reset-position-ids"),
         ("reset-attention-mask-no-token", E2, "--reset-attention-mask needs the end-of-document token",
          " --data-path {DATA} --reset-attention-mask"),
-        ("reset-attention-mask-cudnn", E2, "--reset-attention-mask runs on --attention-backend fused or unfused "
-         "\\(Megatron's local\\): the cudnn attention masks causally over the whole sequence, not per document; use "
-         "--attention-backend fused", " --data-path {DATA} --tokenizer-type GPT2BPETokenizer --reset-attention-mask "
-         "--attention-backend cudnn"),
     ]
     for name, code, regex, args in datacases:
         # (--vocab-size 256 for the last case replaces the base's 50257: a repeated flag is its own error.)

@@ -207,6 +207,21 @@ void softmax_documents(DType t, i64 samples, i64 heads, i64 n, std::mt19937& rng
   cuda::causal_softmax_backward(t, ddp.ptr(), dpp.ptr(), scale, dds.ptr(), mats, n, nullptr, kp, heads * n);
   expect_close(values(get(dds, dscores)), values(dscores), 4 * ulp(t), 1e-6 * largest(dscores),
                "causal_softmax_backward, per-document masks");
+  // The same masks as cuDNN's additive bias [samples, 1, n, n]: 0 from the
+  // row's document start on, a large negative (rounded to t) before it.
+  const Tensor bias_like = Tensor::empty(cpu(), {samples, 1, n, n}, t, MemoryCategory::Other);
+  const auto db = poisoned(bias_like);
+  cuda::document_mask_bias(t, kp, samples, n, db.ptr(), nullptr);
+  const std::vector<double> got_bias = values(get(db, bias_like));
+  const double masked = values(tensor_of({1}, {cuda::document_mask_bias_value(t)}, t))[0];
+  int wrong = masked < -6e4 && std::isfinite(masked) ? 0 : 1;  // finite (cuDNN's advice) and far below any score
+  for (i64 b = 0; b < samples; ++b)
+    for (i64 i = 0; i < n; ++i)
+      for (i64 j = 0; j < n; ++j) {
+        const double want = j >= starts[static_cast<std::size_t>(b * n + i)] ? 0.0 : masked;
+        wrong += got_bias[static_cast<std::size_t>((b * n + i) * n + j)] != want;
+      }
+  expect_close({static_cast<double>(wrong)}, {0.0}, 0, 0, "document_mask_bias: wrong elements");
 }
 
 // ------------------------------------------------------------ cross-entropy

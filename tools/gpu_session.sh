@@ -60,6 +60,11 @@
 #            communication the prefetch leaves; recompute
 #            with and without Pa+cpu; last, tests/cli/shm_backend_e2e.sh on cuda (4 ranks: shm's
 #            losses are MPI's).
+#   documents - --reset-position-ids --reset-attention-mask on the 355M model over the bundled corpus
+#            (GPT-2 BPE, ~890-token documents: one or two a 1024-token sample), bf16, dropout 0: the
+#            unfused, fused and cudnn (its additive bias) attentions must agree on the loss to
+#            rounding; their step times, against cudnn without the masks, decide which backend
+#            Megatron's auto picks with them
 #   offload - ZeRO-Offload (--optimizer-cpu-offload) on the 355M model, one GPU: step, optimizer
 #            timer and peak memory with the state on the device and in host memory (same losses),
 #            then the host's AdamW alone (bench_kernels --device cpu)
@@ -345,6 +350,21 @@ for phase in "$@"; do
         done
       } > "$out/train.txt" 2>&1
       grep -E "^==|iteration +(10|20|30)/|error" "$out/train.txt" | tail -20
+      ;;
+    documents)
+      {
+        for a in "cudnn" "unfused --reset-position-ids --reset-attention-mask" \
+                 "fused --reset-position-ids --reset-attention-mask" "cudnn --reset-position-ids --reset-attention-mask"; do
+          echo "== 355M bf16 corpus attention $a"
+          mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+            --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
+            --bf16 --data-path data/corpus/kjv_text_document --tokenizer-type GPT2BPETokenizer --vocab-size 50257 \
+            --train-iters 30 --log-interval 10 --eval-iters 0 --lr 1e-4 --attention-dropout 0.0 --hidden-dropout 0.0 \
+            --seed 5 --attention-backend $a
+          echo "== exit $?"
+        done
+      } > "$out/documents.txt" 2>&1
+      grep -E "^==|iteration +(10|20|30)/|documents:|error" "$out/documents.txt" | tail -30
       ;;
     offload)
       {

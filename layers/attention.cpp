@@ -25,7 +25,27 @@ ParallelSelfAttention::ParallelSelfAttention(ParameterSet& params, const std::st
       qkv_(params, name + ".qkv", cfg.hidden_size, (cfg.num_attention_heads + 2 * cfg.query_groups()) * cfg.head_dim(),
            cfg.add_bias_linear, false, ctx, cfg.init_method_std),
       dense_(params, name + ".dense", cfg.hidden_size, cfg.hidden_size, cfg.add_bias_linear, ctx,
-             cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {}
+             cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {
+  if (cfg.qk_layernorm) {
+    // A rank normalises only its heads' rows, so its gradients of the shared
+    // weights are a share: the norms sum them over the TP group as they do
+    // under sequence parallelism (NormGradients).
+    TpContext shared = ctx;
+    shared.sequence_parallel = ctx.size() > 1;
+    q_norm_ = make_normalization(params, name + ".q_layernorm", cfg, shared, head_dim_);
+    k_norm_ = make_normalization(params, name + ".k_layernorm", cfg, shared, head_dim_);
+  }
+}
+
+Tensor ParallelSelfAttention::norm_heads(Normalization* norm, const Tensor& x) {
+  if (!norm) return x;
+  return norm->forward(x.view({x.numel() / head_dim_, head_dim_})).view(x.shape());
+}
+
+Tensor ParallelSelfAttention::norm_heads_backward(Normalization* norm, const Tensor& dy) {
+  if (!norm) return dy;
+  return norm->backward(dy.view({dy.numel() / head_dim_, head_dim_})).view(dy.shape());
+}
 
 Tensor ParallelSelfAttention::split_heads(const Tensor& qkv, int which) const {
   const std::int64_t B = step_.micro_batch, S = step_.seq, G = local_groups_, P = per_group_;
@@ -85,8 +105,8 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
     k_ = group_view(qkv, 1);
     v_ = group_view(qkv, 2);
   } else {
-    q_ = split_heads(qkv, 0);
-    k_ = split_heads(qkv, 1);
+    q_ = norm_heads(q_norm_.get(), split_heads(qkv, 0));
+    k_ = norm_heads(k_norm_.get(), split_heads(qkv, 1));
     v_ = split_heads(qkv, 2);
     if (cfg_.rope()) {
       kernels::rope_forward(q_, cfg_.rotary_base, q_, 0, step.positions);
@@ -118,8 +138,10 @@ Tensor ParallelSelfAttention::forward_cached(const Tensor& x, KvCache& cache, bo
   MZ_CHECK(L <= cache.capacity && layer_ < static_cast<int>(cache.keys.size()), "key/value cache of ", cache.capacity,
            " positions for ", L, " (layer ", layer_, " of ", cache.keys.size(), ")");
   Tensor qkv = qkv_.forward(x);
-  Tensor q = split_heads(qkv, 0), k = split_heads(qkv, 1), v = split_heads(qkv, 2);
+  Tensor q = norm_heads(q_norm_.get(), split_heads(qkv, 0)), k = norm_heads(k_norm_.get(), split_heads(qkv, 1)),
+         v = split_heads(qkv, 2);
   qkv = Tensor();
+  if (q_norm_) q_norm_->release(), k_norm_->release();  // evaluation: nothing kept for a backward
   if (cfg_.rope()) {
     kernels::rope_forward(q, cfg_.rotary_base, q, L0);
     kernels::rope_forward(k, cfg_.rotary_base, k, L0);
@@ -202,7 +224,7 @@ Tensor ParallelSelfAttention::context_view(const Tensor& rows) const {
 // copies). Otherwise (RoPE rotates q and k; with groups q's heads are not
 // evenly spaced) forward makes copies as for the other backends and frees the
 // QKV output: the same bytes kept either way.
-bool ParallelSelfAttention::cudnn_in_place() const { return per_group_ == 1 && !cfg_.rope(); }
+bool ParallelSelfAttention::cudnn_in_place() const { return per_group_ == 1 && !cfg_.rope() && !cfg_.qk_layernorm; }
 
 Tensor ParallelSelfAttention::forward_cudnn(double p, const RngKey& key) {
   const std::int64_t B = step_.micro_batch, S = step_.seq, H = local_heads_, G = local_groups_;
@@ -236,7 +258,7 @@ Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, co
   }
   Tensor rq = ctx_.activation({B * H, S, head_dim_});
   Tensor rq4 = rq.view({B, H, S, head_dim_});
-  if (!cfg_.rope()) {
+  if (!cfg_.rope() && !cfg_.qk_layernorm) {
     kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
                                       cfg_.deterministic, rq4, dk, dv, step_.key_starts);
   } else {
@@ -244,10 +266,13 @@ Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, co
     Tensor rk4 = rk.view({B, G, S, head_dim_});
     kernels::cudnn_attention_backward(q_, k_, v_, context_, dctx, lse_, scale(), p, key, probs_layout(),
                                       cfg_.deterministic, rq4, rk4, dv, step_.key_starts);
-    kernels::rope_backward(rq, cfg_.rotary_base, rq, 0, step_.positions);  // the rotation's adjoint
-    kernels::rope_backward(rk, cfg_.rotary_base, rk, 0, step_.positions);
-    dk.copy_from(rk4);
+    if (cfg_.rope()) {
+      kernels::rope_backward(rq, cfg_.rotary_base, rq, 0, step_.positions);  // the rotation's adjoint
+      kernels::rope_backward(rk, cfg_.rotary_base, rk, 0, step_.positions);
+    }
+    dk.copy_from(norm_heads_backward(k_norm_.get(), rk).view({B, G, S, head_dim_}));
   }
+  rq = norm_heads_backward(q_norm_.get(), rq);
   dqkv.view({B, S, G, P + 2, head_dim_})
       .narrow(3, 0, P)
       .copy_from(rq.view({B, G, P, S, head_dim_}).transpose(2, 3).transpose(1, 2));
@@ -268,7 +293,7 @@ std::string ParallelSelfAttention::prepare_kernels(const StepInfo& step, double 
   const Tensor k = in_place ? group_view(qkv, 1) : empty({B, G, S, head_dim_});
   const Tensor v = in_place ? group_view(qkv, 2) : empty({B, G, S, head_dim_});
   const Tensor dq = in_place ? group_view(dqkv, 0) : empty({B, H, S, head_dim_});
-  const Tensor dk = cfg_.rope() ? empty({B, G, S, head_dim_}) : group_view(dqkv, 1);
+  const Tensor dk = cfg_.rope() || cfg_.qk_layernorm ? empty({B, G, S, head_dim_}) : group_view(dqkv, 1);
   const Tensor out = context_view(empty({B * S, H * head_dim_})), dout = context_view(empty({B * S, H * head_dim_}));
   return kernels::cudnn_attention_prepare(*ctx_.device, q, k, v, out, dout, dq, dk, group_view(dqkv, 2), scale(), p,
                                           cfg_.deterministic, step.key_starts.defined());
@@ -306,6 +331,8 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_d
     kernels::rope_backward(dq, cfg_.rotary_base, dq, 0, step_.positions);
     kernels::rope_backward(dk, cfg_.rotary_base, dk, 0, step_.positions);
   }
+  dq = norm_heads_backward(q_norm_.get(), dq);
+  dk = norm_heads_backward(k_norm_.get(), dk);
   const std::int64_t G = local_groups_, P = per_group_;
   Tensor dqkv = ctx_.activation({B * S, G * (P + 2) * head_dim_});
   auto five = dqkv.view({B, S, G, P + 2, head_dim_});
@@ -341,6 +368,7 @@ void ParallelSelfAttention::attend_backward_fused(const Tensor& dctx, double p, 
 
 void ParallelSelfAttention::release() {
   q_ = k_ = v_ = probs_ = probs_dropped_ = context_ = lse_ = Tensor();
+  if (q_norm_) q_norm_->release(), k_norm_->release();
   qkv_.release();
   dense_.release();
 }

@@ -17,7 +17,8 @@
 // group: [head][q|k|v][head_dim].
 //
 // Options: rotary position embedding (--position-embedding-type rope) rotates
-// q and k of each head by position before the scores; grouped-query attention
+// q and k of each head by position before the scores (after --qk-layernorm's
+// per-head norms of q and k, when set); grouped-query attention
 // (--num-query-groups G) shares one k/v head among the heads/G query heads of
 // a group — k and v are kept per group (the memory GQA saves); the unfused
 // path's batched GEMMs take a group's query heads at once against its k/v head
@@ -30,6 +31,7 @@
 #include "layers/gpt_config.h"
 #include "layers/kv_cache.h"
 #include "layers/linear.h"
+#include "layers/normalization.h"
 #include "layers/step.h"
 #include "megazero/kernels/dropout.h"
 
@@ -82,6 +84,10 @@ class ParallelSelfAttention {
   kernels::DropoutLayout probs_layout() const;  // of this step's [B, local heads, S, S] probabilities
   RngKey dropout_key() const;                   // of this step's attention dropout
   double scale() const;
+  // --qk-layernorm: x [rows, S, hn] (q or k per head) through its norm, or
+  // back (d of the norm's output -> d of its input); x itself without it.
+  Tensor norm_heads(Normalization* norm, const Tensor& x);
+  Tensor norm_heads_backward(Normalization* norm, const Tensor& dy);
 
   GPTConfig cfg_;
   int layer_;
@@ -89,6 +95,9 @@ class ParallelSelfAttention {
   std::int64_t local_heads_, local_groups_, per_group_, head_dim_;
   ColumnParallelLinear qkv_;
   RowParallelLinear dense_;
+  // --qk-layernorm: q's and k's per-head norms (replicated across TP; each
+  // rank's heads give a share of their gradients, summed over the TP group).
+  std::unique_ptr<Normalization> q_norm_, k_norm_;
   StepInfo step_;
   Tensor q_, k_, v_;              // k_, v_: per group (after the rotary embedding)
   Tensor probs_, probs_dropped_;  // unfused

@@ -80,6 +80,10 @@ struct GPTConfig {
   std::int64_t num_query_groups = 0;
   bool add_bias_linear = true;    // --disable-bias-linear clears it: no bias in any linear layer
   bool untie_embeddings = false;  // --untie-embeddings-and-output-weights: own output-layer weight
+  // --qk-layernorm (Megatron's): q and k normalised per head (--normalization's
+  // kind, a [head size] weight each shared by all heads) before the rotary
+  // embedding and the scores.
+  bool qk_layernorm = false;
   // --sequence-parallel (Megatron's; Korthikanti et al. 2022): at TP > 1 the
   // norms, dropouts and residual stream hold 1/TP of the tokens per rank.
   bool sequence_parallel = false;

@@ -32,8 +32,13 @@ void NormGradients::finish() {
 
 std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
                                                   const TpContext& ctx) {
-  if (cfg.rmsnorm()) return std::make_unique<RMSNorm>(params, name, cfg.hidden_size, cfg.layernorm_epsilon, ctx);
-  return std::make_unique<LayerNorm>(params, name, cfg.hidden_size, cfg.layernorm_epsilon, ctx);
+  return make_normalization(params, name, cfg, ctx, cfg.hidden_size);
+}
+
+std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
+                                                  const TpContext& ctx, std::int64_t width) {
+  if (cfg.rmsnorm()) return std::make_unique<RMSNorm>(params, name, width, cfg.layernorm_epsilon, ctx);
+  return std::make_unique<LayerNorm>(params, name, width, cfg.layernorm_epsilon, ctx);
 }
 
 }  // namespace megazero::layers

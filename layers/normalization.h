@@ -67,5 +67,8 @@ class NormGradients {
 // NAME.bias for LayerNorm).
 std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
                                                   const TpContext& ctx);
+// The same kind over `width` elements a row (--qk-layernorm: the head size).
+std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
+                                                  const TpContext& ctx, std::int64_t width);
 
 }  // namespace megazero::layers

@@ -750,6 +750,13 @@ TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
             std::string::npos)
       << msg;
   EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
+  // Per-head q/k norms (--qk-layernorm): read back from the parameters, then refused by name.
+  auto qk = llama_model(4, 4, true, false);
+  qk.qk_layernorm = true;
+  save_numbered(qk, d + "/qk");
+  msg = error_of([&] { hf::export_checkpoint({d + "/qk", d + "/out"}); });
+  EXPECT_NE(msg.find("normalises q and k per head (--qk-layernorm)"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
   // A configuration that contradicts the parameters.
   const auto c = llama_model(8, 2, false, true);
   std::string config = hf::resolved_config(c, 77);

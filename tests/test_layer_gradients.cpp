@@ -321,6 +321,40 @@ TEST_F(LayerGrad, LlamaStyleModelWithAndWithoutRecompute) {
   }
 }
 
+// --qk-layernorm: q and k normalised per head (LayerNorm, or RMSNorm with the
+// Llama-style model) before the rotary embedding, on every backend (cudnn:
+// its plumbing through the host reference), against finite differences; the
+// parameter count includes the two [head size] norms a layer.
+TEST_F(LayerGrad, QkLayerNormOnEveryBackendAndInTheWholeModel) {
+  cfg.qk_layernorm = true;
+  for (const char* backend : {"unfused", "fused", "cudnn"}) {
+    SCOPED_TRACE(backend);
+    cfg.attention_backend = backend;
+    for (const bool rope : {false, true}) {
+      cfg.position_embedding_type = rope ? "rope" : "learned_absolute";
+      cfg.rotary_base = 500;
+      ParameterSet ps;
+      ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+      EXPECT_EQ(ps.get("attn.q_layernorm.weight").global_shape, (Shape{cfg.head_dim()}));
+      EXPECT_EQ(ps.get("attn.k_layernorm.bias").global_shape, (Shape{cfg.head_dim()}));
+      check_layer(
+          ps, input(step.micro_batch * step.seq, cfg.hidden_size, 5),
+          [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
+    }
+  }
+  cfg.attention_backend = "unfused";
+  cfg.position_embedding_type = "learned_absolute";
+  check_whole_model({"embedding.word.weight"});
+  make_llama(cfg);  // RMSNorm q/k norms, grouped k/v heads, rope
+  ParameterSet ps;
+  GPTModel model(cfg, ctx, ps);
+  std::int64_t total = 0;
+  for (auto* p : ps.all()) total += shape_numel(p->global_shape);
+  EXPECT_EQ(total - (cfg.padded_vocab(1) - cfg.vocab_size) * cfg.hidden_size * 2, cfg.parameter_count());
+  EXPECT_THROW(ps.get("layers.0.attention.q_layernorm.bias"), InternalError) << "RMSNorm has no bias";
+  check_whole_model({"embedding.word.weight", "output_layer.weight"});
+}
+
 // Megatron's --reset-position-ids and --reset-attention-mask: each sample
 // packs documents (train/documents.h); positions restart per document (the
 // learned table's rows as a lookup, or the rotary angles) and the softmax

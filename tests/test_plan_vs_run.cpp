@@ -251,10 +251,12 @@ std::vector<Case> cases() {
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "2", "--bf16", "--global-batch-size", "8",
                   "--eod-mask-loss", "--eod-token-id", "7"}});
   // Documents packed into samples: the positions' lookup (a [B*S, H] row
-  // buffer in the embedding's forward) and the two [B*S] int64 tensors.
-  out.push_back({"TP2 stage 3 documents (positions and masks) accumulation",
+  // buffer in the embedding's forward) and the two [B*S] int64 tensors; with
+  // --qk-layernorm's per-head norms (their inputs and statistics kept, their
+  // gradients' TP all-reduce).
+  out.push_back({"TP2 stage 3 documents (positions and masks) qk-layernorm accumulation",
                  {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--global-batch-size", "8",
-                  "--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7"}});
+                  "--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7", "--qk-layernorm"}});
   // ZeRO-Offload: the optimizer's K bytes a parameter in host memory, at
   // every stage (the device keeps 16-bit parameters and gradients only).
   for (int stage = 0; stage <= 3; ++stage)

@@ -414,6 +414,22 @@ TEST(Trainer, DocumentMasksTrainTheSameOnEveryLayout) {
       << "positions alone run on every backend";
 }
 
+// Megatron's --qk-layernorm through the trainer: TP 2 at stage 0 trains as DP
+// 2 at stage 3 (the norms' weights replicated, their TP shares summed), and it
+// changes the loss; a checkpoint of it resumes only with it (the parameters
+// differ).
+TEST(Trainer, QkLayerNormTrainsTheSameOnEveryLayout) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const TrainResult plain = run({"--train-iters", "3"});
+  const TrainResult dp = run({"--qk-layernorm", "--train-iters", "3", "--zero-stage", "3"});
+  const TrainResult tp =
+      run({"--qk-layernorm", "--train-iters", "3", "--zero-stage", "0", "--tensor-model-parallel-size", "2"});
+  ASSERT_EQ(dp.losses.size(), 3u);
+  for (std::size_t i = 0; i < dp.losses.size(); ++i)
+    EXPECT_NEAR(tp.losses[i], dp.losses[i], 1e-5 * dp.losses[i]) << "iteration " << i + 1;
+  EXPECT_NE(dp.losses[1], plain.losses[1]) << "the norms change the model";
+}
+
 // --calculate-per-token-loss with --eod-mask-loss: every kept token of the
 // global batch weighs alike, so the loss no longer depends on how the batch
 // is cut into micro-batches (4 a rank of 1 sample, or 1 of 4) or over how many

@@ -225,6 +225,7 @@ void read_model_options(const ManifestModel& mm, GPTConfig& c) {
              "': parameter 'layers.0.mlp.fc1.weight' is ", shape_str(fc1),
              ", expected [ffn, hidden] or, with --swiglu, [2, ffn, hidden]");
   c.swiglu = option("swiglu", "true", "false", stacked) == "true";
+  c.qk_layernorm = option("qk-layernorm", "true", "false", mm.has("layers.0.attention.q_layernorm.weight")) == "true";
   c.add_bias_linear = option("disable-bias-linear", "false", "true", mm.has("layers.0.attention.qkv.bias")) == "false";
   c.untie_embeddings =
       option("untie-embeddings-and-output-weights", "true", "false", mm.has("output_layer.weight")) == "true";
@@ -314,6 +315,9 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
 }
 
 HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
+  MZ_REQUIRE(!c.qk_layernorm, "checkpoint '", where,
+             "' normalises q and k per head (--qk-layernorm), which neither GPT2LMHeadModel nor LlamaForCausalLM "
+             "computes: it has no Hugging Face form here");
   const bool rope = c.rope(), rms = c.rmsnorm(), gqa = c.query_groups() != c.num_attention_heads;
   if (!rope && !rms && !c.swiglu && !gqa && c.add_bias_linear && !c.untie_embeddings) return HfFormat::Gpt2;
   if (rope && rms && c.swiglu) return HfFormat::Llama;

@@ -161,6 +161,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
   t.flag(M, "swiglu", &a.model.swiglu,
          "SwiGLU MLP: fc2(silu(x W_gate) * (x W_up)); --ffn-hidden-size defaults to 2/3 x 4h, a multiple of 64");
+  t.flag(M, "qk-layernorm", &a.model.qk_layernorm,
+         "normalise q and k per head (--normalization's kind, a weight of the head size each) before the rotary "
+         "embedding and the scores (Megatron's)");
   t.flag(M, "group-query-attention", &a.group_query_attention,
          "grouped-query attention: --num-query-groups key/value heads, each shared by a group of query heads");
   t.add(M, "num-query-groups", &a.num_query_groups,
@@ -574,6 +577,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "normalization",
                                                 "norm-epsilon",
                                                 "swiglu",
+                                                "qk-layernorm",
                                                 "group-query-attention",
                                                 "num-query-groups",
                                                 "disable-bias-linear",

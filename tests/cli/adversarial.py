@@ -273,6 +273,7 @@ def cases():
         ("lr-warmup-init", "0.0001 --lr-warmup-iters 2 --train-iters 4", "lr-warmup-init = 0.0001"),
         ("exit-on-missing-checkpoint", "--load /tmp --train-iters 1", "exit-on-missing-checkpoint = true"),
         ("eod-mask-loss", "--eod-token-id 5 --train-iters 1", "eod-token-id = 5"),
+        ("qk-layernorm", "--train-iters 1", "qk-layernorm = true"),
         ("calculate-per-token-loss", "--eod-mask-loss --eod-token-id 5 --train-iters 1", "eod-mask-loss = true"),
     ]
     for flag, value, regex in accepted:
@@ -341,7 +342,6 @@ def cases():
         ("loss-scale", "-1 --bf16", "--loss-scale must be a positive number \\(0 = none\\), got -1"),
         ("context-parallel-size", "2", "--context-parallel-size 2: megazero has no context parallelism"),
         ("fp8-format", "hybrid", "--fp8-format: FP8 training is not implemented"),
-        ("qk-layernorm", "", "--qk-layernorm: LayerNorm of the queries and keys is not implemented"),
         ("apply-layernorm-1p", "", "--apply-layernorm-1p: LayerNorm with a zero-centred gamma"),
         ("squared-relu", "", "--squared-relu: the squared-ReLU MLP is not implemented"),
         ("use-torch-fsdp2", "--zero-stage 1", "--use-torch-fsdp2 shards parameters, gradients and optimizer states "
@@ -492,8 +492,8 @@ def cases():
         + " --deepspeed-config @ds_logwarmup")
     add("deepspeed.contradiction", E2, "train_micro_batch_size_per_gpu is 4 but --micro-batch-size 2 was given",
         ds_model + " --micro-batch-size 2 --deepspeed-config {REPO}/configs/deepspeed/zero3_bf16.json")
-    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--qk-layernorm",
-        f"{minimal} --train-iters 1 --num-experts 8 --qk-layernorm")
+    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--squared-relu",
+        f"{minimal} --train-iters 1 --num-experts 8 --squared-relu")
 
     # ---- config files.
     files = [

@@ -104,6 +104,12 @@ void GPTConfig::validate(int tp) const {
              "--position-embedding-type must be learned_absolute or rope, got '", position_embedding_type, "'");
   MZ_REQUIRE(normalization == "LayerNorm" || normalization == "RMSNorm",
              "--normalization must be LayerNorm or RMSNorm, got '", normalization, "'");
+  MZ_REQUIRE(std::isfinite(rotary_interpolation_factor) && rotary_interpolation_factor >= 1,
+             "--rotary-seq-len-interpolation-factor must be a number of at least 1 (positions are divided by it), got ",
+             rotary_interpolation_factor);
+  MZ_REQUIRE(rope() || rotary_interpolation_factor == 1, "--rotary-seq-len-interpolation-factor ",
+             rotary_interpolation_factor,
+             " scales rotary positions: it needs --position-embedding-type rope (learned positions have no angles)");
   if (rope()) {
     MZ_REQUIRE(std::isfinite(rotary_base) && rotary_base > 1, "--rotary-base must be a number above 1, got ",
                rotary_base);

@@ -73,8 +73,11 @@ struct GPTConfig {
   // Modern decoder options (Megatron's flag names; all off = GPT-2).
   std::string position_embedding_type = "learned_absolute";  // --position-embedding-type: or "rope"
   double rotary_base = 10000;                                // --rotary-base (rope only)
-  std::string normalization = "LayerNorm";                   // --normalization: or "RMSNorm"
-  bool swiglu = false;                                       // --swiglu: MLP = fc2(silu(x Wg) * (x Wu))
+  // --rotary-seq-len-interpolation-factor (Megatron's; Hugging Face's linear
+  // rope_scaling): positions divided by it before the angles (rope only).
+  double rotary_interpolation_factor = 1;
+  std::string normalization = "LayerNorm";  // --normalization: or "RMSNorm"
+  bool swiglu = false;                      // --swiglu: MLP = fc2(silu(x Wg) * (x Wu))
   // --num-query-groups with --group-query-attention: K/V heads shared by
   // groups of query heads (GQA); 0 = one K/V head per query head (MHA).
   std::int64_t num_query_groups = 0;
@@ -95,6 +98,7 @@ struct GPTConfig {
   std::int64_t head_dim() const { return hidden_size / num_attention_heads; }
   std::int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   bool rope() const { return position_embedding_type == "rope"; }
+  double rope_position_scale() const { return 1.0 / rotary_interpolation_factor; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   // Whether layer `layer` (0-based) keeps only its input and recomputes the
   // rest (full recompute), and how many layers do.

@@ -719,6 +719,31 @@ TEST(ConvertCheckpoint, LlamaEveryTensorPlacedAndRoundTrips) {
   }
 }
 
+// --rotary-seq-len-interpolation-factor is Hugging Face's linear rope_scaling:
+// exported as {"rope_type": "linear", "factor": f} and imported back, the
+// round trip byte for byte; another kind of scaling is refused by name.
+TEST(ConvertCheckpoint, LinearRopeScalingRoundTrips) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  auto c = llama_model(4, 2, false, true);
+  c.rotary_interpolation_factor = 2.5;
+  const std::string d = local_temp_dir();
+  save_numbered(c, d + "/ckpt");
+  hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+  const auto config = nlohmann::json::parse(slurp(d + "/hf/config.json"));
+  EXPECT_EQ(config["rope_scaling"]["rope_type"], "linear");
+  EXPECT_EQ(config["rope_scaling"]["factor"], 2.5);
+  const auto im = import_to(d + "/hf", d + "/imported");
+  EXPECT_EQ(im.model.rotary_interpolation_factor, 2.5);
+  hf::export_checkpoint({d + "/imported", d + "/hf2"});
+  EXPECT_TRUE(same_files(d + "/hf", d + "/hf2"));
+  auto yarn = config;
+  yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  std::ofstream(d + "/hf/config.json") << yarn.dump(2);
+  const auto msg = error_of([&] { import_to(d + "/hf", d + "/yarn"); });
+  EXPECT_NE(msg.find("takes linear position interpolation only"), std::string::npos) << msg;
+  fs::remove_all(d);
+}
+
 TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
   if (world().size() != 1) GTEST_SKIP() << "one rank";
   const std::string d = local_temp_dir();
@@ -791,8 +816,10 @@ TEST(ConvertCheckpoint, LlamaImportRefusesWhatMegazeroCannotCompute) {
   EXPECT_NE(msg.find("attention_bias true with mlp_bias false cannot be imported: megazero has one switch"),
             std::string::npos)
       << msg;
-  msg = refused([](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; });
-  EXPECT_NE(msg.find("rope_scaling {\"factor\":2.0,\"rope_type\":\"linear\"} is not supported"), std::string::npos)
+  msg = refused([](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}}; });
+  EXPECT_NE(msg.find("rope_scaling {\"factor\":2.0,\"rope_type\":\"dynamic\"} is not supported: megazero's rotary "
+                     "embedding takes linear position interpolation only"),
+            std::string::npos)
       << msg;
   msg = refused([](nlohmann::json& j) { j["hidden_act"] = "gelu"; });
   EXPECT_NE(msg.find("hidden_act 'gelu' is not supported"), std::string::npos) << msg;

@@ -98,6 +98,9 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
         c.qk_layernorm = true, c.normalization = "RMSNorm", c.position_embedding_type = "rope";
         c.num_query_groups = 8;
         break;
+      case 8:  // rope's positions interpolated (--rotary-seq-len-interpolation-factor)
+        c.position_embedding_type = "rope", c.rotary_interpolation_factor = 4;
+        break;
     }
   }
   if (g_llama) {
@@ -272,8 +275,9 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "no linear biases",
                          "untied output layer",
                          "q/k LayerNorm",
-                         "q/k RMSNorm with rope and 8 query groups"};
-  for (int o = 0; o < 8; ++o) {
+                         "q/k RMSNorm with rope and 8 query groups",
+                         "rope interpolated 4x"};
+  for (int o = 0; o < 9; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);

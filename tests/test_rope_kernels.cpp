@@ -300,6 +300,43 @@ TEST(Rope, PerTokenPositionsTurnEachRowByItsOwnPosition) {
   expect_rejected([&] { rope_forward(x3, kBase, x3, 0, positions); }, "B dividing N = 3");
 }
 
+// --rotary-seq-len-interpolation-factor: a position scale of 1/2 at positions
+// 2p turns each row exactly as position p unscaled (2p x 1/2 is p exactly),
+// bit for bit in every dtype; a scale of 1 changes no bit; 0 is refused.
+TEST(Rope, InterpolatedPositionsAreTheScaledOnes) {
+  const i64 n = 3, seq = 6, d = 16;
+  std::vector<i64> doubled, plain;
+  for (i64 s = 0; s < seq; ++s) doubled.push_back(2 * (s + 5)), plain.push_back(s + 5);
+  Tensor pd = Tensor::empty(test_dev(), {seq}, DType::I64, MC::Other), pp = pd.clone(MC::Other);
+  pd.copy_from(ids_tensor(doubled));
+  pp.copy_from(ids_tensor(plain));
+  std::mt19937 rng(91);
+  const Vec x = randn(static_cast<std::size_t>(n * seq * d), rng);
+  for (DType t : kAllDtypes)
+    for (bool backward : {false, true}) {
+      SCOPED_TRACE(testing::Message() << dtype_name(t) << (backward ? " backward" : " forward"));
+      Tensor a = tensor({n, seq, d}, x, t), b = tensor({n, seq, d}, x, t), c = tensor({n, seq, d}, x, t),
+             e = tensor({n, seq, d}, x, t);
+      if (backward) {
+        rope_backward(a, kBase, a, 0, pd, 0.5);
+        rope_backward(b, kBase, b, 0, pp);
+        rope_backward(c, kBase, c, 5, Tensor(), 1.0);
+        rope_backward(e, kBase, e, 5);
+      } else {
+        rope_forward(a, kBase, a, 0, pd, 0.5);
+        rope_forward(b, kBase, b, 0, pp);
+        rope_forward(c, kBase, c, 5, Tensor(), 1.0);
+        rope_forward(e, kBase, e, 5);
+      }
+      expect_same(vals(a), vals(b), "positions 2p at scale 1/2");
+      expect_same(vals(c), vals(e), "scale 1");
+      expect_same(vals(b), vals(e), "positions p as a first position");
+    }
+  Tensor x3 = tensor({1, 2, 4}, Vec(8, 1.0));
+  expect_rejected([&] { rope_forward(x3, kBase, x3, 0, Tensor(), 0.0); },
+                  "the position scale must be finite and positive");
+}
+
 TEST(Rope, SameBitsForAnyThreadCount) {
   if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   const Dims m{16, 128, 64};

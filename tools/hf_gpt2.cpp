@@ -303,6 +303,7 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
   num("init-method-std", c.init_method_std);
   num("norm-epsilon", c.layernorm_epsilon);
   num("rotary-base", c.rotary_base);
+  num("rotary-seq-len-interpolation-factor", c.rotary_interpolation_factor);
   integer("make-vocab-size-divisible-by", c.make_vocab_size_divisible_by);
   integer("seq-length", c.seq_length);
   c.seq_length = std::min(c.seq_length, c.max_position_embeddings);

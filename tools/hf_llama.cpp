@@ -82,7 +82,10 @@ std::string llama_config_json(const GPTConfig& c, DType dtype) {
             {"num_key_value_heads", c.query_groups()},
             {"pretraining_tp", 1},
             {"rms_norm_eps", c.layernorm_epsilon},
-            {"rope_scaling", nullptr},
+            // --rotary-seq-len-interpolation-factor is Hugging Face's linear scaling (positions / factor).
+            {"rope_scaling", c.rotary_interpolation_factor == 1
+                                 ? json(nullptr)
+                                 : json{{"rope_type", "linear"}, {"factor", c.rotary_interpolation_factor}}},
             {"rope_theta", c.rotary_base},
             {"tie_word_embeddings", !c.untie_embeddings},
             {"torch_dtype", dtype == DType::F16    ? "float16"
@@ -108,6 +111,25 @@ void one_bias_switch(bool attention_bias, bool mlp_bias, const std::string& wher
              "(--disable-bias-linear), so both must be true or both false");
 }
 
+// rope_scaling: null, or the linear kind (positions divided by its factor:
+// --rotary-seq-len-interpolation-factor); the others (dynamic, yarn, llama3,
+// ...) change the angles otherwise and are refused.
+double linear_rope_factor(const JsonFields& j) {
+  if (!j.has("rope_scaling")) return 1.0;
+  const std::string what = j.dump("rope_scaling");
+  const json& r = j.raw("rope_scaling");
+  const json* kind = r.is_object() ? (r.contains("rope_type") ? &r["rope_type"]
+                                      : r.contains("type")    ? &r["type"]
+                                                              : nullptr)
+                                   : nullptr;
+  MZ_REQUIRE(kind && kind->is_string() && kind->get<std::string>() == "linear" && r.contains("factor") &&
+                 r["factor"].is_number() && r["factor"].get<double>() >= 1,
+             "'", j.path(), "': rope_scaling ", what,
+             " is not supported: megazero's rotary embedding takes linear position interpolation only "
+             "(--rotary-seq-len-interpolation-factor: rope_type linear with a factor of at least 1)");
+  return r["factor"].get<double>();
+}
+
 // LlamaConfig fields into a GPTConfig (LlamaConfig's defaults for what is
 // absent); refuses what our model cannot compute the same way.
 void read_llama_config(const JsonFields& j, GPTConfig& c, bool& tied) {
@@ -115,9 +137,7 @@ void read_llama_config(const JsonFields& j, GPTConfig& c, bool& tied) {
   const std::string act = j.text("hidden_act", "silu");
   MZ_REQUIRE(act == "silu", "'", path, "': hidden_act '", act,
              "' is not supported: megazero's SwiGLU gates with silu (Llama's)");
-  MZ_REQUIRE(!j.has("rope_scaling"), "'", path, "': rope_scaling ", j.has("rope_scaling") ? j.dump("rope_scaling") : "",
-             " is not supported: megazero's rotary embedding is plain RoPE (--rotary-base only); only models with "
-             "rope_scaling null can be imported");
+  c.rotary_interpolation_factor = linear_rope_factor(j);
   c.num_layers = j.integer("num_hidden_layers", std::nullopt);
   c.hidden_size = j.integer("hidden_size", std::nullopt);
   c.num_attention_heads = j.integer("num_attention_heads", std::nullopt);

@@ -38,6 +38,7 @@ class JsonFields {
   bool flag(const char* k, bool dflt) const;
   std::string text(const char* k, const std::string& dflt) const;
   std::string dump(const char* k) const { return j_[k].dump(); }
+  const nlohmann::json& raw(const char* k) const { return j_[k]; }  // a nested value (has(k) first)
   // The "megazero" object our exports write (seq_length,
   // make_vocab_size_divisible_by, hidden_dropout): what HF has no field for.
   void megazero_block(layers::GPTConfig& c) const;

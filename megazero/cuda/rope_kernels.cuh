@@ -39,7 +39,7 @@ __device__ __forceinline__ T rope_mul(T a, T b) {
 // half is written, so out may alias in.
 template <typename S, bool BACKWARD>
 __global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq, i64 d, i64 per_block, i64 first,
-                            const std::int64_t* positions, i64 chunks) {
+                            const std::int64_t* positions, i64 chunks, double position_scale) {
   using C = compute_t<S>;
   __shared__ C cs[kRopeTile];
   __shared__ C sn[kRopeTile];
@@ -54,7 +54,8 @@ __global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq
       const i64 len = min(static_cast<i64>(kRopeTile), half - i0);
       __syncthreads();  // the previous tile's readers are done
       for (i64 k = threadIdx.x; k < len; k += blockDim.x) {
-        const double theta = static_cast<double>(p) * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
+        const double theta =
+            static_cast<double>(p) * position_scale * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
         cs[k] = static_cast<C>(cos(theta));
         sn[k] = static_cast<C>(sin(theta));
       }

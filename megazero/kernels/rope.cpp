@@ -25,6 +25,7 @@ struct RopeShape {
   i64 first = 0;                      // the position of row 0
   const std::int64_t* pos = nullptr;  // per token [samples * seq], or nullptr: first + s
   i64 samples = 1;                    // n = samples x heads
+  double scale = 1.0;                 // positions x scale (--rotary-seq-len-interpolation-factor)
 };
 
 // A per-thread row of at least n compute-type values (the cos and sin of one
@@ -51,7 +52,7 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
     C* cs = trig_scratch<C>(2 * half);
     C* sn = cs + half;
     for (i64 i = 0; i < half; ++i) {
-      const double theta = static_cast<double>(p) * std::pow(base, -2.0 * static_cast<double>(i) / d);
+      const double theta = static_cast<double>(p) * s.scale * std::pow(base, -2.0 * static_cast<double>(i) / d);
       cs[i] = static_cast<C>(std::cos(theta));
       sn[i] = static_cast<C>(std::sin(theta));
     }
@@ -73,7 +74,7 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
 }
 
 void rope(const char* op, const char* in_name, const Tensor& in, double base, const char* out_name, Tensor& out,
-          bool backward, i64 first, const Tensor& positions) {
+          bool backward, i64 first, const Tensor& positions, double position_scale) {
   check_float(op, in_name, in);
   check_operands(op, in, in.dtype(), {{in_name, &in}, {out_name, &out}});
   MZ_CHECK(in.dim() == 3, op, ": ", in_name,
@@ -93,9 +94,12 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
   MZ_CHECK(s.d > 0 && s.d % 2 == 0, op, ": the head size D = ", s.d,
            " must be even and positive (dimension i pairs with i + D/2), got ", in.to_string());
   MZ_CHECK(std::isfinite(base) && base > 0, op, ": base must be finite and positive, got ", base);
+  MZ_CHECK(std::isfinite(position_scale) && position_scale > 0, op,
+           ": the position scale must be finite and positive, got ", position_scale);
+  s.scale = position_scale;
   check_shape(op, out_name, out, in.shape());
   MZ_ON_CUDA(in, cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in), s.first,
-                            s.pos, s.samples));
+                            s.pos, s.samples, s.scale));
   if (!on_host(op, in)) return;
   with_storage_type(in.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -108,12 +112,14 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
 
 }  // namespace
 
-void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position, const Tensor& positions) {
-  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions);
+void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position, const Tensor& positions,
+                  double position_scale) {
+  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions, position_scale);
 }
 
-void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position, const Tensor& positions) {
-  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions);
+void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position, const Tensor& positions,
+                   double position_scale) {
+  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions, position_scale);
 }
 
 }  // namespace megazero::kernels

@@ -158,6 +158,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "norm-epsilon", &a.model.layernorm_epsilon,
         "epsilon of every LayerNorm / RMSNorm (GPT-2 and Llama 2: 1e-5; Llama 1: 1e-6)");
   t.add(M, "rotary-base", &a.model.rotary_base, "rope's base period: theta = position x base^(-2i/head size)");
+  t.add(M, "rotary-seq-len-interpolation-factor", &a.model.rotary_interpolation_factor,
+        "rope's position interpolation (Megatron's; Hugging Face's linear rope_scaling): positions divided by it");
   t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
   t.flag(M, "swiglu", &a.model.swiglu,
          "SwiGLU MLP: fc2(silu(x W_gate) * (x W_up)); --ffn-hidden-size defaults to 2/3 x 4h, a multiple of 64");
@@ -574,6 +576,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "make-vocab-size-divisible-by",
                                                 "position-embedding-type",
                                                 "rotary-base",
+                                                "rotary-seq-len-interpolation-factor",
                                                 "normalization",
                                                 "norm-epsilon",
                                                 "swiglu",

@@ -173,8 +173,6 @@ const CompatFlag kFlags[] = {
     {"spec", Kind::Value, Meaning::Refused, "megazero has one GPT implementation (layers/)"},
     {"rotary-interleaved", Kind::Switch, Meaning::Refused,
      "interleaved rotary pairs are not implemented: a head's two halves rotate (Megatron's default)"},
-    {"rotary-seq-len-interpolation-factor", Kind::Value, Meaning::Refused,
-     "rotary position interpolation is not implemented"},
     {"expert-tensor-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     {"moe-router-topk", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     // Megatron-DeepSpeed's spellings.

@@ -274,6 +274,8 @@ def cases():
         ("exit-on-missing-checkpoint", "--load /tmp --train-iters 1", "exit-on-missing-checkpoint = true"),
         ("eod-mask-loss", "--eod-token-id 5 --train-iters 1", "eod-token-id = 5"),
         ("qk-layernorm", "--train-iters 1", "qk-layernorm = true"),
+        ("rotary-seq-len-interpolation-factor", "4 --position-embedding-type rope --train-iters 1",
+         "rotary-seq-len-interpolation-factor = 4"),
         ("calculate-per-token-loss", "--eod-mask-loss --eod-token-id 5 --train-iters 1", "eod-mask-loss = true"),
     ]
     for flag, value, regex in accepted:
@@ -313,6 +315,10 @@ def cases():
         ("normalization", "RMSnorm", "--normalization must be LayerNorm or RMSNorm, got 'RMSnorm'"),
         ("position-embedding-type", "alibi", "--position-embedding-type must be learned_absolute or rope"),
         ("rotary-base", "0.5 --position-embedding-type rope", "--rotary-base must be a number above 1"),
+        ("rotary-seq-len-interpolation-factor", "4", "--rotary-seq-len-interpolation-factor 4 scales rotary "
+         "positions: it needs --position-embedding-type rope"),
+        ("rotary-seq-len-interpolation-factor", "0.5 --position-embedding-type rope",
+         "--rotary-seq-len-interpolation-factor must be a number of at least 1"),
         ("norm-epsilon", "0", "--norm-epsilon must be a small positive number"),
         ("num-experts", "8", "--num-experts: megazero has no mixture-of-experts"),
         ("expert-model-parallel-size", "2", "--expert-model-parallel-size: megazero has no mixture-of-experts"),
@@ -370,7 +376,6 @@ def cases():
          "same weights"),
         ("spec", "x", "--spec: megazero has one GPT implementation"),
         ("rotary-interleaved", "", "--rotary-interleaved: interleaved rotary pairs are not implemented"),
-        ("rotary-seq-len-interpolation-factor", "2", "rotary position interpolation is not implemented"),
         ("expert-tensor-parallel-size", "2", "megazero has no mixture-of-experts models"),
         ("moe-router-topk", "2", "megazero has no mixture-of-experts models"),
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),

@@ -87,6 +87,11 @@ struct GPTConfig {
   // kind, a [head size] weight each shared by all heads) before the rotary
   // embedding and the scores.
   bool qk_layernorm = false;
+  // --apply-layernorm-1p (Megatron's; Transformer Engine's zero-centred
+  // gamma): every norm's weight w is stored as gamma - 1 (initialised to 0)
+  // and applied as 1 + w, so the stored values stay near 0 where 16-bit
+  // numbers are finest.
+  bool layernorm_1p = false;
   // --sequence-parallel (Megatron's; Korthikanti et al. 2022): at TP > 1 the
   // norms, dropouts and residual stream hold 1/TP of the tokens per rank.
   bool sequence_parallel = false;

@@ -8,7 +8,9 @@ namespace megazero::layers {
 
 class LayerNorm final : public Normalization {
  public:
-  LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
+  // one_plus: --apply-layernorm-1p (NormGamma).
+  LayerNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx,
+            bool one_plus = false);
   Tensor forward(const Tensor& x) override;  // [N, hidden]
   Tensor forward_bias_dropout_add(const Tensor& y, const kernels::BiasDropoutAddOf& before) override;
   // dx (+ *residual_grad, in the same pass, when given); accumulates dgamma, dbeta.
@@ -21,6 +23,7 @@ class LayerNorm final : public Normalization {
   TpContext ctx_;
   Parameter* gamma_;
   Parameter* beta_;
+  NormGamma applied_;
   double eps_;
   Tensor input_, mean_, rstd_;
 };

@@ -30,6 +30,24 @@ void NormGradients::finish() {
   parts_.clear();
 }
 
+const Tensor& NormGamma::forward() {
+  if (!one_plus_) return weight_->value;
+  const Tensor& w = weight_->value;
+  if (!ones_.defined()) {  // once: a constant beside the weight
+    ones_ = Tensor::empty(w.device_ptr(), w.shape(), w.dtype(), MemoryCategory::Other, "norm ones");
+    ones_.copy_from_doubles(std::vector<double>(static_cast<std::size_t>(w.numel()), 1.0));
+  }
+  gamma_ = Tensor::empty(w.device_ptr(), w.shape(), w.dtype(), MemoryCategory::Activations, "norm 1+w");
+  kernels::add(w, ones_, gamma_);
+  return gamma_;
+}
+
+const Tensor& NormGamma::backward() {
+  if (!one_plus_) return weight_->value;
+  MZ_CHECK(gamma_.defined(), "a norm's backward before its forward (--apply-layernorm-1p)");
+  return gamma_;
+}
+
 std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
                                                   const TpContext& ctx) {
   return make_normalization(params, name, cfg, ctx, cfg.hidden_size);
@@ -37,8 +55,9 @@ std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const st
 
 std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,
                                                   const TpContext& ctx, std::int64_t width) {
-  if (cfg.rmsnorm()) return std::make_unique<RMSNorm>(params, name, width, cfg.layernorm_epsilon, ctx);
-  return std::make_unique<LayerNorm>(params, name, width, cfg.layernorm_epsilon, ctx);
+  if (cfg.rmsnorm())
+    return std::make_unique<RMSNorm>(params, name, width, cfg.layernorm_epsilon, ctx, cfg.layernorm_1p);
+  return std::make_unique<LayerNorm>(params, name, width, cfg.layernorm_epsilon, ctx, cfg.layernorm_1p);
 }
 
 }  // namespace megazero::layers

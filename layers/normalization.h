@@ -63,6 +63,24 @@ class NormGradients {
   std::vector<Tensor> parts_;
 };
 
+// The gamma a norm's kernels apply: the weight itself, or with
+// --apply-layernorm-1p 1 + weight (one small add a call into a tensor the
+// backward reuses; d gamma = d weight, so the kernels accumulate the weight's
+// gradient unchanged).
+class NormGamma {
+ public:
+  NormGamma(Parameter* weight, bool one_plus) : weight_(weight), one_plus_(one_plus) {}
+  const Tensor& forward();   // the gamma of this forward, kept for its backward
+  const Tensor& backward();  // the forward's
+  void release() { gamma_ = Tensor(); }
+  Parameter& weight() { return *weight_; }
+
+ private:
+  Parameter* weight_;
+  bool one_plus_;
+  Tensor ones_, gamma_;
+};
+
 // The normalisation cfg.normalization names, with parameters NAME.weight (and
 // NAME.bias for LayerNorm).
 std::unique_ptr<Normalization> make_normalization(ParameterSet& params, const std::string& name, const GPTConfig& cfg,

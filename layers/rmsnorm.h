@@ -8,7 +8,9 @@ namespace megazero::layers {
 
 class RMSNorm final : public Normalization {
  public:
-  RMSNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx);
+  // one_plus: --apply-layernorm-1p (NormGamma).
+  RMSNorm(ParameterSet& params, const std::string& name, std::int64_t hidden, double eps, const TpContext& ctx,
+          bool one_plus = false);
   Tensor forward(const Tensor& x) override;
   Tensor backward(const Tensor& dy, const Tensor* residual_grad = nullptr) override;
   void release() override;
@@ -16,6 +18,7 @@ class RMSNorm final : public Normalization {
  private:
   TpContext ctx_;
   Parameter* gamma_;
+  NormGamma applied_;
   double eps_;
   Tensor input_, rstd_;
 };

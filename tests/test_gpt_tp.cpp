@@ -101,6 +101,12 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
       case 8:  // rope's positions interpolated (--rotary-seq-len-interpolation-factor)
         c.position_embedding_type = "rope", c.rotary_interpolation_factor = 4;
         break;
+      case 9:  // zero-centred norm weights (--apply-layernorm-1p), LayerNorm and the q/k norms
+        c.layernorm_1p = true, c.qk_layernorm = true;
+        break;
+      case 10:  // zero-centred RMSNorm weights
+        c.layernorm_1p = true, c.normalization = "RMSNorm";
+        break;
     }
   }
   if (g_llama) {
@@ -276,8 +282,10 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "untied output layer",
                          "q/k LayerNorm",
                          "q/k RMSNorm with rope and 8 query groups",
-                         "rope interpolated 4x"};
-  for (int o = 0; o < 9; ++o) {
+                         "rope interpolated 4x",
+                         "zero-centred LayerNorm and q/k norms",
+                         "zero-centred RMSNorm"};
+  for (int o = 0; o < 11; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);

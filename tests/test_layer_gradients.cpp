@@ -321,6 +321,34 @@ TEST_F(LayerGrad, LlamaStyleModelWithAndWithoutRecompute) {
   }
 }
 
+// --apply-layernorm-1p: every norm's weight w applied as 1 + w, initialised
+// to 0: the same function as the plain norms at initialisation (bit for bit:
+// 1 + 0 is 1), and finite differences of the whole model (every norm, LayerNorm
+// and RMSNorm) with the weights moved off 0.
+TEST_F(LayerGrad, ZeroCentredNormWeights) {
+  cfg.layernorm_1p = true;
+  for (const bool rms : {false, true}) {
+    SCOPED_TRACE(rms ? "RMSNorm" : "LayerNorm");
+    cfg.normalization = rms ? "RMSNorm" : "LayerNorm";
+    ParameterSet ps;
+    auto norm = make_normalization(ps, "n", cfg, ctx);
+    ps.allocate(ctx.device, DType::F64);
+    ps.initialize(3);
+    for (double w : ps.get("n.weight").value.to_double_vector()) ASSERT_EQ(w, 0.0) << "zero-centred: 0 at the start";
+    GPTConfig plain_cfg = cfg;
+    plain_cfg.layernorm_1p = false;
+    ParameterSet plain_ps;
+    auto plain = make_normalization(plain_ps, "n", plain_cfg, ctx);
+    plain_ps.allocate(ctx.device, DType::F64);
+    plain_ps.initialize(3);
+    const Tensor x = input(12, cfg.hidden_size, 4);
+    EXPECT_EQ(norm->forward(x).to_double_vector(), plain->forward(x).to_double_vector());
+    norm->release();
+    plain->release();
+    check_whole_model({"embedding.word.weight"});
+  }
+}
+
 // --qk-layernorm: q and k normalised per head (LayerNorm, or RMSNorm with the
 // Llama-style model) before the rotary embedding, on every backend (cudnn:
 // its plumbing through the host reference), against finite differences; the

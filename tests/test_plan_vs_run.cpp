@@ -253,10 +253,12 @@ std::vector<Case> cases() {
   // Documents packed into samples: the positions' lookup (a [B*S, H] row
   // buffer in the embedding's forward) and the two [B*S] int64 tensors; with
   // --qk-layernorm's per-head norms (their inputs and statistics kept, their
-  // gradients' TP all-reduce).
-  out.push_back({"TP2 stage 3 documents (positions and masks) qk-layernorm accumulation",
-                 {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--global-batch-size", "8",
-                  "--reset-position-ids", "--reset-attention-mask", "--eod-token-id", "7", "--qk-layernorm"}});
+  // gradients' TP all-reduce) and --apply-layernorm-1p's 1 + w (a constant
+  // of ones beside each norm's weight, a gamma kept for each backward).
+  out.push_back(
+      {"TP2 stage 3 documents (positions and masks) qk-layernorm layernorm-1p accumulation",
+       {"--tensor-model-parallel-size", "2", "--zero-stage", "3", "--global-batch-size", "8", "--reset-position-ids",
+        "--reset-attention-mask", "--eod-token-id", "7", "--qk-layernorm", "--apply-layernorm-1p"}});
   // ZeRO-Offload: the optimizer's K bytes a parameter in host memory, at
   // every stage (the device keeps 16-bit parameters and gradients only).
   for (int stage = 0; stage <= 3; ++stage)

@@ -416,8 +416,7 @@ TEST(Trainer, DocumentMasksTrainTheSameOnEveryLayout) {
 
 // Megatron's --qk-layernorm through the trainer: TP 2 at stage 0 trains as DP
 // 2 at stage 3 (the norms' weights replicated, their TP shares summed), and it
-// changes the loss; a checkpoint of it resumes only with it (the parameters
-// differ).
+// changes the loss. The same for --apply-layernorm-1p.
 TEST(Trainer, QkLayerNormTrainsTheSameOnEveryLayout) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const TrainResult plain = run({"--train-iters", "3"});
@@ -428,6 +427,14 @@ TEST(Trainer, QkLayerNormTrainsTheSameOnEveryLayout) {
   for (std::size_t i = 0; i < dp.losses.size(); ++i)
     EXPECT_NEAR(tp.losses[i], dp.losses[i], 1e-5 * dp.losses[i]) << "iteration " << i + 1;
   EXPECT_NE(dp.losses[1], plain.losses[1]) << "the norms change the model";
+  // --apply-layernorm-1p: at initialisation (weights 0, applied as 1 + 0) the
+  // plain model's loss bit for bit; then TP 2 as DP 2.
+  const TrainResult centred = run({"--apply-layernorm-1p", "--train-iters", "3", "--zero-stage", "3"});
+  const TrainResult centred_tp =
+      run({"--apply-layernorm-1p", "--train-iters", "3", "--zero-stage", "0", "--tensor-model-parallel-size", "2"});
+  EXPECT_EQ(centred.losses[0], plain.losses[0]);
+  for (std::size_t i = 0; i < centred.losses.size(); ++i)
+    EXPECT_NEAR(centred_tp.losses[i], centred.losses[i], 1e-5 * centred.losses[i]) << "iteration " << i + 1;
 }
 
 // --calculate-per-token-loss with --eod-mask-loss: every kept token of the

@@ -163,6 +163,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
   t.flag(M, "swiglu", &a.model.swiglu,
          "SwiGLU MLP: fc2(silu(x W_gate) * (x W_up)); --ffn-hidden-size defaults to 2/3 x 4h, a multiple of 64");
+  t.flag(M, "apply-layernorm-1p", &a.model.layernorm_1p,
+         "every norm's weight stored as gamma - 1 (initialised to 0) and applied as 1 + weight (Megatron's; "
+         "Transformer Engine's zero-centred gamma)");
   t.flag(M, "qk-layernorm", &a.model.qk_layernorm,
          "normalise q and k per head (--normalization's kind, a weight of the head size each) before the rotary "
          "embedding and the scores (Megatron's)");
@@ -581,6 +584,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "norm-epsilon",
                                                 "swiglu",
                                                 "qk-layernorm",
+                                                "apply-layernorm-1p",
                                                 "group-query-attention",
                                                 "num-query-groups",
                                                 "disable-bias-linear",

@@ -95,8 +95,6 @@ const CompatFlag kFlags[] = {
     {"cross-entropy-loss-fusion", Kind::Switch, Meaning::NoEffect,
      "the vocabulary-parallel cross-entropy is always megazero's fused kernels"},
     {"fp8-format", Kind::Value, Meaning::Refused, "FP8 training is not implemented: use --bf16 or --fp16"},
-    {"apply-layernorm-1p", Kind::Switch, Meaning::Refused,
-     "LayerNorm with a zero-centred gamma (1 + gamma) is not implemented"},
     {"squared-relu", Kind::Switch, Meaning::Refused, "the squared-ReLU MLP is not implemented (GeLU or --swiglu)"},
     {"num-workers", Kind::Value, Meaning::NoEffect, "samples are read from the memory-mapped dataset in the step"},
     {"transformer-impl", Kind::Value, Meaning::NoEffect, "megazero's own layers"},

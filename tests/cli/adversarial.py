@@ -274,6 +274,7 @@ def cases():
         ("exit-on-missing-checkpoint", "--load /tmp --train-iters 1", "exit-on-missing-checkpoint = true"),
         ("eod-mask-loss", "--eod-token-id 5 --train-iters 1", "eod-token-id = 5"),
         ("qk-layernorm", "--train-iters 1", "qk-layernorm = true"),
+        ("apply-layernorm-1p", "--train-iters 1", "apply-layernorm-1p = true"),
         ("rotary-seq-len-interpolation-factor", "4 --position-embedding-type rope --train-iters 1",
          "rotary-seq-len-interpolation-factor = 4"),
         ("calculate-per-token-loss", "--eod-mask-loss --eod-token-id 5 --train-iters 1", "eod-mask-loss = true"),
@@ -348,7 +349,6 @@ def cases():
         ("loss-scale", "-1 --bf16", "--loss-scale must be a positive number \\(0 = none\\), got -1"),
         ("context-parallel-size", "2", "--context-parallel-size 2: megazero has no context parallelism"),
         ("fp8-format", "hybrid", "--fp8-format: FP8 training is not implemented"),
-        ("apply-layernorm-1p", "", "--apply-layernorm-1p: LayerNorm with a zero-centred gamma"),
         ("squared-relu", "", "--squared-relu: the squared-ReLU MLP is not implemented"),
         ("use-torch-fsdp2", "--zero-stage 1", "--use-torch-fsdp2 shards parameters, gradients and optimizer states "
          "\\(ZeRO stage 3\\) but --zero-stage 1 was given"),

@@ -198,6 +198,16 @@ class CudnnOnGpu : public ::testing::Test {
     Tensor t = Tensor::zeros(gpu, {b, s, h * d}, DType::BF16, MemoryCategory::Activations);
     return t.view({b, s, h, d}).transpose(1, 2);
   }
+  Tensor random_rows(i64 b, i64 h, i64 s, i64 d) {  // rows() filled with N(0, 1) values
+    Tensor out = rows(b, h, s, d);
+    Tensor host = Tensor::empty(cpu, out.shape(), DType::BF16, MemoryCategory::Activations);
+    std::normal_distribution<double> n(0, 1);
+    std::vector<double> values(static_cast<std::size_t>(host.numel()));
+    for (auto& x : values) x = n(rng);
+    host.copy_from_doubles(values);
+    out.copy_from(host);
+    return out;
+  }
   static kernels::DropoutLayout layout(i64 b, i64 h, i64 s) {
     kernels::DropoutLayout l;
     l.samples = b, l.groups = h, l.global_groups = h, l.matrix_rows = l.matrix_cols = s;
@@ -269,14 +279,7 @@ TEST_F(CudnnOnGpu, MatchesTheCpuFusedAttentionWithoutDropout) {
     EXPECT_LT(max_rel(host64(o), ref_o), 1e-2) << b << "x" << h << "x" << s << "x" << d;
     EXPECT_LT(max_rel(lse, ref_lse), 1e-3);
 
-    Tensor d_o = rows(b, h, s, d);
-    {
-      Tensor host = Tensor::empty(cpu, d_o.shape(), DType::BF16, MemoryCategory::Activations);
-      std::vector<double> values(static_cast<std::size_t>(host.numel()));
-      for (auto& x : values) x = n(rng);
-      host.copy_from_doubles(values);
-      d_o.copy_from(host);
-    }
+    Tensor d_o = random_rows(b, h, s, d);
     Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
     Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
            dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);
@@ -330,14 +333,7 @@ TEST_F(CudnnOnGpu, DocumentMasksMatchTheCpu) {
   EXPECT_LT(max_rel(host64(o), ref_o), 1e-2);
   EXPECT_LT(max_rel(lse, ref_lse), 1e-3);
   EXPECT_GT(max_rel(host64(plain_o), ref_o), 0.1) << "the masks must change the output";
-  Tensor d_o = rows(b, h, s, d);
-  {
-    Tensor host = Tensor::empty(cpu, d_o.shape(), DType::BF16, MemoryCategory::Activations);
-    std::vector<double> values(static_cast<std::size_t>(host.numel()));
-    for (auto& x : values) x = n(rng);
-    host.copy_from_doubles(values);
-    d_o.copy_from(host);
-  }
+  Tensor d_o = random_rows(b, h, s, d);
   Tensor dqkv = Tensor::zeros(gpu, {b, s, h, 3 * d}, DType::BF16, MemoryCategory::Activations);
   Tensor dq = dqkv.narrow(3, 0, d).transpose(1, 2), dk = dqkv.narrow(3, d, d).transpose(1, 2),
          dv = dqkv.narrow(3, 2 * d, d).transpose(1, 2);

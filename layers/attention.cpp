@@ -28,12 +28,11 @@ ParallelSelfAttention::ParallelSelfAttention(ParameterSet& params, const std::st
              cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {
   if (cfg.qk_layernorm) {
     // A rank normalises only its heads' rows, so its gradients of the shared
-    // weights are a share: the norms sum them over the TP group as they do
-    // under sequence parallelism (NormGradients).
-    TpContext shared = ctx;
-    shared.sequence_parallel = ctx.size() > 1;
-    q_norm_ = make_normalization(params, name + ".q_layernorm", cfg, shared, head_dim_);
-    k_norm_ = make_normalization(params, name + ".k_layernorm", cfg, shared, head_dim_);
+    // weights are a share the norms sum over the TP group (NormGradients).
+    TpContext heads = ctx;
+    heads.heads_split = ctx.size() > 1;
+    q_norm_ = make_normalization(params, name + ".q_layernorm", cfg, heads, head_dim_);
+    k_norm_ = make_normalization(params, name + ".k_layernorm", cfg, heads, head_dim_);
   }
 }
 
@@ -221,8 +220,8 @@ Tensor ParallelSelfAttention::context_view(const Tensor& rows) const {
 }
 
 // cudnn, multi-head without RoPE: q, k, v are views of the QKV output (no
-// copies). Otherwise (RoPE rotates q and k; with groups q's heads are not
-// evenly spaced) forward makes copies as for the other backends and frees the
+// copies). Otherwise (RoPE rotates q and k, --qk-layernorm normalises them;
+// with groups q's heads are not evenly spaced) forward makes copies as for the other backends and frees the
 // QKV output: the same bytes kept either way.
 bool ParallelSelfAttention::cudnn_in_place() const { return per_group_ == 1 && !cfg_.rope() && !cfg_.qk_layernorm; }
 

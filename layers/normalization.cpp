@@ -9,7 +9,7 @@ namespace megazero::layers {
 
 NormGradients::NormGradients(const TpContext& ctx, std::vector<Tensor*> accumulators)
     : ctx_(ctx), accumulators_(std::move(accumulators)) {
-  if (!ctx_.sequence_parallel) return;
+  if (!ctx_.partial_rows()) return;
   std::int64_t total = 0;
   for (const Tensor* a : accumulators_) total += a->numel();
   const DType t = accumulators_.front()->dtype();
@@ -23,7 +23,7 @@ NormGradients::NormGradients(const TpContext& ctx, std::vector<Tensor*> accumula
 }
 
 void NormGradients::finish() {
-  if (!ctx_.sequence_parallel) return;
+  if (!ctx_.partial_rows()) return;
   ctx_.tp->all_reduce(stacked_, ReduceOp::Sum).wait();
   for (std::size_t i = 0; i < accumulators_.size(); ++i) kernels::add(*accumulators_[i], parts_[i], *accumulators_[i]);
   stacked_ = Tensor();

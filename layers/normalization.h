@@ -43,17 +43,18 @@ class Normalization {
   virtual void release() = 0;
 };
 
-// Under sequence parallelism a norm sees 1/TP of the token rows, so the
+// Under sequence parallelism a norm sees 1/TP of the token rows (and a
+// --qk-layernorm norm only its rank's heads: TpContext::partial_rows), so the
 // gradients of its (replicated) parameters are partial sums over the TP group.
 // grad(i) is what the kernels accumulate this micro-batch's share into: the
-// accumulator itself without sequence parallelism, else a zeroed stand-in
+// accumulator itself when the rows are whole, else a zeroed stand-in
 // that finish() sums over the TP group (one all-reduce for all of them) and
 // adds to the accumulator. Summing the accumulators themselves would count
 // earlier micro-batches TP times.
 class NormGradients {
  public:
   NormGradients(const TpContext& ctx, std::vector<Tensor*> accumulators);
-  Tensor& grad(std::size_t i) { return ctx_.sequence_parallel ? parts_[i] : *accumulators_[i]; }
+  Tensor& grad(std::size_t i) { return ctx_.partial_rows() ? parts_[i] : *accumulators_[i]; }
   void finish();
 
  private:

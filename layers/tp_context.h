@@ -17,6 +17,12 @@ struct TpContext {
   // outside the TP-split GEMMs (norms, dropout, the residual stream) each rank
   // holds only its share of the token rows (layers/mappings.h).
   bool sequence_parallel = false;
+  // A replicated layer (a norm) that sees only this rank's share of the rows
+  // its parameters serve: under sequence parallelism, or --qk-layernorm's
+  // per-head norms (each rank normalises its own heads). Its parameter
+  // gradients are then partial sums over the TP group (NormGradients).
+  bool partial_rows() const { return sequence_parallel || heads_split; }
+  bool heads_split = false;  // set for --qk-layernorm's norms (layers/attention.cpp)
   // --gemm-epilogues (GPTConfig::gemm_epilogues): which of the linear layers'
   // bias, GeLU and bias-gradient passes go through kernels/linear_epilogues.h.
   GemmEpilogues gemm_epilogues = GemmEpilogues::None;

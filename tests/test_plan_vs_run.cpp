@@ -16,7 +16,9 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -327,17 +329,14 @@ std::vector<Case> cases() {
   return out;
 }
 
-}  // namespace
-
-TEST(PlanVsRun, PlannedPeakEqualsMeasuredPeakOnEveryRank) {
-  int world_rank = 0, world_size = 0;
+// The planner's prediction for this rank against what it measures running
+// the case for real: every category, the peaks, the arena.
+void expect_plan_equals_run(const Case& c, const train::TrainArgs& args) {
+  int world_rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &world_size);
-  ASSERT_EQ(world_size, kWorld) << "run under mpiexec -n 4";
   const auto act = static_cast<std::size_t>(MemoryCategory::Activations);
-  for (const auto& c : cases()) {
+  {
     SCOPED_TRACE("case " + c.name + ", rank " + std::to_string(world_rank));
-    const auto args = parse(c.flags);
     const Measured run = run_for_real(args);
     const auto plan = plan::plan_rank_memory(args, kWorld, world_rank, DeviceKind::CPU);
     ASSERT_FALSE(run.skipped) << "the measured iteration skipped its optimizer step (overflow): not what is planned";
@@ -378,6 +377,116 @@ TEST(PlanVsRun, PlannedPeakEqualsMeasuredPeakOnEveryRank) {
       std::printf("[plan vs run] %-42s peak %9lld B (rank 0), max relative error over ranks %.3g\n", c.name.c_str(),
                   static_cast<long long>(run.step_total_peak), max_err);
   }
+}
+
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// A random combination of the model's features and a layout of the 4 ranks:
+// the same draw on every rank (the generator is seeded by the index alone).
+// Draws the flags refuse (a layout the model's heads or query groups do not
+// divide) are returned as they are; the caller skips them on every rank.
+Case random_case(unsigned index) {
+  std::mt19937 r(0x5eed + index);
+  auto coin = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(r) < p; };
+  auto pick = [&](std::vector<std::string> v) {
+    return v[std::uniform_int_distribution<std::size_t>(0, v.size() - 1)(r)];
+  };
+  std::vector<std::string> f;
+  std::string name = "random " + std::to_string(index) + ":";
+  auto add = [&](std::initializer_list<std::string> words) {
+    for (const auto& w : words) {
+      f.push_back(w);
+      name += " " + w;
+    }
+  };
+  const std::string layers = pick({"2", "3"});
+  add({"--num-layers", layers});
+  if (coin(0.5)) add({"--position-embedding-type", "rope"});
+  if (coin(0.4)) add({"--normalization", "RMSNorm"});
+  if (coin(0.2)) add({"--apply-layernorm-1p"});
+  if (coin(0.35)) add({"--swiglu"});
+  if (coin(0.25)) add({"--qk-layernorm"});
+  if (coin(0.35)) add({"--group-query-attention", "--num-query-groups", "2"});
+  if (coin(0.3)) add({"--disable-bias-linear"});
+  if (coin(0.3)) add({"--untie-embeddings-and-output-weights"});
+  if (coin(0.15)) add({"--no-bias-gelu-fusion"});
+  if (coin(0.3)) add({"--hidden-dropout", "0"});
+  if (coin(0.3)) add({"--attention-dropout", "0"});
+  const std::string precision = pick({"fp32", "bf16", "fp16"});
+  if (precision == "bf16") add({"--bf16"});
+  if (precision == "fp16") add({"--fp16", "--initial-loss-scale", "1024"});
+  bool documents = false;
+  if (coin(0.25)) add({"--eod-mask-loss"}), documents = true;
+  if (coin(0.25)) add({"--reset-position-ids"}), documents = true;
+  if (coin(0.25)) add({"--reset-attention-mask"}), documents = true;
+  if (documents) add({"--eod-token-id", "7"});
+  const int tp = std::stoi(pick({"1", "2", "4"})), dp = kWorld / tp;
+  const int stage = std::uniform_int_distribution<int>(0, 3)(r);
+  add({"--tensor-model-parallel-size", std::to_string(tp), "--zero-stage", std::to_string(stage)});
+  if (tp > 1 && coin(0.5)) add({"--sequence-parallel"});
+  const int micro = std::stoi(pick({"1", "2"})), accumulation = std::stoi(pick({"1", "2"}));
+  add({"--micro-batch-size", std::to_string(micro), "--global-batch-size", std::to_string(micro * dp * accumulation)});
+  const std::string recompute = pick({"none", "full", "selective", "block", "uniform"});
+  if (recompute == "selective") add({"--recompute-granularity", "selective"});
+  if (recompute == "full" || recompute == "block" || recompute == "uniform") {
+    add({"--recompute-activations"});
+    if (recompute != "full")
+      add({"--recompute-method", recompute, "--recompute-num-layers",
+           std::to_string(std::uniform_int_distribution<int>(1, std::stoi(layers))(r))});
+    if (coin(0.5)) {
+      add({"--partition-activations"});
+      if (coin(0.5)) add({"--cpu-checkpointing"});
+    }
+    if (coin(0.4)) add({"--contiguous-memory-optimization"});
+  }
+  bool offload = false;
+  if (precision != "fp32" && coin(0.3)) {
+    add({"--optimizer-cpu-offload"});
+    offload = true;
+    if (stage == 3 && coin(0.5)) add({"--param-cpu-offload"});
+  }
+  if (stage == 0 && !offload && coin(0.3)) add({"--overlap-optimizer", "true"});
+  if ((stage == 1 || stage == 2) && coin(0.3)) add({"--overlap-param-gather=false"});
+  if (stage == 3 && coin(0.3)) add({"--stage3-prefetch", "false"});
+  if (coin(0.3)) add({"--reduce-bucket-size", pick({"2000", "20000"})});
+  if (coin(0.4)) add({"--attention-backend", "fused"});
+  return {name, f};
+}
+
+}  // namespace
+
+TEST(PlanVsRun, PlannedPeakEqualsMeasuredPeakOnEveryRank) {
+  ASSERT_EQ(world_size(), kWorld) << "run under mpiexec -n 4";
+  for (const auto& c : cases()) expect_plan_equals_run(c, parse(c.flags));
+}
+
+// Features meet in combinations the list above does not name: seeded random
+// draws of the model's options and a layout (MZ_PLAN_COMBOS of them, 24 by
+// default; a session runs hundreds), each planned to the byte as above.
+TEST(PlanVsRun, RandomCombinationsArePlannedToTheByte) {
+  ASSERT_EQ(world_size(), kWorld) << "run under mpiexec -n 4";
+  const char* env = std::getenv("MZ_PLAN_COMBOS");
+  const unsigned n = env ? static_cast<unsigned>(std::stoul(env)) : 24;
+  const char* first_env = std::getenv("MZ_PLAN_COMBOS_FIRST");
+  const unsigned first = first_env ? static_cast<unsigned>(std::stoul(first_env)) : 0;
+  int planned = 0;
+  for (unsigned i = first; i < first + n; ++i) {
+    const Case c = random_case(i);
+    train::TrainArgs args;
+    try {  // the same draw on every rank, so every rank skips it or none
+      args = parse(c.flags);
+      args.model.validate(args.parallel.tensor_model_parallel_size);
+    } catch (const std::exception&) {
+      continue;
+    }
+    expect_plan_equals_run(c, args);
+    ++planned;
+  }
+  EXPECT_GE(planned, static_cast<int>(n) / 2) << "most draws should be valid";
 }
 
 // The mechanism the planner needs for exact 16-bit plans of runs on this CPU:

@@ -569,6 +569,17 @@ TEST(Trainer, SkipTrainEvaluatesTheCheckpointAndCkptStepPicksIt) {
   EXPECT_GT(trained.test_loss, 0);
   EXPECT_NE(trained.test_loss, trained.validation_loss);
   EXPECT_EQ(evaluated.test_loss, trained.test_loss);
+  // At stage 3 too, where the evaluation gathers each group's parameters
+  // before any training step has run (it failed on an ungathered embedding
+  // table), and a resume at --train-iters, which evaluates alone likewise.
+  for (const auto& extra : {std::vector<std::string>{"--skip-train"}, std::vector<std::string>{}}) {
+    auto flags = extra;
+    flags.insert(flags.end(), {"--load", dir, "--zero-stage", "3"});
+    const TrainResult stage3 = run(flags);
+    EXPECT_TRUE(stage3.losses.empty());
+    EXPECT_EQ(stage3.validation_loss, trained.validation_loss);
+    EXPECT_EQ(stage3.test_loss, trained.test_loss);
+  }
   const TrainResult third = run({"--load", dir, "--ckpt-step", "3", "--skip-train"});
   EXPECT_EQ(third.start_iteration, 3);
   EXPECT_NE(third.validation_loss, trained.validation_loss);

@@ -327,6 +327,10 @@ void Trainer::Impl::build() {
   engine_ = std::make_unique<zero::ZeroEngine>(params, groups->dp(), groups->tp(), device, zc, host);
   auto& engine = *engine_;
   engine.initialize(args.seed);
+  // The engine owns the parameters' storage from here on, not only inside a
+  // training step: an evaluation before any step (--skip-train, a resume at
+  // --train-iters) gathers stage 3's groups as the step's forward does.
+  model.set_param_hooks(&engine);
   if (root && engine.offload()) std::printf("%s\n", engine.offload()->describe().c_str());
   // ZeRO-R: where recomputing layers keep their inputs (Pa, Pa+cpu, MD).
   if (args.zero_r.any()) {
@@ -757,9 +761,13 @@ TrainResult Trainer::Impl::train() {
       std::snprintf(vtext, sizeof vtext, "validation loss %.4f", valid);
     else
       std::snprintf(vtext, sizeof vtext, "no validation (--eval-iters 0)");
-    std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, %s\n",
-                static_cast<long long>(args.train_iters - start_iter), seconds_since(t_start), first_loss, last_loss,
-                vtext);
+    if (args.train_iters > start_iter)
+      std::printf("training done: %lld iterations in %.1f s, loss %.4f -> %.4f, %s\n",
+                  static_cast<long long>(args.train_iters - start_iter), seconds_since(t_start), first_loss, last_loss,
+                  vtext);
+    else  // a resume at --train-iters: the evaluation alone
+      std::printf("training done: nothing to train (the checkpoint is at iteration %lld), %s\n",
+                  static_cast<long long>(start_iter), vtext);
   }
   return result;
 }

@@ -27,6 +27,10 @@ endif()
 add_library(megazero_xxhash INTERFACE)
 target_include_directories(megazero_xxhash INTERFACE ${XXHASH_INCLUDE_DIR})
 target_link_libraries(megazero_xxhash INTERFACE ${XXHASH_LIBRARY})
+# SentencePiece (Llama2Tokenizer, GPTSentencePieceTokenizer: --tokenizer-model):
+# Debian's package ships a pkg-config file, not a CMake one.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
 if(MEGAZERO_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

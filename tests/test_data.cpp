@@ -21,6 +21,7 @@
 #include "megazero/data/gpt_dataset.h"
 #include "megazero/data/indexed_dataset.h"
 #include "megazero/data/json_lite.h"
+#include "megazero/data/sentencepiece_tokenizer.h"
 
 using namespace megazero;
 using namespace megazero::data;
@@ -496,4 +497,99 @@ TEST(Tokenizer, MissingFilesNameTheFlagAndTheFix) {
   EXPECT_THROW(Gpt2BpeTokenizer(dir / "bad.json", dir / "none"), ConfigError);
   EXPECT_THROW(make_tokenizer("SentencePiece", "", ""), ConfigError);
   EXPECT_THROW(make_tokenizer("GPT2BPETokenizer", "", ""), ConfigError);
+}
+
+// ---- SentencePiece (Llama2Tokenizer, GPTSentencePieceTokenizer) ----
+// The model: spm_train's BPE of 1000 pieces over the bundled corpus, made by
+// the sentencepiece_test_model fixture (tests/CMakeLists.txt), unk/bos/eos at
+// SentencePiece's default ids 0/1/2.
+
+namespace {
+
+const std::string kSpModel = MZ_SP_TEST_MODEL;
+
+// What spm_encode (SentencePiece's own command-line tool) gives for text.
+std::vector<std::int32_t> spm_encode_ids(const std::string& text) {
+  TempDir dir;
+  const std::string file = dir / "in.txt";
+  std::ofstream(file) << text << "\n";
+  const std::string cmd = "spm_encode --model=" + kSpModel + " --output_format=id < " + file;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  while (p && std::fread(buf, 1, sizeof buf, p) > 0) out += buf;
+  if (p) pclose(p);
+  std::vector<std::int32_t> ids;
+  std::istringstream ss(out);
+  for (std::int32_t id; ss >> id;) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace
+
+TEST(SentencePieceTokenizer, EncodesAsSentencePieceItselfWithMegatronsBosAndEod) {
+  ASSERT_TRUE(fs::exists(kSpModel)) << kSpModel << ": the sentencepiece_test_model fixture makes it";
+  auto llama = make_tokenizer("Llama2Tokenizer", "", "", kSpModel);
+  auto gpt = make_tokenizer("GPTSentencePieceTokenizer", "", "", kSpModel);
+  EXPECT_EQ(llama->vocab_size(), 1000);
+  EXPECT_EQ(gpt->vocab_size(), 1000);
+  EXPECT_EQ(llama->eod(), 2) << "the model's </s>";
+  EXPECT_EQ(gpt->eod(), 2);
+  EXPECT_EQ(llama->name(), "Llama2Tokenizer");
+  for (const std::string text :
+       {"In the beginning God created the heaven and the earth.",
+        "And the earth was without form, and void; and darkness was upon the face of the deep.", "Zyzzyva qux 42!"}) {
+    SCOPED_TRACE(text);
+    const auto ref = spm_encode_ids(text);
+    ASSERT_GT(ref.size(), 3u);
+    const auto ids = gpt->encode(text);
+    EXPECT_EQ(ids, ref) << "GPTSentencePieceTokenizer: the pieces alone";
+    auto with_bos = ref;
+    with_bos.insert(with_bos.begin(), 1);
+    EXPECT_EQ(llama->encode(text), with_bos) << "Llama2Tokenizer: <s> first (Megatron's tokenize(s, bos=True))";
+    if (text.back() == '!') {  // no '!' in the corpus: SentencePiece's unknown piece, id 0, shown as U+2047
+      EXPECT_NE(std::find(ids.begin(), ids.end(), 0), ids.end());
+      EXPECT_NE(gpt->decode(ids).find("\xE2\x81\x87"), std::string::npos);
+      continue;
+    }
+    EXPECT_EQ(gpt->decode(ids), text);
+    EXPECT_EQ(llama->decode(with_bos), text) << "<s> decodes to nothing";
+  }
+  // A document longer than one buffer of ids, and an empty one.
+  std::string long_text;
+  for (int i = 0; i < 300; ++i) long_text += "and the LORD spake unto Moses, saying ";
+  long_text += "amen.";
+  const auto long_ids = gpt->encode(long_text);
+  EXPECT_GT(long_ids.size(), 1000u);
+  EXPECT_EQ(gpt->decode(long_ids), long_text);
+  EXPECT_TRUE(gpt->encode("").empty());
+  EXPECT_EQ(llama->encode(""), std::vector<std::int32_t>{1});
+}
+
+TEST(SentencePieceTokenizer, BadInputNamesTheFlagAndTheFix) {
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto has = [](const std::string& msg, const std::string& part) {
+    EXPECT_NE(msg.find(part), std::string::npos) << msg;
+  };
+  has(message([] { make_tokenizer("Llama2Tokenizer", "", ""); }), "needs --tokenizer-model");
+  has(message([] { make_tokenizer("Llama2Tokenizer", "", "", "/nonexistent/tokenizer.model"); }),
+      "--tokenizer-model /nonexistent/tokenizer.model: no such file");
+  TempDir dir;
+  std::ofstream(dir / "junk.model") << "not a model";
+  has(message([&] { make_tokenizer("GPTSentencePieceTokenizer", "", "", dir / "junk.model"); }),
+      "not a SentencePiece model");
+  has(message([] { make_tokenizer("SentencePieceTokenizer", "", "", kSpModel); }), "use GPTSentencePieceTokenizer");
+  has(message([] { make_tokenizer("ByteLevel", "", "", kSpModel); }), "--tokenizer-model is read by");
+  has(message([] { make_tokenizer("Llama2Tokenizer", "encoder.json", "", kSpModel); }),
+      "--vocab-file and --merge-file are GPT-2 BPE's files");
+  has(message([] { make_tokenizer("HuggingFaceTokenizer", "", "", kSpModel); }), "is not one of GPT2BPETokenizer");
+  auto gpt = make_tokenizer("GPTSentencePieceTokenizer", "", "", kSpModel);
+  has(message([&] { gpt->decode({5, 1000}); }), "token id 1000 is outside the model's 1000 pieces");
 }

@@ -35,7 +35,8 @@ int run(int argc, char** argv) {
   try {
     auto world = MpiCommunicator::world();
     MZ_REQUIRE(world->size() == 1, "generate_text runs as one process; start it without mpiexec");
-    std::string load, prompt, prompt_tokens, tokenizer_type, vocab_file, merge_file, device = "cpu", output;
+    std::string load, prompt, prompt_tokens, tokenizer_type, vocab_file, merge_file, tokenizer_model, device = "cpu",
+                                                                                                      output;
     I heads = 0, stop_token = -2;
     bool no_stop = false, no_kv_cache = false;
     generation::GenerateOptions o;
@@ -55,12 +56,15 @@ int run(int argc, char** argv) {
         "sample among the most likely tokens up to this probability mass (nucleus); 1 = all")(
         "seed", po::value(&o.sampling.seed)->default_value(1234), "the sampler's seed: the same seed, the same text")(
         "tokenizer-type", po::value(&tokenizer_type),
-        "GPT2BPETokenizer (with --vocab-file and --merge-file; the default when they are given) or ByteLevel")(
+        "GPT2BPETokenizer (with --vocab-file and --merge-file; the default when they are given), ByteLevel, "
+        "Llama2Tokenizer or GPTSentencePieceTokenizer (with --tokenizer-model)")(
+        "tokenizer-model", po::value(&tokenizer_model), "the SentencePiece model (tokenizer.model) of those two")(
         "vocab-file", po::value(&vocab_file), "GPT-2 encoder.json")("merge-file", po::value(&merge_file),
                                                                     "GPT-2 vocab.bpe")(
         "stop-token", po::value(&stop_token),
-        "end after generating this token id; default: the tokenizer's end of text (GPT-2 BPE 50256, ByteLevel 256)")(
-        "no-stop", po::bool_switch(&no_stop), "never stop early: generate --max-new-tokens tokens")(
+        "end after generating this token id; default: the tokenizer's end of text (GPT-2 BPE 50256, ByteLevel "
+        "256, SentencePiece: the model's </s>)")("no-stop", po::bool_switch(&no_stop),
+                                                 "never stop early: generate --max-new-tokens tokens")(
         "no-kv-cache", po::bool_switch(&no_kv_cache),
         "run the whole sequence every step instead of keeping each layer's keys and values (slower; the same "
         "tokens up to rounding: a check of the cache)")("device", po::value(&device),
@@ -83,10 +87,13 @@ int run(int argc, char** argv) {
     generation::validate(o.sampling);
     if (tokenizer_type.empty() && (!vocab_file.empty() || !merge_file.empty())) tokenizer_type = "GPT2BPETokenizer";
     MZ_REQUIRE(!tokenizer_type.empty() || prompt.empty(),
-               "--prompt is text: name its tokenizer with --vocab-file and --merge-file (GPT-2 BPE) or "
-               "--tokenizer-type ByteLevel, or give --prompt-tokens");
+               "--prompt is text: name its tokenizer with --vocab-file and --merge-file (GPT-2 BPE), "
+               "--tokenizer-type ByteLevel, or --tokenizer-type Llama2Tokenizer --tokenizer-model FILE, or give "
+               "--prompt-tokens");
     std::unique_ptr<data::Tokenizer> tok;
-    if (!tokenizer_type.empty()) tok = data::make_tokenizer(tokenizer_type, vocab_file, merge_file);
+    MZ_REQUIRE(!tokenizer_type.empty() || tokenizer_model.empty(),
+               "--tokenizer-model needs --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer");
+    if (!tokenizer_type.empty()) tok = data::make_tokenizer(tokenizer_type, vocab_file, merge_file, tokenizer_model);
 
     const std::vector<I> ids = prompt.empty() ? hf::parse_token_ids(prompt_tokens, "--prompt-tokens") : [&] {
       const auto enc = tok->encode(prompt);

@@ -28,7 +28,7 @@ targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero
          test_rmsnorm_kernels test_swiglu_kernels test_rope_kernels test_activation_memory
          test_cudnn_attention test_sdpa_graph test_layer_gradients test_linear_epilogues
          test_collectives bench_collectives bench_layer bench_kernels bench_gpt pretrain_gpt convert_checkpoint generate_text)
-cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}" megazero_sentencepiece
 stage=$(mktemp -d)
 mkdir -p "$stage/bin" "$stage/lib/ucx"
 for t in "${targets[@]}"; do
@@ -36,12 +36,14 @@ for t in "${targets[@]}"; do
   [ -n "$f" ] || { echo "gpu_bundle: $t was not built in $build" >&2; exit 1; }
   strip -o "$stage/bin/$t" "$f"
 done
+# SentencePiece, loaded at run time from ../lib beside bin/ (data/sentencepiece_tokenizer.h).
+strip -o "$stage/lib/libmegazero_sentencepiece.so" "$(find "$build" -type f -name libmegazero_sentencepiece.so | head -1)"
 cp /usr/bin/mpiexec.hydra /usr/bin/hydra_pmi_proxy "$stage/bin/"
 # The end-to-end scripts (tests/cli) call plain `mpiexec`.
 ln -s mpiexec.hydra "$stage/bin/mpiexec"
 # Everything the binaries load except glibc, the driver and the CUDA libraries
 # the GPU machine brings (cuBLAS is 600 MB; cuDNN and NCCL come with PyTorch there).
-ldd "$stage"/bin/* 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
+ldd "$stage"/bin/* "$stage"/lib/libmegazero_sentencepiece.so 2>/dev/null | awk '/=> \// {print $3}' | sort -u |
   grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$stage/lib/ucx/" 2>/dev/null || true

@@ -65,6 +65,9 @@
 #            unfused, fused and cudnn (its additive bias) attentions must agree on the loss to
 #            rounding; their step times, against cudnn without the masks, decide which backend
 #            Megatron's auto picks with them
+#   combos - tests/cli/feature_combos.py on cuda (~4 min for MZ_COMBOS=24): random combinations of the
+#            model's features and layouts (TP, SP, ZeRO stage, ZeRO-R, offload, overlaps, attention
+#            backend with cuDNN, transport), each like one rank on the GPU or refused naming a flag
 #   offload - ZeRO-Offload (--optimizer-cpu-offload) on the 355M model, one GPU: step, optimizer
 #            timer and peak memory with the state on the device and in host memory (same losses),
 #            then the host's AdamW alone (bench_kernels --device cpu)
@@ -366,6 +369,16 @@ for phase in "$@"; do
         done
       } > "$out/documents.txt" 2>&1
       grep -E "^==|iteration +(10|20|30)/|documents:|error" "$out/documents.txt" | tail -30
+      ;;
+    combos)
+      # Features in random combinations on the GPU (tests/cli/feature_combos.py --device cuda): the
+      # draws CI runs on the CPU (seed 1) and more, every run on the GPU; each layout trains like
+      # one rank there to rounding (a checkpoint halfway resumed on another layout too), or is
+      # refused naming a flag; cuDNN's attention for half the fused draws.
+      MZ_MPIEXEC=mpiexec.hydra bounded 420 python3 tests/cli/feature_combos.py --exe $B/pretrain_gpt --device "${MZ_COMBOS_DEVICE:-cuda}" \
+        --combos "${MZ_COMBOS:-24}" --seed 1 > "$out/combos.txt" 2>&1
+      echo "== exit $?" >> "$out/combos.txt"
+      grep -E "FAIL|^feature_combos|^== exit|refused" "$out/combos.txt" | tail -30
       ;;
     offload)
       {

@@ -14,6 +14,7 @@ packages=(
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
   nlohmann-json3-dev                   # checkpoint manifests and safetensors headers
   libxxhash-dev                        # checkpoint checksums (XXH3)
+  libsentencepiece-dev sentencepiece  # Llama2Tokenizer / GPTSentencePieceTokenizer (--tokenizer-model); tests train a small model with spm_train
   libprotobuf-dev protobuf-compiler    # --tensorboard-dir: TensorBoard's Event records (protoc generates the C++)
   python3-protobuf                     # tests: Python's protobuf decodes the TensorBoard event files independently
   python3-numpy                        # tests: an independent GPT-2 forward over exported weights

@@ -4,6 +4,7 @@
 // end-of-text token with --append-eod.
 //   preprocess_data --input kjv.txt --output-prefix data/corpus/kjv_text_document
 //     --tokenizer-type GPT2BPETokenizer --vocab-file encoder.json --merge-file vocab.bpe --append-eod
+//   (or --tokenizer-type Llama2Tokenizer --tokenizer-model tokenizer.model, a SentencePiece model)
 // A single process: the output is written once, crash-safely.
 #include <boost/program_options.hpp>
 #include <chrono>
@@ -27,7 +28,7 @@ using namespace megazero::data;
 namespace {
 
 struct Args {
-  std::string input, output_prefix, tokenizer_type, vocab_file, merge_file, json_key = "text";
+  std::string input, output_prefix, tokenizer_type, vocab_file, merge_file, tokenizer_model, json_key = "text";
   bool json_lines = false, append_eod = false, help = false;
 };
 
@@ -40,7 +41,11 @@ po::options_description describe_options(Args& a) {
       "--input holds one JSON object per line; its --json-key string is a document")(
       "json-key", po::value(&a.json_key)->default_value("text"), "the field holding the text with --json-lines")(
       "output-prefix", po::value(&a.output_prefix), "write PREFIX.bin and PREFIX.idx")(
-      "tokenizer-type", po::value(&a.tokenizer_type), "GPT2BPETokenizer or ByteLevel")(
+      "tokenizer-type", po::value(&a.tokenizer_type),
+      "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer (SentencePiece, <s> first in each document) or "
+      "GPTSentencePieceTokenizer")(
+      "tokenizer-model", po::value(&a.tokenizer_model),
+      "the SentencePiece model (tokenizer.model) of Llama2Tokenizer and GPTSentencePieceTokenizer")(
       "vocab-file", po::value(&a.vocab_file), "GPT-2's encoder.json (GPT2BPETokenizer)")(
       "merge-file", po::value(&a.merge_file), "GPT-2's vocab.bpe (GPT2BPETokenizer)")(
       "append-eod", po::bool_switch(&a.append_eod), "end every document with the end-of-text token");
@@ -57,7 +62,7 @@ Args parse(int argc, char** argv) {
   }
   MZ_REQUIRE(!a.input.empty(), "--input is required: the text corpus to tokenize");
   MZ_REQUIRE(!a.output_prefix.empty(), "--output-prefix is required: PREFIX of the PREFIX.bin/.idx to write");
-  MZ_REQUIRE(!a.tokenizer_type.empty(), "--tokenizer-type is required: GPT2BPETokenizer or ByteLevel");
+  MZ_REQUIRE(!a.tokenizer_type.empty(), "--tokenizer-type is required: one of ", kTokenizerTypes);
   return a;
 }
 
@@ -103,7 +108,7 @@ void for_each_document(const Args& a, F&& doc) {
 }
 
 int preprocess(const Args& a) {
-  auto tok = make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file);
+  auto tok = make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model);
   const TokenDType dtype = token_dtype_for_vocab(tok->vocab_size());
   IndexedDatasetBuilder out(a.output_prefix, dtype);
   std::int64_t docs = 0, bytes = 0;

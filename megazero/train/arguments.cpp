@@ -273,7 +273,7 @@ void define(OptionTable& t, TrainArgs& a) {
          "mean over the tokens it keeps");
   t.add(D, "eod-token-id", &a.eod_token_id,
         "the end-of-document token for --eod-mask-loss, --reset-position-ids and --reset-attention-mask; default: "
-        "--tokenizer-type's (GPT2BPETokenizer 50256, ByteLevel 256)");
+        "--tokenizer-type's (GPT2BPETokenizer 50256, ByteLevel 256, the SentencePiece ones' --tokenizer-model's </s>)");
   t.flag(D, "reset-position-ids", &a.reset_position_ids,
          "positions restart at 0 after each end-of-document token (Megatron's): every document packed into a "
          "sample is positioned as if alone");
@@ -912,7 +912,7 @@ void TrainArgs::validate() const {
   if (by_document) {
     MZ_REQUIRE(eod_token_id >= 0, document_flag,
                " needs the end-of-document token: pass --tokenizer-type GPT2BPETokenizer (50256) or ByteLevel "
-               "(256), or --eod-token-id N");
+               "(256), --tokenizer-type Llama2Tokenizer --tokenizer-model FILE (its </s>), or --eod-token-id N");
     MZ_REQUIRE(eod_token_id < model.vocab_size, "--eod-token-id ", eod_token_id, " is outside the vocabulary of ",
                "--vocab-size ", model.vocab_size, ": the end-of-document token of the data's tokenizer is needed ",
                "(GPT-2 BPE: 50256 with --vocab-size 50257)");

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "megazero/core/error.h"
+#include "megazero/data/gpt2_tokenizer.h"
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/train/arguments.h"
 
@@ -42,7 +43,11 @@ const CompatFlag kFlags[] = {
     {"use-checkpoint-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--use-checkpoint-opt-param-scheduler"},
     {"override-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--override-opt-param-scheduler"},
     {"tokenizer-type", Kind::Value, Meaning::Translated,
-     "GPT2BPETokenizer or ByteLevel (the data's tokenizer; its end-of-text token is --eod-mask-loss's)"},
+     "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer or GPTSentencePieceTokenizer (the data's tokenizer; its "
+     "end-of-text token is --eod-mask-loss's; the SentencePiece ones' model also gives --vocab-size)"},
+    {"tokenizer-model", Kind::Value, Meaning::Translated,
+     "with --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer: the SentencePiece model, read for the "
+     "vocabulary size and the end-of-document token"},
     {"lr-warmup-fraction", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
     {"train-samples", Kind::Value, Meaning::Translated, "--train-iters"},
     {"lr-decay-samples", Kind::Value, Meaning::Translated, "--lr-decay-iters"},
@@ -154,8 +159,6 @@ const CompatFlag kFlags[] = {
     {"use-precision-aware-optimizer", Kind::Switch, Meaning::Refused,
      "the optimizer's master weights and moments are fp32 (12 bytes a parameter, the paper's K)"},
     {"sgd-momentum", Kind::Value, Meaning::Refused, "megazero's optimizer is AdamW"},
-    {"tokenizer-model", Kind::Value, Meaning::Refused,
-     "the data is tokenized beforehand by tools/preprocess_data (GPT-2 BPE or bytes): drop it"},
     {"decoder-seq-length", Kind::Value, Meaning::Refused, "megazero trains decoder-only GPTs: --seq-length"},
     {"no-mmap-bin-files", Kind::Switch, Meaning::Refused, "the .bin files are always memory-mapped"},
     {"use-pytorch-profiler", Kind::Switch, Meaning::Refused,
@@ -338,13 +341,40 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                         std::to_string(head) + ") is not implemented; use " + std::to_string(head) +
                         " or leave it out");
   }
-  only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel"},
-       "the data is tokenized beforehand by tools/preprocess_data, which knows GPT2BPETokenizer and ByteLevel");
+  only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel", "Llama2Tokenizer", "GPTSentencePieceTokenizer"},
+       "the data is tokenized beforehand (tools/preprocess_data knows GPT2BPETokenizer, ByteLevel, Llama2Tokenizer "
+       "and GPTSentencePieceTokenizer; Megatron's tools/preprocess_data.py writes the same .bin/.idx): name one of "
+       "those, or leave it out");
+  const std::string* type = value("tokenizer-type");
+  const std::string* model_file = value("tokenizer-model");
+  const bool sentencepiece = type && (*type == "Llama2Tokenizer" || *type == "GPTSentencePieceTokenizer");
+  if (model_file && !sentencepiece)
+    refused.push_back(
+        "--tokenizer-model: read only with --tokenizer-type Llama2Tokenizer or "
+        "GPTSentencePieceTokenizer (a SentencePiece model); name the type, or drop it");
+  if (sentencepiece && !model_file)
+    refused.push_back("--tokenizer-type " + *type +
+                      ": needs --tokenizer-model, the SentencePiece model the data was tokenized with");
+  const bool by_document = a.eod_mask_loss || a.reset_position_ids || a.reset_attention_mask;
+  if (sentencepiece && model_file && refused.empty()) {
+    // The model's pieces are the vocabulary and its </s> ends a document
+    // (data/sentencepiece_tokenizer.h), as Megatron's tokenizer reports them.
+    const auto tok = data::make_tokenizer(*type, "", "", *model_file);
+    if (!was_given("vocab-size")) {
+      a.model.vocab_size = tok->vocab_size();
+      a.notes.push_back("--vocab-size " + std::to_string(tok->vocab_size()) + " from --tokenizer-model " + *model_file +
+                        " (its pieces)");
+    } else {
+      MZ_REQUIRE(a.model.vocab_size >= tok->vocab_size(), "--vocab-size ", a.model.vocab_size,
+                 " is smaller than --tokenizer-model ", *model_file, "'s ", tok->vocab_size(),
+                 " pieces: its token ids would fall outside the model; leave --vocab-size out to take the model's");
+    }
+    if (by_document && a.eod_token_id == -1) a.eod_token_id = tok->eod();
+  }
   // The end-of-document token --eod-mask-loss masks: the tokenizer's end of
   // text, as tools/preprocess_data --append-eod writes it (data/gpt2_tokenizer.h).
-  if (const auto* v = value("tokenizer-type");
-      v && (a.eod_mask_loss || a.reset_position_ids || a.reset_attention_mask) && a.eod_token_id == -1)
-    a.eod_token_id = *v == "ByteLevel" ? 256 : *v == "GPT2BPETokenizer" ? 50256 : -1;
+  if (type && by_document && a.eod_token_id == -1)
+    a.eod_token_id = *type == "ByteLevel" ? 256 : *type == "GPT2BPETokenizer" ? 50256 : -1;
   if (value("calculate-per-token-loss")) {
     if (a.eod_mask_loss)
       a.per_token_loss = true;

@@ -364,7 +364,13 @@ def cases():
         ("use-precision-aware-optimizer", "", "--use-precision-aware-optimizer: the optimizer's master weights and "
          "moments are fp32"),
         ("sgd-momentum", "0.9", "--sgd-momentum: megazero's optimizer is AdamW"),
-        ("tokenizer-model", "x", "--tokenizer-model: the data is tokenized beforehand"),
+        ("tokenizer-model", "x", "--tokenizer-model: read only with --tokenizer-type Llama2Tokenizer or "
+         "GPTSentencePieceTokenizer"),
+        ("tokenizer-model", "/nonexistent/tokenizer.model --tokenizer-type Llama2Tokenizer",
+         "--tokenizer-model /nonexistent/tokenizer.model: no such file; pass the SentencePiece model"),
+        ("tokenizer-model", "{CFG} --tokenizer-type GPTSentencePieceTokenizer",
+         "--tokenizer-model .*: not a SentencePiece model"),
+        ("tokenizer-type", "Llama2Tokenizer", "--tokenizer-type Llama2Tokenizer: needs --tokenizer-model"),
         ("decoder-seq-length", "32", "--decoder-seq-length: megazero trains decoder-only GPTs"),
         ("no-mmap-bin-files", "", "--no-mmap-bin-files: the .bin files are always memory-mapped"),
         ("use-pytorch-profiler", "", "--use-pytorch-profiler: there is no PyTorch: --profile records"),
@@ -657,14 +663,15 @@ def cases():
     # --eod-mask-loss: the end-of-document token from --tokenizer-type or --eod-token-id, inside the vocabulary.
     datacases += [
         ("eod-mask-loss-no-token", E2, "--eod-mask-loss needs the end-of-document token: pass --tokenizer-type "
-         "GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), or --eod-token-id N", " --data-path {DATA} --eod-mask-loss"),
+         "GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), --tokenizer-type Llama2Tokenizer --tokenizer-model "
+         "FILE \\(its </s>\\), or --eod-token-id N", " --data-path {DATA} --eod-mask-loss"),
         ("eod-token-outside-vocab", E2, "--eod-token-id 256 is outside the vocabulary of --vocab-size 256",
          " --data-path {DATA} --vocab-size 256 --eod-mask-loss --tokenizer-type ByteLevel"),
         ("eod-token-id-alone", E2, "--eod-token-id 5 is only read by --eod-mask-loss, --reset-position-ids and "
          "--reset-attention-mask: add one, or drop --eod-token-id", " --data-path {DATA} --eod-token-id 5"),
         # Megatron's per-document positions and masks: the same token, and the unfused attention for the masks.
         ("reset-position-ids-no-token", E2, "--reset-position-ids needs the end-of-document token: pass "
-         "--tokenizer-type GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), or --eod-token-id N",
+         "--tokenizer-type GPT2BPETokenizer \\(50256\\) or ByteLevel \\(256\\), --tokenizer-type Llama2Tokenizer",
          " --data-path {DATA} --reset-position-ids"),
         ("reset-attention-mask-no-token", E2, "--reset-attention-mask needs the end-of-document token",
          " --data-path {DATA} --reset-attention-mask"),

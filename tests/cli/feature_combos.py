@@ -6,7 +6,7 @@ draws a model (positions, norms, the MLP, grouped queries, biases, tied output,
 dropout, precision, packed documents, the loss mask, clipping) and a layout to
 train it on (2 or 4 ranks, TP, sequence parallelism, a ZeRO stage, ZeRO-R,
 offload, the overlaps, bucket sizes, the attention backend, the device and the
-transport), trains it there for a few iterations, and trains the same model on
+transport, and switches that change no result), trains it there for a few iterations, and trains the same model on
 one rank (TP 1, stage 0, nothing else) with the same global batch. What must
 hold, for every draw:
 
@@ -25,8 +25,10 @@ hold, for every draw:
   rank's to the same rounding (checkpoints load on any layout, with or
   without offload, on either device).
 
-The draws come from --seed, so a failure prints the two command lines that
-reproduce it. CI runs a few combinations (tests/CMakeLists.txt); a session
+The draws come from --seed, so a failure prints the command lines that
+reproduce it. --device puts every run on one device (the one-rank run too):
+tools/gpu_session.sh's combos phase runs the same draws on cuda, where the
+fused draws take cuDNN's attention half the time. CI runs a few combinations (tests/CMakeLists.txt); a session
 runs hundreds with another seed.
 """
 import argparse
@@ -106,10 +108,14 @@ def draw_model(r):
     return f, precision, layers
 
 
-def draw_layout(r, precision, layers, model):
+def draw_layout(r, precision, layers, model, device=None):
     """Where the model trains: only the second run gets these."""
     n = r.choice([2, 4, 4])
-    tp = r.choice([t for t in (1, 2, 4) if t <= n])
+    tps = [t for t in (1, 2, 4) if t <= n]
+    if "--num-query-groups" in model and r.random() < 0.8:  # mostly a TP size the groups allow
+        groups = int(model[model.index("--num-query-groups") + 1])
+        tps = [t for t in tps if groups % t == 0]
+    tp = r.choice(tps)
     dp = n // tp
     stage = r.randint(0, 3)
     f = ["--tensor-model-parallel-size", str(tp), "--zero-stage", str(stage)]
@@ -151,9 +157,28 @@ def draw_layout(r, precision, layers, model):
     if r.random() < 0.3:
         f += ["--reduce-bucket-size", str(r.choice([2000, 5000, 20000]))]
     if r.random() < 0.4:
-        f += ["--attention-backend", "fused"]
-    device = r.choice(["cpu", "cpu-isolated"])
-    f += ["--device", device]
+        # cuDNN's attention where the device has it (one number drawn either
+        # way, so a seed draws the same combinations on every device)
+        cudnn = r.random() < 0.5
+        f += ["--attention-backend", "cudnn" if device == "cuda" and cudnn else "fused"]
+    # Switches that change no result: the CPU's unfused epilogue passes, the
+    # planned arena, no overlap of the gradient buckets, the logged norms
+    # and zero counts, the collectives' cross-check, deterministic kernels.
+    epilogues = r.choice(["forward", "all"])
+    if r.random() < 0.2 and "--disable-bias-linear" not in model:  # (no biases: refused, nothing to fuse)
+        f += ["--gemm-epilogues=" + epilogues]
+    if r.random() < 0.2:
+        f += ["--device-arena"]
+    if r.random() < 0.15:
+        f += ["--overlap-comm", "false"]
+    if r.random() < 0.2:
+        f += ["--log-params-norm", "--log-num-zeros-in-grad"]
+    if r.random() < 0.1:
+        f += ["--check-collectives"]
+    if r.random() < 0.1:
+        f += ["--deterministic-mode"]
+    drawn = r.choice(["cpu", "cpu-isolated"])
+    f += ["--device", device or drawn]
     if r.random() < 0.3:
         f += ["--distributed-backend", "shm"]
     return n, f
@@ -164,7 +189,7 @@ VALID = re.compile(r"validation loss at iteration \d+: ([0-9.eE+-]+|nan|inf)")
 
 
 def run(exe, ranks, flags, workdir):
-    cmd = ["mpiexec", "-n", str(ranks), exe] + BASE + flags
+    cmd = [os.environ.get("MZ_MPIEXEC", "mpiexec"), "-n", str(ranks), exe] + BASE + flags
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGAZERO_NUM_THREADS="1")
     try:
         p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT,
@@ -183,17 +208,17 @@ def refusal_named(out):
     return re.search(r"--[a-z]", out) is not None
 
 
-def check(exe, index, seed):
+def check(exe, index, seed, device=None):
     r = random.Random(seed * 100003 + index)
     model, precision, layers = draw_model(r)
-    ranks, layout = draw_layout(r, precision, layers, model)
+    ranks, layout = draw_layout(r, precision, layers, model, device)
     resume = r.random() < 0.4
     if resume:  # the layout saves halfway; another layout loads it and trains on
-        ranks2, layout2 = draw_layout(r, precision, layers, model)
+        ranks2, layout2 = draw_layout(r, precision, layers, model, device)
         layout += ["--save", "ckpt", "--save-interval", str(ITERS // 2)]
         layout2 += ["--load", "ckpt", "--ckpt-step", str(ITERS // 2)]
     with tempfile.TemporaryDirectory() as work:
-        ref_cmd, ref_rc, ref_out = run(exe, 1, model + ["--micro-batch-size", "4"], work)
+        ref_cmd, ref_rc, ref_out = run(exe, 1, model + ["--micro-batch-size", "4"] + (["--device", device] if device else []), work)
         cmd, rc, out = run(exe, ranks, model + layout, work)
         runs = [("one rank", ref_cmd, ref_rc, ref_out), ("layout", cmd, rc, out)]
         if resume and rc == 0:
@@ -254,13 +279,14 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--first", type=int, default=0, help="the first combination's index (to rerun one)")
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--device", help="every run on this device (the one-rank run too), e.g. cuda on a GPU lease")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
     exe = os.path.abspath(a.exe)
     failed = refused = 0
     idx = range(a.first, a.first + a.combos)
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        for ok, was_refused, report in pool.map(lambda i: check(exe, i, a.seed), idx):
+        for ok, was_refused, report in pool.map(lambda i: check(exe, i, a.seed, a.device), idx):
             failed += not ok
             refused += was_refused
             if not ok or a.verbose:

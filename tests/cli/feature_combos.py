@@ -37,6 +37,7 @@ import math
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -191,13 +192,32 @@ VALID = re.compile(r"validation loss at iteration \d+: ([0-9.eE+-]+|nan|inf)")
 def run(exe, ranks, flags, workdir):
     cmd = [os.environ.get("MZ_MPIEXEC", "mpiexec"), "-n", str(ranks), exe] + BASE + flags
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGAZERO_NUM_THREADS="1")
+    # A session of its own, so a run past its time is ended with every rank
+    # (mpiexec alone would leave them).
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=workdir,
+                         start_new_session=True)
+    RUNNING.add(p)
     try:
-        p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT,
-                           env=env, cwd=workdir)
-        return cmd, p.returncode, p.stdout
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return cmd, "timeout", out
+        out, _ = p.communicate(timeout=RUN_TIMEOUT)
+        return cmd, p.returncode, out
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        return cmd, f"timeout after {RUN_TIMEOUT} s (a hang)", out
+    finally:
+        RUNNING.discard(p)
+
+
+RUNNING = set()  # the runs in flight, ended with this script (CTest's timeout, ^C)
+
+
+def end_runs(signum, _frame):
+    for p in list(RUNNING):
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    sys.exit(128 + signum)
 
 
 def losses(out):
@@ -282,6 +302,8 @@ def main():
     ap.add_argument("--device", help="every run on this device (the one-rank run too), e.g. cuda on a GPU lease")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
+    signal.signal(signal.SIGTERM, end_runs)
+    signal.signal(signal.SIGINT, end_runs)
     exe = os.path.abspath(a.exe)
     failed = refused = 0
     idx = range(a.first, a.first + a.combos)

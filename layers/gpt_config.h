@@ -35,6 +35,8 @@ struct GPTConfig {
   double attention_dropout = 0.1;               // --attention-dropout
   double layernorm_epsilon = 1e-5;
   double init_method_std = 0.02;  // GPT-2: normal(0, 0.02)
+  // --init-method-xavier-uniform: every weight U(-a, a) instead (parameter.h's Init).
+  bool init_xavier_uniform = false;
   // Activation recompute (checkpointing), Megatron's two granularities:
   // full: a layer keeps only its input and re-runs its forward in backward
   // (--recompute-activations, --recompute-granularity full), in every layer
@@ -78,6 +80,7 @@ struct GPTConfig {
   double rotary_interpolation_factor = 1;
   std::string normalization = "LayerNorm";  // --normalization: or "RMSNorm"
   bool swiglu = false;                      // --swiglu: MLP = fc2(silu(x Wg) * (x Wu))
+  bool squared_relu = false;                // --squared-relu: MLP = fc2(relu(x W1 + b1)^2) (Nemotron's)
   // --num-query-groups with --group-query-attention: K/V heads shared by
   // groups of query heads (GQA); 0 = one K/V head per query head (MHA).
   std::int64_t num_query_groups = 0;

@@ -17,12 +17,19 @@ TpContext model_context(TpContext ctx, const GPTConfig& cfg) {
   ctx.gemm_epilogues = cfg.gemm_epilogues;
   return ctx;
 }
+// The first group; before it, the weights' initialisation for every
+// parameter the model adds (--init-method-xavier-uniform).
+int begin_embedding_group(ParameterSet& params, const GPTConfig& cfg) {
+  params.set_xavier_uniform(cfg.init_xavier_uniform);
+  return params.begin_group("embedding");
+}
+
 }  // namespace
 
 GPTModel::GPTModel(const GPTConfig& cfg, const TpContext& ctx, ParameterSet& params)
     : cfg_(validated(cfg, ctx.size())),
       ctx_(model_context(ctx, cfg)),
-      embedding_group_(params.begin_group("embedding")),
+      embedding_group_(begin_embedding_group(params, cfg)),
       embedding_(params, "embedding.word", cfg.vocab_size, cfg.padded_vocab(ctx.size()), cfg.hidden_size, ctx_,
                  cfg.init_method_std),
       loss_(ctx_) {

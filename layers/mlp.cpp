@@ -12,6 +12,7 @@ ParallelMLP::ParallelMLP(ParameterSet& params, const std::string& name, const GP
     : ctx_(ctx),
       bias_gelu_fusion_(cfg.bias_gelu_fusion),
       swiglu_(cfg.swiglu),
+      squared_relu_(cfg.squared_relu),
       fc1_(params, name + ".fc1", cfg.hidden_size, cfg.ffn(), cfg.add_bias_linear, false, ctx, cfg.init_method_std,
            cfg.swiglu ? 2 : 1),
       fc2_(params, name + ".fc2", cfg.ffn(), cfg.hidden_size, cfg.add_bias_linear, ctx,
@@ -27,7 +28,9 @@ Tensor ParallelMLP::forward(const Tensor& x, bool add_output_bias) {
     return fc2_.forward(act, add_output_bias);
   }
   Tensor act = ctx_.activation(pre_gelu_.shape());
-  if (fused) {
+  if (squared_relu_) {
+    kernels::squared_relu_forward(pre_gelu_, act);
+  } else if (fused) {
     kernels::bias_gelu_forward(pre_gelu_, fc1_.bias()->value, act);
   } else {
     kernels::gelu_forward(pre_gelu_, act);
@@ -55,6 +58,8 @@ Tensor ParallelMLP::backward(const Tensor& dy, bool output_bias_grad_done) {
     Tensor dpre = ctx_.activation(pre_gelu_.shape());
     kernels::swiglu_backward(dact, pre_gelu_, dpre);
     dact = dpre;
+  } else if (squared_relu_) {
+    kernels::squared_relu_backward(dact, pre_gelu_, dact);
   } else if (fused) {
     Parameter& bias = *fc1_.bias();
     kernels::bias_gelu_backward(dact, pre_gelu_, bias.value, dact, bias.grad);

@@ -1,5 +1,7 @@
 #include "layers/parameter.h"
 
+#include <cmath>
+
 #include "megazero/kernels/optimizer_kernels.h"
 
 #include "megazero/core/error.h"
@@ -32,7 +34,18 @@ double Parameter::init_value(std::uint64_t seed, std::int64_t local_flat) const 
   const std::int64_t g = global_index(local_flat);
   const std::int64_t row = global_shape.size() > 1 ? shape_numel(global_shape) / global_shape[0] : 1;
   if (padding_from_row >= 0 && g / row >= padding_from_row) return 0.0;  // padding stays 0
-  return init_std * normal_at(RngKey{seed, 0, id(), kRngInit}, static_cast<std::uint64_t>(g));
+  const RngKey key{seed, 0, id(), kRngInit};
+  if (init == Init::XavierUniform)
+    return xavier_bound() * (2.0 * static_cast<double>(uniform_at(key, static_cast<std::uint64_t>(g))) - 1.0);
+  return init_std * normal_at(key, static_cast<std::uint64_t>(g));
+}
+
+double Parameter::xavier_bound() const {
+  const std::int64_t fan_in = global_shape.back();
+  std::int64_t numel = shape_numel(global_shape);
+  if (padding_from_row >= 0) numel = numel / global_shape[0] * padding_from_row;  // the vocabulary's rows only
+  const std::int64_t fan_out = global_shape.size() > 1 ? numel / fan_in : 1;
+  return std::sqrt(6.0 / static_cast<double>(fan_in + fan_out));
 }
 
 Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim, int part, int parts, Init init,
@@ -52,7 +65,7 @@ Parameter& ParameterSet::add(std::string name, Shape global_shape, int split_dim
   }
   if (group_names_.empty()) group_names_.push_back("default");
   p.group = num_groups() - 1;
-  p.init = init;
+  p.init = xavier_uniform_ && init == Init::Normal ? Init::XavierUniform : init;
   p.init_std = init_std;
   p.weight_decay = weight_decay;
   params_.push_back(std::move(p));

@@ -14,7 +14,13 @@
 
 namespace megazero::layers {
 
-enum class Init { Normal, Zeros, Ones };
+// Normal: N(0, init_std). XavierUniform (--init-method-xavier-uniform, in
+// place of every Normal): U(-a, a), a = sqrt(6 / (fan_in + fan_out)) of the
+// matrix the weight stands for at TP 1 — fan_in its last dimension, fan_out
+// the rest, a padded vocabulary's rows not counted — so every layout draws
+// the same values (Megatron draws on each rank's shard unless
+// --use-cpu-initialization).
+enum class Init { Normal, Zeros, Ones, XavierUniform };
 
 struct Parameter {
   std::string name;              // e.g. "layers.3.attention.qkv.weight"
@@ -24,7 +30,8 @@ struct Parameter {
   Shape local_shape;             // what this rank holds
   bool weight_decay = true;      // false for biases and LayerNorm
   Init init = Init::Normal;
-  double init_std = 0.0;  // for Init::Normal
+  double init_std = 0.0;        // for Init::Normal
+  double xavier_bound() const;  // a, for Init::XavierUniform
   // Rows of dim 0 at or beyond this index are padding (vocab padding) and stay
   // zero at init; -1 = none.
   std::int64_t padding_from_row = -1;
@@ -91,6 +98,9 @@ class ParameterSet {
   // Parameters declared after this call belong to a new group named `name`.
   // Groups must be declared in forward order and their parameters contiguously.
   int begin_group(std::string name);
+  // Megatron's --init-method-xavier-uniform: parameters added from here with
+  // Init::Normal (every weight matrix and embedding) take Init::XavierUniform.
+  void set_xavier_uniform(bool on) { xavier_uniform_ = on; }
   int num_groups() const { return static_cast<int>(group_names_.size()); }
   const std::string& group_name(int g) const { return group_names_[static_cast<std::size_t>(g)]; }
 
@@ -111,6 +121,7 @@ class ParameterSet {
   const Tensor& flat_grads() const { return flat_grads_; }
 
  private:
+  bool xavier_uniform_ = false;
   std::deque<Parameter> params_;                         // stable addresses
   std::unordered_map<std::string, Parameter*> by_name_;  // declaration and lookup in O(1), not O(parameters)
   std::vector<std::string> group_names_;

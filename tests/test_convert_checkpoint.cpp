@@ -782,6 +782,13 @@ TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
   msg = error_of([&] { hf::export_checkpoint({d + "/qk", d + "/out"}); });
   EXPECT_NE(msg.find("normalises q and k per head (--qk-layernorm)"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
+  // A squared-ReLU MLP (--squared-relu): GPT-2's shapes, read back from the configuration, refused by name.
+  auto relu2 = zero_test_model(false);
+  relu2.squared_relu = true;
+  save_numbered(relu2, d + "/relu2");
+  msg = error_of([&] { hf::export_checkpoint({d + "/relu2", d + "/out"}); });
+  EXPECT_NE(msg.find("has a squared-ReLU MLP (--squared-relu)"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
   // A configuration that contradicts the parameters.
   const auto c = llama_model(8, 2, false, true);
   std::string config = hf::resolved_config(c, 77);

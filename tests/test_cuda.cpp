@@ -306,6 +306,13 @@ TEST_F(Cuda, ElementwiseKernels) {
     k::gelu_backward(dy.c, x.c, dx.c);
     k::gelu_backward(dy.g, x.g, dx.g);
     EXPECT_LE(rel_diff(dx.g, dx.c), tol(dt)) << "gelu backward " << dtype_name(dt);
+    auto sq = poisoned(sh, dt), dsq = poisoned(sh, dt);  // --squared-relu: the CPU's bits
+    k::squared_relu_forward(x.c, sq.c);
+    k::squared_relu_forward(x.g, sq.g);
+    EXPECT_EQ(sq.g.to_double_vector(), sq.c.to_double_vector()) << "squared_relu " << dtype_name(dt);
+    k::squared_relu_backward(dy.c, x.c, dsq.c);
+    k::squared_relu_backward(dy.g, x.g, dsq.g);
+    EXPECT_EQ(dsq.g.to_double_vector(), dsq.c.to_double_vector()) << "squared_relu backward " << dtype_name(dt);
     auto bias = random({300}, dt);
     k::add_bias(y.c, bias.c);
     k::add_bias(y.g, bias.g);

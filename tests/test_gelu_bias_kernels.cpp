@@ -65,6 +65,53 @@ TEST(Gelu, BackwardMatchesFiniteDifferencesAndAliases) {
   expect_close(vals(dx32), vals(dx), 1e-5, 1e-5, "fp32");
 }
 
+// Squared ReLU (--squared-relu): relu(x)^2 exactly (a square of a stored
+// value rounds once), its backward dy * 2 relu(x) against finite differences
+// away from the kink, in place, 16-bit storage rounded once, a NaN kept NaN.
+TEST(SquaredRelu, ForwardBackwardAndStorage) {
+  std::mt19937 rng(8);
+  Vec x = randn(500, rng, 2.0);
+  for (double& v : x)
+    if (std::fabs(v) < 1e-3) v = 0.5;  // finite differences stay off the kink at 0
+  const Shape shape{20, 25};
+  for (DType t : {DType::F64, DType::F32, DType::BF16, DType::F16}) {
+    SCOPED_TRACE(dtype_name(t));
+    const Tensor xt = tensor(shape, x, t);
+    const Vec xs = vals(xt);  // x as stored
+    Tensor y = empty(shape, t);
+    squared_relu_forward(xt, y);
+    Vec want(xs.size());
+    for (std::size_t i = 0; i < xs.size(); ++i) want[i] = xs[i] > 0 ? xs[i] * xs[i] : 0.0;
+    const double storage = t == DType::BF16 ? 1.0 / 256 : t == DType::F16 ? 1.0 / 2048 : t == DType::F32 ? 1e-7 : 0;
+    expect_close(vals(y), want, storage, 0, "forward");
+    Tensor inplace = xt.clone(MemoryCategory::Other);
+    squared_relu_forward(inplace, inplace);
+    expect_close(vals(inplace), vals(y), 0, 0, "in place");
+  }
+  const Vec w = randn(500, rng);
+  Tensor dx = empty(shape);
+  squared_relu_backward(tensor(shape, w), tensor(shape, x), dx);
+  expect_fd_gradient(
+      "dx", x,
+      [&](const Vec& v) {
+        Tensor y = empty(shape);
+        squared_relu_forward(tensor(shape, v), y);
+        return vals(y);
+      },
+      w, vals(dx));
+  Tensor d = tensor(shape, w);
+  squared_relu_backward(d, tensor(shape, x), d);  // dx aliasing dy
+  expect_close(vals(d), vals(dx), 0, 0, "aliased");
+  for (DType t : {DType::F32, DType::BF16}) {
+    Tensor nan = tensor({3}, {std::nan(""), -1.0, 2.0}, t), out = empty({3}, t);
+    squared_relu_forward(nan, out);
+    const Vec v = vals(out);
+    EXPECT_TRUE(std::isnan(v[0])) << "a NaN stays NaN (PyTorch's relu)";
+    EXPECT_EQ(v[1], 0.0);
+    EXPECT_EQ(v[2], 4.0);
+  }
+}
+
 // Megatron's bias-GeLU fusion: forward is gelu(y + bias) (fp32: add_bias then
 // gelu_forward, bit for bit); backward's dx and dbias match finite differences
 // in fp64 and, in fp32, the unfused gelu_backward then bias_grad exactly.

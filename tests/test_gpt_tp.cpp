@@ -107,6 +107,12 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
       case 10:  // zero-centred RMSNorm weights
         c.layernorm_1p = true, c.normalization = "RMSNorm";
         break;
+      case 11:  // Xavier-uniform weights: the same values at every TP degree (the padded vocabulary too)
+        c.init_xavier_uniform = true, c.untie_embeddings = true, c.swiglu = true, c.ffn_hidden_size = 48;
+        break;
+      case 12:  // the squared-ReLU MLP
+        c.squared_relu = true;
+        break;
     }
   }
   if (g_llama) {
@@ -284,8 +290,10 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "q/k RMSNorm with rope and 8 query groups",
                          "rope interpolated 4x",
                          "zero-centred LayerNorm and q/k norms",
-                         "zero-centred RMSNorm"};
-  for (int o = 0; o < 11; ++o) {
+                         "zero-centred RMSNorm",
+                         "Xavier-uniform weights, untied output, SwiGLU",
+                         "squared-ReLU MLP"};
+  for (int o = 0; o < 13; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);
@@ -633,4 +641,62 @@ TEST(GptTensorParallel, EvaluationKeepsNothingForABackward) {
                 before + static_cast<std::int64_t>(losses.nbytes()));
       EXPECT_THROW(model.backward(1.0), std::exception) << "no backward after an evaluation forward";
     }
+}
+
+// --init-method-xavier-uniform: every weight U(-a, a) with a = sqrt(6 / (fan_in
+// + fan_out)) of its TP-1 matrix, the fans worked out here from the model's
+// shapes (not from the parameters); biases and norms as without it. The
+// layouts' bit-for-bit agreement is EachLlamaStyleOptionAloneMatchesTpOne's.
+TEST(GptTensorParallel, XavierUniformWeightsHaveTheirFansBounds) {
+  auto world = MpiCommunicator::world();
+  auto self = world->split(world->rank(), 0, "self");
+  GPTConfig c;
+  c.num_layers = 1, c.hidden_size = 64, c.num_attention_heads = 4, c.num_query_groups = 2, c.vocab_size = 1000;
+  c.max_position_embeddings = 96, c.seq_length = 16, c.ffn_hidden_size = 160, c.swiglu = true;
+  c.untie_embeddings = true, c.init_xavier_uniform = true;
+  TpContext ctx{self.get(), test_support::test_device(), DType::F64};
+  ParameterSet params;
+  GPTModel model(c, ctx, params);
+  params.allocate(ctx.device, DType::F64);
+  params.initialize(77);
+  const std::int64_t h = 64, head = 16, vocab = 1000;
+  const std::map<std::string, std::pair<std::int64_t, std::int64_t>> fans = {
+      // name: fan_in, fan_out
+      {"embedding.word.weight", {h, vocab}},
+      {"embedding.position.weight", {h, 96}},
+      {"layers.0.attention.qkv.weight", {h, (4 + 2 * 2) * head}},
+      {"layers.0.attention.dense.weight", {h, h}},
+      {"layers.0.mlp.fc1.weight", {h, 2 * 160}},
+      {"layers.0.mlp.fc2.weight", {160, h}},
+      {"output_layer.weight", {h, vocab}}};
+  int weights = 0;
+  for (const auto* p : params.all()) {
+    const auto v = p->value.to_double_vector();
+    const auto it = fans.find(p->name);
+    if (it == fans.end()) {  // biases and norms: zeros and ones as ever
+      EXPECT_NE(p->init, Init::XavierUniform) << p->name;
+      for (double x : v) ASSERT_TRUE(x == 0.0 || x == 1.0) << p->name;
+      continue;
+    }
+    ++weights;
+    ASSERT_EQ(p->init, Init::XavierUniform) << p->name;
+    const double a = std::sqrt(6.0 / static_cast<double>(it->second.first + it->second.second));
+    const auto cols = static_cast<std::int64_t>(v.size()) / p->global_shape[0];
+    double sum = 0, squares = 0, largest = 0;
+    double n = 0;
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (p->padding_from_row >= 0 && static_cast<std::int64_t>(i) / cols >= p->padding_from_row) {
+        ASSERT_EQ(v[i], 0.0) << p->name << " padding";
+        continue;
+      }
+      ASSERT_LT(std::fabs(v[i]), a) << p->name;
+      sum += v[i], squares += v[i] * v[i], largest = std::max(largest, std::fabs(v[i])), ++n;
+    }
+    const double mean = sum / n, var = squares / n - mean * mean;
+    SCOPED_TRACE(p->name + ": " + std::to_string(static_cast<long>(n)) + " values, bound " + std::to_string(a));
+    EXPECT_GT(largest, 0.99 * a) << "uniform up to the bound";
+    EXPECT_NEAR(var, a * a / 3, 0.08 * a * a / 3) << "U(-a, a)'s variance";
+    EXPECT_NEAR(mean, 0.0, 5 * a / std::sqrt(3.0 * n)) << "centred";
+  }
+  EXPECT_EQ(weights, 7);
 }

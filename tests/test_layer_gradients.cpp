@@ -282,6 +282,22 @@ TEST_F(LayerGrad, SwigluMLPWithAndWithoutBiases) {
   }
 }
 
+TEST_F(LayerGrad, SquaredReluMLPWithAndWithoutBiases) {
+  cfg.squared_relu = true;
+  cfg.ffn_hidden_size = 12;
+  for (const bool bias : {true, false}) {
+    SCOPED_TRACE(bias ? "biases" : "no biases");
+    cfg.add_bias_linear = bias;
+    ctx.gemm_epilogues = bias ? GemmEpilogues::All : GemmEpilogues::None;  // nothing of the activation fuses
+    ParameterSet ps;
+    ParallelMLP mlp(ps, "mlp", cfg, ctx);
+    EXPECT_EQ(ps.all().size(), bias ? 4u : 2u);
+    check_layer(
+        ps, input(4, cfg.hidden_size, 5), [&](const Tensor& x) { return mlp.forward(x); },
+        [&](const Tensor& dy) { return mlp.backward(dy); });
+  }
+}
+
 TEST_F(LayerGrad, AttentionWithRotaryEmbeddingsAndQueryGroups) {
   for (const std::int64_t groups : {4, 2, 1}) {  // MHA, GQA, MQA
     for (const char* backend : {"unfused", "fused", "cudnn"}) {

@@ -592,6 +592,41 @@ TEST(Trainer, SkipTrainEvaluatesTheCheckpointAndCkptStepPicksIt) {
   if (world().rank() == 0) fs::remove_all(dir);
 }
 
+// Options that change what the same weights compute without changing their
+// shapes are the checkpoint's or refused on load, naming each with both
+// values (a checkpoint of --apply-layernorm-1p loaded without it computed
+// with its norms' weights near 0 instead of near 1, silently); --finetune may
+// change rope's periods (a longer context), with a note.
+TEST(Trainer, LoadRefusesAModelThatComputesOtherwise) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string dir = shared_temp_dir();
+  // The checkpoint's model: zero-centred norms, a squared-ReLU MLP, rope with base 500.
+  auto with = [&](const std::string& base, std::vector<std::string> extra, bool same_model = true) {
+    std::vector<std::string> f = {"--position-embedding-type", "rope", "--rotary-base", base};
+    if (same_model) f.insert(f.end(), {"--apply-layernorm-1p", "--squared-relu"});
+    f.insert(f.end(), extra.begin(), extra.end());
+    return f;
+  };
+  ASSERT_EQ(run(with("500", {"--save", dir, "--train-iters", "2"})).exit_code, 0);
+  std::string msg = build_error(with("500", {"--load", dir}, false));
+  EXPECT_NE(msg.find("--apply-layernorm-1p false (checkpoint: true), --squared-relu false (checkpoint: true)"),
+            std::string::npos)
+      << msg;
+  EXPECT_NE(msg.find("Pass the checkpoint's values (or --use-checkpoint-args"), std::string::npos) << msg;
+  msg = build_error(with("10000", {"--load", dir}));
+  EXPECT_NE(msg.find("--rotary-base 10000 (checkpoint: 500)"), std::string::npos) << msg;
+  EXPECT_NE(build_error(with("500", {"--load", dir, "--skip-train", "--norm-epsilon", "1e-6"})).find("--norm-epsilon"),
+            std::string::npos)
+      << "--skip-train evaluates the checkpoint's model too";
+  EXPECT_EQ(build_error(with("10000", {"--load", dir, "--finetune"})), "") << "a fine-tuning may change rope's periods";
+  EXPECT_NE(
+      build_error(with("500", {"--load", dir, "--finetune"}, false)).find("--squared-relu false (checkpoint: true)"),
+      std::string::npos);
+  EXPECT_EQ(build_error(with("500", {"--load", dir, "--train-iters", "2"})), "") << "the same model resumes";
+  world().barrier().wait();
+  if (world().rank() == 0) fs::remove_all(dir);
+}
+
 // Megatron's --use-checkpoint-args: the model's shape comes from the
 // checkpoint's stored configuration (pretrain_gpt parses twice: once to find
 // --load, once with it), so a command line with another shape evaluates the

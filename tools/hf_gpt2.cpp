@@ -227,6 +227,7 @@ void read_model_options(const ManifestModel& mm, GPTConfig& c) {
   c.swiglu = option("swiglu", "true", "false", stacked) == "true";
   c.qk_layernorm = option("qk-layernorm", "true", "false", mm.has("layers.0.attention.q_layernorm.weight")) == "true";
   if (const std::string* v = mm.value("apply-layernorm-1p")) c.layernorm_1p = *v == "true";  // not in the shapes
+  if (const std::string* v = mm.value("squared-relu")) c.squared_relu = *v == "true";        // nor this
   c.add_bias_linear = option("disable-bias-linear", "false", "true", mm.has("layers.0.attention.qkv.bias")) == "false";
   c.untie_embeddings =
       option("untie-embeddings-and-output-weights", "true", "false", mm.has("output_layer.weight")) == "true";
@@ -319,6 +320,9 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
 HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
   MZ_REQUIRE(!c.layernorm_1p, "checkpoint '", where,
              "' stores its norms' weights as gamma - 1 (--apply-layernorm-1p); the export does not convert them: "
+             "it has no Hugging Face form here");
+  MZ_REQUIRE(!c.squared_relu, "checkpoint '", where,
+             "' has a squared-ReLU MLP (--squared-relu), which neither GPT2LMHeadModel nor LlamaForCausalLM computes: "
              "it has no Hugging Face form here");
   MZ_REQUIRE(!c.qk_layernorm, "checkpoint '", where,
              "' normalises q and k per head (--qk-layernorm), which neither GPT2LMHeadModel nor LlamaForCausalLM "

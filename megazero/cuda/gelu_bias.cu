@@ -36,6 +36,27 @@ void gelu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_
       [] __device__(C g, C v, i64) { return g * gelu_grad(v); }, s, "gelu_backward");
 }
 
+// relu(x)^2 and its backward dy * 2 relu(x), in the compute type, as the CPU's.
+template <typename S>
+void squared_relu_forward_t(const void* x, void* y, i64 n, cudaStream_t s) {
+  using C = compute_t<S>;
+  map(
+      static_cast<S*>(y), static_cast<const S*>(x), static_cast<const S*>(nullptr), n,
+      [] __device__(C v, C, i64) {
+        const C r = v < C(0) ? C(0) : v;  // a NaN stays NaN, as on the CPU
+        return r * r;
+      },
+      s, "squared_relu_forward");
+}
+
+template <typename S>
+void squared_relu_backward_t(const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
+  using C = compute_t<S>;
+  map(
+      static_cast<S*>(dx), static_cast<const S*>(dy), static_cast<const S*>(x), n,
+      [] __device__(C g, C v, i64) { return g * (C(2) * (v < C(0) ? C(0) : v)); }, s, "squared_relu_backward");
+}
+
 template <typename S>
 void bias_gelu_forward_t(const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {
   using C = compute_t<S>;
@@ -115,6 +136,14 @@ void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s) {
 
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
   MZ_BY_STORAGE(t, gelu_backward_t, dy, x, dx, n, s);
+}
+
+void squared_relu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, squared_relu_forward_t, x, y, n, s);
+}
+
+void squared_relu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s) {
+  MZ_BY_STORAGE(t, squared_relu_backward_t, dy, x, dx, n, s);
 }
 
 void bias_gelu_forward(DType t, const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s) {

@@ -8,6 +8,8 @@ namespace megazero::cuda {
 
 void gelu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
 void gelu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);
+void squared_relu_forward(DType t, const void* x, void* y, i64 n, cudaStream_t s);
+void squared_relu_backward(DType t, const void* dy, const void* x, void* dx, i64 n, cudaStream_t s);
 void bias_gelu_forward(DType t, const void* y, const void* bias, void* out, i64 rows, i64 cols, cudaStream_t s);
 // One pass: each thread walks a column over a chunk of rows, writing dx and
 // summing it (ws: column_sums_bytes(t, rows, cols, 1)).

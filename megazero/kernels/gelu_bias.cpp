@@ -77,6 +77,12 @@ void gelu_chunks(i64 rows, i64 cols, i64 n, Arg arg, Out out) {
   }
 }
 
+// max(v, 0) with a NaN kept NaN (PyTorch's relu; the CUDA kernel's form).
+template <typename T>
+T relu_keeping_nan(T v) {
+  return v < T(0) ? T(0) : v;
+}
+
 // A flat run of n elements as gelu_chunks' rows (no division per element).
 constexpr i64 kGeluFlatRow = 4096;
 inline i64 flat_rows(i64 n) { return (n + kGeluFlatRow - 1) / kGeluFlatRow; }
@@ -102,6 +108,41 @@ void gelu_forward(const Tensor& x, Tensor& y) {
           flat_rows(n), kGeluFlatRow, n, [=](i64 r, i64 c) { return ld(xp[r * kGeluFlatRow + c]); },
           [=](i64 r, i64 c, float v, float t) { yp[r * kGeluFlatRow + c] = st<S>(gelu_of(v, t)); });
     }
+  });
+}
+
+void squared_relu_forward(const Tensor& x, Tensor& y) {
+  constexpr const char* op = "squared_relu_forward";
+  check_float(op, "x", x);
+  check_operands(op, x, x.dtype(), {{"x", &x}, {"y", &y}});
+  check_shape(op, "y", y, x.shape());
+  MZ_ON_CUDA(x, cuda::squared_relu_forward(x.dtype(), x.data(), y.data(), x.numel(), stream_of(x)));
+  if (!on_host(op, x)) return;
+  with_storage_type(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* xp = ptr<const S>(x);
+    elementwise(ptr<S>(y), x.numel(), [=](i64 i) {
+      const auto r = relu_keeping_nan(ld(xp[i]));
+      return st<S>(r * r);
+    });
+  });
+}
+
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx) {
+  constexpr const char* op = "squared_relu_backward";
+  check_float(op, "x", x);
+  check_operands(op, x, x.dtype(), {{"dy", &dy}, {"x", &x}, {"dx", &dx}});
+  check_shapes(op, x.shape(), {{"dy", &dy}, {"dx", &dx}});
+  MZ_ON_CUDA(x, cuda::squared_relu_backward(x.dtype(), dy.data(), x.data(), dx.data(), x.numel(), stream_of(x)));
+  if (!on_host(op, x)) return;
+  with_storage_type(x.dtype(), [&](auto tag) {
+    using S = decltype(tag);
+    const S* xp = ptr<const S>(x);
+    const S* dyp = ptr<const S>(dy);
+    elementwise(ptr<S>(dx), x.numel(), [=](i64 i) {
+      using C = decltype(ld(xp[i]));
+      return st<S>(ld(dyp[i]) * (C{2} * relu_keeping_nan(ld(xp[i]))));
+    });
   });
 }
 

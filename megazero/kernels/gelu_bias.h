@@ -22,6 +22,10 @@ void bias_gelu_forward(const Tensor& y, const Tensor& bias, Tensor& out);
 // already (fc1's GEMM epilogue wrote pre = x W + b), dx = dy * gelu'(y).
 void bias_gelu_backward(const Tensor& dy, const Tensor& y, const Tensor& bias, Tensor& dx, Tensor& dbias);
 
+// ---- squared ReLU (Megatron's --squared-relu, Primer/Nemotron): relu(x)^2 ----
+void squared_relu_forward(const Tensor& x, Tensor& y);                      // y may alias x
+void squared_relu_backward(const Tensor& dy, const Tensor& x, Tensor& dx);  // dx = dy * 2 relu(x); may alias dy
+
 // ---- column sums, bias and element-wise ----
 // sums[c] += sum_r x[r, c]: x taken as [rows, cols] by its last dimension,
 // sums [cols] an accumulator (storage dtype, or fp32 for 16-bit x); each column

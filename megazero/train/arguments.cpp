@@ -121,6 +121,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "hidden-dropout", &a.model.hidden_dropout, "dropout after attention and MLP");
   t.add(M, "attention-dropout", &a.model.attention_dropout, "dropout on attention probabilities");
   t.add(M, "init-method-std", &a.model.init_method_std, "init std (output layers scaled by 1/sqrt(2 layers))");
+  t.flag(M, "init-method-xavier-uniform", &a.model.init_xavier_uniform,
+         "every weight matrix and embedding U(-a, a), a = sqrt(6 / (fan_in + fan_out)) of its whole (TP 1) "
+         "matrix, instead of normal with --init-method-std (Megatron's)");
   t.add(M, "attention-backend", &a.model.attention_backend,
         "unfused (scores and probabilities in memory, as Megatron's classic path), fused (flash-style: neither "
         "is kept; backward recomputes them; the exact reference for cudnn) or cudnn (cuDNN's fused attention, "
@@ -163,6 +166,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
   t.flag(M, "swiglu", &a.model.swiglu,
          "SwiGLU MLP: fc2(silu(x W_gate) * (x W_up)); --ffn-hidden-size defaults to 2/3 x 4h, a multiple of 64");
+  t.flag(M, "squared-relu", &a.model.squared_relu,
+         "squared-ReLU MLP: fc2(relu(x W1 + b1)^2) (Megatron's; Primer, Nemotron); not with --swiglu");
   t.flag(M, "apply-layernorm-1p", &a.model.layernorm_1p,
          "every norm's weight stored as gamma - 1 (initialised to 0) and applied as 1 + weight (Megatron's; "
          "Transformer Engine's zero-centred gamma)");
@@ -583,6 +588,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "normalization",
                                                 "norm-epsilon",
                                                 "swiglu",
+                                                "squared-relu",
                                                 "qk-layernorm",
                                                 "apply-layernorm-1p",
                                                 "group-query-attention",
@@ -1052,6 +1058,29 @@ std::string loss_definition_note(const TrainArgs& args, const std::string& saved
   if (diff.empty()) return "";
   return "the loss is not the one the checkpoint was trained on: " + diff +
          "; the logged loss changes its definition from here (compare losses across the two with care)";
+}
+
+std::string model_function_check(const TrainArgs& args, const std::string& saved_config, bool finetune) {
+  const auto saved = config_values(saved_config), now = config_values(args.to_config());
+  // What the weights compute, beyond their shapes (which the load checks).
+  const char* const fixed[] = {"apply-layernorm-1p",      "squared-relu", "swiglu", "qk-layernorm", "normalization",
+                               "position-embedding-type", "norm-epsilon"};
+  // Rope's periods: a fine-tuning may change them on purpose (a longer context).
+  const char* const tunable[] = {"rotary-base", "rotary-seq-len-interpolation-factor"};
+  std::string refused, noted;
+  auto compare = [&](const char* k, std::string& into) {
+    const auto s = saved.find(k), n = now.find(k);
+    if (s == saved.end() || n == now.end() || s->second == n->second) return;
+    into += std::string(into.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";
+  };
+  for (const char* k : fixed) compare(k, refused);
+  for (const char* k : tunable) compare(k, finetune ? noted : refused);
+  MZ_REQUIRE(refused.empty(), "the checkpoint's model computes something else with the same weights: ", refused,
+             "; loaded into this model they would change their meaning. Pass the checkpoint's values (or "
+             "--use-checkpoint-args, which takes them from it)",
+             finetune ? "" : "; --finetune may change rope's --rotary-base and --rotary-seq-len-interpolation-factor");
+  if (noted.empty()) return "";
+  return "--finetune with rope's periods changed: " + noted + " (the weights were trained with the checkpoint's)";
 }
 
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration) {

@@ -216,6 +216,14 @@ std::map<std::string, std::string> config_values(const std::string& config);
 // run's is kept: returns a note).
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration);
 
+// Loading a checkpoint (resume, --finetune, --skip-train): the options that
+// change what the same weights compute without changing their shapes
+// (--apply-layernorm-1p, --squared-relu, --norm-epsilon, rope's periods, ...)
+// must be the checkpoint's, else a ConfigError naming each with both values.
+// --finetune may change rope's periods (a longer context): a note then.
+// Keys the checkpoint did not store are not compared.
+std::string model_function_check(const TrainArgs& args, const std::string& saved_config, bool finetune);
+
 // On resume: a note when the loss this run minimises is not the one the
 // checkpoint was trained on (--eod-mask-loss or its --eod-token-id differ):
 // the logged loss changes its definition

@@ -89,6 +89,15 @@ ResumePoint resume_from_checkpoint(TrainArgs& args, zero::ZeroEngine& engine, co
   } else if (root) {
     std::printf(" no checkpoint in %s yet: starting from iteration 0\n", args.load.c_str());
   }
+  if (res.loaded) {  // every rank holds the same manifest: this check agrees
+    std::string note;
+    try {
+      note = model_function_check(args, res.state.config, args.finetune);
+    } catch (const ConfigError& e) {
+      throw AgreedConfigError(e.what());
+    }
+    if (root && !note.empty()) std::printf(" note: %s\n", note.c_str());
+  }
   std::fflush(stdout);
   if (res.loaded && !args.finetune && !args.skip_train) {  // every rank holds the same manifest: these checks agree
     if (at.iteration > args.train_iters)

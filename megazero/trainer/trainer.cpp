@@ -369,11 +369,16 @@ void Trainer::Impl::build() {
     base << m.rotary_base;
     const std::string architecture =
         m.position_embedding_type + " positions" + (m.rope() ? " (base " + base.str() + ")" : "") + ", " +
-        m.normalization + ", " + (m.swiglu ? "SwiGLU" : "GeLU") + " MLP, " +
+        m.normalization + ", " +
+        (m.swiglu         ? "SwiGLU"
+         : m.squared_relu ? "squared-ReLU"
+                          : "GeLU") +
+        " MLP, " +
         (m.query_groups() == m.num_attention_heads ? std::string("one key/value head per head")
                                                    : std::to_string(m.query_groups()) + " query groups") +
         (m.add_bias_linear ? "" : ", no linear biases") +
-        (m.untie_embeddings ? ", untied output layer" : ", output tied to the word embedding");
+        (m.untie_embeddings ? ", untied output layer" : ", output tied to the word embedding") +
+        (m.init_xavier_uniform ? ", Xavier-uniform weights" : "");
     std::printf(
         "model: %lld layers, hidden %lld, %lld heads, ffn %lld, sequence %lld, vocabulary %lld (padded to "
         "%lld): %.2fM parameters, %.2fM held by each TP rank; %s; attention %s, bias-GeLU fusion %s, "

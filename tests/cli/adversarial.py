@@ -236,6 +236,8 @@ def cases():
         ("pipeline-model-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("tokenizer-type", "GPT2BPETokenizer --train-iters 1", "resolved configuration"),
         ("normalization", "RMSNorm --train-iters 1", "normalization = RMSNorm"),
+        ("init-method-xavier-uniform", "--train-iters 1", "Xavier-uniform weights"),
+        ("squared-relu", "--train-iters 1", "squared-ReLU MLP"),
         ("position-embedding-type", "rope --train-iters 1", "position-embedding-type = rope"),
         ("use-rotary-position-embeddings", "--train-iters 1", "position-embedding-type = rope"),
         ("rotary-percent", "1.0 --train-iters 1", "resolved configuration"),
@@ -349,7 +351,6 @@ def cases():
         ("loss-scale", "-1 --bf16", "--loss-scale must be a positive number \\(0 = none\\), got -1"),
         ("context-parallel-size", "2", "--context-parallel-size 2: megazero has no context parallelism"),
         ("fp8-format", "hybrid", "--fp8-format: FP8 training is not implemented"),
-        ("squared-relu", "", "--squared-relu: the squared-ReLU MLP is not implemented"),
         ("use-torch-fsdp2", "--zero-stage 1", "--use-torch-fsdp2 shards parameters, gradients and optimizer states "
          "\\(ZeRO stage 3\\) but --zero-stage 1 was given"),
         ("distribute-saved-activations", "", "--partition-activations partitions the checkpoints of "
@@ -387,7 +388,6 @@ def cases():
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),
         ("kv-channels", "32", "--kv-channels 32: a head size other than --hidden-size / --num-attention-heads \\(16\\)"),
         ("wandb-project", "x", "--wandb-project: Weights & Biases logging is not built in: --tensorboard-dir"),
-        ("init-method-xavier-uniform", "", "--init-method-xavier-uniform: Xavier initialisation is not implemented"),
         ("apply-residual-connection-post-layernorm", "", "the post-LayerNorm residual \\(BERT's\\) is not implemented"),
         ("fp32-residual-connection", "", "--fp32-residual-connection: an fp32 residual stream is not implemented"),
         ("weight-decay-incr-style", "linear --start-weight-decay 0", "--weight-decay-incr-style linear goes from "
@@ -503,8 +503,10 @@ def cases():
         + " --deepspeed-config @ds_logwarmup")
     add("deepspeed.contradiction", E2, "train_micro_batch_size_per_gpu is 4 but --micro-batch-size 2 was given",
         ds_model + " --micro-batch-size 2 --deepspeed-config {REPO}/configs/deepspeed/zero3_bf16.json")
-    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--squared-relu",
-        f"{minimal} --train-iters 1 --num-experts 8 --squared-relu")
+    add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--spec",
+        f"{minimal} --train-iters 1 --num-experts 8 --spec local")
+    add("megatron.squared-relu-with-swiglu", E2, "--squared-relu and --swiglu each choose the MLP's activation",
+        f"{minimal} --train-iters 1 --squared-relu --swiglu")
 
     # ---- config files.
     files = [

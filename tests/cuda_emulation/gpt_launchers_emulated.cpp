@@ -4,7 +4,7 @@
 // bias, softmax and vocabulary-parallel cross-entropy launches, through their
 // public headers, with fenced device memory and exact-size scratch, against
 // the CPU kernels of megazero/kernels on the same inputs:
-// - GeLU, bias-GeLU, add, axpy, scale, add_bias over lengths that take the
+// - GeLU, bias-GeLU, squared ReLU (bit for bit), add, axpy, scale, add_bias over lengths that take the
 //   16-byte pack path and the scalar one (odd lengths, unaligned operands,
 //   bias periods that are not whole packs): within two storage roundings
 //   (the shim's tanh of a float is libm's double one) plus a few ulps of |dy|
@@ -72,6 +72,18 @@ void elementwise(DType t, i64 n, std::size_t shift, std::mt19937& rng) {
   out = poisoned(g, shift);
   cuda::gelu_backward(t, ddy.ptr(), dx_.ptr(), out.ptr(), n, nullptr);
   expect_elements(get(out, g), g, 16, "gelu_backward");
+
+  // Squared ReLU: no transcendental, the same compute type: the CPU's bits.
+  Tensor sq = like(x);
+  kernels::squared_relu_forward(x, sq);
+  out = poisoned(sq, shift);
+  cuda::squared_relu_forward(t, dx_.ptr(), out.ptr(), n, nullptr);
+  expect_bits(get(out, sq), sq, "squared_relu_forward");
+  Tensor dsq = like(x);
+  kernels::squared_relu_backward(dy, x, dsq);
+  out = poisoned(dsq, shift);
+  cuda::squared_relu_backward(t, ddy.ptr(), dx_.ptr(), out.ptr(), n, nullptr);
+  expect_bits(get(out, dsq), dsq, "squared_relu_backward");
 
   Tensor sum = like(x);
   kernels::add(x, dy, sum);

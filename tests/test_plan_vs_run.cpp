@@ -408,7 +408,10 @@ Case random_case(unsigned index) {
   if (coin(0.5)) add({"--position-embedding-type", "rope"});
   if (coin(0.4)) add({"--normalization", "RMSNorm"});
   if (coin(0.2)) add({"--apply-layernorm-1p"});
-  if (coin(0.35)) add({"--swiglu"});
+  if (coin(0.35))
+    add({"--swiglu"});
+  else if (coin(0.25))
+    add({"--squared-relu"});
   if (coin(0.25)) add({"--qk-layernorm"});
   if (coin(0.35)) add({"--group-query-attention", "--num-query-groups", "2"});
   if (coin(0.3)) add({"--disable-bias-linear"});

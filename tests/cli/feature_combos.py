@@ -66,8 +66,13 @@ def draw_model(r):
         f += ["--normalization", "RMSNorm"]
     if r.random() < 0.2:
         f += ["--apply-layernorm-1p"]
-    if r.random() < 0.35:
+    mlp = r.random()
+    if mlp < 0.35:
         f += ["--swiglu"]
+    elif mlp < 0.5:
+        f += ["--squared-relu"]
+    if r.random() < 0.15:
+        f += ["--init-method-xavier-uniform"]
     if r.random() < 0.25:
         f += ["--qk-layernorm"]
     if r.random() < 0.35:

@@ -104,6 +104,8 @@ void GPTConfig::validate(int tp) const {
              "--position-embedding-type must be learned_absolute or rope, got '", position_embedding_type, "'");
   MZ_REQUIRE(normalization == "LayerNorm" || normalization == "RMSNorm",
              "--normalization must be LayerNorm or RMSNorm, got '", normalization, "'");
+  MZ_REQUIRE(rope() || !rotary_interleaved,
+             "--rotary-interleaved pairs rope's dimensions: it needs --position-embedding-type rope");
   MZ_REQUIRE(!(squared_relu && swiglu),
              "--squared-relu and --swiglu each choose the MLP's activation (Megatron refuses both too): keep one");
   MZ_REQUIRE(std::isfinite(rotary_interpolation_factor) && rotary_interpolation_factor >= 1,

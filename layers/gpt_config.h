@@ -81,6 +81,7 @@ struct GPTConfig {
   std::string normalization = "LayerNorm";  // --normalization: or "RMSNorm"
   bool swiglu = false;                      // --swiglu: MLP = fc2(silu(x Wg) * (x Wu))
   bool squared_relu = false;                // --squared-relu: MLP = fc2(relu(x W1 + b1)^2) (Nemotron's)
+  bool rotary_interleaved = false;          // --rotary-interleaved: rope pairs (2i, 2i + 1), kernels/rope.h
   // --num-query-groups with --group-query-attention: K/V heads shared by
   // groups of query heads (GQA); 0 = one K/V head per query head (MHA).
   std::int64_t num_query_groups = 0;

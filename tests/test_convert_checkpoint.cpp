@@ -21,6 +21,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <set>
 
 #include "megazero/checkpoint/checkpoint.h"
@@ -30,6 +31,7 @@
 #include "test_device.h"
 #include "megazero/train/arguments.h"
 #include "megazero/zero/zero_engine.h"
+#include "tools/checkpoint_model.h"
 #include "tools/hf_gpt2.h"
 #include "zero_harness.h"
 
@@ -597,7 +599,10 @@ layers::GPTConfig llama_model(I heads, I groups, bool bias, bool untied) {
 // A TP 1 checkpoint of model `c` whose every master element is distinct: its
 // 1-based position in the parameters' concatenation (exact in fp32), vocab
 // padding rows zero. `config`: the stored configuration ("" = the model's).
-void save_numbered(const layers::GPTConfig& c, const std::string& dir, const std::string& config = "") {
+// random_std > 0: normal values of that spread instead (a model whose
+// attention is not saturated, where rope's pairing shows in the logits).
+void save_numbered(const layers::GPTConfig& c, const std::string& dir, const std::string& config = "",
+                   double random_std = 0) {
   auto tp = world().split(0, 0, "numbered-tp");
   auto dp = world().split(0, 0, "numbered-dp");
   const auto device = test_support::test_device();
@@ -605,12 +610,16 @@ void save_numbered(const layers::GPTConfig& c, const std::string& dir, const std
   layers::GPTModel model(c, layers::TpContext{tp.get(), device, DType::F32}, params);
   zero::ZeroEngine engine(params, *dp, *tp, device, zero::ZeroConfig{});
   float next = 1;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, static_cast<float>(random_std));
   for (std::size_t i = 0; i < engine.parameters().size(); ++i) {
     const auto& p = *engine.parameters()[i];
     const I n = p.local_numel(), row = n / p.global_shape[0];
     Tensor host = Tensor::zeros(make_device(DeviceKind::CPU), {n}, DType::F32, MemoryCategory::Workspace);
     for (I k = 0; k < n; ++k)
-      host.host_data<float>()[k] = p.padding_from_row >= 0 && k / row >= p.padding_from_row ? 0.0f : next++;
+      host.host_data<float>()[k] = p.padding_from_row >= 0 && k / row >= p.padding_from_row ? 0.0f
+                                   : random_std > 0                                         ? normal(rng)
+                                                                                            : next++;
     engine.owned_state().master.narrow(0, engine.layout().param(i).begin - engine.owned().begin, n).copy_from(host);
   }
   engine.load_finished();
@@ -742,6 +751,43 @@ TEST(ConvertCheckpoint, LinearRopeScalingRoundTrips) {
   const auto msg = error_of([&] { import_to(d + "/hf", d + "/yarn"); });
   EXPECT_NE(msg.find("takes linear position interpolation only"), std::string::npos) << msg;
   fs::remove_all(d);
+}
+
+// --rotary-interleaved: the export permutes each query and key head's rows
+// into Hugging Face's rotate-half order (Meta's original Llama weights
+// differ from Hugging Face's by this permutation), so the import, a plain
+// rotate-half model, computes the same logits; the stored option is read back.
+TEST(ConvertCheckpoint, InterleavedRopeExportsAsRotateHalf) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  for (const bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "q/k biases" : "no biases");
+    auto c = llama_model(4, 2, bias, true);
+    c.rotary_interleaved = true;
+    const std::string d = local_temp_dir();
+    save_numbered(c, d + "/ckpt", "", 0.5);
+    hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+    const auto im = import_to(d + "/hf", d + "/imported");
+    EXPECT_FALSE(im.model.rotary_interleaved);
+    auto self = world().split(world().rank(), 0, "self");
+    const std::vector<I> tokens = {3, 17, 42, 5, 96, 0, 50, 7};
+    hf::CheckpointModel orig(d + "/ckpt", *self), imported(d + "/imported", *self);
+    EXPECT_TRUE(orig.config().rotary_interleaved) << "read back from the stored configuration";
+    const auto x = orig.logits(tokens), y = imported.logits(tokens);
+    ASSERT_EQ(x.size(), y.size());
+    double worst = 0, largest = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, std::fabs(double(x[i]) - y[i])), largest = std::max(largest, std::fabs(double(x[i])));
+    EXPECT_LE(worst, 1e-5 * largest) << "the imported rotate-half model computes the interleaved one";
+    // Without the permutation (the same weights read as rotate-half) it would not.
+    c.rotary_interleaved = false;
+    save_numbered(c, d + "/halves", "", 0.5);
+    hf::CheckpointModel halves(d + "/halves", *self);
+    const auto z = halves.logits(tokens);
+    double apart = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) apart = std::max(apart, std::fabs(double(x[i]) - z[i]));
+    EXPECT_GT(apart, 1e-3 * largest);
+    fs::remove_all(d);
+  }
 }
 
 TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {

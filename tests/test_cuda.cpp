@@ -415,6 +415,13 @@ TEST_F(Cuda, RopeFromAFirstPosition) {
     k::rope_forward(x.c, 10000.0, x.c, 1021);
     k::rope_forward(x.g, 10000.0, x.g, 1021);
     EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << dtype_name(dt);
+    // --rotary-interleaved's pairs (2i, 2i + 1), forward and backward.
+    k::rope_forward(x.c, 10000.0, x.c, 7, Tensor(), 1.0, true);
+    k::rope_forward(x.g, 10000.0, x.g, 7, Tensor(), 1.0, true);
+    EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "interleaved " << dtype_name(dt);
+    k::rope_backward(x.c, 10000.0, x.c, 7, Tensor(), 1.0, true);
+    k::rope_backward(x.g, 10000.0, x.g, 7, Tensor(), 1.0, true);
+    EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "interleaved backward " << dtype_name(dt);
   }
 }
 

@@ -113,6 +113,9 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
       case 12:  // the squared-ReLU MLP
         c.squared_relu = true;
         break;
+      case 13:  // rope on interleaved pairs (--rotary-interleaved)
+        c.position_embedding_type = "rope", c.rotary_interleaved = true;
+        break;
     }
   }
   if (g_llama) {
@@ -292,8 +295,9 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "zero-centred LayerNorm and q/k norms",
                          "zero-centred RMSNorm",
                          "Xavier-uniform weights, untied output, SwiGLU",
-                         "squared-ReLU MLP"};
-  for (int o = 0; o < 13; ++o) {
+                         "squared-ReLU MLP",
+                         "rope on interleaved pairs"};
+  for (int o = 0; o < 14; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);

@@ -317,6 +317,22 @@ TEST_F(LayerGrad, AttentionWithRotaryEmbeddingsAndQueryGroups) {
   }
 }
 
+// --rotary-interleaved: rope on pairs (2i, 2i + 1), on each backend.
+TEST_F(LayerGrad, AttentionWithInterleavedRotaryPairs) {
+  for (const char* backend : {"unfused", "fused", "cudnn"}) {
+    SCOPED_TRACE(backend);
+    cfg.position_embedding_type = "rope";
+    cfg.rotary_interleaved = true;
+    cfg.num_query_groups = 2;
+    cfg.attention_backend = backend;
+    ParameterSet ps;
+    ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+    check_layer(
+        ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
+        [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
+  }
+}
+
 TEST_F(LayerGrad, LlamaStyleModelWithAndWithoutRecompute) {
   make_llama(cfg);
   for (bool recompute : {false, true}) {

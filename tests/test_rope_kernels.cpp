@@ -337,6 +337,53 @@ TEST(Rope, InterpolatedPositionsAreTheScaledOnes) {
                   "the position scale must be finite and positive");
 }
 
+// --rotary-interleaved pairs (2i, 2i + 1) at the same angle i: exactly the
+// rotate-half form on each head with its dimensions permuted (2i -> i, 2i + 1
+// -> i + D/2) and permuted back, bit for bit in every dtype, forward and
+// backward, from a first position and at per-token positions (the same
+// permutation Meta's and Hugging Face's Llama checkpoints differ by).
+TEST(Rope, InterleavedPairsAreTheHalvesOfPermutedHeads) {
+  const Dims m{3, 7, 12};
+  const i64 half = m.d / 2;
+  auto permute = [&](const Vec& v, bool to_halves) {
+    Vec out(v.size());
+    for (i64 row = 0; row < m.n * m.s; ++row)
+      for (i64 i = 0; i < half; ++i)
+        for (i64 j : {0, 1}) {
+          const std::size_t inter = usize(row * m.d + 2 * i + j), halves = usize(row * m.d + i + j * half);
+          if (to_halves)
+            out[halves] = v[inter];
+          else
+            out[inter] = v[halves];
+        }
+    return out;
+  };
+  std::vector<i64> pos;
+  for (i64 s = 0; s < m.s; ++s) pos.push_back(s < 3 ? s : s - 3);  // a document starting at row 3
+  Tensor positions = Tensor::empty(test_dev(), {m.s}, DType::I64, MC::Other);
+  positions.copy_from(ids_tensor(pos));
+  std::mt19937 rng(12);
+  const Vec x = randn(m.numel(), rng);
+  for (DType t : kAllDtypes)
+    for (bool backward : {false, true})
+      for (int where = 0; where < 2; ++where) {
+        SCOPED_TRACE(testing::Message() << dtype_name(t) << (backward ? " backward" : " forward")
+                                        << (where ? " per-token positions" : " from position 4"));
+        const i64 first = where ? 0 : 4;
+        const Tensor p = where ? positions : Tensor();
+        Tensor inter = tensor(m.shape(), x, t), halves = tensor(m.shape(), permute(x, true), t);
+        if (backward) {
+          rope_backward(inter, kBase, inter, first, p, 1.0, true);
+          rope_backward(halves, kBase, halves, first, p);
+        } else {
+          rope_forward(inter, kBase, inter, first, p, 1.0, true);
+          rope_forward(halves, kBase, halves, first, p);
+        }
+        expect_same(vals(inter), permute(vals(halves), false), "interleaved = halves of the permuted heads");
+        EXPECT_NE(vals(inter), vals(tensor(m.shape(), x, t))) << "and something turned";
+      }
+}
+
 TEST(Rope, SameBitsForAnyThreadCount) {
   if (test_dev()->kind() != DeviceKind::CPU) GTEST_SKIP() << "CPU threads only";
   const Dims m{16, 128, 64};

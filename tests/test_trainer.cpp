@@ -613,6 +613,9 @@ TEST(Trainer, LoadRefusesAModelThatComputesOtherwise) {
             std::string::npos)
       << msg;
   EXPECT_NE(msg.find("Pass the checkpoint's values (or --use-checkpoint-args"), std::string::npos) << msg;
+  EXPECT_NE(build_error(with("500", {"--load", dir, "--rotary-interleaved"}))
+                .find("--rotary-interleaved true (checkpoint: false)"),
+            std::string::npos);
   msg = build_error(with("10000", {"--load", dir}));
   EXPECT_NE(msg.find("--rotary-base 10000 (checkpoint: 500)"), std::string::npos) << msg;
   EXPECT_NE(build_error(with("500", {"--load", dir, "--skip-train", "--norm-epsilon", "1e-6"})).find("--norm-epsilon"),

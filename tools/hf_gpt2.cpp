@@ -227,7 +227,8 @@ void read_model_options(const ManifestModel& mm, GPTConfig& c) {
   c.swiglu = option("swiglu", "true", "false", stacked) == "true";
   c.qk_layernorm = option("qk-layernorm", "true", "false", mm.has("layers.0.attention.q_layernorm.weight")) == "true";
   if (const std::string* v = mm.value("apply-layernorm-1p")) c.layernorm_1p = *v == "true";  // not in the shapes
-  if (const std::string* v = mm.value("squared-relu")) c.squared_relu = *v == "true";        // nor this
+  if (const std::string* v = mm.value("squared-relu")) c.squared_relu = *v == "true";
+  if (const std::string* v = mm.value("rotary-interleaved")) c.rotary_interleaved = *v == "true";  // nor this
   c.add_bias_linear = option("disable-bias-linear", "false", "true", mm.has("layers.0.attention.qkv.bias")) == "false";
   c.untie_embeddings =
       option("untie-embeddings-and-output-weights", "true", "false", mm.has("output_layer.weight")) == "true";

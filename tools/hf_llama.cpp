@@ -12,7 +12,12 @@ using I = std::int64_t;
 
 // ------------------------------------------------------------ tensor map
 I llama_qkv_row(const GPTConfig& c, int part, I row) {
-  const I hd = c.head_dim(), per_group = c.num_attention_heads / c.query_groups(), d = row % hd;
+  const I hd = c.head_dim(), per_group = c.num_attention_heads / c.query_groups();
+  I d = row % hd;
+  // --rotary-interleaved: Hugging Face's rotate-half row d of a query or key
+  // head is our interleaved row 2d (first half) or 2(d - hd/2) + 1 (second):
+  // the same permutation of q and k leaves every score, and rope, as they were.
+  if (c.rotary_interleaved && part < 2) d = d < hd / 2 ? 2 * d : 2 * (d - hd / 2) + 1;
   if (part == 0) {  // query head n is head n % per_group of group n / per_group
     const I head = row / hd;
     return ((head / per_group) * (per_group + 2) + head % per_group) * hd + d;

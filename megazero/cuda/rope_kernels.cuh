@@ -36,14 +36,16 @@ __device__ __forceinline__ T rope_mul(T a, T b) {
 // (double, rounded to the compute type), then rotates those pairs of its rows
 // (BACKWARD: by -theta). per_block * kRopeTile < 2^31 (the launcher sees to
 // it), so the work index divides in 32 bits. Each pair is read before either
-// half is written, so out may alias in.
+// half is written, so out may alias in. interleaved: pair k is (2k, 2k + 1),
+// not (k, k + d/2).
 template <typename S, bool BACKWARD>
 __global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq, i64 d, i64 per_block, i64 first,
-                            const std::int64_t* positions, i64 chunks, double position_scale) {
+                            const std::int64_t* positions, i64 chunks, double position_scale, bool interleaved) {
   using C = compute_t<S>;
   __shared__ C cs[kRopeTile];
   __shared__ C sn[kRopeTile];
   const i64 half = d / 2;
+  const i64 first_of = interleaved ? 2 : 1, partner = interleaved ? 1 : half;
   const double dd = static_cast<double>(d);
   const i64 sample = static_cast<i64>(blockIdx.y) / chunks, chunk = static_cast<i64>(blockIdx.y) % chunks;
   const i64 b0 = sample * heads + chunk * per_block, b1 = min((sample + 1) * heads, b0 + per_block);
@@ -64,16 +66,16 @@ __global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq
       const unsigned work = static_cast<unsigned>((b1 - b0) * len);
       for (unsigned w = threadIdx.x; w < work; w += blockDim.x) {
         const unsigned q = w / ulen, k = w - q * ulen;
-        const i64 base_idx = ((b0 + q) * seq + pos) * d + i0 + k;
-        const C x0 = ld(in[base_idx]), x1 = ld(in[base_idx + half]);
+        const i64 base_idx = ((b0 + q) * seq + pos) * d + (i0 + k) * first_of;
+        const C x0 = ld(in[base_idx]), x1 = ld(in[base_idx + partner]);
         const C x0c = rope_mul(x0, cs[k]), x1s = rope_mul(x1, sn[k]);
         const C x1c = rope_mul(x1, cs[k]), x0s = rope_mul(x0, sn[k]);
         if constexpr (BACKWARD) {
           out[base_idx] = st<S>(x0c + x1s);
-          out[base_idx + half] = st<S>(x1c - x0s);
+          out[base_idx + partner] = st<S>(x1c - x0s);
         } else {
           out[base_idx] = st<S>(x0c - x1s);
-          out[base_idx + half] = st<S>(x1c + x0s);
+          out[base_idx + partner] = st<S>(x1c + x0s);
         }
       }
     }

@@ -26,6 +26,7 @@ struct RopeShape {
   const std::int64_t* pos = nullptr;  // per token [samples * seq], or nullptr: first + s
   i64 samples = 1;                    // n = samples x heads
   double scale = 1.0;                 // positions x scale (--rotary-seq-len-interpolation-factor)
+  bool interleaved = false;           // pairs (2i, 2i + 1), not (i, i + D/2)
 };
 
 // A per-thread row of at least n compute-type values (the cos and sin of one
@@ -37,7 +38,8 @@ C* trig_scratch(i64 n) {
   return scratch.data();
 }
 
-// out = rotation of in by theta (BACKWARD: by -theta), pairs (i, i + D/2).
+// out = rotation of in by theta (BACKWARD: by -theta), pairs (i, i + D/2) or,
+// interleaved, (2i, 2i + 1).
 // Each pair is read before either half is written, so out may alias in.
 template <typename S, bool BACKWARD>
 void rope_cpu(const S* in, double base, S* out, RopeShape s) {
@@ -45,6 +47,7 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
   const i64 half = s.d / 2;
   const double d = static_cast<double>(s.d);
   const i64 heads = s.n / s.samples;
+  const i64 first_of = s.interleaved ? 2 : 1, partner = s.interleaved ? 1 : half;  // pair i: (first_of i, + partner)
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.n * s.seq * s.d > kParallelMin)
   for (i64 sp = 0; sp < s.samples * s.seq; ++sp) {  // (sample, row)
     const i64 sample = sp / s.seq, pos = sp % s.seq;
@@ -60,13 +63,14 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
       const S* xr = in + (b * s.seq + pos) * s.d;
       S* yr = out + (b * s.seq + pos) * s.d;
       for (i64 i = 0; i < half; ++i) {
-        const C x0 = ld(xr[i]), x1 = ld(xr[i + half]);
+        const i64 j0 = i * first_of, j1 = j0 + partner;
+        const C x0 = ld(xr[j0]), x1 = ld(xr[j1]);
         if constexpr (BACKWARD) {
-          yr[i] = st<S>(x0 * cs[i] + x1 * sn[i]);
-          yr[i + half] = st<S>(x1 * cs[i] - x0 * sn[i]);
+          yr[j0] = st<S>(x0 * cs[i] + x1 * sn[i]);
+          yr[j1] = st<S>(x1 * cs[i] - x0 * sn[i]);
         } else {
-          yr[i] = st<S>(x0 * cs[i] - x1 * sn[i]);
-          yr[i + half] = st<S>(x1 * cs[i] + x0 * sn[i]);
+          yr[j0] = st<S>(x0 * cs[i] - x1 * sn[i]);
+          yr[j1] = st<S>(x1 * cs[i] + x0 * sn[i]);
         }
       }
     }
@@ -74,7 +78,7 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
 }
 
 void rope(const char* op, const char* in_name, const Tensor& in, double base, const char* out_name, Tensor& out,
-          bool backward, i64 first, const Tensor& positions, double position_scale) {
+          bool backward, i64 first, const Tensor& positions, double position_scale, bool interleaved) {
   check_float(op, in_name, in);
   check_operands(op, in, in.dtype(), {{in_name, &in}, {out_name, &out}});
   MZ_CHECK(in.dim() == 3, op, ": ", in_name,
@@ -97,9 +101,10 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
   MZ_CHECK(std::isfinite(position_scale) && position_scale > 0, op,
            ": the position scale must be finite and positive, got ", position_scale);
   s.scale = position_scale;
+  s.interleaved = interleaved;
   check_shape(op, out_name, out, in.shape());
   MZ_ON_CUDA(in, cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in), s.first,
-                            s.pos, s.samples, s.scale));
+                            s.pos, s.samples, s.scale, s.interleaved));
   if (!on_host(op, in)) return;
   with_storage_type(in.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -113,13 +118,13 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
 }  // namespace
 
 void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position, const Tensor& positions,
-                  double position_scale) {
-  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions, position_scale);
+                  double position_scale, bool interleaved) {
+  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions, position_scale, interleaved);
 }
 
 void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position, const Tensor& positions,
-                   double position_scale) {
-  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions, position_scale);
+                   double position_scale, bool interleaved) {
+  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions, position_scale, interleaved);
 }
 
 }  // namespace megazero::kernels

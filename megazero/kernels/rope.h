@@ -12,6 +12,9 @@
 // cos and sin are taken in double and rounded to the compute type (fp32 for
 // fp32 and 16-bit storage, fp64 for fp64); the products are in the compute
 // type, each result rounded once to storage.
+// interleaved (Megatron's --rotary-interleaved; GPT-J's and Meta's original
+// Llama layout): dimension 2i pairs with 2i + 1 instead, at the same angle
+// theta(p, i): y[2i] = x[2i] cos - x[2i+1] sin, y[2i+1] = x[2i+1] cos + x[2i] sin.
 #pragma once
 
 #include "megazero/core/tensor.h"
@@ -22,10 +25,10 @@ namespace megazero::kernels {
 // position_scale (1 / --rotary-seq-len-interpolation-factor): theta = (p x
 // position_scale) x base^(-2i/D); 1 leaves every bit as without it.
 void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position = 0,
-                  const Tensor& positions = Tensor(), double position_scale = 1.0);
+                  const Tensor& positions = Tensor(), double position_scale = 1.0, bool interleaved = false);
 // The adjoint (rotation by -theta): dx[i] = dy[i] cos + dy[i + D/2] sin,
 // dx[i + D/2] = dy[i + D/2] cos - dy[i] sin. dx may alias dy.
 void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position = 0,
-                   const Tensor& positions = Tensor(), double position_scale = 1.0);
+                   const Tensor& positions = Tensor(), double position_scale = 1.0, bool interleaved = false);
 
 }  // namespace megazero::kernels

@@ -163,6 +163,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "rotary-base", &a.model.rotary_base, "rope's base period: theta = position x base^(-2i/head size)");
   t.add(M, "rotary-seq-len-interpolation-factor", &a.model.rotary_interpolation_factor,
         "rope's position interpolation (Megatron's; Hugging Face's linear rope_scaling): positions divided by it");
+  t.flag(M, "rotary-interleaved", &a.model.rotary_interleaved,
+         "rope rotates pairs of adjacent dimensions (2i, 2i + 1; GPT-J's, Meta's Llama) instead of the head's two "
+         "halves (i, i + D/2; Megatron's default, Hugging Face's Llama)");
   t.add(M, "normalization", &a.model.normalization, "LayerNorm (GPT-2) or RMSNorm (Llama)");
   t.flag(M, "swiglu", &a.model.swiglu,
          "SwiGLU MLP: fc2(silu(x W_gate) * (x W_up)); --ffn-hidden-size defaults to 2/3 x 4h, a multiple of 64");
@@ -585,6 +588,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "position-embedding-type",
                                                 "rotary-base",
                                                 "rotary-seq-len-interpolation-factor",
+                                                "rotary-interleaved",
                                                 "normalization",
                                                 "norm-epsilon",
                                                 "swiglu",
@@ -1063,8 +1067,9 @@ std::string loss_definition_note(const TrainArgs& args, const std::string& saved
 std::string model_function_check(const TrainArgs& args, const std::string& saved_config, bool finetune) {
   const auto saved = config_values(saved_config), now = config_values(args.to_config());
   // What the weights compute, beyond their shapes (which the load checks).
-  const char* const fixed[] = {"apply-layernorm-1p",      "squared-relu", "swiglu", "qk-layernorm", "normalization",
-                               "position-embedding-type", "norm-epsilon"};
+  const char* const fixed[] = {"apply-layernorm-1p", "squared-relu",      "swiglu",
+                               "qk-layernorm",       "normalization",     "position-embedding-type",
+                               "norm-epsilon",       "rotary-interleaved"};
   // Rope's periods: a fine-tuning may change them on purpose (a longer context).
   const char* const tunable[] = {"rotary-base", "rotary-seq-len-interpolation-factor"};
   std::string refused, noted;

@@ -171,8 +171,6 @@ const CompatFlag kFlags[] = {
     {"data-parallel-random-init", Kind::Switch, Meaning::Refused,
      "every data-parallel rank starts from the same weights (a function of the seed and the parameter)"},
     {"spec", Kind::Value, Meaning::Refused, "megazero has one GPT implementation (layers/)"},
-    {"rotary-interleaved", Kind::Switch, Meaning::Refused,
-     "interleaved rotary pairs are not implemented: a head's two halves rotate (Megatron's default)"},
     {"expert-tensor-parallel-size", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     {"moe-router-topk", Kind::Value, Meaning::Refused, "megazero has no mixture-of-experts models"},
     // Megatron-DeepSpeed's spellings.

@@ -368,7 +368,8 @@ void Trainer::Impl::build() {
     std::ostringstream base;
     base << m.rotary_base;
     const std::string architecture =
-        m.position_embedding_type + " positions" + (m.rope() ? " (base " + base.str() + ")" : "") + ", " +
+        m.position_embedding_type + " positions" +
+        (m.rope() ? " (base " + base.str() + (m.rotary_interleaved ? ", interleaved pairs" : "") + ")" : "") + ", " +
         m.normalization + ", " +
         (m.swiglu         ? "SwiGLU"
          : m.squared_relu ? "squared-ReLU"

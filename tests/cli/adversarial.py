@@ -236,8 +236,9 @@ def cases():
         ("pipeline-model-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("tokenizer-type", "GPT2BPETokenizer --train-iters 1", "resolved configuration"),
         ("normalization", "RMSNorm --train-iters 1", "normalization = RMSNorm"),
-        ("init-method-xavier-uniform", "--train-iters 1", "Xavier-uniform weights"),
-        ("squared-relu", "--train-iters 1", "squared-ReLU MLP"),
+        ("init-method-xavier-uniform", "--train-iters 1", "init-method-xavier-uniform = true"),
+        ("squared-relu", "--train-iters 1", "squared-relu = true"),
+        ("rotary-interleaved", "--position-embedding-type rope --train-iters 1", "rotary-interleaved = true"),
         ("position-embedding-type", "rope --train-iters 1", "position-embedding-type = rope"),
         ("use-rotary-position-embeddings", "--train-iters 1", "position-embedding-type = rope"),
         ("rotary-percent", "1.0 --train-iters 1", "resolved configuration"),
@@ -373,6 +374,8 @@ def cases():
          "--tokenizer-model .*: not a SentencePiece model"),
         ("tokenizer-type", "Llama2Tokenizer", "--tokenizer-type Llama2Tokenizer: needs --tokenizer-model"),
         ("decoder-seq-length", "32", "--decoder-seq-length: megazero trains decoder-only GPTs"),
+        ("rotary-interleaved", "", "--rotary-interleaved pairs rope's dimensions: it needs --position-embedding-type "
+         "rope"),
         ("no-mmap-bin-files", "", "--no-mmap-bin-files: the .bin files are always memory-mapped"),
         ("use-pytorch-profiler", "", "--use-pytorch-profiler: there is no PyTorch: --profile records"),
         ("record-memory-history", "", "--record-memory-history: no allocator history is recorded"),
@@ -382,7 +385,6 @@ def cases():
         ("data-parallel-random-init", "", "--data-parallel-random-init: every data-parallel rank starts from the "
          "same weights"),
         ("spec", "x", "--spec: megazero has one GPT implementation"),
-        ("rotary-interleaved", "", "--rotary-interleaved: interleaved rotary pairs are not implemented"),
         ("expert-tensor-parallel-size", "2", "megazero has no mixture-of-experts models"),
         ("moe-router-topk", "2", "megazero has no mixture-of-experts models"),
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),

@@ -62,6 +62,8 @@ def draw_model(r):
         f += ["--position-embedding-type", "rope"]
         if r.random() < 0.25:
             f += ["--rotary-seq-len-interpolation-factor", "2"]
+        if r.random() < 0.25:
+            f += ["--rotary-interleaved"]
     if r.random() < 0.4:
         f += ["--normalization", "RMSNorm"]
     if r.random() < 0.2:

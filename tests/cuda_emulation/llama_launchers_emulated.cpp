@@ -156,17 +156,19 @@ void rmsnorm_no_rows(DType t, DType acc, i64 cols, std::mt19937& rng) {
 
 // ------------------------------------------------------------ RoPE
 // The CPU's cos/sin/pow are the emulation's libm: the same bits.
-void rope(DType t, i64 n, i64 seq, i64 d, bool backward, bool in_place, std::mt19937& rng, i64 first = 0) {
+void rope(DType t, i64 n, i64 seq, i64 d, bool backward, bool in_place, std::mt19937& rng, i64 first = 0,
+          bool interleaved = false) {
   const double base = 10000.0;
   const Tensor x = tensor_of({n, seq, d}, randn(n * seq * d, rng), t);
   Tensor y = x.clone(MemoryCategory::Other);
   if (backward)
-    kernels::rope_backward(x, base, y, first);
+    kernels::rope_backward(x, base, y, first, Tensor(), 1.0, interleaved);
   else
-    kernels::rope_forward(x, base, y, first);
+    kernels::rope_forward(x, base, y, first, Tensor(), 1.0, interleaved);
   const auto dx = put(x), dy = poisoned(y);
   const Launches l;
-  cuda::rope(t, dx.ptr(), base, in_place ? dx.ptr() : dy.ptr(), n, seq, d, backward, nullptr, first);
+  cuda::rope(t, dx.ptr(), base, in_place ? dx.ptr() : dy.ptr(), n, seq, d, backward, nullptr, first, nullptr, 1, 1.0,
+             interleaved);
   l.expect(1, "rope: launches");
   expect_bits(get(in_place ? dx : dy, y), y,
               backward ? (in_place ? "rope backward (in place)" : "rope backward")
@@ -258,6 +260,9 @@ int main() {
         // of its own: the data of the checks after it stay as they were.
         std::mt19937 decode_rng(1023);
         rope(t, 4, 1, 64, backward, true, decode_rng, 1023);
+        // --rotary-interleaved: pairs (2i, 2i + 1), two tiles and one pair.
+        rope(t, 3, 9, 520, backward, !backward, rng, 0, true);
+        rope(t, 2, 1, 2, backward, backward, rng, 5, true);
       }
       // SwiGLU: one column block, partly used; two; exactly one; one column.
       swiglu(t, 7, 45, rng);

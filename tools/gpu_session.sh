@@ -375,7 +375,8 @@ for phase in "$@"; do
       # draws CI runs on the CPU (seed 1) and more, every run on the GPU; each layout trains like
       # one rank there to rounding (a checkpoint halfway resumed on another layout too), or is
       # refused naming a flag; cuDNN's attention for half the fused draws.
-      MZ_MPIEXEC=mpiexec.hydra bounded 420 python3 tests/cli/feature_combos.py --exe $B/pretrain_gpt --device "${MZ_COMBOS_DEVICE:-cuda}" \
+      MZ_MPIEXEC=mpiexec.hydra bounded 420 python3 tests/cli/feature_combos.py --exe $B/pretrain_gpt --convert $B/convert_checkpoint \
+        --device "${MZ_COMBOS_DEVICE:-cuda}" \
         --combos "${MZ_COMBOS:-24}" --seed 1 > "$out/combos.txt" 2>&1
       echo "== exit $?" >> "$out/combos.txt"
       grep -E "FAIL|^feature_combos|^== exit|refused" "$out/combos.txt" | tail -30

@@ -23,7 +23,9 @@ hold, for every draw:
 - in 40% of the draws the layout saves halfway and a second layout, drawn
   the same way, loads that checkpoint and trains on: its losses are the one
   rank's to the same rounding (checkpoints load on any layout, with or
-  without offload, on either device).
+  without offload, on either device); with --convert that checkpoint is
+  also exported to Hugging Face's format and imported back, and must give
+  the same logits (or the export refuses naming a flag).
 
 The draws come from --seed, so a failure prints the command lines that
 reproduce it. --device puts every run on one device (the one-rank run too):
@@ -57,31 +59,35 @@ def draw_model(r):
     f = []
     layers = r.choice([2, 2, 3])
     f += ["--num-layers", str(layers)]
+    # A quarter of the models are GPT-2s and a quarter Llamas (what Hugging
+    # Face's formats hold: --convert exports them), the rest anything.
+    family = r.choice(["gpt2", "llama", "any", "any"])
+    gpt2, llama = family == "gpt2", family == "llama"
     rope = r.random() < 0.5
-    if rope:
+    if (rope or llama) and not gpt2:
         f += ["--position-embedding-type", "rope"]
         if r.random() < 0.25:
             f += ["--rotary-seq-len-interpolation-factor", "2"]
         if r.random() < 0.25:
             f += ["--rotary-interleaved"]
-    if r.random() < 0.4:
+    if (r.random() < 0.4 or llama) and not gpt2:
         f += ["--normalization", "RMSNorm"]
-    if r.random() < 0.2:
+    if r.random() < 0.2 and family == "any":
         f += ["--apply-layernorm-1p"]
     mlp = r.random()
-    if mlp < 0.35:
+    if (mlp < 0.35 or llama) and not gpt2:
         f += ["--swiglu"]
-    elif mlp < 0.5:
+    elif mlp < 0.5 and family == "any":
         f += ["--squared-relu"]
     if r.random() < 0.15:
         f += ["--init-method-xavier-uniform"]
-    if r.random() < 0.25:
+    if r.random() < 0.25 and family == "any":
         f += ["--qk-layernorm"]
-    if r.random() < 0.35:
+    if r.random() < 0.35 and not gpt2:
         f += ["--group-query-attention", "--num-query-groups", r.choice(["1", "2"])]
-    if r.random() < 0.3:
+    if r.random() < 0.3 and not gpt2:
         f += ["--disable-bias-linear"]
-    if r.random() < 0.3:
+    if r.random() < 0.3 and not gpt2:
         f += ["--untie-embeddings-and-output-weights"]
     if r.random() < 0.15:
         f += ["--no-bias-gelu-fusion"]
@@ -197,7 +203,10 @@ VALID = re.compile(r"validation loss at iteration \d+: ([0-9.eE+-]+|nan|inf)")
 
 
 def run(exe, ranks, flags, workdir):
-    cmd = [os.environ.get("MZ_MPIEXEC", "mpiexec"), "-n", str(ranks), exe] + BASE + flags
+    return run_cmd([os.environ.get("MZ_MPIEXEC", "mpiexec"), "-n", str(ranks), exe] + BASE + flags, workdir)
+
+
+def run_cmd(cmd, workdir):
     env = dict(os.environ, OMP_NUM_THREADS="1", MEGAZERO_NUM_THREADS="1")
     # A session of its own, so a run past its time is ended with every rank
     # (mpiexec alone would leave them).
@@ -235,7 +244,38 @@ def refusal_named(out):
     return re.search(r"--[a-z]", out) is not None
 
 
-def check(exe, index, seed, device=None):
+def read_logits(path):
+    with open(path) as f:
+        words = f.read().split()
+    return [float(w) for w in words[2:]]  # after "rows cols"
+
+
+def hf_round_trip(convert, work, device):
+    """The checkpoint exported to Hugging Face's format and imported back: the
+    same logits (fp32 export), or the export refused naming a flag.
+    Returns (problem or None, verdict words)."""
+    dev = ["--device", device] if device else []
+    cmd, rc, out = run_cmd([convert, "export", "--load", "ckpt", "--output", "hf", "--dtype", "fp32"], work)
+    if rc == 2 and refusal_named(out):
+        return None, "no Hugging Face form (refused by name)"
+    if rc != 0:
+        return f"export ended with {rc}: {' '.join(cmd)}\n" + "\n".join(out.strip().splitlines()[-8:]), ""
+    steps = [[convert, "import", "--input", "hf", "--save", "imported"] + dev]
+    for load, name in (("ckpt", "a.txt"), ("imported", "b.txt")):
+        steps.append([convert, "logits", "--load", load, "--tokens", "1,2,3,5,8,13,21,34", "--output", name] + dev)
+    for step in steps:
+        cmd, rc, out = run_cmd(step, work)
+        if rc != 0:
+            return f"{step[1]} ended with {rc}: {' '.join(cmd)}\n" + "\n".join(out.strip().splitlines()[-8:]), ""
+    a, b = read_logits(os.path.join(work, "a.txt")), read_logits(os.path.join(work, "b.txt"))
+    largest = max(abs(x) for x in a) if a else 0.0
+    worst = max((abs(x - y) for x, y in zip(a, b)), default=math.inf) if len(a) == len(b) else math.inf
+    if not worst <= 1e-4 * largest + 1e-6:
+        return f"the Hugging Face export, imported back, computes other logits: {worst:.3g} off (largest {largest:.3g})", ""
+    return None, f"exported and imported back ({worst / max(largest, 1e-30):.2g})"
+
+
+def check(exe, index, seed, device=None, convert=None):
     r = random.Random(seed * 100003 + index)
     model, precision, layers = draw_model(r)
     ranks, layout = draw_layout(r, precision, layers, model, device)
@@ -251,8 +291,13 @@ def check(exe, index, seed, device=None):
         if resume and rc == 0:
             cmd2, rc2, out2 = run(exe, ranks2, model + layout2, work)
             runs.append(("resumed on another layout", cmd2, rc2, out2))
+            if convert:
+                hf_problem, hf_verdict = hf_round_trip(convert, work, device)
     show = lambda c: " ".join(c)
     problems = []
+    if resume and rc == 0 and convert:
+        if hf_problem:
+            problems.append(hf_problem)
     for name, c, code, text in runs:
         if code == 0:
             continue
@@ -291,6 +336,8 @@ def check(exe, index, seed, device=None):
                     verdict += f", resumed on another layout ({worst2:.2g})"
             elif len(runs) == 3:
                 verdict += ", the other layout refused the checkpoint's model with a named flag"
+            if resume and convert and hf_verdict:
+                verdict += ", " + hf_verdict
     report = f"combo {index}: {'FAIL' if problems else verdict}\n  one rank: {show(ref_cmd)}\n  layout:   {show(cmd)}"
     if len(runs) == 3:
         report += f"\n  resumed:  {show(runs[2][1])}"
@@ -307,6 +354,8 @@ def main():
     ap.add_argument("--first", type=int, default=0, help="the first combination's index (to rerun one)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--device", help="every run on this device (the one-rank run too), e.g. cuda on a GPU lease")
+    ap.add_argument("--convert", help="convert_checkpoint: the saved checkpoints also exported to Hugging Face's "
+                    "format and imported back, with the same logits (or the export refused naming a flag)")
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
     signal.signal(signal.SIGTERM, end_runs)
@@ -315,7 +364,7 @@ def main():
     failed = refused = 0
     idx = range(a.first, a.first + a.combos)
     with concurrent.futures.ThreadPoolExecutor(max_workers=a.jobs) as pool:
-        for ok, was_refused, report in pool.map(lambda i: check(exe, i, a.seed, a.device), idx):
+        for ok, was_refused, report in pool.map(lambda i: check(exe, i, a.seed, a.device, a.convert and os.path.abspath(a.convert)), idx):
             failed += not ok
             refused += was_refused
             if not ok or a.verbose:

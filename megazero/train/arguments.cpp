@@ -12,6 +12,7 @@
 #include <fstream>
 #include <iterator>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <sstream>
@@ -1051,14 +1052,25 @@ std::map<std::string, std::string> config_values(const std::string& config) {
   return kv;
 }
 
-std::string loss_definition_note(const TrainArgs& args, const std::string& saved_config) {
-  const auto saved = config_values(saved_config), now = config_values(args.to_config());
+namespace {
+using ConfigValues = std::map<std::string, std::string>;
+// "--key now (checkpoint: then)" for each of `keys` whose values differ,
+// comma-separated; keys either side lacks are not compared.
+std::string changed_keys(const ConfigValues& saved, const ConfigValues& now, std::initializer_list<const char*> keys) {
   std::string diff;
-  for (const char* k : {"eod-mask-loss", "eod-token-id", "reset-position-ids", "reset-attention-mask"}) {
+  for (const char* k : keys) {
     const auto s = saved.find(k), n = now.find(k);
     if (s == saved.end() || n == now.end() || s->second == n->second) continue;
     diff += std::string(diff.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";
   }
+  return diff;
+}
+}  // namespace
+
+std::string loss_definition_note(const TrainArgs& args, const std::string& saved_config) {
+  const std::string diff =
+      changed_keys(config_values(saved_config), config_values(args.to_config()),
+                   {"eod-mask-loss", "eod-token-id", "reset-position-ids", "reset-attention-mask"});
   if (diff.empty()) return "";
   return "the loss is not the one the checkpoint was trained on: " + diff +
          "; the logged loss changes its definition from here (compare losses across the two with care)";
@@ -1067,25 +1079,18 @@ std::string loss_definition_note(const TrainArgs& args, const std::string& saved
 std::string model_function_check(const TrainArgs& args, const std::string& saved_config, bool finetune) {
   const auto saved = config_values(saved_config), now = config_values(args.to_config());
   // What the weights compute, beyond their shapes (which the load checks).
-  const char* const fixed[] = {"apply-layernorm-1p", "squared-relu",      "swiglu",
-                               "qk-layernorm",       "normalization",     "position-embedding-type",
-                               "norm-epsilon",       "rotary-interleaved"};
+  std::string refused = changed_keys(saved, now,
+                                     {"apply-layernorm-1p", "squared-relu", "swiglu", "qk-layernorm", "normalization",
+                                      "position-embedding-type", "norm-epsilon", "rotary-interleaved"});
   // Rope's periods: a fine-tuning may change them on purpose (a longer context).
-  const char* const tunable[] = {"rotary-base", "rotary-seq-len-interpolation-factor"};
-  std::string refused, noted;
-  auto compare = [&](const char* k, std::string& into) {
-    const auto s = saved.find(k), n = now.find(k);
-    if (s == saved.end() || n == now.end() || s->second == n->second) return;
-    into += std::string(into.empty() ? "" : ", ") + "--" + k + " " + n->second + " (checkpoint: " + s->second + ")";
-  };
-  for (const char* k : fixed) compare(k, refused);
-  for (const char* k : tunable) compare(k, finetune ? noted : refused);
+  const std::string periods = changed_keys(saved, now, {"rotary-base", "rotary-seq-len-interpolation-factor"});
+  if (!finetune && !periods.empty()) refused += (refused.empty() ? "" : ", ") + periods;
   MZ_REQUIRE(refused.empty(), "the checkpoint's model computes something else with the same weights: ", refused,
              "; loaded into this model they would change their meaning. Pass the checkpoint's values (or "
              "--use-checkpoint-args, which takes them from it)",
              finetune ? "" : "; --finetune may change rope's --rotary-base and --rotary-seq-len-interpolation-factor");
-  if (noted.empty()) return "";
-  return "--finetune with rope's periods changed: " + noted + " (the weights were trained with the checkpoint's)";
+  if (!finetune || periods.empty()) return "";
+  return "--finetune with rope's periods changed: " + periods + " (the weights were trained with the checkpoint's)";
 }
 
 std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_config, std::int64_t iteration) {

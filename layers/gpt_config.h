@@ -96,6 +96,10 @@ struct GPTConfig {
   // and applied as 1 + w, so the stored values stay near 0 where 16-bit
   // numbers are finest.
   bool layernorm_1p = false;
+  // --apply-residual-connection-post-layernorm (Megatron's legacy layer):
+  // each sub-block's residual is its norm's output instead of its input,
+  // x1 = ln1(x) + attn(ln1(x)), out = ln2(x1) + mlp(ln2(x1)).
+  bool residual_post_norm = false;
   // --sequence-parallel (Megatron's; Korthikanti et al. 2022): at TP > 1 the
   // norms, dropouts and residual stream hold 1/TP of the tokens per rank.
   bool sequence_parallel = false;

@@ -57,24 +57,32 @@ Tensor TransformerLayer::bias_dropout_add(const Tensor& y, const Parameter* bias
 }
 
 Tensor TransformerLayer::forward_impl(const Tensor& x) {
-  Tensor a = attention_.forward(ln1_->forward(x), step_, false);
-  // x1 = x + dropout(a + bias), written over a, and LN2 of it: one pass
-  // where the device can (the LayerNorm's read of x1 saved).
+  // The residual each sub-block adds its output to: its input, or with
+  // --apply-residual-connection-post-layernorm its norm's output (kept
+  // until added; otherwise released once the attention has read it).
+  const bool post = cfg_.residual_post_norm;
+  Tensor h1 = ln1_->forward(x);
+  Tensor a = attention_.forward(h1, step_, false);
+  if (!post) h1 = Tensor();
+  const Tensor& residual1 = post ? h1 : x;
+  // x1 = residual1 + dropout(a + bias), written over a, and LN2 of it: one
+  // pass where the device can (the LayerNorm's read of x1 saved).
   Tensor x1, h;
   if (const Parameter* bias = attention_.output_bias()) {
     x1 = a;
     h = ln2_->forward_bias_dropout_add(
-        a, {&bias->value, &x, step_.training ? cfg_.hidden_dropout : 0.0,
+        a, {&bias->value, &residual1, step_.training ? cfg_.hidden_dropout : 0.0,
             RngKey{step_.seed, step_.iteration, static_cast<std::uint32_t>(layer_), kRngAttentionOutputDropout},
             layout_of(a), &x1});
   } else {
-    x1 = bias_dropout_add(a, nullptr, x, kRngAttentionOutputDropout);
+    x1 = bias_dropout_add(a, nullptr, residual1, kRngAttentionOutputDropout);
     h = ln2_->forward(x1);
   }
-  a = Tensor();
+  a = h1 = Tensor();
   Tensor m = mlp_.forward(h, false);
-  h = Tensor();
-  return bias_dropout_add(m, mlp_.output_bias(), x1, kRngMlpOutputDropout);
+  const Tensor residual2 = post ? h : x1;
+  h = x1 = Tensor();
+  return bias_dropout_add(m, mlp_.output_bias(), residual2, kRngMlpOutputDropout);
 }
 
 Tensor TransformerLayer::forward(const Tensor& x, const StepInfo& step) {
@@ -123,11 +131,20 @@ Tensor TransformerLayer::backward(const Tensor& dy) {
   Parameter* attention_bias = ctx_.sequence_parallel ? nullptr : attention_.output_bias();
   Tensor dln2 = mlp_.backward(dm, mlp_bias != nullptr);
   dm = Tensor();  // each gradient released once read: a [rows, hidden] activation each
+  // --apply-residual-connection-post-layernorm: the residual's gradient (dy)
+  // joins the norm's output gradient, not its input's.
+  const bool post = cfg_.residual_post_norm;
+  if (post) kernels::add(dy, dln2, dln2);
   Tensor da = ctx_.activation(dy.shape());
-  Tensor dx1 =
-      ln2_->backward_dropout(dln2, &dy, hidden_dropout_backward_of(dy, kRngAttentionOutputDropout, attention_bias, da));
+  Tensor dx1 = ln2_->backward_dropout(dln2, post ? nullptr : &dy,
+                                      hidden_dropout_backward_of(dy, kRngAttentionOutputDropout, attention_bias, da));
   dln2 = Tensor();
-  return ln1_->backward(attention_.backward(da, attention_bias != nullptr), &dx1);
+  if (!post) return ln1_->backward(attention_.backward(da, attention_bias != nullptr), &dx1);
+  Tensor dh1 = attention_.backward(da, attention_bias != nullptr);
+  da = Tensor();
+  kernels::add(dx1, dh1, dh1);
+  dx1 = Tensor();
+  return ln1_->backward(dh1);
 }
 
 void TransformerLayer::release() {

@@ -835,6 +835,13 @@ TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
   msg = error_of([&] { hf::export_checkpoint({d + "/relu2", d + "/out"}); });
   EXPECT_NE(msg.find("has a squared-ReLU MLP (--squared-relu)"), std::string::npos) << msg;
   EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
+  // Post-norm residuals (--apply-residual-connection-post-layernorm): read back from the configuration, refused.
+  auto post = zero_test_model(false);
+  post.residual_post_norm = true;
+  save_numbered(post, d + "/post");
+  msg = error_of([&] { hf::export_checkpoint({d + "/post", d + "/out"}); });
+  EXPECT_NE(msg.find("(--apply-residual-connection-post-layernorm), which neither"), std::string::npos) << msg;
+  EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
   // A configuration that contradicts the parameters.
   const auto c = llama_model(8, 2, false, true);
   std::string config = hf::resolved_config(c, 77);

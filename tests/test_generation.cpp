@@ -249,3 +249,81 @@ TEST(Generation, TheKeyValueCacheGivesTheWholeSequencesLogits) {
     EXPECT_EQ(generate(model, {3, 17, 5}, o).tokens, cached);
   }
 }
+
+// The model split over the world's ranks (TP = ranks, tools/generate_text
+// under mpiexec): a checkpoint saved at DP = ranks, ZeRO stage 3, resharded
+// to TP shards on load, computes each rank's one-rank model's logits (every
+// row, and the key/value cache's) to fp32 rounding (TP sums the same terms in
+// another order); greedy generation draws on every rank the same tokens, each
+// the one-rank model's most likely next token up to that rounding; a seed
+// draws the same tokens again.
+TEST(Generation, TensorParallelRanksComputeTheOneRankModel) {
+  if (world().size() == 1) GTEST_SKIP() << "several ranks";
+  auto self = world().split(world().rank(), 0, "generation-self");
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "rope, RMSNorm, SwiGLU, GQA" : "learned positions, LayerNorm, GeLU");
+    const std::string dir = shared_temp_dir("mz-generate-tp");
+    {
+      ZeroRunSpec spec;
+      spec.steps = 1;
+      spec.llama = llama;
+      spec.dp = world().size();
+      spec.stage = 3;
+      ZeroRun run(world(), spec);
+      run.train(0, 1);
+      checkpoint::TrainState s;
+      s.iteration = 1;
+      s.seed = 5;
+      s.config = hf::resolved_config(run.model->config(), 5);
+      checkpoint::save_checkpoint(dir + "/ckpt", s, *run.engine, {&world(), 0, 1});
+    }
+    hf::CheckpointModel one(dir + "/ckpt", *self), split(dir + "/ckpt", world());
+    EXPECT_EQ(split.tensor_parallel_size(), world().size());
+    EXPECT_EQ(one.tensor_parallel_size(), 1);
+    auto expect_close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+      ASSERT_EQ(got.size(), want.size()) << what;
+      double largest = 0, diff = 0;
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        largest = std::max(largest, std::fabs(static_cast<double>(want[i])));
+        diff = std::max(diff, std::fabs(static_cast<double>(got[i]) - want[i]));
+      }
+      EXPECT_GT(largest, 0) << what;
+      EXPECT_LE(diff, 1e-5 * largest) << what;
+    };
+    const std::vector<I> seq = {3, 17, 5, 42, 9, 1, 30};
+    expect_close(split.logits(seq), one.logits(seq), "every row");
+    split.start_cache(16);
+    one.start_cache(16);
+    expect_close(split.extend(seq), one.extend(seq), "the cached prompt");
+    expect_close(split.extend({7}), one.extend({7}), "a cached token");
+    // Greedy: the same tokens on every rank, each the one-rank model's argmax up to rounding.
+    GenerateOptions o;
+    o.sampling.greedy = true;
+    o.max_new_tokens = 6;
+    const std::vector<I> prompt = {3, 17, 5};
+    const auto g = generate(split, prompt, o).tokens;
+    ASSERT_EQ(g.size(), 6u);
+    Tensor mine = Tensor::empty(make_device(DeviceKind::CPU), {6}, DType::I64, MemoryCategory::Workspace);
+    Tensor all =
+        Tensor::empty(make_device(DeviceKind::CPU), {6 * world().size()}, DType::I64, MemoryCategory::Workspace);
+    std::copy(g.begin(), g.end(), mine.host_data<I>());
+    world().all_gather(mine, all).wait();
+    for (int r = 0; r < world().size(); ++r)
+      EXPECT_EQ(std::vector<I>(all.host_data<I>() + 6 * r, all.host_data<I>() + 6 * (r + 1)), g) << "rank " << r;
+    std::vector<I> prefix = prompt;
+    for (I t : g) {
+      const auto row = one.logits(prefix, /*last_only=*/true);
+      const float best = *std::max_element(row.begin(), row.end());
+      float largest = 0;
+      for (float v : row) largest = std::max(largest, std::fabs(v));
+      EXPECT_GE(row[static_cast<std::size_t>(t)], best - 2e-5f * largest) << "after " << prefix.size();
+      prefix.push_back(t);
+    }
+    GenerateOptions r;
+    r.sampling = opts(0.9, 20, 0.95, 11);
+    r.max_new_tokens = 8;
+    EXPECT_EQ(generate(split, prompt, r).tokens, generate(split, prompt, r).tokens);
+    world().barrier().wait();
+    if (world().rank() == 0) fs::remove_all(dir);
+  }
+}

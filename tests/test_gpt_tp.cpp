@@ -116,6 +116,9 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
       case 13:  // rope on interleaved pairs (--rotary-interleaved)
         c.position_embedding_type = "rope", c.rotary_interleaved = true;
         break;
+      case 14:  // the residual from each norm's output (--apply-residual-connection-post-layernorm)
+        c.residual_post_norm = true;
+        break;
     }
   }
   if (g_llama) {
@@ -296,8 +299,9 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "zero-centred RMSNorm",
                          "Xavier-uniform weights, untied output, SwiGLU",
                          "squared-ReLU MLP",
-                         "rope on interleaved pairs"};
-  for (int o = 0; o < 14; ++o) {
+                         "rope on interleaved pairs",
+                         "post-norm residual connections"};
+  for (int o = 0; o < 15; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);
@@ -305,6 +309,9 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
   g_only_option = 6;  // q/k LayerNorm under sequence parallelism and on the fused attention
   g_sp = true;
   compare(world_size(), DType::F64, false, 1e-12);
+  g_only_option = 14;  // post-norm residuals under sequence parallelism: each rank's rows of the norms' outputs
+  compare(world_size(), DType::F64, true, 1e-12);
+  g_only_option = 6;
   g_sp = false;
   if (test_support::test_device()->kind() != DeviceKind::CUDA) compare(world_size(), DType::F64, true, 1e-12, "fused");
   g_only_option = -1;

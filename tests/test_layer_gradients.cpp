@@ -13,6 +13,7 @@
 #include "layers/mappings.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
+#include "megazero/kernels/gelu_bias.h"
 
 using namespace megazero;
 using namespace megazero::layers;
@@ -379,6 +380,68 @@ TEST_F(LayerGrad, ZeroCentredNormWeights) {
     plain->release();
     check_whole_model({"embedding.word.weight"});
   }
+}
+
+// --apply-residual-connection-post-layernorm: the layer computes
+// x1 = ln1(x) + attn(ln1(x)), out = ln2(x1) + mlp(ln2(x1)) (composed here from
+// sub-modules holding the same weights; dropout off), its backward matches
+// finite differences (dropout on; with and without recompute; unfused and
+// fused attention), and so does the whole model's, GPT-2- and Llama-style.
+TEST_F(LayerGrad, PostNormResidualConnection) {
+  cfg.residual_post_norm = true;
+  {
+    GPTConfig c = cfg;
+    c.hidden_dropout = c.attention_dropout = 0;
+    ParameterSet ps, parts;
+    TransformerLayer layer(ps, c, 1, ctx);
+    auto ln1 = make_normalization(parts, "layers.1.ln1", c, ctx);
+    ParallelSelfAttention attn(parts, "layers.1.attention", c, 1, ctx);
+    auto ln2 = make_normalization(parts, "layers.1.ln2", c, ctx);
+    ParallelMLP mlp(parts, "layers.1.mlp", c, ctx);
+    ps.allocate(ctx.device, DType::F64);
+    ps.initialize(11);
+    parts.allocate(ctx.device, DType::F64);
+    ASSERT_EQ(ps.all().size(), parts.all().size());
+    for (auto* p : ps.all()) {
+      if (p->init != Init::Normal) p->value.copy_from(random_like(p->value, 5, 0.5));
+      parts.get(p->name).value.copy_from(p->value);
+    }
+    const Tensor x = input(step.micro_batch * step.seq, c.hidden_size, 7);
+    const auto got = layer.forward(x, step).to_double_vector();
+    const Tensor h1 = ln1->forward(x);
+    Tensor x1 = attn.forward(h1, step);
+    kernels::add(h1, x1, x1);
+    const Tensor h2 = ln2->forward(x1);
+    Tensor out = mlp.forward(h2);
+    kernels::add(h2, out, out);
+    const auto want = out.to_double_vector();
+    ASSERT_EQ(got.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << "element " << i;
+    // And not the pre-norm layer's: the flag changes the function.
+    GPTConfig pre_cfg = c;
+    pre_cfg.residual_post_norm = false;
+    ParameterSet pre_ps;
+    TransformerLayer pre(pre_ps, pre_cfg, 1, ctx);
+    pre_ps.allocate(ctx.device, DType::F64);
+    for (auto* p : ps.all()) pre_ps.get(p->name).value.copy_from(p->value);
+    EXPECT_NE(pre.forward(x, step).to_double_vector(), got);
+  }
+  for (const char* backend : {"unfused", "fused"})
+    for (bool recompute : {false, true}) {
+      SCOPED_TRACE(testing::Message() << backend << (recompute ? ", recompute" : ""));
+      cfg.attention_backend = backend;
+      cfg.recompute_activations = recompute;
+      ParameterSet ps;
+      TransformerLayer layer(ps, cfg, 1, ctx);
+      check_layer(
+          ps, input(step.micro_batch * step.seq, cfg.hidden_size, 6),
+          [&](const Tensor& x) { return layer.forward(x, step); },
+          [&](const Tensor& dy) { return layer.backward(dy); });
+    }
+  cfg.attention_backend = "unfused";
+  check_whole_model({"embedding.word.weight"});
+  make_llama(cfg);
+  check_whole_model({"embedding.word.weight"});
 }
 
 // --qk-layernorm: q and k normalised per head (LayerNorm, or RMSNorm with the

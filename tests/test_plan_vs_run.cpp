@@ -413,6 +413,7 @@ Case random_case(unsigned index) {
   else if (coin(0.25))
     add({"--squared-relu"});
   if (coin(0.25)) add({"--qk-layernorm"});
+  if (coin(0.15)) add({"--apply-residual-connection-post-layernorm"});
   if (coin(0.35)) add({"--group-query-attention", "--num-query-groups", "2"});
   if (coin(0.3)) add({"--disable-bias-linear"});
   if (coin(0.3)) add({"--untie-embeddings-and-output-weights"});

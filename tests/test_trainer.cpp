@@ -616,6 +616,9 @@ TEST(Trainer, LoadRefusesAModelThatComputesOtherwise) {
   EXPECT_NE(build_error(with("500", {"--load", dir, "--rotary-interleaved"}))
                 .find("--rotary-interleaved true (checkpoint: false)"),
             std::string::npos);
+  EXPECT_NE(build_error(with("500", {"--load", dir, "--apply-residual-connection-post-layernorm"}))
+                .find("--apply-residual-connection-post-layernorm true (checkpoint: false)"),
+            std::string::npos);
   msg = build_error(with("10000", {"--load", dir}));
   EXPECT_NE(msg.find("--rotary-base 10000 (checkpoint: 500)"), std::string::npos) << msg;
   EXPECT_NE(build_error(with("500", {"--load", dir, "--skip-train", "--norm-epsilon", "1e-6"})).find("--norm-epsilon"),

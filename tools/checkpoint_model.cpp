@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <optional>
 
+#include "megazero/checkpoint/checkpoint.h"
+#include "megazero/comm/consensus.h"
 #include "megazero/core/error.h"
 #include "tools/hf_gpt2.h"
 
@@ -31,12 +33,16 @@ void Tp1Model::set_master(std::size_t i, const std::vector<float>& values) {
 }
 
 struct CheckpointModel::Impl {
+  Communicator* group = nullptr;
   GPTConfig config;
-  std::string dir;
-  I iteration = 0;
-  std::unique_ptr<Tp1Model> m;
+  checkpoint::ChosenCheckpoint chosen;
+  std::shared_ptr<Device> device;
+  std::unique_ptr<Communicator> tp, dp;
+  layers::ParameterSet params;
+  std::unique_ptr<layers::GPTModel> model;
+  std::unique_ptr<zero::ZeroEngine> engine;
   std::shared_ptr<Device> host = make_device(DeviceKind::CPU);
-  std::optional<layers::KvCache> cache;  // start_cache's
+  std::optional<layers::KvCache> cache;  // start_cache's; declared last: its buffers go first
 
   // The ids on the model's device, each checked against the vocabulary (--tokens named).
   Tensor upload(const std::vector<I>& tokens) const {
@@ -46,55 +52,84 @@ struct CheckpointModel::Impl {
     const I S = static_cast<I>(tokens.size());
     Tensor host_ids = Tensor::empty(host, {S}, DType::I64, MemoryCategory::Activations);
     std::copy(tokens.begin(), tokens.end(), host_ids.host_data<I>());
-    Tensor ids = Tensor::empty(m->device, {S}, DType::I64, MemoryCategory::Activations);
+    Tensor ids = Tensor::empty(device, {S}, DType::I64, MemoryCategory::Activations);
     ids.copy_from(host_ids);
     return ids;
   }
-  // Rows [n, padded vocab] (fp32, on the model's device) -> the real vocabulary of each, on the host.
+  // Rows [n, this rank's vocabulary columns] (fp32, on the model's device;
+  // rank r holds columns [r * cols, (r + 1) * cols) of the padded vocabulary)
+  // -> the real vocabulary of each row, on the host of every rank.
   std::vector<float> to_host(const Tensor& rows) const {
-    Tensor host_logits = Tensor::empty(host, rows.shape(), DType::F32, MemoryCategory::Workspace);
-    host_logits.copy_from(rows);
-    const I n = rows.size(0), cols = rows.size(1);
+    const I n = rows.size(0), cols = rows.size(1), ranks = tp->size();
+    Tensor gathered = rows;
+    if (ranks > 1) {
+      gathered = Tensor::empty(device, {ranks * n, cols}, DType::F32, MemoryCategory::Workspace);
+      MZ_CHECK(rows.is_contiguous(), "logits rows must be contiguous");
+      tp->all_gather(rows, gathered).wait();
+    }
+    Tensor host_logits = Tensor::empty(host, gathered.shape(), DType::F32, MemoryCategory::Workspace);
+    host_logits.copy_from(gathered);
+    const float* h = host_logits.host_data<float>();
     std::vector<float> out(static_cast<std::size_t>(n * config.vocab_size));
-    for (I s = 0; s < n; ++s)
-      std::copy_n(host_logits.host_data<float>() + s * cols, config.vocab_size, out.begin() + s * config.vocab_size);
+    for (I r = 0; r < ranks; ++r) {
+      const I first = r * cols, count = std::min(cols, config.vocab_size - first);
+      for (I s = 0; s < n && count > 0; ++s)
+        std::copy_n(h + (r * n + s) * cols, count, out.begin() + s * config.vocab_size + first);
+    }
     return out;
   }
 };
 
-CheckpointModel::CheckpointModel(const std::string& load, Communicator& self, I heads, const std::string& device)
+CheckpointModel::CheckpointModel(const std::string& load, Communicator& group, I heads, const std::string& device)
     : impl_(std::make_unique<Impl>()) {
-  const auto opened = open_checkpoint(load);
-  checkpoint::CheckpointReader& reader = *opened;
-  impl_->dir = reader.dir();
-  impl_->iteration = reader.manifest().state.iteration;
-  GPTConfig c = model_config_of(reader.manifest(), impl_->dir, heads);
-  // Forward passes of any length up to the positions; sequence length and
-  // parallelism do not change the weights.
-  c.seq_length = c.max_position_embeddings;
-  c.hidden_dropout = c.attention_dropout = 0;
-  c.attention_backend = "unfused";
-  c.sequence_parallel = false;
-  impl_->config = c;
-  impl_->m = std::make_unique<Tp1Model>(c, self, device);
-  auto& m = *impl_->m;
-  const auto& params = m.engine->parameters();
-  for (std::size_t i = 0; i < params.size(); ++i)
-    // At TP 1 a shard is the global tensor; the saved vocab padding may differ (rows beyond the vocabulary are 0).
-    m.set_master(i, reader.global_tensor(params[i]->name, "master"));
-  m.engine->load_finished();
+  Impl& m = *impl_;
+  m.group = &group;
+  MZ_REQUIRE(!load.empty(), "--load is required: a pretrain_gpt --save directory or one of its iter_* directories");
+  // The newest usable checkpoint, its files verified by the ranks in parallel.
+  m.chosen = checkpoint::choose_checkpoint(load, group, "--load");
+  const int tp = group.size();
+  run_consistently(group, [&] {
+    GPTConfig c = model_config_of(m.chosen.manifest, m.chosen.dir, heads);
+    // Forward passes of any length up to the positions; sequence length and
+    // parallelism do not change the weights.
+    c.seq_length = c.max_position_embeddings;
+    c.hidden_dropout = c.attention_dropout = 0;
+    c.attention_backend = "unfused";
+    c.sequence_parallel = false;
+    try {
+      c.validate(tp);
+    } catch (const ConfigError& e) {
+      throw ConfigError(detail::concat("the checkpoint's model cannot run on ", tp,
+                                       " ranks (tensor parallel): ", e.what(), tp > 1 ? "; start fewer ranks" : ""));
+    }
+    m.config = c;
+    m.device = make_device(device);
+    MZ_REQUIRE(m.device->has_storage(), "--device ", device, ": the meta device holds no weights; use cpu or cuda");
+  });
+  // Every rank in one TP group; each alone in its DP group.
+  m.tp = group.split(0, group.rank(), "generate-tp");
+  m.dp = group.split(group.rank(), 0, "generate-dp");
+  m.model = std::make_unique<layers::GPTModel>(m.config, layers::TpContext{m.tp.get(), m.device, DType::F32}, m.params);
+  m.engine = std::make_unique<zero::ZeroEngine>(m.params, *m.dp, *m.tp, m.device, zero::ZeroConfig{});
+  // The master weights alone: resharded to this rank's TP shard, the saved
+  // vocabulary padding's rows beyond the vocabulary 0.
+  checkpoint::LoadOptions weights_only;
+  weights_only.optimizer_state = false;
+  checkpoint::load_chosen(m.chosen, *m.engine, {&group, group.rank(), tp}, weights_only);
   m.model->set_param_hooks(m.engine.get());
   m.model->keep_logits(true);  // the loss consumes its logits in place
 }
 
 CheckpointModel::~CheckpointModel() = default;
 const GPTConfig& CheckpointModel::config() const { return impl_->config; }
-const std::string& CheckpointModel::checkpoint() const { return impl_->dir; }
-I CheckpointModel::iteration() const { return impl_->iteration; }
+const std::string& CheckpointModel::checkpoint() const { return impl_->chosen.dir; }
+I CheckpointModel::iteration() const { return impl_->chosen.manifest.state.iteration; }
+int CheckpointModel::tensor_parallel_size() const { return impl_->tp->size(); }
+const std::vector<std::string>& CheckpointModel::rejected() const { return impl_->chosen.rejected; }
 
 std::vector<float> CheckpointModel::logits(const std::vector<I>& tokens, bool last_only) {
   const GPTConfig& c = impl_->config;
-  auto& m = *impl_->m;
+  auto& model = *impl_->model;
   const I S = static_cast<I>(tokens.size());
   MZ_REQUIRE(S > 0 && S <= c.max_position_embeddings, "--tokens: give 1 to ", c.max_position_embeddings,
              " token ids (max-position-embeddings), got ", S);
@@ -108,14 +143,14 @@ std::vector<float> CheckpointModel::logits(const std::vector<I>& tokens, bool la
   step.micro_batch = 1;
   step.seq = S;
   step.training = false;
-  m.model->forward(ids, targets, step);
-  // [S, padded vocab], fp32, on the model's device: the rows wanted, then the real vocabulary of each.
-  return impl_->to_host(last_only ? m.model->logits().narrow(0, S - 1, 1) : m.model->logits());
+  model.forward(ids, targets, step);
+  // [S, vocabulary shard], fp32, on the model's device: the rows wanted, then the real vocabulary of each.
+  return impl_->to_host(last_only ? model.logits().narrow(0, S - 1, 1) : model.logits());
 }
 
 void CheckpointModel::start_cache(I capacity) {
   impl_->cache.reset();  // the old buffers go first
-  impl_->cache = impl_->m->model->make_kv_cache(capacity);
+  impl_->cache = impl_->model->make_kv_cache(capacity);
 }
 
 std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens) {
@@ -124,13 +159,22 @@ std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens) {
   const I T = static_cast<I>(tokens.size());
   MZ_REQUIRE(T > 0 && cache.length + T <= cache.capacity, "--tokens: ", T, " more token ids after ", cache.length,
              " do not fit the ", cache.capacity, " positions of the key/value cache");
-  const Tensor logits = impl_->m->model->decode(impl_->upload(tokens), cache);
+  const Tensor logits = impl_->model->decode(impl_->upload(tokens), cache);
   return impl_->to_host(logits.narrow(0, T - 1, 1));
 }
 
-std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& self, I heads,
-                                     const std::string& device) {
-  return CheckpointModel(load, self, heads, device).logits(tokens);
+I CheckpointModel::rank0_token(I token) {
+  Communicator& group = *impl_->group;
+  if (group.size() == 1) return token;
+  Tensor t = Tensor::empty(impl_->host, {1}, DType::I64, MemoryCategory::Workspace);
+  *t.host_data<I>() = token;
+  group.broadcast(t, 0).wait();
+  return *t.host_data<I>();
+}
+
+std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& group,
+                                     I heads, const std::string& device) {
+  return CheckpointModel(load, group, heads, device).logits(tokens);
 }
 
 std::vector<I> parse_token_ids(const std::string& list, const std::string& flag) {

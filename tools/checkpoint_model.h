@@ -33,17 +33,24 @@ struct Tp1Model {
   void set_master(std::size_t i, const std::vector<float>& values);
 };
 
-// A checkpoint's model on `self` (one rank), its fp32 master weights loaded
-// once (any TP x DP x ZeRO layout), no dropout, on `device`; the attention
-// is the unfused one, which runs any sequence length in fp32.
+// A checkpoint's model, its fp32 master weights loaded once (any saved TP x
+// DP x ZeRO layout), no dropout, on `device`; the attention is the unfused
+// one, which runs any sequence length in fp32. One model over the ranks of
+// `group` at TP = group.size() (DP 1: each rank its tensor-parallel shard,
+// as the saved checkpoint is resharded for a resume), so a model too large
+// for one device runs on several; collective over the group, every call
+// alike on every rank, every rank returned the same whole-vocabulary logits.
 class CheckpointModel {
  public:
-  CheckpointModel(const std::string& load, Communicator& self, std::int64_t heads = 0,
+  CheckpointModel(const std::string& load, Communicator& group, std::int64_t heads = 0,
                   const std::string& device = "cpu");
   ~CheckpointModel();
   const layers::GPTConfig& config() const;
   const std::string& checkpoint() const;  // the iter_* directory loaded
   std::int64_t iteration() const;
+  int tensor_parallel_size() const;
+  // Checkpoints skipped as unusable ("<dir>: <why>"), newest first.
+  const std::vector<std::string>& rejected() const;
   // Logits [tokens.size(), vocab] (the real vocabulary) of one sequence of 1
   // to max-position-embeddings ids inside the vocabulary (ConfigError
   // naming --tokens otherwise). last_only: only the last position's row
@@ -55,6 +62,10 @@ class CheckpointModel {
   // one's logits [vocab] (what logits(all tokens so far, true) gives, to rounding).
   void start_cache(std::int64_t capacity);
   std::vector<float> extend(const std::vector<std::int64_t>& tokens);
+  // Rank 0's token on every rank of the group. Every rank draws from the
+  // same gathered logits with the same seed, so they agree already; this
+  // makes it so by construction (a host whose libm rounds differently).
+  std::int64_t rank0_token(std::int64_t token);
 
  private:
   struct Impl;
@@ -64,8 +75,8 @@ class CheckpointModel {
 // "464,3290,318" as ids; ConfigError naming `flag` and the piece that is not an id.
 std::vector<std::int64_t> parse_token_ids(const std::string& list, const std::string& flag);
 
-// CheckpointModel(load, self, heads, device).logits(tokens).
+// CheckpointModel(load, group, heads, device).logits(tokens).
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<std::int64_t>& tokens,
-                                     Communicator& self, std::int64_t heads = 0, const std::string& device = "cpu");
+                                     Communicator& group, std::int64_t heads = 0, const std::string& device = "cpu");
 
 }  // namespace megazero::hf

@@ -125,7 +125,10 @@ int do_logits(int argc, char** argv, Communicator& self) {
   MZ_REQUIRE(!tokens.empty(), "--tokens is required, e.g. --tokens 464,3290,318");
   MZ_REQUIRE(!output.empty(), "--output is required: the file to write the logits to");
   const std::vector<std::int64_t> ids = hf::parse_token_ids(tokens, "--tokens");
-  const auto logits = hf::checkpoint_logits(load, ids, self, heads, device);
+  hf::CheckpointModel model(load, self, heads, device);
+  for (const auto& r : model.rejected())
+    std::fprintf(stderr, "convert_checkpoint: WARNING: skipped unusable checkpoint %s\n", r.c_str());
+  const auto logits = model.logits(ids);
   const std::size_t V = logits.size() / ids.size();
   std::ofstream out(output);
   MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");

@@ -3,9 +3,13 @@
 //   generate_text --load runs/ckpt --prompt "In the beginning" --vocab-file encoder.json
 //       --merge-file vocab.bpe --max-new-tokens 40 --top-p 0.9 --seed 7
 //   generate_text --load runs/ckpt --prompt-tokens 464,3290,318 --greedy
-// One process (the model at TP 1; a checkpoint of any TP x DP x ZeRO layout
-// loads): start it without mpiexec.
+// One process runs the model at TP 1; under mpiexec -n N the model is split
+// over the N ranks at TP N (a model too large for one device), every rank
+// drawing the same tokens and rank 0 printing them. A checkpoint of any
+// TP x DP x ZeRO layout loads.
+//   mpiexec -n 2 generate_text --load runs/ckpt --prompt-tokens 464,3290 --device cuda
 #include <boost/program_options.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -17,6 +21,7 @@
 #include "megazero/data/gpt2_tokenizer.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
+#include "parallel_state/process_groups.h"
 #include "tools/text_generation.h"
 
 namespace po = boost::program_options;
@@ -31,13 +36,28 @@ std::string ids_text(const std::vector<I>& ids) {
   return s;
 }
 
+// --device cuda under mpiexec: each rank the GPU of its place among the
+// ranks on its host (as pretrain_gpt picks it). Collective.
+std::string rank_device(const std::string& device, Communicator& world) {
+  if (device != "cuda" || world.size() == 1) return device;
+  const auto hosts = parallel_state::gather_host_names(world);
+  const std::string& me = hosts[static_cast<std::size_t>(world.rank())];
+  const auto local = std::count(hosts.begin(), hosts.begin() + world.rank(), me);
+  return run_consistently(world, [&] {
+    const int gpus = cuda_visible_devices();
+    MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", me,
+               " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
+    return "cuda:" + std::to_string(local % gpus);
+  });
+}
+
 int run(int argc, char** argv) {
   try {
     auto world = MpiCommunicator::world();
-    MZ_REQUIRE(world->size() == 1, "generate_text runs as one process; start it without mpiexec");
+    const bool root = world->rank() == 0;
     std::string load, prompt, prompt_tokens, tokenizer_type, vocab_file, merge_file, tokenizer_model, device = "cpu",
                                                                                                       output;
-    I heads = 0, stop_token = -2;
+    I heads = 0, stop_token = -2, tensor_parallel = 0;
     bool no_stop = false, no_kv_cache = false;
     generation::GenerateOptions o;
     po::options_description d("generate_text options");
@@ -70,16 +90,23 @@ int run(int argc, char** argv) {
         "tokens up to rounding: a check of the cache)")("device", po::value(&device),
                                                         "where the model runs: cpu, cuda, cuda:N or cpu-isolated")(
         "num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")(
+        "tensor-model-parallel-size", po::value(&tensor_parallel),
+        "the model split over this many ranks: the number mpiexec starts (the default); 1 without mpiexec")(
         "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
     bool help = false;
     d.add_options()("help,h", po::bool_switch(&help), "print this help");
     parse_command_line(argc, argv, d, "generate_text");
     o.kv_cache = !no_kv_cache;
     if (help) {
+      if (!root) return 0;
       std::cout << "usage: generate_text --load DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n\n" << d << "\n";
       return 0;
     }
     MZ_REQUIRE(!load.empty(), "--load is required: a checkpoint directory (pretrain_gpt --save, or an import)");
+    MZ_REQUIRE(tensor_parallel == 0 || tensor_parallel == world->size(), "--tensor-model-parallel-size ",
+               tensor_parallel, ": generate_text splits the model over all its ranks, and mpiexec started ",
+               world->size(), "; start it with mpiexec -n ", tensor_parallel,
+               tensor_parallel == 1 ? " (or without mpiexec)" : "", " or leave the flag out");
     MZ_REQUIRE(prompt.empty() != prompt_tokens.empty(),
                prompt.empty() ? "give the prompt: --prompt TEXT (with a tokenizer) or --prompt-tokens IDS"
                               : "--prompt and --prompt-tokens both give the prompt; keep one");
@@ -100,7 +127,9 @@ int run(int argc, char** argv) {
       return std::vector<I>(enc.begin(), enc.end());
     }();
 
-    hf::CheckpointModel model(load, *world, heads, device.empty() ? "cpu" : device);
+    hf::CheckpointModel model(load, *world, heads, rank_device(device.empty() ? "cpu" : device, *world));
+    for (const auto& r : model.rejected())
+      if (root) std::fprintf(stderr, "generate_text: WARNING: skipped unusable checkpoint %s\n", r.c_str());
     const auto& c = model.config();
     MZ_REQUIRE(!tok || tok->vocab_size() >= c.vocab_size, "the model's vocabulary of ", c.vocab_size,
                " tokens is larger than the ", tok ? tok->name() : "", " tokenizer's ", tok ? tok->vocab_size() : 0,
@@ -118,47 +147,57 @@ int run(int argc, char** argv) {
     } else if (!no_stop && tok && tok->eod() < c.vocab_size) {
       o.stop_token = tok->eod();
     }
-    std::printf(
-        "generate_text: %s (iteration %lld): %lld layers, hidden %lld, vocabulary %lld; prompt of %zu tokens; "
-        "%s\n",
-        model.checkpoint().c_str(), static_cast<long long>(model.iteration()), static_cast<long long>(c.num_layers),
-        static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size), ids.size(),
-        o.sampling.greedy ? "greedy"
-                          : detail::concat("sampling: temperature ", o.sampling.temperature, ", top-k ",
-                                           o.sampling.top_k, ", top-p ", o.sampling.top_p, ", seed ", o.sampling.seed)
-                                .c_str());
-    std::fflush(stdout);
-    if (tok) {
+    // Every rank draws the same tokens (generation.h); rank 0 prints them.
+    if (root) {
+      std::printf(
+          "generate_text: %s (iteration %lld): %lld layers, hidden %lld, vocabulary %lld%s; prompt of %zu tokens; "
+          "%s\n",
+          model.checkpoint().c_str(), static_cast<long long>(model.iteration()), static_cast<long long>(c.num_layers),
+          static_cast<long long>(c.hidden_size), static_cast<long long>(c.vocab_size),
+          model.tensor_parallel_size() > 1
+              ? detail::concat(", split over ", model.tensor_parallel_size(), " ranks (tensor parallel)").c_str()
+              : "",
+          ids.size(),
+          o.sampling.greedy ? "greedy"
+                            : detail::concat("sampling: temperature ", o.sampling.temperature, ", top-k ",
+                                             o.sampling.top_k, ", top-p ", o.sampling.top_p, ", seed ", o.sampling.seed)
+                                  .c_str());
+      std::fflush(stdout);
+    }
+    if (tok && root) {
       std::printf("%s", tok->decode(std::vector<std::int32_t>(ids.begin(), ids.end())).c_str());
       std::fflush(stdout);
     }
     const auto g = generation::generate(model, ids, o, [&](I t) {
-      if (tok) {
+      if (tok && root) {
         std::printf("%s", tok->decode({static_cast<std::int32_t>(t)}).c_str());
         std::fflush(stdout);
       }
     });
-    if (tok) std::printf("\n");
-    std::printf("generate_text: %zu tokens in %.2f s (%.1f tokens/s)%s: %s\n", g.tokens.size(), g.seconds,
-                g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0,
-                g.stopped ? detail::concat(", stopped at token ", *o.stop_token).c_str() : "",
-                ids_text(g.tokens).c_str());
-    if (!output.empty()) {
-      nlohmann::json j;
-      j["prompt_tokens"] = ids;
-      j["tokens"] = g.tokens;
-      j["stopped"] = g.stopped;
-      if (tok) {
-        const std::vector<std::int32_t> all(g.tokens.begin(), g.tokens.end());
-        j["text"] = tok->decode(all);
-      }
-      std::ofstream out(output);
-      MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
-      // Tokens may end inside a UTF-8 character (byte-level vocabularies): invalid bytes become U+FFFD.
-      out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-      out.close();
-      MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
-    }
+    if (tok && root) std::printf("\n");
+    if (root)
+      std::printf("generate_text: %zu tokens in %.2f s (%.1f tokens/s)%s: %s\n", g.tokens.size(), g.seconds,
+                  g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0,
+                  g.stopped ? detail::concat(", stopped at token ", *o.stop_token).c_str() : "",
+                  ids_text(g.tokens).c_str());
+    if (!output.empty())
+      run_consistently(*world, [&] {
+        if (!root) return;
+        nlohmann::json j;
+        j["prompt_tokens"] = ids;
+        j["tokens"] = g.tokens;
+        j["stopped"] = g.stopped;
+        if (tok) {
+          const std::vector<std::int32_t> all(g.tokens.begin(), g.tokens.end());
+          j["text"] = tok->decode(all);
+        }
+        std::ofstream out(output);
+        MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
+        // Tokens may end inside a UTF-8 character (byte-level vocabularies): invalid bytes become U+FFFD.
+        out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        out.close();
+        MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
+      });
     return 0;
   } catch (const AgreedConfigError&) {
     throw;

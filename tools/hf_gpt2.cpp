@@ -228,6 +228,7 @@ void read_model_options(const ManifestModel& mm, GPTConfig& c) {
   c.qk_layernorm = option("qk-layernorm", "true", "false", mm.has("layers.0.attention.q_layernorm.weight")) == "true";
   if (const std::string* v = mm.value("apply-layernorm-1p")) c.layernorm_1p = *v == "true";  // not in the shapes
   if (const std::string* v = mm.value("squared-relu")) c.squared_relu = *v == "true";
+  if (const std::string* v = mm.value("apply-residual-connection-post-layernorm")) c.residual_post_norm = *v == "true";
   if (const std::string* v = mm.value("rotary-interleaved")) c.rotary_interleaved = *v == "true";  // nor this
   c.add_bias_linear = option("disable-bias-linear", "false", "true", mm.has("layers.0.attention.qkv.bias")) == "false";
   c.untie_embeddings =
@@ -325,6 +326,9 @@ HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
   MZ_REQUIRE(!c.squared_relu, "checkpoint '", where,
              "' has a squared-ReLU MLP (--squared-relu), which neither GPT2LMHeadModel nor LlamaForCausalLM computes: "
              "it has no Hugging Face form here");
+  MZ_REQUIRE(!c.residual_post_norm, "checkpoint '", where,
+             "' adds each sub-block's output to its norm's output (--apply-residual-connection-post-layernorm), "
+             "which neither GPT2LMHeadModel nor LlamaForCausalLM computes: it has no Hugging Face form here");
   MZ_REQUIRE(!c.qk_layernorm, "checkpoint '", where,
              "' normalises q and k per head (--qk-layernorm), which neither GPT2LMHeadModel nor LlamaForCausalLM "
              "computes: it has no Hugging Face form here");

@@ -93,7 +93,8 @@ Generated generate(hf::CheckpointModel& model, const std::vector<I>& prompt, con
   if (o.kv_cache) model.start_cache(n + o.max_new_tokens);
   std::vector<I> fresh = prompt;  // the tokens the cache has not seen
   while (static_cast<I>(g.tokens.size()) < o.max_new_tokens) {
-    const I t = sampler.next(o.kv_cache ? model.extend(fresh) : model.logits(seq, /*last_only=*/true));
+    const I t =
+        model.rank0_token(sampler.next(o.kv_cache ? model.extend(fresh) : model.logits(seq, /*last_only=*/true)));
     g.tokens.push_back(t);
     seq.push_back(t);
     fresh.assign(1, t);

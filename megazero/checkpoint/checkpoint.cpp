@@ -576,11 +576,15 @@ void check_compatible(const Manifest& m, const std::vector<layers::Parameter*>& 
 
 }  // namespace
 
-LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where,
-                           const LoadOptions& options) {
-  Communicator& world = *where.world;
-  const auto t0 = Clock::now();
-  LoadResult res;
+namespace {
+std::string no_checkpoint_there(const std::string& load, const std::string& flag) {
+  return detail::concat(flag, " ", load, ": no checkpoint there", fs::exists(load) ? "" : " (the path does not exist)",
+                        "; pass the --save directory of a pretrain_gpt run or one of its iter_NNNNNNN directories");
+}
+}  // namespace
+
+ChosenCheckpoint choose_checkpoint(const std::string& dir, Communicator& world, const std::string& required_by) {
+  ChosenCheckpoint res;
   // Rank 0 lists; everybody tries the same candidates in the same order.
   std::string listing;
   run_consistently(world, [&] {
@@ -591,6 +595,8 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
   std::vector<std::string> cands;
   for (std::size_t b = 0, e; (e = listing.find('\n', b)) != std::string::npos; b = e + 1)
     cands.push_back(listing.substr(b, e - b));
+  // The listing is the same on every rank: so is this verdict.
+  if (cands.empty() && !required_by.empty()) throw AgreedConfigError(no_checkpoint_there(dir, required_by));
 
   Manifest m;
   std::string chosen;
@@ -620,8 +626,20 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
     for (const auto& r : res.rejected) s += "  " + r + "\n";
     throw AgreedConfigError(s + "  remove the broken directories or point --load elsewhere");
   }
-  if (chosen.empty()) return res;  // nothing saved yet: a fresh start
+  res.dir = chosen;  // empty: nothing saved yet (a fresh start)
+  res.manifest = std::move(m);
+  return res;
+}
 
+LoadResult load_chosen(const ChosenCheckpoint& checkpoint, zero::ZeroEngine& engine, const Placement& where,
+                       const LoadOptions& options) {
+  Communicator& world = *where.world;
+  const auto t0 = Clock::now();
+  LoadResult res;
+  res.rejected = checkpoint.rejected;
+  if (checkpoint.dir.empty()) return res;  // nothing saved yet: a fresh start
+  const std::string& chosen = checkpoint.dir;
+  const Manifest& m = checkpoint.manifest;
   run_consistently(world, [&] {
     check_compatible(m, engine.parameters(), chosen);
     MZ_REQUIRE(!options.optimizer_state || m.has_optimizer_state(), "checkpoint '", chosen,
@@ -674,6 +692,16 @@ LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, con
   return res;
 }
 
+LoadResult load_checkpoint(const std::string& dir, zero::ZeroEngine& engine, const Placement& where,
+                           const LoadOptions& options) {
+  const auto t0 = Clock::now();
+  LoadResult res = load_chosen(choose_checkpoint(dir, *where.world), engine, where, options);
+  // The verification of the candidates counts as loading.
+  res.io.seconds = seconds_since(t0);
+  res.io.max_seconds = max_over(*where.world, res.io.seconds);
+  return res;
+}
+
 // ------------------------------------------------------------ reader
 struct CheckpointReader::Impl {
   std::string dir;
@@ -717,9 +745,7 @@ std::vector<float> CheckpointReader::global_tensor(const std::string& param, con
 std::unique_ptr<CheckpointReader> open_newest_usable(const std::string& load, std::vector<std::string>* rejected,
                                                      const std::string& flag) {
   const auto cands = checkpoint_candidates(load, flag);
-  MZ_REQUIRE(!cands.empty(), flag, " ", load, ": no checkpoint there",
-             fs::exists(load) ? "" : " (the path does not exist)",
-             "; pass the --save directory of a pretrain_gpt run or one of its iter_NNNNNNN directories");
+  MZ_REQUIRE(!cands.empty(), no_checkpoint_there(load, flag));
   std::vector<std::string> why;
   for (const auto& c : cands) {
     try {

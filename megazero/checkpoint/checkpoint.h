@@ -129,6 +129,23 @@ struct Manifest {
   static Manifest parse(const std::string& text, const std::string& path);
 };
 
+// load_checkpoint in two halves, for a caller that needs the manifest (the
+// model's configuration) before it builds the engine to load into
+// (tools/checkpoint_model.h). choose_checkpoint: collective over `world`,
+// the newest usable checkpoint under `dir`, its files verified in parallel
+// (each by one rank); dir empty when nothing is saved there, and the same
+// ConfigError as load_checkpoint's when nothing saved is usable. With a
+// `required_by` flag (--load), nothing saved is that flag's ConfigError too.
+struct ChosenCheckpoint {
+  std::string dir;  // the iter_* directory
+  Manifest manifest;
+  std::vector<std::string> rejected;  // "<dir>: <why>" for each unusable one skipped
+};
+ChosenCheckpoint choose_checkpoint(const std::string& dir, Communicator& world, const std::string& required_by = "");
+// Collective over where.world: the chosen checkpoint into the engine, as load_checkpoint.
+LoadResult load_chosen(const ChosenCheckpoint& checkpoint, zero::ZeroEngine& engine, const Placement& where,
+                       const LoadOptions& options = {});
+
 // Reads a checkpoint directory on one process, e.g. to consolidate it.
 // Verifies sizes and checksums of every file first.
 class CheckpointReader {

@@ -94,11 +94,10 @@ Dims4 check_arguments(const char* op, const Tensor& q, const Tensor& k, const Te
 
 // key_starts: int64 [b * s] on q's device, or undefined; the samples of a bias (0: none).
 std::int64_t check_key_starts(const char* op, const Tensor& q, const Tensor& key_starts, const Dims4& dm) {
-  if (!key_starts.defined()) return 0;
-  check_operand(op, "key_starts", key_starts, q, DType::I64);
-  MZ_CHECK(key_starts.is_contiguous() && key_starts.numel() == dm.b * dm.s, op, ": key_starts must be [", dm.b * dm.s,
-           "] (samples x S), got ", key_starts.to_string());
-  return dm.b;
+  const std::int64_t samples = key_start_samples(op, q, key_starts, dm.s, dm.b);
+  MZ_CHECK(samples == 0 || samples == dm.b, op, ": key_starts must be [", dm.b * dm.s, "] (samples x S), got ",
+           key_starts.to_string());
+  return samples;
 }
 
 #ifdef MEGAZERO_WITH_CUDA

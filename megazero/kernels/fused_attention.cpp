@@ -51,12 +51,8 @@ struct KeyStarts {
 };
 
 KeyStarts check_key_starts(const char* op, const Tensor& q, const Tensor& key_starts, const Dims& dm) {
-  if (!key_starts.defined() || dm.bh == 0 || dm.s == 0) return {};
-  check_operand(op, "key_starts", key_starts, q, DType::I64);
-  const i64 samples = key_starts.numel() / dm.s;
-  MZ_CHECK(key_starts.is_contiguous() && samples > 0 && key_starts.numel() == samples * dm.s && dm.bh % samples == 0,
-           op, ": key_starts must be [B*S] with S = ", dm.s, " and B dividing the ", dm.bh, " matrices, got ",
-           key_starts.to_string());
+  const i64 samples = key_start_samples(op, q, key_starts, dm.s, dm.bh);
+  if (samples == 0) return {};
   return {ptr<const std::int64_t>(key_starts), dm.bh / samples};
 }
 

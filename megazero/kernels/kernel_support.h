@@ -160,6 +160,20 @@ inline void check_rows(const char* op, const char* name, const Tensor& t, i64 ro
            shape_str(t.shape()));
 }
 
+// Per-document masks (softmax.h, fused_attention.h, cudnn_attention.h):
+// key_starts is int64 [samples * s], contiguous, on ref's device, and the
+// samples divide the `mats` attention matrices (a sample's heads). Returns
+// the samples; 0 when key_starts is undefined (no masks) or there is no work.
+inline i64 key_start_samples(const char* op, const Tensor& ref, const Tensor& key_starts, i64 s, i64 mats) {
+  if (!key_starts.defined() || mats == 0 || s == 0) return 0;
+  check_operand(op, "key_starts", key_starts, ref, DType::I64);
+  const i64 samples = key_starts.numel() / s;
+  MZ_CHECK(key_starts.is_contiguous() && samples > 0 && key_starts.numel() == samples * s && mats % samples == 0, op,
+           ": key_starts must be [B*S] with S = ", s, " and B dividing the ", mats, " matrices, got ",
+           key_starts.to_string());
+  return samples;
+}
+
 struct Rows {
   i64 rows, cols;
 };

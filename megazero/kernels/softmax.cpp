@@ -110,14 +110,11 @@ i64 check_square(const char* op, const char* name, const Tensor& t) {
 // key_starts of `mats` matrices of [sq, sk] scores (softmax.h), checked.
 KeyStarts check_key_starts(const char* op, const Tensor& scores, const Tensor& key_starts, i64 mats) {
   if (!key_starts.defined() || mats == 0) return {};
-  check_operand(op, "key_starts", key_starts, scores, DType::I64);
   const i64 sq = scores.size(-2);
   MZ_CHECK(sq == scores.size(-1), op, ": key_starts (per-document masks) need square scores [batch, S, S], got ",
            scores.to_string());
-  const i64 samples = sq > 0 ? key_starts.numel() / sq : 0;
-  MZ_CHECK(key_starts.is_contiguous() && samples > 0 && key_starts.numel() == samples * sq && mats % samples == 0, op,
-           ": key_starts must be [B*S] with S = ", sq, " and B dividing the ", mats, " matrices, got ",
-           key_starts.to_string());
+  const i64 samples = key_start_samples(op, scores, key_starts, sq, mats);
+  if (samples == 0) return {};
   return {ptr<const std::int64_t>(key_starts), mats / samples * sq};
 }
 

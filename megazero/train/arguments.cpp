@@ -175,6 +175,9 @@ void define(OptionTable& t, TrainArgs& a) {
   t.flag(M, "apply-layernorm-1p", &a.model.layernorm_1p,
          "every norm's weight stored as gamma - 1 (initialised to 0) and applied as 1 + weight (Megatron's; "
          "Transformer Engine's zero-centred gamma)");
+  t.flag(M, "apply-residual-connection-post-layernorm", &a.model.residual_post_norm,
+         "each sub-block adds its norm's output to its own output instead of its input (Megatron's; the residual "
+         "stream passes through every norm)");
   t.flag(M, "qk-layernorm", &a.model.qk_layernorm,
          "normalise q and k per head (--normalization's kind, a weight of the head size each) before the rotary "
          "embedding and the scores (Megatron's)");
@@ -596,6 +599,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "squared-relu",
                                                 "qk-layernorm",
                                                 "apply-layernorm-1p",
+                                                "apply-residual-connection-post-layernorm",
                                                 "group-query-attention",
                                                 "num-query-groups",
                                                 "disable-bias-linear",
@@ -1079,9 +1083,10 @@ std::string loss_definition_note(const TrainArgs& args, const std::string& saved
 std::string model_function_check(const TrainArgs& args, const std::string& saved_config, bool finetune) {
   const auto saved = config_values(saved_config), now = config_values(args.to_config());
   // What the weights compute, beyond their shapes (which the load checks).
-  std::string refused = changed_keys(saved, now,
-                                     {"apply-layernorm-1p", "squared-relu", "swiglu", "qk-layernorm", "normalization",
-                                      "position-embedding-type", "norm-epsilon", "rotary-interleaved"});
+  std::string refused = changed_keys(
+      saved, now,
+      {"apply-layernorm-1p", "squared-relu", "swiglu", "qk-layernorm", "normalization", "position-embedding-type",
+       "norm-epsilon", "rotary-interleaved", "apply-residual-connection-post-layernorm"});
   // Rope's periods: a fine-tuning may change them on purpose (a longer context).
   const std::string periods = changed_keys(saved, now, {"rotary-base", "rotary-seq-len-interpolation-factor"});
   if (!finetune && !periods.empty()) refused += (refused.empty() ? "" : ", ") + periods;

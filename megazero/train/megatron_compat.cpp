@@ -202,8 +202,6 @@ const CompatFlag kFlags[] = {
      "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
     {"wandb-exp-name", Kind::Value, Meaning::Refused,
      "Weights & Biases logging is not built in: --tensorboard-dir writes event files (`wandb sync` imports them)"},
-    {"apply-residual-connection-post-layernorm", Kind::Switch, Meaning::Refused,
-     "the post-LayerNorm residual (BERT's) is not implemented: megazero's layers are pre-LayerNorm"},
     {"fp32-residual-connection", Kind::Switch, Meaning::Refused,
      "an fp32 residual stream is not implemented: it is kept in the parameters' dtype"},
 };

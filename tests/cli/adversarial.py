@@ -238,6 +238,8 @@ def cases():
         ("normalization", "RMSNorm --train-iters 1", "normalization = RMSNorm"),
         ("init-method-xavier-uniform", "--train-iters 1", "init-method-xavier-uniform = true"),
         ("squared-relu", "--train-iters 1", "squared-relu = true"),
+        ("apply-residual-connection-post-layernorm", "--train-iters 1",
+         "apply-residual-connection-post-layernorm = true"),
         ("rotary-interleaved", "--position-embedding-type rope --train-iters 1", "rotary-interleaved = true"),
         ("position-embedding-type", "rope --train-iters 1", "position-embedding-type = rope"),
         ("use-rotary-position-embeddings", "--train-iters 1", "position-embedding-type = rope"),
@@ -390,7 +392,6 @@ def cases():
         ("dataloader-type", "cyclic", "--dataloader-type cyclic: samples are read in order from the data position"),
         ("kv-channels", "32", "--kv-channels 32: a head size other than --hidden-size / --num-attention-heads \\(16\\)"),
         ("wandb-project", "x", "--wandb-project: Weights & Biases logging is not built in: --tensorboard-dir"),
-        ("apply-residual-connection-post-layernorm", "", "the post-LayerNorm residual \\(BERT's\\) is not implemented"),
         ("fp32-residual-connection", "", "--fp32-residual-connection: an fp32 residual stream is not implemented"),
         ("weight-decay-incr-style", "linear --start-weight-decay 0", "--weight-decay-incr-style linear goes from "
          "--start-weight-decay to --end-weight-decay: give --end-weight-decay"),

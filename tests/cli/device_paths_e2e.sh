@@ -22,6 +22,7 @@
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
 #     and DEVICE's logits match the CPU's (1e-4 of the largest); 6b: generate_text
 #     on DEVICE draws the CPU's greedy tokens, with the key/value cache as without;
+#     6c: and split over 2 ranks (TP 2), one rank's first greedy token;
 #  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
 #     every rank alike, printed once, planned vs free bytes and the flags that
 #     fit) and reports the plan when it fits;
@@ -267,6 +268,28 @@ g_full=$(gen gen_full "$device" --greedy --no-stop --max-new-tokens 8 --no-kv-ca
 [ "$cross" != same_tail ] || [ "$g_full" = "$g_dev" ] ||
   fail "greedy tokens with the key/value cache ($g_dev) differ from --no-kv-cache's ($g_full) on $device"
 echo "device_paths_e2e ($device): generate_text greedy as on the CPU ($g_dev) and as without the key/value cache, sampling seeded"
+
+# 6c. generate_text split over 2 ranks (TP 2, under mpiexec) on DEVICE: the one-rank model's first greedy
+# token (later ones may turn on a near tie: TP sums in another order), the same sampled tokens for the
+# same seed, printed once; a --tensor-model-parallel-size other than the ranks refused by name.
+gen_tp() {  # gen_tp NAME ARGS...: the drawn ids
+  local name=$1; shift
+  timeout "$run_timeout" mpiexec -n 2 "$generate" --load "$work/ck_fp32" --prompt-tokens $tokens --device "$device" \
+    "$@" >"$work/$name.log" 2>&1 || fail "$name exited with $?"
+  [ "$(grep -c '^generate_text: [0-9]* tokens in' "$work/$name.log")" = 1 ] || fail "$name: not printed once"
+  sed -nE 's/^generate_text: [0-9]+ tokens in .*: ([0-9,]+)$/\1/p' "$work/$name.log"
+}
+g_tp=$(gen_tp gen_tp --greedy --no-stop --max-new-tokens 8)
+grep -q "split over 2 ranks (tensor parallel)" "$work/gen_tp.log" || fail "generate_text under mpiexec -n 2 did not split the model"
+[ "${g_tp%%,*}" = "${g_dev%%,*}" ] || fail "the first greedy token at TP 2 on $device (${g_tp%%,*}) is not one rank's (${g_dev%%,*})"
+[ "$(gen_tp gen_tp_s1 --top-p 0.9 --seed 5 --no-stop)" = "$(gen_tp gen_tp_s2 --top-p 0.9 --seed 5 --no-stop)" ] ||
+  fail "the same seed drew other tokens at TP 2 on $device"
+timeout "$run_timeout" mpiexec -n 2 "$generate" --load "$work/ck_fp32" --prompt-tokens $tokens --device "$device" \
+  --tensor-model-parallel-size 4 >"$work/gen_tp_bad.log" 2>&1
+rc=$?
+[ "$rc" = 2 ] && [ "$(grep -c -- '--tensor-model-parallel-size 4: generate_text splits the model over all its ranks, and mpiexec started 2' "$work/gen_tp_bad.log")" = 1 ] ||
+  fail "a --tensor-model-parallel-size other than the ranks was not refused once with exit 2 (rc $rc)"
+echo "device_paths_e2e ($device): generate_text at TP 2 draws one rank's first greedy token ($g_tp), sampling seeded"
 
 # 8. The Llama-style model (rope, RMSNorm, SwiGLU, grouped-query attention,
 #    no biases, untied output layer) with sequence parallelism at TP 2 on

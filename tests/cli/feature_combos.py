@@ -83,6 +83,8 @@ def draw_model(r):
         f += ["--init-method-xavier-uniform"]
     if r.random() < 0.25 and family == "any":
         f += ["--qk-layernorm"]
+    if r.random() < 0.12 and family == "any":
+        f += ["--apply-residual-connection-post-layernorm"]
     if r.random() < 0.35 and not gpt2:
         f += ["--group-query-attention", "--num-query-groups", r.choice(["1", "2"])]
     if r.random() < 0.3 and not gpt2:

@@ -790,6 +790,47 @@ TEST(ConvertCheckpoint, InterleavedRopeExportsAsRotateHalf) {
   }
 }
 
+// --apply-layernorm-1p: our norms store gamma - 1; the export writes each
+// norm's gamma = 1 + the stored weight (GPT-2's LayerNorms, Llama's RMSNorms,
+// the final norm), so the import, a plain model, computes the same logits.
+TEST(ConvertCheckpoint, ZeroCentredNormsExportAsTheirGamma) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  for (const bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "Llama" : "GPT-2");
+    auto c = llama ? llama_model(4, 2, false, true) : zero_test_model(false);
+    c.layernorm_1p = true;
+    const std::string d = local_temp_dir();
+    save_numbered(c, d + "/ckpt", "", 0.5);
+    hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+    // Each norm weight in the file is 1 + ours.
+    checkpoint::CheckpointReader reader(checkpoint::find_latest(d + "/ckpt"));
+    checkpoint::SafetensorsFile f(d + "/hf/model.safetensors");
+    const std::vector<I> h = {c.hidden_size};
+    const std::string ln1 = llama ? "model.layers.1.input_layernorm.weight" : "h.1.ln_1.weight";
+    const std::string fin = llama ? "model.norm.weight" : "ln_f.weight";
+    for (const auto& [ours, theirs] : {std::pair<std::string, std::string>{"layers.1.ln1.weight", ln1},
+                                       std::pair<std::string, std::string>{"final_ln.weight", fin}}) {
+      const auto w = reader.global_tensor(ours, "master");
+      const auto g = tensor_of(f, theirs, h);
+      ASSERT_EQ(w.size(), g.size());
+      for (std::size_t i = 0; i < w.size(); ++i) ASSERT_EQ(g[i], 1.0f + w[i]) << theirs << " " << i;
+    }
+    const auto im = import_to(d + "/hf", d + "/imported");
+    EXPECT_FALSE(im.model.layernorm_1p) << "Hugging Face's norms store gamma: the import is a plain model";
+    auto self = world().split(world().rank(), 0, "self");
+    const std::vector<I> tokens = {3, 17, 42, 5, 9, 0, 50, 7};
+    hf::CheckpointModel orig(d + "/ckpt", *self), imported(d + "/imported", *self);
+    EXPECT_TRUE(orig.config().layernorm_1p);
+    const auto x = orig.logits(tokens), y = imported.logits(tokens);
+    ASSERT_EQ(x.size(), y.size());
+    double worst = 0, largest = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, std::fabs(double(x[i]) - y[i])), largest = std::max(largest, std::fabs(double(x[i])));
+    EXPECT_LE(worst, 1e-6 * largest) << "the imported model computes the zero-centred one";
+    fs::remove_all(d);
+  }
+}
+
 TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
   if (world().size() != 1) GTEST_SKIP() << "one rank";
   const std::string d = local_temp_dir();

@@ -79,20 +79,20 @@ std::vector<TensorMap> gpt2_tensor_map(const GPTConfig& c, I padded_vocab) {
                {c.max_position_embeddings, h}});
   for (I l = 0; l < c.num_layers; ++l) {
     const std::string o = "layers." + std::to_string(l) + ".", x = "h." + std::to_string(l) + ".";
-    m.push_back({o + "ln1.weight", x + "ln_1.weight", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln1.weight", x + "ln_1.weight", Transform::NormWeight, {h}, {h}});
     m.push_back({o + "ln1.bias", x + "ln_1.bias", Transform::Copy, {h}, {h}});
     m.push_back({o + "attention.qkv.weight", x + "attn.c_attn.weight", Transform::QkvWeight, {3 * h, h}, {h, 3 * h}});
     m.push_back({o + "attention.qkv.bias", x + "attn.c_attn.bias", Transform::QkvBias, {3 * h}, {3 * h}});
     m.push_back({o + "attention.dense.weight", x + "attn.c_proj.weight", Transform::Transpose, {h, h}, {h, h}});
     m.push_back({o + "attention.dense.bias", x + "attn.c_proj.bias", Transform::Copy, {h}, {h}});
-    m.push_back({o + "ln2.weight", x + "ln_2.weight", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln2.weight", x + "ln_2.weight", Transform::NormWeight, {h}, {h}});
     m.push_back({o + "ln2.bias", x + "ln_2.bias", Transform::Copy, {h}, {h}});
     m.push_back({o + "mlp.fc1.weight", x + "mlp.c_fc.weight", Transform::Transpose, {f, h}, {h, f}});
     m.push_back({o + "mlp.fc1.bias", x + "mlp.c_fc.bias", Transform::Copy, {f}, {f}});
     m.push_back({o + "mlp.fc2.weight", x + "mlp.c_proj.weight", Transform::Transpose, {h, f}, {f, h}});
     m.push_back({o + "mlp.fc2.bias", x + "mlp.c_proj.bias", Transform::Copy, {h}, {h}});
   }
-  m.push_back({"final_ln.weight", "ln_f.weight", Transform::Copy, {h}, {h}});
+  m.push_back({"final_ln.weight", "ln_f.weight", Transform::NormWeight, {h}, {h}});
   m.push_back({"final_ln.bias", "ln_f.bias", Transform::Copy, {h}, {h}});
   return m;
 }
@@ -105,6 +105,7 @@ template <typename Fn>
 void for_each_pair(const TensorMap& m, const GPTConfig& c, Fn&& fn) {
   switch (m.how) {
     case Transform::Copy:
+    case Transform::NormWeight:
     case Transform::VocabRows:  // the first V rows; padding rows exist on our side only
       for (I i = 0; i < numel(m.hf_shape); ++i) fn(i, i);
       return;
@@ -133,13 +134,25 @@ void for_each_pair(const TensorMap& m, const GPTConfig& c, Fn&& fn) {
 }
 }  // namespace
 
+namespace {
+// --apply-layernorm-1p: what the norm's kernels apply is 1 + the stored
+// weight (NormGamma, in the model's fp32 arithmetic: the same rounding here).
+// Imports are plain models (Hugging Face's norms store gamma), so only the
+// export adds it.
+float norm_offset(const TensorMap& m, const GPTConfig& c) {
+  return m.how == Transform::NormWeight && c.layernorm_1p ? 1.0f : 0.0f;
+}
+}  // namespace
+
 void to_hf(const TensorMap& m, const GPTConfig& c, const float* ours, float* hf) {
-  for_each_pair(m, c, [&](I o, I h) { hf[h] = ours[o]; });
+  const float add = norm_offset(m, c);
+  for_each_pair(m, c, [&](I o, I h) { hf[h] = ours[o] + add; });
 }
 
 void from_hf(const TensorMap& m, const GPTConfig& c, const float* hf, float* ours) {
   if (m.how == Transform::VocabRows)  // padding rows are zero, as at initialisation
     std::fill(ours + numel(m.hf_shape), ours + numel(m.our_shape), 0.0f);
+  MZ_CHECK(norm_offset(m, c) == 0, "an import into a zero-centred (--apply-layernorm-1p) model");
   for_each_pair(m, c, [&](I o, I h) { ours[o] = hf[h]; });
 }
 
@@ -320,9 +333,6 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
 }
 
 HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
-  MZ_REQUIRE(!c.layernorm_1p, "checkpoint '", where,
-             "' stores its norms' weights as gamma - 1 (--apply-layernorm-1p); the export does not convert them: "
-             "it has no Hugging Face form here");
   MZ_REQUIRE(!c.squared_relu, "checkpoint '", where,
              "' has a squared-ReLU MLP (--squared-relu), which neither GPT2LMHeadModel nor LlamaForCausalLM computes: "
              "it has no Hugging Face form here");

@@ -35,7 +35,7 @@ std::vector<TensorMap> llama_tensor_map(const GPTConfig& c, I padded_vocab) {
   m.push_back({"embedding.word.weight", "model.embed_tokens.weight", Transform::VocabRows, {padded_vocab, h}, {V, h}});
   for (I l = 0; l < c.num_layers; ++l) {
     const std::string o = "layers." + std::to_string(l) + ".", x = "model.layers." + std::to_string(l) + ".";
-    m.push_back({o + "ln1.weight", x + "input_layernorm.weight", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln1.weight", x + "input_layernorm.weight", Transform::NormWeight, {h}, {h}});
     // The parts of one tensor of ours stay together: export reads it once.
     for (const char* w : {"weight", "bias"}) {
       if (std::string(w) == "bias" && !c.add_bias_linear) continue;
@@ -50,7 +50,7 @@ std::vector<TensorMap> llama_tensor_map(const GPTConfig& c, I padded_vocab) {
     m.push_back({o + "attention.dense.weight", x + "self_attn.o_proj.weight", Transform::Copy, {h, h}, {h, h}});
     if (c.add_bias_linear)
       m.push_back({o + "attention.dense.bias", x + "self_attn.o_proj.bias", Transform::Copy, {h}, {h}});
-    m.push_back({o + "ln2.weight", x + "post_attention_layernorm.weight", Transform::Copy, {h}, {h}});
+    m.push_back({o + "ln2.weight", x + "post_attention_layernorm.weight", Transform::NormWeight, {h}, {h}});
     for (int p = 0; p < 2; ++p)
       m.push_back(
           {o + "mlp.fc1.weight", x + "mlp." + mlp_names[p] + ".weight", Transform::StackedPart, {2, f, h}, {f, h}, p});
@@ -60,7 +60,7 @@ std::vector<TensorMap> llama_tensor_map(const GPTConfig& c, I padded_vocab) {
     m.push_back({o + "mlp.fc2.weight", x + "mlp.down_proj.weight", Transform::Copy, {h, f}, {h, f}});
     if (c.add_bias_linear) m.push_back({o + "mlp.fc2.bias", x + "mlp.down_proj.bias", Transform::Copy, {h}, {h}});
   }
-  m.push_back({"final_ln.weight", "model.norm.weight", Transform::Copy, {h}, {h}});
+  m.push_back({"final_ln.weight", "model.norm.weight", Transform::NormWeight, {h}, {h}});
   if (c.untie_embeddings)
     m.push_back({"output_layer.weight", "lm_head.weight", Transform::VocabRows, {padded_vocab, h}, {V, h}});
   return m;

@@ -831,6 +831,65 @@ TEST(ConvertCheckpoint, ZeroCentredNormsExportAsTheirGamma) {
   }
 }
 
+// --qk-layernorm on a Llama-style model without biases: Qwen3ForCausalLM
+// (model_type qwen3, self_attn.q_norm / k_norm of the head size, applied
+// before rope), also with interleaved rope (the norms' weights permuted with
+// the heads' rows) and zero-centred norms; the import is the same model
+// (--qk-layernorm read from model_type) with the same logits, and exports the
+// same file again; with biases (Qwen3's MLP has none) it is refused by name.
+TEST(ConvertCheckpoint, QkLayerNormExportsAsQwen3) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  for (int variant = 0; variant < 3; ++variant) {
+    SCOPED_TRACE(variant == 0 ? "plain" : variant == 1 ? "interleaved rope" : "zero-centred norms");
+    auto c = llama_model(4, 2, false, variant != 1);
+    c.qk_layernorm = true;
+    c.rotary_interleaved = variant == 1;
+    c.layernorm_1p = variant == 2;
+    const std::string d = local_temp_dir();
+    save_numbered(c, d + "/ckpt", "", 0.5);
+    const auto ex = hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+    EXPECT_EQ(ex.format, hf::HfFormat::Llama);
+    const auto cfg = nlohmann::json::parse(slurp(d + "/hf/config.json"));
+    EXPECT_EQ(cfg.at("model_type"), "qwen3");
+    EXPECT_EQ(cfg.at("architectures"), nlohmann::json({"Qwen3ForCausalLM"}));
+    EXPECT_FALSE(cfg.contains("mlp_bias")) << "Qwen3Config has no MLP bias switch";
+    EXPECT_EQ(cfg.at("use_sliding_window"), false);
+    checkpoint::SafetensorsFile f(d + "/hf/model.safetensors");
+    const std::vector<I> hd = {c.head_dim()};
+    const auto qn = tensor_of(f, "model.layers.1.self_attn.q_norm.weight", hd);
+    tensor_of(f, "model.layers.1.self_attn.k_norm.weight", hd);
+    if (variant == 0) {  // in order, as stored
+      checkpoint::CheckpointReader reader(checkpoint::find_latest(d + "/ckpt"));
+      EXPECT_EQ(qn, reader.global_tensor("layers.1.attention.q_layernorm.weight", "master"));
+    }
+    const auto im = import_to(d + "/hf", d + "/imported");
+    EXPECT_TRUE(im.model.qk_layernorm) << "model_type qwen3 is a Llama with q/k norms";
+    EXPECT_FALSE(im.model.add_bias_linear);
+    auto self = world().split(world().rank(), 0, "self");
+    const std::vector<I> tokens = {3, 17, 42, 5, 9, 0, 50, 7};
+    hf::CheckpointModel orig(d + "/ckpt", *self), imported(d + "/imported", *self);
+    const auto x = orig.logits(tokens), y = imported.logits(tokens);
+    ASSERT_EQ(x.size(), y.size());
+    double worst = 0, largest = 0;
+    for (std::size_t i = 0; i < x.size(); ++i)
+      worst = std::max(worst, std::fabs(double(x[i]) - y[i])), largest = std::max(largest, std::fabs(double(x[i])));
+    EXPECT_LE(worst, 1e-5 * largest) << "the imported Qwen3 computes the exported model";
+    hf::export_checkpoint({d + "/imported", d + "/hf2"});
+    EXPECT_EQ(slurp(d + "/hf2/model.safetensors"), slurp(d + "/hf/model.safetensors"));
+    fs::remove_all(d);
+  }
+  const std::string d = local_temp_dir();
+  auto biased = llama_model(4, 2, true, true);
+  biased.qk_layernorm = true;
+  save_numbered(biased, d + "/biased");
+  const auto msg = error_of([&] { hf::export_checkpoint({d + "/biased", d + "/out"}); });
+  EXPECT_NE(msg.find("Qwen3ForCausalLM"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("would need --disable-bias-linear, so it has no Hugging Face form here"), std::string::npos)
+      << msg;
+  EXPECT_FALSE(fs::exists(d + "/out/model.safetensors"));
+  fs::remove_all(d);
+}
+
 TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
   if (world().size() != 1) GTEST_SKIP() << "one rank";
   const std::string d = local_temp_dir();
@@ -927,10 +986,15 @@ TEST(ConvertCheckpoint, LlamaImportRefusesWhatMegazeroCannotCompute) {
   msg = refused([](nlohmann::json& j) { j["head_dim"] = 8; });
   EXPECT_NE(msg.find("head_dim 8 is not hidden_size / num_attention_heads (32 / 8)"), std::string::npos) << msg;
   msg = refused([](nlohmann::json& j) { j["model_type"] = "mistral"; });
-  EXPECT_NE(msg.find("describes a 'mistral' model; convert_checkpoint imports GPT-2 (model_type gpt2) and Llama "
-                     "(model_type llama)"),
+  EXPECT_NE(msg.find("describes a 'mistral' model; convert_checkpoint imports GPT-2 (model_type gpt2), Llama "
+                     "(model_type llama) and Qwen3 (model_type qwen3)"),
             std::string::npos)
       << msg;
+  msg = refused([](nlohmann::json& j) {
+    j["model_type"] = "qwen3";
+    j["use_sliding_window"] = true;
+  });
+  EXPECT_NE(msg.find("use_sliding_window true is not supported"), std::string::npos) << msg;
   msg = refused([](nlohmann::json& j) { j["num_key_value_heads"] = 3; });
   EXPECT_NE(msg.find("is not divisible by --num-query-groups 3"), std::string::npos) << msg;
   // Tied by the config, but the file's lm_head is a weight of its own.

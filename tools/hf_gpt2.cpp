@@ -109,6 +109,9 @@ void for_each_pair(const TensorMap& m, const GPTConfig& c, Fn&& fn) {
     case Transform::VocabRows:  // the first V rows; padding rows exist on our side only
       for (I i = 0; i < numel(m.hf_shape); ++i) fn(i, i);
       return;
+    case Transform::HeadNorm:
+      for (I d = 0; d < m.hf_shape[0]; ++d) fn(llama_head_row(c, d), d);
+      return;
     case Transform::QkvBias:
       for (I r = 0; r < m.our_shape[0]; ++r) fn(r, qkv_hf_index(r, c));
       return;
@@ -140,7 +143,7 @@ namespace {
 // Imports are plain models (Hugging Face's norms store gamma), so only the
 // export adds it.
 float norm_offset(const TensorMap& m, const GPTConfig& c) {
-  return m.how == Transform::NormWeight && c.layernorm_1p ? 1.0f : 0.0f;
+  return (m.how == Transform::NormWeight || m.how == Transform::HeadNorm) && c.layernorm_1p ? 1.0f : 0.0f;
 }
 }  // namespace
 
@@ -339,10 +342,15 @@ HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
   MZ_REQUIRE(!c.residual_post_norm, "checkpoint '", where,
              "' adds each sub-block's output to its norm's output (--apply-residual-connection-post-layernorm), "
              "which neither GPT2LMHeadModel nor LlamaForCausalLM computes: it has no Hugging Face form here");
-  MZ_REQUIRE(!c.qk_layernorm, "checkpoint '", where,
-             "' normalises q and k per head (--qk-layernorm), which neither GPT2LMHeadModel nor LlamaForCausalLM "
-             "computes: it has no Hugging Face form here");
   const bool rope = c.rope(), rms = c.rmsnorm(), gqa = c.query_groups() != c.num_attention_heads;
+  // --qk-layernorm: Qwen3ForCausalLM (a Llama with q and k RMS-normalised per
+  // head before rope), whose MLP has no biases.
+  MZ_REQUIRE(!c.qk_layernorm || (rope && rms && c.swiglu && !c.add_bias_linear), "checkpoint '", where,
+             "' normalises q and k per head (--qk-layernorm): its Hugging Face form is Qwen3ForCausalLM, a Llama "
+             "with q/k RMSNorms and no linear biases, which would need ",
+             detail::concat(rope ? "" : "--position-embedding-type rope, ", rms ? "" : "--normalization RMSNorm, ",
+                            c.swiglu ? "" : "--swiglu, ", c.add_bias_linear ? "--disable-bias-linear, " : ""),
+             "so it has no Hugging Face form here");
   if (!rope && !rms && !c.swiglu && !gqa && c.add_bias_linear && !c.untie_embeddings) return HfFormat::Gpt2;
   if (rope && rms && c.swiglu) return HfFormat::Llama;
   std::string gpt2, llama;  // what each would need changed
@@ -651,16 +659,17 @@ void check_gpt2_extra(const ImportPlan& p, const checkpoint::SafetensorsFile& f,
   }
 }
 
-// The model of an HF file: Llama for config.json's model_type llama (without
-// one: for the tensor model.embed_tokens.weight), else GPT-2.
+// The model of an HF file: Llama for config.json's model_type llama or qwen3
+// (without one: for the tensor model.embed_tokens.weight), else GPT-2.
 ImportPlan plan_import(const checkpoint::SafetensorsFile& f, const json* config, const ImportOptions& o,
                        ImportResult& r) {
   bool llama = f.has("model.embed_tokens.weight");
   if (config) {
     const std::string type = JsonFields(*config, r.config, "a config.json").text("model_type", "gpt2");
-    MZ_REQUIRE(type == "gpt2" || type == "llama", "'", r.config, "' describes a '", type,
-               "' model; convert_checkpoint imports GPT-2 (model_type gpt2) and Llama (model_type llama)");
-    llama = type == "llama";
+    MZ_REQUIRE(type == "gpt2" || type == "llama" || type == "qwen3", "'", r.config, "' describes a '", type,
+               "' model; convert_checkpoint imports GPT-2 (model_type gpt2), Llama (model_type llama) and Qwen3 "
+               "(model_type qwen3)");
+    llama = type == "llama" || type == "qwen3";
   }
   ImportPlan p = llama ? plan_llama_import(f, config, o, r) : plan_gpt2_import(f, config, o, r);
   p.format = llama ? HfFormat::Llama : HfFormat::Gpt2;

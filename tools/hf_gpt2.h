@@ -41,6 +41,7 @@ enum class Transform {
   QkvPart,      // Llama: q (part 0), k (1) or v (2) rows carved out of our grouped QKV weight or bias
   StackedPart,  // Llama: gate (part 0) or up (1) = our SwiGLU fc1[part] (weight or bias)
   NormWeight,   // a norm's weight: copied; with --apply-layernorm-1p ours is gamma - 1, HF's gamma = 1 + ours
+  HeadNorm,     // Qwen3's q_norm / k_norm [head size]: a NormWeight in the head's rotate-half order
 };
 
 // One HF tensor and where it comes from. Several HF tensors may come from one

@@ -11,13 +11,18 @@ using layers::GPTConfig;
 using I = std::int64_t;
 
 // ------------------------------------------------------------ tensor map
+I llama_head_row(const GPTConfig& c, I d) {
+  const I hd = c.head_dim();
+  return c.rotary_interleaved ? (d < hd / 2 ? 2 * d : 2 * (d - hd / 2) + 1) : d;
+}
+
 I llama_qkv_row(const GPTConfig& c, int part, I row) {
   const I hd = c.head_dim(), per_group = c.num_attention_heads / c.query_groups();
   I d = row % hd;
   // --rotary-interleaved: Hugging Face's rotate-half row d of a query or key
   // head is our interleaved row 2d (first half) or 2(d - hd/2) + 1 (second):
   // the same permutation of q and k leaves every score, and rope, as they were.
-  if (c.rotary_interleaved && part < 2) d = d < hd / 2 ? 2 * d : 2 * (d - hd / 2) + 1;
+  if (part < 2) d = llama_head_row(c, d);
   if (part == 0) {  // query head n is head n % per_group of group n / per_group
     const I head = row / hd;
     return ((head / per_group) * (per_group + 2) + head % per_group) * hd + d;
@@ -47,6 +52,13 @@ std::vector<TensorMap> llama_tensor_map(const GPTConfig& c, I padded_vocab) {
             {o + "attention.qkv." + w, x + "self_attn." + qkv_names[p] + "." + w, Transform::QkvPart, ours, hf, p});
       }
     }
+    if (c.qk_layernorm)  // Qwen3: q and k RMS-normalised per head, before rope
+      for (const char* qk : {"q", "k"})
+        m.push_back({o + "attention." + qk + "_layernorm.weight",
+                     x + "self_attn." + qk + "_norm.weight",
+                     Transform::HeadNorm,
+                     {hd},
+                     {hd}});
     m.push_back({o + "attention.dense.weight", x + "self_attn.o_proj.weight", Transform::Copy, {h, h}, {h, h}});
     if (c.add_bias_linear)
       m.push_back({o + "attention.dense.bias", x + "self_attn.o_proj.bias", Transform::Copy, {h}, {h}});
@@ -103,6 +115,17 @@ std::string llama_config_json(const GPTConfig& c, DType dtype) {
              {{"seq_length", c.seq_length},
               {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by},
               {"hidden_dropout", c.hidden_dropout}}}};
+  if (c.qk_layernorm) {
+    // Qwen3Config: LlamaConfig's fields less the MLP's bias switch (Qwen3's
+    // MLP has none) and pretraining_tp, plus its sliding window, off.
+    j["architectures"] = {"Qwen3ForCausalLM"};
+    j["model_type"] = "qwen3";
+    j.erase("mlp_bias");
+    j.erase("pretraining_tp");
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_layers;
+  }
   return j.dump(2) + "\n";
 }
 
@@ -159,8 +182,15 @@ void read_llama_config(const JsonFields& j, GPTConfig& c, bool& tied) {
   c.max_position_embeddings = j.integer("max_position_embeddings", 2048);
   c.layernorm_epsilon = j.number("rms_norm_eps", 1e-6);
   c.rotary_base = j.number("rope_theta", 10000.0);
+  // Qwen3: q and k RMS-normalised per head before rope (--qk-layernorm); its
+  // MLP has no biases (no mlp_bias field); a sliding window we do not compute.
+  c.qk_layernorm = j.text("model_type", "llama") == "qwen3";
+  if (c.qk_layernorm)
+    MZ_REQUIRE(!j.flag("use_sliding_window", false), "'", path,
+               "': use_sliding_window true is not supported: megazero's attention is causal over the whole "
+               "sequence");
   const bool attention_bias = j.flag("attention_bias", false);
-  one_bias_switch(attention_bias, j.flag("mlp_bias", false), "'" + path + "'");
+  one_bias_switch(attention_bias, !c.qk_layernorm && j.flag("mlp_bias", false), "'" + path + "'");
   c.add_bias_linear = attention_bias;
   tied = j.flag("tie_word_embeddings", false);
   c.untie_embeddings = !tied;
@@ -198,6 +228,7 @@ void read_llama_shapes(const checkpoint::SafetensorsFile& f, const ImportOptions
   }
   tied = !f.has("lm_head.weight");
   c.untie_embeddings = !tied;
+  c.qk_layernorm = f.has("model.layers.0.self_attn.q_norm.weight");  // Qwen3's
   c.add_bias_linear = f.has("model.layers.0.self_attn.q_proj.bias");
   one_bias_switch(c.add_bias_linear, f.has("model.layers.0.mlp.gate_proj.bias"), "'" + r.safetensors + "'");
   c.max_position_embeddings = c.seq_length = o.seq_length > 0 ? o.seq_length : 2048;

@@ -24,6 +24,9 @@ namespace megazero::hf {
 
 // Our QKV row holding row `row` of HF's q_proj (part 0), k_proj (1) or v_proj (2).
 std::int64_t llama_qkv_row(const layers::GPTConfig& c, int part, std::int64_t row);
+// Our dimension of a query or key head holding HF's (rotate-half) dimension d:
+// d itself, or with --rotary-interleaved the pair member it was rotated with.
+std::int64_t llama_head_row(const layers::GPTConfig& c, std::int64_t d);
 
 // Typed fields of a config.json: a field absent or null takes the default
 // (nullopt: required); each refusal names the file and the field.

@@ -3,7 +3,8 @@
 # Hugging Face Llama (LlamaForCausalLM) export/import through the real executables, for two models:
 #   gqa: CONFIG (configs/llama_tiny.cfg: 4 heads in 2 query groups, no biases, untied output layer);
 #   mha: CONFIG with one key/value head per query head, biases, tied embeddings, --rotary-base 500000
-#        and --norm-epsilon 1e-6.
+#        and --norm-epsilon 1e-6;
+#   qk:  CONFIG with --qk-layernorm: Qwen3ForCausalLM (model_type qwen3, per-head q/k RMSNorms).
 # For each:
 #  1. pretrain_gpt trains 4 steps at TP 2 and saves; convert_checkpoint exports it (fp32) and prints our
 #     model's logits for one sequence;
@@ -30,15 +31,15 @@ grep -v -E '^(group-query-attention|num-query-groups|disable-bias-linear|untie-e
 printf 'rotary-base = 500000\nnorm-epsilon = 1e-6\n' >>"$work/mha.cfg"
 if command -v "$python" >/dev/null && "$python" -c 'import numpy' 2>/dev/null; then have_numpy=1; else have_numpy=0; fi
 
-# check_model NAME CONFIG EXPECTED_REPORT: steps 1-3 for one model.
+# check_model NAME CONFIG EXPECTED_REPORT [MODEL_TYPE ARCHITECTURE]: steps 1-3 for one model.
 check_model() {
-  local m=$1 c=$2 report=$3
+  local m=$1 c=$2 report=$3 type=${4:-llama} arch=${5:-LlamaForCausalLM}
   step "$m-train" mpiexec -n 2 "$train" --config "$c" "${common[@]}" --tensor-model-parallel-size 2 --train-iters 4 \
     --save "$work/$m-ckpt"
   step "$m-export" "$convert" export --load "$work/$m-ckpt" --output "$work/$m-hf"
   grep -q "exported .*iter_0000004 (iteration 4; $report" "$work/$m-export.log" || fail "$m: unexpected export report"
-  grep -q '"model_type": "llama"' "$work/$m-hf/config.json" && grep -q '"LlamaForCausalLM"' "$work/$m-hf/config.json" ||
-    fail "$m: config.json is not a LlamaForCausalLM's"
+  grep -q "\"model_type\": \"$type\"" "$work/$m-hf/config.json" && grep -q "\"$arch\"" "$work/$m-hf/config.json" ||
+    fail "$m: config.json is not a $arch's"
   step "$m-logits" "$convert" logits --load "$work/$m-ckpt" --tokens $tokens --output "$work/$m-logits.txt"
   step "$m-import" "$convert" import --input "$work/$m-hf" --save "$work/$m-imported"
   step "$m-export2" "$convert" export --load "$work/$m-imported" --output "$work/$m-hf2"
@@ -56,6 +57,10 @@ check_model() {
 
 check_model gqa "$cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 64; Llama: 2 key/value heads, rope base 10000, RMSNorm eps 1e-05, no biases, untied output layer"
 check_model mha "$work/mha.cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 64; Llama: 4 key/value heads, rope base 500000, RMSNorm eps 1e-06, biases, tied output layer"
+cp "$cfg" "$work/qk.cfg" && printf 'qk-layernorm = true\n' >>"$work/qk.cfg"
+check_model qk "$work/qk.cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 64; Qwen3 (a Llama with per-head q/k RMSNorms): 2 key/value heads, rope base 10000, RMSNorm eps 1e-05, no biases, untied output layer" qwen3 Qwen3ForCausalLM
+grep -q '"self_attn.q_norm.weight\|layers.0.self_attn.q_norm.weight' "$work/qk-hf/model.safetensors" ||
+  fail "qk: no self_attn.q_norm.weight in the export"
 grep -q '"num_key_value_heads": 2' "$work/gqa-hf/config.json" || fail "gqa: num_key_value_heads is not 2"
 grep -q '"tie_word_embeddings": false' "$work/gqa-hf/config.json" || fail "gqa: the output layer is not untied"
 grep -q '"attention_bias": true' "$work/mha-hf/config.json" || fail "mha: no attention_bias"

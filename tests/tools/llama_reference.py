@@ -22,6 +22,11 @@ and computes the logits as Hugging Face's modeling_llama does, in float64:
 
 RMSNorm(x) = x / sqrt(mean(x^2) + rms_norm_eps).
 
+model_type qwen3 (Qwen3ForCausalLM, modeling_qwen3): the same, with each query
+and key head RMS-normalised over its head_dim before the rotary embedding
+(q = RMSNorm(q_head) * self_attn.q_norm.weight, k likewise with k_norm) and no
+MLP biases.
+
 Compares with logits written by `convert_checkpoint logits` (our model, fp32).
 Exit 0: match; 1: mismatch or a malformed export; 77: numpy is missing (skip).
 
@@ -40,8 +45,11 @@ def expected_shapes(cfg):
     shapes = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
     if not cfg["tie_word_embeddings"]:
         shapes["lm_head.weight"] = [V, E]
+    qwen3 = cfg.get("model_type") == "qwen3"
     for i in range(L):
         p = f"model.layers.{i}."
+        if qwen3:
+            shapes.update({p + "self_attn.q_norm.weight": [D], p + "self_attn.k_norm.weight": [D]})
         shapes.update({p + "input_layernorm.weight": [E], p + "post_attention_layernorm.weight": [E],
                        p + "self_attn.q_proj.weight": [H * D, E], p + "self_attn.k_proj.weight": [KV * D, E],
                        p + "self_attn.v_proj.weight": [KV * D, E], p + "self_attn.o_proj.weight": [E, H * D],
@@ -50,16 +58,19 @@ def expected_shapes(cfg):
         if cfg.get("attention_bias", False):
             shapes.update({p + "self_attn.q_proj.bias": [H * D], p + "self_attn.k_proj.bias": [KV * D],
                            p + "self_attn.v_proj.bias": [KV * D], p + "self_attn.o_proj.bias": [E]})
-        if cfg.get("mlp_bias", False):
+        if cfg.get("mlp_bias", False) and not qwen3:
             shapes.update({p + "mlp.gate_proj.bias": [F], p + "mlp.up_proj.bias": [F], p + "mlp.down_proj.bias": [E]})
     return shapes
 
 
 def check_config(cfg):
-    if cfg.get("model_type") != "llama":
-        fail(f"config.json: model_type is {cfg.get('model_type')!r}, expected 'llama'")
-    if "LlamaForCausalLM" not in cfg.get("architectures", []):
-        fail("config.json: architectures lacks LlamaForCausalLM")
+    arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(cfg.get("model_type"))
+    if arch is None:
+        fail(f"config.json: model_type is {cfg.get('model_type')!r}, expected 'llama' or 'qwen3'")
+    if arch not in cfg.get("architectures", []):
+        fail(f"config.json: architectures lacks {arch}")
+    if cfg.get("model_type") == "qwen3" and cfg.get("use_sliding_window", False):
+        fail("config.json: use_sliding_window: the reference attends over the whole sequence")
     if cfg.get("hidden_act") != "silu":
         fail(f"config.json: hidden_act {cfg.get('hidden_act')!r}, expected 'silu'")
     if cfg.get("rope_scaling") not in (None, {}):
@@ -101,6 +112,9 @@ def llama_logits(t, cfg, ids):
         q = linear(a, t, p + "self_attn.q_proj").reshape(S, H, D).transpose(1, 0, 2)
         k = linear(a, t, p + "self_attn.k_proj").reshape(S, KV, D).transpose(1, 0, 2)
         v = linear(a, t, p + "self_attn.v_proj").reshape(S, KV, D).transpose(1, 0, 2)
+        if cfg.get("model_type") == "qwen3":  # per-head q/k RMSNorms, before rope
+            q = rms_norm(q, t[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, t[p + "self_attn.k_norm.weight"], eps)
         q, k = rotary(q, cfg["rope_theta"]), rotary(k, cfg["rope_theta"])
         k, v = np.repeat(k, H // KV, axis=0), np.repeat(v, H // KV, axis=0)
         w = q @ k.transpose(0, 2, 1) / np.sqrt(float(D))

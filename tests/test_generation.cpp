@@ -51,6 +51,18 @@ SamplingOptions opts(double t, I k, double p, std::uint64_t seed = 1) {
   return o;
 }
 
+// The harness's tiny GPT trained one step on the world's ranks (`spec`'s
+// layout), saved at dir/ckpt.
+void save_trained(const std::string& dir, const ZeroRunSpec& spec) {
+  ZeroRun run(world(), spec);
+  run.train(0, 1);
+  checkpoint::TrainState s;
+  s.iteration = 1;
+  s.seed = 5;
+  s.config = hf::resolved_config(run.model->config(), 5);
+  checkpoint::save_checkpoint(dir + "/ckpt", s, *run.engine, {&world(), 0, 1});
+}
+
 // A checkpoint of the harness's tiny GPT trained one step (TP 1, stage 0).
 // llama: rotary positions, RMSNorm, SwiGLU, 8 heads in 4 query groups, an untied output layer.
 struct Checkpoint {
@@ -61,13 +73,7 @@ struct Checkpoint {
     ZeroRunSpec spec;
     spec.steps = 1;
     spec.llama = llama;
-    ZeroRun run(world(), spec);
-    run.train(0, 1);
-    checkpoint::TrainState s;
-    s.iteration = 1;
-    s.seed = 5;
-    s.config = hf::resolved_config(run.model->config(), 5);
-    checkpoint::save_checkpoint(dir + "/ckpt", s, *run.engine, {&world(), 0, 1});
+    save_trained(dir, spec);
   }
   ~Checkpoint() { fs::remove_all(dir); }
 };
@@ -263,20 +269,12 @@ TEST(Generation, TensorParallelRanksComputeTheOneRankModel) {
   for (bool llama : {false, true}) {
     SCOPED_TRACE(llama ? "rope, RMSNorm, SwiGLU, GQA" : "learned positions, LayerNorm, GeLU");
     const std::string dir = shared_temp_dir("mz-generate-tp");
-    {
-      ZeroRunSpec spec;
-      spec.steps = 1;
-      spec.llama = llama;
-      spec.dp = world().size();
-      spec.stage = 3;
-      ZeroRun run(world(), spec);
-      run.train(0, 1);
-      checkpoint::TrainState s;
-      s.iteration = 1;
-      s.seed = 5;
-      s.config = hf::resolved_config(run.model->config(), 5);
-      checkpoint::save_checkpoint(dir + "/ckpt", s, *run.engine, {&world(), 0, 1});
-    }
+    ZeroRunSpec spec;
+    spec.steps = 1;
+    spec.llama = llama;
+    spec.dp = world().size();
+    spec.stage = 3;
+    save_trained(dir, spec);
     hf::CheckpointModel one(dir + "/ckpt", *self), split(dir + "/ckpt", world());
     EXPECT_EQ(split.tensor_parallel_size(), world().size());
     EXPECT_EQ(one.tensor_parallel_size(), 1);

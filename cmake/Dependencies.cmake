@@ -31,6 +31,8 @@ target_link_libraries(megazero_xxhash INTERFACE ${XXHASH_LIBRARY})
 # Debian's package ships a pkg-config file, not a CMake one.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# cpp-httplib (Debian libcpp-httplib-dev): the text generation server's HTTP.
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 if(MEGAZERO_BUILD_TESTS)
   find_package(GTest REQUIRED)
 endif()

@@ -21,7 +21,7 @@
 #include "megazero/data/gpt2_tokenizer.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
-#include "parallel_state/process_groups.h"
+#include "tools/generation_model.h"
 #include "tools/text_generation.h"
 
 namespace po = boost::program_options;
@@ -36,38 +36,21 @@ std::string ids_text(const std::vector<I>& ids) {
   return s;
 }
 
-// --device cuda under mpiexec: each rank the GPU of its place among the
-// ranks on its host (as pretrain_gpt picks it). Collective.
-std::string rank_device(const std::string& device, Communicator& world) {
-  if (device != "cuda" || world.size() == 1) return device;
-  const auto hosts = parallel_state::gather_host_names(world);
-  const std::string& me = hosts[static_cast<std::size_t>(world.rank())];
-  const auto local = std::count(hosts.begin(), hosts.begin() + world.rank(), me);
-  return run_consistently(world, [&] {
-    const int gpus = cuda_visible_devices();
-    MZ_REQUIRE(gpus > 0, "--device cuda: no GPU is visible on ", me,
-               " (check CUDA_VISIBLE_DEVICES and the driver, or use --device cpu)");
-    return "cuda:" + std::to_string(local % gpus);
-  });
-}
-
 int run(int argc, char** argv) {
   try {
     auto world = MpiCommunicator::world();
     const bool root = world->rank() == 0;
-    std::string load, prompt, prompt_tokens, tokenizer_type, vocab_file, merge_file, tokenizer_model, device = "cpu",
-                                                                                                      output;
-    I heads = 0, stop_token = -2, tensor_parallel = 0;
+    generation::ModelOptions m;
+    std::string prompt, prompt_tokens, output;
+    I stop_token = -2;
     bool no_stop = false, no_kv_cache = false;
     generation::GenerateOptions o;
     po::options_description d("generate_text options");
-    d.add_options()("load", po::value(&load),
-                    "a pretrain_gpt --save directory (its newest checkpoint) or one "
-                    "iter_NNNNNNN directory; any TP x DP x ZeRO layout")(
-        "prompt", po::value(&prompt),
-        "the text to continue (needs a tokenizer: --vocab-file and --merge-file, or "
-        "--tokenizer-type ByteLevel)")("prompt-tokens", po::value(&prompt_tokens),
-                                       "the prompt as comma-separated token ids, instead of --prompt")(
+    generation::add_model_options(d, m);
+    d.add_options()("prompt", po::value(&prompt),
+                    "the text to continue (needs a tokenizer: --vocab-file and --merge-file, or "
+                    "--tokenizer-type ByteLevel)")("prompt-tokens", po::value(&prompt_tokens),
+                                                   "the prompt as comma-separated token ids, instead of --prompt")(
         "max-new-tokens", po::value(&o.max_new_tokens)->default_value(32), "tokens to generate at most")(
         "greedy", po::bool_switch(&o.sampling.greedy), "take the most likely token each step (no sampling)")(
         "temperature", po::value(&o.sampling.temperature)->default_value(1.0), "logits divided by it before sampling")(
@@ -75,23 +58,13 @@ int run(int argc, char** argv) {
         "top-p", po::value(&o.sampling.top_p)->default_value(1.0),
         "sample among the most likely tokens up to this probability mass (nucleus); 1 = all")(
         "seed", po::value(&o.sampling.seed)->default_value(1234), "the sampler's seed: the same seed, the same text")(
-        "tokenizer-type", po::value(&tokenizer_type),
-        "GPT2BPETokenizer (with --vocab-file and --merge-file; the default when they are given), ByteLevel, "
-        "Llama2Tokenizer or GPTSentencePieceTokenizer (with --tokenizer-model)")(
-        "tokenizer-model", po::value(&tokenizer_model), "the SentencePiece model (tokenizer.model) of those two")(
-        "vocab-file", po::value(&vocab_file), "GPT-2 encoder.json")("merge-file", po::value(&merge_file),
-                                                                    "GPT-2 vocab.bpe")(
         "stop-token", po::value(&stop_token),
         "end after generating this token id; default: the tokenizer's end of text (GPT-2 BPE 50256, ByteLevel "
         "256, SentencePiece: the model's </s>)")("no-stop", po::bool_switch(&no_stop),
                                                  "never stop early: generate --max-new-tokens tokens")(
         "no-kv-cache", po::bool_switch(&no_kv_cache),
         "run the whole sequence every step instead of keeping each layer's keys and values (slower; the same "
-        "tokens up to rounding: a check of the cache)")("device", po::value(&device),
-                                                        "where the model runs: cpu, cuda, cuda:N or cpu-isolated")(
-        "num-attention-heads", po::value(&heads), "only for checkpoints whose configuration lacks it")(
-        "tensor-model-parallel-size", po::value(&tensor_parallel),
-        "the model split over this many ranks: the number mpiexec starts (the default); 1 without mpiexec")(
+        "tokens up to rounding: a check of the cache)")(
         "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
     bool help = false;
     d.add_options()("help,h", po::bool_switch(&help), "print this help");
@@ -102,34 +75,24 @@ int run(int argc, char** argv) {
       std::cout << "usage: generate_text --load DIR (--prompt TEXT | --prompt-tokens IDS) [options]\n\n" << d << "\n";
       return 0;
     }
-    MZ_REQUIRE(!load.empty(), "--load is required: a checkpoint directory (pretrain_gpt --save, or an import)");
-    MZ_REQUIRE(tensor_parallel == 0 || tensor_parallel == world->size(), "--tensor-model-parallel-size ",
-               tensor_parallel, ": generate_text splits the model over all its ranks, and mpiexec started ",
-               world->size(), "; start it with mpiexec -n ", tensor_parallel,
-               tensor_parallel == 1 ? " (or without mpiexec)" : "", " or leave the flag out");
+    MZ_REQUIRE(!m.load.empty(), "--load is required: a checkpoint directory (pretrain_gpt --save, or an import)");
     MZ_REQUIRE(prompt.empty() != prompt_tokens.empty(),
                prompt.empty() ? "give the prompt: --prompt TEXT (with a tokenizer) or --prompt-tokens IDS"
                               : "--prompt and --prompt-tokens both give the prompt; keep one");
     MZ_REQUIRE(!no_stop || stop_token == -2, "--no-stop and --stop-token contradict each other; keep one");
     generation::validate(o.sampling);
-    if (tokenizer_type.empty() && (!vocab_file.empty() || !merge_file.empty())) tokenizer_type = "GPT2BPETokenizer";
-    MZ_REQUIRE(!tokenizer_type.empty() || prompt.empty(),
+    const std::unique_ptr<data::Tokenizer> tok = generation::open_tokenizer(m);
+    MZ_REQUIRE(tok || prompt.empty(),
                "--prompt is text: name its tokenizer with --vocab-file and --merge-file (GPT-2 BPE), "
                "--tokenizer-type ByteLevel, or --tokenizer-type Llama2Tokenizer --tokenizer-model FILE, or give "
                "--prompt-tokens");
-    std::unique_ptr<data::Tokenizer> tok;
-    MZ_REQUIRE(!tokenizer_type.empty() || tokenizer_model.empty(),
-               "--tokenizer-model needs --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer");
-    if (!tokenizer_type.empty()) tok = data::make_tokenizer(tokenizer_type, vocab_file, merge_file, tokenizer_model);
-
     const std::vector<I> ids = prompt.empty() ? hf::parse_token_ids(prompt_tokens, "--prompt-tokens") : [&] {
       const auto enc = tok->encode(prompt);
       return std::vector<I>(enc.begin(), enc.end());
     }();
 
-    hf::CheckpointModel model(load, *world, heads, rank_device(device.empty() ? "cpu" : device, *world));
-    for (const auto& r : model.rejected())
-      if (root) std::fprintf(stderr, "generate_text: WARNING: skipped unusable checkpoint %s\n", r.c_str());
+    const auto opened = generation::open_model(m, tok.get(), *world, "generate_text");
+    hf::CheckpointModel& model = *opened;
     const auto& c = model.config();
     MZ_REQUIRE(!tok || tok->vocab_size() >= c.vocab_size, "the model's vocabulary of ", c.vocab_size,
                " tokens is larger than the ", tok ? tok->name() : "", " tokenizer's ", tok ? tok->vocab_size() : 0,
@@ -137,16 +100,9 @@ int run(int argc, char** argv) {
     for (I t : ids)
       MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--prompt", prompt.empty() ? "-tokens" : "", ": token id ", t,
                  " is outside the model's vocabulary [0, ", c.vocab_size, ")");
-    // The stop token: the one asked for, which the model must be able to draw, or the tokenizer's end of
-    // text where the model's vocabulary holds it.
-    if (!no_stop && stop_token != -2) {
-      MZ_REQUIRE(stop_token >= 0 && stop_token < c.vocab_size, "--stop-token ", stop_token,
-                 " is outside the model's vocabulary [0, ", c.vocab_size,
-                 "): it could never be drawn; give a token id of the model, or --no-stop");
-      o.stop_token = stop_token;
-    } else if (!no_stop && tok && tok->eod() < c.vocab_size) {
-      o.stop_token = tok->eod();
-    }
+    if (!no_stop)
+      o.stop_token = generation::stop_token_of(stop_token == -2 ? std::nullopt : std::optional<I>(stop_token),
+                                               "--stop-token", model, tok.get());
     // Every rank draws the same tokens (generation.h); rank 0 prints them.
     if (root) {
       std::printf(

@@ -14,6 +14,7 @@ packages=(
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM
   nlohmann-json3-dev                   # checkpoint manifests and safetensors headers
   libxxhash-dev                        # checkpoint checksums (XXH3)
+  libcpp-httplib-dev  # tools/text_generation_server (Megatron's REST API)
   libsentencepiece-dev sentencepiece  # Llama2Tokenizer / GPTSentencePieceTokenizer (--tokenizer-model); tests train a small model with spm_train
   libprotobuf-dev protobuf-compiler    # --tensorboard-dir: TensorBoard's Event records (protoc generates the C++)
   python3-protobuf                     # tests: Python's protobuf decodes the TensorBoard event files independently

@@ -23,7 +23,7 @@ ParallelSelfAttention::ParallelSelfAttention(ParameterSet& params, const std::st
       per_group_(cfg.num_attention_heads / cfg.query_groups()),
       head_dim_(cfg.head_dim()),
       qkv_(params, name + ".qkv", cfg.hidden_size, (cfg.num_attention_heads + 2 * cfg.query_groups()) * cfg.head_dim(),
-           cfg.add_bias_linear, false, ctx, cfg.init_method_std),
+           cfg.qkv_bias(), false, ctx, cfg.init_method_std),
       dense_(params, name + ".dense", cfg.hidden_size, cfg.hidden_size, cfg.add_bias_linear, ctx,
              cfg.init_method_std / std::sqrt(2.0 * static_cast<double>(cfg.num_layers))) {
   if (cfg.qk_layernorm) {

@@ -36,12 +36,14 @@ std::int64_t GPTConfig::ffn() const {
 }
 
 std::int64_t GPTConfig::parameter_count() const {
-  const std::int64_t h = hidden_size, hn = head_dim(), f = ffn(), b = add_bias_linear ? 1 : 0;
+  const std::int64_t h = hidden_size, hn = head_dim(), f = ffn(), b = add_bias_linear ? 1 : 0,
+                     qkv_b = qkv_bias() ? 1 : 0;
   const std::int64_t qkv_out = (num_attention_heads + 2 * query_groups()) * hn;
   const std::int64_t norm = rmsnorm() ? h : 2 * h;
   const std::int64_t mlp_in = (swiglu ? 2 : 1) * f;
   const std::int64_t qk_norms = qk_layernorm ? 2 * (rmsnorm() ? hn : 2 * hn) : 0;
-  const std::int64_t layer = norm + qkv_out * (h + b) + h * (h + b) + norm + mlp_in * (h + b) + h * (f + b) + qk_norms;
+  const std::int64_t layer =
+      norm + qkv_out * (h + qkv_b) + h * (h + b) + norm + mlp_in * (h + b) + h * (f + b) + qk_norms;
   const std::int64_t embeddings =
       vocab_size * h * (untie_embeddings ? 2 : 1) + (rope() ? 0 : max_position_embeddings * h);
   return num_layers * layer + embeddings + norm;

@@ -85,7 +85,11 @@ struct GPTConfig {
   // --num-query-groups with --group-query-attention: K/V heads shared by
   // groups of query heads (GQA); 0 = one K/V head per query head (MHA).
   std::int64_t num_query_groups = 0;
-  bool add_bias_linear = true;    // --disable-bias-linear clears it: no bias in any linear layer
+  bool add_bias_linear = true;  // --disable-bias-linear clears it: no bias in any linear layer
+  // --add-qkv-bias (Megatron's; Qwen2's): the QKV projection keeps its bias
+  // under --disable-bias-linear (without it, every linear has one anyway).
+  bool add_qkv_bias = false;
+  bool qkv_bias() const { return add_bias_linear || add_qkv_bias; }
   bool untie_embeddings = false;  // --untie-embeddings-and-output-weights: own output-layer weight
   // --qk-layernorm (Megatron's): q and k normalised per head (--normalization's
   // kind, a [head size] weight each shared by all heads) before the rotary

@@ -884,6 +884,52 @@ TEST(ConvertCheckpoint, QkLayerNormExportsAsQwen3) {
   fs::remove_all(d);
 }
 
+// --disable-bias-linear --add-qkv-bias on a Llama-style model:
+// Qwen2ForCausalLM (model_type qwen2, q/k/v projections with biases, o_proj
+// and the MLP without; no bias switches in its config); the import is the
+// same model with the same logits and exports the same file again; the
+// biases are carved as the weights' rows are.
+TEST(ConvertCheckpoint, QkvBiasesExportAsQwen2) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  auto c = llama_model(4, 2, false, true);
+  c.add_qkv_bias = true;
+  const std::string d = local_temp_dir();
+  save_numbered(c, d + "/ckpt", "", 0.5);
+  hf::export_checkpoint({d + "/ckpt", d + "/hf"});
+  const auto cfg = nlohmann::json::parse(slurp(d + "/hf/config.json"));
+  EXPECT_EQ(cfg.at("model_type"), "qwen2");
+  EXPECT_EQ(cfg.at("architectures"), nlohmann::json({"Qwen2ForCausalLM"}));
+  EXPECT_FALSE(cfg.contains("attention_bias") || cfg.contains("mlp_bias")) << "Qwen2Config has no bias switches";
+  checkpoint::SafetensorsFile f(d + "/hf/model.safetensors");
+  EXPECT_TRUE(f.has("model.layers.1.self_attn.k_proj.bias"));
+  EXPECT_FALSE(f.has("model.layers.1.self_attn.o_proj.bias") || f.has("model.layers.1.mlp.gate_proj.bias"));
+  // k_proj's bias: the k rows of our grouped QKV bias, [group][P q heads, k, v][d] (P = 2 here).
+  checkpoint::CheckpointReader reader(checkpoint::find_latest(d + "/ckpt"));
+  const auto ours = reader.global_tensor("layers.1.attention.qkv.bias", "master");
+  const I hd = c.head_dim(), per_group = c.num_attention_heads / c.query_groups();
+  const auto k = tensor_of(f, "model.layers.1.self_attn.k_proj.bias", {c.query_groups() * hd});
+  for (I r = 0; r < static_cast<I>(k.size()); ++r)
+    ASSERT_EQ(k[static_cast<std::size_t>(r)],
+              ours[static_cast<std::size_t>(((r / hd) * (per_group + 2) + per_group) * hd + r % hd)])
+        << r;
+  const auto im = import_to(d + "/hf", d + "/imported");
+  EXPECT_TRUE(im.model.add_qkv_bias);
+  EXPECT_FALSE(im.model.add_bias_linear);
+  auto self = world().split(world().rank(), 0, "self");
+  const std::vector<I> tokens = {3, 17, 42, 5, 9, 0, 50, 7};
+  hf::CheckpointModel orig(d + "/ckpt", *self), imported(d + "/imported", *self);
+  EXPECT_LE(relative_difference(orig.logits(tokens), imported.logits(tokens)), 1e-6);
+  hf::export_checkpoint({d + "/imported", d + "/hf2"});
+  EXPECT_EQ(slurp(d + "/hf2/model.safetensors"), slurp(d + "/hf/model.safetensors"));
+  EXPECT_EQ(slurp(d + "/hf2/config.json"), slurp(d + "/hf/config.json"));
+  // With --qk-layernorm too: Qwen3 has no such model (its attention_bias biases o_proj as well).
+  c.qk_layernorm = true;
+  save_numbered(c, d + "/qk");
+  const auto msg = error_of([&] { hf::export_checkpoint({d + "/qk", d + "/out"}); });
+  EXPECT_NE(msg.find("would need no --add-qkv-bias, so it has no Hugging Face form here"), std::string::npos) << msg;
+  fs::remove_all(d);
+}
+
 TEST(ConvertCheckpoint, ExportRefusesWhatNoHuggingFaceModelComputes) {
   if (world().size() != 1) GTEST_SKIP() << "one rank";
   const std::string d = local_temp_dir();
@@ -981,7 +1027,7 @@ TEST(ConvertCheckpoint, LlamaImportRefusesWhatMegazeroCannotCompute) {
   EXPECT_NE(msg.find("head_dim 8 is not hidden_size / num_attention_heads (32 / 8)"), std::string::npos) << msg;
   msg = refused([](nlohmann::json& j) { j["model_type"] = "mistral"; });
   EXPECT_NE(msg.find("describes a 'mistral' model; convert_checkpoint imports GPT-2 (model_type gpt2), Llama "
-                     "(model_type llama) and Qwen3 (model_type qwen3)"),
+                     "(model_type llama), Qwen2 (model_type qwen2) and Qwen3 (model_type qwen3)"),
             std::string::npos)
       << msg;
   msg = refused([](nlohmann::json& j) {

@@ -119,6 +119,9 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
       case 14:  // the residual from each norm's output (--apply-residual-connection-post-layernorm)
         c.residual_post_norm = true;
         break;
+      case 15:  // biases on the QKV projection only (--disable-bias-linear --add-qkv-bias: Qwen2's)
+        c.add_bias_linear = false, c.add_qkv_bias = true, c.num_query_groups = 8;
+        break;
     }
   }
   if (g_llama) {
@@ -300,8 +303,9 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "Xavier-uniform weights, untied output, SwiGLU",
                          "squared-ReLU MLP",
                          "rope on interleaved pairs",
-                         "post-norm residual connections"};
-  for (int o = 0; o < 15; ++o) {
+                         "post-norm residual connections",
+                         "QKV biases only, 8 query groups"};
+  for (int o = 0; o < 16; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);

@@ -318,6 +318,31 @@ TEST_F(LayerGrad, AttentionWithRotaryEmbeddingsAndQueryGroups) {
   }
 }
 
+// --disable-bias-linear --add-qkv-bias (Qwen2): the QKV projection alone has
+// a bias, on each backend; the parameter count counts it.
+TEST_F(LayerGrad, AttentionWithQkvBiasOnly) {
+  cfg.position_embedding_type = "rope";
+  cfg.num_query_groups = 2;
+  cfg.add_bias_linear = false;
+  cfg.add_qkv_bias = true;
+  for (const char* backend : {"unfused", "fused"}) {
+    SCOPED_TRACE(backend);
+    cfg.attention_backend = backend;
+    ParameterSet ps;
+    ParallelSelfAttention attn(ps, "attn", cfg, 0, ctx);
+    ASSERT_EQ(ps.all().size(), 3u) << "qkv weight and bias, dense weight";
+    EXPECT_EQ(ps.get("attn.qkv.bias").global_shape, (Shape{(4 + 2 * 2) * cfg.head_dim()}));
+    check_layer(
+        ps, input(step.micro_batch * step.seq, cfg.hidden_size, 8),
+        [&](const Tensor& x) { return attn.forward(x, step); }, [&](const Tensor& dy) { return attn.backward(dy); });
+  }
+  ParameterSet ps;
+  GPTModel model(cfg, ctx, ps);
+  std::int64_t total = 0;
+  for (auto* p : ps.all()) total += shape_numel(p->global_shape);
+  EXPECT_EQ(total - (cfg.padded_vocab(1) - cfg.vocab_size) * cfg.hidden_size, cfg.parameter_count());
+}
+
 // --rotary-interleaved: rope on pairs (2i, 2i + 1), on each backend.
 TEST_F(LayerGrad, AttentionWithInterleavedRotaryPairs) {
   for (const char* backend : {"unfused", "fused", "cudnn"}) {

@@ -416,6 +416,7 @@ Case random_case(unsigned index) {
   if (coin(0.15)) add({"--apply-residual-connection-post-layernorm"});
   if (coin(0.35)) add({"--group-query-attention", "--num-query-groups", "2"});
   if (coin(0.3)) add({"--disable-bias-linear"});
+  if (coin(0.15)) add({"--add-qkv-bias"});
   if (coin(0.3)) add({"--untie-embeddings-and-output-weights"});
   if (coin(0.15)) add({"--no-bias-gelu-fusion"});
   if (coin(0.3)) add({"--hidden-dropout", "0"});

@@ -37,9 +37,14 @@ std::string describe(const layers::GPTConfig& c, hf::HfFormat format) {
       detail::concat(c.num_layers, " layers, hidden ", c.hidden_size, ", ", c.num_attention_heads, " heads, ffn ",
                      c.ffn(), ", vocab ", c.vocab_size, ", positions ", c.max_position_embeddings);
   if (format == hf::HfFormat::Gpt2) return s + "; GPT-2";
-  return s + detail::concat(c.qk_layernorm ? "; Qwen3 (a Llama with per-head q/k RMSNorms): " : "; Llama: ",
+  return s + detail::concat(c.qk_layernorm                         ? "; Qwen3 (a Llama with per-head q/k RMSNorms): "
+                            : !c.add_bias_linear && c.add_qkv_bias ? "; Qwen2 (a Llama with q/k/v biases): "
+                                                                   : "; Llama: ",
                             c.query_groups(), " key/value heads, rope base ", c.rotary_base, ", RMSNorm eps ",
-                            c.layernorm_epsilon, c.add_bias_linear ? ", biases" : ", no biases",
+                            c.layernorm_epsilon,
+                            c.add_bias_linear ? ", biases"
+                            : c.add_qkv_bias  ? ", q/k/v biases"
+                                              : ", no biases",
                             c.untie_embeddings ? ", untied output layer" : ", tied output layer");
 }
 

@@ -246,7 +246,10 @@ void read_model_options(const ManifestModel& mm, GPTConfig& c) {
   if (const std::string* v = mm.value("squared-relu")) c.squared_relu = *v == "true";
   if (const std::string* v = mm.value("apply-residual-connection-post-layernorm")) c.residual_post_norm = *v == "true";
   if (const std::string* v = mm.value("rotary-interleaved")) c.rotary_interleaved = *v == "true";  // nor this
-  c.add_bias_linear = option("disable-bias-linear", "false", "true", mm.has("layers.0.attention.qkv.bias")) == "false";
+  c.add_bias_linear =
+      option("disable-bias-linear", "false", "true", mm.has("layers.0.attention.dense.bias")) == "false";
+  c.add_qkv_bias =
+      option("add-qkv-bias", "true", "false", !c.add_bias_linear && mm.has("layers.0.attention.qkv.bias")) == "true";
   c.untie_embeddings =
       option("untie-embeddings-and-output-weights", "true", "false", mm.has("output_layer.weight")) == "true";
   if (c.untie_embeddings)
@@ -345,12 +348,14 @@ HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
   const bool rope = c.rope(), rms = c.rmsnorm(), gqa = c.query_groups() != c.num_attention_heads;
   // --qk-layernorm: Qwen3ForCausalLM (a Llama with q and k RMS-normalised per
   // head before rope), whose MLP has no biases.
-  MZ_REQUIRE(!c.qk_layernorm || (rope && rms && c.swiglu && !c.add_bias_linear), "checkpoint '", where,
+  MZ_REQUIRE(!c.qk_layernorm || (rope && rms && c.swiglu && !c.qkv_bias()), "checkpoint '", where,
              "' normalises q and k per head (--qk-layernorm): its Hugging Face form is Qwen3ForCausalLM, a Llama "
              "with q/k RMSNorms and no linear biases, which would need ",
              detail::concat(rope ? "" : "--position-embedding-type rope, ", rms ? "" : "--normalization RMSNorm, ",
-                            c.swiglu ? "" : "--swiglu, ", c.add_bias_linear ? "--disable-bias-linear, " : ""),
+                            c.swiglu ? "" : "--swiglu, ", c.add_bias_linear ? "--disable-bias-linear, " : "",
+                            !c.add_bias_linear && c.add_qkv_bias ? "no --add-qkv-bias, " : ""),
              "so it has no Hugging Face form here");
+  // --add-qkv-bias alone: Qwen2ForCausalLM (a Llama with q/k/v biases only); GPT-2 has every bias anyway.
   if (!rope && !rms && !c.swiglu && !gqa && c.add_bias_linear && !c.untie_embeddings) return HfFormat::Gpt2;
   if (rope && rms && c.swiglu) return HfFormat::Llama;
   std::string gpt2, llama;  // what each would need changed
@@ -666,10 +671,11 @@ ImportPlan plan_import(const checkpoint::SafetensorsFile& f, const json* config,
   bool llama = f.has("model.embed_tokens.weight");
   if (config) {
     const std::string type = JsonFields(*config, r.config, "a config.json").text("model_type", "gpt2");
-    MZ_REQUIRE(type == "gpt2" || type == "llama" || type == "qwen3", "'", r.config, "' describes a '", type,
-               "' model; convert_checkpoint imports GPT-2 (model_type gpt2), Llama (model_type llama) and Qwen3 "
-               "(model_type qwen3)");
-    llama = type == "llama" || type == "qwen3";
+    MZ_REQUIRE(type == "gpt2" || type == "llama" || type == "qwen2" || type == "qwen3", "'", r.config,
+               "' describes a '", type,
+               "' model; convert_checkpoint imports GPT-2 (model_type gpt2), Llama (model_type llama), Qwen2 "
+               "(model_type qwen2) and Qwen3 (model_type qwen3)");
+    llama = type != "gpt2";
   }
   ImportPlan p = llama ? plan_llama_import(f, config, o, r) : plan_gpt2_import(f, config, o, r);
   p.format = llama ? HfFormat::Llama : HfFormat::Gpt2;

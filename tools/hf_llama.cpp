@@ -43,7 +43,7 @@ std::vector<TensorMap> llama_tensor_map(const GPTConfig& c, I padded_vocab) {
     m.push_back({o + "ln1.weight", x + "input_layernorm.weight", Transform::NormWeight, {h}, {h}});
     // The parts of one tensor of ours stay together: export reads it once.
     for (const char* w : {"weight", "bias"}) {
-      if (std::string(w) == "bias" && !c.add_bias_linear) continue;
+      if (std::string(w) == "bias" && !c.qkv_bias()) continue;
       const bool weight = std::string(w) == "weight";
       for (int p = 0; p < 3; ++p) {
         std::vector<I> ours = {qkv}, hf = {part_rows[p]};
@@ -115,6 +115,19 @@ std::string llama_config_json(const GPTConfig& c, DType dtype) {
              {{"seq_length", c.seq_length},
               {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by},
               {"hidden_dropout", c.hidden_dropout}}}};
+  if (!c.add_bias_linear && c.add_qkv_bias) {
+    // Qwen2Config: LlamaConfig's fields less the bias switches (Qwen2's
+    // q/k/v projections always have biases, the others never) and
+    // pretraining_tp, plus its sliding window, off.
+    j["architectures"] = {"Qwen2ForCausalLM"};
+    j["model_type"] = "qwen2";
+    j.erase("attention_bias");
+    j.erase("mlp_bias");
+    j.erase("pretraining_tp");
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.num_layers;
+  }
   if (c.qk_layernorm) {
     // Qwen3Config: LlamaConfig's fields less the MLP's bias switch (Qwen3's
     // MLP has none) and pretraining_tp, plus its sliding window, off.
@@ -184,14 +197,21 @@ void read_llama_config(const JsonFields& j, GPTConfig& c, bool& tied) {
   c.rotary_base = j.number("rope_theta", 10000.0);
   // Qwen3: q and k RMS-normalised per head before rope (--qk-layernorm); its
   // MLP has no biases (no mlp_bias field); a sliding window we do not compute.
-  c.qk_layernorm = j.text("model_type", "llama") == "qwen3";
-  if (c.qk_layernorm)
+  // Qwen2: biases on q, k and v only (--add-qkv-bias), no bias switch fields.
+  const std::string type = j.text("model_type", "llama");
+  c.qk_layernorm = type == "qwen3";
+  if (type != "llama")
     MZ_REQUIRE(!j.flag("use_sliding_window", false), "'", path,
                "': use_sliding_window true is not supported: megazero's attention is causal over the whole "
                "sequence");
-  const bool attention_bias = j.flag("attention_bias", false);
-  one_bias_switch(attention_bias, !c.qk_layernorm && j.flag("mlp_bias", false), "'" + path + "'");
-  c.add_bias_linear = attention_bias;
+  if (type == "qwen2") {
+    c.add_bias_linear = false;
+    c.add_qkv_bias = true;
+  } else {
+    const bool attention_bias = j.flag("attention_bias", false);
+    one_bias_switch(attention_bias, !c.qk_layernorm && j.flag("mlp_bias", false), "'" + path + "'");
+    c.add_bias_linear = attention_bias;
+  }
   tied = j.flag("tie_word_embeddings", false);
   c.untie_embeddings = !tied;
   c.attention_dropout = j.number("attention_dropout", 0.0);
@@ -229,8 +249,11 @@ void read_llama_shapes(const checkpoint::SafetensorsFile& f, const ImportOptions
   tied = !f.has("lm_head.weight");
   c.untie_embeddings = !tied;
   c.qk_layernorm = f.has("model.layers.0.self_attn.q_norm.weight");  // Qwen3's
-  c.add_bias_linear = f.has("model.layers.0.self_attn.q_proj.bias");
-  one_bias_switch(c.add_bias_linear, f.has("model.layers.0.mlp.gate_proj.bias"), "'" + r.safetensors + "'");
+  const bool qkv_biases = f.has("model.layers.0.self_attn.q_proj.bias");
+  c.add_bias_linear = qkv_biases && f.has("model.layers.0.self_attn.o_proj.bias");
+  c.add_qkv_bias = qkv_biases && !c.add_bias_linear;  // Qwen2's
+  if (c.add_bias_linear || !c.add_qkv_bias)
+    one_bias_switch(c.add_bias_linear, f.has("model.layers.0.mlp.gate_proj.bias"), "'" + r.safetensors + "'");
   c.max_position_embeddings = c.seq_length = o.seq_length > 0 ? o.seq_length : 2048;
   c.layernorm_epsilon = 1e-6;
   c.rotary_base = 10000;

@@ -186,6 +186,8 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "num-query-groups", &a.num_query_groups,
         "key/value heads with --group-query-attention (divides the head count; divisible by TP)");
   t.flag(M, "disable-bias-linear", &a.disable_bias_linear, "no bias in any linear layer (Llama)");
+  t.flag(M, "add-qkv-bias", &a.model.add_qkv_bias,
+         "with --disable-bias-linear: the query, key and value projection keeps its bias (Megatron's; Qwen2)");
   t.flag(M, "untie-embeddings-and-output-weights", &a.model.untie_embeddings,
          "the logits get an output-layer weight of their own instead of the word embedding's");
   t.add(P, "tensor-model-parallel-size", &a.parallel.tensor_model_parallel_size, "ranks per TP group (inside a node)");
@@ -603,6 +605,7 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "group-query-attention",
                                                 "num-query-groups",
                                                 "disable-bias-linear",
+                                                "add-qkv-bias",
                                                 "untie-embeddings-and-output-weights"};
   return keys;
 }

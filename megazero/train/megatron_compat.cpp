@@ -113,8 +113,6 @@ const CompatFlag kFlags[] = {
     {"ddp-bucket-size", Kind::Value, Meaning::Translated, "--reduce-bucket-size (elements)"},
     {"no-position-embedding", Kind::Switch, Meaning::Translated,
      "with --position-embedding-type rope only (there is no learned position table then)"},
-    {"add-qkv-bias", Kind::Switch, Meaning::Translated,
-     "the default (biases on every linear layer); refused with --disable-bias-linear"},
     {"main-grads-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
     {"main-params-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
     {"exp-avg-dtype", Kind::Value, Meaning::Translated, "fp32 only"},
@@ -320,10 +318,6 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
     refused.push_back(
         "--no-position-embedding: a model without position information is not implemented; use "
         "--position-embedding-type rope (which has no position table)");
-  if (value("add-qkv-bias") && a.disable_bias_linear)
-    refused.push_back(
-        "--add-qkv-bias with --disable-bias-linear: biases on the query, key and value projections "
-        "alone are not implemented");
   only("dataloader-type", {"single"},
        "samples are read in order from the data position (Megatron's single); the cyclic sampler's per-epoch "
        "shuffle is not implemented: use single");

@@ -377,7 +377,9 @@ void Trainer::Impl::build() {
         " MLP, " +
         (m.query_groups() == m.num_attention_heads ? std::string("one key/value head per head")
                                                    : std::to_string(m.query_groups()) + " query groups") +
-        (m.add_bias_linear ? "" : ", no linear biases") +
+        (m.add_bias_linear ? ""
+         : m.add_qkv_bias  ? ", biases on the QKV projection only"
+                           : ", no linear biases") +
         (m.untie_embeddings ? ", untied output layer" : ", output tied to the word embedding") +
         (m.init_xavier_uniform ? ", Xavier-uniform weights" : "");
     std::printf(

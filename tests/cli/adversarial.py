@@ -272,6 +272,7 @@ def cases():
         ("ddp-bucket-size", "1000000 --train-iters 1", "reduce-bucket-size = 1000000"),
         ("no-position-embedding", "--position-embedding-type rope --train-iters 1", "position-embedding-type = rope"),
         ("add-qkv-bias", "--train-iters 1", "disable-bias-linear = false"),
+        ("add-qkv-bias", "--disable-bias-linear --train-iters 1", "add-qkv-bias = true"),
         ("main-grads-dtype", "fp32 --train-iters 1", "resolved configuration"),
         ("dataloader-type", "single --train-iters 1", "resolved configuration"),
         ("kv-channels", "16 --train-iters 1", "resolved configuration"),
@@ -363,7 +364,6 @@ def cases():
         ("optimizer", "sgd", "--optimizer sgd: megazero's optimizer is AdamW"),
         ("no-position-embedding", "", "--no-position-embedding: a model without position information is not "
          "implemented"),
-        ("add-qkv-bias", "--disable-bias-linear", "--add-qkv-bias with --disable-bias-linear: biases on the query"),
         ("exp-avg-dtype", "bf16", "--exp-avg-dtype bf16: the optimizer's master weights, gradients and moments are fp32"),
         ("use-precision-aware-optimizer", "", "--use-precision-aware-optimizer: the optimizer's master weights and "
          "moments are fp32"),

@@ -89,6 +89,8 @@ def draw_model(r):
         f += ["--group-query-attention", "--num-query-groups", r.choice(["1", "2"])]
     if r.random() < 0.3 and not gpt2:
         f += ["--disable-bias-linear"]
+        if r.random() < 0.4:  # the QKV projection keeps its bias (Qwen2)
+            f += ["--add-qkv-bias"]
     if r.random() < 0.3 and not gpt2:
         f += ["--untie-embeddings-and-output-weights"]
     if r.random() < 0.15:

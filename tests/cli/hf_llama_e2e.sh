@@ -4,7 +4,8 @@
 #   gqa: CONFIG (configs/llama_tiny.cfg: 4 heads in 2 query groups, no biases, untied output layer);
 #   mha: CONFIG with one key/value head per query head, biases, tied embeddings, --rotary-base 500000
 #        and --norm-epsilon 1e-6;
-#   qk:  CONFIG with --qk-layernorm: Qwen3ForCausalLM (model_type qwen3, per-head q/k RMSNorms).
+#   qk:  CONFIG with --qk-layernorm: Qwen3ForCausalLM (model_type qwen3, per-head q/k RMSNorms);
+#   qkv: CONFIG with --add-qkv-bias: Qwen2ForCausalLM (model_type qwen2, biases on q, k and v only).
 # For each:
 #  1. pretrain_gpt trains 4 steps at TP 2 and saves; convert_checkpoint exports it (fp32) and prints our
 #     model's logits for one sequence;
@@ -61,6 +62,9 @@ cp "$cfg" "$work/qk.cfg" && printf 'qk-layernorm = true\n' >>"$work/qk.cfg"
 check_model qk "$work/qk.cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 64; Qwen3 (a Llama with per-head q/k RMSNorms): 2 key/value heads, rope base 10000, RMSNorm eps 1e-05, no biases, untied output layer" qwen3 Qwen3ForCausalLM
 grep -q '"self_attn.q_norm.weight\|layers.0.self_attn.q_norm.weight' "$work/qk-hf/model.safetensors" ||
   fail "qk: no self_attn.q_norm.weight in the export"
+cp "$cfg" "$work/qkv.cfg" && printf 'add-qkv-bias = true\n' >>"$work/qkv.cfg"
+check_model qkv "$work/qkv.cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 64; Qwen2 (a Llama with q/k/v biases): 2 key/value heads, rope base 10000, RMSNorm eps 1e-05, q/k/v biases, untied output layer" qwen2 Qwen2ForCausalLM
+grep -q 'layers.0.self_attn.k_proj.bias' "$work/qkv-hf/model.safetensors" || fail "qkv: no self_attn.k_proj.bias in the export"
 grep -q '"num_key_value_heads": 2' "$work/gqa-hf/config.json" || fail "gqa: num_key_value_heads is not 2"
 grep -q '"tie_word_embeddings": false' "$work/gqa-hf/config.json" || fail "gqa: the output layer is not untied"
 grep -q '"attention_bias": true' "$work/mha-hf/config.json" || fail "mha: no attention_bias"

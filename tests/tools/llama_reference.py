@@ -22,6 +22,8 @@ and computes the logits as Hugging Face's modeling_llama does, in float64:
 
 RMSNorm(x) = x / sqrt(mean(x^2) + rms_norm_eps).
 
+model_type qwen2 (Qwen2ForCausalLM, modeling_qwen2): the same, with biases on
+the q, k and v projections only (o_proj and the MLP have none).
 model_type qwen3 (Qwen3ForCausalLM, modeling_qwen3): the same, with each query
 and key head RMS-normalised over its head_dim before the rotary embedding
 (q = RMSNorm(q_head) * self_attn.q_norm.weight, k likewise with k_norm) and no
@@ -45,7 +47,7 @@ def expected_shapes(cfg):
     shapes = {"model.embed_tokens.weight": [V, E], "model.norm.weight": [E]}
     if not cfg["tie_word_embeddings"]:
         shapes["lm_head.weight"] = [V, E]
-    qwen3 = cfg.get("model_type") == "qwen3"
+    qwen3, qwen2 = cfg.get("model_type") == "qwen3", cfg.get("model_type") == "qwen2"
     for i in range(L):
         p = f"model.layers.{i}."
         if qwen3:
@@ -55,21 +57,24 @@ def expected_shapes(cfg):
                        p + "self_attn.v_proj.weight": [KV * D, E], p + "self_attn.o_proj.weight": [E, H * D],
                        p + "mlp.gate_proj.weight": [F, E], p + "mlp.up_proj.weight": [F, E],
                        p + "mlp.down_proj.weight": [E, F]})
-        if cfg.get("attention_bias", False):
+        if cfg.get("attention_bias", False) or qwen2:
             shapes.update({p + "self_attn.q_proj.bias": [H * D], p + "self_attn.k_proj.bias": [KV * D],
-                           p + "self_attn.v_proj.bias": [KV * D], p + "self_attn.o_proj.bias": [E]})
-        if cfg.get("mlp_bias", False) and not qwen3:
+                           p + "self_attn.v_proj.bias": [KV * D]})
+        if cfg.get("attention_bias", False) and not qwen2:
+            shapes[p + "self_attn.o_proj.bias"] = [E]
+        if cfg.get("mlp_bias", False) and not qwen3 and not qwen2:
             shapes.update({p + "mlp.gate_proj.bias": [F], p + "mlp.up_proj.bias": [F], p + "mlp.down_proj.bias": [E]})
     return shapes
 
 
 def check_config(cfg):
-    arch = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(cfg.get("model_type"))
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}.get(
+        cfg.get("model_type"))
     if arch is None:
-        fail(f"config.json: model_type is {cfg.get('model_type')!r}, expected 'llama' or 'qwen3'")
+        fail(f"config.json: model_type is {cfg.get('model_type')!r}, expected 'llama', 'qwen2' or 'qwen3'")
     if arch not in cfg.get("architectures", []):
         fail(f"config.json: architectures lacks {arch}")
-    if cfg.get("model_type") == "qwen3" and cfg.get("use_sliding_window", False):
+    if cfg.get("model_type") != "llama" and cfg.get("use_sliding_window", False):
         fail("config.json: use_sliding_window: the reference attends over the whole sequence")
     if cfg.get("hidden_act") != "silu":
         fail(f"config.json: hidden_act {cfg.get('hidden_act')!r}, expected 'silu'")

@@ -147,7 +147,8 @@ void define(OptionTable& t, TrainArgs& a) {
         "with --recompute-method block: how many of the first layers recompute; with uniform: how many layers "
         "recompute together from one kept input (1 to --num-layers)");
   t.flag(M, "no-bias-gelu-fusion", &a.no_bias_gelu_fusion,
-         "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels");
+         "add the MLP's first bias and sum its gradient in passes of their own, not inside the GeLU kernels (the "
+         "GeLU stays the tanh approximation; Megatron's unfused GeLU is the exact erf one unless --openai-gelu)");
   t.optional_value(M, "gemm-epilogues", &a.gemm_epilogues, "forward",
                    "none, forward (the bare flag: QKV's bias and the MLP's bias + GeLU inside their GEMMs, as "
                    "cuBLASLt epilogues on --device cuda; elsewhere the same math in separate passes) or all (also "

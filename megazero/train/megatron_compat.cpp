@@ -60,6 +60,8 @@ const CompatFlag kFlags[] = {
      "--optimizer-cpu-offload always overlaps its copies with the host's update, chunk by chunk"},
     {"data-impl", Kind::Value, Meaning::Translated, "mmap only"},
     {"no-masked-softmax-fusion", Kind::Switch, Meaning::NoEffect, "the causal softmax is always one kernel"},
+    {"openai-gelu", Kind::Switch, Meaning::NoEffect,
+     "the GeLU is always the tanh approximation (--openai-gelu's, and Megatron's fused bias-GeLU's)"},
     {"no-bias-dropout-fusion", Kind::Switch, Meaning::NoEffect,
      "bias-dropout-add is always one pass (the result is the same either way)"},
     {"no-gradient-accumulation-fusion", Kind::Switch, Meaning::NoEffect,

@@ -273,6 +273,7 @@ def cases():
         ("no-position-embedding", "--position-embedding-type rope --train-iters 1", "position-embedding-type = rope"),
         ("add-qkv-bias", "--train-iters 1", "disable-bias-linear = false"),
         ("add-qkv-bias", "--disable-bias-linear --train-iters 1", "add-qkv-bias = true"),
+        ("openai-gelu", "--train-iters 1", "note: --openai-gelu has no effect here: the GeLU is always the tanh"),
         ("main-grads-dtype", "fp32 --train-iters 1", "resolved configuration"),
         ("dataloader-type", "single --train-iters 1", "resolved configuration"),
         ("kv-channels", "16 --train-iters 1", "resolved configuration"),

@@ -109,9 +109,9 @@ Tensor ParallelSelfAttention::forward(const Tensor& x, const StepInfo& step, boo
     v_ = split_heads(qkv, 2);
     if (cfg_.rope()) {
       kernels::rope_forward(q_, cfg_.rotary_base, q_, 0, step.positions, cfg_.rope_position_scale(),
-                            cfg_.rotary_interleaved);
+                            cfg_.rotary_interleaved, cfg_.rope_llama3_factor());
       kernels::rope_forward(k_, cfg_.rotary_base, k_, 0, step.positions, cfg_.rope_position_scale(),
-                            cfg_.rotary_interleaved);
+                            cfg_.rotary_interleaved, cfg_.rope_llama3_factor());
     }
   }
   qkv = Tensor();
@@ -144,8 +144,10 @@ Tensor ParallelSelfAttention::forward_cached(const Tensor& x, KvCache& cache, bo
   qkv = Tensor();
   if (q_norm_) q_norm_->release(), k_norm_->release();  // evaluation: nothing kept for a backward
   if (cfg_.rope()) {
-    kernels::rope_forward(q, cfg_.rotary_base, q, L0, Tensor(), cfg_.rope_position_scale(), cfg_.rotary_interleaved);
-    kernels::rope_forward(k, cfg_.rotary_base, k, L0, Tensor(), cfg_.rope_position_scale(), cfg_.rotary_interleaved);
+    kernels::rope_forward(q, cfg_.rotary_base, q, L0, Tensor(), cfg_.rope_position_scale(), cfg_.rotary_interleaved,
+                          cfg_.rope_llama3_factor());
+    kernels::rope_forward(k, cfg_.rotary_base, k, L0, Tensor(), cfg_.rope_position_scale(), cfg_.rotary_interleaved,
+                          cfg_.rope_llama3_factor());
   }
   Tensor& keys = cache.keys[static_cast<std::size_t>(layer_)];
   Tensor& values = cache.values[static_cast<std::size_t>(layer_)];
@@ -269,9 +271,9 @@ Tensor ParallelSelfAttention::backward_cudnn(const Tensor& dmerged, double p, co
                                       cfg_.deterministic, rq4, rk4, dv, step_.key_starts);
     if (cfg_.rope()) {
       kernels::rope_backward(rq, cfg_.rotary_base, rq, 0, step_.positions, cfg_.rope_position_scale(),
-                             cfg_.rotary_interleaved);  // the rotation's adjoint
+                             cfg_.rotary_interleaved, cfg_.rope_llama3_factor());  // the rotation's adjoint
       kernels::rope_backward(rk, cfg_.rotary_base, rk, 0, step_.positions, cfg_.rope_position_scale(),
-                             cfg_.rotary_interleaved);
+                             cfg_.rotary_interleaved, cfg_.rope_llama3_factor());
     }
     dk.copy_from(norm_heads_backward(k_norm_.get(), rk).view({B, G, S, head_dim_}));
   }
@@ -332,9 +334,9 @@ Tensor ParallelSelfAttention::backward(const Tensor& dy, bool output_bias_grad_d
   }
   if (cfg_.rope()) {  // the rotation's adjoint, back to the projections' outputs
     kernels::rope_backward(dq, cfg_.rotary_base, dq, 0, step_.positions, cfg_.rope_position_scale(),
-                           cfg_.rotary_interleaved);
+                           cfg_.rotary_interleaved, cfg_.rope_llama3_factor());
     kernels::rope_backward(dk, cfg_.rotary_base, dk, 0, step_.positions, cfg_.rope_position_scale(),
-                           cfg_.rotary_interleaved);
+                           cfg_.rotary_interleaved, cfg_.rope_llama3_factor());
   }
   dq = norm_heads_backward(q_norm_.get(), dq);
   dk = norm_heads_backward(k_norm_.get(), dk);

@@ -116,6 +116,11 @@ void GPTConfig::validate(int tp) const {
   MZ_REQUIRE(rope() || rotary_interpolation_factor == 1, "--rotary-seq-len-interpolation-factor ",
              rotary_interpolation_factor,
              " scales rotary positions: it needs --position-embedding-type rope (learned positions have no angles)");
+  MZ_REQUIRE(std::isfinite(rope_scaling_factor) && rope_scaling_factor >= 1,
+             "--rope-scaling-factor must be a number of at least 1 (low frequencies are divided by it), got ",
+             rope_scaling_factor);
+  MZ_REQUIRE(rope() || !use_rope_scaling,
+             "--use-rope-scaling scales rope's frequencies: it needs --position-embedding-type rope");
   if (rope()) {
     MZ_REQUIRE(std::isfinite(rotary_base) && rotary_base > 1, "--rotary-base must be a number above 1, got ",
                rotary_base);

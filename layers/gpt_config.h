@@ -78,6 +78,11 @@ struct GPTConfig {
   // --rotary-seq-len-interpolation-factor (Megatron's; Hugging Face's linear
   // rope_scaling): positions divided by it before the angles (rope only).
   double rotary_interpolation_factor = 1;
+  // --use-rope-scaling --rope-scaling-factor (Megatron's; Llama 3.x's
+  // rope_type llama3): the low frequencies divided by the factor, the
+  // medium ones blended (kernels/rope_frequencies.h); rope only.
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8;
   std::string normalization = "LayerNorm";  // --normalization: or "RMSNorm"
   bool swiglu = false;                      // --swiglu: MLP = fc2(silu(x Wg) * (x Wu))
   bool squared_relu = false;                // --squared-relu: MLP = fc2(relu(x W1 + b1)^2) (Nemotron's)
@@ -116,6 +121,7 @@ struct GPTConfig {
   std::int64_t query_groups() const { return num_query_groups > 0 ? num_query_groups : num_attention_heads; }
   bool rope() const { return position_embedding_type == "rope"; }
   double rope_position_scale() const { return 1.0 / rotary_interpolation_factor; }
+  double rope_llama3_factor() const { return use_rope_scaling ? rope_scaling_factor : 0.0; }
   bool rmsnorm() const { return normalization == "RMSNorm"; }
   // Whether layer `layer` (0-based) keeps only its input and recomputes the
   // rest (full recompute), and how many layers do.

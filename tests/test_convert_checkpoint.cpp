@@ -739,7 +739,10 @@ TEST(ConvertCheckpoint, LlamaEveryTensorPlacedAndRoundTrips) {
 
 // --rotary-seq-len-interpolation-factor is Hugging Face's linear rope_scaling:
 // exported as {"rope_type": "linear", "factor": f} and imported back, the
-// round trip byte for byte; another kind of scaling is refused by name.
+// round trip byte for byte; --use-rope-scaling is its llama3 kind (factor,
+// low/high frequency factors 1 and 4, 8192 original positions), the same
+// logits after the round trip; another kind of scaling, or llama3 with other
+// frequency factors, or both at once on export, is refused by name.
 TEST(ConvertCheckpoint, LinearRopeScalingRoundTrips) {
   if (world().size() != 1) GTEST_SKIP() << "one rank";
   auto c = llama_model(4, 2, false, true);
@@ -757,8 +760,46 @@ TEST(ConvertCheckpoint, LinearRopeScalingRoundTrips) {
   auto yarn = config;
   yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   std::ofstream(d + "/hf/config.json") << yarn.dump(2);
-  const auto msg = error_of([&] { import_to(d + "/hf", d + "/yarn"); });
-  EXPECT_NE(msg.find("takes linear position interpolation only"), std::string::npos) << msg;
+  auto msg = error_of([&] { import_to(d + "/hf", d + "/yarn"); });
+  EXPECT_NE(msg.find("takes linear position interpolation (--rotary-seq-len-interpolation-factor"), std::string::npos)
+      << msg;
+  // Llama 3's scaling.
+  auto l3 = llama_model(4, 2, false, true);
+  l3.max_position_embeddings = l3.seq_length = 64;
+  l3.use_rope_scaling = true;
+  l3.rope_scaling_factor = 32;
+  l3.rotary_base = 500000;
+  save_numbered(l3, d + "/l3", "", 0.5);
+  hf::export_checkpoint({d + "/l3", d + "/l3hf"});
+  const auto l3config = nlohmann::json::parse(slurp(d + "/l3hf/config.json"));
+  EXPECT_EQ(l3config["rope_scaling"], nlohmann::json({{"rope_type", "llama3"},
+                                                      {"factor", 32.0},
+                                                      {"low_freq_factor", 1.0},
+                                                      {"high_freq_factor", 4.0},
+                                                      {"original_max_position_embeddings", 8192.0}}));
+  const auto im3 = import_to(d + "/l3hf", d + "/l3imported");
+  EXPECT_TRUE(im3.model.use_rope_scaling);
+  EXPECT_EQ(im3.model.rope_scaling_factor, 32.0);
+  auto self = world().split(world().rank(), 0, "self");
+  std::vector<I> tokens;
+  for (I t = 0; t < 40; ++t) tokens.push_back((t * 13 + 5) % l3.vocab_size);
+  hf::CheckpointModel orig(d + "/l3", *self), imported(d + "/l3imported", *self);
+  EXPECT_TRUE(orig.config().use_rope_scaling) << "read back from the stored configuration";
+  EXPECT_LE(relative_difference(orig.logits(tokens), imported.logits(tokens)), 1e-6);
+  hf::export_checkpoint({d + "/l3imported", d + "/l3hf2"});
+  EXPECT_TRUE(same_files(d + "/l3hf", d + "/l3hf2"));
+  auto other = l3config;
+  other["rope_scaling"]["high_freq_factor"] = 2.0;
+  std::ofstream(d + "/l3hf/config.json") << other.dump(2);
+  msg = error_of([&] { import_to(d + "/l3hf", d + "/other"); });
+  EXPECT_NE(msg.find("or Llama 3's scaling (--use-rope-scaling: rope_type llama3 with low_freq_factor 1, "
+                     "high_freq_factor 4"),
+            std::string::npos)
+      << msg;
+  l3.rotary_interpolation_factor = 2;
+  save_numbered(l3, d + "/both");
+  msg = error_of([&] { hf::export_checkpoint({d + "/both", d + "/bothhf"}); });
+  EXPECT_NE(msg.find("scales rope both ways"), std::string::npos) << msg;
   fs::remove_all(d);
 }
 
@@ -1018,7 +1059,7 @@ TEST(ConvertCheckpoint, LlamaImportRefusesWhatMegazeroCannotCompute) {
       << msg;
   msg = refused([](nlohmann::json& j) { j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", 2.0}}; });
   EXPECT_NE(msg.find("rope_scaling {\"factor\":2.0,\"rope_type\":\"dynamic\"} is not supported: megazero's rotary "
-                     "embedding takes linear position interpolation only"),
+                     "embedding takes linear position interpolation"),
             std::string::npos)
       << msg;
   msg = refused([](nlohmann::json& j) { j["hidden_act"] = "gelu"; });

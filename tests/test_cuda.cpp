@@ -422,6 +422,14 @@ TEST_F(Cuda, RopeFromAFirstPosition) {
     k::rope_backward(x.c, 10000.0, x.c, 7, Tensor(), 1.0, true);
     k::rope_backward(x.g, 10000.0, x.g, 7, Tensor(), 1.0, true);
     EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "interleaved backward " << dtype_name(dt);
+    // --use-rope-scaling (Llama 3's frequencies, rope_frequencies.h's one formula on the device), at
+    // positions where the bands' angles differ.
+    k::rope_forward(x.c, 500000.0, x.c, 3000, Tensor(), 1.0, false, 32.0);
+    k::rope_forward(x.g, 500000.0, x.g, 3000, Tensor(), 1.0, false, 32.0);
+    EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "Llama 3 scaling " << dtype_name(dt);
+    k::rope_backward(x.c, 500000.0, x.c, 3000, Tensor(), 1.0, false, 32.0);
+    k::rope_backward(x.g, 500000.0, x.g, 3000, Tensor(), 1.0, false, 32.0);
+    EXPECT_LE(rel_diff(x.g, x.c), tol(dt)) << "Llama 3 scaling backward " << dtype_name(dt);
   }
 }
 

@@ -122,6 +122,10 @@ GPTConfig small_config(bool recompute, const std::string& attention) {
       case 15:  // biases on the QKV projection only (--disable-bias-linear --add-qkv-bias: Qwen2's)
         c.add_bias_linear = false, c.add_qkv_bias = true, c.num_query_groups = 8;
         break;
+      case 16:  // Llama 3's rope scaling (--use-rope-scaling), a base whose frequencies span its three bands
+        c.position_embedding_type = "rope", c.rotary_base = 500000, c.use_rope_scaling = true;
+        c.rope_scaling_factor = 32;
+        break;
     }
   }
   if (g_llama) {
@@ -304,8 +308,9 @@ TEST(GptTensorParallel, EachLlamaStyleOptionAloneMatchesTpOne) {
                          "squared-ReLU MLP",
                          "rope on interleaved pairs",
                          "post-norm residual connections",
-                         "QKV biases only, 8 query groups"};
-  for (int o = 0; o < 16; ++o) {
+                         "QKV biases only, 8 query groups",
+                         "Llama 3 rope scaling"};
+  for (int o = 0; o < 17; ++o) {
     SCOPED_TRACE(names[o]);
     g_only_option = o;
     compare(world_size(), DType::F64, o % 2 == 1, 1e-12);

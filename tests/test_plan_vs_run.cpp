@@ -405,7 +405,10 @@ Case random_case(unsigned index) {
   };
   const std::string layers = pick({"2", "3"});
   add({"--num-layers", layers});
-  if (coin(0.5)) add({"--position-embedding-type", "rope"});
+  if (coin(0.5)) {
+    add({"--position-embedding-type", "rope"});
+    if (coin(0.2)) add({"--use-rope-scaling", "--rope-scaling-factor", "8"});
+  }
   if (coin(0.4)) add({"--normalization", "RMSNorm"});
   if (coin(0.2)) add({"--apply-layernorm-1p"});
   if (coin(0.35))

@@ -337,6 +337,59 @@ TEST(Rope, InterpolatedPositionsAreTheScaledOnes) {
                   "the position scale must be finite and positive");
 }
 
+// --use-rope-scaling (Llama 3's rope scaling): the fp64 kernel against Hugging
+// Face's _compute_llama3_parameters written here (wavelength = 2 pi / inv_freq
+// against the original 8192 positions / 1 and / 4; the medium band blended),
+// at positions 5000 + s where the bands' angles differ a lot; all three bands
+// are exercised; the scaled rotation is not the plain one; a factor of 0 is
+// the plain rotation bit for bit in every dtype; factors below 1 refused.
+TEST(Rope, Llama3ScalingDividesTheLowFrequencies) {
+  const double base = 500000.0, factor = 8.0;
+  const i64 n = 2, seq = 7, d = 128, first = 5000;
+  int bands[3] = {0, 0, 0};
+  auto inv_freq = [&](i64 i) {
+    const double f = 1.0 / std::pow(base, static_cast<double>(2 * i) / static_cast<double>(d));
+    const double wavelen = 2 * M_PI / f, low_wavelen = 8192.0 / 1.0, high_wavelen = 8192.0 / 4.0;
+    if (wavelen > low_wavelen) return ++bands[0], f / factor;
+    if (wavelen < high_wavelen) return ++bands[2], f;
+    ++bands[1];
+    const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+    return (1 - smooth) * f / factor + smooth * f;
+  };
+  std::mt19937 rng(17);
+  const Vec x = randn(usize(n * seq * d), rng);
+  Vec want(x.size());
+  for (i64 b = 0; b < n; ++b)
+    for (i64 s = 0; s < seq; ++s)
+      for (i64 i = 0; i < d / 2; ++i) {
+        const double th = static_cast<double>(first + s) * inv_freq(i), c = std::cos(th), sn = std::sin(th);
+        const std::size_t k = usize((b * seq + s) * d + i), k2 = k + usize(d / 2);
+        want[k] = x[k] * c - x[k2] * sn;
+        want[k2] = x[k2] * c + x[k] * sn;
+      }
+  EXPECT_GT(bands[0], 0);
+  EXPECT_GT(bands[1], 0) << "the blended band";
+  EXPECT_GT(bands[2], 0);
+  Tensor y = tensor({n, seq, d}, x, DType::F64), plain = tensor({n, seq, d}, x, DType::F64);
+  rope_forward(y, base, y, first, Tensor(), 1.0, false, factor);
+  rope_forward(plain, base, plain, first);
+  expect_close(vals(y), want, 1e-12, 1e-12, "forward with Llama 3 scaling");
+  double apart = 0;
+  for (std::size_t k = 0; k < want.size(); ++k) apart = std::max(apart, std::fabs(vals(plain)[k] - want[k]));
+  EXPECT_GT(apart, 0.1) << "the scaling turns the low frequencies otherwise";
+  rope_backward(y, base, y, first, Tensor(), 1.0, false, factor);
+  expect_close(vals(y), x, 1e-12, 1e-12, "backward undoes forward");
+  for (DType t : kAllDtypes) {
+    Tensor a = tensor({n, seq, d}, x, t), b = tensor({n, seq, d}, x, t);
+    rope_forward(a, base, a, first, Tensor(), 1.0, false, 0.0);
+    rope_forward(b, base, b, first);
+    expect_same(vals(a), vals(b), "factor 0 is the plain rotation, " + std::string(dtype_name(t)));
+  }
+  Tensor x3 = tensor({1, 2, 4}, Vec(8, 1.0));
+  expect_rejected([&] { rope_forward(x3, kBase, x3, 0, Tensor(), 1.0, false, 0.5); },
+                  "the Llama 3 rope scaling factor must be 0 (off) or at least 1");
+}
+
 // --rotary-interleaved pairs (2i, 2i + 1) at the same angle i: exactly the
 // rotate-half form on each head with its dimensions permuted (2i -> i, 2i + 1
 // -> i + D/2) and permuted back, bit for bit in every dtype, forward and

@@ -625,6 +625,11 @@ TEST(Trainer, LoadRefusesAModelThatComputesOtherwise) {
             std::string::npos)
       << "--skip-train evaluates the checkpoint's model too";
   EXPECT_EQ(build_error(with("10000", {"--load", dir, "--finetune"})), "") << "a fine-tuning may change rope's periods";
+  EXPECT_EQ(build_error(with("500", {"--load", dir, "--finetune", "--use-rope-scaling"})), "")
+      << "... and take Llama 3's rope scaling (a longer context)";
+  EXPECT_NE(build_error(with("500", {"--load", dir, "--use-rope-scaling"}))
+                .find("--use-rope-scaling true (checkpoint: false)"),
+            std::string::npos);
   EXPECT_NE(
       build_error(with("500", {"--load", dir, "--finetune"}, false)).find("--squared-relu false (checkpoint: true)"),
       std::string::npos);

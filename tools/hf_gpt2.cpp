@@ -327,6 +327,8 @@ GPTConfig model_config_of(const checkpoint::Manifest& m, const std::string& wher
   num("norm-epsilon", c.layernorm_epsilon);
   num("rotary-base", c.rotary_base);
   num("rotary-seq-len-interpolation-factor", c.rotary_interpolation_factor);
+  if (const std::string* v = mm.value("use-rope-scaling")) c.use_rope_scaling = *v == "true";
+  num("rope-scaling-factor", c.rope_scaling_factor);
   integer("make-vocab-size-divisible-by", c.make_vocab_size_divisible_by);
   integer("seq-length", c.seq_length);
   c.seq_length = std::min(c.seq_length, c.max_position_embeddings);
@@ -355,6 +357,9 @@ HfFormat hf_format_of(const GPTConfig& c, const std::string& where) {
                             c.swiglu ? "" : "--swiglu, ", c.add_bias_linear ? "--disable-bias-linear, " : "",
                             !c.add_bias_linear && c.add_qkv_bias ? "no --add-qkv-bias, " : ""),
              "so it has no Hugging Face form here");
+  MZ_REQUIRE(!c.use_rope_scaling || c.rotary_interpolation_factor == 1, "checkpoint '", where,
+             "' scales rope both ways (--use-rope-scaling and --rotary-seq-len-interpolation-factor); Hugging "
+             "Face's rope_scaling holds one kind: it has no Hugging Face form here");
   // --add-qkv-bias alone: Qwen2ForCausalLM (a Llama with q/k/v biases only); GPT-2 has every bias anyway.
   if (!rope && !rms && !c.swiglu && !gqa && c.add_bias_linear && !c.untie_embeddings) return HfFormat::Gpt2;
   if (rope && rms && c.swiglu) return HfFormat::Llama;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/rope_frequencies.h"
 
 namespace megazero::hf {
 
@@ -99,8 +100,15 @@ std::string llama_config_json(const GPTConfig& c, DType dtype) {
             {"num_key_value_heads", c.query_groups()},
             {"pretraining_tp", 1},
             {"rms_norm_eps", c.layernorm_epsilon},
-            // --rotary-seq-len-interpolation-factor is Hugging Face's linear scaling (positions / factor).
-            {"rope_scaling", c.rotary_interpolation_factor == 1
+            // --rotary-seq-len-interpolation-factor is Hugging Face's linear scaling (positions / factor),
+            // --use-rope-scaling its llama3 kind (hf_format_of refuses both at once).
+            {"rope_scaling", c.use_rope_scaling
+                                 ? json{{"rope_type", "llama3"},
+                                        {"factor", c.rope_scaling_factor},
+                                        {"low_freq_factor", kernels::kLlama3LowFreqFactor},
+                                        {"high_freq_factor", kernels::kLlama3HighFreqFactor},
+                                        {"original_max_position_embeddings", kernels::kLlama3OriginalPositions}}
+                             : c.rotary_interpolation_factor == 1
                                  ? json(nullptr)
                                  : json{{"rope_type", "linear"}, {"factor", c.rotary_interpolation_factor}}},
             {"rope_theta", c.rotary_base},
@@ -152,23 +160,37 @@ void one_bias_switch(bool attention_bias, bool mlp_bias, const std::string& wher
              "(--disable-bias-linear), so both must be true or both false");
 }
 
-// rope_scaling: null, or the linear kind (positions divided by its factor:
-// --rotary-seq-len-interpolation-factor); the others (dynamic, yarn, llama3,
-// ...) change the angles otherwise and are refused.
-double linear_rope_factor(const JsonFields& j) {
-  if (!j.has("rope_scaling")) return 1.0;
+// rope_scaling: null, the linear kind (positions divided by its factor:
+// --rotary-seq-len-interpolation-factor), or Llama 3's (--use-rope-scaling
+// --rope-scaling-factor, with Megatron's fixed low/high frequency factors 1
+// and 4 and 8192 original positions); the others (dynamic, yarn, ...)
+// change the angles otherwise and are refused.
+void read_rope_scaling(const JsonFields& j, GPTConfig& c) {
+  if (!j.has("rope_scaling")) return;
   const std::string what = j.dump("rope_scaling");
   const json& r = j.raw("rope_scaling");
   const json* kind = r.is_object() ? (r.contains("rope_type") ? &r["rope_type"]
                                       : r.contains("type")    ? &r["type"]
                                                               : nullptr)
                                    : nullptr;
-  MZ_REQUIRE(kind && kind->is_string() && kind->get<std::string>() == "linear" && r.contains("factor") &&
-                 r["factor"].is_number() && r["factor"].get<double>() >= 1,
-             "'", j.path(), "': rope_scaling ", what,
-             " is not supported: megazero's rotary embedding takes linear position interpolation only "
-             "(--rotary-seq-len-interpolation-factor: rope_type linear with a factor of at least 1)");
-  return r["factor"].get<double>();
+  const std::string type = kind && kind->is_string() ? kind->get<std::string>() : "";
+  auto equals = [&](const char* k, double v) { return r.contains(k) && r[k].is_number() && r[k].get<double>() == v; };
+  const bool factor =
+      r.is_object() && r.contains("factor") && r["factor"].is_number() && r["factor"].get<double>() >= 1;
+  const bool llama3 = type == "llama3" && factor && equals("low_freq_factor", kernels::kLlama3LowFreqFactor) &&
+                      equals("high_freq_factor", kernels::kLlama3HighFreqFactor) &&
+                      equals("original_max_position_embeddings", kernels::kLlama3OriginalPositions);
+  MZ_REQUIRE((type == "linear" && factor) || llama3, "'", j.path(), "': rope_scaling ", what,
+             " is not supported: megazero's rotary embedding takes linear position interpolation "
+             "(--rotary-seq-len-interpolation-factor: rope_type linear with a factor of at least 1) or Llama 3's "
+             "scaling (--use-rope-scaling: rope_type llama3 with low_freq_factor 1, high_freq_factor 4 and "
+             "original_max_position_embeddings 8192)");
+  if (type == "linear") {
+    c.rotary_interpolation_factor = r["factor"].get<double>();
+  } else {
+    c.use_rope_scaling = true;
+    c.rope_scaling_factor = r["factor"].get<double>();
+  }
 }
 
 // LlamaConfig fields into a GPTConfig (LlamaConfig's defaults for what is
@@ -178,7 +200,7 @@ void read_llama_config(const JsonFields& j, GPTConfig& c, bool& tied) {
   const std::string act = j.text("hidden_act", "silu");
   MZ_REQUIRE(act == "silu", "'", path, "': hidden_act '", act,
              "' is not supported: megazero's SwiGLU gates with silu (Llama's)");
-  c.rotary_interpolation_factor = linear_rope_factor(j);
+  read_rope_scaling(j, c);
   c.num_layers = j.integer("num_hidden_layers", std::nullopt);
   c.hidden_size = j.integer("hidden_size", std::nullopt);
   c.num_attention_heads = j.integer("num_attention_heads", std::nullopt);

@@ -14,7 +14,8 @@ namespace megazero::cuda {
 using namespace detail_k;
 
 void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s,
-          i64 first, const std::int64_t* positions, i64 samples, double position_scale, bool interleaved) {
+          i64 first, const std::int64_t* positions, i64 samples, double position_scale, bool interleaved,
+          double llama3_factor) {
   if (n == 0 || seq == 0 || d == 0) return;
   if (!positions) samples = 1;  // one position per row: every block shares it
   const auto ceil_div = [](i64 a, i64 b) { return (a + b - 1) / b; };
@@ -37,10 +38,10 @@ void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d
     S* op = static_cast<S*>(out);
     if (backward)
       rope_kernel<S, true><<<grid, threads, 0, s>>>(ip, base, op, heads, seq, d, per_block, first, positions, chunks,
-                                                    position_scale, interleaved);
+                                                    position_scale, interleaved, llama3_factor);
     else
       rope_kernel<S, false><<<grid, threads, 0, s>>>(ip, base, op, heads, seq, d, per_block, first, positions, chunks,
-                                                     position_scale, interleaved);
+                                                     position_scale, interleaved, llama3_factor);
   });
   check_launch(backward ? "rope_backward" : "rope_forward");
 }

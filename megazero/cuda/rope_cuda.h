@@ -21,9 +21,10 @@ using i64 = std::int64_t;
 // Row s of each of the n blocks is position first + s, or with `positions`
 // (int64 [samples * seq] on the device; n = samples x heads) positions[b * seq
 // + s] for the blocks of sample b; each position times position_scale.
-// interleaved: pairs (2i, 2i + 1) instead of (i, i + d/2).
+// interleaved: pairs (2i, 2i + 1) instead of (i, i + d/2). llama3_factor:
+// Llama 3's rope scaling of the frequencies (kernels/rope_frequencies.h), 0 off.
 void rope(DType t, const void* in, double base, void* out, i64 n, i64 seq, i64 d, bool backward, cudaStream_t s,
           i64 first = 0, const std::int64_t* positions = nullptr, i64 samples = 1, double position_scale = 1.0,
-          bool interleaved = false);
+          bool interleaved = false, double llama3_factor = 0);
 
 }  // namespace megazero::cuda

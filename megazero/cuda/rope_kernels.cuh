@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "megazero/cuda/kernel_common.cuh"
+#include "megazero/kernels/rope_frequencies.h"
 
 namespace megazero::cuda::detail_k {
 
@@ -32,7 +33,7 @@ __device__ __forceinline__ T rope_mul(T a, T b) {
 // chunk of that sample's heads): block (blockIdx.x, blockIdx.y) handles rows
 // blockIdx.x + k * gridDim.x and blocks [chunk * per_block, ...) of the
 // sample's heads: for each tile of pairs it takes cos/sin of theta = position
-// * base^(-2i/d) once
+// * rope_inv_freq(base, i, d, llama3_factor) (kernels/rope_frequencies.h) once
 // (double, rounded to the compute type), then rotates those pairs of its rows
 // (BACKWARD: by -theta). per_block * kRopeTile < 2^31 (the launcher sees to
 // it), so the work index divides in 32 bits. Each pair is read before either
@@ -40,13 +41,13 @@ __device__ __forceinline__ T rope_mul(T a, T b) {
 // not (k, k + d/2).
 template <typename S, bool BACKWARD>
 __global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq, i64 d, i64 per_block, i64 first,
-                            const std::int64_t* positions, i64 chunks, double position_scale, bool interleaved) {
+                            const std::int64_t* positions, i64 chunks, double position_scale, bool interleaved,
+                            double llama3_factor) {
   using C = compute_t<S>;
   __shared__ C cs[kRopeTile];
   __shared__ C sn[kRopeTile];
   const i64 half = d / 2;
   const i64 first_of = interleaved ? 2 : 1, partner = interleaved ? 1 : half;
-  const double dd = static_cast<double>(d);
   const i64 sample = static_cast<i64>(blockIdx.y) / chunks, chunk = static_cast<i64>(blockIdx.y) % chunks;
   const i64 b0 = sample * heads + chunk * per_block, b1 = min((sample + 1) * heads, b0 + per_block);
   if (b0 >= b1) return;  // the whole block: no barrier is skipped by part of it
@@ -56,8 +57,8 @@ __global__ void rope_kernel(const S* in, double base, S* out, i64 heads, i64 seq
       const i64 len = min(static_cast<i64>(kRopeTile), half - i0);
       __syncthreads();  // the previous tile's readers are done
       for (i64 k = threadIdx.x; k < len; k += blockDim.x) {
-        const double theta =
-            static_cast<double>(p) * position_scale * pow(base, -2.0 * static_cast<double>(i0 + k) / dd);
+        const double theta = static_cast<double>(p) * position_scale *
+                             ::megazero::kernels::rope_inv_freq(base, i0 + k, d, llama3_factor);
         cs[k] = static_cast<C>(cos(theta));
         sn[k] = static_cast<C>(sin(theta));
       }

@@ -10,6 +10,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/kernels/kernel_support.h"
+#include "megazero/kernels/rope_frequencies.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/cuda/rope_cuda.h"
 #endif
@@ -27,6 +28,7 @@ struct RopeShape {
   i64 samples = 1;                    // n = samples x heads
   double scale = 1.0;                 // positions x scale (--rotary-seq-len-interpolation-factor)
   bool interleaved = false;           // pairs (2i, 2i + 1), not (i, i + D/2)
+  double llama3 = 0;                  // Llama 3's rope scaling factor (rope_frequencies.h), 0: off
 };
 
 // A per-thread row of at least n compute-type values (the cos and sin of one
@@ -45,7 +47,6 @@ template <typename S, bool BACKWARD>
 void rope_cpu(const S* in, double base, S* out, RopeShape s) {
   using C = compute_t<S>;
   const i64 half = s.d / 2;
-  const double d = static_cast<double>(s.d);
   const i64 heads = s.n / s.samples;
   const i64 first_of = s.interleaved ? 2 : 1, partner = s.interleaved ? 1 : half;  // pair i: (first_of i, + partner)
 #pragma omp parallel for num_threads(threads()) schedule(static) if (s.n * s.seq * s.d > kParallelMin)
@@ -55,7 +56,7 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
     C* cs = trig_scratch<C>(2 * half);
     C* sn = cs + half;
     for (i64 i = 0; i < half; ++i) {
-      const double theta = static_cast<double>(p) * s.scale * std::pow(base, -2.0 * static_cast<double>(i) / d);
+      const double theta = static_cast<double>(p) * s.scale * rope_inv_freq(base, i, s.d, s.llama3);
       cs[i] = static_cast<C>(std::cos(theta));
       sn[i] = static_cast<C>(std::sin(theta));
     }
@@ -78,7 +79,8 @@ void rope_cpu(const S* in, double base, S* out, RopeShape s) {
 }
 
 void rope(const char* op, const char* in_name, const Tensor& in, double base, const char* out_name, Tensor& out,
-          bool backward, i64 first, const Tensor& positions, double position_scale, bool interleaved) {
+          bool backward, i64 first, const Tensor& positions, double position_scale, bool interleaved,
+          double llama3_factor) {
   check_float(op, in_name, in);
   check_operands(op, in, in.dtype(), {{in_name, &in}, {out_name, &out}});
   MZ_CHECK(in.dim() == 3, op, ": ", in_name,
@@ -100,11 +102,14 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
   MZ_CHECK(std::isfinite(base) && base > 0, op, ": base must be finite and positive, got ", base);
   MZ_CHECK(std::isfinite(position_scale) && position_scale > 0, op,
            ": the position scale must be finite and positive, got ", position_scale);
+  MZ_CHECK(llama3_factor == 0 || (std::isfinite(llama3_factor) && llama3_factor >= 1), op,
+           ": the Llama 3 rope scaling factor must be 0 (off) or at least 1, got ", llama3_factor);
   s.scale = position_scale;
   s.interleaved = interleaved;
+  s.llama3 = llama3_factor;
   check_shape(op, out_name, out, in.shape());
   MZ_ON_CUDA(in, cuda::rope(in.dtype(), in.data(), base, out.data(), s.n, s.seq, s.d, backward, stream_of(in), s.first,
-                            s.pos, s.samples, s.scale, s.interleaved));
+                            s.pos, s.samples, s.scale, s.interleaved, s.llama3));
   if (!on_host(op, in)) return;
   with_storage_type(in.dtype(), [&](auto tag) {
     using S = decltype(tag);
@@ -118,13 +123,15 @@ void rope(const char* op, const char* in_name, const Tensor& in, double base, co
 }  // namespace
 
 void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position, const Tensor& positions,
-                  double position_scale, bool interleaved) {
-  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions, position_scale, interleaved);
+                  double position_scale, bool interleaved, double llama3_factor) {
+  rope("rope_forward", "x", x, base, "y", y, false, first_position, positions, position_scale, interleaved,
+       llama3_factor);
 }
 
 void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position, const Tensor& positions,
-                   double position_scale, bool interleaved) {
-  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions, position_scale, interleaved);
+                   double position_scale, bool interleaved, double llama3_factor) {
+  rope("rope_backward", "dy", dy, base, "dx", dx, true, first_position, positions, position_scale, interleaved,
+       llama3_factor);
 }
 
 }  // namespace megazero::kernels

@@ -24,11 +24,15 @@ namespace megazero::kernels {
 // base must be finite and positive. y may alias x.
 // position_scale (1 / --rotary-seq-len-interpolation-factor): theta = (p x
 // position_scale) x base^(-2i/D); 1 leaves every bit as without it.
+// llama3_factor (--use-rope-scaling's --rope-scaling-factor; 0: off): the
+// inverse frequencies of Llama 3's rope scaling (rope_frequencies.h).
 void rope_forward(const Tensor& x, double base, Tensor& y, std::int64_t first_position = 0,
-                  const Tensor& positions = Tensor(), double position_scale = 1.0, bool interleaved = false);
+                  const Tensor& positions = Tensor(), double position_scale = 1.0, bool interleaved = false,
+                  double llama3_factor = 0);
 // The adjoint (rotation by -theta): dx[i] = dy[i] cos + dy[i + D/2] sin,
 // dx[i + D/2] = dy[i + D/2] cos - dy[i] sin. dx may alias dy.
 void rope_backward(const Tensor& dy, double base, Tensor& dx, std::int64_t first_position = 0,
-                   const Tensor& positions = Tensor(), double position_scale = 1.0, bool interleaved = false);
+                   const Tensor& positions = Tensor(), double position_scale = 1.0, bool interleaved = false,
+                   double llama3_factor = 0);
 
 }  // namespace megazero::kernels

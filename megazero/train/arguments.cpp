@@ -165,6 +165,12 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(M, "rotary-base", &a.model.rotary_base, "rope's base period: theta = position x base^(-2i/head size)");
   t.add(M, "rotary-seq-len-interpolation-factor", &a.model.rotary_interpolation_factor,
         "rope's position interpolation (Megatron's; Hugging Face's linear rope_scaling): positions divided by it");
+  t.flag(M, "use-rope-scaling", &a.model.use_rope_scaling,
+         "Llama 3.x's rope scaling (Megatron's; Hugging Face's rope_type llama3): rope's frequencies whose "
+         "wavelength exceeds 8192 positions divided by --rope-scaling-factor, those below 2048 kept, those between "
+         "blended");
+  t.add(M, "rope-scaling-factor", &a.model.rope_scaling_factor,
+        "with --use-rope-scaling: what the low frequencies are divided by (Llama 3.1: 8, Llama 3.2: 32)");
   t.flag(M, "rotary-interleaved", &a.model.rotary_interleaved,
          "rope rotates pairs of adjacent dimensions (2i, 2i + 1; GPT-J's, Meta's Llama) instead of the head's two "
          "halves (i, i + D/2; Megatron's default, Hugging Face's Llama)");
@@ -596,6 +602,8 @@ const std::vector<std::string>& checkpoint_model_keys() {
                                                 "rotary-base",
                                                 "rotary-seq-len-interpolation-factor",
                                                 "rotary-interleaved",
+                                                "use-rope-scaling",
+                                                "rope-scaling-factor",
                                                 "normalization",
                                                 "norm-epsilon",
                                                 "swiglu",
@@ -1092,12 +1100,15 @@ std::string model_function_check(const TrainArgs& args, const std::string& saved
       {"apply-layernorm-1p", "squared-relu", "swiglu", "qk-layernorm", "normalization", "position-embedding-type",
        "norm-epsilon", "rotary-interleaved", "apply-residual-connection-post-layernorm"});
   // Rope's periods: a fine-tuning may change them on purpose (a longer context).
-  const std::string periods = changed_keys(saved, now, {"rotary-base", "rotary-seq-len-interpolation-factor"});
+  const std::string periods = changed_keys(
+      saved, now, {"rotary-base", "rotary-seq-len-interpolation-factor", "use-rope-scaling", "rope-scaling-factor"});
   if (!finetune && !periods.empty()) refused += (refused.empty() ? "" : ", ") + periods;
   MZ_REQUIRE(refused.empty(), "the checkpoint's model computes something else with the same weights: ", refused,
              "; loaded into this model they would change their meaning. Pass the checkpoint's values (or "
              "--use-checkpoint-args, which takes them from it)",
-             finetune ? "" : "; --finetune may change rope's --rotary-base and --rotary-seq-len-interpolation-factor");
+             finetune ? ""
+                      : "; --finetune may change rope's --rotary-base, --rotary-seq-len-interpolation-factor and "
+                        "--use-rope-scaling / --rope-scaling-factor");
   if (!finetune || periods.empty()) return "";
   return "--finetune with rope's periods changed: " + periods + " (the weights were trained with the checkpoint's)";
 }

@@ -274,6 +274,8 @@ def cases():
         ("add-qkv-bias", "--train-iters 1", "disable-bias-linear = false"),
         ("add-qkv-bias", "--disable-bias-linear --train-iters 1", "add-qkv-bias = true"),
         ("openai-gelu", "--train-iters 1", "note: --openai-gelu has no effect here: the GeLU is always the tanh"),
+        ("use-rope-scaling", "--position-embedding-type rope --rope-scaling-factor 32 --train-iters 1",
+         "use-rope-scaling = true\nrope-scaling-factor = 32"),
         ("main-grads-dtype", "fp32 --train-iters 1", "resolved configuration"),
         ("dataloader-type", "single --train-iters 1", "resolved configuration"),
         ("kv-channels", "16 --train-iters 1", "resolved configuration"),
@@ -509,6 +511,10 @@ def cases():
         ds_model + " --micro-batch-size 2 --deepspeed-config {REPO}/configs/deepspeed/zero3_bf16.json")
     add("megatron.refused.two-at-once", E2, "2 Megatron flags cannot be honoured: --num-experts.*--spec",
         f"{minimal} --train-iters 1 --num-experts 8 --spec local")
+    add("megatron.rope-scaling-without-rope", E2, "--use-rope-scaling scales rope's frequencies: it needs "
+        "--position-embedding-type rope", f"{minimal} --train-iters 1 --use-rope-scaling")
+    add("megatron.rope-scaling-factor-below-1", E2, "--rope-scaling-factor must be a number of at least 1",
+        f"{minimal} --train-iters 1 --position-embedding-type rope --use-rope-scaling --rope-scaling-factor 0.5")
     add("megatron.squared-relu-with-swiglu", E2, "--squared-relu and --swiglu each choose the MLP's activation",
         f"{minimal} --train-iters 1 --squared-relu --swiglu")
 

@@ -70,6 +70,8 @@ def draw_model(r):
             f += ["--rotary-seq-len-interpolation-factor", "2"]
         if r.random() < 0.25:
             f += ["--rotary-interleaved"]
+        if r.random() < 0.2:  # Llama 3's frequencies; a base whose frequencies reach all three bands
+            f += ["--use-rope-scaling", "--rope-scaling-factor", "8", "--rotary-base", "500000"]
     if (r.random() < 0.4 or llama) and not gpt2:
         f += ["--normalization", "RMSNorm"]
     if r.random() < 0.2 and family == "any":

@@ -5,7 +5,9 @@
 #   mha: CONFIG with one key/value head per query head, biases, tied embeddings, --rotary-base 500000
 #        and --norm-epsilon 1e-6;
 #   qk:  CONFIG with --qk-layernorm: Qwen3ForCausalLM (model_type qwen3, per-head q/k RMSNorms);
-#   qkv: CONFIG with --add-qkv-bias: Qwen2ForCausalLM (model_type qwen2, biases on q, k and v only).
+#   qkv: CONFIG with --add-qkv-bias: Qwen2ForCausalLM (model_type qwen2, biases on q, k and v only);
+#   l3:  CONFIG with --use-rope-scaling --rope-scaling-factor 32 --rotary-base 500000 (Llama 3.2's
+#        rope_scaling, rope_type llama3).
 # For each:
 #  1. pretrain_gpt trains 4 steps at TP 2 and saves; convert_checkpoint exports it (fp32) and prints our
 #     model's logits for one sequence;
@@ -41,18 +43,18 @@ check_model() {
   grep -q "exported .*iter_0000004 (iteration 4; $report" "$work/$m-export.log" || fail "$m: unexpected export report"
   grep -q "\"model_type\": \"$type\"" "$work/$m-hf/config.json" && grep -q "\"$arch\"" "$work/$m-hf/config.json" ||
     fail "$m: config.json is not a $arch's"
-  step "$m-logits" "$convert" logits --load "$work/$m-ckpt" --tokens $tokens --output "$work/$m-logits.txt"
+  step "$m-logits" "$convert" logits --load "$work/$m-ckpt" --tokens "${model_tokens:-$tokens}" --output "$work/$m-logits.txt"
   step "$m-import" "$convert" import --input "$work/$m-hf" --save "$work/$m-imported"
   step "$m-export2" "$convert" export --load "$work/$m-imported" --output "$work/$m-hf2"
   cmp -s "$work/$m-hf/model.safetensors" "$work/$m-hf2/model.safetensors" || fail "$m: export(import(x)) differs from x"
   cmp -s "$work/$m-hf/config.json" "$work/$m-hf2/config.json" || fail "$m: config.json changed through import"
-  step "$m-logits2" "$convert" logits --load "$work/$m-imported" --tokens $tokens --output "$work/$m-logits2.txt"
+  step "$m-logits2" "$convert" logits --load "$work/$m-imported" --tokens "${model_tokens:-$tokens}" --output "$work/$m-logits2.txt"
   cmp -s "$work/$m-logits.txt" "$work/$m-logits2.txt" || fail "$m: the imported checkpoint computes other logits"
   [ $have_numpy = 1 ] || return 0
-  "$python" "$reference" --model "$work/$m-hf" --tokens $tokens --compare "$work/$m-logits.txt" ||
+  "$python" "$reference" --model "$work/$m-hf" --tokens "${model_tokens:-$tokens}" --compare "$work/$m-logits.txt" ||
     fail "$m: the numpy Llama disagrees with our logits (fp32 export)"
   step "$m-export_bf16" "$convert" export --load "$work/$m-ckpt" --output "$work/$m-hf_bf16" --dtype bf16
-  "$python" "$reference" --model "$work/$m-hf_bf16" --tokens $tokens --compare "$work/$m-logits.txt" --tol 5e-2 ||
+  "$python" "$reference" --model "$work/$m-hf_bf16" --tokens "${model_tokens:-$tokens}" --compare "$work/$m-logits.txt" --tol 5e-2 ||
     fail "$m: the numpy Llama disagrees with our logits (bf16 export)"
 }
 
@@ -65,6 +67,13 @@ grep -q '"self_attn.q_norm.weight\|layers.0.self_attn.q_norm.weight' "$work/qk-h
 cp "$cfg" "$work/qkv.cfg" && printf 'add-qkv-bias = true\n' >>"$work/qkv.cfg"
 check_model qkv "$work/qkv.cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 64; Qwen2 (a Llama with q/k/v biases): 2 key/value heads, rope base 10000, RMSNorm eps 1e-05, q/k/v biases, untied output layer" qwen2 Qwen2ForCausalLM
 grep -q 'layers.0.self_attn.k_proj.bias' "$work/qkv-hf/model.safetensors" || fail "qkv: no self_attn.k_proj.bias in the export"
+# Trained at 64 positions, compared over 1500, where the scaled frequencies' angles differ by radians.
+grep -v -E '^(rotary-base|max-position-embeddings)' "$cfg" >"$work/l3.cfg" &&
+  printf 'use-rope-scaling = true\nrope-scaling-factor = 32\nrotary-base = 500000\nmax-position-embeddings = 2048\n' >>"$work/l3.cfg"
+model_tokens=$(seq 0 1499 | awk '{ printf "%s%d", (NR > 1 ? "," : ""), ($1 * 37 + 11) % 300 }')
+check_model l3 "$work/l3.cfg" "2 layers, hidden 128, 4 heads, ffn 352, vocab 300, positions 2048; Llama: 2 key/value heads, rope base 500000, RMSNorm eps 1e-05, no biases, untied output layer"
+model_tokens=
+grep -q '"rope_type": "llama3"' "$work/l3-hf/config.json" || fail "l3: rope_scaling is not llama3's"
 grep -q '"num_key_value_heads": 2' "$work/gqa-hf/config.json" || fail "gqa: num_key_value_heads is not 2"
 grep -q '"tie_word_embeddings": false' "$work/gqa-hf/config.json" || fail "gqa: the output layer is not untied"
 grep -q '"attention_bias": true' "$work/mha-hf/config.json" || fail "mha: no attention_bias"

@@ -130,9 +130,9 @@ void rope(std::mt19937& rng, bool backward, i64 first = 0) {
   const i64 per_block = 2;                // blocks {0, 1}, {2, 3}, {4}
   emu_launch(dim3{4, 3, 1}, 64, 0, [&] {  // 4 position blocks stride over 9 positions
     if (backward)
-      dk::rope_kernel<S, true>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block, first, nullptr, 3, 1.0, false);
+      dk::rope_kernel<S, true>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block, first, nullptr, 3, 1.0, false, 0.0);
     else
-      dk::rope_kernel<S, false>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block, first, nullptr, 3, 1.0, false);
+      dk::rope_kernel<S, false>(raw<S>(yg), base, raw<S>(yg), n, seq, d, per_block, first, nullptr, 3, 1.0, false, 0.0);
   });
   expect_close(values(yg), values(yc), 0, 0, backward ? "rope backward (in place)" : "rope forward (in place)");
 }

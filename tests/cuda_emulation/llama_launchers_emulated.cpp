@@ -157,18 +157,18 @@ void rmsnorm_no_rows(DType t, DType acc, i64 cols, std::mt19937& rng) {
 // ------------------------------------------------------------ RoPE
 // The CPU's cos/sin/pow are the emulation's libm: the same bits.
 void rope(DType t, i64 n, i64 seq, i64 d, bool backward, bool in_place, std::mt19937& rng, i64 first = 0,
-          bool interleaved = false) {
+          bool interleaved = false, double llama3 = 0) {
   const double base = 10000.0;
   const Tensor x = tensor_of({n, seq, d}, randn(n * seq * d, rng), t);
   Tensor y = x.clone(MemoryCategory::Other);
   if (backward)
-    kernels::rope_backward(x, base, y, first, Tensor(), 1.0, interleaved);
+    kernels::rope_backward(x, base, y, first, Tensor(), 1.0, interleaved, llama3);
   else
-    kernels::rope_forward(x, base, y, first, Tensor(), 1.0, interleaved);
+    kernels::rope_forward(x, base, y, first, Tensor(), 1.0, interleaved, llama3);
   const auto dx = put(x), dy = poisoned(y);
   const Launches l;
   cuda::rope(t, dx.ptr(), base, in_place ? dx.ptr() : dy.ptr(), n, seq, d, backward, nullptr, first, nullptr, 1, 1.0,
-             interleaved);
+             interleaved, llama3);
   l.expect(1, "rope: launches");
   expect_bits(get(in_place ? dx : dy, y), y,
               backward ? (in_place ? "rope backward (in place)" : "rope backward")
@@ -263,6 +263,10 @@ int main() {
         // --rotary-interleaved: pairs (2i, 2i + 1), two tiles and one pair.
         rope(t, 3, 9, 520, backward, !backward, rng, 0, true);
         rope(t, 2, 1, 2, backward, backward, rng, 5, true);
+        // --use-rope-scaling (Llama 3's frequencies; all three bands at D 520, base 10000), from
+        // a generator of its own.
+        std::mt19937 llama3_rng(8);
+        rope(t, 3, 9, 520, backward, !backward, llama3_rng, 4000, false, 8.0);
       }
       // SwiGLU: one column block, partly used; two; exactly one; one column.
       swiglu(t, 7, 45, rng);

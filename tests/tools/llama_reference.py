@@ -22,6 +22,11 @@ and computes the logits as Hugging Face's modeling_llama does, in float64:
 
 RMSNorm(x) = x / sqrt(mean(x^2) + rms_norm_eps).
 
+rope_scaling {"rope_type": "llama3", ...} (Llama 3.x): inv_freq as
+modeling_rope_utils' _compute_llama3_parameters makes it (wavelengths above
+original_max_position_embeddings / low_freq_factor divided by factor, those
+below / high_freq_factor kept, those between blended).
+
 model_type qwen2 (Qwen2ForCausalLM, modeling_qwen2): the same, with biases on
 the q, k and v projections only (o_proj and the MLP have none).
 model_type qwen3 (Qwen3ForCausalLM, modeling_qwen3): the same, with each query
@@ -78,8 +83,9 @@ def check_config(cfg):
         fail("config.json: use_sliding_window: the reference attends over the whole sequence")
     if cfg.get("hidden_act") != "silu":
         fail(f"config.json: hidden_act {cfg.get('hidden_act')!r}, expected 'silu'")
-    if cfg.get("rope_scaling") not in (None, {}):
-        fail(f"config.json: rope_scaling {cfg.get('rope_scaling')!r}: the reference knows plain RoPE only")
+    rs = cfg.get("rope_scaling")
+    if rs not in (None, {}) and (rs.get("rope_type", rs.get("type")) != "llama3"):
+        fail(f"config.json: rope_scaling {rs!r}: the reference knows plain RoPE and llama3's scaling only")
     if cfg["num_attention_heads"] % cfg["num_key_value_heads"]:
         fail("config.json: num_attention_heads is not a multiple of num_key_value_heads")
     for k in ("tie_word_embeddings", "rms_norm_eps", "rope_theta", "max_position_embeddings"):
@@ -96,9 +102,25 @@ def linear(x, t, name):
     return y + t[name + ".bias"] if name + ".bias" in t else y
 
 
-def rotary(x, theta):  # x: [heads, S, D]
+def llama3_inv_freq(inv_freq, rs):
+    """modeling_rope_utils._compute_llama3_parameters: long wavelengths divided by factor, short kept,
+    those between blended."""
+    factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    wavelen = 2 * np.pi / inv_freq
+    out = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * out / factor + smooth * out
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, out)
+
+
+def rotary(x, theta, rope_scaling=None):  # x: [heads, S, D]
     D, S = x.shape[-1], x.shape[-2]
     inv_freq = 1.0 / (theta ** (np.arange(0, D, 2, dtype=np.float64) / D))
+    if rope_scaling:
+        inv_freq = llama3_inv_freq(inv_freq, rope_scaling)
     freqs = np.outer(np.arange(S, dtype=np.float64), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
     half = D // 2
@@ -120,7 +142,8 @@ def llama_logits(t, cfg, ids):
         if cfg.get("model_type") == "qwen3":  # per-head q/k RMSNorms, before rope
             q = rms_norm(q, t[p + "self_attn.q_norm.weight"], eps)
             k = rms_norm(k, t[p + "self_attn.k_norm.weight"], eps)
-        q, k = rotary(q, cfg["rope_theta"]), rotary(k, cfg["rope_theta"])
+        rs = cfg.get("rope_scaling") or None
+        q, k = rotary(q, cfg["rope_theta"], rs), rotary(k, cfg["rope_theta"], rs)
         k, v = np.repeat(k, H // KV, axis=0), np.repeat(v, H // KV, axis=0)
         w = q @ k.transpose(0, 2, 1) / np.sqrt(float(D))
         w = np.where(causal, w, np.finfo(np.float64).min)

@@ -10,6 +10,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/gemm.h"
 
 using namespace megazero;
@@ -133,6 +134,48 @@ TEST(Gemm, ReportsWhichCpuPathRan) {
   EXPECT_TRUE(path == "onednn" || path == "fp32-widened-openblas") << path;
   EXPECT_EQ(cpu_gemm_path(DType::F32, DType::F32), "openblas");
   RecordProperty("bf16_path", path);
+}
+
+// On the CPU's math threads (CTest runs with one; pretrain_gpt gives each
+// rank its share of the cores): 16-bit GEMMs with a transposed B at M = 16,
+// N = 49..63, against an fp64 reference. oneDNN computed these wrongly on two
+// threads (errors as large as the results; TP 2's logits GEMM of a small model
+// hit it), so gemm_cpu takes its native path on one thread only.
+TEST(Gemm, SixteenBitTransposedBOnThreadsMatchesTheReference) {
+  auto cpu = make_device(DeviceKind::CPU);
+  const int threads_before = cpu_math_threads();
+  std::mt19937 rng(1);
+  std::normal_distribution<double> nd(0, 1);
+  for (DType t : {DType::BF16, DType::F16})
+    for (int threads : {1, 2, 4})
+      for (bool ta : {false, true})
+        for (std::int64_t n : {48, 49, 50, 56, 63, 64, 100}) {
+          SCOPED_TRACE(testing::Message()
+                       << dtype_name(t) << ", " << threads << " threads, n " << n << (ta ? ", A transposed" : ""));
+          const std::int64_t m = 16, k = 32;
+          std::vector<double> av(static_cast<std::size_t>(m * k)), bv(static_cast<std::size_t>(k * n));
+          for (auto& x : av) x = nd(rng);
+          for (auto& x : bv) x = nd(rng);
+          Tensor a = Tensor::empty(cpu, ta ? Shape{k, m} : Shape{m, k}, t, MC::Other);
+          Tensor b = Tensor::empty(cpu, {n, k}, t, MC::Other);
+          a.copy_from_doubles(av);
+          b.copy_from_doubles(bv);
+          set_cpu_math_threads(threads);
+          Tensor c = Tensor::zeros(cpu, {m, n}, DType::F32, MC::Other);
+          gemm(a, ta, b, true, c);
+          const auto ad = a.to_double_vector(), bd = b.to_double_vector(), got = c.to_double_vector();
+          double worst = 0;
+          for (std::int64_t i = 0; i < m; ++i)
+            for (std::int64_t j = 0; j < n; ++j) {
+              double want = 0;
+              for (std::int64_t q = 0; q < k; ++q)
+                want += (ta ? ad[static_cast<std::size_t>(q * m + i)] : ad[static_cast<std::size_t>(i * k + q)]) *
+                        bd[static_cast<std::size_t>(j * k + q)];
+              worst = std::max(worst, std::fabs(got[static_cast<std::size_t>(i * n + j)] - want));
+            }
+          EXPECT_LE(worst, 1e-3) << "fp32 accumulation of exact 16-bit products";
+        }
+  set_cpu_math_threads(threads_before);
 }
 
 TEST(Gemm, RejectsMismatchedShapes) {

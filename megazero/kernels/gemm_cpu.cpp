@@ -11,6 +11,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/gemm.h"
 
 namespace megazero {
@@ -147,6 +148,7 @@ std::string cpu_gemm_path(DType in, DType out) {
   std::lock_guard<std::mutex> lock(g_path_mu);
   auto it = g_native_ok.find({in, out});
   if (in == DType::F64 || in == DType::F32) return "openblas";
+  if (cpu_math_threads() > 1) return "fp32-widened-openblas";  // oneDNN's on one math thread only (cpu::gemm)
   if (it == g_native_ok.end()) return "onednn (not yet used)";
   return it->second ? "onednn" : "fp32-widened-openblas";
 }
@@ -171,7 +173,15 @@ void gemm(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, float a
     auto it = g_native_ok.find(key);
     if (it != g_native_ok.end()) known_native = it->second;
   }
-  if (known_native) {
+  // oneDNN (Debian bookworm's) computes some 16-bit matmuls wrongly on two or
+  // more threads: with a transposed B at M = 16 and N = 49..63 the errors were
+  // as large as the results (TP 2's logits GEMM of a small model hit it;
+  // test_gemm's SixteenBitTransposedBOnThreadsMatchesTheReference), and other
+  // shapes depended on the thread counts primitives were made under. Its
+  // native path is taken on one math thread only, where every shape checked
+  // was right; with more, the widened fp32 path below (the same contract:
+  // exact products, fp32 sums, one rounding), over OpenBLAS's threads.
+  if (known_native && cpu_math_threads() == 1) {
     const bool ok = try_native(a, ta, b, tb, c, alpha, beta);
     std::lock_guard<std::mutex> lock(g_path_mu);
     g_native_ok[key] = ok;

@@ -168,8 +168,8 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
                n < positions ? detail::concat("; ask for ", positions - n, " tokens or fewer")
                              : std::string("; shorten the prompt"));
   }
-  o.sampling.greedy = j.contains("greedy") && j["greedy"].is_boolean() && j["greedy"].get<bool>();
   MZ_REQUIRE(!j.contains("greedy") || j["greedy"].is_boolean(), "'greedy' must be true or false");
+  o.sampling.greedy = j.contains("greedy") && j["greedy"].get<bool>();
   o.sampling.temperature = number("temperature", 1.0);
   o.sampling.top_k = integer("top_k", 0);
   o.sampling.top_p = number("top_p", 0.0);
@@ -185,7 +185,6 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
   const I seed = integer("random_seed", 1234);
   MZ_REQUIRE(seed >= -1, "'random_seed' must be a seed (0 or more) or -1 (a new one each request), got ", seed);
   o.sampling.seed = seed == -1 ? std::random_device{}() : static_cast<std::uint64_t>(seed);
-  std::optional<I> stop;
   if (j.contains("stop_token")) {
     MZ_REQUIRE(j["stop_token"].is_null() || j["stop_token"].is_number_integer(),
                "'stop_token' must be a token id, or null for none");

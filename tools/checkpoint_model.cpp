@@ -153,14 +153,14 @@ void CheckpointModel::start_cache(I capacity) {
   impl_->cache = impl_->model->make_kv_cache(capacity);
 }
 
-std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens) {
+std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens, bool all_rows) {
   MZ_CHECK(impl_->cache.has_value(), "CheckpointModel::extend before start_cache");
   auto& cache = *impl_->cache;
   const I T = static_cast<I>(tokens.size());
   MZ_REQUIRE(T > 0 && cache.length + T <= cache.capacity, "--tokens: ", T, " more token ids after ", cache.length,
              " do not fit the ", cache.capacity, " positions of the key/value cache");
   const Tensor logits = impl_->model->decode(impl_->upload(tokens), cache);
-  return impl_->to_host(logits.narrow(0, T - 1, 1));
+  return impl_->to_host(all_rows ? logits : logits.narrow(0, T - 1, 1));
 }
 
 I CheckpointModel::rank0_token(I token) {

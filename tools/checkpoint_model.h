@@ -59,9 +59,10 @@ class CheckpointModel {
   // Generation with a key/value cache (layers/kv_cache.h): start_cache empties
   // it for `capacity` positions (at most max-position-embeddings); extend runs
   // only `tokens`, after the positions already cached, and returns the last
-  // one's logits [vocab] (what logits(all tokens so far, true) gives, to rounding).
+  // one's logits [vocab] (what logits(all tokens so far, true) gives, to
+  // rounding); all_rows: each of the tokens' rows [tokens.size(), vocab].
   void start_cache(std::int64_t capacity);
-  std::vector<float> extend(const std::vector<std::int64_t>& tokens);
+  std::vector<float> extend(const std::vector<std::int64_t>& tokens, bool all_rows = false);
   // Rank 0's token on every rank of the group. Every rank draws from the
   // same gathered logits with the same seed, so they agree already; this
   // makes it so by construction (a host whose libm rounds differently).

@@ -8,8 +8,10 @@
 // drawing the same tokens and rank 0 printing them. A checkpoint of any
 // TP x DP x ZeRO layout loads.
 //   mpiexec -n 2 generate_text --load runs/ckpt --prompt-tokens 464,3290 --device cuda
+// --logprobs --max-new-tokens 0 scores a text: each token's log-probability.
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -43,7 +45,7 @@ int run(int argc, char** argv) {
     generation::ModelOptions m;
     std::string prompt, prompt_tokens, output;
     I stop_token = -2;
-    bool no_stop = false, no_kv_cache = false;
+    bool no_stop = false, no_kv_cache = false, stop_on_eol = false, stop_on_double_eol = false, add_bos = false;
     generation::GenerateOptions o;
     po::options_description d("generate_text options");
     generation::add_model_options(d, m);
@@ -51,13 +53,27 @@ int run(int argc, char** argv) {
                     "the text to continue (needs a tokenizer: --vocab-file and --merge-file, or "
                     "--tokenizer-type ByteLevel)")("prompt-tokens", po::value(&prompt_tokens),
                                                    "the prompt as comma-separated token ids, instead of --prompt")(
-        "max-new-tokens", po::value(&o.max_new_tokens)->default_value(32), "tokens to generate at most")(
+        "max-new-tokens", po::value(&o.max_new_tokens)->default_value(32),
+        "tokens to generate at most; 0 with --logprobs scores the prompt alone")(
+        "logprobs", po::bool_switch(&o.logprobs),
+        "print each token's log-probability under the model (prompt and generated; Megatron's logprobs) and the "
+        "total, mean and perplexity; --output gets them too")(
+        "add-bos", po::bool_switch(&add_bos), "put the tokenizer's end-of-document token first (Megatron's add_BOS)")(
+        "stop-on-eol", po::bool_switch(&stop_on_eol), "also stop after a line's end (Megatron's stop_on_eol)")(
+        "stop-on-double-eol", po::bool_switch(&stop_on_double_eol),
+        "also stop after an empty line (Megatron's stop_on_double_eol)")(
+        "prevent-newline-after-colon", po::bool_switch(&o.no_newline_after_colon),
+        "never draw a line break right after ':' (Megatron's prevent_newline_after_colon)")(
         "greedy", po::bool_switch(&o.sampling.greedy), "take the most likely token each step (no sampling)")(
         "temperature", po::value(&o.sampling.temperature)->default_value(1.0), "logits divided by it before sampling")(
         "top-k", po::value(&o.sampling.top_k)->default_value(0), "sample among the k most likely tokens; 0 = all")(
         "top-p", po::value(&o.sampling.top_p)->default_value(1.0),
         "sample among the most likely tokens up to this probability mass (nucleus); 1 = all")(
         "seed", po::value(&o.sampling.seed)->default_value(1234), "the sampler's seed: the same seed, the same text")(
+        "top-p-decay", po::value(&o.sampling.top_p_decay)->default_value(0.0),
+        "after each token multiply --top-p by this (Megatron's top_p_decay); 0 = off")(
+        "top-p-bound", po::value(&o.sampling.top_p_bound)->default_value(0.0),
+        "--top-p-decay never takes --top-p below this (Megatron's top_p_bound)")(
         "stop-token", po::value(&stop_token),
         "end after generating this token id; default: the tokenizer's end of text (GPT-2 BPE 50256, ByteLevel "
         "256, SentencePiece: the model's </s>)")("no-stop", po::bool_switch(&no_stop),
@@ -80,16 +96,29 @@ int run(int argc, char** argv) {
                prompt.empty() ? "give the prompt: --prompt TEXT (with a tokenizer) or --prompt-tokens IDS"
                               : "--prompt and --prompt-tokens both give the prompt; keep one");
     MZ_REQUIRE(!no_stop || stop_token == -2, "--no-stop and --stop-token contradict each other; keep one");
+    MZ_REQUIRE(!(stop_on_eol && stop_on_double_eol),
+               "--stop-on-eol (after a line) and --stop-on-double-eol (after an empty line) contradict each other; "
+               "keep one");
+    MZ_REQUIRE(!no_stop || !(stop_on_eol || stop_on_double_eol), "--no-stop and ",
+               stop_on_eol ? "--stop-on-eol" : "--stop-on-double-eol", " contradict each other; keep one");
+    MZ_REQUIRE(o.max_new_tokens > 0 || (o.max_new_tokens == 0 && o.logprobs), "--max-new-tokens must be positive",
+               o.max_new_tokens == 0 ? " (0 scores the prompt alone: add --logprobs)" : "", ", got ", o.max_new_tokens);
     generation::validate(o.sampling);
     const std::unique_ptr<data::Tokenizer> tok = generation::open_tokenizer(m);
     MZ_REQUIRE(tok || prompt.empty(),
                "--prompt is text: name its tokenizer with --vocab-file and --merge-file (GPT-2 BPE), "
                "--tokenizer-type ByteLevel, or --tokenizer-type Llama2Tokenizer --tokenizer-model FILE, or give "
                "--prompt-tokens");
-    const std::vector<I> ids = prompt.empty() ? hf::parse_token_ids(prompt_tokens, "--prompt-tokens") : [&] {
+    const bool lines_needed = stop_on_eol || stop_on_double_eol || o.no_newline_after_colon;
+    MZ_REQUIRE(tok || !(add_bos || lines_needed),
+               add_bos ? "--add-bos puts the tokenizer's end-of-document token first"
+                       : "--stop-on-eol, --stop-on-double-eol and --prevent-newline-after-colon find the line tokens",
+               ": name the tokenizer (--vocab-file and --merge-file, or --tokenizer-type)");
+    std::vector<I> ids = prompt.empty() ? hf::parse_token_ids(prompt_tokens, "--prompt-tokens") : [&] {
       const auto enc = tok->encode(prompt);
       return std::vector<I>(enc.begin(), enc.end());
     }();
+    if (add_bos) ids.insert(ids.begin(), tok->eod());
 
     const auto opened = generation::open_model(m, tok.get(), *world, "generate_text");
     hf::CheckpointModel& model = *opened;
@@ -100,6 +129,18 @@ int run(int argc, char** argv) {
     for (I t : ids)
       MZ_REQUIRE(t >= 0 && t < c.vocab_size, "--prompt", prompt.empty() ? "-tokens" : "", ": token id ", t,
                  " is outside the model's vocabulary [0, ", c.vocab_size, ")");
+    if (lines_needed) {
+      o.lines = generation::line_tokens(*tok, c.vocab_size);
+      o.line_stop = stop_on_eol          ? generation::LineStop::Line
+                    : stop_on_double_eol ? generation::LineStop::DoubleLine
+                                         : generation::LineStop::None;
+      MZ_REQUIRE(!(stop_on_eol || stop_on_double_eol) || o.lines.newline >= 0 || o.lines.double_newline >= 0,
+                 stop_on_eol ? "--stop-on-eol" : "--stop-on-double-eol", ": the ", tok->name(),
+                 " tokenizer has no line-break token in the model's vocabulary");
+      MZ_REQUIRE(!o.no_newline_after_colon || (o.lines.newline >= 0 && o.lines.colon >= 0),
+                 "--prevent-newline-after-colon: the ", tok->name(),
+                 " tokenizer has no \"\\n\" or no \":\" token in the model's vocabulary");
+    }
     if (!no_stop)
       o.stop_token = generation::stop_token_of(stop_token == -2 ? std::nullopt : std::optional<I>(stop_token),
                                                "--stop-token", model, tok.get());
@@ -134,8 +175,19 @@ int run(int argc, char** argv) {
     if (root)
       std::printf("generate_text: %zu tokens in %.2f s (%.1f tokens/s)%s: %s\n", g.tokens.size(), g.seconds,
                   g.seconds > 0 ? static_cast<double>(g.tokens.size()) / g.seconds : 0.0,
-                  g.stopped ? detail::concat(", stopped at token ", *o.stop_token).c_str() : "",
+                  g.stopped ? detail::concat(", stopped at token ", g.tokens.back()).c_str() : "",
                   ids_text(g.tokens).c_str());
+    if (o.logprobs && root) {
+      double total = 0;
+      for (double lp : g.logprobs) total += lp;
+      const auto n = static_cast<double>(g.logprobs.size());
+      std::string values;
+      for (double lp : g.logprobs) values += (values.empty() ? "" : ",") + detail::concat(lp);
+      std::printf("generate_text: log-probabilities of the %zu tokens after the first: %s\n", g.logprobs.size(),
+                  values.c_str());
+      std::printf("generate_text: total %.6f, mean %.6f, perplexity %.4f\n", total, n > 0 ? total / n : 0.0,
+                  n > 0 ? std::exp(-total / n) : 1.0);
+    }
     if (!output.empty())
       run_consistently(*world, [&] {
         if (!root) return;
@@ -143,6 +195,7 @@ int run(int argc, char** argv) {
         j["prompt_tokens"] = ids;
         j["tokens"] = g.tokens;
         j["stopped"] = g.stopped;
+        if (o.logprobs) j["logprobs"] = g.logprobs;
         if (tok) {
           const std::vector<std::int32_t> all(g.tokens.begin(), g.tokens.end());
           j["text"] = tok->decode(all);

@@ -91,4 +91,15 @@ std::optional<I> stop_token_of(std::optional<I> asked, const char* flag, const h
   return std::nullopt;
 }
 
+LineTokens line_tokens(const data::Tokenizer& tok, I vocab) {
+  LineTokens l;
+  const I n = std::min(vocab, tok.vocab_size());
+  for (I id = 0; id < n && (l.newline < 0 || l.double_newline < 0 || l.colon < 0); ++id) {
+    const std::string text = tok.decode({static_cast<std::int32_t>(id)});
+    I* slot = text == "\n" ? &l.newline : text == "\n\n" ? &l.double_newline : text == ":" ? &l.colon : nullptr;
+    if (slot && *slot < 0) *slot = id;
+  }
+  return l;
+}
+
 }  // namespace megazero::generation

@@ -14,6 +14,7 @@
 #include "megazero/comm/communicator.h"
 #include "megazero/data/gpt2_tokenizer.h"
 #include "tools/checkpoint_model.h"
+#include "tools/text_generation.h"
 
 namespace megazero::generation {
 
@@ -42,5 +43,11 @@ std::unique_ptr<hf::CheckpointModel> open_model(const ModelOptions& o, const dat
 // `flag`), or the tokenizer's end of text where the model can draw it, or none.
 std::optional<std::int64_t> stop_token_of(std::optional<std::int64_t> asked, const char* flag,
                                           const hf::CheckpointModel& model, const data::Tokenizer* tok);
+
+// The ids of "\n", "\n\n" and ":" in the tokenizer's vocabulary below
+// `vocab` (the lowest id whose text is exactly that; -1 where none is), for
+// the line stops and the colon rule (Megatron hard-codes GPT-2's 198, 628
+// and 25, which this finds in GPT-2's vocabulary).
+LineTokens line_tokens(const data::Tokenizer& tok, std::int64_t vocab);
 
 }  // namespace megazero::generation

@@ -11,15 +11,37 @@ namespace megazero::generation {
 
 using I = std::int64_t;
 
-void validate(const SamplingOptions& o) {
-  MZ_REQUIRE(std::isfinite(o.temperature) && o.temperature > 0, "--temperature must be a positive number, got ",
-             o.temperature, " (--greedy takes the most likely token)");
-  MZ_REQUIRE(o.top_k >= 0, "--top-k must be 0 (off) or a positive count, got ", o.top_k);
-  MZ_REQUIRE(std::isfinite(o.top_p) && o.top_p > 0 && o.top_p <= 1, "--top-p must be in (0, 1] (1 = off), got ",
+void validate(const SamplingOptions& o, const OptionNames& n) {
+  MZ_REQUIRE(std::isfinite(o.temperature) && o.temperature > 0, n.temperature, " must be a positive number, got ",
+             o.temperature, " (", n.greedy, " takes the most likely token)");
+  MZ_REQUIRE(o.top_k >= 0, n.top_k, " must be 0 (off) or a positive count, got ", o.top_k);
+  MZ_REQUIRE(std::isfinite(o.top_p) && o.top_p > 0 && o.top_p <= 1, n.top_p, " must be in (0, 1] (1 = off), got ",
              o.top_p);
-  MZ_REQUIRE(!o.greedy || (o.top_k == 0 && o.top_p == 1 && o.temperature == 1),
-             "--greedy takes the most likely token: --temperature, --top-k and --top-p shape sampling and have no "
-             "effect with it; drop them or --greedy");
+  MZ_REQUIRE(!o.greedy || (o.top_k == 0 && o.top_p == 1 && o.temperature == 1), n.greedy,
+             " takes the most likely token: ", n.temperature, ", ", n.top_k, " and ", n.top_p,
+             " shape sampling and have no effect with it; drop them or ", n.greedy);
+  MZ_REQUIRE(std::isfinite(o.top_p_decay) && o.top_p_decay >= 0 && o.top_p_decay <= 1, n.top_p_decay,
+             " must be in [0, 1] (0 = off), got ", o.top_p_decay);
+  MZ_REQUIRE(o.top_p_decay == 0 || o.top_p < 1, n.top_p_decay, " decays ", n.top_p, " after each token: give ", n.top_p,
+             " below 1 too");
+  MZ_REQUIRE(std::isfinite(o.top_p_bound) && o.top_p_bound >= 0 && o.top_p_bound <= o.top_p, n.top_p_bound,
+             " must be in [0, ", n.top_p, " = ", o.top_p, "] (0 = none), got ", o.top_p_bound);
+  MZ_REQUIRE(o.top_p_bound == 0 || o.top_p_decay > 0, n.top_p_bound, " bounds ", n.top_p_decay,
+             "'s decay and does nothing without it: give ", n.top_p_decay, " too, or drop ", n.top_p_bound);
+}
+
+bool line_stops(LineStop stop, const LineTokens& l, I previous, I token) {
+  const bool newline = l.newline >= 0 && token == l.newline;
+  const bool double_newline = l.double_newline >= 0 && token == l.double_newline;
+  switch (stop) {
+    case LineStop::None:
+      return false;
+    case LineStop::Line:
+      return newline || double_newline;
+    case LineStop::DoubleLine:
+      return double_newline || (newline && previous == l.newline);
+  }
+  return false;
 }
 
 std::vector<double> sampling_distribution(const std::vector<float>& logits, const SamplingOptions& o) {
@@ -63,6 +85,8 @@ I TokenSampler::next(const std::vector<float>& logits) {
   // One uniform draw in [0, 1) against the cumulative mass (the last token
   // with mass takes any rounding left at the top).
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  // Megatron's decay: the next token's nucleus is narrower (not below the bound).
+  if (o_.top_p_decay > 0) o_.top_p = std::max(o_.top_p * o_.top_p_decay, o_.top_p_bound);
   double acc = 0;
   I last = 0;
   for (std::size_t t = 0; t < p.size(); ++t) {
@@ -74,32 +98,56 @@ I TokenSampler::next(const std::vector<float>& logits) {
   return last;
 }
 
+namespace {
+// log softmax(row)[token], in double.
+double log_probability(const float* row, I vocab, I token) {
+  const double top = *std::max_element(row, row + vocab);
+  double sum = 0;
+  for (I t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - top);
+  return static_cast<double>(row[token]) - top - std::log(sum);
+}
+}  // namespace
+
 Generated generate(hf::CheckpointModel& model, const std::vector<I>& prompt, const GenerateOptions& o,
                    const std::function<void(I)>& on_token) {
   const I positions = model.config().max_position_embeddings;
   const I n = static_cast<I>(prompt.size());
   MZ_REQUIRE(n > 0, "the prompt is empty: give --prompt TEXT or --prompt-tokens IDS");
-  MZ_REQUIRE(o.max_new_tokens > 0, "--max-new-tokens must be positive, got ", o.max_new_tokens);
+  MZ_REQUIRE(o.max_new_tokens > 0 || (o.max_new_tokens == 0 && o.logprobs), "--max-new-tokens must be positive",
+             o.max_new_tokens == 0 ? " (0 scores the prompt alone: add --logprobs)" : "", ", got ", o.max_new_tokens);
   MZ_REQUIRE(n + o.max_new_tokens <= positions, "a prompt of ", n, " tokens and --max-new-tokens ", o.max_new_tokens,
              " exceed the model's ", positions, " positions (max-position-embeddings)",
              n < positions ? detail::concat("; use --max-new-tokens ", positions - n, " or less")
                            : std::string("; shorten the prompt"));
   TokenSampler sampler(o.sampling);
   const auto t0 = std::chrono::steady_clock::now();
+  const I vocab = model.config().vocab_size;
   Generated g;
   std::vector<I> seq = prompt;
   // With the key/value cache the prompt runs once and every step runs its
   // one new token; without it, every step runs the whole sequence.
-  if (o.kv_cache) model.start_cache(n + o.max_new_tokens);
+  const bool cache = o.kv_cache && o.max_new_tokens > 0;
+  if (cache) model.start_cache(n + o.max_new_tokens);
   std::vector<I> fresh = prompt;  // the tokens the cache has not seen
+  std::vector<float> row;         // the logits the next token is drawn from
+  if (o.logprobs) {
+    // Every row of the prompt: each scores the prompt's next token, the last one draws.
+    const std::vector<float> rows = cache ? model.extend(fresh, /*all_rows=*/true) : model.logits(seq);
+    for (I i = 0; i + 1 < n; ++i) g.logprobs.push_back(log_probability(rows.data() + i * vocab, vocab, prompt[i + 1]));
+    row.assign(rows.end() - vocab, rows.end());
+  }
   while (static_cast<I>(g.tokens.size()) < o.max_new_tokens) {
-    const I t =
-        model.rank0_token(sampler.next(o.kv_cache ? model.extend(fresh) : model.logits(seq, /*last_only=*/true)));
+    if (!o.logprobs || !g.tokens.empty()) row = cache ? model.extend(fresh) : model.logits(seq, /*last_only=*/true);
+    const I previous = seq.back();
+    if (o.no_newline_after_colon && o.lines.colon >= 0 && o.lines.newline >= 0 && previous == o.lines.colon)
+      row[static_cast<std::size_t>(o.lines.newline)] = -1e10f;
+    const I t = model.rank0_token(sampler.next(row));
+    if (o.logprobs) g.logprobs.push_back(log_probability(row.data(), vocab, t));
     g.tokens.push_back(t);
     seq.push_back(t);
     fresh.assign(1, t);
     if (on_token) on_token(t);
-    if (o.stop_token && t == *o.stop_token) {
+    if ((o.stop_token && t == *o.stop_token) || line_stops(o.line_stop, o.lines, previous, t)) {
       g.stopped = true;
       break;
     }

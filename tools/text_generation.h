@@ -3,7 +3,10 @@
 // samplers shape it (temperature, then top-k, then top-p), drawn with a seeded
 // generator, one token at a time. A key/value cache (layers/kv_cache.h) runs
 // the prompt once and each later step only its one new token; without it
-// (--no-kv-cache) every step runs the whole sequence.
+// (--no-kv-cache) every step runs the whole sequence. Megatron's generation
+// options ride along: log-probabilities of every token (scoring a text with
+// no new tokens), top-p decay, stops at the end of a line, no line break
+// after a colon.
 #pragma once
 
 #include <cstdint>
@@ -22,9 +25,23 @@ struct SamplingOptions {
   std::int64_t top_k = 0;    // --top-k: keep the k most likely tokens; 0 = all
   double top_p = 1.0;        // --top-p in (0, 1]: keep the most likely tokens up to this probability mass
   std::uint64_t seed = 1234;
+  // Megatron's top_p_decay / top_p_bound: after each token drawn top_p is
+  // multiplied by top_p_decay (0 = off), never going below top_p_bound.
+  double top_p_decay = 0;
+  double top_p_bound = 0;
 };
-// ConfigError naming the flag for values outside their ranges.
-void validate(const SamplingOptions& o);
+// What the caller calls each option, for the errors: generate_text's flags
+// by default; the REST server passes its JSON field names.
+struct OptionNames {
+  const char* temperature = "--temperature";
+  const char* top_k = "--top-k";
+  const char* top_p = "--top-p";
+  const char* greedy = "--greedy";
+  const char* top_p_decay = "--top-p-decay";
+  const char* top_p_bound = "--top-p-bound";
+};
+// ConfigError naming the option for values outside their ranges.
+void validate(const SamplingOptions& o, const OptionNames& names = {});
 
 // The probabilities sampling draws from, over the whole vocabulary: softmax of
 // logits / temperature (in double), then only the top_k most likely kept
@@ -40,24 +57,54 @@ class TokenSampler {
   std::int64_t next(const std::vector<float>& logits);
 
  private:
-  SamplingOptions o_;
+  SamplingOptions o_;  // its top_p decays as tokens are drawn
   std::mt19937_64 rng_;
 };
 
+// The token ids of a line's end as the tokenizer writes them (-1: it has
+// none): "\n", "\n\n" as one token, and ":" (newline_tokens in
+// tools/generation_model.h finds them in a tokenizer's vocabulary).
+struct LineTokens {
+  std::int64_t newline = -1;
+  std::int64_t double_newline = -1;
+  std::int64_t colon = -1;
+};
+// Megatron's stop_on_eol / stop_on_double_eol.
+enum class LineStop {
+  None,
+  Line,        // stop_on_eol: after "\n" or "\n\n"
+  DoubleLine,  // stop_on_double_eol: after "\n\n", or "\n" right after "\n" (the prompt's last token counts)
+};
+// Whether drawing `token` after `previous` ends the generation under `stop`.
+bool line_stops(LineStop stop, const LineTokens& lines, std::int64_t previous, std::int64_t token);
+
 struct GenerateOptions {
   SamplingOptions sampling;
-  std::int64_t max_new_tokens = 32;
+  std::int64_t max_new_tokens = 32;        // 0: only the prompt's log-probabilities (needs logprobs)
   std::optional<std::int64_t> stop_token;  // generation ends after drawing it (it is kept)
-  bool kv_cache = true;                    // false: --no-kv-cache
+  LineStop line_stop = LineStop::None;     // also ends at a line's end (the token kept)
+  LineTokens lines;                        // for line_stop and no_newline_after_colon
+  // Megatron's prevent_newline_after_colon: after a ":" token the "\n" token
+  // cannot be drawn (its logit set to -1e10, as Megatron does, also in its
+  // log-probability).
+  bool no_newline_after_colon = false;
+  bool logprobs = false;  // Generated::logprobs
+  bool kv_cache = true;   // false: --no-kv-cache
 };
 struct Generated {
   std::vector<std::int64_t> tokens;  // the new tokens, without the prompt
-  bool stopped = false;              // ended on the stop token
+  bool stopped = false;              // ended on the stop token or a line's end
   double seconds = 0;
+  // With GenerateOptions::logprobs, Megatron's output log-probabilities: for
+  // each token of prompt + tokens after the first, log p(token | the tokens
+  // before it) under the model's own logits (before temperature, top-k and
+  // top-p, which only shape the drawing), computed in double.
+  std::vector<double> logprobs;
 };
 // The prompt's continuation. ConfigError (naming --max-new-tokens) when the
-// prompt and the new tokens exceed the model's positions; each token, as it
-// is drawn, is passed to on_token (streaming output).
+// prompt and the new tokens exceed the model's positions, or when no token
+// is asked for without logprobs; each token, as it is drawn, is passed to
+// on_token (streaming output).
 Generated generate(hf::CheckpointModel& model, const std::vector<std::int64_t>& prompt, const GenerateOptions& o,
                    const std::function<void(std::int64_t)>& on_token = {});
 

@@ -2,11 +2,13 @@
 // checkpoint's model (docs/GENERATION.md): PUT (or POST) /api with
 //   {"prompts": ["In the beginning", ...], "tokens_to_generate": 32,
 //    "temperature": 0.8, "top_k": 0, "top_p": 0.9, "random_seed": 7}
-// answers {"text": [prompt + continuation, ...], "tokens": [[new ids], ...],
-// "stopped": [bool, ...]}. Under mpiexec -n N the model is split over the N
-// ranks (TP N): rank 0 serves HTTP and hands each request to every rank
-// (between requests the ranks sleep, agreeing every 50 ms on what comes
-// next); SIGTERM or SIGINT stops it cleanly with exit 0.
+// answers {"text": [prompt + continuation, ...], "segments": [[each token's
+// text], ...], "logprobs": [[...], ...] or null, "tokens": [[new ids], ...],
+// "stopped": [bool, ...]}; Megatron's logprobs (tokens_to_generate 0 scores
+// the prompts), add_BOS, stop_on_eol, stop_on_double_eol,
+// prevent_newline_after_colon, top_p_decay, top_p_bound and no_log too. Under mpiexec -n N the model is split over the
+// N ranks (TP N): rank 0 serves HTTP and hands each request to every rank (between requests the ranks sleep, agreeing
+// every 50 ms on what comes next); SIGTERM or SIGINT stops it cleanly with exit 0.
 //   text_generation_server --load runs/ckpt --vocab-file encoder.json --merge-file vocab.bpe --port 5000
 #include <httplib.h>
 #include <sys/socket.h>
@@ -44,30 +46,49 @@ namespace {
 std::atomic<int> g_stop{0};
 extern "C" void on_stop_signal(int sig) { g_stop = sig; }
 
-// A request as every rank runs it: the prompts already tokenized by rank 0.
+// A request as every rank runs it: the prompts already tokenized by rank 0
+// (add_BOS applied), the line tokens resolved.
 struct Request {
   std::vector<std::vector<I>> prompts;
   generation::GenerateOptions options;
+  bool log = true;  // no_log: false
   json to_json() const {
+    const auto& o = options;
     return {{"prompts", prompts},
-            {"tokens_to_generate", options.max_new_tokens},
-            {"greedy", options.sampling.greedy},
-            {"temperature", options.sampling.temperature},
-            {"top_k", options.sampling.top_k},
-            {"top_p", options.sampling.top_p},
-            {"seed", options.sampling.seed},
-            {"stop_token", options.stop_token ? json(*options.stop_token) : json(nullptr)}};
+            {"tokens_to_generate", o.max_new_tokens},
+            {"greedy", o.sampling.greedy},
+            {"temperature", o.sampling.temperature},
+            {"top_k", o.sampling.top_k},
+            {"top_p", o.sampling.top_p},
+            {"top_p_decay", o.sampling.top_p_decay},
+            {"top_p_bound", o.sampling.top_p_bound},
+            {"seed", o.sampling.seed},
+            {"stop_token", o.stop_token ? json(*o.stop_token) : json(nullptr)},
+            {"line_stop", static_cast<int>(o.line_stop)},
+            {"lines", {o.lines.newline, o.lines.double_newline, o.lines.colon}},
+            {"no_newline_after_colon", o.no_newline_after_colon},
+            {"logprobs", o.logprobs},
+            {"log", log}};
   }
   static Request from_json(const json& j) {
     Request r;
+    auto& o = r.options;
     r.prompts = j.at("prompts").get<std::vector<std::vector<I>>>();
-    r.options.max_new_tokens = j.at("tokens_to_generate").get<I>();
-    r.options.sampling.greedy = j.at("greedy").get<bool>();
-    r.options.sampling.temperature = j.at("temperature").get<double>();
-    r.options.sampling.top_k = j.at("top_k").get<I>();
-    r.options.sampling.top_p = j.at("top_p").get<double>();
-    r.options.sampling.seed = j.at("seed").get<std::uint64_t>();
-    if (!j.at("stop_token").is_null()) r.options.stop_token = j.at("stop_token").get<I>();
+    o.max_new_tokens = j.at("tokens_to_generate").get<I>();
+    o.sampling.greedy = j.at("greedy").get<bool>();
+    o.sampling.temperature = j.at("temperature").get<double>();
+    o.sampling.top_k = j.at("top_k").get<I>();
+    o.sampling.top_p = j.at("top_p").get<double>();
+    o.sampling.top_p_decay = j.at("top_p_decay").get<double>();
+    o.sampling.top_p_bound = j.at("top_p_bound").get<double>();
+    o.sampling.seed = j.at("seed").get<std::uint64_t>();
+    if (!j.at("stop_token").is_null()) o.stop_token = j.at("stop_token").get<I>();
+    o.line_stop = static_cast<generation::LineStop>(j.at("line_stop").get<int>());
+    const auto lines = j.at("lines").get<std::vector<I>>();
+    o.lines = {lines.at(0), lines.at(1), lines.at(2)};
+    o.no_newline_after_colon = j.at("no_newline_after_colon").get<bool>();
+    o.logprobs = j.at("logprobs").get<bool>();
+    r.log = j.at("log").get<bool>();
     return r;
   }
 };
@@ -79,24 +100,24 @@ struct Reply {
 Reply error_reply(int status, const std::string& message) { return {status, json{{"error", message}}.dump() + "\n"}; }
 
 // The fields of Megatron's request this server takes, and those it knows
-// but does not compute, accepted only at their neutral values.
-const std::map<std::string, json> kNeutral = {{"logprobs", false},
-                                              {"add_BOS", false},
-                                              {"stop_on_double_eol", false},
-                                              {"stop_on_eol", false},
-                                              {"prevent_newline_after_colon", false},
-                                              {"beam_width", nullptr},
-                                              {"top_p_decay", 0.0},
-                                              {"top_p_bound", 0.0},
-                                              {"length_penalty", 1.0},
-                                              {"no_log", false}};
-const std::set<std::string> kFields = {"prompts",     "prompt_tokens", "tokens_to_generate",
-                                       "temperature", "top_k",         "top_p",
-                                       "random_seed", "greedy",        "stop_token"};
+// but does not compute (beam search), accepted only at their neutral values.
+const std::map<std::string, json> kNeutral = {{"beam_width", nullptr}, {"length_penalty", 1.0}};
+const std::set<std::string> kFields = {
+    "prompts",     "prompt_tokens", "tokens_to_generate", "temperature",
+    "top_k",       "top_p",         "top_p_decay",        "top_p_bound",
+    "random_seed", "greedy",        "stop_token",         "logprobs",
+    "add_BOS",     "stop_on_eol",   "stop_on_double_eol", "prevent_newline_after_colon",
+    "no_log"};
+
+// The sampling options' names in errors: the request's fields.
+const generation::OptionNames kFieldNames = {"'temperature'", "'top_k'",       "'top_p'",
+                                             "'greedy'",      "'top_p_decay'", "'top_p_bound'"};
 
 // Rank 0: a request body as the ranks will run it; ConfigError naming the
-// field for anything malformed or out of range.
-Request parse_request(const std::string& body, const hf::CheckpointModel& model, data::Tokenizer* tok) {
+// field for anything malformed or out of range. `lines`: the tokenizer's
+// line tokens (all -1 without one).
+Request parse_request(const std::string& body, const hf::CheckpointModel& model, data::Tokenizer* tok,
+                      const generation::LineTokens& lines) {
   json j;
   try {
     j = json::parse(body);
@@ -109,12 +130,19 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
     if (kFields.count(key)) continue;
     const auto neutral = kNeutral.find(key);
     MZ_REQUIRE(neutral != kNeutral.end(), "unknown field '", key, "'; the fields are prompts (or prompt_tokens), ",
-               "tokens_to_generate, temperature, top_k, top_p, random_seed, greedy and stop_token");
+               "tokens_to_generate, temperature, top_k, top_p, top_p_decay, top_p_bound, random_seed, greedy, ",
+               "stop_token, logprobs, add_BOS, stop_on_eol, stop_on_double_eol, prevent_newline_after_colon and "
+               "no_log");
     MZ_REQUIRE(value == neutral->second || (value.is_number() && neutral->second.is_number() &&
                                             value.get<double>() == neutral->second.get<double>()),
                "'", key, "': ", value.dump(), " is not computed by this server (only ", neutral->second.dump(),
                "): leave it out");
   }
+  auto boolean = [&](const char* k) {
+    if (!j.contains(k)) return false;
+    MZ_REQUIRE(j[k].is_boolean(), "'", k, "' must be true or false, got ", j[k].dump());
+    return j[k].get<bool>();
+  };
   auto number = [&](const char* k, double dflt) {
     if (!j.contains(k)) return dflt;
     MZ_REQUIRE(j[k].is_number(), "'", k, "' must be a number, got ", j[k].dump());
@@ -154,8 +182,19 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
     }
   }
   auto& o = r.options;
+  o.logprobs = boolean("logprobs");
   o.max_new_tokens = integer("tokens_to_generate", 64);
-  MZ_REQUIRE(o.max_new_tokens > 0, "'tokens_to_generate' must be positive, got ", o.max_new_tokens);
+  MZ_REQUIRE(o.max_new_tokens > 0 || (o.max_new_tokens == 0 && o.logprobs), "'tokens_to_generate' must be positive",
+             o.max_new_tokens == 0 ? " (0 scores the prompts alone: add \"logprobs\": true)" : "", ", got ",
+             o.max_new_tokens);
+  if (boolean("add_BOS")) {
+    MZ_REQUIRE(tok,
+               "'add_BOS' puts the tokenizer's end-of-document token first, and the server was started without a "
+               "tokenizer; put that id first in 'prompt_tokens' instead");
+    MZ_REQUIRE(tok->eod() < vocab, "'add_BOS': the ", tok->name(), " tokenizer's end-of-document token ", tok->eod(),
+               " is outside the model's vocabulary [0, ", vocab, ")");
+    for (auto& p : r.prompts) p.insert(p.begin(), tok->eod());
+  }
   for (std::size_t i = 0; i < r.prompts.size(); ++i) {
     const auto& p = r.prompts[i];
     MZ_REQUIRE(!p.empty(), "prompt ", i, " is empty");
@@ -168,20 +207,36 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
                n < positions ? detail::concat("; ask for ", positions - n, " tokens or fewer")
                              : std::string("; shorten the prompt"));
   }
-  MZ_REQUIRE(!j.contains("greedy") || j["greedy"].is_boolean(), "'greedy' must be true or false");
-  o.sampling.greedy = j.contains("greedy") && j["greedy"].get<bool>();
+  o.sampling.greedy = boolean("greedy");
   o.sampling.temperature = number("temperature", 1.0);
   o.sampling.top_k = integer("top_k", 0);
   o.sampling.top_p = number("top_p", 0.0);
-  MZ_REQUIRE(std::isfinite(o.sampling.temperature) && o.sampling.temperature > 0,
-             "'temperature' must be a positive number, got ", o.sampling.temperature);
-  MZ_REQUIRE(o.sampling.top_k >= 0, "'top_k' must be 0 (off) or a positive count, got ", o.sampling.top_k);
+  o.sampling.top_p_decay = number("top_p_decay", 0.0);
+  o.sampling.top_p_bound = number("top_p_bound", 0.0);
+  // Megatron's 0 is our 1 (the whole vocabulary); the other ranges are generation::validate's.
   MZ_REQUIRE(o.sampling.top_p >= 0 && o.sampling.top_p <= 1, "'top_p' must be in [0, 1] (0 = off, as Megatron's), got ",
              o.sampling.top_p);
-  if (o.sampling.top_p == 0) o.sampling.top_p = 1;  // Megatron's 0 is our 1: the whole vocabulary
-  MZ_REQUIRE(!o.sampling.greedy || (o.sampling.top_k == 0 && o.sampling.top_p == 1 && o.sampling.temperature == 1),
-             "'greedy' takes the most likely token: 'temperature', 'top_k' and 'top_p' would have no effect; drop "
-             "them or 'greedy'");
+  if (o.sampling.top_p == 0) o.sampling.top_p = 1;
+  const bool eol = boolean("stop_on_eol"), double_eol = boolean("stop_on_double_eol");
+  MZ_REQUIRE(!(eol && double_eol),
+             "'stop_on_eol' (stop after a line) and 'stop_on_double_eol' (after an empty line) contradict each "
+             "other; keep one");
+  auto need_lines = [&](const char* field, bool ok, const char* what) {
+    MZ_REQUIRE(tok, "'", field,
+               "' needs the tokenizer's line tokens, and the server was started without a "
+               "tokenizer; start it with one (--vocab-file and --merge-file, or --tokenizer-type)");
+    MZ_REQUIRE(ok, "'", field, "': the ", tok->name(), " tokenizer has no ", what, " token in the model's vocabulary");
+  };
+  if (eol || double_eol) {
+    need_lines(eol ? "stop_on_eol" : "stop_on_double_eol", lines.newline >= 0 || lines.double_newline >= 0,
+               "\"\\n\" or \"\\n\\n\"");
+    o.line_stop = eol ? generation::LineStop::Line : generation::LineStop::DoubleLine;
+  }
+  o.no_newline_after_colon = boolean("prevent_newline_after_colon");
+  if (o.no_newline_after_colon)
+    need_lines("prevent_newline_after_colon", lines.newline >= 0 && lines.colon >= 0, "\"\\n\" or no \":\"");
+  o.lines = lines;
+  r.log = !boolean("no_log");
   const I seed = integer("random_seed", 1234);
   MZ_REQUIRE(seed >= -1, "'random_seed' must be a seed (0 or more) or -1 (a new one each request), got ", seed);
   o.sampling.seed = seed == -1 ? std::random_device{}() : static_cast<std::uint64_t>(seed);
@@ -195,26 +250,34 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
   } else {
     o.stop_token = generation::stop_token_of(std::nullopt, "'stop_token'", model, tok);
   }
-  generation::validate(o.sampling);
+  generation::validate(o.sampling, kFieldNames);
   return r;
 }
 
 // Every rank: the request's generations (collective over the model's ranks);
 // rank 0's reply. A ConfigError from the generation is the same on every rank.
 Reply run_request(hf::CheckpointModel& model, const data::Tokenizer* tok, const Request& r) {
-  json text = json::array(), tokens = json::array(), stopped = json::array();
+  json text = json::array(), segments = json::array(), tokens = json::array(), stopped = json::array(),
+       logprobs = json::array();
   for (const auto& prompt : r.prompts) {
     const auto g = generation::generate(model, prompt, r.options);
     tokens.push_back(g.tokens);
     stopped.push_back(g.stopped);
+    logprobs.push_back(g.logprobs);
     if (tok) {
       std::vector<std::int32_t> all(prompt.begin(), prompt.end());
       all.insert(all.end(), g.tokens.begin(), g.tokens.end());
       text.push_back(tok->decode(all));
+      json pieces = json::array();
+      for (std::int32_t t : all) pieces.push_back(tok->decode({t}));
+      segments.push_back(pieces);
     }
   }
-  json j = {{"tokens", tokens}, {"stopped", stopped}};
-  if (tok) j["text"] = text;
+  json j = {{"tokens", tokens}, {"stopped", stopped}, {"logprobs", r.options.logprobs ? logprobs : json(nullptr)}};
+  if (tok) {
+    j["text"] = text;
+    j["segments"] = segments;
+  }
   // Tokens may end inside a UTF-8 character (byte-level vocabularies): invalid bytes become U+FFFD.
   return {200, j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
 }
@@ -234,6 +297,8 @@ Next agree_next(Communicator& world, Next mine) {
 // hands each to every rank in turn.
 int serve(hf::CheckpointModel& model, data::Tokenizer* tok, Communicator& world, httplib::Server& server,
           const std::string& host, int bound) {
+  const generation::LineTokens lines =
+      tok ? generation::line_tokens(*tok, model.config().vocab_size) : generation::LineTokens{};
   struct Job {
     Request request;
     std::promise<Reply> reply;
@@ -247,7 +312,7 @@ int serve(hf::CheckpointModel& model, data::Tokenizer* tok, Communicator& world,
       auto job = std::make_shared<Job>();
       {
         std::lock_guard<std::mutex> lock(parsing);
-        job->request = parse_request(req.body, model, tok);
+        job->request = parse_request(req.body, model, tok, lines);
       }
       auto answer = job->reply.get_future();
       {
@@ -294,10 +359,12 @@ int serve(hf::CheckpointModel& model, data::Tokenizer* tok, Communicator& world,
       reply = error_reply(400, e.what());
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("text_generation_server: request %lld: %zu prompt%s, up to %lld new tokens each, status %d, %.2f s\n",
-                static_cast<long long>(++served), job->request.prompts.size(),
-                job->request.prompts.size() == 1 ? "" : "s",
-                static_cast<long long>(job->request.options.max_new_tokens), reply.status, seconds);
+    ++served;
+    if (job->request.log)
+      std::printf("text_generation_server: request %lld: %zu prompt%s, up to %lld new tokens each, status %d, %.2f s\n",
+                  static_cast<long long>(served), job->request.prompts.size(),
+                  job->request.prompts.size() == 1 ? "" : "s",
+                  static_cast<long long>(job->request.options.max_new_tokens), reply.status, seconds);
     std::fflush(stdout);
     job->reply.set_value(reply);
   }
@@ -348,7 +415,11 @@ int run(int argc, char** argv) {
       if (root)
         std::cout << "usage: text_generation_server --load DIR [tokenizer flags] [--port N] [options]\n"
                      "then: PUT http://HOST:PORT/api {\"prompts\": [\"...\"], \"tokens_to_generate\": 32, "
-                     "\"temperature\": 1.0, \"top_k\": 0, \"top_p\": 0.0, \"random_seed\": 1234}\n\n"
+                     "\"temperature\": 1.0, \"top_k\": 0, \"top_p\": 0.0, \"random_seed\": 1234}\n"
+                     "  also: \"logprobs\": true (tokens_to_generate 0 scores the prompts), \"add_BOS\", "
+                     "\"stop_on_eol\", \"stop_on_double_eol\", \"prevent_newline_after_colon\", \"top_p_decay\", "
+                     "\"top_p_bound\", \"no_log\", \"greedy\", \"stop_token\", \"prompt_tokens\" "
+                     "(docs/GENERATION.md)\n\n"
                   << d << "\n";
       return 0;
     }

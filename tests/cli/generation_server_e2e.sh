@@ -4,8 +4,11 @@
 #  1. a ByteLevel model (257 tokens) trains 2 steps and saves;
 #  2. the server (one process, --port 0) answers PUT /api: greedy (top_k 1, and "greedy": true) the tokens
 #     of generate_text --greedy for the same prompt, a batch of two prompts, the same sampled text for the
-#     same random_seed, prompt_tokens instead of text;
-#  3. bad requests get HTTP 400 naming the field (unknown field, logprobs, too many tokens, not JSON), a GET
+#     same random_seed, prompt_tokens instead of text; Megatron's logprobs (those of generate_text --logprobs;
+#     tokens_to_generate 0 scores the prompt alone), segments, add_BOS, stop_on_eol (the greedy tokens cut
+#     after the first "\n"), prevent_newline_after_colon, top_p_decay, no_log;
+#  3. bad requests get HTTP 400 naming the field (unknown field, beam_width, too many tokens, not JSON, the
+#     new fields' misuses), a GET
 #     no answer; a second server on the same port is refused with exit 2, printed once;
 #  4. SIGTERM stops it with exit 0;
 #  5. under mpiexec -n 2 the model is split over the ranks (TP 2): the same first greedy token, SIGTERM to
@@ -75,8 +78,17 @@ elif mode == "api":
     assert s == 200 and other["tokens"] != r["tokens"], ("another seed drew the same tokens", r, other)
     s, ids = put(port, {"prompt_tokens": [[73, 110, 32]], "tokens_to_generate": 3, "top_k": 1})
     assert s == 200 and len(ids["tokens"][0]) <= 3, ids
+    assert r["logprobs"] is None and len(r["segments"][1]) == len("And God said") + 5, r
+    assert "".join(r["segments"][1][:12]) == "And God said", r
     for body, code, words in [({"prompts": [prompt], "beam": 2}, 400, "unknown field 'beam'"),
-                              ({"prompts": [prompt], "logprobs": True}, 400, "'logprobs': true is not computed"),
+                              ({"prompts": [prompt], "beam_width": 2, "tokens_to_generate": 4}, 400, "'beam_width': 2 is not computed"),
+                              ({"prompts": [prompt], "logprobs": "yes", "tokens_to_generate": 4}, 400, "'logprobs' must be true or false"),
+                              ({"prompts": [prompt], "tokens_to_generate": 0}, 400, "0 scores the prompts alone: add"),
+                              ({"prompts": [prompt], "stop_on_eol": True, "stop_on_double_eol": True, "tokens_to_generate": 4}, 400,
+                               "contradict each other; keep one"),
+                              ({"prompts": [prompt], "top_p_decay": 0.9, "tokens_to_generate": 4}, 400, "'top_p_decay' decays 'top_p'"),
+                              ({"prompts": [prompt], "top_p": 0.9, "top_p_bound": 0.5, "tokens_to_generate": 4}, 400,
+                               "'top_p_bound' bounds 'top_p_decay''s decay"),
                               ({"prompts": [prompt], "tokens_to_generate": 1000}, 400, "ask for 48 tokens or fewer"),
                               ({"prompts": [prompt], "tokens_to_generate": 4, "temperature": 0}, 400, "'temperature' must be a positive"),
                               ({"tokens_to_generate": 4}, 400, "give 'prompts'"),
@@ -86,6 +98,44 @@ elif mode == "api":
     s, _ = put(port, {}, method="GET")
     assert s in (404, 405), s
     print("api ok")
+elif mode == "megatron":  # Megatron's other fields; argv[3]: generate_text --logprobs's JSON for the prompt
+    want = json.load(open(sys.argv[3]))
+    s, r = put(port, {"prompts": [prompt], "tokens_to_generate": 8, "greedy": True, "stop_token": None,
+                      "logprobs": True, "no_log": True})
+    assert s == 200 and r["tokens"][0] == want["tokens"], (r, want)
+    n = len(want["prompt_tokens"]) + len(want["tokens"])
+    assert len(r["logprobs"][0]) == n - 1 and len(r["segments"][0]) == n, r
+    assert all(abs(a - b) <= 1e-9 * max(1, abs(b)) for a, b in zip(r["logprobs"][0], want["logprobs"])), (r, want)
+    assert all(lp <= 0 for lp in r["logprobs"][0]), r
+    s, score = put(port, {"prompts": [prompt], "tokens_to_generate": 0, "logprobs": True})
+    assert s == 200 and score["tokens"] == [[]] and score["text"] == [prompt], score
+    assert score["logprobs"][0] == r["logprobs"][0][:len(prompt) - 1], (score, r)
+    s, bos = put(port, {"prompts": [prompt], "tokens_to_generate": 0, "logprobs": True, "add_BOS": True})
+    assert s == 200 and len(bos["logprobs"][0]) == len(prompt) and len(bos["segments"][0]) == len(prompt) + 1, bos
+    # stop_on_eol: a seed's tokens up to the first "\n" (byte 10) drawn, kept (the stop changes no draw
+    # before it); seeds tried until one draws a "\n".
+    cuts = 0
+    for seed in range(60):
+        sampled = {"prompts": [prompt], "tokens_to_generate": 40, "temperature": 4.0, "stop_token": None,
+                   "random_seed": seed}
+        s, plain = put(port, sampled)
+        s2, eol = put(port, dict(sampled, stop_on_eol=True))
+        p = plain["tokens"][0]
+        cut = p[:p.index(10) + 1] if 10 in p else p
+        assert s == s2 == 200 and eol["tokens"][0] == cut and eol["stopped"] == [10 in p], (plain, eol)
+        cuts += 10 in p[:-1]
+        if cuts == 2:
+            break
+    assert cuts == 2, "no seed drew a line end before the last token"
+    s, colon = put(port, {"prompts": [prompt + ":"], "tokens_to_generate": 4, "greedy": True, "stop_token": None,
+                          "prevent_newline_after_colon": True})
+    assert s == 200 and colon["tokens"][0][0] != 10, colon
+    body = {"prompts": [prompt], "tokens_to_generate": 6, "top_p": 0.9, "top_p_decay": 0.5, "top_p_bound": 0.2,
+            "random_seed": 3}
+    s, d1 = put(port, body)
+    s2, d2 = put(port, body)
+    assert s == s2 == 200 and d1 == d2, (d1, d2)
+    print("megatron ok; seeds tried for two line stops:", seed + 1)
 EOF
 tokens_of() { "$python" -c 'import json, sys; print(",".join(str(t) for t in json.load(open(sys.argv[1]))["tokens"]))' "$1"; }
 
@@ -93,7 +143,7 @@ tokens_of() { "$python" -c 'import json, sys; print(",".join(str(t) for t in jso
 step train mpiexec -n 2 "$train" --config "$cfg" --mock-data --vocab-size 257 --train-iters 2 --eval-iters 0 \
   --save "$work/bytes"
 step generate "$generate" --load "$work/bytes" --prompt "In the beginning" --tokenizer-type ByteLevel --greedy \
-  --no-stop --max-new-tokens 8 --output "$work/generated.json"
+  --no-stop --max-new-tokens 8 --logprobs --output "$work/generated.json"
 want=$(tokens_of "$work/generated.json")
 
 # 2. and 3.
@@ -102,11 +152,14 @@ one=$pid one_port=$port
 got=$("$python" "$work/client.py" "$port" greedy 2>"$work/client_greedy.log") || fail "greedy requests: $(cat "$work/client_greedy.log")"
 [ "$got" = "$want" ] || fail "the server's greedy tokens ($got) are not generate_text's ($want)"
 "$python" "$work/client.py" "$port" api >"$work/client_api.log" 2>&1 || fail "the API's answers: $(cat "$work/client_api.log")"
+"$python" "$work/client.py" "$port" megatron "$work/generated.json" >"$work/client_megatron.log" 2>&1 ||
+  fail "Megatron's other fields: $(cat "$work/client_megatron.log")"
 timeout 120 "$server" --load "$work/bytes" --tokenizer-type ByteLevel --port "$one_port" >"$work/taken.log" 2>&1
 rc=$?
 [ "$rc" = 2 ] && [ "$(grep -c "cannot listen there" "$work/taken.log")" = 1 ] ||
   fail "a second server on port $one_port was not refused with exit 2 (rc $rc)"
 grep -q "request 1: 1 prompt, up to 8 new tokens each, status 200" "$work/server.log" || fail "the server logged no request"
+[ "$(grep -c "up to 8 new tokens each" "$work/server.log")" = 2 ] || fail "no_log did not keep a request out of the log"
 
 # 4.
 stop "$one" server

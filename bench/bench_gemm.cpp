@@ -14,6 +14,7 @@
 #include "megazero/kernels/cpu_threads.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/openblas_core.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 
@@ -124,6 +125,9 @@ int run(int argc, char** argv) {
   }
   std::printf("path: bf16 %s, fp16 %s\n", cpu_gemm_path(DType::BF16, DType::F32).c_str(),
               cpu_gemm_path(DType::F16, DType::F32).c_str());
+  const OpenBlasCore& core = openblas_core();
+  std::printf("OpenBLAS kernels: %s (chosen at load: %s)%s%s\n", core.used.c_str(), core.loaded.c_str(),
+              core.note.empty() ? "" : "; ", core.note.c_str());
   return 0;
 }
 

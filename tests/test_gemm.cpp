@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 
 #include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
 #include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/openblas_core.h"
 
 using namespace megazero;
 using MC = MemoryCategory;
@@ -176,6 +178,26 @@ TEST(Gemm, SixteenBitTransposedBOnThreadsMatchesTheReference) {
           EXPECT_LE(worst, 1e-3) << "fp32 accumulation of exact 16-bit products";
         }
   set_cpu_math_threads(threads_before);
+}
+
+// OpenBLAS runs kernels made for this CPU, not the SSE3 ones Debian's
+// OpenBLAS 0.3.21 falls back to on Intel models it does not know (an Emerald
+// Rapids Xeon ran fp32 GEMMs 7x slower): on any CPU with AVX2 and FMA the
+// kernels in use are not Prescott's, unless OPENBLAS_CORETYPE asks for them.
+// The GEMMs of every other test here run on the kernels chosen.
+TEST(Gemm, OpenBlasRunsKernelsForThisCpu) {
+  EXPECT_EQ(openblas_core_for(true, true), "SkylakeX");
+  EXPECT_EQ(openblas_core_for(false, true), "Haswell");
+  EXPECT_EQ(openblas_core_for(false, false), "");
+  const OpenBlasCore& core = openblas_core();
+  EXPECT_FALSE(core.used.empty());
+  EXPECT_EQ(&openblas_core(), &core) << "chosen once";
+  if (const char* forced = std::getenv("OPENBLAS_CORETYPE"))
+    GTEST_SKIP() << "OPENBLAS_CORETYPE=" << forced << " chooses the kernels";
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))) GTEST_SKIP() << "an SSE-class CPU";
+  EXPECT_NE(core.used, "Prescott") << "OpenBLAS chose " << core.loaded << " at load; " << core.note;
+  if (core.loaded == "Prescott") EXPECT_NE(core.note.find("kernels run instead"), std::string::npos) << core.note;
 }
 
 TEST(Gemm, RejectsMismatchedShapes) {

@@ -5,6 +5,7 @@
 #include <cstdlib>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/openblas_core.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);  // from OpenBLAS
 
@@ -28,6 +29,7 @@ int g_threads = 0;  // process-wide by nature: OpenMP's pool is process-wide
 
 void set_cpu_math_threads(int n) {
   MZ_REQUIRE(n > 0, "math threads must be positive, got ", n, " (set MEGAZERO_NUM_THREADS to 1 or more)");
+  openblas_core();  // OpenBLAS's kernels chosen before its first call
   g_threads = n;
   omp_set_num_threads(n);
   openblas_set_num_threads(n);

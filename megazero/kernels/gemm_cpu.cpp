@@ -13,6 +13,7 @@
 #include "megazero/core/error.h"
 #include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/openblas_core.h"
 
 namespace megazero {
 namespace {
@@ -94,13 +95,16 @@ bool try_native(const Tensor& a, bool ta, const Tensor& b, bool tb, Tensor& c, f
 
 // fp32 and fp64 go to OpenBLAS: measured as fast as oneDNN's fp32 matmul from
 // 1024^3 up and 35-40% faster at 512^3 on an AVX2 server (docs/PERFORMANCE.md).
+// openblas_core(): the kernels for this CPU, not a fallback (kernels/openblas_core.h).
 inline void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, double alpha,
                       const float* a, blasint lda, const float* b, blasint ldb, double beta, float* c, blasint ldc) {
+  openblas_core();
   cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, static_cast<float>(alpha), a, lda, b, ldb, static_cast<float>(beta), c,
               ldc);
 }
 inline void blas_gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, blasint m, blasint n, blasint k, double alpha,
                       const double* a, blasint lda, const double* b, blasint ldb, double beta, double* c, blasint ldc) {
+  openblas_core();
   cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 

@@ -1,4 +1,5 @@
 #include "megazero/kernels/cpu_threads.h"
+#include "megazero/kernels/openblas_core.h"
 #include "megazero/trainer/trainer.h"
 
 #include <algorithm>
@@ -472,6 +473,7 @@ void Trainer::Impl::build() {
     peak = max_over(world, p.tflops);
     if (root) std::printf("MFU against %.4g TFLOP/s per rank (%s; --peak-tflops sets it)\n", peak, p.source.c_str());
   }
+  if (!on_gpu && root && !openblas_core().note.empty()) std::printf("CPU math: %s\n", openblas_core().note.c_str());
   flops_per_token = model.flops_per_token(true);
   model_flops_per_token = model.flops_per_token(false);
   consumed_.assign(1, consumed_at_start);

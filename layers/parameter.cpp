@@ -1,10 +1,12 @@
 #include "layers/parameter.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "megazero/kernels/optimizer_kernels.h"
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/cpu_threads.h"
 #include "megazero/kernels/rng.h"
 
 namespace megazero::layers {
@@ -29,15 +31,42 @@ std::int64_t Parameter::global_index(std::int64_t local_flat) const {
 }
 
 double Parameter::init_value(std::uint64_t seed, std::int64_t local_flat) const {
-  if (init == Init::Ones) return 1.0;
-  if (init == Init::Zeros) return 0.0;
-  const std::int64_t g = global_index(local_flat);
+  double v = 0;
+  init_values(seed, local_flat, local_flat + 1, &v);
+  return v;
+}
+
+void Parameter::init_values(std::uint64_t seed, std::int64_t begin, std::int64_t end, double* out) const {
+  MZ_CHECK(0 <= begin && begin <= end && end <= local_numel(), "init_values: [", begin, ", ", end, ") of ",
+           local_numel(), " elements of '", name, "'");
+  if (init == Init::Ones || init == Init::Zeros) {
+    std::fill(out, out + (end - begin), init == Init::Ones ? 1.0 : 0.0);
+    return;
+  }
+  const Shape local_strides = contiguous_strides(local_shape), global_strides = contiguous_strides(global_shape);
   const std::int64_t row = global_shape.size() > 1 ? shape_numel(global_shape) / global_shape[0] : 1;
-  if (padding_from_row >= 0 && g / row >= padding_from_row) return 0.0;  // padding stays 0
   const RngKey key{seed, 0, id(), kRngInit};
-  if (init == Init::XavierUniform)
-    return xavier_bound() * (2.0 * static_cast<double>(uniform_at(key, static_cast<std::uint64_t>(g))) - 1.0);
-  return init_std * normal_at(key, static_cast<std::uint64_t>(g));
+  const double bound = init == Init::XavierUniform ? xavier_bound() : 0.0;
+  parallel_ranges(end - begin, [&](std::int64_t b, std::int64_t e) {
+    NormalStream normals(key);
+    UniformStream uniforms(key);
+    for (std::int64_t i = begin + b; i < begin + e; ++i) {
+      std::int64_t g = 0, rem = i;  // global_index without its allocations
+      for (std::size_t d = 0; d < local_shape.size(); ++d) {
+        std::int64_t coord = rem / local_strides[d];
+        rem %= local_strides[d];
+        if (static_cast<int>(d) == split_dim) coord += shard_start;
+        g += coord * global_strides[d];
+      }
+      double& v = out[i - begin];
+      if (padding_from_row >= 0 && g / row >= padding_from_row)
+        v = 0.0;  // padding stays 0
+      else if (init == Init::XavierUniform)
+        v = bound * (2.0 * static_cast<double>(uniforms.at(static_cast<std::uint64_t>(g))) - 1.0);
+      else
+        v = init_std * normals.at(static_cast<std::uint64_t>(g));
+    }
+  });
 }
 
 double Parameter::xavier_bound() const {
@@ -118,7 +147,7 @@ void ParameterSet::initialize(std::uint64_t seed) {
     MZ_CHECK(p.value.defined(), "parameter '", p.name, "' has no storage; allocate() first");
     if (!p.value.device().has_storage()) continue;
     std::vector<double> v(static_cast<std::size_t>(p.local_numel()));
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = p.init_value(seed, static_cast<std::int64_t>(i));
+    p.init_values(seed, 0, p.local_numel(), v.data());
     p.value.copy_from_doubles(v);
   }
 }

@@ -61,6 +61,10 @@ struct Parameter {
   // Initial value of local element i: a function of (seed, name, global index)
   // only, so every layout (TP shard, ZeRO partition) computes the same value.
   double init_value(std::uint64_t seed, std::int64_t local_flat) const;
+  // init_value of local elements [begin, end) into out[0, end - begin), on
+  // the math threads (the same values for any thread count): what
+  // initialisation calls, the per-parameter work done once.
+  void init_values(std::uint64_t seed, std::int64_t begin, std::int64_t end, double* out) const;
 };
 
 // The beta of the next GEMM that writes p.grad: 0 while the gradient is unset

@@ -13,6 +13,8 @@
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/core/error.h"
 #include "megazero/kernels/conventions.h"
+#include "megazero/kernels/cpu_threads.h"
+#include "megazero/kernels/rng.h"
 #include "test_device.h"
 
 using namespace megazero;
@@ -667,6 +669,46 @@ TEST(GptTensorParallel, EvaluationKeepsNothingForABackward) {
 // + fan_out)) of its TP-1 matrix, the fans worked out here from the model's
 // shapes (not from the parameters); biases and norms as without it. The
 // layouts' bit-for-bit agreement is EachLlamaStyleOptionAloneMatchesTpOne's.
+// Initialisation (Parameter::init_values, on the math threads): each local
+// element of a column shard with padded rows is the documented function of
+// its global index — init_std x normal_at, or the Xavier bound x a uniform,
+// 0 in the padding — the same bits on 1 and 2 threads and from any start.
+TEST(Initialisation, EachValueIsTheDocumentedFunctionOfItsGlobalIndexOnAnyThreadCount) {
+  const int threads = cpu_math_threads();
+  for (Init init : {Init::Normal, Init::XavierUniform}) {
+    Parameter p;
+    p.name = "layers.2.mlp.fc1.weight";
+    p.global_shape = {4096, 24};
+    p.split_dim = 1;
+    p.shard_start = 8;
+    p.local_shape = {4096, 8};
+    p.padding_from_row = 4000;
+    p.init = init;
+    p.init_std = 0.02;
+    const std::int64_t n = p.local_numel();
+    std::vector<double> one(static_cast<std::size_t>(n)), two(one.size()), tail(one.size() - 1001);
+    set_cpu_math_threads(1);
+    p.init_values(9, 0, n, one.data());
+    set_cpu_math_threads(2);
+    p.init_values(9, 0, n, two.data());
+    p.init_values(9, 1001, n, tail.data());
+    set_cpu_math_threads(threads);
+    const RngKey key{9, 0, p.id(), kRngInit};
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t r = i / 8, g = r * 24 + 8 + i % 8;
+      const double want = r >= 4000 ? 0.0
+                          : init == Init::Normal
+                              ? 0.02 * normal_at(key, static_cast<std::uint64_t>(g))
+                              : p.xavier_bound() * (2.0 * uniform_at(key, static_cast<std::uint64_t>(g)) - 1.0);
+      const auto li = static_cast<std::size_t>(i);
+      ASSERT_EQ(one[li], want) << "element " << i;
+      ASSERT_EQ(two[li], want) << "element " << i << " on 2 threads";
+      if (i >= 1001) ASSERT_EQ(tail[li - 1001], want) << "element " << i << " from a later start";
+      ASSERT_EQ(p.init_value(9, i), want) << "element " << i << " alone";
+    }
+  }
+}
+
 TEST(GptTensorParallel, XavierUniformWeightsHaveTheirFansBounds) {
   auto world = MpiCommunicator::world();
   auto self = world->split(world->rank(), 0, "self");

@@ -52,6 +52,16 @@ TEST(Rng, NormalFollowsTheDocumentedMapping) {
   }
 }
 
+// NormalStream (initialisation's walk) gives normal_at's values in any order.
+TEST(Rng, NormalStreamGivesNormalAtsValues) {
+  const RngKey k{42, 0, 0xabcdef01u, kRngInit};
+  NormalStream s(k);
+  for (std::uint64_t i = 0; i < 5000; ++i) ASSERT_EQ(s.at(i), normal_at(k, i)) << i;
+  for (std::uint64_t i = 5000; i-- > 0;) ASSERT_EQ(s.at(i), normal_at(k, i)) << i;
+  for (std::uint64_t i : {7ull, 3ull, (1ull << 40) + 1, (1ull << 40), 2ull, 3ull})
+    ASSERT_EQ(s.at(i), normal_at(k, i)) << i;
+}
+
 TEST(Rng, UniformMomentsAndChiSquare) {
   const RngKey k{1234, 0, 3, kRngEmbeddingDropout};
   constexpr int kN = 1000000, kBins = 64;

@@ -2,6 +2,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "megazero/core/error.h"
@@ -38,6 +39,13 @@ void set_cpu_math_threads(int n) {
 int cpu_math_threads() {
   if (g_threads == 0) set_cpu_math_threads(initial_threads());
   return g_threads;
+}
+
+void parallel_ranges(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& body) {
+  if (n <= 0) return;
+  const std::int64_t parts = n < (std::int64_t{1} << 14) ? 1 : std::min<std::int64_t>(cpu_math_threads(), n);
+#pragma omp parallel for num_threads(static_cast <int>(parts)) schedule(static) if (parts > 1)
+  for (std::int64_t t = 0; t < parts; ++t) body(n * t / parts, n * (t + 1) / parts);
 }
 
 }  // namespace megazero

@@ -3,6 +3,8 @@
 // core knows devices and memory, not the math libraries.
 #pragma once
 
+#include <cstdint>
+#include <functional>
 #include <string>
 
 namespace megazero {
@@ -15,5 +17,11 @@ int cpu_math_threads();
 std::string cpu_math_threads_variable();
 // Cores this process may use (OpenMP's count).
 int cpu_cores();
+
+// body(begin, end) over [0, n) split into contiguous ranges, one per math
+// thread (one range when n is small). For host work whose every element is a
+// pure function of its index (weight initialisation), so its results do not
+// depend on the thread count.
+void parallel_ranges(std::int64_t n, const std::function<void(std::int64_t, std::int64_t)>& body);
 
 }  // namespace megazero

@@ -80,12 +80,23 @@ void UniformStream::refill(std::uint64_t block) {
 // fp32 and fp64 and never rounds up to 1 (see UniformStream::at).
 float uniform_at(const RngKey& key, std::uint64_t index) { return UniformStream(key).at(index); }
 
+double NormalStream::from_words(std::uint32_t w1, std::uint32_t w2) {
+  const double u1 = (static_cast<double>(w1) + 1.0) * 0x1p-32;  // (0, 1]: log(u1) is finite
+  const double u2 = (static_cast<double>(w2) + 1.0) * 0x1p-32;
+  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+}
+
+NormalStream::NormalStream(const RngKey& key) : key_(key) {}
+
+void NormalStream::refill(std::uint64_t block) {
+  words_ = philox4x32(counter_words(key_, block), key_words(key_));
+  block_ = block;
+}
+
 double normal_at(const RngKey& key, std::uint64_t index) {
   const Block w = philox4x32(counter_words(key, index >> 1), key_words(key));
   const std::size_t lane = 2 * static_cast<std::size_t>(index & 1u);
-  const double u1 = (static_cast<double>(w[lane]) + 1.0) * 0x1p-32;  // (0, 1]: log(u1) is finite
-  const double u2 = (static_cast<double>(w[lane + 1]) + 1.0) * 0x1p-32;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * std::numbers::pi * u2);
+  return NormalStream::from_words(w[lane], w[lane + 1]);
 }
 
 }  // namespace megazero

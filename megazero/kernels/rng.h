@@ -56,4 +56,25 @@ class UniformStream {
 // so fp64 reference runs see the same values rounded once.
 double normal_at(const RngKey& key, std::uint64_t index);
 
+// The same values as normal_at, for reads of nearby indices: indices 2b and
+// 2b + 1 share Philox block b, so walking indices in order costs half the
+// blocks (weight initialisation).
+class NormalStream {
+ public:
+  explicit NormalStream(const RngKey& key);
+  double at(std::uint64_t index) {
+    const std::uint64_t block = index >> 1;
+    if (block != block_) refill(block);
+    return from_words(words_[2 * (index & 1u)], words_[2 * (index & 1u) + 1]);
+  }
+  // Box-Muller on two Philox words (normal_at's formula).
+  static double from_words(std::uint32_t w1, std::uint32_t w2);
+
+ private:
+  void refill(std::uint64_t block);
+  RngKey key_;
+  std::uint64_t block_ = ~std::uint64_t{0};
+  std::array<std::uint32_t, 4> words_{};
+};
+
 }  // namespace megazero

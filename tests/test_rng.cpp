@@ -9,6 +9,7 @@
 #include <set>
 #include <vector>
 
+#include "megazero/core/error.h"
 #include "megazero/kernels/rng.h"
 
 using namespace megazero;
@@ -60,6 +61,23 @@ TEST(Rng, NormalStreamGivesNormalAtsValues) {
   for (std::uint64_t i = 5000; i-- > 0;) ASSERT_EQ(s.at(i), normal_at(k, i)) << i;
   for (std::uint64_t i : {7ull, 3ull, (1ull << 40) + 1, (1ull << 40), 2ull, 3ull})
     ASSERT_EQ(s.at(i), normal_at(k, i)) << i;
+}
+
+// UniformStream::fill (the dropout kernels' vectorised Philox) gives at()'s
+// values for any start and length, block-aligned or not.
+TEST(Rng, UniformFillGivesAtsValues) {
+  const RngKey k{0x0123456789abcdefull, 77, 5, kRngAttentionDropout};
+  UniformStream s(k);
+  std::vector<float> out(UniformStream::kFillMax);
+  for (std::uint64_t first : {0ull, 1ull, 2ull, 3ull, 4ull, 4097ull, (1ull << 33) - 3, (1ull << 40) + 2})
+    for (std::int64_t n : {std::int64_t{1}, std::int64_t{3}, std::int64_t{5}, std::int64_t{1000},
+                           UniformStream::kFillMax - 1, UniformStream::kFillMax}) {
+      s.fill(first, n, out.data());
+      for (std::int64_t j = 0; j < n; ++j)
+        ASSERT_EQ(out[static_cast<std::size_t>(j)], uniform_at(k, first + static_cast<std::uint64_t>(j)))
+            << "first " << first << ", n " << n << ", j " << j;
+    }
+  EXPECT_THROW(s.fill(0, UniformStream::kFillMax + 1, out.data()), InternalError);
 }
 
 TEST(Rng, UniformMomentsAndChiSquare) {

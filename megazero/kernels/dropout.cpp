@@ -32,7 +32,7 @@ using namespace detail;  // kernel_support.h
 template <typename S>
 void dropout_cpu(const S* in, double p, const RngKey& key, const DropoutLayout& l, S* out) {
   using C = compute_t<S>;
-  constexpr i64 kChunk = 4096;
+  constexpr i64 kChunk = UniformStream::kFillMax;
   const i64 inner = l.matrix_rows * l.matrix_cols;
   const i64 chunks = (inner + kChunk - 1) / kChunk;
   const C keep_scale = static_cast<C>(1.0 / (1.0 - p));
@@ -40,10 +40,11 @@ void dropout_cpu(const S* in, double p, const RngKey& key, const DropoutLayout& 
   for (i64 item = 0; item < l.samples * l.groups * chunks; ++item) {
     const i64 row = item / chunks, k0 = (item % chunks) * kChunk, k1 = std::min(inner, k0 + kChunk);
     const std::uint64_t base = dropout_row_base(l, row);
-    UniformStream uniform(key);
+    alignas(64) float u[kChunk];
+    UniformStream(key).fill(base + static_cast<std::uint64_t>(k0), k1 - k0, u);
     for (i64 k = k0; k < k1; ++k) {
       const i64 idx = row * inner + k;
-      const bool keep = uniform.at(base + static_cast<std::uint64_t>(k)) >= p;
+      const bool keep = u[k - k0] >= p;
       out[idx] = keep ? st<S>(ld(in[idx]) * keep_scale) : zero<S>();
     }
   }
@@ -94,12 +95,17 @@ void bias_dropout_add(const Tensor& y, const Tensor& bias, const Tensor& residua
 #pragma omp parallel for num_threads(threads()) schedule(static) if (y.numel() > kParallelMin)
     for (i64 row = 0; row < layout.samples * layout.groups; ++row) {
       const std::uint64_t base = dropout_row_base(layout, row);
-      UniformStream uniform(key);
-      for (i64 k = 0; k < inner; ++k) {
-        const i64 idx = row * inner + k;
-        const bool keep = p == 0.0 || uniform.at(base + static_cast<std::uint64_t>(k)) >= p;
-        const C v = keep ? (ld(yp[idx]) + ld(bp[idx % cols])) * keep_scale : C(0);
-        op_[idx] = st<S>(ld(rp[idx]) + v);
+      const UniformStream uniform(key);
+      alignas(64) float u[UniformStream::kFillMax];
+      for (i64 k0 = 0; k0 < inner; k0 += UniformStream::kFillMax) {
+        const i64 k1 = std::min(inner, k0 + UniformStream::kFillMax);
+        if (p > 0.0) uniform.fill(base + static_cast<std::uint64_t>(k0), k1 - k0, u);
+        for (i64 k = k0; k < k1; ++k) {
+          const i64 idx = row * inner + k;
+          const bool keep = p == 0.0 || u[k - k0] >= p;
+          const C v = keep ? (ld(yp[idx]) + ld(bp[idx % cols])) * keep_scale : C(0);
+          op_[idx] = st<S>(ld(rp[idx]) + v);
+        }
       }
     }
   });

@@ -21,6 +21,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "megazero/core/error.h"
+
 namespace megazero {
 namespace {
 
@@ -74,6 +76,41 @@ UniformStream::UniformStream(const RngKey& key) : key_(key) {}
 void UniformStream::refill(std::uint64_t block) {
   words_ = philox4x32(counter_words(key_, block), key_words(key_));
   block_ = block;
+}
+
+namespace {
+// Philox blocks first .. first + n - 1 of one key, one lane per block so the
+// compiler keeps many in vector registers (the 32 x 32 -> 64-bit products
+// as vpmuludq); the same words as philox4x32, written word-major: w[j][i].
+__attribute__((target_clones("avx512f", "avx2", "default"))) void philox_blocks(
+    std::uint64_t first, std::int64_t n, Block counter_hi, Key key, std::uint32_t* __restrict w0,
+    std::uint32_t* __restrict w1, std::uint32_t* __restrict w2, std::uint32_t* __restrict w3) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::uint64_t b = first + static_cast<std::uint64_t>(i);
+    std::uint32_t c0 = lo32(b), c1 = hi32(b), c2 = counter_hi[2], c3 = counter_hi[3];
+    std::uint32_t k0 = key[0], k1 = key[1];
+    for (int r = 0; r < kRounds; ++r) {
+      if (r > 0) k0 += kWeyl0, k1 += kWeyl1;
+      const std::uint64_t p0 = static_cast<std::uint64_t>(kMul0) * c0, p1 = static_cast<std::uint64_t>(kMul1) * c2;
+      const std::uint32_t n0 = hi32(p1) ^ c1 ^ k0, n2 = hi32(p0) ^ c3 ^ k1;
+      c0 = n0, c1 = static_cast<std::uint32_t>(p1), c2 = n2, c3 = static_cast<std::uint32_t>(p0);
+    }
+    w0[i] = c0, w1[i] = c1, w2[i] = c2, w3[i] = c3;
+  }
+}
+}  // namespace
+
+void UniformStream::fill(std::uint64_t first, std::int64_t n, float* out) const {
+  MZ_CHECK(n >= 0 && n <= kFillMax, "UniformStream::fill: ", n, " values (at most ", kFillMax, ")");
+  if (n == 0) return;
+  const std::uint64_t b0 = first >> 2, b1 = (first + static_cast<std::uint64_t>(n) - 1) >> 2;
+  const auto blocks = static_cast<std::int64_t>(b1 - b0 + 1);
+  alignas(64) std::uint32_t w[4][kFillMax / 4 + 2];
+  philox_blocks(b0, blocks, counter_words(key_, b0), key_words(key_), w[0], w[1], w[2], w[3]);
+  for (std::int64_t j = 0; j < n; ++j) {
+    const std::uint64_t i = first + static_cast<std::uint64_t>(j);
+    out[j] = static_cast<float>(w[i & 3u][(i >> 2) - b0] >> 8) * 0x1p-24f;
+  }
 }
 
 // The top 24 bits fill an fp32 mantissa exactly, so the value is the same in

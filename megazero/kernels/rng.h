@@ -45,6 +45,10 @@ class UniformStream {
     if (block != block_) refill(block);
     return static_cast<float>(words_[index & 3u] >> 8) * 0x1p-24f;
   }
+  // out[j] = at(first + j) for j < n (at most kFillMax), the Philox blocks
+  // computed many at a time in vector registers (dropout's masks).
+  static constexpr std::int64_t kFillMax = 4096;
+  void fill(std::uint64_t first, std::int64_t n, float* out) const;
 
  private:
   void refill(std::uint64_t block);

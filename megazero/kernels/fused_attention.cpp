@@ -136,10 +136,14 @@ void forward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Dims& 
         const double inv = 1.0 / sum;
         for (i64 j = 0; j < lo; ++j) pd[j] = zero<S>();
         if (p > 0) {
-          UniformStream uniform(key);
+          const UniformStream uniform(key);
           const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
-          for (i64 j = lo; j <= i; ++j)
-            pd[j] = uniform.at(base + static_cast<std::uint64_t>(j)) >= p ? st<S>(e[j] * inv * keep_scale) : zero<S>();
+          alignas(64) float u[UniformStream::kFillMax];
+          for (i64 j0 = lo; j0 <= i; j0 += UniformStream::kFillMax) {
+            const i64 j1 = std::min(i + 1, j0 + UniformStream::kFillMax);
+            uniform.fill(base + static_cast<std::uint64_t>(j0), j1 - j0, u);
+            for (i64 j = j0; j < j1; ++j) pd[j] = u[j - j0] >= p ? st<S>(e[j] * inv * keep_scale) : zero<S>();
+          }
         } else {
           for (i64 j = lo; j <= i; ++j) pd[j] = st<S>(e[j] * inv);
         }
@@ -204,13 +208,18 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
         C* pp = pr + row * keys;
         S* o = od + row * keys;
         const double l = ls[bh * dm.s + i];
-        UniformStream uniform(key);
+        const UniformStream uniform(key);
         const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
-        for (i64 j = 0; j < keys; ++j) {
-          const double pij = j >= lo && j <= i ? std::exp(scale * static_cast<double>(pp[j]) - l) : 0.0;
-          pp[j] = static_cast<C>(pij);
-          const bool keep = p == 0 || uniform.at(base + static_cast<std::uint64_t>(j)) >= p;
-          o[j] = keep ? st<S>(pij * keep_scale) : zero<S>();
+        alignas(64) float u[UniformStream::kFillMax];
+        for (i64 j0 = 0; j0 < keys; j0 += UniformStream::kFillMax) {
+          const i64 j1 = std::min(keys, j0 + UniformStream::kFillMax);
+          if (p != 0) uniform.fill(base + static_cast<std::uint64_t>(j0), j1 - j0, u);
+          for (i64 j = j0; j < j1; ++j) {
+            const double pij = j >= lo && j <= i ? std::exp(scale * static_cast<double>(pp[j]) - l) : 0.0;
+            pp[j] = static_cast<C>(pij);
+            const bool keep = p == 0 || u[j - j0] >= p;
+            o[j] = keep ? st<S>(pij * keep_scale) : zero<S>();
+          }
         }
       }
     }
@@ -226,17 +235,22 @@ void backward_cpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tenso
       for (i64 row = 0; row < dm.bh * rows; ++row) {
         const i64 bh = row / rows, i = i0 + row % rows, lo = ks.first(bh, i, dm.s);
         const double d = dd[bh * dm.s + i];
-        UniformStream uniform(key);
+        const UniformStream uniform(key);
         const std::uint64_t base = dropout_row_base(layout, bh) + static_cast<std::uint64_t>(i * dm.s);
-        for (i64 j = 0; j < keys; ++j) {
-          const i64 e = row * keys + j;
-          if (j > i || j < lo) {
-            od[e] = zero<S>();
-            continue;
+        alignas(64) float u[UniformStream::kFillMax];
+        for (i64 j0 = 0; j0 < keys; j0 += UniformStream::kFillMax) {
+          const i64 j1 = std::min(keys, j0 + UniformStream::kFillMax);
+          if (p != 0) uniform.fill(base + static_cast<std::uint64_t>(j0), j1 - j0, u);
+          for (i64 j = j0; j < j1; ++j) {
+            const i64 e = row * keys + j;
+            if (j > i || j < lo) {
+              od[e] = zero<S>();
+              continue;
+            }
+            const bool keep = p == 0 || u[j - j0] >= p;
+            const double g = keep ? static_cast<double>(dp[e]) * keep_scale : 0.0;
+            od[e] = st<S>(scale * static_cast<double>(pr[e]) * (g - d));
           }
-          const bool keep = p == 0 || uniform.at(base + static_cast<std::uint64_t>(j)) >= p;
-          const double g = keep ? static_cast<double>(dp[e]) * keep_scale : 0.0;
-          od[e] = st<S>(scale * static_cast<double>(pr[e]) * (g - d));
         }
       }
     }

@@ -85,7 +85,9 @@ tar -C /tmp/mz -xJf .gpu/bundle.tar.xz || exit 1
 libdirs=/tmp/mz/lib
 for lib in libcublas.so.13 libcublasLt.so.13 libcudnn.so.9 libnccl.so.2 libcudart.so.13; do
   [ -e "/tmp/mz/lib/$lib" ] && continue
-  f=$(find / -xdev \( -path /proc -o -path /sys -o -path /tmp/mz \) -prune -o -name "$lib" -print 2>/dev/null | head -1)
+  # A library file or link, never a directory of that name (perf's ~/.debug cache keeps those).
+  f=$(find / -xdev \( -path /proc -o -path /sys -o -path /tmp/mz \) -prune -o -name "$lib" \( -type f -o -type l \) \
+    -print 2>/dev/null | head -1)
   [ -n "$f" ] && libdirs="$libdirs:$(dirname "$f")"
 done
 # The PyTorch peers run with the machine's own library path (peer below): the

@@ -6,9 +6,11 @@
 // text], ...], "logprobs": [[...], ...] or null, "tokens": [[new ids], ...],
 // "stopped": [bool, ...]}; Megatron's logprobs (tokens_to_generate 0 scores
 // the prompts), add_BOS, stop_on_eol, stop_on_double_eol,
-// prevent_newline_after_colon, top_p_decay, top_p_bound and no_log too. Under mpiexec -n N the model is split over the
-// N ranks (TP N): rank 0 serves HTTP and hands each request to every rank (between requests the ranks sleep, agreeing
-// every 50 ms on what comes next); SIGTERM or SIGINT stops it cleanly with exit 0.
+// prevent_newline_after_colon, top_p_decay, top_p_bound and no_log too.
+// Under mpiexec -n N the model is split over the N ranks (TP N): rank 0
+// serves HTTP and hands each request to every rank (between requests the
+// ranks sleep, agreeing every 50 ms on what comes next); SIGTERM or SIGINT
+// stops it cleanly with exit 0.
 //   text_generation_server --load runs/ckpt --vocab-file encoder.json --merge-file vocab.bpe --port 5000
 #include <httplib.h>
 #include <sys/socket.h>

@@ -29,10 +29,8 @@ OpenBlasCore choose_core() {
   const std::string want = openblas_core_for(avx512, avx2_fma);
   if (want.empty()) return c;  // an SSE3-class CPU: Prescott is right
   if (const char* forced = std::getenv("OPENBLAS_CORETYPE")) {
-    c.note = detail::concat("OPENBLAS_CORETYPE=", forced,
-                            " runs OpenBLAS's Prescott (SSE3) kernels as asked; this CPU "
-                            "takes its ",
-                            want, " ones (unset the variable for them)");
+    c.note = detail::concat("OPENBLAS_CORETYPE=", forced, " runs OpenBLAS's Prescott (SSE3) kernels as asked; ",
+                            "this CPU takes its ", want, " ones (unset the variable for them)");
     return c;
   }
   // OpenBLAS's DYNAMIC_ARCH entry points: the active kernel table and the
@@ -53,10 +51,8 @@ OpenBlasCore choose_core() {
   c.used = openblas_get_corename();
   c.note = c.used == want ? detail::concat("OpenBLAS fell back to its Prescott (SSE3) kernels on this CPU; its ", want,
                                            " kernels run instead (OPENBLAS_CORETYPE chooses)")
-                          : detail::concat(
-                                "OpenBLAS fell back to its Prescott (SSE3) kernels on this CPU and did not "
-                                "take ",
-                                want, "; set OPENBLAS_CORETYPE");
+                          : detail::concat("OpenBLAS fell back to its Prescott (SSE3) kernels on this CPU and ",
+                                           "did not take ", want, "; set OPENBLAS_CORETYPE");
   return c;
 }
 

@@ -9,6 +9,7 @@ packages=(
   mpich libmpich-dev                   # MPI: the CPU collective backend and the launcher
   libboost-program-options-dev         # command lines and config files (and Boost.CRC: the event files' CRC32C)
   libgtest-dev libgmock-dev            # the test suite
+  libboost-context-dev                 # the test suite: the CUDA kernels' emulated threads run as fibers
   libdnnl-dev                          # oneDNN: CPU GEMM (fp32, bf16/AMX)
   ocl-icd-opencl-dev                   # oneDNN's CMake config requires OpenCL (Debian builds it with the OCL GPU runtime); only recommended, so named here
   libopenblas-openmp-dev               # OpenBLAS (OpenMP build): fp32/fp64 GEMM

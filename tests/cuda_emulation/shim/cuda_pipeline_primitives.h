@@ -20,32 +20,42 @@ struct Copy {
   const void* src;
   std::size_t bytes, zfill;
 };
-inline thread_local std::vector<Copy> pending;              // issued, not yet committed
-inline thread_local std::deque<std::vector<Copy>> batches;  // committed, not yet waited for
+struct ThreadCopies {
+  std::vector<Copy> pending;              // issued, not yet committed
+  std::deque<std::vector<Copy>> batches;  // committed, not yet waited for
+};
+// Per emulated thread (by threadIdx.x: the fibers of emu_runtime.h share one
+// host thread's thread_locals); allocated once, for a block's 1024 threads.
+inline ThreadCopies& mine() {
+  static std::vector<ThreadCopies> all(1024);
+  return all[threadIdx.x];
+}
 // The block's end: copies never waited for land in no later block's memory.
 inline void drop_all() {
-  pending.clear();
-  batches.clear();
+  mine().pending.clear();
+  mine().batches.clear();
 }
 }  // namespace emu_pipeline
 
 inline void __pipeline_memcpy_async(void* dst_shared, const void* src_global, std::size_t size_and_align,
                                     std::size_t zfill = 0) {
   emu_block_exit = &emu_pipeline::drop_all;
-  emu_pipeline::pending.push_back({dst_shared, src_global, size_and_align, zfill});
+  emu_pipeline::mine().pending.push_back({dst_shared, src_global, size_and_align, zfill});
 }
 
 inline void __pipeline_commit() {
-  emu_pipeline::batches.push_back(std::move(emu_pipeline::pending));
-  emu_pipeline::pending.clear();
+  auto& me = emu_pipeline::mine();
+  me.batches.push_back(std::move(me.pending));
+  me.pending.clear();
 }
 
 inline void __pipeline_wait_prior(std::size_t prior) {
-  while (emu_pipeline::batches.size() > prior) {
-    for (const auto& c : emu_pipeline::batches.front()) {
+  auto& batches = emu_pipeline::mine().batches;
+  while (batches.size() > prior) {
+    for (const auto& c : batches.front()) {
       std::memcpy(c.dst, c.src, c.bytes - c.zfill);
       std::memset(static_cast<char*>(c.dst) + (c.bytes - c.zfill), 0, c.zfill);
     }
-    emu_pipeline::batches.pop_front();
+    batches.pop_front();
   }
 }

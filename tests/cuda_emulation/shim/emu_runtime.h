@@ -1,12 +1,25 @@
-// A CPU stand-in for the CUDA runtime, enough to run megazero's flash
-// attention kernels on the host: each block runs as blockDim.x host threads
-// (blocks one after another), __syncthreads/__syncwarp are std::barrier waits,
-// warp shuffles go through a per-warp exchange array, and shared memory is one
-// buffer per block filled with NaN-like 0xff bytes, so unwritten padding
-// shows. See tests/cuda_emulation/README.md for what this does and does not prove.
+// A CPU stand-in for the CUDA runtime, enough to run megazero's kernels on
+// the host: each block runs as blockDim.x emulated threads (blocks one after
+// another), __syncthreads/__syncwarp are barrier waits, warp shuffles go
+// through a per-warp exchange array, and shared memory is one buffer per block
+// filled with NaN-like 0xff bytes, so unwritten padding shows.
+//
+// The emulated threads are fibers (Boost.Context) that one host thread runs in
+// turn, each until its next barrier: a barrier costs a context switch per
+// thread, not a futex wake-up per thread as with host threads (the emulated
+// tests ran ~10x longer so), and the order is fixed, so a read of shared
+// memory before the barrier that publishes it reads the 0xff filler every
+// run. Built with -DEMU_OS_THREADS, each emulated thread is a host thread and
+// the barriers std::barrier: the mode ThreadSanitizer checks for races.
+// See tests/cuda_emulation/README.md for what this does and does not prove.
 #pragma once
 #include <sys/mman.h>
 #include <unistd.h>
+
+#ifndef EMU_OS_THREADS
+#include <boost/context/fiber.hpp>
+#include <boost/context/protected_fixedsize_stack.hpp>
+#endif
 
 #include <atomic>
 #include <barrier>
@@ -45,12 +58,46 @@ struct uint4 {
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 inline unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
 
+#ifdef EMU_OS_THREADS
+using EmuBarrier = std::barrier<>;
+#else
+// A barrier of emulated threads (fibers of one host thread) numbered from
+// `first`: the last to arrive runs `done` and opens it (a new generation);
+// the others are resumed by the scheduler only once it has opened, and it
+// tells the scheduler the lowest thread that may run again (emu_reopened).
+// Back to the scheduler until `generation` differs from `seen`.
+void emu_wait_while(const unsigned long& generation, unsigned long seen);
+inline unsigned emu_reopened = ~0u;
+class EmuBarrier {
+ public:
+  explicit EmuBarrier(unsigned count, unsigned first = 0, std::function<void()> done = {})
+      : count_(count), first_(first), done_(std::move(done)) {}
+  void arrive_and_wait() {
+    const unsigned long generation = generation_;
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      if (done_) done_();
+      ++generation_;
+      emu_reopened = std::min(emu_reopened, first_);
+      return;
+    }
+    emu_wait_while(generation_, generation);
+  }
+
+ private:
+  unsigned count_, first_, arrived_ = 0;
+  unsigned long generation_ = 0;
+  std::function<void()> done_;
+};
+#endif
+
 struct EmuBlock {
-  std::barrier<>* block_bar;
-  std::barrier<>* warp_bar[32];
+  EmuBarrier* block_bar;
+  EmuBarrier* warp_bar[32];
   float xch[32][32];
   double xchd[32][32];
   bool warp_op_in_flight[32];
+  const void* lane_data[32][32];  // per warp and lane: what a lane published for a warp-wide check
 };
 inline thread_local uint3 threadIdx, blockIdx;
 inline thread_local dim3 gridDim, blockDim;
@@ -101,7 +148,24 @@ inline float ld(__nv_bfloat16 v) {
   std::memcpy(&f, &u, 4);
   return f;
 }
-inline float ld(__half v) { return (float)v.h; }
+// fp16 -> fp32 from a table of every half's value (the same conversion, once
+// per bit pattern): without F16C code generation each conversion is a call
+// into libgcc, and it was a third of the emulated attention's time.
+inline float ld(__half v) {
+  static const std::vector<float> table = [] {
+    std::vector<float> t(65536);
+    for (std::uint32_t bits = 0; bits < 65536; ++bits) {
+      const auto b = static_cast<std::uint16_t>(bits);
+      _Float16 h;
+      std::memcpy(&h, &b, 2);
+      t[bits] = static_cast<float>(h);
+    }
+    return t;
+  }();
+  std::uint16_t bits;
+  std::memcpy(&bits, &v.h, 2);
+  return table[bits];
+}
 inline __nv_bfloat16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -129,6 +193,7 @@ inline constexpr std::size_t kEmuGuardBytes = std::size_t{256} << 10;
 // The guard just past the running launch's shared memory (emu_host.h's fault
 // report names it).
 inline unsigned char* emu_smem_guard = nullptr;
+#ifdef EMU_OS_THREADS
 // The host threads that play a block's threads, kept between launches:
 // creating blockDim.x threads per launch was most of the launcher tests' time
 // (tens of thousands of launches). Worker i runs the launch's body(i) when its
@@ -168,11 +233,107 @@ class EmuThreadPool {
   std::atomic<unsigned> remaining_{0};
   std::binary_semaphore done_{0};
 };
+#else
+// The fibers that play a block's threads, kept between launches (with their
+// stacks: tens of thousands of launches). run() resumes them on the calling
+// thread, setting threadIdx for each (the emulated threads share the host
+// thread's thread_locals); a fiber runs until it waits at a closed barrier
+// or finishes body(i). The next to run is always the lowest-numbered thread
+// that can: warp 0 runs as far as it can before warp 1 starts, and so on. So
+// a warp that reads shared memory another warp has yet to write (a barrier
+// missing before the read) reads the 0xff filler, and one that overwrites
+// what a later warp has yet to read (a barrier missing after the read) gives
+// that warp the new values: both show every run, in the results. With busy
+// threads but none able to run, the block has deadlocked (a GPU would hang):
+// the emulation stops saying so. A forked child (a test checking that
+// something faults) starts a pool of its own.
+class EmuFiberPool {
+ public:
+  static EmuFiberPool& get() {
+    static EmuFiberPool* pool = nullptr;
+    if (!pool || pool->pid_ != getpid()) pool = new EmuFiberPool;  // a fork's parent's pool is left alone
+    return *pool;
+  }
+  // The pool whose run() is on the stack (emu_yield's, without get()'s getpid).
+  static inline EmuFiberPool* running = nullptr;
+  void run(unsigned n, const std::function<void(unsigned)>& body) {
+    while (workers_.size() < n) add_worker(static_cast<unsigned>(workers_.size()));
+    running = this;
+    job_ = &body;
+    for (unsigned i = 0; i < n; ++i) workers_[i]->busy = true;
+    unsigned busy = n;
+    // Every thread below `from` is waiting at a closed barrier or finished.
+    for (unsigned from = 0;;) {
+      unsigned i = from;
+      while (i < n && !can_run(*workers_[i])) ++i;
+      if (i == n) {
+        if (busy == 0) break;
+        std::fprintf(stderr,
+                     "emulated block deadlocked: its threads wait at different barriers "
+                     "(a __syncthreads or __syncwarp not reached by every thread it counts)\n");
+        std::abort();
+      }
+      Worker& w = *workers_[i];
+      w.waiting = nullptr;
+      current_ = &w;
+      threadIdx = {i, 0, 0};
+      emu_reopened = ~0u;
+      w.fiber = std::move(w.fiber).resume();
+      if (!w.busy) --busy;
+      from = std::min(i + 1, emu_reopened);
+    }
+    current_ = nullptr;
+    running = nullptr;
+  }
+  // From an emulated thread: back to the scheduler until it resumes this one
+  // (at once, or once `*waiting` differs from `seen`).
+  void yield(const unsigned long* waiting = nullptr, unsigned long seen = 0) {
+    Worker& w = *current_;
+    w.waiting = waiting;
+    w.seen = seen;
+    w.sink = std::move(w.sink).resume();
+  }
 
-// Launch: blocks sequentially, threads concurrent. blockDim.x pooled host
-// threads run every block in turn (block y-major, x-minor), meeting at a
-// barrier between blocks, where the shared memory is filled with 0xff again,
-// as a fresh block's would be.
+ private:
+  // Kernels keep their register arrays on the stack (a WMMA fragment is 1 KiB
+  // here); a guard page below each stack turns an overflow into a fault.
+  static constexpr std::size_t kStackBytes = std::size_t{512} << 10;
+  struct Worker {
+    boost::context::fiber fiber;  // the emulated thread, as the scheduler resumes it
+    boost::context::fiber sink;   // the scheduler, as the emulated thread returns to it
+    bool busy = false;
+    const unsigned long* waiting = nullptr;  // a closed barrier's generation
+    unsigned long seen = 0;
+  };
+  static bool can_run(const Worker& w) { return w.busy && !(w.waiting && *w.waiting == w.seen); }
+  void add_worker(unsigned i) {
+    workers_.push_back(std::make_unique<Worker>());
+    Worker* self = workers_.back().get();
+    self->fiber = boost::context::fiber(std::allocator_arg, boost::context::protected_fixedsize_stack(kStackBytes),
+                                        [this, self, i](boost::context::fiber&& sink) {
+                                          self->sink = std::move(sink);
+                                          for (;;) {
+                                            (*job_)(i);
+                                            self->busy = false;
+                                            yield();
+                                          }
+                                          return std::move(self->sink);
+                                        });
+  }
+  pid_t pid_ = getpid();
+  std::vector<std::unique_ptr<Worker>> workers_;
+  const std::function<void(unsigned)>* job_ = nullptr;
+  Worker* current_ = nullptr;
+};
+inline void emu_wait_while(const unsigned long& generation, unsigned long seen) {
+  EmuFiberPool::running->yield(&generation, seen);
+}
+#endif
+
+// Launch: blocks sequentially, threads concurrent. blockDim.x pooled
+// emulated threads run every block in turn (block y-major, x-minor), meeting
+// at a barrier between blocks, where the shared memory is filled with 0xff
+// again, as a fresh block's would be.
 template <typename F>
 void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel) {
   const unsigned blocks = grid.x * grid.y;
@@ -191,15 +352,23 @@ void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel)
   emu_smem_guard = sm.get() + len;
   std::memset(base, 0xff, smem_bytes);
   EmuBlock blk;
-  std::barrier<> bb(threads);
-  std::vector<std::unique_ptr<std::barrier<>>> wb;
+  EmuBarrier bb(threads);
+  std::vector<std::unique_ptr<EmuBarrier>> wb;
   for (unsigned w = 0; w < threads / 32; ++w) {
-    wb.emplace_back(new std::barrier<>(32));
+#ifdef EMU_OS_THREADS
+    wb.emplace_back(new EmuBarrier(32));
+#else
+    wb.emplace_back(new EmuBarrier(32, 32 * w));
+#endif
     blk.warp_bar[w] = wb.back().get();
   }
   blk.block_bar = &bb;
   const auto refill = [base, smem_bytes]() noexcept { std::memset(base, 0xff, smem_bytes); };
+#ifdef EMU_OS_THREADS
   std::barrier<decltype(refill)> between(threads, refill);
+#else
+  EmuBarrier between(threads, 0, refill);
+#endif
   const std::function<void(unsigned)> body = [&](unsigned t) {
     threadIdx = {t, 0, 0};
     gridDim = grid;
@@ -216,5 +385,9 @@ void emu_launch(dim3 grid, unsigned threads, std::size_t smem_bytes, F&& kernel)
     }
     emu_blk = nullptr;
   };
+#ifdef EMU_OS_THREADS
   EmuThreadPool::get().run(threads, body);
+#else
+  EmuFiberPool::get().run(threads, body);
+#endif
 }

@@ -79,10 +79,20 @@ if(NOT MEGAZERO_CUDA STREQUAL "OFF")
 endif()
 
 if(MEGAZERO_WITH_CUDA)
-  # 'native' fails on machines without a GPU, so name the architectures:
-  # Ampere (A100) and Hopper (H100/H200).
+  # The GPU architectures: this machine's GPUs where nvidia-smi lists any
+  # ('native', which fails without one); elsewhere (a login node, CI) machine
+  # code for Hopper (H100/H200) and PTX for Ampere (A100), which the driver
+  # compiles once at the first launch and caches. Each real architecture costs
+  # a full device compile (~30 s for the largest file on two cores); PTX only
+  # the front end (~7 s). -DCMAKE_CUDA_ARCHITECTURES="80;90" adds A100's code.
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-    set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    execute_process(COMMAND nvidia-smi -L RESULT_VARIABLE _mz_smi OUTPUT_QUIET ERROR_QUIET)
+    if(_mz_smi EQUAL 0)
+      set(CMAKE_CUDA_ARCHITECTURES native)
+    else()
+      set(CMAKE_CUDA_ARCHITECTURES 80-virtual 90-real)
+    endif()
+    message(STATUS "megazero: CUDA architectures ${CMAKE_CUDA_ARCHITECTURES} (-DCMAKE_CUDA_ARCHITECTURES=... to choose)")
   endif()
   enable_language(CUDA)
   # CMake < 3.26 knows no C++20 flag for nvcc (nvcc has -std=c++20 since 12.0).

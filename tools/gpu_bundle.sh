@@ -19,7 +19,7 @@ else
   cmake "$build" > /dev/null  # an existing build dir learns targets added since it was configured
 fi
 archs=$(sed -n 's/^CMAKE_CUDA_ARCHITECTURES:[A-Z]*=//p' "$build/CMakeCache.txt")
-archs=${archs:-80 90 (the default, each with PTX)}
+archs=${archs:-the default (native with a GPU, else 80-virtual 90-real)}
 [ "$archs" = "90-real" ] ||
   echo "gpu_bundle: note: $build builds CUDA architectures '$archs'; a build for 90-real alone packs about 3x smaller" >&2
 targets=(test_cuda test_nccl test_gpt_tp test_zero test_zero_precision test_zero_r test_gemm

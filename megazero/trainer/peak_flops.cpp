@@ -29,7 +29,7 @@ PeakFlops measure_cpu_peak(DType dtype, int size, int reps) {
     best = std::max(best, 2.0 * static_cast<double>(n * n * n) / std::max(s, 1e-9));
   }
   char source[160];
-  std::snprintf(source, sizeof source, "measured: the best of %d %d^3 %s GEMMs on this rank's %d math thread%s", reps,
+  std::snprintf(source, sizeof source, "measured: the best of %d %d^3 %s GEMMs on a rank's %d math thread%s", reps,
                 size, std::string(dtype_name(dtype)).c_str(), cpu_math_threads(), cpu_math_threads() == 1 ? "" : "s");
   return {best / 1e12, source};
 }

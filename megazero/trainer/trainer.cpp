@@ -464,12 +464,14 @@ void Trainer::Impl::build() {
       profile->check_ready();
     });
   // MFU's peak (trainer/peak_flops.h): --peak-tflops, an H100's on a GPU, or
-  // measured on the CPU; the ranks take the best any of them measured, so
-  // every rank reports against the same number.
+  // measured on the CPU by the first rank of each host (its siblings share
+  // its cores and threads setting: probing at once they would only slow each
+  // other, and each probe is ~9 GFLOP, ~0.1 s of a core); the ranks take the
+  // best measured, so every rank reports against the same number.
   if (args.peak_tflops > 0) {
     peak = args.peak_tflops;
   } else {
-    PeakFlops p = on_gpu ? gpu_default_peak() : measure_cpu_peak(args.dtype());
+    PeakFlops p = on_gpu ? gpu_default_peak() : local_index == 0 ? measure_cpu_peak(args.dtype()) : PeakFlops{0.0, ""};
     peak = max_over(world, p.tflops);
     if (root) std::printf("MFU against %.4g TFLOP/s per rank (%s; --peak-tflops sets it)\n", peak, p.source.c_str());
   }

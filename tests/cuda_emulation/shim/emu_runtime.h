@@ -254,7 +254,7 @@ class EmuFiberPool {
     if (!pool || pool->pid_ != getpid()) pool = new EmuFiberPool;  // a fork's parent's pool is left alone
     return *pool;
   }
-  // The pool whose run() is on the stack (emu_yield's, without get()'s getpid).
+  // The pool whose run() is on the stack (emu_wait_while's, without get()'s getpid).
   static inline EmuFiberPool* running = nullptr;
   void run(unsigned n, const std::function<void(unsigned)>& body) {
     while (workers_.size() < n) add_worker(static_cast<unsigned>(workers_.size()));

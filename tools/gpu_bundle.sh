@@ -7,7 +7,7 @@
 #   tools/gpu_bundle.sh [BUILD_DIR]     (default /tmp/build-gpu)
 # A BUILD_DIR that does not exist yet is configured for the lent GPUs only
 # (H100 and H200: sm_90 machine code, no PTX). Each binary links the whole
-# library, CUDA kernels included, so the default architectures (sm_80 and
+# library, CUDA kernels included, so the then default architectures (sm_80 and
 # sm_90, each with PTX) made a 72 MB bundle; the device tool carries at most
 # 64 MiB. The bundle's size is checked at the end.
 set -euo pipefail

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <cstring>
 #include <numbers>
 #include <random>
@@ -477,6 +478,60 @@ TEST(LrSchedule, WarmupInitAndTheScheduleInSamples) {
   for (std::int64_t it = 0; it < 20; ++it) EXPECT_EQ(s.at_samples(it * 64, 64), s.at(it)) << it;
   EXPECT_DOUBLE_EQ(s.at_samples(32, 64), 1.0 * 1.5 / 4) << "half an iteration into the warmup";
   EXPECT_NEAR(s.at_samples(9 * 64 + 16, 64), 0.5 * (1 + std::cos(std::numbers::pi * 5.25 / 10)), 1e-12);
+}
+
+// Megatron's warmup-stable-decay: the warmup, --lr until the anneal's first
+// iteration, then the anneal's shape over --lr-wsd-decay-iters ending at
+// --lr-decay-iters; and inverse-square-root, --lr * sqrt(warmup / it) floored
+// at --min-lr and --min-lr past the decay. Values from each shape's closed
+// form at chosen points.
+TEST(LrSchedule, WarmupStableDecayAndInverseSquareRoot) {
+  LrSchedule s;
+  s.max_lr = 1.0;
+  s.min_lr = 0.1;
+  s.warmup_iters = 2;
+  s.decay_iters = 20;
+  s.style = "WSD";
+  EXPECT_THROW(s.validate(), ConfigError) << "WSD without its anneal's length";
+  s.wsd_decay_iters = 19;
+  EXPECT_THROW(s.validate(), ConfigError) << "an anneal reaching into the warmup";
+  s.wsd_decay_iters = 8;  // anneal from iteration 12 to 20
+  EXPECT_NO_THROW(s.validate());
+  EXPECT_DOUBLE_EQ(s.at(0), 0.5) << "the warmup is the usual one";
+  for (std::int64_t it = 2; it <= 12; ++it) EXPECT_EQ(s.at(it), 1.0) << "stable at --lr, iteration " << it;
+  const double r = 0.25;  // iteration 14
+  EXPECT_NEAR(s.at(14), 0.1 + 0.9 * (2 * std::sqrt(std::sqrt(0.5)) - 1), 1e-12) << "exponential: 2 * 0.5^r - 1";
+  EXPECT_NEAR(s.at(16), 0.1 + 0.9 * (2 * std::sqrt(0.5) - 1), 1e-12);
+  const std::map<std::string, double> shape = {{"linear", 1 - r},
+                                               {"cosine", 0.5 * (1 + std::cos(std::numbers::pi * r))},
+                                               {"minus_sqrt", 1 - 0.5},
+                                               {"exponential", 2 * std::pow(0.5, r) - 1}};
+  for (const auto& [style, coef] : shape) {
+    s.wsd_style = style;
+    EXPECT_NO_THROW(s.validate()) << style;
+    EXPECT_NEAR(s.at(14), 0.1 + 0.9 * coef, 1e-12) << style;
+    EXPECT_NEAR(s.at(20), 0.1, 1e-12) << style << " ends at --min-lr";
+    EXPECT_NEAR(s.at(50), 0.1, 1e-12) << style << " stays there";
+    EXPECT_GT(s.at(13), s.at(19)) << style << " falls";
+  }
+  s.wsd_style = "sqrt";
+  EXPECT_THROW(s.validate(), ConfigError);
+  s.wsd_style = "linear";
+  // In samples (a batch ramp-up): the anneal read at consumed / full batch.
+  EXPECT_DOUBLE_EQ(s.at_samples(13 * 8 + 4, 8), 0.1 + 0.9 * (1 - 1.5 / 8));
+
+  s.style = "inverse-square-root";
+  s.warmup_iters = 4;
+  EXPECT_NO_THROW(s.validate());
+  EXPECT_DOUBLE_EQ(s.at(4), 1.0);
+  EXPECT_DOUBLE_EQ(s.at(16), 0.5) << "sqrt(4 / 16)";
+  EXPECT_DOUBLE_EQ(s.at(20), 1.0 / std::sqrt(5.0));
+  EXPECT_DOUBLE_EQ(s.at(21), 0.1) << "past --lr-decay-iters";
+  s.decay_iters = 1000;
+  EXPECT_DOUBLE_EQ(s.at(900), 0.1) << "floored at --min-lr (sqrt(4 / 900) = 0.067)";
+  s.warmup_iters = 0;
+  EXPECT_DOUBLE_EQ(s.at(0), 1.0) << "no warmup: --lr at the first iteration";
+  EXPECT_DOUBLE_EQ(s.at(4), 0.5);
 }
 
 // Megatron's weight-decay schedule: start to end over the increase's samples,

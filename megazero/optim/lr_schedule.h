@@ -1,7 +1,11 @@
 // Learning-rate schedule as Megatron defines it: linear warmup from 0 (or --lr-warmup-init) to
 // --lr over --lr-warmup-iters, then decay to --min-lr over the remaining
-// iterations (--lr-decay-iters, default --train-iters): cosine, linear or
-// constant.
+// iterations (--lr-decay-iters, default --train-iters): cosine, linear,
+// constant, inverse-square-root (--lr times sqrt(warmup / iteration), floored
+// at --min-lr), or WSD (warmup-stable-decay: --lr until the last
+// --lr-wsd-decay-iters before --lr-decay-iters, then an anneal to --min-lr
+// shaped by --lr-wsd-decay-style). Past --lr-decay-iters every decaying style
+// holds --min-lr.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +23,12 @@ struct LrSchedule {
   std::string warmup_style = "linear";
   std::int64_t warmup_iters = 0;
   std::int64_t decay_iters = 1;  // iteration at which min_lr is reached
-  std::string style = "cosine";  // cosine | linear | constant
+  std::string style = "cosine";  // cosine | linear | constant | inverse-square-root | WSD
+  // WSD's anneal: its length in iterations (it ends at decay_iters) and its
+  // shape, Megatron's four: exponential (2 * 0.5^r - 1), linear, cosine and
+  // minus_sqrt (1 - sqrt(r)), r the share of the anneal done.
+  std::int64_t wsd_decay_iters = 0;
+  std::string wsd_style = "exponential";
 
   // Learning rate for 0-based iteration `it`.
   double at(std::int64_t it) const;

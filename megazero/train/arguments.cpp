@@ -270,7 +270,13 @@ void define(OptionTable& t, TrainArgs& a) {
   t.add(L, "lr-warmup-style", &a.lr.warmup_style,
         "linear (Megatron's) or log (DeepSpeed's WarmupLR default: a logarithmic rise)");
   t.add(L, "lr-decay-iters", &a.lr.decay_iters, "iteration at which min-lr is reached; 0 = train-iters");
-  t.add(L, "lr-decay-style", &a.lr.style, "cosine, linear or constant");
+  t.add(L, "lr-decay-style", &a.lr.style,
+        "cosine, linear, constant, inverse-square-root or WSD (warmup-stable-decay: --lr until the anneal of "
+        "--lr-wsd-decay-iters that ends at --lr-decay-iters)");
+  t.add(L, "lr-wsd-decay-iters", &a.lr.wsd_decay_iters,
+        "with --lr-decay-style WSD: the anneal's iterations, the last before --lr-decay-iters");
+  t.add(L, "lr-wsd-decay-style", &a.lr.wsd_style,
+        "with --lr-decay-style WSD: the anneal's shape, exponential, linear, cosine or minus_sqrt (Megatron's)");
   t.flag(X, "fp16", &a.fp16, "fp16 params/grads, fp32 master, dynamic loss scaling");
   t.flag(X, "bf16", &a.bf16, "bf16 params/grads, fp32 master");
   t.add(X, "initial-loss-scale", &a.loss_scale.initial_scale, "fp16 initial loss scale (Megatron: 2^32)");
@@ -778,6 +784,12 @@ TrainArgs parse_train_args(int argc, char** argv, std::string* help_text, const 
   MZ_REQUIRE(a.lr.decay_iters >= 0, "--lr-decay-iters must be non-negative (0 = --train-iters), got ",
              a.lr.decay_iters);
   if (a.lr.decay_iters <= 1 && a.train_iters > 0) a.lr.decay_iters = a.train_iters;
+  // WSD's anneal flags (or Megatron's --lr-wsd-decay-samples, now iterations) with another style.
+  const bool wsd_style_given = vm.count("lr-wsd-decay-style") && !vm["lr-wsd-decay-style"].defaulted();
+  MZ_REQUIRE(a.lr.style == "WSD" || (a.lr.wsd_decay_iters == 0 && !wsd_style_given), "--",
+             wsd_style_given ? "lr-wsd-decay-style" : "lr-wsd-decay-iters (or --lr-wsd-decay-samples)",
+             " shapes the anneal of --lr-decay-style WSD, but the decay style is ", a.lr.style,
+             "; add --lr-decay-style WSD (or drop the anneal's flag)");
   // Megatron's weight-decay schedule: constant keeps --weight-decay (a given
   // start or end must equal it); linear and cosine need both ends.
   const bool ramped = a.weight_decay_incr_style != "constant";
@@ -1124,6 +1136,8 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
                               "lr-warmup-style",
                               "lr-decay-iters",
                               "lr-decay-style",
+                              "lr-wsd-decay-iters",
+                              "lr-wsd-decay-style",
                               "weight-decay",
                               "start-weight-decay",
                               "end-weight-decay",
@@ -1162,6 +1176,8 @@ std::string reconcile_lr_schedule(TrainArgs& args, const std::string& saved_conf
     if (saved.count("lr-warmup-style")) args.lr.warmup_style = saved.at("lr-warmup-style");
     if (saved.count("lr-decay-iters")) args.lr.decay_iters = whole("lr-decay-iters");
     if (saved.count("lr-decay-style")) args.lr.style = saved.at("lr-decay-style");
+    if (saved.count("lr-wsd-decay-iters")) args.lr.wsd_decay_iters = whole("lr-wsd-decay-iters");
+    if (saved.count("lr-wsd-decay-style")) args.lr.wsd_style = saved.at("lr-wsd-decay-style");
     if (saved.count("weight-decay")) args.adam.weight_decay = number("weight-decay");
     if (saved.count("start-weight-decay")) args.start_weight_decay = number("start-weight-decay");
     if (saved.count("end-weight-decay")) args.end_weight_decay = number("end-weight-decay");

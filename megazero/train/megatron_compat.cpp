@@ -52,6 +52,7 @@ const CompatFlag kFlags[] = {
     {"train-samples", Kind::Value, Meaning::Translated, "--train-iters"},
     {"lr-decay-samples", Kind::Value, Meaning::Translated, "--lr-decay-iters"},
     {"lr-warmup-samples", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
+    {"lr-wsd-decay-samples", Kind::Value, Meaning::Translated, "--lr-wsd-decay-iters"},
     {"distributed-timeout-minutes", Kind::Value, Meaning::Translated, "--collective-timeout"},
     {"pipeline-model-parallel-size", Kind::Value, Meaning::Translated, "1 only"},
     {"optimizer-offload-fraction", Kind::Value, Meaning::Translated,
@@ -478,6 +479,7 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
   samples_to_iters("train-samples", "train-iters", &a.train_iters);
   samples_to_iters("lr-decay-samples", "lr-decay-iters", &a.lr.decay_iters);
   samples_to_iters("lr-warmup-samples", "lr-warmup-iters", &a.lr.warmup_iters);
+  samples_to_iters("lr-wsd-decay-samples", "lr-wsd-decay-iters", &a.lr.wsd_decay_iters);
   if (const auto* v = value("lr-warmup-fraction")) {
     conflict("lr-warmup-fraction", "lr-warmup-iters");
     MZ_REQUIRE(!value("lr-warmup-samples"),

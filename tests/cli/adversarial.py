@@ -120,7 +120,11 @@ def cases():
 
     # ---- string choices.
     choices = {
-        "lr-decay-style": [("exp", "--lr-decay-style 'exp' is not one of cosine, linear, constant")],
+        "lr-decay-style": [("exp", "--lr-decay-style 'exp' is not one of cosine, linear, constant"),
+                           ("wsd", "--lr-decay-style 'wsd' is not one of .*, WSD"),
+                           ("WSD", "--lr-decay-style WSD anneals over the last --lr-wsd-decay-iters .*give a positive")],
+        "lr-wsd-decay-style": [("sqrt", "--lr-wsd-decay-style shapes the anneal of --lr-decay-style WSD, but the "
+                                        "decay style is cosine")],
         "on-nan-loss": [("ignore", "--on-nan-loss must be stop or skip, got 'ignore'"), ("STOP", "must be stop or skip")],
         "device": [("gpu", "--device must be cpu, cuda or cpu-isolated"), ("CPU", "--device must be cpu"),
                    ("cuda:0", "--device must be cpu")],
@@ -176,6 +180,14 @@ def cases():
         ("distopt-vs-stage0", "--use-distributed-optimizer partitions the optimizer", " --use-distributed-optimizer --zero-stage 0"),
         ("train-samples-vs-iters", "--train-samples and --train-iters both set", " --train-samples 64 --global-batch-size 16"),
         ("warmup-fraction-vs-iters", "--lr-warmup-fraction and --lr-warmup-iters both set", " --lr-warmup-fraction 0.1"),
+        ("wsd-iters-without-wsd", "--lr-wsd-decay-iters \\(or --lr-wsd-decay-samples\\) shapes the anneal of "
+         "--lr-decay-style WSD, but the decay style is cosine", " --lr-wsd-decay-iters 4"),
+        ("wsd-anneal-into-warmup", "--lr-wsd-decay-iters 100 is longer than the decay after the warmup",
+         " --lr-decay-style WSD --lr-wsd-decay-iters 100"),
+        ("wsd-negative", "--lr-wsd-decay-iters must be non-negative, got -3",
+         " --lr-decay-style WSD --lr-wsd-decay-iters -3"),
+        ("wsd-samples-vs-iters", "--lr-wsd-decay-samples and --lr-wsd-decay-iters both set",
+         " --lr-decay-style WSD --lr-wsd-decay-iters 2 --lr-wsd-decay-samples 32"),
         ("two-schedule-flags", "conflict; choose one",
          " --use-checkpoint-opt-param-scheduler --override-opt-param-scheduler --load {TMP}/x"),
         ("schedule-flag-without-load", "only means something with --load", " --use-checkpoint-opt-param-scheduler"),
@@ -232,6 +244,7 @@ def cases():
         ("lr-warmup-fraction", "0.5 --train-iters 10", "lr-warmup-iters = 5"),
         ("lr-decay-samples", "320 --train-iters 10", "lr-decay-iters = 20"),
         ("lr-warmup-samples", "48 --train-iters 10", "lr-warmup-iters = 3"),
+        ("lr-wsd-decay-samples", "64 --lr-decay-style WSD --train-iters 10", "lr-wsd-decay-iters = 4"),
         ("distributed-timeout-minutes", "2 --train-iters 1", "collective-timeout = 120"),
         ("pipeline-model-parallel-size", "1 --train-iters 1", "resolved configuration"),
         ("tokenizer-type", "GPT2BPETokenizer --train-iters 1", "resolved configuration"),
@@ -569,6 +582,9 @@ def cases():
          " --train-iters 8 --load {CK}"),
         ("schedule-lr-change", 2, "--lr 0.001 \\(checkpoint: 0.003\\)",
          " --train-iters 4 --lr-decay-iters 4 --lr 0.001 --load {CK}/iter_0000002"),
+        ("schedule-wsd-change", 2,
+         "--lr-decay-style WSD \\(checkpoint: cosine\\), --lr-wsd-decay-iters 1 \\(checkpoint: 0\\)",
+         " --train-iters 4 --lr-decay-iters 4 --lr-warmup-iters 1 --lr-decay-style WSD --lr-wsd-decay-iters 1 --load {CK}/iter_0000002"),
         ("schedule-use-checkpoint", 0, "the checkpoint's learning-rate schedule is kept",
          " --train-iters 6 --load {CK} --use-checkpoint-opt-param-scheduler"),
         ("schedule-override", 0, "this run's learning-rate schedule replaces the checkpoint's",

@@ -55,7 +55,8 @@ TrainArgs args_of(std::vector<std::string> flags, const std::optional<std::strin
                                                                  {"--train-iters", "6"}};
   std::vector<std::string> all = {"pretrain_gpt"};
   const bool dataset = std::any_of(flags.begin(), flags.end(), [](const std::string& f) {
-    return f == "--data-path" || f == "--train-data-path" || f == "--valid-data-path";
+    return f == "--data-path" || f == "--train-data-path" || f == "--valid-data-path" || f == "--data-args-path" ||
+           f == "--per-split-data-args-path";
   });
   if (!dataset) all.push_back("--mock-data");
   // A flag given by the test replaces the base one; a DeepSpeed configuration
@@ -754,6 +755,63 @@ std::string config_error(const std::vector<std::string>& flags) {
   return "";
 }
 }  // namespace
+
+// Megatron's --data-args-path (a file of --data-path's words, for blends too
+// long for a command line) and --per-split-data-args-path (JSON: train, valid,
+// test lists) give the flags' own datasets: the same samples drawn; and bad
+// files are refused naming the flag.
+TEST(Trainer, DataArgumentFilesAreTheDataFlags) {
+  if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
+  const std::string corpus = MZ_TEST_CORPUS;
+  const std::vector<std::string> model = {
+      "--vocab-size", "50257", "--seq-length", "32", "--max-position-embeddings", "32"};
+  auto data_args = [&](std::vector<std::string> flags) {
+    flags.insert(flags.end(), model.begin(), model.end());
+    return args_of(flags);
+  };
+  auto same_samples = [](const TrainArgs& x, const TrainArgs& y, Split s) {
+    const auto a = make_sample_source(x), b = make_sample_source(y);
+    const auto host = make_device(DeviceKind::CPU);
+    Tensor ids_a, targets_a, ids_b, targets_b;
+    a->fill(s, 11, 3, 32, host, ids_a, targets_a);
+    b->fill(s, 11, 3, 32, host, ids_b, targets_b);
+    return ids_a.to_double_vector() == ids_b.to_double_vector() &&
+           targets_a.to_double_vector() == targets_b.to_double_vector();
+  };
+  const TrainArgs blend = data_args({"--data-path", "0.25", corpus, "0.75", corpus});
+  const TrainArgs from_file =
+      data_args({"--data-args-path", write_temp("data-args.txt", "0.25 " + corpus + "\n  0.75\t" + corpus + "\n")});
+  EXPECT_EQ(from_file.data_path, blend.data_path);
+  EXPECT_TRUE(same_samples(from_file, blend, Split::Train));
+  EXPECT_TRUE(same_samples(from_file, blend, Split::Valid));
+
+  const TrainArgs per_split = data_args({"--train-data-path", "1", corpus, "--valid-data-path", corpus});
+  const TrainArgs from_json = data_args(
+      {"--per-split-data-args-path",
+       write_temp("splits.json", R"({"train": ["1", ")" + corpus + R"("], "valid": [")" + corpus + R"("]})")});
+  EXPECT_EQ(from_json.train_data_path, per_split.train_data_path);
+  EXPECT_EQ(from_json.valid_data_path, per_split.valid_data_path);
+  EXPECT_TRUE(from_json.test_data_path.empty());
+  EXPECT_TRUE(same_samples(from_json, per_split, Split::Train));
+  EXPECT_TRUE(same_samples(from_json, per_split, Split::Valid));
+
+  EXPECT_NE(config_error({"--data-args-path", write_temp("empty.txt", " \n")}).find("--data-args-path: '"),
+            std::string::npos);
+  EXPECT_NE(config_error({"--data-args-path", "/nonexistent/args.txt"}).find("no such file"), std::string::npos);
+  EXPECT_NE(config_error({"--data-args-path", write_temp("a.txt", corpus), "--data-path", corpus}).find("keep one"),
+            std::string::npos);
+  EXPECT_NE(config_error({"--per-split-data-args-path", write_temp("typo.json", R"({"training": ["x"]})")})
+                .find("has the key \"training\""),
+            std::string::npos);
+  EXPECT_NE(config_error({"--per-split-data-args-path", write_temp("list.json", R"(["x"])")}).find("an object"),
+            std::string::npos);
+  EXPECT_NE(config_error({"--per-split-data-args-path", write_temp("nested.json", R"({"train": [["x"]]})")})
+                .find("its items are prefixes and weights"),
+            std::string::npos);
+  EXPECT_NE(config_error({"--per-split-data-args-path", write_temp("novalid.json", R"({"valid": ["x"]})")})
+                .find("names no training data"),
+            std::string::npos);
+}
 
 // A DeepSpeed user's ds_config.json becomes pretrain_gpt's flags: batch sizes,
 // clipping, bf16, ZeRO stage and bucket, AdamW's parameters and a linear

@@ -503,22 +503,19 @@ void require_model_fits_in_counters(const TrainArgs& a) {
 // A config file is short text: a directory is refused, and at most 1 MiB is
 // read from anything else (so /dev/zero or a runaway pipe ends in an error,
 // while `--config <(generate)` works); a UTF-8 byte-order mark is dropped.
-std::string read_config_file(const std::string& file, const std::string& flag) {
+std::string read_config_file(const std::string& file, const std::string& flag, const std::string& what) {
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(file, ec);
-  MZ_REQUIRE(!ec && fs::exists(status), flag, ": cannot read '", file,
-             "': no such file; pass a config file (see configs/)");
-  MZ_REQUIRE(!fs::is_directory(status), flag, ": '", file, "' is a directory; pass a config file in it (see configs/)");
+  MZ_REQUIRE(!ec && fs::exists(status), flag, ": cannot read '", file, "': no such file; pass ", what);
+  MZ_REQUIRE(!fs::is_directory(status), flag, ": '", file, "' is a directory; pass ", what, " in it");
   std::ifstream in(file, std::ios::binary);
   MZ_REQUIRE(in.good(), flag, ": cannot read '", file, "'; check its permissions");
   constexpr std::size_t kMaxConfigBytes = 1 << 20;
   std::string text(kMaxConfigBytes + 1, '\0');
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<std::size_t>(in.gcount()));
-  MZ_REQUIRE(text.size() <= kMaxConfigBytes, flag, ": '", file,
-             "' is longer than 1 MiB; a config file is key = value "
-             "lines (see configs/)");
+  MZ_REQUIRE(text.size() <= kMaxConfigBytes, flag, ": '", file, "' is longer than 1 MiB; pass ", what);
   if (text.rfind("\xEF\xBB\xBF", 0) == 0) text.erase(0, 3);
   MZ_REQUIRE(text.find('\0') == std::string::npos, flag, ": '", file, "' is not a text file (it holds NUL bytes)");
   return text;

@@ -257,7 +257,8 @@ std::string config_path_in(int argc, char** argv);
 
 // A --config file's text: ConfigError naming the file when it is missing, a
 // directory, unreadable, longer than 1 MiB or not text.
-std::string read_config_file(const std::string& file, const std::string& flag = "--config");
+std::string read_config_file(const std::string& file, const std::string& flag = "--config",
+                             const std::string& what = "a config file (see configs/)");
 
 // Collective over `comm`: rank 0 reads its --config file and every rank whose
 // command line names the same file gets that text, so a file only rank 0 can

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "megazero/core/error.h"
 #include "megazero/data/gpt2_tokenizer.h"
@@ -53,6 +55,9 @@ const CompatFlag kFlags[] = {
     {"lr-decay-samples", Kind::Value, Meaning::Translated, "--lr-decay-iters"},
     {"lr-warmup-samples", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
     {"lr-wsd-decay-samples", Kind::Value, Meaning::Translated, "--lr-wsd-decay-iters"},
+    {"data-args-path", Kind::Value, Meaning::Translated, "--data-path, read from the file"},
+    {"per-split-data-args-path", Kind::Value, Meaning::Translated,
+     "--train-data-path, --valid-data-path, --test-data-path from the JSON file's train, valid, test"},
     {"distributed-timeout-minutes", Kind::Value, Meaning::Translated, "--collective-timeout"},
     {"pipeline-model-parallel-size", Kind::Value, Meaning::Translated, "1 only"},
     {"optimizer-offload-fraction", Kind::Value, Meaning::Translated,
@@ -476,6 +481,61 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                " is not a multiple of --global-batch-size ", a.global_batch_size, "; use a multiple (or --", ours, ")");
     *field = samples / a.global_batch_size;
   };
+  // Megatron's files of data arguments, for blends too long for a command
+  // line: --data-path's words, or a JSON object of the three splits' lists.
+  if (const auto* v = value("data-args-path")) {
+    conflict("data-args-path", "data-path");
+    const std::string text = read_config_file(*v, "--data-args-path", "a text file of --data-path's words");
+    std::istringstream words(text);
+    a.data_path.clear();
+    for (std::string w; words >> w;) a.data_path.push_back(w);
+    MZ_REQUIRE(!a.data_path.empty(), "--data-args-path: '", *v,
+               "' holds no words; write --data-path's arguments in it (PREFIX, or WEIGHT PREFIX ...)");
+  }
+  if (const auto* v = value("per-split-data-args-path")) {
+    MZ_REQUIRE(!value("data-args-path"),
+               "--per-split-data-args-path and --data-args-path both name the data; keep one");
+    const std::string file = *v;
+    const std::string text = read_config_file(file, "--per-split-data-args-path",
+                                              "a JSON file with train, valid and test lists of data arguments");
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError("--per-split-data-args-path: '" + file + "' is not JSON (" + e.what() + ")");
+    }
+    MZ_REQUIRE(j.is_object(), "--per-split-data-args-path: '", file,
+               "' must hold an object with \"train\", \"valid\" and \"test\" lists");
+    const std::pair<const char*, std::vector<std::string>*> splits[] = {
+        {"train", &a.train_data_path}, {"valid", &a.valid_data_path}, {"test", &a.test_data_path}};
+    for (const auto& [key, value] : j.items()) {
+      const bool known =
+          std::any_of(std::begin(splits), std::end(splits), [&](const auto& sp) { return key == sp.first; });
+      MZ_REQUIRE(known, "--per-split-data-args-path: '", file, "' has the key \"", key,
+                 "\"; the keys are train, valid and test");
+    }
+    for (const auto& [key, field] : splits) {
+      const std::string flag = std::string(key) + "-data-path";
+      if (!j.contains(key)) continue;
+      conflict("per-split-data-args-path", flag.c_str());
+      const auto& list = j.at(key);
+      MZ_REQUIRE(list.is_array() || list.is_string(), "--per-split-data-args-path: '", file, "': \"", key,
+                 "\" must be a list of --", flag, "'s words (or one string of them)");
+      field->clear();
+      auto add_words = [&](const std::string& words) {
+        std::istringstream in(words);
+        for (std::string w; in >> w;) field->push_back(w);
+      };
+      if (list.is_string()) add_words(list.get<std::string>());
+      for (const auto& w : list.is_array() ? list : nlohmann::json::array()) {
+        MZ_REQUIRE(w.is_string() || w.is_number(), "--per-split-data-args-path: '", file, "': \"", key, "\" holds ",
+                   w.dump(), "; its items are prefixes and weights");
+        add_words(w.is_string() ? w.get<std::string>() : w.dump());
+      }
+    }
+    MZ_REQUIRE(!a.train_data_path.empty(), "--per-split-data-args-path: '", file,
+               "' names no training data; give \"train\" a list of data arguments");
+  }
   samples_to_iters("train-samples", "train-iters", &a.train_iters);
   samples_to_iters("lr-decay-samples", "lr-decay-iters", &a.lr.decay_iters);
   samples_to_iters("lr-warmup-samples", "lr-warmup-iters", &a.lr.warmup_iters);

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <numeric>
 
 #include "megazero/checkpoint/checkpoint.h"
 #include "megazero/core/error.h"
@@ -449,6 +450,274 @@ TEST(Generation, TheKeyValueCacheGivesTheWholeSequencesLogits) {
   }
 }
 
+namespace {
+// Megatron's beam search written plainly: each sequence's logits from the
+// whole sequence (no cache), every candidate sorted, the first 2 x width
+// considered, the finished hypotheses kept as its BeamHypotheses keeps them.
+std::vector<Hypothesis> reference_beam_search(hf::CheckpointModel& m, const std::vector<I>& prompt,
+                                              const BeamOptions& o) {
+  const I V = m.config().vocab_size;
+  struct Beam {
+    std::vector<I> tokens;
+    double sum;
+  };
+  std::vector<Beam> beams = {{{}, 0.0}};
+  std::vector<Hypothesis> hyps;
+  double worst = 1e9;
+  auto add = [&](const std::vector<I>& tokens, double sum, bool stopped) {
+    const double score = sum / std::pow(static_cast<double>(tokens.size()), o.length_penalty);
+    if (static_cast<I>(hyps.size()) < o.width || score > worst) {
+      hyps.push_back({tokens, score, sum, stopped});
+      if (static_cast<I>(hyps.size()) > o.width) {
+        std::vector<std::pair<double, std::size_t>> by_score;
+        for (std::size_t i = 0; i < hyps.size(); ++i) by_score.push_back({hyps[i].score, i});
+        std::sort(by_score.begin(), by_score.end());
+        hyps.erase(hyps.begin() + static_cast<std::ptrdiff_t>(by_score[0].second));
+        worst = by_score[1].first;
+      } else {
+        worst = std::min(score, worst);
+      }
+    }
+  };
+  bool done = false;
+  for (I step = 0; step < o.max_new_tokens; ++step) {
+    std::vector<std::pair<double, I>> cand;  // (sum, beam x V + token)
+    for (std::size_t b = 0; b < beams.size(); ++b) {
+      std::vector<I> seq = prompt;
+      seq.insert(seq.end(), beams[b].tokens.begin(), beams[b].tokens.end());
+      auto row = m.logits(seq, /*last_only=*/true);
+      if (o.no_newline_after_colon && seq.back() == o.lines.colon)
+        row[static_cast<std::size_t>(o.lines.newline)] = -1e10f;
+      for (I t = 0; t < V; ++t)
+        cand.push_back({beams[b].sum + log_softmax_at(row, 0, V, t), static_cast<I>(b) * V + t});
+    }
+    std::sort(cand.begin(), cand.end(), [](const auto& a, const auto& b) {
+      return a.first > b.first || (a.first == b.first && a.second < b.second);
+    });
+    std::vector<Beam> next;
+    for (std::size_t r = 0; r < std::min(cand.size(), static_cast<std::size_t>(2 * o.width)); ++r) {
+      const I parent = cand[r].second / V, token = cand[r].second % V;
+      std::vector<I> tokens = beams[static_cast<std::size_t>(parent)].tokens;
+      tokens.push_back(token);
+      if (o.stop_token && token == *o.stop_token) {
+        if (static_cast<I>(r) < o.width) add(tokens, cand[r].first, true);
+      } else {
+        next.push_back({tokens, cand[r].first});
+      }
+      if (static_cast<I>(next.size()) == o.width) break;
+    }
+    const I length = step + 1;
+    if (static_cast<I>(hyps.size()) >= o.width &&
+        worst >= cand[0].first / std::pow(static_cast<double>(length), o.length_penalty)) {
+      done = true;
+      break;
+    }
+    beams = next;
+  }
+  if (!done)
+    for (const auto& b : beams) add(b.tokens, b.sum, false);
+  std::stable_sort(hyps.begin(), hyps.end(), [](const auto& a, const auto& b) { return a.score > b.score; });
+  return hyps;
+}
+
+void expect_same_hypotheses(const std::vector<Hypothesis>& got, const std::vector<Hypothesis>& want,
+                            const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (std::size_t h = 0; h < want.size(); ++h) {
+    EXPECT_EQ(got[h].tokens, want[h].tokens) << what << ", hypothesis " << h;
+    EXPECT_EQ(got[h].stopped, want[h].stopped) << what << ", hypothesis " << h;
+    EXPECT_NEAR(got[h].score, want[h].score, 1e-5 * std::max(1.0, std::fabs(want[h].score)))
+        << what << ", hypothesis " << h;
+  }
+}
+}  // namespace
+
+// A step's choice as Megatron's: the best width candidates that are not the
+// stop token become the next sequences; a stop token among the first width
+// candidates finishes its parent's hypothesis, one ranked lower (reached only
+// when stops took earlier places) is dropped; ties go to the lower parent and
+// token. And the finished hypotheses: the best width by sum / length^penalty,
+// done once the worst of them is at least what the best live sum could score.
+TEST(Generation, BeamStepChoosesAndKeepsAsMegatrons) {
+  using beam::choose;
+  // Two live sequences over a vocabulary of 5; token 4 is the stop token.
+  //                         0     1     2     3     4
+  const std::vector<double> sums = {-1.0, -5.0, -2.5, -9.0, -0.5,   // parent 0
+                                    -2.0, -1.5, -6.0, -7.0, -1.2};  // parent 1
+  auto c = choose(sums, 5, 2, I{4});
+  // Ranks: (0,4) -0.5, (0,0) -1, (1,4) -1.2, (1,1) -1.5: the first stop finishes, the second ranks 2 = width: dropped.
+  EXPECT_EQ(c.stopped, std::vector<I>({0}));
+  ASSERT_EQ(c.next.size(), 2u);
+  EXPECT_EQ(c.next[0], std::make_pair(I{0}, I{0}));
+  EXPECT_EQ(c.next[1], std::make_pair(I{1}, I{6 - 5}));
+  EXPECT_EQ(c.best_sum, -0.5);
+  // Width 3: (1, 4) ranks 2 < 3 and finishes too.
+  c = choose(sums, 5, 3, I{4});
+  EXPECT_EQ(c.stopped, std::vector<I>({0, 1}));
+  ASSERT_EQ(c.next.size(), 3u);
+  EXPECT_EQ(c.next[2], std::make_pair(I{1}, I{0})) << "-2.0 after -1.0 and -1.5";
+  // No stop token: the stop is an ordinary token.
+  c = choose(sums, 5, 2, std::nullopt);
+  EXPECT_TRUE(c.stopped.empty());
+  EXPECT_EQ(c.next[0], std::make_pair(I{0}, I{4}));
+  EXPECT_EQ(c.next[1], std::make_pair(I{0}, I{0}));
+  // Ties: the lower parent, then the lower token.
+  c = choose({-1.0, -1.0, -1.0, -1.0}, 2, 3, std::nullopt);
+  ASSERT_EQ(c.next.size(), 3u);
+  EXPECT_EQ(c.next[0], std::make_pair(I{0}, I{0}));
+  EXPECT_EQ(c.next[1], std::make_pair(I{0}, I{1}));
+  EXPECT_EQ(c.next[2], std::make_pair(I{1}, I{0}));
+  // More stops than places: the search reads past 2 x width for its width live sequences.
+  c = choose({-0.1, -0.2, -0.3, -0.4, -9.0, -0.15, -0.25, -0.35, -0.45, -9.5}, 5, 2, std::nullopt);
+  EXPECT_EQ(c.next.size(), 2u);
+  c = choose({-0.1, -5.0, -6.0, -7.0, -8.0}, 5, 3, I{0});
+  EXPECT_EQ(c.stopped, std::vector<I>({0}));
+  EXPECT_EQ(c.next.size(), 3u);
+  // A vocabulary smaller than the width leaves fewer sequences.
+  EXPECT_EQ(choose({-1.0, -2.0}, 2, 4, I{1}).next.size(), 1u);
+
+  beam::Finished f{2, 1.0};
+  f.add({1, 2}, -4.0, true);  // score -2
+  EXPECT_FALSE(f.done(-0.1, 2)) << "fewer than width kept";
+  f.add({1, 2, 3, 4}, -4.0, true);  // score -1
+  EXPECT_EQ(f.worst, -2.0);
+  EXPECT_TRUE(f.done(-4.0, 2)) << "the best live could score -2 = the worst kept";
+  EXPECT_FALSE(f.done(-3.9, 2));
+  f.add({5}, -3.0, false);  // -3: not better than the worst, not kept
+  EXPECT_EQ(f.kept.size(), 2u);
+  f.add({6}, -1.5, false);  // -1.5 replaces the -2
+  ASSERT_EQ(f.kept.size(), 2u);
+  EXPECT_EQ(f.worst, -1.5);
+  EXPECT_EQ(f.kept[0].tokens, std::vector<I>({1, 2, 3, 4}));
+  EXPECT_EQ(f.kept[1].tokens, std::vector<I>({6}));
+  beam::Finished p{1, 2.0};
+  p.add({1, 2}, -2.0, true);
+  EXPECT_DOUBLE_EQ(p.kept[0].score, -0.5) << "-2 / 2^2";
+  EXPECT_DOUBLE_EQ(p.kept[0].sum_logprobs, -2.0);
+}
+
+// Beam search (Megatron's beam_width, length_penalty): with the key/value
+// caches reordered each step it finds the plain no-cache search's
+// hypotheses, for the learned positions and for rope with GQA, widths 1 to 5,
+// length penalties 0.5 to 2 and stop tokens finishing hypotheses early (the
+// search then ending on Megatron's is_done); width 1 is greedy decoding; the
+// isolated device gives the CPU's hypotheses bit for bit; bad options are
+// refused.
+TEST(Generation, BeamSearchFindsThePlainSearchsHypothesesOverTheCaches) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "rope, RMSNorm, SwiGLU, GQA" : "learned positions, LayerNorm, GeLU");
+    Checkpoint ck(llama);
+    hf::CheckpointModel model(ck.dir + "/ckpt", world()), iso(ck.dir + "/ckpt", world(), 0, "cpu-isolated");
+    const std::vector<I> prompt = {3, 17, 5};
+    GenerateOptions greedy;
+    greedy.sampling.greedy = true;
+    greedy.max_new_tokens = 6;
+    const auto g = generate(model, prompt, greedy).tokens;
+    BeamOptions one;
+    one.width = 1;
+    one.max_new_tokens = 6;
+    const auto w1 = beam_search(model, prompt, one);
+    ASSERT_EQ(w1.size(), 1u);
+    EXPECT_EQ(w1[0].tokens, g) << "width 1 is greedy";
+    // The first step's tokens by likelihood: a stop token ranked from width
+    // to 2 x width - 1 there is dropped, not finished (Megatron's rule).
+    const auto row = model.logits(prompt, /*last_only=*/true);
+    std::vector<I> by_rank(row.size());
+    std::iota(by_rank.begin(), by_rank.end(), I{0});
+    std::stable_sort(by_rank.begin(), by_rank.end(),
+                     [&](I a, I b) { return row[static_cast<std::size_t>(a)] > row[static_cast<std::size_t>(b)]; });
+    struct Case {
+      I width;
+      double penalty;
+      int stop;        // -1: none; else the greedy path's token at this index
+      int first_rank;  // or the first step's token of this rank
+    };
+    for (const Case c : {Case{4, 1.0, -1, -1}, Case{3, 0.5, 0, -1}, Case{5, 2.0, 2, -1}, Case{2, 1.0, 1, -1},
+                         Case{3, 1.0, -1, 4}, Case{2, 0.0, -1, 1}}) {
+      BeamOptions o;
+      o.width = c.width;
+      o.length_penalty = c.penalty;
+      o.max_new_tokens = 6;
+      if (c.stop >= 0) o.stop_token = g[static_cast<std::size_t>(c.stop)];
+      if (c.first_rank >= 0) o.stop_token = by_rank[static_cast<std::size_t>(c.first_rank)];
+      const std::string what = "width " + std::to_string(c.width) + ", length penalty " + std::to_string(c.penalty) +
+                               (c.stop >= 0 ? ", stop token " + std::to_string(*o.stop_token) : "");
+      const auto got = beam_search(model, prompt, o);
+      expect_same_hypotheses(got, reference_beam_search(model, prompt, o), what);
+      EXPECT_EQ(static_cast<I>(got.size()), c.width) << what;
+      for (std::size_t h = 0; h + 1 < got.size(); ++h) EXPECT_GE(got[h].score, got[h + 1].score) << what;
+      for (const auto& h : got) {
+        EXPECT_NEAR(h.score, h.sum_logprobs / std::pow(static_cast<double>(h.tokens.size()), c.penalty), 1e-12) << what;
+        EXPECT_EQ(h.stopped, o.stop_token && h.tokens.back() == *o.stop_token) << what;
+      }
+      if (c.stop == 0) {
+        EXPECT_TRUE(std::any_of(got.begin(), got.end(), [](const auto& h) { return h.stopped; }));
+      }
+      const auto on_iso = beam_search(iso, prompt, o);
+      ASSERT_EQ(on_iso.size(), got.size());
+      for (std::size_t h = 0; h < got.size(); ++h) {
+        EXPECT_EQ(on_iso[h].tokens, got[h].tokens) << what << " on the isolated device";
+        EXPECT_EQ(on_iso[h].score, got[h].score) << what << " on the isolated device";
+      }
+    }
+    // Generation with one cache still works after a beam search's several.
+    EXPECT_EQ(generate(model, prompt, greedy).tokens, g);
+  }
+  Checkpoint ck;
+  hf::CheckpointModel model(ck.dir + "/ckpt", world());
+  BeamOptions bad;
+  for (I w : {0, -1, 257}) {
+    bad.width = w;
+    EXPECT_THROW(beam_search(model, {1, 2}, bad), ConfigError) << w;
+  }
+  bad.width = 2;
+  bad.length_penalty = std::nan("");
+  EXPECT_THROW(beam_search(model, {1, 2}, bad), ConfigError);
+  bad.length_penalty = 1;
+  bad.max_new_tokens = model.config().max_position_embeddings;
+  EXPECT_THROW(beam_search(model, {1, 2}, bad), ConfigError);
+  bad.max_new_tokens = 0;
+  EXPECT_THROW(beam_search(model, {1, 2}, bad), ConfigError);
+}
+
+// Two tokens at a width of the whole vocabulary keep every first token, so
+// beam search is exhaustive there: its hypotheses are the most likely
+// two-token continuations of all V x V, in order, each scored by the
+// whole-sequence logits of its own tokens.
+TEST(Generation, BeamSearchOfTheWholeVocabularyIsExhaustiveOverTwoTokens) {
+  if (world().size() != 1) GTEST_SKIP() << "one rank";
+  Checkpoint ck;
+  hf::CheckpointModel model(ck.dir + "/ckpt", world());
+  const I V = model.config().vocab_size;
+  const std::vector<I> prompt = {8, 1, 33, 2};
+  const auto first = model.logits(prompt, /*last_only=*/true);
+  std::vector<double> all;  // every (t1, t2)'s log-probability
+  std::map<std::pair<I, I>, double> of;
+  for (I t1 = 0; t1 < V; ++t1) {
+    std::vector<I> seq = prompt;
+    seq.push_back(t1);
+    const auto row = model.logits(seq, /*last_only=*/true);
+    for (I t2 = 0; t2 < V; ++t2) {
+      const double lp = log_softmax_at(first, 0, V, t1) + log_softmax_at(row, 0, V, t2);
+      all.push_back(lp);
+      of[{t1, t2}] = lp;
+    }
+  }
+  std::sort(all.rbegin(), all.rend());
+  BeamOptions o;
+  o.width = V;
+  o.max_new_tokens = 2;
+  o.length_penalty = 0;  // scores are the sums
+  const auto got = beam_search(model, prompt, o);
+  ASSERT_EQ(static_cast<I>(got.size()), V);
+  for (std::size_t h = 0; h < got.size(); ++h) {
+    ASSERT_EQ(got[h].tokens.size(), 2u);
+    EXPECT_NEAR(got[h].score, all[h], 1e-5) << "rank " << h;
+    EXPECT_NEAR(got[h].score, of.at({got[h].tokens[0], got[h].tokens[1]}), 1e-5) << "rank " << h;
+  }
+}
+
 // The model split over the world's ranks (TP = ranks, tools/generate_text
 // under mpiexec): a checkpoint saved at DP = ranks, ZeRO stage 3, resharded
 // to TP shards on load, computes each rank's one-rank model's logits (every
@@ -521,6 +790,26 @@ TEST(Generation, TensorParallelRanksComputeTheOneRankModel) {
     ASSERT_EQ(a.logprobs.size(), b.logprobs.size());
     for (std::size_t i = 0; i < a.logprobs.size(); ++i)
       EXPECT_NEAR(a.logprobs[i], b.logprobs[i], 1e-5 * std::max(1.0, std::fabs(b.logprobs[i]))) << "token " << i + 1;
+    // Beam search: rank 0's choices on every rank; the one-rank model's scores, rank by rank.
+    BeamOptions bo;
+    bo.width = 3;
+    bo.max_new_tokens = 4;
+    const auto bs = beam_search(split, prompt, bo), bw = beam_search(one, prompt, bo);
+    ASSERT_EQ(bs.size(), bw.size());
+    for (std::size_t h = 0; h < bs.size(); ++h)
+      EXPECT_NEAR(bs[h].score, bw[h].score, 1e-5 * std::max(1.0, std::fabs(bw[h].score))) << "hypothesis " << h;
+    std::vector<I> flat;
+    for (const auto& h : bs) flat.insert(flat.end(), h.tokens.begin(), h.tokens.end());
+    Tensor own = Tensor::empty(make_device(DeviceKind::CPU), {static_cast<I>(flat.size())}, DType::I64,
+                               MemoryCategory::Workspace);
+    Tensor every = Tensor::empty(make_device(DeviceKind::CPU), {static_cast<I>(flat.size()) * world().size()},
+                                 DType::I64, MemoryCategory::Workspace);
+    std::copy(flat.begin(), flat.end(), own.host_data<I>());
+    world().all_gather(own, every).wait();
+    for (int q = 0; q < world().size(); ++q)
+      EXPECT_EQ(std::vector<I>(every.host_data<I>() + flat.size() * q, every.host_data<I>() + flat.size() * (q + 1)),
+                flat)
+          << "rank " << q << "'s hypotheses";
     world().barrier().wait();
     if (world().rank() == 0) fs::remove_all(dir);
   }

@@ -42,7 +42,8 @@ struct CheckpointModel::Impl {
   std::unique_ptr<layers::GPTModel> model;
   std::unique_ptr<zero::ZeroEngine> engine;
   std::shared_ptr<Device> host = make_device(DeviceKind::CPU);
-  std::optional<layers::KvCache> cache;  // start_cache's; declared last: its buffers go first
+  // start_cache's, one a slot, and reorder_caches' second set; declared last: their buffers go first.
+  std::vector<layers::KvCache> caches, spare;
 
   // The ids on the model's device, each checked against the vocabulary (--tokens named).
   Tensor upload(const std::vector<I>& tokens) const {
@@ -148,14 +149,43 @@ std::vector<float> CheckpointModel::logits(const std::vector<I>& tokens, bool la
   return impl_->to_host(last_only ? model.logits().narrow(0, S - 1, 1) : model.logits());
 }
 
-void CheckpointModel::start_cache(I capacity) {
-  impl_->cache.reset();  // the old buffers go first
-  impl_->cache = impl_->model->make_kv_cache(capacity);
+void CheckpointModel::start_cache(I capacity, I slots) {
+  MZ_CHECK(slots >= 1, "start_cache: ", slots, " slots");
+  impl_->caches.clear();  // the old buffers go first
+  impl_->spare.clear();
+  for (I s = 0; s < slots; ++s) impl_->caches.push_back(impl_->model->make_kv_cache(capacity));
 }
 
-std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens, bool all_rows) {
-  MZ_CHECK(impl_->cache.has_value(), "CheckpointModel::extend before start_cache");
-  auto& cache = *impl_->cache;
+void CheckpointModel::reorder_caches(const std::vector<I>& parents) {
+  auto& caches = impl_->caches;
+  MZ_CHECK(parents.size() == caches.size(), "reorder_caches: ", parents.size(), " parents for ", caches.size(),
+           " slots");
+  bool identity = true;
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    MZ_CHECK(parents[i] >= 0 && parents[i] < static_cast<I>(caches.size()), "reorder_caches: parent ", parents[i]);
+    identity = identity && parents[i] == static_cast<I>(i);
+  }
+  if (identity) return;
+  // Into the second set (made once, the first reorder's), then the sets swap:
+  // a slot may be a parent of several and its own child at once.
+  auto& spare = impl_->spare;
+  if (spare.empty())
+    for (std::size_t i = 0; i < caches.size(); ++i) spare.push_back(impl_->model->make_kv_cache(caches[i].capacity));
+  for (std::size_t i = 0; i < parents.size(); ++i) {
+    const layers::KvCache& from = caches[static_cast<std::size_t>(parents[i])];
+    for (std::size_t l = 0; l < from.keys.size(); ++l) {
+      spare[i].keys[l].copy_from(from.keys[l]);
+      spare[i].values[l].copy_from(from.values[l]);
+    }
+    spare[i].length = from.length;
+  }
+  std::swap(caches, spare);
+}
+
+std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens, bool all_rows, I slot) {
+  MZ_CHECK(slot >= 0 && slot < static_cast<I>(impl_->caches.size()), "CheckpointModel::extend of slot ", slot, " with ",
+           impl_->caches.size(), " caches started");
+  auto& cache = impl_->caches[static_cast<std::size_t>(slot)];
   const I T = static_cast<I>(tokens.size());
   MZ_REQUIRE(T > 0 && cache.length + T <= cache.capacity, "--tokens: ", T, " more token ids after ", cache.length,
              " do not fit the ", cache.capacity, " positions of the key/value cache");
@@ -163,13 +193,22 @@ std::vector<float> CheckpointModel::extend(const std::vector<I>& tokens, bool al
   return impl_->to_host(all_rows ? logits : logits.narrow(0, T - 1, 1));
 }
 
-I CheckpointModel::rank0_token(I token) {
+I CheckpointModel::rank0_token(I token) { return rank0_values({token}).front(); }
+
+std::vector<I> CheckpointModel::rank0_values(std::vector<I> values) {
   Communicator& group = *impl_->group;
-  if (group.size() == 1) return token;
-  Tensor t = Tensor::empty(impl_->host, {1}, DType::I64, MemoryCategory::Workspace);
-  *t.host_data<I>() = token;
+  if (group.size() == 1) return values;
+  // The count first (a rank whose choice differed could hold another number of values).
+  Tensor n = Tensor::empty(impl_->host, {1}, DType::I64, MemoryCategory::Workspace);
+  *n.host_data<I>() = static_cast<I>(values.size());
+  group.broadcast(n, 0).wait();
+  values.resize(static_cast<std::size_t>(*n.host_data<I>()));
+  if (values.empty()) return values;
+  Tensor t = Tensor::empty(impl_->host, {static_cast<I>(values.size())}, DType::I64, MemoryCategory::Workspace);
+  std::copy(values.begin(), values.end(), t.host_data<I>());
   group.broadcast(t, 0).wait();
-  return *t.host_data<I>();
+  std::copy_n(t.host_data<I>(), values.size(), values.begin());
+  return values;
 }
 
 std::vector<float> checkpoint_logits(const std::string& load, const std::vector<I>& tokens, Communicator& group,

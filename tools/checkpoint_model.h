@@ -61,12 +61,17 @@ class CheckpointModel {
   // only `tokens`, after the positions already cached, and returns the last
   // one's logits [vocab] (what logits(all tokens so far, true) gives, to
   // rounding); all_rows: each of the tokens' rows [tokens.size(), vocab].
-  void start_cache(std::int64_t capacity);
-  std::vector<float> extend(const std::vector<std::int64_t>& tokens, bool all_rows = false);
-  // Rank 0's token on every rank of the group. Every rank draws from the
-  // same gathered logits with the same seed, so they agree already; this
-  // makes it so by construction (a host whose libm rounds differently).
+  // Beam search keeps `slots` caches, one a sequence (extend's `slot`);
+  // reorder_caches makes slot i a copy of what slot parents[i] held (one
+  // entry a slot, any parent any number of times).
+  void start_cache(std::int64_t capacity, std::int64_t slots = 1);
+  std::vector<float> extend(const std::vector<std::int64_t>& tokens, bool all_rows = false, std::int64_t slot = 0);
+  void reorder_caches(const std::vector<std::int64_t>& parents);
+  // Rank 0's token (or values) on every rank of the group. Every rank draws
+  // from the same gathered logits with the same seed, so they agree already;
+  // this makes it so by construction (a host whose libm rounds differently).
   std::int64_t rank0_token(std::int64_t token);
+  std::vector<std::int64_t> rank0_values(std::vector<std::int64_t> values);
 
  private:
   struct Impl;

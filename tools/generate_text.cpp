@@ -11,6 +11,7 @@
 // --logprobs --max-new-tokens 0 scores a text: each token's log-probability.
 #include <boost/program_options.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -34,8 +35,61 @@ namespace {
 
 std::string ids_text(const std::vector<I>& ids) {
   std::string s;
-  for (I t : ids) s += (s.empty() ? "" : ",") + std::to_string(t);
+  for (I t : ids) {
+    if (!s.empty()) s += ',';
+    s += std::to_string(t);
+  }
   return s;
+}
+
+// --beam-width: the hypotheses, best first, each with its score; --output gets them as JSON.
+int run_beam_search(hf::CheckpointModel& model, const data::Tokenizer* tok, Communicator& world,
+                    const std::vector<I>& ids, generation::BeamOptions beam, const generation::GenerateOptions& o,
+                    const std::string& output) {
+  const bool root = world.rank() == 0;
+  beam.max_new_tokens = o.max_new_tokens;
+  beam.stop_token = o.stop_token;
+  beam.no_newline_after_colon = o.no_newline_after_colon;
+  beam.lines = o.lines;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto hyps = generation::beam_search(model, ids, beam);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto text_of = [&](const std::vector<I>& tokens) {
+    return tok ? tok->decode(std::vector<std::int32_t>(tokens.begin(), tokens.end())) : std::string();
+  };
+  if (root) {
+    std::printf(
+        "generate_text: %s (iteration %lld): beam search over %lld sequences, length penalty %g; prompt of "
+        "%zu tokens; %zu hypotheses in %.2f s, best first\n",
+        model.checkpoint().c_str(), static_cast<long long>(model.iteration()), static_cast<long long>(beam.width),
+        beam.length_penalty, ids.size(), hyps.size(), seconds);
+    for (std::size_t h = 0; h < hyps.size(); ++h) {
+      const auto& y = hyps[h];
+      std::printf("generate_text: hypothesis %zu: score %.6f (log-probability %.6f over %zu tokens%s): %s\n", h + 1,
+                  y.score, y.sum_logprobs, y.tokens.size(), y.stopped ? ", stopped" : "", ids_text(y.tokens).c_str());
+      if (tok) std::printf("%s%s\n", text_of(ids).c_str(), text_of(y.tokens).c_str());
+    }
+    std::fflush(stdout);
+  }
+  if (!output.empty())
+    run_consistently(world, [&] {
+      if (!root) return;
+      nlohmann::json j;
+      j["prompt_tokens"] = ids;
+      j["hypotheses"] = nlohmann::json::array();
+      for (const auto& y : hyps) {
+        nlohmann::json h = {
+            {"tokens", y.tokens}, {"score", y.score}, {"sum_logprobs", y.sum_logprobs}, {"stopped", y.stopped}};
+        if (tok) h["text"] = text_of(y.tokens);
+        j["hypotheses"].push_back(h);
+      }
+      std::ofstream out(output);
+      MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
+      out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      out.close();
+      MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
+    });
+  return 0;
 }
 
 int run(int argc, char** argv) {
@@ -82,9 +136,17 @@ int run(int argc, char** argv) {
         "run the whole sequence every step instead of keeping each layer's keys and values (slower; the same "
         "tokens up to rounding: a check of the cache)")(
         "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
+    generation::BeamOptions beam;
+    beam.width = 0;
+    d.add_options()("beam-width", po::value(&beam.width)->default_value(0),
+                    "beam search (Megatron's beam_width): print the N most likely continuations by their summed "
+                    "log-probabilities, best first; 0 = off (sample or --greedy)")(
+        "length-penalty", po::value(&beam.length_penalty)->default_value(1.0),
+        "with --beam-width: a hypothesis scores its summed log-probability / length^this (Megatron's "
+        "length_penalty)");
     bool help = false;
     d.add_options()("help,h", po::bool_switch(&help), "print this help");
-    parse_command_line(argc, argv, d, "generate_text");
+    const auto vm = parse_command_line(argc, argv, d, "generate_text");
     o.kv_cache = !no_kv_cache;
     if (help) {
       if (!root) return 0;
@@ -104,6 +166,19 @@ int run(int argc, char** argv) {
     MZ_REQUIRE(o.max_new_tokens > 0 || (o.max_new_tokens == 0 && o.logprobs), "--max-new-tokens must be positive",
                o.max_new_tokens == 0 ? " (0 scores the prompt alone: add --logprobs)" : "", ", got ", o.max_new_tokens);
     generation::validate(o.sampling);
+    // Beam search ranks the model's own probabilities: what shapes sampling,
+    // the log-probabilities' report and the line stops have no place in it.
+    const auto given = [&](const char* flag) { return vm.count(flag) && !vm[flag].defaulted(); };
+    MZ_REQUIRE(beam.width >= 0, "--beam-width must be 0 (off) or a number of hypotheses, got ", beam.width);
+    MZ_REQUIRE(beam.width > 0 || !given("length-penalty"),
+               "--length-penalty scores beam search's hypotheses: add --beam-width N, or drop it");
+    if (beam.width > 0)
+      for (const char* flag : {"greedy", "temperature", "top-k", "top-p", "seed", "top-p-decay", "top-p-bound",
+                               "logprobs", "stop-on-eol", "stop-on-double-eol", "no-kv-cache"})
+        MZ_REQUIRE(!given(flag) || (vm[flag].value().type() == typeid(bool) && !vm[flag].as<bool>()), "--", flag,
+                   " has no effect on beam search (--beam-width ", beam.width,
+                   "), which ranks the model's own probabilities with every sequence's key/value cache: drop it, "
+                   "or drop --beam-width");
     const std::unique_ptr<data::Tokenizer> tok = generation::open_tokenizer(m);
     MZ_REQUIRE(tok || prompt.empty(),
                "--prompt is text: name its tokenizer with --vocab-file and --merge-file (GPT-2 BPE), "
@@ -144,6 +219,7 @@ int run(int argc, char** argv) {
     if (!no_stop)
       o.stop_token = generation::stop_token_of(stop_token == -2 ? std::nullopt : std::optional<I>(stop_token),
                                                "--stop-token", model, tok.get());
+    if (beam.width > 0) return run_beam_search(model, tok.get(), *world, ids, beam, o, output);
     // Every rank draws the same tokens (generation.h); rank 0 prints them.
     if (root) {
       std::printf(

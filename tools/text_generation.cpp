@@ -156,4 +156,146 @@ Generated generate(hf::CheckpointModel& model, const std::vector<I>& prompt, con
   return g;
 }
 
+// Each sequence holds two key/value caches (its own and the reorder's copy).
+constexpr I kMaxBeamWidth = 256;
+
+void validate(const BeamOptions& o, const char* width_name, const char* penalty_name) {
+  MZ_REQUIRE(o.width >= 1 && o.width <= kMaxBeamWidth, width_name, " must be 1 to ", kMaxBeamWidth, ", got ", o.width,
+             " (each sequence holds a key/value cache)");
+  MZ_REQUIRE(std::isfinite(o.length_penalty), penalty_name, " must be a finite number, got ", o.length_penalty);
+  MZ_REQUIRE(o.max_new_tokens > 0, "beam search draws new tokens: the count must be positive, got ", o.max_new_tokens);
+}
+
+namespace beam {
+
+void Finished::add(std::vector<I> tokens, double sum, bool stopped) {
+  const double score = sum / std::pow(static_cast<double>(tokens.size()), length_penalty);
+  if (static_cast<I>(kept.size()) >= width && score <= worst) return;
+  kept.push_back({std::move(tokens), score, sum, stopped});
+  const auto by_score = [](const Hypothesis& a, const Hypothesis& b) { return a.score < b.score; };
+  if (static_cast<I>(kept.size()) > width) {
+    // Drop the worst (the earliest added among equals); the next worst bounds.
+    kept.erase(std::min_element(kept.begin(), kept.end(), by_score));
+    worst = std::min_element(kept.begin(), kept.end(), by_score)->score;
+  } else {
+    worst = std::min(worst, score);
+  }
+}
+
+bool Finished::done(double best_live_sum, I length) const {
+  if (static_cast<I>(kept.size()) < width) return false;
+  return worst >= best_live_sum / std::pow(static_cast<double>(length), length_penalty);
+}
+
+Choice choose(const std::vector<double>& sums, I vocab, I width, std::optional<I> stop) {
+  std::vector<I> order(sums.size());
+  std::iota(order.begin(), order.end(), I{0});
+  // Enough candidates for `width` that are not the stop token (more are
+  // sorted only where the stop token took many of these; a vocabulary
+  // smaller than `width` leaves fewer sequences live).
+  const std::size_t k = std::min(order.size(), static_cast<std::size_t>(2 * width + 1));
+  auto better = [&](I a, I b) {
+    const double x = sums[static_cast<std::size_t>(a)], y = sums[static_cast<std::size_t>(b)];
+    return x > y || (x == y && a < b);
+  };
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), better);
+  Choice c;
+  c.best_sum = order.empty() ? 0 : sums[static_cast<std::size_t>(order.front())];
+  for (std::size_t r = 0; r < order.size() && static_cast<I>(c.next.size()) < width; ++r) {
+    if (r == k) std::sort(order.begin() + static_cast<std::ptrdiff_t>(k), order.end(), better);  // rarely
+    const I parent = order[r] / vocab, token = order[r] % vocab;
+    if (stop && token == *stop) {
+      if (static_cast<I>(r) < width) c.stopped.push_back(parent);  // below: dropped
+      continue;
+    }
+    c.next.push_back({parent, token});
+  }
+  return c;
+}
+
+}  // namespace beam
+
+namespace {
+// log softmax of a row, in double.
+std::vector<double> log_softmax(const std::vector<float>& row) {
+  const double top = *std::max_element(row.begin(), row.end());
+  double sum = 0;
+  for (float x : row) sum += std::exp(static_cast<double>(x) - top);
+  const double log_sum = std::log(sum);
+  std::vector<double> out(row.size());
+  for (std::size_t t = 0; t < row.size(); ++t) out[t] = static_cast<double>(row[t]) - top - log_sum;
+  return out;
+}
+}  // namespace
+
+std::vector<Hypothesis> beam_search(hf::CheckpointModel& model, const std::vector<I>& prompt, const BeamOptions& o) {
+  const I positions = model.config().max_position_embeddings, vocab = model.config().vocab_size;
+  const I n = static_cast<I>(prompt.size());
+  validate(o);
+  MZ_REQUIRE(n > 0, "the prompt is empty");
+  MZ_REQUIRE(n + o.max_new_tokens <= positions, "a prompt of ", n, " tokens and ", o.max_new_tokens,
+             " new tokens exceed the model's ", positions, " positions (max-position-embeddings)");
+  struct Live {
+    std::vector<I> tokens;
+    double sum = 0;
+  };
+  model.start_cache(n + o.max_new_tokens, o.width);
+  std::vector<Live> live(1);  // the prompt alone, in slot 0
+  std::vector<std::vector<float>> rows(1, model.extend(prompt, false, 0));
+  beam::Finished finished{o.width, o.length_penalty};
+  bool done = false;
+  for (I step = 0; step < o.max_new_tokens && !done; ++step) {
+    if (step > 0) {
+      rows.resize(live.size());
+      for (std::size_t b = 0; b < live.size(); ++b)
+        rows[b] = model.extend({live[b].tokens.back()}, false, static_cast<I>(b));
+    }
+    // Every live sequence's every next token, by the sum it would reach.
+    std::vector<double> sums(live.size() * static_cast<std::size_t>(vocab));
+    for (std::size_t b = 0; b < live.size(); ++b) {
+      auto& row = rows[b];
+      const I previous = live[b].tokens.empty() ? prompt.back() : live[b].tokens.back();
+      if (o.no_newline_after_colon && o.lines.colon >= 0 && o.lines.newline >= 0 && previous == o.lines.colon)
+        row[static_cast<std::size_t>(o.lines.newline)] = -1e10f;
+      const std::vector<double> lp = log_softmax(row);
+      for (I t = 0; t < vocab; ++t)
+        sums[b * static_cast<std::size_t>(vocab) + static_cast<std::size_t>(t)] =
+            live[b].sum + lp[static_cast<std::size_t>(t)];
+    }
+    const beam::Choice choice = beam::choose(sums, vocab, o.width, o.stop_token);
+    for (I parent : choice.stopped) {
+      std::vector<I> tokens = live[static_cast<std::size_t>(parent)].tokens;
+      tokens.push_back(*o.stop_token);
+      finished.add(std::move(tokens), sums[static_cast<std::size_t>(parent * vocab + *o.stop_token)], /*stopped=*/true);
+    }
+    // Rank 0's choices on every rank: (parent, token) for each next sequence, and whether the search is done.
+    std::vector<I> agreed;
+    for (const auto& [parent, token] : choice.next) agreed.insert(agreed.end(), {parent, token});
+    agreed.push_back(finished.done(choice.best_sum, step + 1) ? 1 : 0);
+    agreed = model.rank0_values(agreed);
+    done = agreed.back() == 1;
+    if (done) break;
+    std::vector<Live> next;
+    std::vector<I> parents;
+    for (std::size_t i = 0; i + 1 < agreed.size(); i += 2) {
+      const I parent = agreed[i], token = agreed[i + 1];
+      Live l = live[static_cast<std::size_t>(parent)];
+      l.tokens.push_back(token);
+      l.sum = sums[static_cast<std::size_t>(parent * vocab + token)];
+      next.push_back(std::move(l));
+      parents.push_back(parent);
+    }
+    // Slots past the live ones keep whatever they held (the parents list is one a slot).
+    for (I s = static_cast<I>(parents.size()); s < o.width; ++s) parents.push_back(s);
+    model.reorder_caches(parents);
+    live = std::move(next);
+  }
+  if (!done)
+    for (auto& l : live) finished.add(l.tokens, l.sum, /*stopped=*/false);
+  std::vector<Hypothesis> best = std::move(finished.kept);
+  std::stable_sort(best.begin(), best.end(),
+                   [](const Hypothesis& a, const Hypothesis& b) { return a.score > b.score; });
+  return best;
+}
+
 }  // namespace megazero::generation

@@ -108,4 +108,68 @@ struct Generated {
 Generated generate(hf::CheckpointModel& model, const std::vector<std::int64_t>& prompt, const GenerateOptions& o,
                    const std::function<void(std::int64_t)>& on_token = {});
 
+// Megatron's beam search (its server's beam_width and length_penalty): the
+// `width` most likely continuations by the sum of their tokens'
+// log-probabilities (the model's own, before any sampling shape), searched
+// a token at a time over `width` sequences, each with its own key/value
+// cache. A step ranks every live sequence's every next token; the best
+// become the next step's sequences, except the stop token, which finishes a
+// hypothesis where it ranks among the first `width` (and is dropped below).
+// Hypotheses are scored by sum / length^length_penalty (length: the new
+// tokens, the stop token counted); the search ends when `width` finished ones
+// score at least what the best live sequence could (Megatron's is_done), or
+// after max_new_tokens, when the live sequences join the finished ones.
+// Ties rank the lower sequence, then the lower token id, first.
+struct BeamOptions {
+  std::int64_t width = 4;
+  double length_penalty = 1.0;
+  std::int64_t max_new_tokens = 32;
+  std::optional<std::int64_t> stop_token;
+  bool no_newline_after_colon = false;  // as GenerateOptions's, per sequence
+  LineTokens lines;
+};
+struct Hypothesis {
+  std::vector<std::int64_t> tokens;  // the new tokens (the stop token kept)
+  double score = 0;                  // sum of log-probabilities / length^length_penalty
+  double sum_logprobs = 0;
+  bool stopped = false;  // ended on the stop token
+};
+// beam_search's parts, exposed for its tests.
+namespace beam {
+// One step's choice from the sums each live sequence's each next token would
+// reach ([live sequences x vocab], row by row): the next sequences as
+// (parent, token), best first, at most `width`, none the stop token; the
+// parents whose stop token ranks among the first `width` candidates (each
+// finishes a hypothesis; ranked lower it is dropped, as Megatron's); and the
+// best candidate's sum. Ties rank the lower parent, then the lower token, first.
+struct Choice {
+  std::vector<std::pair<std::int64_t, std::int64_t>> next;
+  std::vector<std::int64_t> stopped;
+  double best_sum = 0;
+};
+Choice choose(const std::vector<double>& sums, std::int64_t vocab, std::int64_t width,
+              std::optional<std::int64_t> stop);
+// The finished hypotheses (Megatron's BeamHypotheses): the best `width` by
+// score = sum / length^length_penalty (among equals the earlier added stays),
+// and whether no live sequence can beat them any more: `width` kept and the
+// worst at least the best live sum / length^length_penalty.
+struct Finished {
+  Finished(std::int64_t width_, double length_penalty_) : width(width_), length_penalty(length_penalty_) {}
+  std::int64_t width;
+  double length_penalty;
+  std::vector<Hypothesis> kept;
+  double worst = 1e9;
+  void add(std::vector<std::int64_t> tokens, double sum, bool stopped);
+  bool done(double best_live_sum, std::int64_t length) const;
+};
+}  // namespace beam
+
+// ConfigError naming the option (generate_text's flags by default).
+void validate(const BeamOptions& o, const char* width_name = "--beam-width",
+              const char* penalty_name = "--length-penalty");
+// The best min(width, found) hypotheses, best first; the same on every rank
+// of the model's group (its choices are rank 0's).
+std::vector<Hypothesis> beam_search(hf::CheckpointModel& model, const std::vector<std::int64_t>& prompt,
+                                    const BeamOptions& o);
+
 }  // namespace megazero::generation

@@ -137,7 +137,6 @@ int run(int argc, char** argv) {
         "tokens up to rounding: a check of the cache)")(
         "output", po::value(&output), "also write {prompt_tokens, tokens, stopped, text} as JSON to this file");
     generation::BeamOptions beam;
-    beam.width = 0;
     d.add_options()("beam-width", po::value(&beam.width)->default_value(0),
                     "beam search (Megatron's beam_width): print the N most likely continuations by their summed "
                     "log-probabilities, best first; 0 = off (sample or --greedy)")(
@@ -172,6 +171,10 @@ int run(int argc, char** argv) {
     MZ_REQUIRE(beam.width >= 0, "--beam-width must be 0 (off) or a number of hypotheses, got ", beam.width);
     MZ_REQUIRE(beam.width > 0 || !given("length-penalty"),
                "--length-penalty scores beam search's hypotheses: add --beam-width N, or drop it");
+    if (beam.width > 0) {
+      beam.max_new_tokens = o.max_new_tokens;
+      generation::validate(beam);
+    }
     if (beam.width > 0)
       for (const char* flag : {"greedy", "temperature", "top-k", "top-p", "seed", "top-p-decay", "top-p-bound",
                                "logprobs", "stop-on-eol", "stop-on-double-eol", "no-kv-cache"})

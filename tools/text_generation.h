@@ -121,7 +121,7 @@ Generated generate(hf::CheckpointModel& model, const std::vector<std::int64_t>& 
 // after max_new_tokens, when the live sequences join the finished ones.
 // Ties rank the lower sequence, then the lower token id, first.
 struct BeamOptions {
-  std::int64_t width = 4;
+  std::int64_t width = 0;  // the sequences searched; 0 (the tools': no beam search) is refused by validate
   double length_penalty = 1.0;
   std::int64_t max_new_tokens = 32;
   std::optional<std::int64_t> stop_token;

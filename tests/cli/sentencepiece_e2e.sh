@@ -15,18 +15,8 @@ train=$1 preprocess=$2 generate=$3 model=$4 cfg=$5
 corpus=$(dirname "$0")/../../data/corpus/kjv.txt
 work=$(mktemp -d /tmp/mz-sp-XXXXXX)
 trap 'rm -rf "$work"' EXIT
-fail() { echo "sentencepiece_e2e: FAIL: $*" >&2; for f in "$work"/*.log; do echo "---- $f"; tail -n 15 "$f"; done >&2; exit 1; }
-step() {  # step NAME COMMAND...: output in $work/NAME.log; fails the test on a nonzero exit
-  local name=$1; shift
-  timeout 300 "$@" >"$work/$name.log" 2>&1 || fail "$name exited with $?"
-}
-refused() {  # refused NAME PATTERN COMMAND...: exit 2 and the message
-  local name=$1 pattern=$2; shift 2
-  timeout 120 "$@" >"$work/$name.log" 2>&1
-  local rc=$?
-  [ $rc -eq 2 ] || fail "$name: exit $rc, not 2"
-  grep -q -- "$pattern" "$work/$name.log" || fail "$name: no '$pattern' in its message"
-}
+script=sentencepiece_e2e
+source "$(dirname "$0")/e2e_steps.sh"
 u16() { od -An -tu2 -v "$1" | tr -s ' ' '\n' | grep -v '^$'; }  # the .bin's token ids (uint16)
 
 # 1. The data.

@@ -519,8 +519,8 @@ const std::string kHfSample = std::string(kSample) +
                               "Vi\xE1\xBB\x87t Nam vi\xE1\xBB\x87"
                               "c jeho\n";
 
-// transformers.js's ids for text under the model's tokenizer (its template's tokens included).
-std::vector<std::int32_t> transformers_js_ids(const std::string& model, const std::string& text) {
+// transformers.js's ids for text under the tokenizer in `model_dir` (its template's tokens included).
+std::vector<std::int32_t> transformers_js_ids(const std::string& model_dir, const std::string& text) {
   TempDir dir;
   const std::string file = dir / "text.txt";
   std::ofstream(file, std::ios::binary) << text;
@@ -531,7 +531,7 @@ std::vector<std::int32_t> transformers_js_ids(const std::string& model, const st
       " 'utf-8')), tokenizerConfig: JSON.parse(fs.readFileSync(m + '/tokenizer_config.json', 'utf-8'))});"
       " console.log(t.encode(fs.readFileSync(process.argv[2], 'utf-8'), {add_special_tokens: true})"
       ".join(' '))\" " +
-      hf_dir(model) + " " + file;
+      model_dir + " " + file;
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[4096];
@@ -542,6 +542,16 @@ std::vector<std::int32_t> transformers_js_ids(const std::string& model, const st
   std::istringstream ss(out);
   for (std::int32_t id; ss >> id;) ids.push_back(id);
   return ids;
+}
+
+// s as a JSON string literal.
+std::string json_quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
 }
 
 bool hf_tokenizers_present() {
@@ -563,7 +573,7 @@ TEST(HuggingFaceTokenizer, EncodesAsTransformersJsForEachModel) {
     auto t = make_tokenizer("HuggingFaceTokenizer", "", "", hf_dir(model));
     EXPECT_EQ(t->name(), "HuggingFaceTokenizer");
     const auto ids = t->encode(kHfSample);
-    const auto ref = transformers_js_ids(model, kHfSample);
+    const auto ref = transformers_js_ids(hf_dir(model), kHfSample);
     ASSERT_GT(ref.size(), 100u);
     EXPECT_EQ(ids, ref);
     if (ids != ref) {  // the first difference, to read
@@ -610,6 +620,42 @@ TEST(HuggingFaceTokenizer, Gpt2sJsonIsGpt2sFiles) {
   EXPECT_EQ(json->vocab_size(), files->vocab_size());
 }
 
+// Added tokens' lstrip and rstrip take the whitespace beside them, a
+// normalized=false token is found before NFC, Digits splits digit runs, and
+// add_prefix_space puts a space before each piece: on a made-up tokenizer.json
+// (the 256 bytes and a few merges), the ids of transformers.js.
+TEST(HuggingFaceTokenizer, AddedTokenStripsAndPreTokenizerOptionsAsTransformersJs) {
+  if (!hf_tokenizers_present()) GTEST_SKIP() << "run tools/setup_data.sh";
+  if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
+  std::string vocab = "{";
+  for (int b = 0; b < 256; ++b) {
+    std::string t;
+    append_utf8(t, gpt2_byte_to_unicode(static_cast<std::uint8_t>(b)));
+    vocab += json_quoted(t) + ": " + std::to_string(b) + ", ";
+  }
+  vocab += "\"ab\": 256, \"\u0120a\": 257, \"12\": 258, \"<eos>\": 259, \"<L>\": 260, \"<R>\": 261}";
+  const std::string added =
+      R"([{"id": 259, "content": "<eos>", "special": true, "lstrip": false, "rstrip": false, "normalized": false, "single_word": false},
+          {"id": 260, "content": "<L>", "special": true, "lstrip": true, "rstrip": false, "normalized": false, "single_word": false},
+          {"id": 261, "content": "<R>", "special": false, "lstrip": false, "rstrip": true, "normalized": false, "single_word": false}])";
+  TempDir dir;
+  for (
+      const char* pre :
+      {R"({"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": false}, {"type": "ByteLevel", "add_prefix_space": true, "use_regex": true}]})",
+       R"({"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"String": "b"}, "behavior": "Isolated", "invert": false}, {"type": "ByteLevel", "add_prefix_space": false, "use_regex": false}]})"}) {
+    SCOPED_TRACE(pre);
+    std::ofstream(dir / "tokenizer.json")
+        << "{\"added_tokens\": " << added << ", \"normalizer\": {\"type\": \"NFC\"}, \"pre_tokenizer\": " << pre
+        << ", \"post_processor\": null, \"decoder\": {\"type\": \"ByteLevel\"}, \"model\": {\"type\": \"BPE\", "
+        << "\"vocab\": " << vocab << ", \"merges\": [\"a b\", \"\u0120 a\", \"1 2\"]}}";
+    std::ofstream(dir / "tokenizer_config.json")
+        << R"({"eos_token": "<eos>", "tokenizer_class": "PreTrainedTokenizerFast"})";
+    const std::string text = "ab  <L>  ab<R>   x 1234 e\xCC\x81<eos>a  b<L>";
+    const auto t = make_tokenizer("HuggingFaceTokenizer", "", "", dir / "tokenizer.json");
+    EXPECT_EQ(t->encode(text), transformers_js_ids(dir / "", text));
+  }
+}
+
 // What tokenizer.json may hold that is not byte-level BPE, or a directory
 // without its files, is refused naming --tokenizer-model, the file and the part.
 TEST(HuggingFaceTokenizer, WhatItCannotReadIsNamed) {
@@ -645,8 +691,7 @@ TEST(HuggingFaceTokenizer, WhatItCannotReadIsNamed) {
   for (int b = 0; b < 256; ++b) {
     std::string t;
     append_utf8(t, gpt2_byte_to_unicode(static_cast<std::uint8_t>(b)));
-    const std::string esc = t == "\"" ? "\\\"" : t == "\\" ? "\\\\" : t;
-    vocab += "\"" + esc + "\": " + std::to_string(b) + ", ";
+    vocab += json_quoted(t) + ": " + std::to_string(b) + ", ";
   }
   vocab += "\"ab\": 256, \"<eos>\": 257}";
   auto json = [&](const std::string& model_extra, const std::string& rest) {

@@ -706,6 +706,13 @@ TEST(Trainer, WeightDecayScheduleReachesTheOptimizer) {
   if (world().rank() == 0) fs::remove_all(dir);
 }
 
+// args_of for the bundled corpus: GPT-2's vocabulary, samples of 32 tokens.
+TrainArgs data_args(std::vector<std::string> flags) {
+  for (const char* f : {"--vocab-size", "50257", "--seq-length", "32", "--max-position-embeddings", "32"})
+    flags.emplace_back(f);
+  return args_of(flags);
+}
+
 // Megatron's --train-data-path / --valid-data-path / --test-data-path: each
 // split reads its own dataset whole. Validation sample i is sample i of the
 // same dataset given all to training by --split (the same documents, order and
@@ -714,12 +721,6 @@ TEST(Trainer, WeightDecayScheduleReachesTheOptimizer) {
 TEST(Trainer, PerSplitDataPathsReadEachDatasetWhole) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const std::string corpus = MZ_TEST_CORPUS;
-  const std::vector<std::string> model = {
-      "--vocab-size", "50257", "--seq-length", "32", "--max-position-embeddings", "32"};
-  auto data_args = [&](std::vector<std::string> flags) {
-    flags.insert(flags.end(), model.begin(), model.end());
-    return args_of(flags);
-  };
   TrainArgs per_split =
       data_args({"--train-data-path", corpus, "--valid-data-path", corpus, "--test-data-path", corpus});
   TrainArgs whole_train = data_args({"--data-path", corpus, "--split", "100,0,0", "--eval-iters", "0"});
@@ -763,12 +764,6 @@ std::string config_error(const std::vector<std::string>& flags) {
 TEST(Trainer, DataArgumentFilesAreTheDataFlags) {
   if (world().size() != 2) GTEST_SKIP() << "needs 2 ranks";
   const std::string corpus = MZ_TEST_CORPUS;
-  const std::vector<std::string> model = {
-      "--vocab-size", "50257", "--seq-length", "32", "--max-position-embeddings", "32"};
-  auto data_args = [&](std::vector<std::string> flags) {
-    flags.insert(flags.end(), model.begin(), model.end());
-    return args_of(flags);
-  };
   auto same_samples = [](const TrainArgs& x, const TrainArgs& y, Split s) {
     const auto a = make_sample_source(x), b = make_sample_source(y);
     const auto host = make_device(DeviceKind::CPU);

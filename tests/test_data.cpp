@@ -554,6 +554,17 @@ std::string json_quoted(const std::string& s) {
   return out + "\"";
 }
 
+// The start of a byte-level vocabulary's JSON object: "{" and the 256 byte tokens as ids 0-255.
+std::string byte_vocab_json() {
+  std::string vocab = "{";
+  for (int b = 0; b < 256; ++b) {
+    std::string t;
+    append_utf8(t, gpt2_byte_to_unicode(static_cast<std::uint8_t>(b)));
+    vocab += json_quoted(t) + ": " + std::to_string(b) + ", ";
+  }
+  return vocab;
+}
+
 bool hf_tokenizers_present() {
   for (const char* m : kHfModels)
     if (!fs::exists(hf_dir(m) + "/tokenizer.json")) return false;
@@ -627,12 +638,7 @@ TEST(HuggingFaceTokenizer, Gpt2sJsonIsGpt2sFiles) {
 TEST(HuggingFaceTokenizer, AddedTokenStripsAndPreTokenizerOptionsAsTransformersJs) {
   if (!hf_tokenizers_present()) GTEST_SKIP() << "run tools/setup_data.sh";
   if (std::system("node --version > /dev/null 2>&1") != 0) GTEST_SKIP() << "node is not installed";
-  std::string vocab = "{";
-  for (int b = 0; b < 256; ++b) {
-    std::string t;
-    append_utf8(t, gpt2_byte_to_unicode(static_cast<std::uint8_t>(b)));
-    vocab += json_quoted(t) + ": " + std::to_string(b) + ", ";
-  }
+  std::string vocab = byte_vocab_json();
   vocab += "\"ab\": 256, \"\u0120a\": 257, \"12\": 258, \"<eos>\": 259, \"<L>\": 260, \"<R>\": 261}";
   const std::string added =
       R"([{"id": 259, "content": "<eos>", "special": true, "lstrip": false, "rstrip": false, "normalized": false, "single_word": false},
@@ -687,12 +693,7 @@ TEST(HuggingFaceTokenizer, WhatItCannotReadIsNamed) {
     return message(dir.str());
   };
   // A byte-level vocabulary of the 256 bytes and one merge, for the cases that get that far.
-  std::string vocab = "{";
-  for (int b = 0; b < 256; ++b) {
-    std::string t;
-    append_utf8(t, gpt2_byte_to_unicode(static_cast<std::uint8_t>(b)));
-    vocab += json_quoted(t) + ": " + std::to_string(b) + ", ";
-  }
+  std::string vocab = byte_vocab_json();
   vocab += "\"ab\": 256, \"<eos>\": 257}";
   auto json = [&](const std::string& model_extra, const std::string& rest) {
     return "{\"model\": {\"type\": \"BPE\", \"vocab\": " + vocab + ", \"merges\": [\"a b\"]" + model_extra + "}" +

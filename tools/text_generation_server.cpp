@@ -55,8 +55,22 @@ extern "C" void on_stop_signal(int sig) { g_stop = sig; }
 struct Request {
   std::vector<std::vector<I>> prompts;
   generation::GenerateOptions options;
-  generation::BeamOptions beam;  // width 0: no beam search
-  bool log = true;               // no_log: false
+  // Beam search's own two fields (width 0: no beam search); the rest of its
+  // options are the generation's (beam_options), so every rank has them from
+  // the one place the request carries them.
+  std::int64_t beam_width = 0;
+  double length_penalty = 1.0;
+  bool log = true;  // no_log: false
+  generation::BeamOptions beam_options() const {
+    generation::BeamOptions b;
+    b.width = beam_width;
+    b.length_penalty = length_penalty;
+    b.max_new_tokens = options.max_new_tokens;
+    b.stop_token = options.stop_token;
+    b.no_newline_after_colon = options.no_newline_after_colon;
+    b.lines = options.lines;
+    return b;
+  }
   json to_json() const {
     const auto& o = options;
     return {{"prompts", prompts},
@@ -73,8 +87,8 @@ struct Request {
             {"lines", {o.lines.newline, o.lines.double_newline, o.lines.colon}},
             {"no_newline_after_colon", o.no_newline_after_colon},
             {"logprobs", o.logprobs},
-            {"beam_width", beam.width},
-            {"length_penalty", beam.length_penalty},
+            {"beam_width", beam_width},
+            {"length_penalty", length_penalty},
             {"log", log}};
   }
   static Request from_json(const json& j) {
@@ -95,8 +109,8 @@ struct Request {
     o.lines = {lines.at(0), lines.at(1), lines.at(2)};
     o.no_newline_after_colon = j.at("no_newline_after_colon").get<bool>();
     o.logprobs = j.at("logprobs").get<bool>();
-    r.beam.width = j.at("beam_width").get<I>();
-    r.beam.length_penalty = j.at("length_penalty").get<double>();
+    r.beam_width = j.at("beam_width").get<I>();
+    r.length_penalty = j.at("length_penalty").get<double>();
     r.log = j.at("log").get<bool>();
     return r;
   }
@@ -263,8 +277,8 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
   if (j.contains("beam_width") && !j["beam_width"].is_null()) {
     MZ_REQUIRE(j["beam_width"].is_number_integer(), "'beam_width' must be a whole number, got ",
                j["beam_width"].dump());
-    r.beam.width = j["beam_width"].get<I>();
-    r.beam.length_penalty = number("length_penalty", 1.0);
+    r.beam_width = j["beam_width"].get<I>();
+    r.length_penalty = number("length_penalty", 1.0);
     MZ_REQUIRE(r.prompts.size() == 1, "'beam_width': beam search takes one prompt (Megatron's batch of 1), got ",
                r.prompts.size(), "; send one request a prompt");
     for (const auto& [key, neutral] : kNotForBeams) {
@@ -272,14 +286,10 @@ Request parse_request(const std::string& body, const hf::CheckpointModel& model,
       const json& v = j[key];
       const bool same =
           v == neutral || (v.is_number() && neutral.is_number() && v.get<double>() == neutral.get<double>());
-      MZ_REQUIRE(same, "'", key, "': ", v.dump(), " has no effect on beam search ('beam_width' ", r.beam.width,
+      MZ_REQUIRE(same, "'", key, "': ", v.dump(), " has no effect on beam search ('beam_width' ", r.beam_width,
                  "), which ranks the model's own probabilities: leave it out, or drop 'beam_width'");
     }
-    r.beam.max_new_tokens = o.max_new_tokens;
-    r.beam.stop_token = o.stop_token;
-    r.beam.no_newline_after_colon = o.no_newline_after_colon;
-    r.beam.lines = o.lines;
-    generation::validate(r.beam, "'beam_width'", "'length_penalty'");
+    generation::validate(r.beam_options(), "'beam_width'", "'length_penalty'");
   } else {
     MZ_REQUIRE(
         !j.contains("length_penalty") || (j["length_penalty"].is_number() && j["length_penalty"].get<double>() == 1.0),
@@ -302,10 +312,10 @@ Reply run_request(hf::CheckpointModel& model, const data::Tokenizer* tok, const 
     for (std::int32_t t : all) pieces.push_back(tok->decode({t}));
     segments.push_back(pieces);
   };
-  if (r.beam.width > 0) {
+  if (r.beam_width > 0) {
     // Megatron's reply: each hypothesis's text and segments, best first, and its score.
     json scores = json::array();
-    for (const auto& h : generation::beam_search(model, r.prompts.front(), r.beam)) {
+    for (const auto& h : generation::beam_search(model, r.prompts.front(), r.beam_options())) {
       tokens.push_back(h.tokens);
       stopped.push_back(h.stopped);
       scores.push_back(h.score);

@@ -12,7 +12,8 @@
 #     JSON, the new fields' misuses), a GET
 #     no answer; a second server on the same port is refused with exit 2, printed once;
 #  4. SIGTERM stops it with exit 0;
-#  5. under mpiexec -n 2 the model is split over the ranks (TP 2): the same first greedy token, SIGTERM to
+#  5. under mpiexec -n 2 the model is split over the ranks (TP 2): the same first greedy token, beam search's
+#     best first token (the request handed to both ranks with its beam fields), SIGTERM to
 #     mpiexec stops every rank with exit 0.
 set -u
 train=$1 generate=$2 server=$3 python=$4 cfg=$5
@@ -157,6 +158,14 @@ elif mode == "beam":  # argv[3]: generate_text --beam-width 3 --length-penalty 0
     assert r["scores"] == sorted(r["scores"], reverse=True) and len(r["text"]) == 3, r
     assert all(t.startswith(prompt) for t in r["text"]) and len(r["segments"][0]) == len(prompt) + 6, r
     print("beam ok")
+elif mode == "beam_tp":  # at TP 2: three hypotheses, best first, the first one's first token one rank's
+    want = json.load(open(sys.argv[3]))["hypotheses"]
+    s, r = put(port, {"prompts": [prompt], "tokens_to_generate": 6, "beam_width": 3, "length_penalty": 0.7,
+                      "stop_token": None})
+    assert s == 200 and len(r["tokens"]) == 3 and all(len(t) == 6 for t in r["tokens"]), r
+    assert r["scores"] == sorted(r["scores"], reverse=True), r
+    assert r["tokens"][0][0] == want[0]["tokens"][0], (r, want)
+    print("beam at TP 2 ok")
 EOF
 tokens_of() { "$python" -c 'import json, sys; print(",".join(str(t) for t in json.load(open(sys.argv[1]))["tokens"]))' "$1"; }
 
@@ -195,5 +204,7 @@ start server_tp mpiexec -n 2 "$server" --load "$work/bytes" --tokenizer-type Byt
 grep -q "split over 2 ranks (tensor parallel)" "$work/server_tp.log" || fail "the server under mpiexec -n 2 did not split the model"
 got_tp=$("$python" "$work/client.py" "$port" greedy 2>"$work/client_tp.log") || fail "greedy requests at TP 2: $(cat "$work/client_tp.log")"
 [ "${got_tp%%,*}" = "${want%%,*}" ] || fail "the first greedy token at TP 2 (${got_tp%%,*}) is not one rank's (${want%%,*})"
+"$python" "$work/client.py" "$port" beam_tp "$work/beam.json" >"$work/client_beam_tp.log" 2>&1 ||
+  fail "beam search at TP 2: $(cat "$work/client_beam_tp.log")"
 stop "$pid" server_tp
 echo "generation_server_e2e: passed (greedy $want; TP 2 $got_tp)"

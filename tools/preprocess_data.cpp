@@ -191,23 +191,10 @@ void for_each_document(const Args& a, F&& doc) {
 }
 
 int preprocess(const Args& a) {
-  // One tokenizer a worker (their caches are their own), made at once.
-  std::vector<std::unique_ptr<Tokenizer>> toks(static_cast<std::size_t>(a.workers));
-  {
-    std::vector<std::thread> makers;
-    std::vector<std::exception_ptr> errors(toks.size());
-    for (std::size_t w = 0; w < toks.size(); ++w)
-      makers.emplace_back([&, w] {
-        try {
-          toks[w] = make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model);
-        } catch (...) {
-          errors[w] = std::current_exception();
-        }
-      });
-    for (auto& t : makers) t.join();
-    for (const auto& e : errors)
-      if (e) std::rethrow_exception(e);
-  }
+  // One tokenizer a worker (their caches are their own): the files read once, then copied.
+  std::vector<std::unique_ptr<Tokenizer>> toks;
+  toks.push_back(make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model));
+  while (toks.size() < static_cast<std::size_t>(a.workers)) toks.push_back(toks.front()->clone());
   const Tokenizer& tok = *toks.front();
   const TokenDType dtype = token_dtype_for_vocab(tok.vocab_size());
   const auto prefixes = output_prefixes(a);

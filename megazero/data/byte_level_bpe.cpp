@@ -173,6 +173,7 @@ void BpeModel::encode(std::string_view piece, std::vector<std::int32_t>& out) {
 // ---------------------------------------------------------------- RegexSplitter
 
 struct RegexSplitter::Impl {
+  std::string pattern, source;
   pcre2_code* code = nullptr;
   pcre2_match_data* match = nullptr;
   ~Impl() {
@@ -182,6 +183,8 @@ struct RegexSplitter::Impl {
 };
 
 RegexSplitter::RegexSplitter(const std::string& pattern, const std::string& source) : impl_(std::make_unique<Impl>()) {
+  impl_->pattern = pattern;
+  impl_->source = source;
   int error = 0;
   PCRE2_SIZE at = 0;
   impl_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
@@ -197,6 +200,7 @@ RegexSplitter::RegexSplitter(const std::string& pattern, const std::string& sour
 }
 
 RegexSplitter::~RegexSplitter() = default;
+RegexSplitter::RegexSplitter(const RegexSplitter& other) : RegexSplitter(other.impl_->pattern, other.impl_->source) {}
 RegexSplitter::RegexSplitter(RegexSplitter&&) noexcept = default;
 RegexSplitter& RegexSplitter::operator=(RegexSplitter&&) noexcept = default;
 

@@ -71,6 +71,7 @@ class RegexSplitter {
   ~RegexSplitter();
   RegexSplitter(RegexSplitter&&) noexcept;
   RegexSplitter& operator=(RegexSplitter&&) noexcept;
+  RegexSplitter(const RegexSplitter& other);  // the pattern compiled again (match data is per splitter)
   // Appends text's pieces to out, in order; together they are text.
   void split(std::string_view text, std::vector<std::string_view>& out) const;
 

@@ -85,6 +85,13 @@ Gpt2BpeTokenizer::Gpt2BpeTokenizer(const std::string& vocab_file, const std::str
 
 Gpt2BpeTokenizer::~Gpt2BpeTokenizer() = default;
 
+Gpt2BpeTokenizer::Gpt2BpeTokenizer(const Gpt2BpeTokenizer& other)
+    : split_(other.split_), bpe_(std::make_unique<BpeModel>(*other.bpe_)), eod_(other.eod_) {}
+
+std::unique_ptr<Tokenizer> Gpt2BpeTokenizer::clone() const {
+  return std::unique_ptr<Tokenizer>(new Gpt2BpeTokenizer(*this));
+}
+
 std::int64_t Gpt2BpeTokenizer::vocab_size() const { return bpe_->size(); }
 
 std::vector<std::string_view> Gpt2BpeTokenizer::pretokenize(std::string_view text) {

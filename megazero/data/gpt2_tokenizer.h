@@ -25,6 +25,9 @@ class Tokenizer {
   virtual std::int64_t vocab_size() const = 0;
   virtual std::int32_t eod() const = 0;  // the end-of-document token
   virtual std::string name() const = 0;
+  // An independent copy for another thread (encode keeps a cache): cheaper
+  // than reading the files again (preprocess_data --workers).
+  virtual std::unique_ptr<Tokenizer> clone() const = 0;
 };
 
 class ByteLevelTokenizer : public Tokenizer {
@@ -34,6 +37,7 @@ class ByteLevelTokenizer : public Tokenizer {
   std::int64_t vocab_size() const override { return 257; }
   std::int32_t eod() const override { return 256; }
   std::string name() const override { return "ByteLevel"; }
+  std::unique_ptr<Tokenizer> clone() const override { return std::make_unique<ByteLevelTokenizer>(); }
 };
 
 class Gpt2BpeTokenizer : public Tokenizer {
@@ -48,11 +52,13 @@ class Gpt2BpeTokenizer : public Tokenizer {
   std::int64_t vocab_size() const override;
   std::int32_t eod() const override { return eod_; }
   std::string name() const override { return "GPT2BPETokenizer"; }
+  std::unique_ptr<Tokenizer> clone() const override;
 
   // The pre-tokenizer alone: GPT-2's regex split of text into UTF-8 pieces.
   static std::vector<std::string_view> pretokenize(std::string_view text);
 
  private:
+  Gpt2BpeTokenizer(const Gpt2BpeTokenizer& other);  // clone's
   RegexSplitter split_;
   std::unique_ptr<BpeModel> bpe_;
   std::vector<std::string_view> pieces_;  // encode's, kept to reuse its storage

@@ -247,6 +247,22 @@ HfBpeTokenizer::HfBpeTokenizer(const std::string& path) {
 
 HfBpeTokenizer::~HfBpeTokenizer() = default;
 
+HfBpeTokenizer::HfBpeTokenizer(const HfBpeTokenizer& other)
+    : bpe_(std::make_unique<BpeModel>(*other.bpe_)),
+      pre_(other.pre_),
+      nfc_(other.nfc_),
+      added_(other.added_),
+      first_(other.first_),
+      added_text_(other.added_text_),
+      prefix_(other.prefix_),
+      suffix_(other.suffix_),
+      eod_(other.eod_),
+      vocab_size_(other.vocab_size_) {}
+
+std::unique_ptr<Tokenizer> HfBpeTokenizer::clone() const {
+  return std::unique_ptr<Tokenizer>(new HfBpeTokenizer(*this));
+}
+
 void HfBpeTokenizer::encode_ordinary(std::string_view text, std::vector<std::int32_t>& out) {
   if (text.empty()) return;
   const std::string normalized = nfc_ ? nfc(text) : std::string();

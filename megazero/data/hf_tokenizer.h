@@ -38,11 +38,13 @@ class HfBpeTokenizer : public Tokenizer {
   std::int64_t vocab_size() const override { return vocab_size_; }
   std::int32_t eod() const override { return eod_; }
   std::string name() const override { return "HuggingFaceTokenizer"; }
+  std::unique_ptr<Tokenizer> clone() const override;
   // The ids the post-processor puts before and after each document.
   const std::vector<std::int32_t>& prefix() const { return prefix_; }
   const std::vector<std::int32_t>& suffix() const { return suffix_; }
 
  private:
+  HfBpeTokenizer(const HfBpeTokenizer& other);  // clone's
   struct PreTokenizer {
     std::optional<RegexSplitter> split;  // Split, or ByteLevel with use_regex
     bool add_prefix_space = false;       // ByteLevel's

@@ -89,7 +89,8 @@ const Module& module() {
 
 }  // namespace
 
-SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, Kind kind) : kind_(kind) {
+SentencePieceTokenizer::SentencePieceTokenizer(const std::string& model_file, Kind kind)
+    : model_file_(model_file), kind_(kind) {
   const std::string type = name();
   MZ_REQUIRE(!model_file.empty(), "--tokenizer-type ", type,
              " needs --tokenizer-model: the SentencePiece model file (e.g. Llama 2's tokenizer.model)");
@@ -143,6 +144,10 @@ std::string SentencePieceTokenizer::decode(const std::vector<std::int32_t>& ids)
     text.resize(static_cast<std::size_t>(n));
     if (fits) return text;
   }
+}
+
+std::unique_ptr<Tokenizer> SentencePieceTokenizer::clone() const {
+  return std::make_unique<SentencePieceTokenizer>(model_file_, kind_);
 }
 
 }  // namespace megazero::data

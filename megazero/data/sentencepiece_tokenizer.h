@@ -36,9 +36,12 @@ class SentencePieceTokenizer : public Tokenizer {
   std::int32_t eod() const override { return eos_; }
   std::int32_t bos() const { return bos_; }
   std::string name() const override { return kind_ == Kind::Llama2 ? "Llama2Tokenizer" : "GPTSentencePieceTokenizer"; }
+  // The model loaded again (SentencePiece keeps its state behind the module).
+  std::unique_ptr<Tokenizer> clone() const override;
 
  private:
   void* sp_ = nullptr;  // the module's model
+  std::string model_file_;
   Kind kind_;
   std::int32_t pieces_ = 0;
   std::int32_t bos_ = -1, eos_ = -1;

@@ -4,7 +4,7 @@
 # HuggingFaceTokenizer --tokenizer-model DIR), through the real executables:
 #  1. preprocess_data on JSON lines with Qwen 2.5's tokenizer and --append-eod: int32 token ids (the
 #     vocabulary is past 65535), each document transformers.js's ids for its text then the eos_token of
-#     tokenizer_config.json (this Qwen 2.5 Instruct's <|im_end|>, Megatron's eod);
+#     tokenizer_config.json (this Qwen 2.5 Instruct's <|im_end|>, Megatron's eod); --workers 2 the same bytes;
 #  2. pretrain_gpt on it at TP 2 (the vocabulary size from the tokenizer, --eod-mask-loss masking its
 #     eos_token), saving;
 #  3. generate_text continues a text prompt from the checkpoint: the prompt's ids are Qwen's;
@@ -30,6 +30,10 @@ EOF
 step prep "$preprocess" --input "$work/kjv.jsonl" --json-lines --output-prefix "$work/kjv_qwen" \
   --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$qwen" --append-eod
 grep -q "(HuggingFaceTokenizer, int32)" "$work/prep.log" || fail "preprocess_data did not write int32 HuggingFaceTokenizer ids"
+step prep2 "$preprocess" --input "$work/kjv.jsonl" --json-lines --output-prefix "$work/kjv_qwen2" \
+  --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$qwen" --append-eod --workers 2
+cmp -s "$work/kjv_qwen.bin" "$work/kjv_qwen2.bin" && cmp -s "$work/kjv_qwen.idx" "$work/kjv_qwen2.idx" ||
+  fail "--workers 2 (the tokenizer copied) wrote other bytes than one worker"
 od -An -td4 -v "$work/kjv_qwen.bin" | tr -s ' ' '\n' | grep -v '^$' >"$work/ours.ids"
 node -e "
 const {TokenizerLoader} = require('$npm/@lenml/tokenizers'); const fs = require('fs');

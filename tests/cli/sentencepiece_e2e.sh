@@ -25,6 +25,10 @@ step llama "$preprocess" --input "$corpus" --output-prefix "$work/kjv_llama" --t
 step gptsp "$preprocess" --input "$corpus" --output-prefix "$work/kjv_gptsp" --tokenizer-type GPTSentencePieceTokenizer \
   --tokenizer-model "$model" --append-eod
 grep -q "(Llama2Tokenizer, uint16)" "$work/llama.log" || fail "preprocess_data did not report Llama2Tokenizer"
+step llama2 "$preprocess" --input "$corpus" --output-prefix "$work/kjv_llama2" --tokenizer-type Llama2Tokenizer \
+  --tokenizer-model "$model" --append-eod --workers 2
+cmp -s "$work/kjv_llama.bin" "$work/kjv_llama2.bin" && cmp -s "$work/kjv_llama.idx" "$work/kjv_llama2.idx" ||
+  fail "--workers 2 (the model loaded again) wrote other bytes than one worker"
 u16 "$work/kjv_llama.bin" >"$work/llama.ids"
 u16 "$work/kjv_gptsp.bin" >"$work/gptsp.ids"
 [ "$(head -1 "$work/llama.ids")" = 1 ] || fail "the first document does not start with <s> (1)"

@@ -99,12 +99,20 @@ I TokenSampler::next(const std::vector<float>& logits) {
 }
 
 namespace {
-// log softmax(row)[token], in double.
-double log_probability(const float* row, I vocab, I token) {
+// A row's log softmax in double is row[t] - top - log_sum.
+struct LogNormalizer {
+  double top, log_sum;
+};
+LogNormalizer log_normalizer(const float* row, I vocab) {
   const double top = *std::max_element(row, row + vocab);
   double sum = 0;
   for (I t = 0; t < vocab; ++t) sum += std::exp(static_cast<double>(row[t]) - top);
-  return static_cast<double>(row[token]) - top - std::log(sum);
+  return {top, std::log(sum)};
+}
+// log softmax(row)[token], in double.
+double log_probability(const float* row, I vocab, I token) {
+  const LogNormalizer n = log_normalizer(row, vocab);
+  return static_cast<double>(row[token]) - n.top - n.log_sum;
 }
 }  // namespace
 
@@ -218,12 +226,9 @@ Choice choose(const std::vector<double>& sums, I vocab, I width, std::optional<I
 namespace {
 // log softmax of a row, in double.
 std::vector<double> log_softmax(const std::vector<float>& row) {
-  const double top = *std::max_element(row.begin(), row.end());
-  double sum = 0;
-  for (float x : row) sum += std::exp(static_cast<double>(x) - top);
-  const double log_sum = std::log(sum);
+  const LogNormalizer n = log_normalizer(row.data(), static_cast<I>(row.size()));
   std::vector<double> out(row.size());
-  for (std::size_t t = 0; t < row.size(); ++t) out[t] = static_cast<double>(row[t]) - top - log_sum;
+  for (std::size_t t = 0; t < row.size(); ++t) out[t] = static_cast<double>(row[t]) - n.top - n.log_sum;
   return out;
 }
 }  // namespace

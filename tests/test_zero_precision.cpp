@@ -54,15 +54,25 @@ TEST(ZeroPrecision, Bf16AndFp16OnEveryLayoutAndStageTrackTheOneRankRun) {
         }
         if (tp != 1) continue;
         // ZeRO-Offload: the same bits in 16 bits too (the host writes the
-        // 16-bit parameters as the device's AdamW does); on a device the host
-        // cannot read, the host waits once more for each chunk's gradients.
+        // 16-bit parameters as the device's AdamW does). On a device the host
+        // cannot read, the host may wait once more for each chunk's
+        // gradients: cpu-isolated's queued copies run only when waited on, so
+        // there every chunk's wait blocks; a GPU counts a wait only for a copy
+        // still running (CudaDevice::wait), so there 0 to all chunks do (the
+        // H200 of 2026-11-28 counted none on this small model).
         s.offload_optimizer = true;
         ZeroRun offloaded(world(), s);
         EXPECT_EQ(offloaded.train(), losses) << "offloaded";
         if (!run.device->host_accessible()) {
           const auto chunks = static_cast<std::int64_t>(offloaded.engine->offload()->chunks());
-          for (const auto& r : offloaded.results)
-            EXPECT_EQ(r.host_waits, 2 + chunks) << "host waits per offloaded step";
+          for (const auto& r : offloaded.results) {
+            if (run.device->kind() == DeviceKind::CUDA) {
+              EXPECT_GE(r.host_waits, 2) << "host waits per offloaded step";
+              EXPECT_LE(r.host_waits, 2 + chunks) << "host waits per offloaded step";
+            } else {
+              EXPECT_EQ(r.host_waits, 2 + chunks) << "host waits per offloaded step";
+            }
+          }
         }
       }
   }

@@ -103,15 +103,18 @@ void cross_entropy_backward(DType t, const void* logits, const void* global_max,
 }
 
 bool cross_entropy_fuses(DType t, i64 cols) {
-  // Two blocks an SM (at most half the opt-in maximum each), or the two
-  // kernels: a block alone on its SM would leave its reads idle through the
-  // reductions and the writes (a 16-bit GPT-2 row, 100.6 KB, fits twice in an
-  // H100's 227 KB; a 128K-token vocabulary's does not).
+  // Four blocks an SM (at most a quarter of the opt-in maximum each), or the
+  // two kernels. Measured on an H200 (2026-11-28, bench_kernels): with two
+  // blocks an SM (GPT-2's 16-bit row, 100.6 KB) the one pass took 1.079 ms at
+  // [8192, 50304] against the two kernels' 0.937 ms (0.87x): a block's reads
+  // idle through its reductions and writes with one other block beside it;
+  // with four (a 25216-column row, 50.4 KB) it took 0.071 ms against 0.077 ms
+  // at [1024, 25216] (1.09x).
   int device = 0, optin = 0;
   check_call(cudaGetDevice(&device), "cudaGetDevice");
   check_call(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  return 2 * cols * static_cast<i64>(dtype_size(t)) <= optin;
+  return 4 * cols * static_cast<i64>(dtype_size(t)) <= optin;
 }
 
 bool cross_entropy_forward_backward(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows,

@@ -21,8 +21,8 @@ void cross_entropy_backward(DType t, const void* logits, const void* global_max,
 
 // Tensor parallel size 1 (global_max = row_max): the forward, then the
 // backward over the logits (dlogits may alias them), in one pass reading the
-// logits once where cross_entropy_fuses (the row fits in shared memory twice
-// an SM); else the two kernels. Returns whether it fused.
+// logits once where cross_entropy_fuses (the row fits in shared memory four
+// times an SM); else the two kernels. Returns whether it fused.
 bool cross_entropy_fuses(DType t, i64 cols);
 bool cross_entropy_forward_backward(DType t, const void* logits, const std::int64_t* targets, i64 vocab_start, i64 rows,
                                     i64 cols, i64 valid, double scale, const void* weight, void* row_max, void* sum_exp,

@@ -382,9 +382,10 @@ void layernorm_backward_dropout(DType t, const void* dy, const void* x, const vo
       run(S{});
   });
   if (done) return;
-  layernorm_backward(
-      t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols,
-      prefetch ? kernels::LayerNormBackwardPasses::OnePassPrefetched : kernels::LayerNormBackwardPasses::Auto, ws, s);
+  // The LayerNorm alone: its own fastest way (Auto), whatever `prefetch` said
+  // of the fused one.
+  layernorm_backward(t, dy, x, gamma, mean, rstd, dx, dgamma, acc_type, dbeta, acc_type, add, rows, cols,
+                     kernels::LayerNormBackwardPasses::Auto, ws, s);
   if (dbias)
     dropout_backward_bias_grad(t, dx, p, key, layout, dd, dbias, acc_type, rows, cols, ws, s);
   else

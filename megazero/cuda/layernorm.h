@@ -27,7 +27,8 @@ void layernorm_backward(DType t, const void* dy, const void* x, const void* gamm
 // null) += its column sums (kernels::layernorm_backward_dropout): one pass
 // where the fused plan and the layout (one layout row a row) allow, else the
 // two launchers. dgamma, dbeta and dbias are all acc_type. prefetch:
-// LayerNormBackwardPasses::OnePassPrefetched. ws:
+// LayerNormBackwardPasses::OnePassPrefetched (kernels:: passes it for Auto
+// too). ws:
 // gpu_scratch::layernorm_dropout_backward_bytes(t, rows, cols).
 void layernorm_backward_dropout(DType t, const void* dy, const void* x, const void* gamma, const void* mean,
                                 const void* rstd, void* dx, void* dgamma, void* dbeta, DType acc_type, const void* add,

@@ -211,7 +211,8 @@ void layernorm_backward_dropout(const Tensor& dy, const Tensor& x, const Tensor&
                       dt, dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dgamma.data(),
                       dbeta.data(), acc, add_to_dx ? add_to_dx->data() : nullptr, s.rows, s.cols, then.p, then.key,
                       then.layout, out.data(), then.dbias ? then.dbias->data() : nullptr,
-                      passes == LayerNormBackwardPasses::OnePassPrefetched, scratch_of(ws), stream_of(x)));
+                      passes == LayerNormBackwardPasses::OnePassPrefetched || passes == LayerNormBackwardPasses::Auto,
+                      scratch_of(ws), stream_of(x)));
     if (!on_host(op, x)) return;  // the meta device standing in for a GPU: sizes only
   }
   layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, add_to_dx, passes);

@@ -22,15 +22,17 @@ void bias_dropout_add_layernorm(const Tensor& y, const BiasDropoutAddOf& before,
                                 const Tensor& beta, double eps, Tensor& y_ln, Tensor& mean, Tensor& rstd);
 
 // How the CUDA backward reads dy and x: once (dx, dgamma and dbeta in one
-// pass, wherever gpu_scratch::layernorm_fused_plan allows: the default) or
-// twice (the column sums, then dx: what ran before, kept so bench_kernels
-// times one against the other). OnePassPrefetched: the one pass with the next
-// row's dy, x and residual gradient always copied ahead (the default does
-// that only with one pack a thread; with two it costs half the blocks an
-// SM, and in layernorm_backward_dropout it sums the bias gradient in the
-// kernel too), for bench_kernels to time against Auto. The CPU kernel has one
-// way.
-enum class LayerNormBackwardPasses { Auto, Split, OnePassPrefetched };
+// pass, wherever gpu_scratch::layernorm_fused_plan allows) or twice (Split:
+// the column sums, then dx: what ran before, kept so bench_kernels times one
+// against the other). OnePass copies the next row's dy, x and residual
+// gradient ahead only with one pack a thread; OnePassPrefetched always (with
+// two packs a thread it costs half the blocks an SM, and in
+// layernorm_backward_dropout it sums the bias gradient in the kernel too).
+// Auto, the default, is what an H200 measured faster (bench_kernels,
+// 2026-11-28, [32768, 8192] bf16): OnePass for layernorm_backward (0.609 ms
+// against 0.656 prefetched), OnePassPrefetched for layernorm_backward_dropout
+// (1.125 ms against 1.280). The CPU kernel has one way.
+enum class LayerNormBackwardPasses { Auto, Split, OnePass, OnePassPrefetched };
 
 // dx = overwritten (may alias dy); dgamma, dbeta accumulated. With add_to_dx,
 // dx = (LayerNorm's input gradient) + *add_to_dx, rounded once: a pre-LN

@@ -333,7 +333,7 @@ int main() {
       for (const i64 cols : {48 * v, 520 * v})
         for (const DType acc : {DType::F32, t}) {
           if (acc == t && t == DType::F32) continue;
-          for (const Passes passes : {Passes::Auto, Passes::Split, Passes::OnePassPrefetched})
+          for (const Passes passes : {Passes::Auto, Passes::Split, Passes::OnePass, Passes::OnePassPrefetched})
             backward({t, 7, cols, acc, true, 0}, passes, rng);
           backward({t, 5, cols, acc, false, 0}, Passes::Auto, rng);
           for (const bool with_bias : {true, false})

@@ -76,6 +76,29 @@ TEST(KernelTrace, BusyTimeIsTheUnionAndGapsAreBinnedByLength) {
   EXPECT_EQ(s.gaps[2], 1);
   EXPECT_EQ(s.gap_ns[2], 18000u);
   EXPECT_EQ(s.busy_ns + s.gap_ns[0] + s.gap_ns[1] + s.gap_ns[2], s.window_ns);
+  // Each gap with where it fell and between which records: longest first,
+  // ties in window order; the record before a gap is the one whose end began
+  // it (the copy that overlapped the gemms, not the gemm; not the "ln" inside
+  // the other).
+  const auto gap = [](std::uint64_t ns, std::uint64_t at, const char* after, const char* before) {
+    return TraceGap{ns, at, after, before};
+  };
+  const std::vector<TraceGap> want = {gap(18000, 51000, "small", "tail"), gap(3000, 44000, "copy HtoD (copy)", "ln"),
+                                      gap(1500, 49000, "ln", "small"), gap(500, 0, "(window start)", "gemm"),
+                                      gap(500, 99000, "tail", "clipped")};
+  ASSERT_EQ(s.longest_gaps.size(), want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(s.longest_gaps[i].ns, want[i].ns);
+    EXPECT_EQ(s.longest_gaps[i].at_ns, want[i].at_ns);
+    EXPECT_EQ(s.longest_gaps[i].after, want[i].after);
+    EXPECT_EQ(s.longest_gaps[i].before, want[i].before);
+  }
+  // Only the one over 10 us is printed.
+  const std::string text = format_summary(s, "w");
+  EXPECT_NE(text.find("longest gaps"), std::string::npos) << text;
+  EXPECT_NE(text.find("0.018 at    0.051: small -> tail"), std::string::npos) << text;
+  EXPECT_EQ(text.find("-> ln"), std::string::npos) << text;
   ASSERT_EQ(s.rows.size(), 6u);
   EXPECT_EQ(s.rows[0].name, "gemm");
   EXPECT_EQ(s.rows[0].calls, 2);
@@ -102,7 +125,35 @@ TEST(KernelTrace, AnEmptyWindowIsAllIdle) {
   EXPECT_EQ(s.gaps[2], 1);
   EXPECT_EQ(s.gap_ns[2], 15000u);
   EXPECT_TRUE(s.rows.empty());
-  EXPECT_NE(format_summary(s, "empty").find("busy 0.0% of 0.015 ms"), std::string::npos);
+  ASSERT_EQ(s.longest_gaps.size(), 1u);
+  EXPECT_EQ(s.longest_gaps[0].after, "(window start)");
+  EXPECT_EQ(s.longest_gaps[0].before, "(window end)");
+  const std::string text = format_summary(s, "empty");
+  EXPECT_NE(text.find("busy 0.0% of 0.015 ms"), std::string::npos);
+  EXPECT_NE(text.find("0.015 at    0.000: (window start) -> (window end)"), std::string::npos) << text;
+}
+
+// Only the kLongestGaps longest are kept, longest first, however many there are.
+TEST(KernelTrace, TheLongestGapsAreKeptInOrder) {
+  KernelTrace t;
+  t.window_start_ns = 0;
+  std::uint64_t at = 0;
+  std::vector<std::uint64_t> lengths;
+  for (int i = 0; i < 25; ++i) {
+    const std::uint64_t gap = 1000 + static_cast<std::uint64_t>((i * 7) % 25) * 1000;  // 1-25 us, each once
+    lengths.push_back(gap);
+    at += gap;
+    std::string name = "k";
+    name += std::to_string(i);
+    t.records.push_back(rec(name, at, at + 100));
+    at += 100;
+  }
+  t.window_end_ns = at;  // no gap at the end
+  const KernelTraceSummary s = summarize(t);
+  ASSERT_EQ(s.longest_gaps.size(), KernelTraceSummary::kLongestGaps);
+  std::sort(lengths.rbegin(), lengths.rend());
+  for (std::size_t i = 0; i < s.longest_gaps.size(); ++i) EXPECT_EQ(s.longest_gaps[i].ns, lengths[i]) << i;
+  EXPECT_EQ(s.longest_gaps[0].ns, 25000u);
 }
 
 TEST(KernelTrace, ReportAndCsv) {

@@ -57,12 +57,16 @@ KernelTraceSummary summarize(const KernelTrace& trace) {
   const std::uint64_t lo = trace.window_start_ns, hi = std::max(trace.window_end_ns, trace.window_start_ns);
   s.window_ns = hi - lo;
   s.dropped = trace.dropped;
-  std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;
+  struct Span {
+    std::uint64_t a, b;
+    const TraceRecord* r;
+  };
+  std::vector<Span> spans;
   std::map<std::pair<std::string, TraceKind>, KernelTraceRow> by_name;
   for (const TraceRecord& r : trace.records) {
     const std::uint64_t a = std::max(r.start_ns, lo), b = std::min(std::max(r.end_ns, r.start_ns), hi);
     if (r.end_ns <= lo || r.start_ns >= hi || b <= a) continue;
-    spans.emplace_back(a, b);
+    spans.push_back({a, b, &r});
     KernelTraceRow& row = by_name[{r.name, r.kind}];
     row.name = r.name;
     row.kind = r.kind;
@@ -83,23 +87,36 @@ KernelTraceSummary summarize(const KernelTrace& trace) {
   // The union of the intervals, and the idle stretches between them (the
   // window's own edges before the first and after the last count too: the
   // device waited there as much as anywhere).
-  std::sort(spans.begin(), spans.end());
+  std::stable_sort(spans.begin(), spans.end(),
+                   [](const Span& x, const Span& y) { return x.a != y.a ? x.a < y.a : x.b < y.b; });
   std::uint64_t cursor = lo;
-  const auto idle = [&](std::uint64_t from, std::uint64_t to) {
+  const TraceRecord* last = nullptr;  // the record whose end is the cursor
+  const auto name_of = [](const TraceRecord* r, const char* edge) {
+    if (!r) return std::string(edge);
+    return r->kind == TraceKind::Kernel ? r->name : r->name + " (" + kind_name(r->kind) + ")";
+  };
+  const auto idle = [&](std::uint64_t from, std::uint64_t to, const TraceRecord* next) {
     if (to <= from) return;
     const std::uint64_t d = to - from;
     const int bin = d < 2000 ? 0 : d < 10000 ? 1 : 2;
     ++s.gaps[bin];
     s.gap_ns[bin] += d;
+    // Keep the longest few: a bounded insertion (ties keep the earlier).
+    auto& g = s.longest_gaps;
+    if (g.size() == KernelTraceSummary::kLongestGaps && d <= g.back().ns) return;
+    const auto at = std::find_if(g.begin(), g.end(), [&](const TraceGap& x) { return x.ns < d; });
+    g.insert(at, TraceGap{d, from - lo, name_of(last, "(window start)"), name_of(next, "(window end)")});
+    if (g.size() > KernelTraceSummary::kLongestGaps) g.pop_back();
   };
-  for (const auto& [a, b] : spans) {
-    if (a > cursor) idle(cursor, a);
-    if (b > cursor) {
-      s.busy_ns += b - std::max(a, cursor);
-      cursor = b;
+  for (const Span& sp : spans) {
+    if (sp.a > cursor) idle(cursor, sp.a, sp.r);
+    if (sp.b > cursor) {
+      s.busy_ns += sp.b - std::max(sp.a, cursor);
+      cursor = sp.b;
+      last = sp.r;
     }
   }
-  idle(cursor, hi);
+  idle(cursor, hi, nullptr);
   std::map<std::string, std::uint64_t> libraries;
   for (auto& [key, row] : by_name) {
     libraries[row.library] += row.total_ns;
@@ -142,6 +159,17 @@ std::string format_summary(const KernelTraceSummary& s, const std::string& what,
       out += line;
     }
     out += "\n";
+  }
+  // Where the long waits fell (over 10 us: the third bin).
+  const auto shortened = [](std::string n) { return n.size() > 60 ? n.substr(0, 57) + "..." : n; };
+  bool titled = false;
+  for (const TraceGap& g : s.longest_gaps) {
+    if (g.ns < 10000) break;
+    if (!titled) out += "  longest gaps (ms, at ms into the window: after -> before):\n";
+    titled = true;
+    std::snprintf(line, sizeof line, "    %7.3f at %8.3f: %s -> %s\n", ms(g.ns), ms(g.at_ns),
+                  shortened(g.after).c_str(), shortened(g.before).c_str());
+    out += line;
   }
   if (s.dropped)
     out += "  WARNING: " + std::to_string(s.dropped) +

@@ -44,6 +44,14 @@ struct KernelTraceRow {
   std::uint64_t total_ns = 0;
 };
 
+// One idle stretch and where it fell: `at_ns` from the window's start, the
+// record whose end began it and the one whose start ended it ("(window
+// start)" / "(window end)" at the edges).
+struct TraceGap {
+  std::uint64_t ns = 0, at_ns = 0;
+  std::string after, before;
+};
+
 // Idle stretches are counted in three bins by length: under 2 us (what a
 // dependent launch costs when the host is ahead), 2-10 us, and longer (the
 // device waited for the host: a synchronisation, a slow launch sequence).
@@ -55,6 +63,11 @@ struct KernelTraceSummary {
   std::int64_t gaps[3] = {0, 0, 0};
   std::uint64_t gap_ns[3] = {0, 0, 0};
   std::uint64_t dropped = 0;
+  // The kLongestGaps longest idle stretches, longest first (ties: earlier
+  // first): which kernels a long wait sits between says what the device
+  // waited for (a host read-back, a stream's event, the trace's own edges).
+  static constexpr std::size_t kLongestGaps = 10;
+  std::vector<TraceGap> longest_gaps;
   std::vector<KernelTraceRow> rows;  // by total time, longest first; ties by name
   // Kernels' time by library, then "copies" and "fills": longest first.
   std::vector<std::pair<std::string, std::uint64_t>> by_library;
@@ -63,8 +76,9 @@ struct KernelTraceSummary {
 // Records are clipped to the window; records wholly outside it are left out.
 KernelTraceSummary summarize(const KernelTrace& trace);
 
-// The printed report: one line of totals (busy share, idle gaps), then the
-// `top` longest rows with their share of the window. `what` names the window
+// The printed report: one line of totals (busy share, idle gaps), the
+// longest gaps over 10 us with their neighbours, then the `top` longest rows
+// with their share of the window. `what` names the window
 // (e.g. "rank 0, iterations 11-12").
 std::string format_summary(const KernelTraceSummary& s, const std::string& what, std::size_t top = 30);
 

@@ -170,6 +170,11 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
       check(dropout, gs::kTileGroups * gs::kDropoutColumns);
       EXPECT_EQ(gs::dropout_bias_grad_bytes(rows, cols),
                 static_cast<std::size_t>(dropout.used * cols) * sizeof(double));
+      // One wave of its resident blocks (three an SM on 132 SMs) wherever the
+      // block columns alone fit in one.
+      if (dropout.col_blocks <= gs::kDropoutBlocksPerSm * 132) {
+        EXPECT_LE(dropout.col_blocks * dropout.used, gs::kDropoutBlocksPerSm * 132);
+      }
       for (const DType dt : {DType::F32, DType::BF16, DType::F64}) {
         const std::size_t bytes = gs::column_sums_bytes(dt, rows, cols, 2);
         // One chunk (every row in it) needs no scratch: the sums go straight into the result.
@@ -187,6 +192,22 @@ TEST(LayerKernels, GpuColumnSumChunksCoverEveryRowOnce) {
         }
       }
     }
+}
+
+// The dropout backward's grids at the two shapes an H200 timed it at
+// (2026-11-28: 1164 GB/s at [8192, 1024], 1510 at [32768, 8192], while
+// bias-dropout-add moved its bytes at 2249 and 2886): 8 x 66 and 64 x 9
+// blocks, a full wave of three an SM and a third of another, before; one
+// wave now, each chunk at least 64 rows.
+TEST(LayerKernels, DropoutBackwardGridIsOneWave) {
+  namespace gs = gpu_scratch;
+  const auto small = gs::dropout_column_chunks(8192, 1024), large = gs::dropout_column_chunks(32768, 8192);
+  EXPECT_EQ(small.col_blocks, 8);
+  EXPECT_EQ(small.used, 49);  // 392 blocks of 396 places
+  EXPECT_EQ(large.col_blocks, 64);
+  EXPECT_EQ(large.used, 6);                                    // 384 blocks
+  EXPECT_EQ(gs::dropout_column_chunks(200, 1024).used, 4);     // 64 rows a chunk at least
+  EXPECT_EQ(gs::dropout_column_chunks(8192, 400000).used, 1);  // wider than a wave: one chunk
 }
 
 // LayerNorm's one-pass backward: every row in exactly one (block, lane, step),

@@ -235,7 +235,7 @@ constexpr int kDropoutRowBatch = 4;
 // instead of dividing; the rows are summed in the same order, so the partials
 // are the same bits as the element-by-element loop's.
 template <typename S, bool ALIGNED = false>
-__global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, 3)
+__global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, kernels::gpu_scratch::kDropoutBlocksPerSm)
     dropout_backward_partial_kernel(const S* dy, double p, PhiloxKey key, kernels::DropoutLayout l, i64 rows, i64 cols,
                                     i64 rows_per_chunk, S* dx, double* partial) {
   using C = compute_t<S>;

@@ -55,8 +55,10 @@ struct Chunks {
   i64 col_blocks = 0, per_chunk = 1, used = 1;
 };
 // The fused dropout backward and bias gradient: 4 columns per column group
-// (one Philox block), any cols.
+// (one Philox block), any cols. Its kernel holds 80 registers a thread, so 3
+// blocks of kThreads fit an SM (its __launch_bounds__ asks for that many).
 constexpr i64 kDropoutColumns = 4;
+constexpr i64 kDropoutBlocksPerSm = 3;
 
 // The sizes are pure integer math, defined here so megazero/cuda uses them
 // without a link dependency on the kernels library.
@@ -95,8 +97,20 @@ inline Chunks tiled_column_chunks(i64 rows, i64 groups) {
 
 inline Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) { return tiled_column_chunks(rows, cols / vec); }
 
+// The dropout backward's chunks fill one wave of kDropoutBlocksPerSm blocks on
+// each of 132 SMs, not kTargetBlocks (four an SM): with three resident, 528
+// blocks ran as a full wave and a third of one (the 355M's [8192, 1024]: 8 x
+// 66 blocks; the 100B layer's [32768, 8192]: 64 x 9), the second at a block an
+// SM. Rounded down, so the blocks never spill into a second wave while the
+// columns alone fit in one.
 inline Chunks dropout_column_chunks(i64 rows, i64 cols) {
-  return tiled_column_chunks(rows, detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns));
+  Chunks c;
+  c.col_blocks = detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kTileGroups);
+  const i64 one_wave = std::max<i64>(1, kDropoutBlocksPerSm * 132 / c.col_blocks);
+  const i64 chunks = std::max<i64>(1, std::min<i64>({detail::ceil_div(rows, 64), one_wave, 65535}));
+  c.per_chunk = std::max<i64>(1, detail::ceil_div(rows, chunks));
+  c.used = rows == 0 ? 1 : detail::ceil_div(rows, c.per_chunk);
+  return c;
 }
 
 inline std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {

@@ -75,8 +75,9 @@
 # A short lease (one command of at most 600 s): MZ_BUDGET_S=540 bounds the whole
 # script, phases in the order given (MZ_PEERS_QUICK=1: the peers phases time only
 # cuDNN attention, with and without the epilogues, against torch.compile), e.g.
-#   MZ_PEERS_QUICK=1 MZ_BUDGET_S=540 tools/gpu_session.sh kernels peers-gpt peers-layer profile-gpt profile zero3
-# (2026-11-26's second lease: kernels ~10 s, peers-gpt ~260 s with three of ours, profile-gpt ~110 s;
+#   MZ_PEERS_QUICK=1 MZ_BUDGET_S=540 tools/gpu_session.sh kernels peers-gpt peers-layer profile-gpt profile documents
+# (2026-11-28's lease: kernels 23 s, peers-gpt 142 s with four of ours, peers-layer 108 s,
+# profile-gpt 68 s, profile 37 s, zero3 ~150 s; documents, in zero3's place since, ~2 min.
 # cuDNN's engine configurations 0 and 1 tied on the layer, so cudnn-engines can wait.)
 set -uo pipefail
 out=${OUT:-gpu-out}

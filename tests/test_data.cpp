@@ -21,6 +21,7 @@
 #include "megazero/data/gpt_dataset.h"
 #include "megazero/data/hf_tokenizer.h"
 #include "megazero/data/indexed_dataset.h"
+#include "megazero/data/null_tokenizer.h"
 #include "megazero/data/sentencepiece_tokenizer.h"
 
 using namespace megazero;
@@ -471,6 +472,50 @@ TEST(Tokenizer, Gpt2MatchesJavaScriptReference) {
   for (std::int32_t id; ss >> id;) ref.push_back(id);
   ASSERT_GT(ref.size(), 50u);
   EXPECT_EQ(t->encode(kSample), ref);
+}
+
+// Megatron's NullTokenizer: the text is ids; V ends a document and the
+// vocabulary is V + 1. Any white space separates; anything but a decimal id
+// up to V is refused naming the piece.
+TEST(Tokenizer, NullTokenizerReadsIdsAndEndsDocumentsWithTheVocabularySize) {
+  const auto t = make_tokenizer("NullTokenizer", "", "", "", 1000);
+  EXPECT_EQ(t->name(), "NullTokenizer");
+  EXPECT_EQ(t->vocab_size(), 1001);
+  EXPECT_EQ(t->eod(), 1000);
+  const std::vector<std::int32_t> ids = {0, 17, 999, 1000, 5};
+  EXPECT_EQ(t->encode("0 17 999 1000 5"), ids);
+  EXPECT_EQ(t->encode("  0\t17\n999  1000\r\n5 \n"), ids) << "any white space";
+  EXPECT_EQ(t->encode("007"), std::vector<std::int32_t>{7});
+  EXPECT_TRUE(t->encode(" \n ").empty());
+  EXPECT_EQ(t->decode(ids), "0 17 999 1000 5");
+  EXPECT_EQ(t->clone()->encode("3 4"), (std::vector<std::int32_t>{3, 4}));
+  const auto refused = [&](const std::string& text, const std::string& names) {
+    try {
+      t->encode(text);
+      ADD_FAILURE() << "'" << text << "' accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + names + "' is not a token id"), std::string::npos) << e.what();
+    }
+  };
+  refused("1 1001 2", "1001");
+  refused("1 -1", "-1");
+  refused("+3", "+3");
+  refused("0x10", "0x10");
+  refused("4.0", "4.0");
+  refused("1,2", "1,2");
+  refused("99999999999999999999", "99999999999999999999");
+  EXPECT_THROW(t->decode({1001}), ConfigError);
+  EXPECT_THROW(t->decode({-1}), ConfigError);
+  // Its vocabulary is --vocab-size, which no other type reads.
+  try {
+    make_tokenizer("NullTokenizer", "", "");
+    ADD_FAILURE() << "no --vocab-size accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --vocab-size N"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(make_tokenizer("ByteLevel", "", "", "", 300), ConfigError);
+  EXPECT_THROW(make_tokenizer("NullTokenizer", "encoder.json", "vocab.bpe", "", 10), ConfigError);
+  EXPECT_THROW(NullTokenizer(std::int64_t{1} << 31), ConfigError);
 }
 
 TEST(Tokenizer, MissingFilesNameTheFlagAndTheFix) {

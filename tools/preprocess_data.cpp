@@ -38,6 +38,7 @@ struct Args {
   bool json_lines = false, append_eod = false, help = false;
   int workers = 1;
   std::int64_t log_interval = 0;
+  std::int64_t vocab_size = 0;  // NullTokenizer's
   // Megatron's flags megazero does not do (refused) or needs not (noted).
   bool split_sentences = false, keep_newlines = false, keep_sequential_samples = false;
   std::string lang;
@@ -58,12 +59,15 @@ po::options_description describe_options(Args& a) {
                                        "write PREFIX.bin and PREFIX.idx (with --json-keys: PREFIX_KEY_document.*)")(
       "tokenizer-type", po::value(&a.tokenizer_type),
       "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer (SentencePiece, <s> first in each document), "
-      "GPTSentencePieceTokenizer or HuggingFaceTokenizer")(
+      "GPTSentencePieceTokenizer, HuggingFaceTokenizer or NullTokenizer (the text already ids, decimal and "
+      "space-separated, below --vocab-size)")(
       "tokenizer-model", po::value(&a.tokenizer_model),
       "the SentencePiece model (tokenizer.model) of Llama2Tokenizer and GPTSentencePieceTokenizer, or the directory "
       "of HuggingFaceTokenizer's tokenizer.json and tokenizer_config.json")("vocab-file", po::value(&a.vocab_file),
                                                                             "GPT-2's encoder.json (GPT2BPETokenizer)")(
       "merge-file", po::value(&a.merge_file), "GPT-2's vocab.bpe (GPT2BPETokenizer)")(
+      "vocab-size", po::value(&a.vocab_size),
+      "NullTokenizer's vocabulary (Megatron's): ids 0 to N-1 in the text; --append-eod writes N")(
       "append-eod", po::bool_switch(&a.append_eod), "end every document with the end-of-text token")(
       "workers", po::value(&a.workers)->default_value(1),
       "threads that tokenize documents at once (Megatron's --workers); the output is the same for any number")(
@@ -193,7 +197,7 @@ void for_each_document(const Args& a, F&& doc) {
 int preprocess(const Args& a) {
   // One tokenizer a worker (their caches are their own): the files read once, then copied.
   std::vector<std::unique_ptr<Tokenizer>> toks;
-  toks.push_back(make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model));
+  toks.push_back(make_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model, a.vocab_size));
   while (toks.size() < static_cast<std::size_t>(a.workers)) toks.push_back(toks.front()->clone());
   const Tokenizer& tok = *toks.front();
   const TokenDType dtype = token_dtype_for_vocab(tok.vocab_size());

@@ -9,6 +9,7 @@
 #include "megazero/core/error.h"
 #include <nlohmann/json.hpp>
 #include "megazero/data/hf_tokenizer.h"
+#include "megazero/data/null_tokenizer.h"
 #include "megazero/data/sentencepiece_tokenizer.h"
 
 namespace megazero::data {
@@ -121,15 +122,19 @@ std::string Gpt2BpeTokenizer::decode(const std::vector<std::int32_t>& ids) const
 }
 
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file, const std::string& tokenizer_model) {
+                                          const std::string& merge_file, const std::string& tokenizer_model,
+                                          std::int64_t null_vocab_size) {
   MZ_REQUIRE(type != "SentencePieceTokenizer",
              "--tokenizer-type SentencePieceTokenizer (Megatron's BERT/T5 one, which appends <CLS>, <SEP>, <EOD>, "
              "<MASK>, ... ids to the model's) is not implemented: for a GPT use GPTSentencePieceTokenizer (the model's "
              "pieces, its </s> ends a document) or Llama2Tokenizer (also <s> first in each document)");
   const bool sentencepiece = type == "Llama2Tokenizer" || type == "GPTSentencePieceTokenizer";
   const bool hugging_face = type == "HuggingFaceTokenizer";
-  MZ_REQUIRE(sentencepiece || hugging_face || type == "GPT2BPETokenizer" || type == "ByteLevel", "--tokenizer-type: '",
-             type, "' is not one of ", kTokenizerTypes);
+  const bool null = type == "NullTokenizer";
+  MZ_REQUIRE(sentencepiece || hugging_face || null || type == "GPT2BPETokenizer" || type == "ByteLevel",
+             "--tokenizer-type: '", type, "' is not one of ", kTokenizerTypes);
+  MZ_REQUIRE(null || null_vocab_size == 0, "--vocab-size ", null_vocab_size,
+             " is read by --tokenizer-type NullTokenizer; ", type, " knows its vocabulary: drop it");
   // A file the type does not read is a mistake to report, not to ignore.
   MZ_REQUIRE(sentencepiece || hugging_face || tokenizer_model.empty(),
              "--tokenizer-model is read by Llama2Tokenizer, GPTSentencePieceTokenizer and HuggingFaceTokenizer, not "
@@ -138,6 +143,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::st
   MZ_REQUIRE(type == "GPT2BPETokenizer" || (vocab_file.empty() && merge_file.empty()),
              "--vocab-file and --merge-file are GPT-2 BPE's files, not read by --tokenizer-type ", type, ": drop them");
   if (type == "ByteLevel") return std::make_unique<ByteLevelTokenizer>();
+  if (null) return std::make_unique<NullTokenizer>(null_vocab_size);
   if (hugging_face) {
     MZ_REQUIRE(!tokenizer_model.empty(),
                "--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model DIR: a Hugging Face model's directory "

@@ -67,12 +67,14 @@ class Gpt2BpeTokenizer : public Tokenizer {
 
 // The tokenizer types megazero reads and writes data with.
 inline constexpr const char* kTokenizerTypes =
-    "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer, HuggingFaceTokenizer";
+    "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer, HuggingFaceTokenizer, NullTokenizer";
 // "GPT2BPETokenizer" (needs both files), "ByteLevel", the SentencePiece ones
 // (data/sentencepiece_tokenizer.h) or "HuggingFaceTokenizer"
-// (data/hf_tokenizer.h), which need tokenizer_model; ConfigError otherwise,
-// and for a file given to a type that does not read it.
+// (data/hf_tokenizer.h), which need tokenizer_model, or "NullTokenizer"
+// (data/null_tokenizer.h), which needs null_vocab_size (--vocab-size);
+// ConfigError otherwise, and for a file given to a type that does not read it.
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& type, const std::string& vocab_file,
-                                          const std::string& merge_file, const std::string& tokenizer_model = "");
+                                          const std::string& merge_file, const std::string& tokenizer_model = "",
+                                          std::int64_t null_vocab_size = 0);
 
 }  // namespace megazero::data

@@ -8,6 +8,7 @@
 
 #include "megazero/core/error.h"
 #include "megazero/data/gpt2_tokenizer.h"
+#include "megazero/data/null_tokenizer.h"
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/train/arguments.h"
 
@@ -45,8 +46,9 @@ const CompatFlag kFlags[] = {
     {"use-checkpoint-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--use-checkpoint-opt-param-scheduler"},
     {"override-opt_param-scheduler", Kind::Switch, Meaning::Translated, "--override-opt-param-scheduler"},
     {"tokenizer-type", Kind::Value, Meaning::Translated,
-     "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer or HuggingFaceTokenizer (the data's "
-     "tokenizer; its end-of-text token is --eod-mask-loss's; with --tokenizer-model it also gives --vocab-size)"},
+     "GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, GPTSentencePieceTokenizer, HuggingFaceTokenizer or NullTokenizer "
+     "(the data's tokenizer; its end-of-text token is --eod-mask-loss's; with --tokenizer-model, or GPT-2's "
+     "--vocab-file and --merge-file, it also gives --vocab-size; NullTokenizer's is --vocab-size + 1, as Megatron's)"},
     {"tokenizer-model", Kind::Value, Meaning::Translated,
      "with --tokenizer-type Llama2Tokenizer or GPTSentencePieceTokenizer the SentencePiece model, with "
      "HuggingFaceTokenizer the directory of tokenizer.json and tokenizer_config.json: read for the vocabulary size "
@@ -338,10 +340,11 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                         " or leave it out");
   }
   only("tokenizer-type",
-       {"GPT2BPETokenizer", "ByteLevel", "Llama2Tokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer"},
+       {"GPT2BPETokenizer", "ByteLevel", "Llama2Tokenizer", "GPTSentencePieceTokenizer", "HuggingFaceTokenizer",
+        "NullTokenizer"},
        "the data is tokenized beforehand (tools/preprocess_data knows GPT2BPETokenizer, ByteLevel, Llama2Tokenizer, "
-       "GPTSentencePieceTokenizer and HuggingFaceTokenizer; Megatron's tools/preprocess_data.py writes the same "
-       ".bin/.idx): name one of those, or leave it out");
+       "GPTSentencePieceTokenizer, HuggingFaceTokenizer and NullTokenizer; Megatron's tools/preprocess_data.py "
+       "writes the same .bin/.idx): name one of those, or leave it out");
   const std::string* type = value("tokenizer-type");
   const std::string* model_file = value("tokenizer-model");
   // The types whose vocabulary is a model file: SentencePiece's, Hugging Face's.
@@ -371,6 +374,45 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                  " tokens: its token ids would fall outside the model; leave --vocab-size out to take the model's");
     }
     if (by_document && a.eod_token_id == -1) a.eod_token_id = tok->eod();
+  }
+  // NullTokenizer (Megatron's): --vocab-size N ids in the data and one more,
+  // N, that ends a document, so the model's vocabulary is N + 1.
+  if (type && *type == "NullTokenizer") {
+    if (!was_given("vocab-size"))
+      refused.push_back(
+          "--tokenizer-type NullTokenizer: needs --vocab-size N, the token ids the data holds (Megatron's "
+          "NullTokenizer adds one more, N, the end of a document)");
+    else if (refused.empty()) {
+      const data::NullTokenizer tok(a.model.vocab_size);
+      a.model.vocab_size = tok.vocab_size();
+      a.notes.push_back("--tokenizer-type NullTokenizer: the model's vocabulary is --vocab-size + 1 = " +
+                        std::to_string(tok.vocab_size()) + " (id " + std::to_string(tok.eod()) +
+                        " ends a document), as Megatron builds it");
+      if (by_document && a.eod_token_id == -1) a.eod_token_id = tok.eod();
+    }
+  }
+  // GPT-2's files: read when given (a missing or broken file is an error here,
+  // not at the first report), the vocabulary taken from them.
+  if (!a.vocab_file.empty() || !a.merge_file.empty()) {
+    if (type && *type != "GPT2BPETokenizer")
+      refused.push_back(
+          "--vocab-file and --merge-file: GPT-2 BPE's files, read with --tokenizer-type "
+          "GPT2BPETokenizer, not " +
+          *type + "; drop them");
+    else if (refused.empty()) {
+      MZ_REQUIRE(!a.vocab_file.empty() && !a.merge_file.empty(),
+                 "--vocab-file and --merge-file go together (GPT-2's encoder.json and vocab.bpe): pass both, or "
+                 "neither");
+      const auto tok = data::make_tokenizer("GPT2BPETokenizer", a.vocab_file, a.merge_file);
+      if (!was_given("vocab-size")) {
+        a.model.vocab_size = tok->vocab_size();
+      } else {
+        MZ_REQUIRE(a.model.vocab_size >= tok->vocab_size(), "--vocab-size ", a.model.vocab_size,
+                   " is smaller than --vocab-file ", a.vocab_file, "'s ", tok->vocab_size(),
+                   " tokens: its token ids would fall outside the model; leave --vocab-size out to take the file's");
+      }
+      if (by_document && a.eod_token_id == -1) a.eod_token_id = tok->eod();
+    }
   }
   // The end-of-document token --eod-mask-loss masks: the tokenizer's end of
   // text, as tools/preprocess_data --append-eod writes it (data/gpt2_tokenizer.h).

@@ -6,7 +6,10 @@
 #     --keep-sequential-samples) writes PREFIX_text_document.{bin,idx}, the bytes of --json-lines at PREFIX;
 #     two keys write two datasets, each of its field;
 #  3. refused by name: a JSON-lines file read as plain text, --split-sentences, --json-keys beside
-#     --json-key, a line without a key's field.
+#     --json-key, a line without a key's field;
+#  4. --tokenizer-type NullTokenizer --vocab-size 50256 over step 2's GPT-2 ids written as text (Megatron's
+#     pre-tokenized input) writes step 2's bytes (its end of document, 50256, is GPT-2's); without
+#     --vocab-size it is refused.
 set -u
 preprocess=$1
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -59,4 +62,26 @@ refused missing-key "line 1 has no \"body\" string; set --json-keys" \
 refused workers "--workers must be 1 to 1024, got 0" \
   "$preprocess" --input "$corpus" --workers 0 --output-prefix "$work/x" "${gpt2[@]}"
 [ ! -e "$work/x_text_document.bin" ] || fail "a refused run left a dataset behind"
+
+# 4. NullTokenizer: the ids of step 2's documents as JSON lines of text.
+python3 - "$work/ours" "$work/ids.jsonl" <<'EOF'
+import json, struct, sys
+idx = open(sys.argv[1] + ".idx", "rb").read()
+assert idx[:9] == b"MMIDIDX\x00\x00", "not a Megatron index"
+count = struct.unpack_from("<Q", idx, 18)[0]
+sizes = struct.unpack_from("<%di" % count, idx, 34)
+tokens = open(sys.argv[1] + ".bin", "rb").read()
+ids = struct.unpack("<%dH" % (len(tokens) // 2), tokens)
+with open(sys.argv[2], "w") as f:
+    at = 0
+    for n in sizes:
+        assert ids[at + n - 1] == 50256, "a document without GPT-2's end of text"
+        f.write(json.dumps({"text": " ".join(map(str, ids[at:at + n - 1]))}) + "\n")
+        at += n
+EOF
+step null "$preprocess" --input "$work/ids.jsonl" --json-keys text --output-prefix "$work/null" \
+  --tokenizer-type NullTokenizer --vocab-size 50256 --append-eod
+same "$work/ours" "$work/null_text_document" "NullTokenizer over GPT-2's ids as text"
+refused null-vocab "--tokenizer-type NullTokenizer needs --vocab-size N" \
+  "$preprocess" --input "$work/ids.jsonl" --json-keys text --output-prefix "$work/x" --tokenizer-type NullTokenizer
 echo "preprocess_megatron_e2e: passed"

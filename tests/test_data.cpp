@@ -701,7 +701,10 @@ TEST(HuggingFaceTokenizer, AddedTokenStripsAndPreTokenizerOptionsAsTransformersJ
         << "\"vocab\": " << vocab << ", \"merges\": [\"a b\", \"\u0120 a\", \"1 2\"]}}";
     std::ofstream(dir / "tokenizer_config.json")
         << R"({"eos_token": "<eos>", "tokenizer_class": "PreTrainedTokenizerFast"})";
-    const std::string text = "ab  <L>  ab<R>   x 1234 e\xCC\x81<eos>a  b<L>";
+    // lstrip/rstrip take Unicode's white space too (U+3000, U+00A0, U+2003,
+    // U+2028), not only ASCII's.
+    const std::string text =
+        "ab  <L>  ab<R>   x 1234 e\xCC\x81<eos>a  b<L> q\xE3\x80\x80\xC2\xA0<L>z<R>\xE2\x80\x83\xE2\x80\xA8 w";
     const auto t = make_tokenizer("HuggingFaceTokenizer", "", "", dir / "tokenizer.json");
     EXPECT_EQ(t->encode(text), transformers_js_ids(dir / "", text));
   }

@@ -63,7 +63,34 @@ std::string nfc(std::string_view text) {
   return s;
 }
 
-bool is_space(char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
+// Unicode's White_Space, which an added token's lstrip/rstrip removes (Hugging
+// Face's tokenizers: char::is_whitespace; transformers.js: \s, which also
+// takes U+FEFF): tab to carriage return, space, U+0085, U+00A0, U+1680,
+// U+2000-U+200A, U+2028, U+2029, U+202F, U+205F, U+3000.
+bool is_white_space(char32_t c) {
+  return c == 0x20 || (c >= 0x09 && c <= 0x0D) || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
+}
+
+// The length in bytes of the white space (one code point) ending at text[end)
+// or starting at text[pos], 0 where there is none. Every White_Space code
+// point is at most three UTF-8 bytes.
+std::size_t space_before(std::string_view text, std::size_t end) {
+  for (std::size_t n = 1; n <= 3 && n <= end; ++n) {
+    const auto* at = reinterpret_cast<const utf8proc_uint8_t*>(text.data() + end - n);
+    utf8proc_int32_t c = -1;
+    if (utf8proc_iterate(at, static_cast<utf8proc_ssize_t>(n), &c) == static_cast<utf8proc_ssize_t>(n))
+      return c >= 0 && is_white_space(static_cast<char32_t>(c)) ? n : 0;
+  }
+  return 0;
+}
+std::size_t space_at(std::string_view text, std::size_t pos) {
+  if (pos >= text.size()) return 0;
+  utf8proc_int32_t c = -1;
+  const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + pos),
+                                  static_cast<utf8proc_ssize_t>(std::min<std::size_t>(4, text.size() - pos)), &c);
+  return n > 0 && c >= 0 && is_white_space(static_cast<char32_t>(c)) ? static_cast<std::size_t>(n) : 0;
+}
 
 }  // namespace
 
@@ -306,12 +333,12 @@ std::vector<std::int32_t> HfBpeTokenizer::encode(std::string_view text) {
     }
     std::size_t end = pos;
     if (hit->lstrip)
-      while (end > start && is_space(text[end - 1])) --end;
+      for (std::size_t n; end > start && (n = space_before(text.substr(start), end - start)) > 0;) end -= n;
     encode_ordinary(text.substr(start, end - start), out);
     out.push_back(hit->id);
     pos += hit->content.size();
     if (hit->rstrip)
-      while (pos < text.size() && is_space(text[pos])) ++pos;
+      for (std::size_t n; (n = space_at(text, pos)) > 0;) pos += n;
     start = pos;
   }
   encode_ordinary(text.substr(start), out);

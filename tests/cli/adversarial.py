@@ -397,6 +397,13 @@ def cases():
         ("tokenizer-model", "{CFG} --tokenizer-type GPTSentencePieceTokenizer",
          "--tokenizer-model .*: not a SentencePiece model"),
         ("tokenizer-type", "Llama2Tokenizer", "--tokenizer-type Llama2Tokenizer: needs --tokenizer-model"),
+        # GPT-2's files are read when given (they were ignored before 2026-11-28).
+        ("vocab-file", "/nonexistent/encoder.json --merge-file /nonexistent/vocab.bpe",
+         "--vocab-file /nonexistent/encoder.json: cannot be read"),
+        ("vocab-file", "{CFG}", "--vocab-file and --merge-file go together"),
+        ("vocab-file", "{CFG} --merge-file {CFG} --tokenizer-type ByteLevel",
+         "--vocab-file and --merge-file: GPT-2 BPE's files, read with --tokenizer-type GPT2BPETokenizer, not "
+         "ByteLevel"),
         ("decoder-seq-length", "32", "--decoder-seq-length: megazero trains decoder-only GPTs"),
         ("rotary-interleaved", "", "--rotary-interleaved pairs rope's dimensions: it needs --position-embedding-type "
          "rope"),

@@ -703,7 +703,9 @@ TEST(Initialisation, EachValueIsTheDocumentedFunctionOfItsGlobalIndexOnAnyThread
       const auto li = static_cast<std::size_t>(i);
       ASSERT_EQ(one[li], want) << "element " << i;
       ASSERT_EQ(two[li], want) << "element " << i << " on 2 threads";
-      if (i >= 1001) ASSERT_EQ(tail[li - 1001], want) << "element " << i << " from a later start";
+      if (i >= 1001) {
+        ASSERT_EQ(tail[li - 1001], want) << "element " << i << " from a later start";
+      }
       ASSERT_EQ(p.init_value(9, i), want) << "element " << i << " alone";
     }
   }

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <csignal>
 #include <filesystem>
+#include <sstream>
 #include <cstdio>
 #include <unistd.h>
 #include <fstream>
@@ -359,26 +360,11 @@ TEST(Trainer, EodMaskLossIsTheSameOnEveryLayout) {
 TEST(Trainer, NullTokenizerAndGpt2FilesSizeTheVocabulary) {
   // args_of's flags give --vocab-size 128; these parse without it.
   const auto parsed = [](const std::vector<std::string>& flags) {
-    std::vector<std::string> all = {"pretrain_gpt",
-                                    "--mock-data",
-                                    "--num-layers",
-                                    "2",
-                                    "--hidden-size",
-                                    "64",
-                                    "--num-attention-heads",
-                                    "4",
-                                    "--seq-length",
-                                    "16",
-                                    "--max-position-embeddings",
-                                    "16",
-                                    "--micro-batch-size",
-                                    "2",
-                                    "--global-batch-size",
-                                    "8",
-                                    "--train-iters",
-                                    "6",
-                                    "--eval-iters",
-                                    "0"};
+    std::vector<std::string> all;
+    std::istringstream base(
+        "pretrain_gpt --mock-data --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 16 "
+        "--max-position-embeddings 16 --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --eval-iters 0");
+    for (std::string word; base >> word;) all.push_back(word);
     all.insert(all.end(), flags.begin(), flags.end());
     std::vector<char*> argv;
     for (auto& f : all) argv.push_back(f.data());

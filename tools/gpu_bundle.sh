@@ -47,6 +47,13 @@ ldd "$stage"/bin/* "$stage"/lib/libmegazero_sentencepiece.so 2>/dev/null | awk '
   grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libcuda|libcublas|libcublasLt|libcudnn[^/]*|libnccl)\.so' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 cp -L /usr/lib/x86_64-linux-gnu/ucx/*.so.0 "$stage/lib/ucx/" 2>/dev/null || true
+# The bundled corpus's dataset (tools/setup_data.sh makes it; data/ is git-ignored, so the working
+# tree the device tool sends lacks it): gpu_session.sh's `documents` phase trains on it.
+corpus=data/corpus/kjv_text_document
+[ -f "$corpus.bin" ] && [ -f "$corpus.idx" ] ||
+  { echo "gpu_bundle: $corpus.{bin,idx} is missing: run tools/setup_data.sh first" >&2; exit 1; }
+mkdir -p "$stage/data/corpus"
+cp "$corpus.bin" "$corpus.idx" "$stage/data/corpus/"
 # Which commit the binaries are (the GPU session prints it first in env.txt), "-dirty" when the
 # working tree had changes then.
 echo "commit $(git describe --always --dirty 2>/dev/null || echo unknown), built $(date -u +%Y-%m-%dT%H:%MZ)" \

@@ -359,12 +359,16 @@ for phase in "$@"; do
       ;;
     documents)
       {
+        # The bundle's copy of the corpus's dataset (data/ is not in the tree the device tool sends).
+        corpus=/tmp/mz/data/corpus/kjv_text_document
+        [ -f "$corpus.bin" ] || corpus=data/corpus/kjv_text_document
+        [ -f "$corpus.bin" ] || echo "== error: no $corpus.bin: rebuild the bundle (tools/gpu_bundle.sh) after tools/setup_data.sh"
         for a in "cudnn" "unfused --reset-position-ids --reset-attention-mask" \
                  "fused --reset-position-ids --reset-attention-mask" "cudnn --reset-position-ids --reset-attention-mask"; do
           echo "== 355M bf16 corpus attention $a"
           mpi 1 $B/pretrain_gpt --device cuda --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
             --seq-length 1024 --max-position-embeddings 1024 --micro-batch-size 8 --global-batch-size 8 \
-            --bf16 --data-path data/corpus/kjv_text_document --split 99,1,0 --tokenizer-type GPT2BPETokenizer \
+            --bf16 --data-path "$corpus" --split 99,1,0 --tokenizer-type GPT2BPETokenizer \
             --vocab-size 50257 \
             --train-iters 30 --log-interval 10 --eval-iters 0 --lr 1e-4 --attention-dropout 0.0 --hidden-dropout 0.0 \
             --seed 5 --attention-backend $a

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -359,21 +360,40 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                       (*type == "HuggingFaceTokenizer" ? "directory of the tokenizer.json" : "SentencePiece model") +
                       " the data was tokenized with");
   const bool by_document = a.eod_mask_loss || a.reset_position_ids || a.reset_attention_mask;
+  // GPT-2's files: read when given (a missing or broken file is an error here,
+  // not at the first report).
+  const bool gpt2_files = !a.vocab_file.empty() || !a.merge_file.empty();
+  if (gpt2_files && type && *type != "GPT2BPETokenizer")
+    refused.push_back(
+        "--vocab-file and --merge-file: GPT-2 BPE's files, read with --tokenizer-type GPT2BPETokenizer, "
+        "not " +
+        *type + "; drop them");
+  // The tokenizer whose files the flags name: its tokens are the vocabulary
+  // and its end of text ends a document (data/sentencepiece_tokenizer.h,
+  // data/hf_tokenizer.h, data/gpt2_tokenizer.h), as Megatron's tokenizer
+  // reports them.
+  std::unique_ptr<data::Tokenizer> files_tok;
+  std::string source;
   if (model_based && model_file && refused.empty()) {
-    // The model's tokens are the vocabulary and its end of text ends a
-    // document (data/sentencepiece_tokenizer.h, data/hf_tokenizer.h), as
-    // Megatron's tokenizer reports them.
-    const auto tok = data::make_tokenizer(*type, "", "", *model_file);
+    files_tok = data::make_tokenizer(*type, "", "", *model_file);
+    source = "--tokenizer-model " + *model_file;
+  } else if (gpt2_files && refused.empty()) {
+    MZ_REQUIRE(!a.vocab_file.empty() && !a.merge_file.empty(),
+               "--vocab-file and --merge-file go together (GPT-2's encoder.json and vocab.bpe): pass both, or neither");
+    files_tok = data::make_tokenizer("GPT2BPETokenizer", a.vocab_file, a.merge_file);
+    source = "--vocab-file " + a.vocab_file;
+  }
+  if (files_tok) {
     if (!was_given("vocab-size")) {
-      a.model.vocab_size = tok->vocab_size();
-      a.notes.push_back("--vocab-size " + std::to_string(tok->vocab_size()) + " from --tokenizer-model " + *model_file +
+      a.model.vocab_size = files_tok->vocab_size();
+      a.notes.push_back("--vocab-size " + std::to_string(files_tok->vocab_size()) + " from " + source +
                         " (its tokens)");
     } else {
-      MZ_REQUIRE(a.model.vocab_size >= tok->vocab_size(), "--vocab-size ", a.model.vocab_size,
-                 " is smaller than --tokenizer-model ", *model_file, "'s ", tok->vocab_size(),
-                 " tokens: its token ids would fall outside the model; leave --vocab-size out to take the model's");
+      MZ_REQUIRE(a.model.vocab_size >= files_tok->vocab_size(), "--vocab-size ", a.model.vocab_size,
+                 " is smaller than ", source, "'s ", files_tok->vocab_size(),
+                 " tokens: its token ids would fall outside the model; leave --vocab-size out to take its count");
     }
-    if (by_document && a.eod_token_id == -1) a.eod_token_id = tok->eod();
+    if (by_document && a.eod_token_id == -1) a.eod_token_id = files_tok->eod();
   }
   // NullTokenizer (Megatron's): --vocab-size N ids in the data and one more,
   // N, that ends a document, so the model's vocabulary is N + 1.
@@ -389,29 +409,6 @@ void apply_megatron_flags(TrainArgs& a, const std::map<std::string, std::string>
                         std::to_string(tok.vocab_size()) + " (id " + std::to_string(tok.eod()) +
                         " ends a document), as Megatron builds it");
       if (by_document && a.eod_token_id == -1) a.eod_token_id = tok.eod();
-    }
-  }
-  // GPT-2's files: read when given (a missing or broken file is an error here,
-  // not at the first report), the vocabulary taken from them.
-  if (!a.vocab_file.empty() || !a.merge_file.empty()) {
-    if (type && *type != "GPT2BPETokenizer")
-      refused.push_back(
-          "--vocab-file and --merge-file: GPT-2 BPE's files, read with --tokenizer-type "
-          "GPT2BPETokenizer, not " +
-          *type + "; drop them");
-    else if (refused.empty()) {
-      MZ_REQUIRE(!a.vocab_file.empty() && !a.merge_file.empty(),
-                 "--vocab-file and --merge-file go together (GPT-2's encoder.json and vocab.bpe): pass both, or "
-                 "neither");
-      const auto tok = data::make_tokenizer("GPT2BPETokenizer", a.vocab_file, a.merge_file);
-      if (!was_given("vocab-size")) {
-        a.model.vocab_size = tok->vocab_size();
-      } else {
-        MZ_REQUIRE(a.model.vocab_size >= tok->vocab_size(), "--vocab-size ", a.model.vocab_size,
-                   " is smaller than --vocab-file ", a.vocab_file, "'s ", tok->vocab_size(),
-                   " tokens: its token ids would fall outside the model; leave --vocab-size out to take the file's");
-      }
-      if (by_document && a.eod_token_id == -1) a.eod_token_id = tok->eod();
     }
   }
   // The end-of-document token --eod-mask-loss masks: the tokenizer's end of

@@ -71,13 +71,14 @@ inline i64 ceil_div(i64 a, i64 b) { return (a + b - 1) / b; }
 inline std::size_t aligned(std::size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 // Rows split into chunks for `col_blocks` block columns: enough chunks to fill
-// the GPU when there are few columns (a bias of 1536), each at least
+// the GPU when there are few columns (a bias of 1536), at most `max_chunks`
+// (by default kTargetBlocks' worth of blocks, rounded up), each at least
 // `min_rows` long to amortise its partial write, at most 65535 (grid.y).
-inline Chunks split_rows(i64 rows, i64 col_blocks, i64 min_rows) {
+inline Chunks split_rows(i64 rows, i64 col_blocks, i64 min_rows, i64 max_chunks = 0) {
   Chunks c;
   c.col_blocks = col_blocks;
-  const i64 chunks =
-      std::max<i64>(1, std::min<i64>({ceil_div(rows, min_rows), ceil_div(kTargetBlocks, col_blocks), 65535}));
+  if (max_chunks <= 0) max_chunks = ceil_div(kTargetBlocks, col_blocks);
+  const i64 chunks = std::max<i64>(1, std::min<i64>({ceil_div(rows, min_rows), max_chunks, 65535}));
   c.per_chunk = std::max<i64>(1, ceil_div(rows, chunks));
   c.used = rows == 0 ? 1 : ceil_div(rows, c.per_chunk);
   return c;
@@ -104,13 +105,8 @@ inline Chunks packed_column_chunks(i64 rows, i64 cols, i64 vec) { return tiled_c
 // SM. Rounded down, so the blocks never spill into a second wave while the
 // columns alone fit in one.
 inline Chunks dropout_column_chunks(i64 rows, i64 cols) {
-  Chunks c;
-  c.col_blocks = detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kTileGroups);
-  const i64 one_wave = std::max<i64>(1, kDropoutBlocksPerSm * 132 / c.col_blocks);
-  const i64 chunks = std::max<i64>(1, std::min<i64>({detail::ceil_div(rows, 64), one_wave, 65535}));
-  c.per_chunk = std::max<i64>(1, detail::ceil_div(rows, chunks));
-  c.used = rows == 0 ? 1 : detail::ceil_div(rows, c.per_chunk);
-  return c;
+  const i64 col_blocks = detail::ceil_div(detail::ceil_div(std::max<i64>(cols, 1), kDropoutColumns), kTileGroups);
+  return detail::split_rows(rows, col_blocks, 64, std::max<i64>(1, kDropoutBlocksPerSm * 132 / col_blocks));
 }
 
 inline std::size_t dropout_bias_grad_bytes(i64 rows, i64 cols) {

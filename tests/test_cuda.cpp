@@ -602,6 +602,51 @@ TEST_F(Cuda, DropoutBackwardWithBiasGradientMatchesCpu) {
     }
 }
 
+// The column sums' finish folded into the partial kernel (the default: the
+// last block of each block column to arrive adds the chunks, after a device-
+// wide fence and a ticket) against MEGAZERO_COLUMN_FINISH=kernel (a finishing
+// launch): the same bits, at the GPT-2 medium step's shapes (tens of chunks
+// finishing concurrently on every SM), each call eight times back to back
+// (the tickets, left at 0, serve the next launch) so that a missing fence or
+// a ticket left armed shows as other bits.
+TEST_F(Cuda, ColumnSumsFinishedInTheKernelAreTheFinishKernelsBits) {
+  const DType dt = DType::BF16;
+  const std::int64_t rows = 8192;
+  const k::DropoutLayout l{8, 1, 1024, 1024, 0, 0, 1};
+  // Each launcher's folded path: the bias sums (QKV's 3072 columns), the
+  // bias-GeLU backward (fc1's 4096), the dropout backward (1024), the split
+  // LayerNorm backward (dgamma and dbeta folded together).
+  const auto inputs = rng();
+  auto calls = [&](const char* mode) {
+    if (mode) setenv("MEGAZERO_COLUMN_FINISH", mode, 1);
+    rng.seed(inputs);  // the same inputs for both modes
+    auto dqkv = random({rows, 3072}, dt), dfc1 = random({rows, 4096}, dt), pre = random({rows, 4096}, dt);
+    auto bfc1 = random({4096}, dt), dproj = random({rows, 1024}, dt);
+    auto x = random({rows, 1024}, dt), gamma = random({1024}, dt, 0.5, 1.5), beta = random({1024}, dt);
+    auto db_qkv = random({3072}, DType::F32), db_fc1 = random({4096}, DType::F32), db_proj = random({1024}, DType::F32);
+    auto dgamma = random({1024}, DType::F32), dbeta = random({1024}, DType::F32);
+    auto y = zeros({rows, 1024}, dt), mean = zeros({rows}, DType::F32), rstd = zeros({rows}, DType::F32);
+    k::layernorm_forward(x.g, gamma.g, beta.g, 1e-5, y.g, mean.g, rstd.g);
+    auto dfc1_out = zeros({rows, 4096}, dt), dproj_out = zeros({rows, 1024}, dt), dx = zeros({rows, 1024}, dt);
+    for (int i = 0; i < 8; ++i) {
+      k::bias_grad(dqkv.g, db_qkv.g);
+      k::bias_gelu_backward(dfc1.g, pre.g, bfc1.g, dfc1_out.g, db_fc1.g);
+      k::dropout_backward_bias_grad(dproj.g, 0.1, RngKey{3, 1, 2, 0}, l, dproj_out.g, db_proj.g);
+      k::layernorm_backward(dproj.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g, nullptr,
+                            k::LayerNormBackwardPasses::Split);
+    }
+    if (mode) unsetenv("MEGAZERO_COLUMN_FINISH");
+    return std::vector<std::vector<double>>{db_qkv.g.to_double_vector(),   db_fc1.g.to_double_vector(),
+                                            db_proj.g.to_double_vector(),  dgamma.g.to_double_vector(),
+                                            dbeta.g.to_double_vector(),    dfc1_out.g.to_double_vector(),
+                                            dproj_out.g.to_double_vector()};
+  };
+  const auto folded = calls(nullptr), apart = calls("kernel");
+  const char* names[] = {"QKV bias", "fc1 bias (bias-GeLU)", "proj bias (dropout)", "dgamma",
+                         "dbeta",    "bias-GeLU dx",         "dropout dx"};
+  for (std::size_t i = 0; i < folded.size(); ++i) EXPECT_EQ(folded[i], apart[i]) << names[i];
+}
+
 TEST_F(Cuda, EmbeddingsAndPositions) {
   for (DType dt : kTypes) {
     const std::int64_t V = 50, H = 70, N = 400, start = 20, S = 8;

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <type_traits>
 
+#include "megazero/cuda/column_tickets.h"
 #include "megazero/cuda/column_tiles.cuh"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/layer_helpers.cuh"
@@ -65,6 +66,21 @@ void finish_columns(std::initializer_list<G*> dsts, i64 cols, i64 chunks, const 
   check_launch(what);
 }
 
+// The fold of a tiled partial kernel over `col_blocks` block columns on
+// stream s into `dsts` (their partials back to back): tickets null when the
+// launcher is to finish the sums itself (finish_columns).
+template <typename G>
+ColumnFold<G> column_fold(std::initializer_list<G*> dsts, i64 col_blocks, cudaStream_t s) {
+  ColumnFold<G> f;
+  int n = 0;
+  for (G* d : dsts) {
+    MZ_CHECK(n < kMaxFinishSums, "more than ", kMaxFinishSums, " sums to fold into one kernel");
+    f.targets.dst[n++] = d;
+  }
+  f.tickets = column_tickets(s, col_blocks);
+  return f;
+}
+
 template <typename G, typename Term>
 void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, cudaStream_t s, const char* what) {
   if (cols == 0) return;
@@ -99,12 +115,20 @@ bool packed_column_sums(const S* dy, const S* x, const float* mean, const float*
                                     "column sums");
     double* pg = dgamma ? pb + used * cols : nullptr;
     const dim3 grid(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(used));
+    // Folded where one accumulator type serves both sums (pg follows pb).
+    ColumnFold<GB> fold;
+    if (!dgamma)
+      fold = column_fold<GB>({dbeta}, c.col_blocks, s);
+    else if constexpr (std::is_same_v<GB, GG>)
+      fold = column_fold<GB>({dbeta, dgamma}, c.col_blocks, s);
     if (dgamma)
-      column_partial_packed_kernel<S, true><<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
+      column_partial_packed_kernel<S, true>
+          <<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg, fold);
     else
       column_partial_packed_kernel<S, false>
-          <<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg);
+          <<<grid, kThreads, 0, s>>>(dy, x, mean, rstd, rows, cols, per_chunk, pb, pg, fold);
     check_launch("column sums");
+    if (fold.tickets) return true;
     if constexpr (std::is_same_v<GB, GG>) {
       if (dgamma) {
         finish_columns({dbeta, dgamma}, cols, used, pb, s, "column sums");  // pg follows pb

@@ -9,8 +9,8 @@
 // TB/s for these passes). A block here is kTileGroups column groups (a warp
 // reads 32 consecutive groups of one row) by kRowLanes row lanes (lane l takes
 // rows r0 + l, r0 + l + lanes, ...); the lanes' sums meet in shared memory and
-// are added in lane order. Fixed order everywhere, no atomics: a run repeats
-// bit for bit.
+// are added in lane order. Fixed order everywhere, no atomic additions: a
+// run repeats bit for bit.
 //
 // The finish adds a column's chunk partials the same way: lane l sums chunks
 // l, l + lanes, ... in order, then the lanes in lane order, in double, and
@@ -139,15 +139,89 @@ __global__ void column_finish_many_kernel(i64 cols, i64 chunks, const double* pa
   finish_column_sums(cols, chunks, partial + static_cast<i64>(blockIdx.y) * chunks * cols, targets.dst[blockIdx.y]);
 }
 
+// ---- the finish folded into the partial kernel ----
+// A tiled partial kernel handed tickets finishes its own sums: the block that
+// stores the last of its block column's gridDim.y chunk rows adds them, as
+// column_finish_kernel would (the same additions in the same order: the same
+// bits), and the launch after it is not needed. One launch where there were
+// two: the 2026-11-28 H200 profile of a GPT-2 medium step had 72 finish
+// launches (~4.8 us of kernel each, besides its launch gap) behind the bias
+// gradients. The ticket is CUDA's threadFenceReduction pattern: each thread
+// fences its partial stores device-wide, then one thread of the block counts
+// the block in with an atomic increment; the block that counts the last one
+// reads the others' partials from L2 and sets the ticket back to 0, so the
+// tickets are all 0 again for the next kernel on the stream. The values are
+// never added atomically: the sums keep their order.
+template <typename G>
+struct ColumnFold {
+  unsigned* tickets = nullptr;  // one per block column (blockIdx.x), 0 at launch; null: not folded
+  FinishTargets<G> targets;     // sum y's accumulator; its partials follow sum y-1's: [y][gridDim.y][cols]
+};
+
+// Column c's `chunks` partials (partial[k * cols + c]) added into dst[c] as
+// finish_column_sums adds them in a block of kThreads (kRowLanes lanes: lane
+// l's chunks l, l + kRowLanes, ... in order, then the lanes in lane order),
+// by one thread: the same additions, a lane at a time, so that the kernel it
+// is folded into keeps its register count (the lanes' sums held at once took
+// the packed bias sums from 40 registers to 80).
+template <typename G>
+__device__ void finish_column_alone(i64 cols, i64 chunks, const double* partial, i64 c, G* dst) {
+  const i64 step = static_cast<i64>(kRowLanes) * cols;
+  double s = 0;
+  for (int l = 0; l < kRowLanes; ++l) {
+    double acc = 0;
+    i64 left = l < chunks ? (chunks - l + kRowLanes - 1) / kRowLanes : 0;  // lane l's chunks
+    const double* p = partial + (left > 0 ? l * cols + c : 0);
+    for (; left >= kFinishBatch; left -= kFinishBatch, p += kFinishBatch * step) {
+      double v[kFinishBatch];
+#pragma unroll
+      for (int u = 0; u < kFinishBatch; ++u) v[u] = __ldcg(p + u * step);
+#pragma unroll
+      for (int u = 0; u < kFinishBatch; ++u) acc += v[u];
+    }
+    for (; left > 0; --left, p += step) acc += __ldcg(p);
+    s = l == 0 ? acc : s + acc;
+  }
+  dst[c] = st<G>(static_cast<double>(ld(dst[c])) + s);
+}
+
+// Every thread of the block calls this after its store_tile_sums (group
+// columns: N of them a group): with tickets, the last block of the block
+// column to arrive finishes the tile's columns of each of the `sums` sums.
+template <typename G>
+__device__ void finish_tile_if_last(const ColumnFold<G>& fold, int sums, i64 cols, int group_columns,
+                                    const double* partial) {
+  if (!fold.tickets) return;
+  __shared__ bool last;
+  __threadfence();  // this thread's partial stores, seen device-wide before the ticket is taken
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned before = atomicAdd(fold.tickets + blockIdx.x, 1u);
+    last = before + 1 == gridDim.y;
+    if (last) fold.tickets[blockIdx.x] = 0;  // ready for the next launch on this stream
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const i64 chunks = gridDim.y, first = static_cast<i64>(blockIdx.x) * kTileGroups * group_columns;
+  const i64 n = min(static_cast<i64>(kTileGroups) * group_columns, cols - first);
+  for (int y = 0; y < sums; ++y)
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x)
+      finish_column_alone(cols, chunks, partial + y * chunks * cols, first + i, fold.targets.dst[y]);
+}
+
 inline unsigned finish_blocks(i64 cols) { return static_cast<unsigned>((cols + kTileGroups - 1) / kTileGroups); }
 
 // dbeta-style sums (+= sum_r dy) and, with LN, LayerNorm's dgamma (+= sum_r dy
 // * xhat, xhat = (x - mean) * rstd in double) over 16-byte packs: a thread's
 // group is one pack; partial_b/partial_g hold one row of partials per chunk
-// (gpu_scratch::packed_column_chunks).
-template <typename S, bool LN>
+// (gpu_scratch::packed_column_chunks). With tickets in `fold` (targets: dbeta,
+// then dgamma, whose partials must follow dbeta's) the last block of a block
+// column to arrive finishes its columns.
+template <typename S, bool LN, typename G = float>
 __global__ void column_partial_packed_kernel(const S* dy, const S* x, const float* mean, const float* rstd, i64 rows,
-                                             i64 cols, i64 rows_per_chunk, double* partial_b, double* partial_g) {
+                                             i64 cols, i64 rows_per_chunk, double* partial_b, double* partial_g,
+                                             ColumnFold<G> fold = {}) {
   constexpr int V = kVec<S>;
   const TileSeat me = tile_seat();
   const i64 q = me.group;
@@ -190,6 +264,7 @@ __global__ void column_partial_packed_kernel(const S* dy, const S* x, const floa
   const i64 row = static_cast<i64>(blockIdx.y) * cols;
   store_tile_sums<V>(ab, cols, partial_b + row);
   if constexpr (LN) store_tile_sums<V>(ag, cols, partial_g + row);
+  finish_tile_if_last(fold, LN ? 2 : 1, cols, V, partial_b);
 }
 
 }  // namespace megazero::cuda::detail_k

@@ -37,9 +37,11 @@ void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kern
   double* partial =
       scratch_as<double>(ws, kernels::gpu_scratch::dropout_bias_grad_bytes(rows, cols), "dropout_backward_bias_grad");
   const dim3 grid(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used));
+  const ColumnFold<G> fold = column_fold<G>({static_cast<G*>(dbias)}, c.col_blocks, s);
   const auto launch = [&](auto aligned) {
-    dropout_backward_partial_kernel<S, decltype(aligned)::value><<<grid, kThreads, 0, s>>>(
-        static_cast<const S*>(dy), p, philox_key(key), layout, rows, cols, c.per_chunk, static_cast<S*>(dx), partial);
+    dropout_backward_partial_kernel<S, decltype(aligned)::value>
+        <<<grid, kThreads, 0, s>>>(static_cast<const S*>(dy), p, philox_key(key), layout, rows, cols, c.per_chunk,
+                                   static_cast<S*>(dx), partial, fold);
   };
   // Whole groups of four inside layout rows, as aligned Vec<S, 4> accesses
   // (dropout_backward_partial_kernel's ALIGNED); else element by element.
@@ -50,7 +52,7 @@ void dropout_bias_grad_t(const void* dy, double p, const RngKey& key, const kern
   else
     launch(std::false_type{});
   check_launch("dropout_backward_bias_grad");
-  finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "dropout_backward_bias_grad");
+  if (!fold.tickets) finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "dropout_backward_bias_grad");
 }
 
 }  // namespace

@@ -225,8 +225,10 @@ constexpr int kDropoutRowBatch = 4;
 // length are multiples of 4) over its lane's rows of the chunk: it loads them,
 // then writes dx = dy * keep / (1 - p) rounded to storage, the CPU's mask and
 // formula bit for bit, and sums those rounded values per column in double;
-// the block stores one row of partials per chunk and column_finish_kernel
-// adds the chunks. No atomics: a run repeats bit for bit.
+// the block stores one row of partials per chunk, and the last block of its
+// block column to arrive adds the chunks into the bias gradient (`fold`,
+// column_tiles.cuh; or, without tickets, column_finish_kernel after it). No
+// atomic additions: a run repeats bit for bit.
 // ALIGNED (the launcher checks): cols and the layout row length are multiples
 // of 4 and dy, dx aligned to four elements, so a thread's group is one
 // Vec<S, 4> access inside one layout row, and its four elements are one
@@ -234,10 +236,10 @@ constexpr int kDropoutRowBatch = 4;
 // kDropoutRowBatch rows before computing, and walks the layout (LayoutWalk)
 // instead of dividing; the rows are summed in the same order, so the partials
 // are the same bits as the element-by-element loop's.
-template <typename S, bool ALIGNED = false>
+template <typename S, bool ALIGNED = false, typename G = float>
 __global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, kernels::gpu_scratch::kDropoutBlocksPerSm)
     dropout_backward_partial_kernel(const S* dy, double p, PhiloxKey key, kernels::DropoutLayout l, i64 rows, i64 cols,
-                                    i64 rows_per_chunk, S* dx, double* partial) {
+                                    i64 rows_per_chunk, S* dx, double* partial, ColumnFold<G> fold = {}) {
   using C = compute_t<S>;
   constexpr int Q = static_cast<int>(kernels::gpu_scratch::kDropoutColumns);
   const TileSeat me = tile_seat();
@@ -277,6 +279,7 @@ __global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, kernels::gpu_s
       }
     }
     store_tile_sums<Q>(acc, cols, partial + static_cast<i64>(blockIdx.y) * cols);
+    finish_tile_if_last(fold, 1, cols, Q, partial);
   } else {  // element by element
     // Global index of element (layout row lrow, offset k): divisions once per
     // row and per layout-row crossing, not per element.
@@ -318,6 +321,7 @@ __global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, kernels::gpu_s
       }
     }
     store_tile_sums<Q>(acc, cols, partial + static_cast<i64>(blockIdx.y) * cols);
+    finish_tile_if_last(fold, 1, cols, Q, partial);
   }
 }
 

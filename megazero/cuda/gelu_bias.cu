@@ -83,11 +83,12 @@ void bias_gelu_backward_t(const void* dy, const void* y, const void* bias, void*
     if (rows > 0 && c.used > 1 && cols % V == 0 && aligned16(dy) && aligned16(y) && aligned16(bias) && aligned16(dx)) {
       double* partial =
           scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), "bias_gelu_backward");
+      const ColumnFold<G> fold = column_fold<G>({static_cast<G*>(dbias)}, c.col_blocks, s);
       bias_gelu_backward_packed_kernel<S>
           <<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
-              dyp, yp, bp, dxp, rows, cols, c.per_chunk, partial);
+              dyp, yp, bp, dxp, rows, cols, c.per_chunk, partial, fold);
       check_launch("bias_gelu_backward");
-      finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "bias_gelu_backward");
+      if (!fold.tickets) finish_columns(static_cast<G*>(dbias), cols, c.used, partial, s, "bias_gelu_backward");
       return;
     }
   }

@@ -30,11 +30,12 @@ __device__ __forceinline__ T gelu_grad(T x) {
 // bias_gelu_backward with 16-byte packs, tiled (column_tiles.cuh): a
 // thread's column group is one pack over its lane's rows of the chunk; it
 // loads the row's dy and y packs, writes its dx pack, and sums the rounded dx
-// per column in double; column_finish_kernel adds the chunks.
-template <typename S>
+// per column in double; the last block of its block column to arrive adds
+// the chunks into dbias (`fold`; without tickets, column_finish_kernel).
+template <typename S, typename G = float>
 __global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, 4)
     bias_gelu_backward_packed_kernel(const S* dy, const S* y, const S* bias, S* dx, i64 rows, i64 cols,
-                                     i64 rows_per_chunk, double* partial) {
+                                     i64 rows_per_chunk, double* partial, ColumnFold<G> fold = {}) {
   constexpr int V = kVec<S>;
   const TileSeat me = tile_seat();
   const i64 q = me.group;
@@ -76,6 +77,7 @@ __global__ void __launch_bounds__(kernels::gpu_scratch::kThreads, 4)
     }
   }
   store_tile_sums<V>(acc, cols, partial + static_cast<i64>(blockIdx.y) * cols);
+  finish_tile_if_last(fold, 1, cols, V, partial);
 }
 
 }  // namespace megazero::cuda::detail_k

@@ -16,7 +16,11 @@
 //   forward epilogue leaves pre);
 // - blocks of 1, 3 and 8 row lanes (32, 96, 256 threads), a tile only partly
 //   inside the columns, chunks of rows not a multiple of the lanes, and
-//   partials pre-filled with garbage (every slot the finish reads is written).
+//   partials pre-filled with garbage (every slot the finish reads is written);
+// - the finish folded into each partial kernel (ColumnFold: the last block of
+//   a block column adds its columns' chunks): the finish kernel's bits (its
+//   launch of kThreads), every ticket back at 0; and finish_column_alone, the
+//   fold's one-thread-a-column finish, against the lane-order sums.
 // Exit code 1 on any difference beyond that.
 #include <cmath>
 #include <cstdio>
@@ -45,9 +49,33 @@ struct Shape2 {
 
 // The launcher's finish: dst += the chunks' partials.
 template <typename G>
-void finish(std::vector<double>& partial, i64 cols, i64 chunks, G* dst, unsigned threads) {
+void finish(const double* partial, i64 cols, i64 chunks, G* dst, unsigned threads) {
   emu_launch(dim3{dk::finish_blocks(cols), 1, 1}, threads, 0,
-             [&] { dk::column_finish_kernel<G>(cols, chunks, partial.data(), dst); });
+             [&] { dk::column_finish_kernel<G>(cols, chunks, partial, dst); });
+}
+
+// The finish folded into the partial kernel (the launchers' default): `run`
+// launches the kernel with `fold` (fresh tickets, `sums` accumulators from
+// `starts`) over partials pre-filled with garbage, [sums][chunks][cols]; each
+// accumulator must then be what the launcher's finish kernel (kThreads
+// threads) adds over those partials, bit for bit, and every ticket back at 0.
+template <typename G, typename Run>
+void expect_folded(const std::vector<Tensor>& starts, i64 cols, const gs::Chunks& c, Run run, const char* what) {
+  std::vector<Tensor> got, want;
+  for (const Tensor& t : starts) got.push_back(t.clone(MemoryCategory::Other));
+  for (const Tensor& t : starts) want.push_back(t.clone(MemoryCategory::Other));
+  std::vector<double> partial(static_cast<std::size_t>(2 * c.used * cols), -1e300);
+  std::vector<unsigned> tickets(static_cast<std::size_t>(c.col_blocks), 0);
+  dk::ColumnFold<G> fold;
+  fold.tickets = tickets.data();
+  for (std::size_t y = 0; y < got.size(); ++y) fold.targets.dst[y] = static_cast<G*>(got[y].data());
+  run(partial.data(), fold);
+  for (std::size_t y = 0; y < want.size(); ++y) {
+    finish<G>(partial.data() + static_cast<i64>(y) * c.used * cols, cols, c.used, static_cast<G*>(want[y].data()),
+              dk::kThreads);
+    expect_close(values(got[y]), values(want[y]), 0, 0, what);
+  }
+  for (unsigned t : tickets) check(t == 0, "a ticket left armed after the folded finish", t, 0, 0);
 }
 
 // dbeta (and with LN dgamma) += column sums through the packed tiles.
@@ -91,10 +119,28 @@ void sums(std::mt19937& rng, Shape2 sh, bool ln, DType acc, unsigned threads) {
       dk::column_partial_packed_kernel<S, false>(raw<S>(dyg), nullptr, nullptr, nullptr, rows, cols, c.per_chunk,
                                                  pb.data(), nullptr);
   });
-  finish<G>(pb, cols, c.used, static_cast<G*>(dbg.data()), threads);
-  if (ln) finish<G>(pg, cols, c.used, static_cast<G*>(dgg.data()), threads);
+  finish<G>(pb.data(), cols, c.used, static_cast<G*>(dbg.data()), threads);
+  if (ln) finish<G>(pg.data(), cols, c.used, static_cast<G*>(dgg.data()), threads);
   expect_close(values(dbg), values(dbc), ulp_of(acc), 1e-12, ln ? "dbeta (LN)" : "bias_grad");
   if (ln) expect_close(values(dgg), values(dgc), ulp_of(acc), 1e-12, "dgamma (LN)");
+
+  std::vector<Tensor> starts = {tensor_of({cols}, b0, acc)};
+  if (ln) starts.push_back(tensor_of({cols}, g0, acc));
+  expect_folded<G>(
+      starts, cols, c,
+      [&](double* partial, const dk::ColumnFold<G>& fold) {
+        emu_launch(dim3{static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used), 1}, threads, 0, [&] {
+          if (ln)
+            dk::column_partial_packed_kernel<S, true>(raw<S>(dyg), raw<S>(xg), mean.host_data<float>(),
+                                                      rstd.host_data<float>(), rows, cols, c.per_chunk, partial,
+                                                      partial + c.used * cols, fold);
+          else
+            dk::column_partial_packed_kernel<S, false>(raw<S>(dyg), nullptr, nullptr, nullptr, rows, cols, c.per_chunk,
+                                                       partial, nullptr, fold);
+        });
+      },
+      ln ? "dbeta, dgamma finished in the kernel (the finish kernel's bits)"
+         : "bias_grad finished in the kernel (the finish kernel's bits)");
 }
 
 // kNoBias: y holds the bias (fc1's GEMM epilogue wrote it); the kernel gets a
@@ -118,7 +164,7 @@ void bias_gelu(std::mt19937& rng, Shape2 sh, unsigned threads) {
     dk::bias_gelu_backward_packed_kernel<S>(raw<S>(dxg), raw<S>(yg), kNoBias ? nullptr : raw<S>(bg), raw<S>(dxg), rows,
                                             cols, c.per_chunk, partial.data());
   });
-  finish<float>(partial, cols, c.used, dbg.host_data<float>(), threads);
+  finish<float>(partial.data(), cols, c.used, dbg.host_data<float>(), threads);
   // Near saturation gelu' cancels (1 + tanh): gelu'(x) ~ (1 + t)(0.5 + 0.5 x
   // (1 - t) du), ~17 (1 + t) at x = -5, where a float tanh may round to -1
   // on one side only. So the absolute error of either float formula is up to
@@ -130,6 +176,18 @@ void bias_gelu(std::mt19937& rng, Shape2 sh, unsigned threads) {
   Tensor dbw = tensor_of({cols}, d0, DType::F32);
   kernels::bias_grad(dxg, dbw);
   expect_close(values(dbg), values(dbw), ulp_of(DType::F32), 1e-12, "bias_gelu dbias (sums the written dx)");
+
+  expect_folded<float>(
+      {tensor_of({cols}, d0, DType::F32)}, cols, c,
+      [&](double* partial_f, const dk::ColumnFold<float>& fold) {
+        Tensor dxf = tensor_of({rows, cols}, dv, T);
+        emu_launch(dim3{static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used), 1}, threads, 0, [&] {
+          dk::bias_gelu_backward_packed_kernel<S>(raw<S>(dxf), raw<S>(yg), kNoBias ? nullptr : raw<S>(bg), raw<S>(dxf),
+                                                  rows, cols, c.per_chunk, partial_f, fold);
+        });
+        expect_close(values(dxf), values(dxg), 0, 0, "bias_gelu dx, folded kernel (the same bits)");
+      },
+      "bias_gelu dbias finished in the kernel (the finish kernel's bits)");
 }
 
 template <DType T>
@@ -174,7 +232,15 @@ void finish_order(std::mt19937& rng) {
         }
         want[static_cast<std::size_t>(c)] += total;
       }
-      finish<double>(partial, cols, chunks, dst.data(), threads);
+      if (lanes == dk::kRowLanes) {  // the folded finish: one thread a column, kThreads' lanes
+        std::vector<double> alone = dst;
+        for (i64 c = 0; c < cols; ++c) dk::finish_column_alone<double>(cols, chunks, partial.data(), c, alone.data());
+        for (i64 c = 0; c < cols; ++c)
+          check(alone[static_cast<std::size_t>(c)] == want[static_cast<std::size_t>(c)],
+                "finish_column_alone: the finish kernel's lane-order sums, bit for bit",
+                alone[static_cast<std::size_t>(c)], want[static_cast<std::size_t>(c)], static_cast<std::size_t>(c));
+      }
+      finish<double>(partial.data(), cols, chunks, dst.data(), threads);
       for (i64 c = 0; c < cols; ++c)
         check(dst[static_cast<std::size_t>(c)] == want[static_cast<std::size_t>(c)],
               "column_finish_kernel: the lane-order sums, bit for bit", dst[static_cast<std::size_t>(c)],

@@ -10,8 +10,9 @@
 // element kernel's bit for bit; walks whose step spans layout rows, groups
 // and samples); then the
 // launcher's finish (column_finish_kernel of column_tiles.cuh, over partials
-// pre-filled with garbage). dx must be the CPU's bit for bit, dbias within one
-// fp32 rounding. The same layouts run the forward kernels (dropout and
+// pre-filled with garbage), and the same kernel finishing the sums itself
+// (the launcher's default: the finish kernel's bits, its tickets back at 0).
+// dx must be the CPU's bit for bit, dbias within one fp32 rounding. The same layouts run the forward kernels (dropout and
 // bias-dropout-add, element by element, packed, packed with bias packs)
 // against the CPU's dropout_forward and bias_dropout_add, bit for bit; and the
 // integer keep decision against the CPU's compare at the thresholds. Exit
@@ -82,6 +83,26 @@ void dropout_bias_grad(std::mt19937& rng, const Case& c, unsigned threads) {
                [&] { dk::column_finish_kernel<float>(c.cols, ch.used, partial.data(), dbt.host_data<float>()); });
     expect_close(values(g), values(dxc), 0, 0, dx_what);
     expect_close(values(dbt), values(dbc), 0x1p-23, 1e-30, db_what);
+    // The finish folded into the kernel (the launcher's default): the last
+    // block of each block column adds the partials as the finish kernel of
+    // kThreads threads (the launcher's) does, bit for bit, and leaves its
+    // ticket at 0 for the next launch.
+    Tensor want = tensor_of({c.cols}, bv, DType::F32);
+    emu_launch(dim3{dk::finish_blocks(c.cols), 1, 1}, dk::kThreads, 0,
+               [&] { dk::column_finish_kernel<float>(c.cols, ch.used, partial.data(), want.host_data<float>()); });
+    Tensor gf = tensor_of({rows, c.cols}, dv, T), dbf = tensor_of({c.cols}, bv, DType::F32);
+    std::vector<double> pf(partial.size(), -1e300);
+    std::vector<unsigned> tickets(static_cast<std::size_t>(ch.col_blocks), 0);
+    dk::ColumnFold<float> fold;
+    fold.tickets = tickets.data();
+    fold.targets.dst[0] = dbf.host_data<float>();
+    emu_launch(dim3{static_cast<unsigned>(ch.col_blocks), static_cast<unsigned>(ch.used), 1}, threads, 0, [&] {
+      dk::dropout_backward_partial_kernel<S, decltype(aligned)::value>(
+          raw<S>(gf), c.p, dk::philox_key(key), c.l, rows, c.cols, ch.per_chunk, raw<S>(gf), pf.data(), fold);
+    });
+    expect_close(values(gf), values(dxc), 0, 0, dx_what);
+    expect_close(values(dbf), values(want), 0, 0, "dbias, finished in the kernel (the finish kernel's bits)");
+    for (unsigned t : tickets) check(t == 0, "a ticket left armed after the folded finish", t, 0, 0);
   };
   run(std::false_type{}, "dx (the CPU's mask and rounding: bit for bit)", "dbias (double sums, one fp32 rounding)");
   const i64 inner = c.l.matrix_rows * c.l.matrix_cols;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <vector>
@@ -110,6 +111,27 @@ struct Launches {
           static_cast<double>(want), 0);
   }
 };
+
+// A column-summing launcher call (`call` launches into fresh outputs and
+// returns them) run twice: with the finish folded into its kernel (the
+// default) and with MEGAZERO_COLUMN_FINISH=kernel (the finish as a launch of
+// its own). The outputs must agree bit for bit; where the launcher `folds`
+// (a tiled partial kernel), the folded call is one launch and the other two,
+// else the two calls launch alike.
+template <typename Call>
+void expect_fold_agrees(Call call, bool folds, const char* what) {
+  const Launches a;
+  const std::vector<Tensor> folded = call();
+  const long n_folded = emu::host.launches - a.before;
+  setenv("MEGAZERO_COLUMN_FINISH", "kernel", 1);
+  const Launches b;
+  const std::vector<Tensor> apart = call();
+  const long n_apart = emu::host.launches - b.before;
+  unsetenv("MEGAZERO_COLUMN_FINISH");
+  check(folds ? n_folded == 1 && n_apart == 2 : n_folded == n_apart, what, static_cast<double>(n_folded),
+        static_cast<double>(n_apart), 0);
+  for (std::size_t i = 0; i < folded.size(); ++i) expect_bits(folded[i], apart[i], what);
+}
 
 // The launches one call made, with their configurations, for launchers whose
 // grid-stride kernels give the same results on any grid.

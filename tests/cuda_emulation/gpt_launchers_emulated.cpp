@@ -13,7 +13,9 @@
 //   odd widths, unaligned, no bias), fp32 and storage accumulators; and
 //   column_sums: dx as above, dbias within one accumulator rounding plus
 //   (rows + 8) fp32 roundings of the column's sum of |dx| (it must sum the
-//   dx the launcher wrote);
+//   dx the launcher wrote); both again with MEGAZERO_COLUMN_FINISH=kernel:
+//   the same bits, the packed paths one launch more than folded; an unknown
+//   MEGAZERO_COLUMN_FINISH refused with a ConfigError before any launch;
 // - the causal softmax forward and backward, one warp a row (rows of up to
 //   1024, each width class) and a block a row (fp64): within four storage
 //   roundings plus 1e-6;
@@ -29,11 +31,13 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "emu_checks.h"
 #include "emu_device_checks.h"
 #include "emu_host.h"
+#include "megazero/core/error.h"
 #include "megazero/cuda/cross_entropy.h"
 #include "megazero/cuda/gelu_bias.h"
 #include "megazero/cuda/softmax.h"
@@ -148,6 +152,19 @@ void bias_gelu_backward(DType t, DType acc, i64 rows, i64 cols, bool with_bias, 
   Tensor want = like(db0);
   kernels::bias_grad(got_dx, want);
   expect_sums(get(ddb, dbias), want, column_magnitudes(got_dx, db0, cols), rows, "bias_gelu_backward dbias");
+  // The packed kernel finishes dbias itself, unless told not to: the same bits.
+  const i64 v = static_cast<i64>(16 / dtype_size(t));
+  const bool packed =
+      t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
+  expect_fold_agrees(
+      [&] {
+        const auto fdx = poisoned(dx, shift), fdb = put(db0);
+        const auto fws = scratch(gs::column_sums_bytes(t, rows, cols, 1));
+        cuda::bias_gelu_backward(t, ddy.ptr(), dyy.ptr(), with_bias ? dbi.ptr() : nullptr, fdx.ptr(), fdb.ptr(), acc,
+                                 rows, cols, fws.ws(), nullptr);
+        return std::vector<Tensor>{get(fdx, dx), get(fdb, dbias)};
+      },
+      packed, "bias_gelu_backward: folded finish vs its own launch");
 }
 
 void column_sums(DType t, DType acc, i64 rows, i64 cols, std::size_t shift, std::mt19937& rng) {
@@ -158,6 +175,17 @@ void column_sums(DType t, DType acc, i64 rows, i64 cols, std::size_t shift, std:
   const auto ws = scratch(gs::column_sums_bytes(t, rows, cols, 1));
   cuda::column_sums(t, dx.ptr(), ds.ptr(), acc, rows, cols, ws.ws(), nullptr, "the test");
   expect_sums(get(ds, sums), sums, column_magnitudes(x, s0, cols), rows, "column_sums");
+  const i64 v = static_cast<i64>(16 / dtype_size(t));
+  const bool packed =
+      t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
+  expect_fold_agrees(
+      [&] {
+        const auto fs = put(s0);
+        const auto fws = scratch(gs::column_sums_bytes(t, rows, cols, 1));
+        cuda::column_sums(t, dx.ptr(), fs.ptr(), acc, rows, cols, fws.ws(), nullptr, "the test");
+        return std::vector<Tensor>{get(fs, sums)};
+      },
+      packed, "column_sums: folded finish vs its own launch");
 }
 
 // ------------------------------------------------------------ softmax
@@ -355,11 +383,36 @@ void cross_entropy(DType t, i64 rows, i64 cols, i64 valid, i64 vocab_start, std:
   emu::device().smem_optin = optin;
 }
 
+// A MEGAZERO_COLUMN_FINISH the launchers do not know: a ConfigError naming
+// the variable and both values, before anything is launched.
+void column_finish_refused() {
+  const Tensor x = tensor_of({150, 64}, std::vector<double>(150 * 64, 1.0), DType::BF16);
+  const Tensor s0 = tensor_of({64}, std::vector<double>(64, 0.0), DType::F32);
+  const auto dx = put(x), ds = put(s0);
+  const auto ws = scratch(gs::column_sums_bytes(DType::BF16, 150, 64, 1));
+  setenv("MEGAZERO_COLUMN_FINISH", "fold", 1);
+  const Launches n;
+  std::string message;
+  try {
+    cuda::column_sums(DType::BF16, dx.ptr(), ds.ptr(), DType::F32, 150, 64, ws.ws(), nullptr, "the test");
+  } catch (const megazero::ConfigError& e) {
+    message = e.what();
+  }
+  unsetenv("MEGAZERO_COLUMN_FINISH");
+  const bool named = message.find("MEGAZERO_COLUMN_FINISH") != std::string::npos &&
+                     message.find("'folded'") != std::string::npos && message.find("'kernel'") != std::string::npos &&
+                     message.find("'fold'") != std::string::npos;
+  check(named, "MEGAZERO_COLUMN_FINISH=fold: a ConfigError naming the variable, its values and what was given", 0, 1,
+        0);
+  n.expect(0, "MEGAZERO_COLUMN_FINISH=fold: nothing launched");
+}
+
 }  // namespace
 
 int main() {
   return run_launcher_test([] {
     std::mt19937 rng(2027);
+    column_finish_refused();
     for (const DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
       const i64 v = 16 / static_cast<i64>(dtype_size(t));
       const std::size_t e = dtype_size(t);

@@ -23,7 +23,9 @@
 //   dx; dgamma/dbeta/dbias within one accumulator rounding plus (rows + 8)
 //   fp32 roundings of the column's sum of |term|;
 // - dropout, bias_dropout_add, dropout_backward_bias_grad: bit for bit (dbias
-//   within the sums' bound).
+//   within the sums' bound); the last with its bias sums finished in the
+//   kernel (one launch) and with MEGAZERO_COLUMN_FINISH=kernel (two): the
+//   same bits.
 // Also the emulation's own rules, so a launcher that breaks one is known to
 // fail here: a launch over 48 KB of shared memory without the attribute is
 // refused, and host code reading device memory dies of SIGSEGV.
@@ -250,6 +252,15 @@ void dropouts(DType t, i64 rows, i64 cols, Layout l, std::size_t shift, std::mt1
     const auto ds = values(dgrad);
     for (std::size_t i = 0; i < ds.size(); ++i) mag[i % static_cast<std::size_t>(cols)] += std::fabs(ds[i]);
     expect_sums(get(ddb, db), db, mag, rows, "dropout_backward_bias_grad dbias");
+    expect_fold_agrees(
+        [&] {
+          const auto fdg = poisoned(dgrad, shift), fdb = put(b0);
+          const auto fws = scratch(gs::dropout_bias_grad_bytes(rows, cols));
+          cuda::dropout_backward_bias_grad(t, dx.ptr(), p, kKey, layout, fdg.ptr(), fdb.ptr(), acc, rows, cols,
+                                           fws.ws(), nullptr);
+          return std::vector<Tensor>{get(fdg, dgrad), get(fdb, db)};
+        },
+        true, "dropout_backward_bias_grad: folded finish vs its own launch");
   }
 }
 

@@ -301,3 +301,8 @@ inline cudaError_t cudaMemsetAsync(void* dst, int value, std::size_t bytes, cuda
   std::memset(dst, value, bytes);
   return cudaSuccess;
 }
+// Fenced device memory that stays for the process (the column sums' tickets).
+inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
+  *p = emu::DeviceMemory::get().allocate(bytes, 256);
+  return cudaSuccess;
+}

@@ -105,6 +105,15 @@ inline thread_local unsigned char* emu_smem;
 inline thread_local EmuBlock* emu_blk;
 inline void __syncthreads() { emu_blk->block_bar->arrive_and_wait(); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_blk->warp_bar[threadIdx.x >> 5]->arrive_and_wait(); }
+// Device-wide ordering and the ticket counters' increments (column_tiles.cuh):
+// atomic for the host threads of -DEMU_OS_THREADS; the blocks run one after
+// another, so the block that takes a column's last ticket is the last block.
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
 inline float __shfl_xor_sync(unsigned, float v, int m) {
   const unsigned w = threadIdx.x >> 5, l = threadIdx.x & 31;
   emu_blk->xch[w][l] = v;

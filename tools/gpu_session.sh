@@ -453,6 +453,9 @@ for phase in "$@"; do
           # which cost the H200's 355M backward 5.1 ms while the forward's saved 1.1 ms).
           # =all lost on both H200 leases (0.99x at 355M): only outside MZ_PEERS_QUICK now.
           ours_gpt cudnn; theirs_gpt --compile; ours_gpt cudnn +epilogues --gemm-epilogues
+          # The column sums' finish as its own launch (2026-11-28, sixteenth session: folded into the
+          # partial kernels by default, 72 launches fewer a 355M step): the fold's A/B.
+          MEGAZERO_COLUMN_FINISH=kernel ours_gpt cudnn +epilogues+finish-apart --gemm-epilogues
           # --gemm-autotune (2026-11-27): each GEMM problem's cuBLASLt candidates timed once, the fastest
           # kept; its log line says how much the kept ones beat the heuristics' first.
           ours_gpt cudnn +epilogues+autotune --gemm-epilogues --gemm-autotune

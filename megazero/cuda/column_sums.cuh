@@ -18,16 +18,21 @@
 namespace megazero::cuda::detail_k {
 
 // dst[c] = round(dst[c] + sum_r term(r, c)) for c < cols, the sum in double:
-// pass 1 sums row chunks per column (coalesced along c), pass 2
-// (column_finish_kernel) adds the chunks. Fixed order, no atomics.
+// pass 1 sums row chunks per column (coalesced along c), then the last block
+// of each block column adds the chunks as column_finish_kernel would (`fold`,
+// column_tiles.cuh; without tickets that kernel runs after). Fixed order, no
+// atomic additions.
 template <typename G, typename Term>
-__global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Term term, double* partial) {
-  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  double acc = 0;
-  for (i64 r = r0; r < r1; ++r) acc += term(r, c);
-  partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
+__global__ void column_partial_kernel(i64 rows, i64 cols, i64 rows_per_chunk, Term term, double* partial,
+                                      ColumnFold<G> fold = {}) {
+  const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x, c = first + threadIdx.x;
+  if (c < cols) {  // every thread goes on to the fold's barriers
+    const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+    double acc = 0;
+    for (i64 r = r0; r < r1; ++r) acc += term(r, c);
+    partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
+  }
+  finish_if_last(fold, 1, cols, first, blockDim.x, partial);
 }
 
 // One chunk holds every row: dst[c] = round(dst[c] + sum_r term(r, c)) with
@@ -91,11 +96,12 @@ void column_sum(G* dst, i64 rows, i64 cols, Term term, kernels::GpuScratch ws, c
     return;
   }
   double* partial = scratch_as<double>(ws, static_cast<std::size_t>(c.used * cols) * sizeof(double), what);
+  const ColumnFold<G> fold = column_fold<G>({dst}, c.col_blocks, s);
   column_partial_kernel<G>
       <<<dim3(static_cast<unsigned>(c.col_blocks), static_cast<unsigned>(c.used)), kThreads, 0, s>>>(
-          rows, cols, c.per_chunk, term, partial);
+          rows, cols, c.per_chunk, term, partial, fold);
   check_launch(what);
-  finish_columns(dst, cols, c.used, partial, s, what);
+  if (!fold.tickets) finish_columns(dst, cols, c.used, partial, s, what);
 }
 
 // dbeta (+= sum_r dy) and, with LN, dgamma (+= sum_r dy * xhat), packed; false

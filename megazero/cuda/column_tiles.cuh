@@ -185,12 +185,12 @@ __device__ void finish_column_alone(i64 cols, i64 chunks, const double* partial,
   dst[c] = st<G>(static_cast<double>(ld(dst[c])) + s);
 }
 
-// Every thread of the block calls this after its store_tile_sums (group
-// columns: N of them a group): with tickets, the last block of the block
-// column to arrive finishes the tile's columns of each of the `sums` sums.
+// Every thread of the block calls this once its partials of columns [first,
+// first + count) are stored: with tickets, the last block of the block column
+// to arrive finishes those columns of each of the `sums` sums.
 template <typename G>
-__device__ void finish_tile_if_last(const ColumnFold<G>& fold, int sums, i64 cols, int group_columns,
-                                    const double* partial) {
+__device__ void finish_if_last(const ColumnFold<G>& fold, int sums, i64 cols, i64 first, i64 count,
+                               const double* partial) {
   if (!fold.tickets) return;
   __shared__ bool last;
   __threadfence();  // this thread's partial stores, seen device-wide before the ticket is taken
@@ -203,11 +203,18 @@ __device__ void finish_tile_if_last(const ColumnFold<G>& fold, int sums, i64 col
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const i64 chunks = gridDim.y, first = static_cast<i64>(blockIdx.x) * kTileGroups * group_columns;
-  const i64 n = min(static_cast<i64>(kTileGroups) * group_columns, cols - first);
+  const i64 chunks = gridDim.y, n = min(count, cols - first);
   for (int y = 0; y < sums; ++y)
     for (i64 i = threadIdx.x; i < n; i += blockDim.x)
       finish_column_alone(cols, chunks, partial + y * chunks * cols, first + i, fold.targets.dst[y]);
+}
+
+// finish_if_last for a tile after its store_tile_sums (N columns a group).
+template <typename G>
+__device__ void finish_tile_if_last(const ColumnFold<G>& fold, int sums, i64 cols, int group_columns,
+                                    const double* partial) {
+  const i64 n = static_cast<i64>(kTileGroups) * group_columns;
+  finish_if_last(fold, sums, cols, static_cast<i64>(blockIdx.x) * n, n, partial);
 }
 
 inline unsigned finish_blocks(i64 cols) { return static_cast<unsigned>((cols + kTileGroups - 1) / kTileGroups); }

@@ -2,12 +2,14 @@
 // Rows run one block each; dgamma's column sum is gpu_scratch::column_chunks'
 // split (as column_sums.cuh does for LayerNorm): one pass straight into dgamma when
 // one chunk holds every row, else partial sums per chunk in the caller's
-// scratch and a finish pass adding them in order.
+// scratch, added in order by the last block of each block column (or, with
+// MEGAZERO_COLUMN_FINISH=kernel, by a finish pass).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <type_traits>
 
+#include "megazero/cuda/column_sums.cuh"
 #include "megazero/cuda/kernel_common.cuh"
 #include "megazero/cuda/rmsnorm_cuda.h"
 #include "megazero/cuda/rmsnorm_kernels.cuh"
@@ -21,7 +23,6 @@ namespace {
 constexpr i64 kMaxRowBlocks = i64{1} << 20;
 
 unsigned row_blocks(i64 rows) { return static_cast<unsigned>(std::min(rows, kMaxRowBlocks)); }
-unsigned row_threads(i64 cols) { return cols >= 2048 ? 512 : cols >= 512 ? 256 : 128; }
 
 template <typename S, typename C, typename G>
 void dgamma_sum(const S* dy, const S* x, const C* rstd, G* dgamma, i64 rows, i64 cols, kernels::GpuScratch ws,
@@ -35,11 +36,11 @@ void dgamma_sum(const S* dy, const S* x, const C* rstd, G* dgamma, i64 rows, i64
     return;
   }
   double* partial = scratch_as<double>(ws, static_cast<std::size_t>(ch.used * cols) * sizeof(double), what);
+  const ColumnFold<G> fold = column_fold<G>({dgamma}, ch.col_blocks, s);
   rmsnorm_dgamma_partial_kernel<S, C><<<dim3(col_blocks, static_cast<unsigned>(ch.used)), kThreads, 0, s>>>(
-      dy, x, rstd, rows, cols, ch.per_chunk, partial);
+      dy, x, rstd, rows, cols, ch.per_chunk, partial, fold);
   check_launch(what);
-  column_finish_kernel<G><<<finish_blocks(cols), kThreads, 0, s>>>(cols, ch.used, partial, dgamma);
-  check_launch(what);
+  if (!fold.tickets) finish_columns(dgamma, cols, ch.used, partial, s, what);
 }
 
 }  // namespace

@@ -57,18 +57,21 @@ __global__ void rmsnorm_backward_dx_kernel(const S* dy, const S* x, const S* gam
 
 // dgamma's column sums, sum_r dy[r, c] * x[r, c] * rstd[r] in double, split as
 // gpu_scratch::column_chunks says: thread c of block column blockIdx.x sums
-// rows chunk blockIdx.y into partial[blockIdx.y * cols + c]; column_finish_kernel
-// (column_tiles.cuh) then adds the chunks into dgamma.
-template <typename S, typename C>
+// rows chunk blockIdx.y into partial[blockIdx.y * cols + c]; the last block of
+// each block column then adds the chunks into dgamma (`fold`, column_tiles.cuh;
+// without tickets, column_finish_kernel after it).
+template <typename S, typename C, typename G = float>
 __global__ void rmsnorm_dgamma_partial_kernel(const S* dy, const S* x, const C* rstd, i64 rows, i64 cols,
-                                              i64 rows_per_chunk, double* partial) {
-  const i64 c = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
-  const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
-  double acc = 0;
-  for (i64 r = r0; r < r1; ++r)
-    acc += static_cast<double>(ld(dy[r * cols + c])) * (ld(x[r * cols + c]) * static_cast<double>(rstd[r]));
-  partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
+                                              i64 rows_per_chunk, double* partial, ColumnFold<G> fold = {}) {
+  const i64 first = static_cast<i64>(blockIdx.x) * blockDim.x, c = first + threadIdx.x;
+  if (c < cols) {  // every thread goes on to the fold's barriers
+    const i64 r0 = static_cast<i64>(blockIdx.y) * rows_per_chunk, r1 = min(rows, r0 + rows_per_chunk);
+    double acc = 0;
+    for (i64 r = r0; r < r1; ++r)
+      acc += static_cast<double>(ld(dy[r * cols + c])) * (ld(x[r * cols + c]) * static_cast<double>(rstd[r]));
+    partial[static_cast<i64>(blockIdx.y) * cols + c] = acc;
+  }
+  finish_if_last(fold, 1, cols, first, blockDim.x, partial);
 }
 
 // One chunk holds every row: the sum added straight into dgamma (no scratch).

@@ -12,11 +12,10 @@
 // launcher's finish (column_finish_kernel of column_tiles.cuh, over partials
 // pre-filled with garbage), and the same kernel finishing the sums itself
 // (the launcher's default: the finish kernel's bits, its tickets back at 0).
-// dx must be the CPU's bit for bit, dbias within one fp32 rounding. The same layouts run the forward kernels (dropout and
-// bias-dropout-add, element by element, packed, packed with bias packs)
-// against the CPU's dropout_forward and bias_dropout_add, bit for bit; and the
-// integer keep decision against the CPU's compare at the thresholds. Exit
-// code 1 on any difference beyond that.
+// dx must be the CPU's bit for bit, dbias within one fp32 rounding. The same layouts run the forward kernels (dropout
+// and bias-dropout-add, element by element, packed, packed with bias packs) against the CPU's dropout_forward and
+// bias_dropout_add, bit for bit; and the integer keep decision against the CPU's compare at the thresholds. Exit code 1
+// on any difference beyond that.
 #include <cstdio>
 #include <random>
 #include <type_traits>

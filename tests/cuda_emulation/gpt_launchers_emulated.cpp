@@ -14,7 +14,7 @@
 //   column_sums: dx as above, dbias within one accumulator rounding plus
 //   (rows + 8) fp32 roundings of the column's sum of |dx| (it must sum the
 //   dx the launcher wrote); both again with MEGAZERO_COLUMN_FINISH=kernel:
-//   the same bits, the packed paths one launch more than folded; an unknown
+//   the same bits, one launch more than folded where chunks are summed; an unknown
 //   MEGAZERO_COLUMN_FINISH refused with a ConfigError before any launch;
 // - the causal softmax forward and backward, one warp a row (rows of up to
 //   1024, each width class) and a block a row (fp64): within four storage
@@ -152,10 +152,12 @@ void bias_gelu_backward(DType t, DType acc, i64 rows, i64 cols, bool with_bias, 
   Tensor want = like(db0);
   kernels::bias_grad(got_dx, want);
   expect_sums(get(ddb, dbias), want, column_magnitudes(got_dx, db0, cols), rows, "bias_gelu_backward dbias");
-  // The packed kernel finishes dbias itself, unless told not to: the same bits.
+  // The partial kernel (packed, or one column a thread over several chunks)
+  // finishes dbias itself, unless told not to: the same bits.
   const i64 v = static_cast<i64>(16 / dtype_size(t));
   const bool packed =
       t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
+  const bool folds = packed || gs::column_chunks(rows, cols).used > 1;  // packed, or one column a thread
   expect_fold_agrees(
       [&] {
         const auto fdx = poisoned(dx, shift), fdb = put(db0);
@@ -164,7 +166,7 @@ void bias_gelu_backward(DType t, DType acc, i64 rows, i64 cols, bool with_bias, 
                                  rows, cols, fws.ws(), nullptr);
         return std::vector<Tensor>{get(fdx, dx), get(fdb, dbias)};
       },
-      packed, "bias_gelu_backward: folded finish vs its own launch");
+      folds, "bias_gelu_backward: folded finish vs its own launch");
 }
 
 void column_sums(DType t, DType acc, i64 rows, i64 cols, std::size_t shift, std::mt19937& rng) {
@@ -178,6 +180,7 @@ void column_sums(DType t, DType acc, i64 rows, i64 cols, std::size_t shift, std:
   const i64 v = static_cast<i64>(16 / dtype_size(t));
   const bool packed =
       t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
+  const bool folds = packed || gs::column_chunks(rows, cols).used > 1;  // packed, or one column a thread
   expect_fold_agrees(
       [&] {
         const auto fs = put(s0);
@@ -185,7 +188,7 @@ void column_sums(DType t, DType acc, i64 rows, i64 cols, std::size_t shift, std:
         cuda::column_sums(t, dx.ptr(), fs.ptr(), acc, rows, cols, fws.ws(), nullptr, "the test");
         return std::vector<Tensor>{get(fs, sums)};
       },
-      packed, "column_sums: folded finish vs its own launch");
+      folds, "column_sums: folded finish vs its own launch");
 }
 
 // ------------------------------------------------------------ softmax
@@ -432,6 +435,7 @@ int main() {
         bias_gelu_backward(t, acc, 150, 16 * v, true, e, rng);
         column_sums(t, acc, 150, 40 * v, 0, rng);
         column_sums(t, acc, 20, 40 * v + 3, 0, rng);
+        column_sums(t, acc, 150, 40 * v + 3, 0, rng);  // one column a thread, several chunks
       }
       // Each warp width class; fp64 takes a block a row (a block a row costs
       // the emulation ~30 ms, so fp32's rows over 1024 are left to test_cuda).

@@ -126,9 +126,9 @@ void rmsnorm_backward(const Backward& c, std::mt19937& rng) {
   const Launches n;
   cuda::rmsnorm_backward(c.t, ddy.ptr(), dxx.ptr(), dg.ptr(), dr.ptr(), c.in_place ? ddy.ptr() : ddx.ptr(), dgam.ptr(),
                          c.acc, c.add ? dadd.ptr() : nullptr, rows, cols, ws.ws(), nullptr);
-  // dgamma: direct (1), or partial sums and the finish (2); then dx.
-  n.expect(chunked ? 3 : 2,
-           chunked ? "rmsnorm_backward: launches (partial, finish, dx)" : "rmsnorm_backward: launches (direct, dx)");
+  // dgamma: direct, or partial sums finished by the kernel's last blocks; then dx.
+  n.expect(2, chunked ? "rmsnorm_backward: launches (partial with its finish, dx)"
+                      : "rmsnorm_backward: launches (direct, dx)");
   const bool f64 = c.t == DType::F64;
   expect_close(values(get(c.in_place ? ddy : ddx, dx)), values(dx), ulp(c.t), f64 ? 1e-12 : 1e-6,
                c.in_place ? "rmsnorm_backward dx (over dy)" : "rmsnorm_backward dx");
@@ -137,6 +137,16 @@ void rmsnorm_backward(const Backward& c, std::mt19937& rng) {
   for (std::size_t k = 0; k < g.size(); ++k)
     check(std::fabs(g[k] - w[k]) <= ulp(c.acc) * std::fabs(w[k]) + steps * mag[k],
           chunked ? "rmsnorm_backward dgamma (chunks)" : "rmsnorm_backward dgamma (direct)", g[k], w[k], k);
+  // The finish as a launch of its own (MEGAZERO_COLUMN_FINISH=kernel): the same bits.
+  expect_fold_agrees(
+      [&] {
+        const auto fdy = put(dy), fdx = poisoned(dx), fg = put(g0);
+        const auto fws = scratch(rmsnorm_scratch_bytes(rows, cols));
+        cuda::rmsnorm_backward(c.t, fdy.ptr(), dxx.ptr(), dg.ptr(), dr.ptr(), c.in_place ? fdy.ptr() : fdx.ptr(),
+                               fg.ptr(), c.acc, c.add ? dadd.ptr() : nullptr, rows, cols, fws.ws(), nullptr);
+        return std::vector<Tensor>{get(c.in_place ? fdy : fdx, dx), get(fg, dgamma)};
+      },
+      chunked, "rmsnorm_backward: folded finish vs its own launch");
 }
 
 // No rows: the forward launches nothing; the backward adds nothing to dgamma

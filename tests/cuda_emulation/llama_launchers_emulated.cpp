@@ -11,7 +11,8 @@
 // blocks), its dtype dispatch (fp64 included), RMSNorm's dgamma decision (one
 // chunk of gpu_scratch::column_chunks' rows: one pass straight into dgamma;
 // several: partial sums in the caller's scratch, allocated to the byte as
-// kernels/rmsnorm.cpp sizes it, then the finish pass over them), its
+// kernels/rmsnorm.cpp sizes it, finished by the partial kernel's last blocks,
+// or with MEGAZERO_COLUMN_FINISH=kernel by a finish pass: the same bits), its
 // accumulator dispatch (fp32 or the 16-bit storage), the order of its passes
 // (dgamma before dx, which may overwrite dy) and its early returns (no rows).
 // Each result is compared with the CPU kernels of megazero/kernels on the
@@ -31,8 +32,8 @@
 //   column block, exactly one, two): within two storage roundings plus 1e-7
 //   (y) and 1e-6 (dx), exp being another libm's (fp64: within 2^-49
 //   relative).
-// And the launches each call makes: one, or RMSNorm's backward two (direct
-// dgamma, dx) or three (partial, finish, dx); a refused one throws in the
+// And the launches each call makes: one, or RMSNorm's backward two (dgamma's
+// direct or partial pass, dx; three with the finish apart); a refused one throws in the
 // launcher's check_launch. Not run, for time (each block of an emulated
 // launch is a barrier of its 128-512 host threads): the grid caps that make
 // blocks stride (RMSNorm's 2^20 rows, RoPE's 2^20 positions, SwiGLU's 65535

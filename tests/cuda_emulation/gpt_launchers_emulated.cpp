@@ -135,6 +135,17 @@ std::vector<double> column_magnitudes(const Tensor& terms, const Tensor& start, 
   return mag;
 }
 
+// Whether a column sum of [rows, cols] adds chunks of rows (so its partial
+// kernel folds the finish): packed (16-byte packs, aligned, more than one
+// chunk) or, where the packed path declines, one column a thread over
+// several chunks.
+bool sums_chunks(DType t, i64 rows, i64 cols, std::size_t shift) {
+  const i64 v = static_cast<i64>(16 / dtype_size(t));
+  const bool packed =
+      t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
+  return packed || gs::column_chunks(rows, cols).used > 1;
+}
+
 void bias_gelu_backward(DType t, DType acc, i64 rows, i64 cols, bool with_bias, std::size_t shift, std::mt19937& rng) {
   const Tensor dy = tensor_of({rows, cols}, randn(rows * cols, rng), t),
                y = tensor_of({rows, cols}, randn(rows * cols, rng, 2.0), t);
@@ -154,10 +165,7 @@ void bias_gelu_backward(DType t, DType acc, i64 rows, i64 cols, bool with_bias, 
   expect_sums(get(ddb, dbias), want, column_magnitudes(got_dx, db0, cols), rows, "bias_gelu_backward dbias");
   // The partial kernel (packed, or one column a thread over several chunks)
   // finishes dbias itself, unless told not to: the same bits.
-  const i64 v = static_cast<i64>(16 / dtype_size(t));
-  const bool packed =
-      t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
-  const bool folds = packed || gs::column_chunks(rows, cols).used > 1;  // packed, or one column a thread
+  const bool folds = sums_chunks(t, rows, cols, shift);
   expect_fold_agrees(
       [&] {
         const auto fdx = poisoned(dx, shift), fdb = put(db0);
@@ -177,10 +185,7 @@ void column_sums(DType t, DType acc, i64 rows, i64 cols, std::size_t shift, std:
   const auto ws = scratch(gs::column_sums_bytes(t, rows, cols, 1));
   cuda::column_sums(t, dx.ptr(), ds.ptr(), acc, rows, cols, ws.ws(), nullptr, "the test");
   expect_sums(get(ds, sums), sums, column_magnitudes(x, s0, cols), rows, "column_sums");
-  const i64 v = static_cast<i64>(16 / dtype_size(t));
-  const bool packed =
-      t != DType::F64 && cols % v == 0 && shift == 0 && gs::packed_column_chunks(rows, cols, v).used > 1;
-  const bool folds = packed || gs::column_chunks(rows, cols).used > 1;  // packed, or one column a thread
+  const bool folds = sums_chunks(t, rows, cols, shift);
   expect_fold_agrees(
       [&] {
         const auto fs = put(s0);

@@ -140,8 +140,10 @@ __global__ void column_finish_many_kernel(i64 cols, i64 chunks, const double* pa
 }
 
 // ---- the finish folded into the partial kernel ----
-// A tiled partial kernel handed tickets finishes its own sums: the block that
-// stores the last of its block column's gridDim.y chunk rows adds them, as
+// A partial kernel handed tickets (the tiled ones here and in dropout_kernels.cuh
+// and gelu_bias_kernels.cuh, the one-column-a-thread ones of column_sums.cuh and
+// rmsnorm_kernels.cuh) finishes its own sums: the block that stores the last of
+// its block column's gridDim.y chunk rows adds them, as
 // column_finish_kernel would (the same additions in the same order: the same
 // bits), and the launch after it is not needed. One launch where there were
 // two: the 2026-11-28 H200 profile of a GPT-2 medium step had 72 finish

@@ -8,19 +8,19 @@
 // finds them 0.
 //
 // MEGAZERO_COLUMN_FINISH=kernel turns the fold off (the finish as its own
-// launch after the partials, the same bits): the A/B of the benchmarks.
+// launch after the partials, the same bits): the A/B of the benchmarks
+// (kernels::gpu_scratch::column_finish_folded reads it).
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "megazero/core/error.h"
+#include "megazero/kernels/gpu_scratch.h"
 
 namespace megazero::cuda::detail_k {
 
@@ -29,21 +29,11 @@ namespace megazero::cuda::detail_k {
 // in their own launch.
 constexpr std::int64_t kColumnTicketCapacity = 4096;
 
-// False when MEGAZERO_COLUMN_FINISH says "kernel"; unset or "folded": true.
-inline bool column_finish_folded() {
-  const char* v = std::getenv("MEGAZERO_COLUMN_FINISH");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "folded") == 0) return true;
-  MZ_REQUIRE(std::strcmp(v, "kernel") == 0, "MEGAZERO_COLUMN_FINISH must be 'folded' (the default: the last block ",
-             "of each column finishes the column sums) or 'kernel' (a finishing launch after the partials), got '", v,
-             "'");
-  return false;
-}
-
 // Tickets for a kernel of `col_blocks` block columns on stream s, or null
 // (too many block columns, or the fold turned off): then the launcher
 // finishes the sums itself.
 inline unsigned* column_tickets(cudaStream_t s, std::int64_t col_blocks) {
-  if (col_blocks > kColumnTicketCapacity || !column_finish_folded()) return nullptr;
+  if (col_blocks > kColumnTicketCapacity || !kernels::gpu_scratch::column_finish_folded()) return nullptr;
   static std::mutex mutex;
   static auto* tickets = new std::map<std::pair<int, cudaStream_t>, unsigned*>();
   int device = 0;

@@ -12,8 +12,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "megazero/core/dtype.h"
+#include "megazero/core/error.h"
 #include "megazero/core/tensor.h"
 
 namespace megazero::kernels {
@@ -27,6 +30,21 @@ struct GpuScratch {
 namespace gpu_scratch {
 
 using i64 = std::int64_t;
+
+// MEGAZERO_COLUMN_FINISH: who adds the CUDA column sums' chunk partials. Unset
+// or "folded": the partial kernel's last block of each block column
+// (megazero/cuda/column_tiles.cuh); "kernel": a launch of its own after the
+// partials (the same bits: the benchmarks' A/B). Anything else is a
+// ConfigError naming the variable; the trainer asks at start-up on every
+// device, so a misspelt value is refused there too.
+inline bool column_finish_folded() {
+  const char* v = std::getenv("MEGAZERO_COLUMN_FINISH");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "folded") == 0) return true;
+  MZ_REQUIRE(std::strcmp(v, "kernel") == 0, "MEGAZERO_COLUMN_FINISH must be 'folded' (the default: the last block ",
+             "of each column finishes the column sums) or 'kernel' (a finishing launch after the partials), got '", v,
+             "'");
+  return false;
+}
 
 constexpr i64 kThreads = 256;  // threads per block of the column-sum kernels
 // The tiled column sums (megazero/cuda/column_tiles.cuh): a block is a tile of

@@ -23,6 +23,7 @@
 #include "megazero/kernels/cudnn_attention.h"
 #include "megazero/kernels/conventions.h"
 #include "megazero/kernels/gemm.h"
+#include "megazero/kernels/gpu_scratch.h"
 #ifdef MEGAZERO_WITH_CUDA
 #include "megazero/comm/nccl_communicator.h"
 #endif
@@ -137,6 +138,9 @@ void Trainer::Impl::setup(std::unique_ptr<Communicator> world_comm) {
   Communicator& world = groups->world();
   root = world.rank() == 0;
   dp = groups->dp_size();
+  // A misspelt MEGAZERO_COLUMN_FINISH is refused here on any device (the CUDA
+  // launchers read it at each column sum).
+  run_consistently(world, [] { kernels::gpu_scratch::column_finish_folded(); });
   source = run_consistently(world, [&] { return make_sample_source(args); });
   args.model.vocab_size = source->vocab_size();
   run_consistently(world, [&] { args.model.validate(groups->tp_size()); });

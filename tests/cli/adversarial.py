@@ -140,6 +140,9 @@ def cases():
             extra = " --world-size 4" if flag == "hardware" else ""
             add(f"choice.{flag}={value}", E2, regex, f"{{TRAIN}} {DRY}{extra} --{flag} {value}")
     add("choice.cuda-without-gpu", E2, "--device cuda: no GPU is visible", "{TRAIN} " + TINY + " --device cuda")
+    # The CUDA column sums' knob, misspelt: refused at start-up on the CPU too, never ignored.
+    add("env.column-finish", E2, "MEGAZERO_COLUMN_FINISH must be 'folded' .* or 'kernel' .* got 'fold'",
+        "env MEGAZERO_COLUMN_FINISH=fold {TRAIN} " + DRY)
 
     # ---- flag syntax.
     syntax = [

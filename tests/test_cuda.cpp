@@ -617,8 +617,8 @@ TEST_F(Cuda, ColumnSumsFinishedInTheKernelAreTheFinishKernelsBits) {
   // bias-GeLU backward (fc1's 4096), the dropout backward (1024), the split
   // LayerNorm backward (dgamma and dbeta folded together).
   const auto inputs = rng();
-  auto calls = [&](const char* mode) {
-    if (mode) setenv("MEGAZERO_COLUMN_FINISH", mode, 1);
+  auto calls = [&](bool folded) {
+    k::gpu_scratch::set_column_finish_folded(folded);
     rng.seed(inputs);  // the same inputs for both modes
     auto dqkv = random({rows, 3072}, dt), dfc1 = random({rows, 4096}, dt), pre = random({rows, 4096}, dt);
     auto bfc1 = random({4096}, dt), dproj = random({rows, 1024}, dt);
@@ -635,13 +635,13 @@ TEST_F(Cuda, ColumnSumsFinishedInTheKernelAreTheFinishKernelsBits) {
       k::layernorm_backward(dproj.g, x.g, gamma.g, mean.g, rstd.g, dx.g, dgamma.g, dbeta.g, nullptr,
                             k::LayerNormBackwardPasses::Split);
     }
-    if (mode) unsetenv("MEGAZERO_COLUMN_FINISH");
+    k::gpu_scratch::set_column_finish_folded(true);
     return std::vector<std::vector<double>>{db_qkv.g.to_double_vector(),   db_fc1.g.to_double_vector(),
                                             db_proj.g.to_double_vector(),  dgamma.g.to_double_vector(),
                                             dbeta.g.to_double_vector(),    dfc1_out.g.to_double_vector(),
                                             dproj_out.g.to_double_vector()};
   };
-  const auto folded = calls(nullptr), apart = calls("kernel");
+  const auto folded = calls(true), apart = calls(false);
   const char* names[] = {"QKV bias", "fc1 bias (bias-GeLU)", "proj bias (dropout)", "dgamma",
                          "dbeta",    "bias-GeLU dx",         "dropout dx"};
   for (std::size_t i = 0; i < folded.size(); ++i) EXPECT_EQ(folded[i], apart[i]) << names[i];

@@ -9,7 +9,7 @@
 //
 // MEGAZERO_COLUMN_FINISH=kernel turns the fold off (the finish as its own
 // launch after the partials, the same bits): the A/B of the benchmarks
-// (kernels::gpu_scratch::column_finish_folded reads it).
+// (kernels::gpu_scratch::column_finish_folded keeps what it says).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -34,17 +35,39 @@ using i64 = std::int64_t;
 // MEGAZERO_COLUMN_FINISH: who adds the CUDA column sums' chunk partials. Unset
 // or "folded": the partial kernel's last block of each block column
 // (megazero/cuda/column_tiles.cuh); "kernel": a launch of its own after the
-// partials (the same bits: the benchmarks' A/B). Anything else is a
-// ConfigError naming the variable; the trainer asks at start-up on every
-// device, so a misspelt value is refused there too.
-inline bool column_finish_folded() {
-  const char* v = std::getenv("MEGAZERO_COLUMN_FINISH");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "folded") == 0) return true;
-  MZ_REQUIRE(std::strcmp(v, "kernel") == 0, "MEGAZERO_COLUMN_FINISH must be 'folded' (the default: the last block ",
-             "of each column finishes the column sums) or 'kernel' (a finishing launch after the partials), got '", v,
-             "'");
-  return false;
+// partials (the same bits: the benchmarks' A/B). Read once and kept, since
+// the launchers ask at every column sum (~120 a GPT-2 medium step).
+namespace detail {
+inline std::atomic<int>& column_finish_setting() {  // -1: not read yet
+  static std::atomic<int> setting{-1};
+  return setting;
 }
+}  // namespace detail
+
+// Reads the variable now and keeps what it says: a ConfigError naming it for
+// a value it does not know. The trainer calls it at start-up on every device,
+// so a misspelt value is refused there, not ignored.
+inline bool read_column_finish_setting() {
+  const char* v = std::getenv("MEGAZERO_COLUMN_FINISH");
+  bool folded = true;
+  if (v != nullptr && *v != '\0' && std::strcmp(v, "folded") != 0) {
+    MZ_REQUIRE(std::strcmp(v, "kernel") == 0, "MEGAZERO_COLUMN_FINISH must be 'folded' (the default: the last ",
+               "block of each column finishes the column sums) or 'kernel' (a finishing launch after the partials), ",
+               "got '", v, "'");
+    folded = false;
+  }
+  detail::column_finish_setting().store(folded ? 1 : 0);
+  return folded;
+}
+
+// The kept setting (read at the first call if nothing read it before).
+inline bool column_finish_folded() {
+  const int s = detail::column_finish_setting().load(std::memory_order_relaxed);
+  return s < 0 ? read_column_finish_setting() : s == 1;
+}
+
+// Overrides it: the tests and benchmarks that run both ways in one process.
+inline void set_column_finish_folded(bool folded) { detail::column_finish_setting().store(folded ? 1 : 0); }
 
 constexpr i64 kThreads = 256;  // threads per block of the column-sum kernels
 // The tiled column sums (megazero/cuda/column_tiles.cuh): a block is a tile of

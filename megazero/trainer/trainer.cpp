@@ -140,7 +140,7 @@ void Trainer::Impl::setup(std::unique_ptr<Communicator> world_comm) {
   dp = groups->dp_size();
   // A misspelt MEGAZERO_COLUMN_FINISH is refused here on any device (the CUDA
   // launchers read it at each column sum).
-  run_consistently(world, [] { kernels::gpu_scratch::column_finish_folded(); });
+  run_consistently(world, [] { kernels::gpu_scratch::read_column_finish_setting(); });
   source = run_consistently(world, [&] { return make_sample_source(args); });
   args.model.vocab_size = source->vocab_size();
   run_consistently(world, [&] { args.model.validate(groups->tp_size()); });

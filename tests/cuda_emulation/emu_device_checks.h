@@ -114,7 +114,7 @@ struct Launches {
 
 // A column-summing launcher call (`call` launches into fresh outputs and
 // returns them) run twice: with the finish folded into its kernel (the
-// default) and with MEGAZERO_COLUMN_FINISH=kernel (the finish as a launch of
+// default) and as MEGAZERO_COLUMN_FINISH=kernel has it (the finish as a launch of
 // its own). The outputs must agree bit for bit; where the launcher `folds`
 // (it sums chunks of rows), the folded call makes one launch fewer, else the
 // two calls launch alike.
@@ -123,11 +123,11 @@ void expect_fold_agrees(Call call, bool folds, const char* what) {
   const Launches a;
   const std::vector<Tensor> folded = call();
   const long n_folded = emu::host.launches - a.before;
-  setenv("MEGAZERO_COLUMN_FINISH", "kernel", 1);
+  megazero::kernels::gpu_scratch::set_column_finish_folded(false);
   const Launches b;
   const std::vector<Tensor> apart = call();
   const long n_apart = emu::host.launches - b.before;
-  unsetenv("MEGAZERO_COLUMN_FINISH");
+  megazero::kernels::gpu_scratch::set_column_finish_folded(true);
   check(n_apart == n_folded + (folds ? 1 : 0), what, static_cast<double>(n_folded), static_cast<double>(n_apart), 0);
   for (std::size_t i = 0; i < folded.size(); ++i) expect_bits(folded[i], apart[i], what);
 }

@@ -71,7 +71,7 @@ void finish_columns(std::initializer_list<G*> dsts, i64 cols, i64 chunks, const 
   check_launch(what);
 }
 
-// The fold of a tiled partial kernel over `col_blocks` block columns on
+// The fold of a partial kernel over `col_blocks` block columns on
 // stream s into `dsts` (their partials back to back): tickets null when the
 // launcher is to finish the sums itself (finish_columns).
 template <typename G>

@@ -10,5 +10,6 @@ bash tools/build.sh
 # the tokenizer-vs-reference test use them.
 bash tools/setup_data.sh
 cd "${BUILD_DIR:-build}"
-# Multi-rank tests oversubscribe the cores and are marked RUN_SERIAL.
-ctest --output-on-failure --timeout 900 "$@"
+# Multi-rank tests oversubscribe the cores and are marked RUN_SERIAL; the
+# single-process ones (one math thread each) run one a core beside each other.
+ctest --output-on-failure --timeout 900 -j"$(nproc)" "$@"

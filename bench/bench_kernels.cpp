@@ -27,7 +27,6 @@
 #include <boost/program_options.hpp>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 
 #include "megazero/core/error.h"

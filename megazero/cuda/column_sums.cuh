@@ -55,19 +55,25 @@ void finish_columns(G* dst, i64 cols, i64 chunks, const double* partial, cudaStr
   check_launch(what);
 }
 
+// The accumulators of up to kMaxFinishSums sums finished together, in order.
+template <typename G>
+FinishTargets<G> finish_targets(std::initializer_list<G*> dsts, const char* what) {
+  MZ_CHECK(dsts.size() <= static_cast<std::size_t>(kMaxFinishSums), what, ": more than ", kMaxFinishSums,
+           " sums to finish together");
+  FinishTargets<G> t;
+  int n = 0;
+  for (G* d : dsts) t.dst[n++] = d;
+  return t;
+}
+
 // finish_columns for the sums whose partials lie back to back in `partial`
 // ([dsts.size()][chunks][cols]), dsts[y] the y-th: one launch.
 template <typename G>
 void finish_columns(std::initializer_list<G*> dsts, i64 cols, i64 chunks, const double* partial, cudaStream_t s,
                     const char* what) {
-  FinishTargets<G> t;
-  int n = 0;
-  for (G* d : dsts) {
-    MZ_CHECK(n < kMaxFinishSums, what, ": more than ", kMaxFinishSums, " sums to finish in one launch");
-    t.dst[n++] = d;
-  }
+  const FinishTargets<G> t = finish_targets(dsts, what);
   column_finish_many_kernel<G>
-      <<<dim3(finish_blocks(cols), static_cast<unsigned>(n)), kThreads, 0, s>>>(cols, chunks, partial, t);
+      <<<dim3(finish_blocks(cols), static_cast<unsigned>(dsts.size())), kThreads, 0, s>>>(cols, chunks, partial, t);
   check_launch(what);
 }
 
@@ -77,11 +83,7 @@ void finish_columns(std::initializer_list<G*> dsts, i64 cols, i64 chunks, const 
 template <typename G>
 ColumnFold<G> column_fold(std::initializer_list<G*> dsts, i64 col_blocks, cudaStream_t s) {
   ColumnFold<G> f;
-  int n = 0;
-  for (G* d : dsts) {
-    MZ_CHECK(n < kMaxFinishSums, "more than ", kMaxFinishSums, " sums to fold into one kernel");
-    f.targets.dst[n++] = d;
-  }
+  f.targets = finish_targets(dsts, "a folded column sum");
   f.tickets = column_tickets(s, col_blocks);
   return f;
 }

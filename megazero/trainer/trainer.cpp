@@ -138,8 +138,8 @@ void Trainer::Impl::setup(std::unique_ptr<Communicator> world_comm) {
   Communicator& world = groups->world();
   root = world.rank() == 0;
   dp = groups->dp_size();
-  // A misspelt MEGAZERO_COLUMN_FINISH is refused here on any device (the CUDA
-  // launchers read it at each column sum).
+  // A misspelt MEGAZERO_COLUMN_FINISH is refused here on any device (read once
+  // and kept: the CUDA launchers ask the kept setting at each column sum).
   run_consistently(world, [] { kernels::gpu_scratch::read_column_finish_setting(); });
   source = run_consistently(world, [&] { return make_sample_source(args); });
   args.model.vocab_size = source->vocab_size();
